@@ -1,0 +1,25 @@
+"""Exceptions that ep_trl raises on purpose, each with a message that says what to do."""
+
+
+class EpTrlError(Exception):
+    """Base class of every error ep_trl raises deliberately."""
+
+
+class EnvPathError(EpTrlError, ValueError):
+    """``env_path`` does not name exactly one usable ``@evaluation_test``."""
+
+
+class UnsupportedEvalError(EpTrlError, ValueError):
+    """The eval test exists but uses something the bridge cannot train with."""
+
+
+class VersionError(EpTrlError, RuntimeError):
+    """An installed dependency is outside the versions ep_trl supports."""
+
+
+class ConfigError(EpTrlError, ValueError):
+    """An option passed to ep_trl is unknown or inconsistent."""
+
+
+class GenerationError(EpTrlError, RuntimeError):
+    """The generation backend failed in a way retrying will not fix."""

@@ -1,0 +1,392 @@
+"""``create_openenv_vllm_rollout_func``: an eval-protocol eval test as a TRL ``rollout_func``.
+
+Precedence of settings, highest first:
+
+1. keyword arguments of ``create_openenv_vllm_rollout_func``;
+2. the eval test: its ``OpenEnvRolloutProcessor`` (environment, prompt builder, action parser, tasks), its first
+   ``completion_params`` entry (``max_tokens``, ``stop``, ``system_prompt``), ``steps``,
+   ``max_concurrent_rollouts`` and first ``evaluation_test_kwargs`` entry;
+3. the ``GRPOConfig``: sampling temperature/top-p/top-k/min-p/repetition penalty always come from here (TRL's
+   loss assumes them), and ``max_completion_length`` is the default episode token budget.
+"""
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from . import evalprotocol, trl_compat
+from .environment import EnvSettings
+from .episode import Episode, EpisodeConfig, EpisodeSpec, initial_messages, run_episode
+from .errors import ConfigError
+from .evalprotocol import EvalSpec
+from .evaltest import resolve_eval_test
+from .generation import Generator
+from .runner import LoopRunner
+from .scoring import Scored, group_indices, score_rows
+from .trainer_generation import TrainerGenerator
+from .trajectory import ChatTemplate
+from .vllm_server import VLLMServerGenerator
+
+logger = logging.getLogger(__name__)
+
+Backend = Literal["auto", "trainer", "vllm"]
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Keyword arguments that replace the eval's own settings (None = keep the eval's)."""
+
+    env_factory: Callable[[], Any] | None = None
+    env_client_cls: type | None = None
+    env_base_url: str | None = None
+    request_timeout_s: float | None = None
+    prompt_builder: Callable[[Any, int, list[str]], Any] | None = None
+    action_parser: Callable[[str], Any] | None = None
+    tasks: Sequence[str] | None = None
+    task_var: str | None = None
+    reset_task_kwarg: str | None = None
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    stop: Sequence[str] | None = None
+    max_concurrent_rollouts: int | None = None
+    evaluation_test_kwargs: Mapping[str, Any] | None = None
+
+    def apply(self, spec: EvalSpec) -> EvalSpec:
+        env = spec.env
+        env_changes: dict[str, Any] = {}
+        if self.env_factory is not None:
+            env_changes["factory"] = self.env_factory
+        if self.env_client_cls is not None or self.env_base_url is not None:
+            env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
+            if self.env_client_cls is not None:
+                env_changes["client_cls"] = self.env_client_cls
+            if self.env_base_url is not None:
+                env_changes["base_url"] = self.env_base_url
+        for name, field_name in (("request_timeout_s", "request_timeout_s"), ("task_var", "task_var"),
+                                 ("reset_task_kwarg", "reset_task_kwarg")):
+            value = getattr(self, name)
+            if value is not None:
+                env_changes[field_name] = value
+        if self.tasks is not None:
+            env_changes["tasks"] = tuple(str(t) for t in self.tasks)
+        env = replace(env, **env_changes)
+        params = dict(spec.completion_params)
+        if self.max_tokens is not None:
+            params["max_tokens"] = int(self.max_tokens)
+        if self.stop is not None:
+            params["stop"] = list(self.stop)
+        return replace(
+            spec,
+            env=env,
+            completion_params=params,
+            prompt_builder=self.prompt_builder or spec.prompt_builder,
+            action_parser=self.action_parser or spec.action_parser,
+            max_steps=int(self.max_steps) if self.max_steps is not None else spec.max_steps,
+            max_concurrent_rollouts=(int(self.max_concurrent_rollouts) if self.max_concurrent_rollouts is not None
+                                     else spec.max_concurrent_rollouts),
+            evaluation_test_kwargs=(dict(self.evaluation_test_kwargs) if self.evaluation_test_kwargs is not None
+                                    else spec.evaluation_test_kwargs),
+        )
+
+
+class RolloutFunction:
+    """The callable handed to ``GRPOTrainer(rollout_func=...)``; also closable (``close()``) and inspectable."""
+
+    def __init__(self, spec: EvalSpec, backend: Backend, vllm_base_url: str | None,
+                 max_episode_tokens: int | None, chat_template_kwargs: Mapping[str, Any] | None,
+                 trainer_signature: bool, vllm_options: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.vllm_base_url = vllm_base_url
+        self.max_episode_tokens = max_episode_tokens
+        self._chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._trainer_signature = trainer_signature
+        self._vllm_options = dict(vllm_options)
+        self._runner = LoopRunner()
+        self._generator: Generator | None = None
+        self._template: ChatTemplate | None = None
+        self._groups_started = 0
+        self.calls = 0
+        self.invocation_id = evalprotocol.new_id("ep-trl")
+        self.__name__ = f"ep_trl_rollout[{spec.qualified_name}]"
+
+    # TRL >= 0.26: (prompts, trainer); older: (prompts, args, processing_class)
+    def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
+        view = trl_compat.view_from_call(trainer_args, self._trainer_signature)
+        if not prompts:
+            raise ValueError("rollout_func was called with no prompts")
+        return self._runner.run(self._rollout(list(prompts), view))
+
+    def close(self) -> None:
+        """Release the generation backend and the background loop."""
+        if self._generator is not None:
+            self._runner.run(self._generator.aclose())
+            self._generator = None
+        self._runner.close()
+
+    def _setup(self, view: trl_compat.TrainerView) -> tuple[ChatTemplate, Generator]:
+        if self._template is None:
+            self._template = ChatTemplate(view.processing_class, self._chat_template_kwargs)
+            self._warn_sampling_mismatch(view)
+        if self._generator is None:
+            self._generator = self._make_generator(view)
+        return self._template, self._generator
+
+    def _make_generator(self, view: trl_compat.TrainerView) -> Generator:
+        url = self.vllm_base_url
+        server_url = view.vllm_server_url() if self.backend != "trainer" else None
+        choice = self.backend
+        if choice == "auto":
+            choice = "vllm" if (url or server_url) else "trainer"
+        if choice == "vllm":
+            url = url or server_url
+            if url is None:
+                raise ConfigError(
+                    "backend='vllm' needs a server: train with GRPOConfig(use_vllm=True, vllm_mode='server') "
+                    "or pass vllm_base_url='http://HOST:PORT'."
+                )
+            if self.vllm_base_url and not server_url:
+                logger.warning(
+                    "Generating with the vLLM server at %s, which this trainer does not push weights to: rollouts are "
+                    "off-policy after the first optimizer step. Use GRPOConfig(use_vllm=True, vllm_mode='server') "
+                    "to keep the server in sync.", url)
+            generator: Generator = VLLMServerGenerator(url, **self._vllm_options)
+        else:
+            provider = view.model_provider()
+            model = provider()
+            tokenizer = getattr(view.processing_class, "tokenizer", view.processing_class)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            generator = TrainerGenerator(provider, tokenizer, trl_compat.eos_token_ids(view.processing_class, model), pad)
+        logger.info("ep_trl: %s generates for %s", generator.name, self.spec.qualified_name)
+        return generator
+
+    def _warn_sampling_mismatch(self, view: trl_compat.TrainerView) -> None:
+        trainer_sampling = view.sampling()
+        asked = {k: self.spec.completion_params[k] for k in ("temperature", "top_p", "top_k")
+                 if k in self.spec.completion_params}
+        used = {"temperature": trainer_sampling.temperature, "top_p": trainer_sampling.top_p,
+                "top_k": trainer_sampling.top_k}
+        differing = {k: v for k, v in asked.items() if v is not None and float(v) != float(used[k])}
+        if differing:
+            logger.info(
+                "%s asks for %s; training samples with the GRPOConfig's %s because TRL's loss and importance "
+                "ratio assume them.", self.spec.qualified_name, differing, {k: used[k] for k in differing})
+
+    def _episode_config(self, view: trl_compat.TrainerView, template: ChatTemplate, generator: Generator) -> EpisodeConfig:
+        params = self.spec.completion_params
+        budget = self.max_episode_tokens or view.max_completion_length
+        if not budget:
+            raise ConfigError("No episode token budget: set GRPOConfig(max_completion_length=...) or max_episode_tokens=...")
+        model = view.model_provider()() if isinstance(generator, TrainerGenerator) else None
+        stop_ids = tuple(int(t) for t in params.get("stop_token_ids") or ())
+        eos = trl_compat.eos_token_ids(view.processing_class, model)
+        sampling = replace(
+            view.sampling(),
+            max_tokens=int(params.get("max_tokens") or 64),
+            stop=tuple(params.get("stop") or ()) if not isinstance(params.get("stop"), str) else (params["stop"],),
+            stop_token_ids=stop_ids,
+        )
+        max_len = getattr(getattr(model, "config", None), "max_position_embeddings", None) if model is not None \
+            else getattr(generator, "max_model_len", None)
+        return EpisodeConfig(
+            env=self.spec.env,
+            prompt_builder=self.spec.prompt_builder,
+            action_parser=self.spec.action_parser,
+            max_steps=self.spec.max_steps,
+            sampling=sampling,
+            max_episode_tokens=int(budget),
+            stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)),
+            max_model_len=int(max_len) if max_len else None,
+        )
+
+    async def _rollout(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
+        started = time.perf_counter()
+        self.calls += 1
+        template, generator = self._setup(view)
+        cfg = self._episode_config(view, template, generator)
+        groups = group_indices(prompts, view.num_generations)
+        first_group = self._groups_started
+        self._groups_started += len(groups)
+        system_prompt = self.spec.completion_params.get("system_prompt")
+        specs: list[EpisodeSpec] = []
+        for g, members in enumerate(groups):
+            task = self._task_for(first_group + g)
+            for k, i in enumerate(members):
+                messages = initial_messages(prompts[i])
+                if system_prompt and not any(m.get("role") == "system" for m in messages):
+                    messages = ({"role": "system", "content": system_prompt},) + messages
+                specs.append(EpisodeSpec(index=i, group=g, generation=k, task=task, initial_messages=messages))
+        specs.sort(key=lambda s: s.index)
+
+        limit = asyncio.Semaphore(max(1, self.spec.max_concurrent_rollouts))
+
+        async def bounded(spec: EpisodeSpec) -> Episode:
+            async with limit:
+                return await run_episode(spec, cfg, template, generator)
+
+        episodes = list(await asyncio.gather(*(bounded(s) for s in specs)))
+        rows = [self._row(ep, prompts[ep.spec.index], view) for ep in episodes]
+        scored = await score_rows(self.spec, rows, [ep.status == "finished" for ep in episodes], groups)
+        self._report(episodes, scored, view, time.perf_counter() - started)
+        return _trl_output(episodes, scored)
+
+    def _task_for(self, group_number: int) -> str | None:
+        tasks = self.spec.env.tasks
+        return tasks[group_number % len(tasks)] if tasks else None
+
+    def _row(self, episode: Episode, prompt: Any, view: trl_compat.TrainerView) -> Any:
+        traj = episode.trajectory
+        extra = {
+            "step_rewards": list(episode.step_rewards),
+            "ep_trl": {
+                "status": episode.status,
+                "stop_reason": episode.stop_reason,
+                "error": episode.error,
+                "task": episode.spec.task,
+                "group": episode.spec.group,
+                "generation": episode.spec.generation,
+                "global_step": view.global_step,
+                "num_turns": episode.num_turns,
+                "sampled_tokens": traj.sampled_tokens,
+                "inserted_tokens": len(traj.completion_ids) - traj.sampled_tokens,
+                "template_realigned": traj.realigned,
+            },
+        }
+        params = {**self.spec.completion_params, **_sampling_dict(view)}
+        return evalprotocol.build_row(
+            messages=episode.messages,
+            eval_name=self.spec.name,
+            row_id=_row_id(prompt),
+            rollout_id=evalprotocol.new_id("rollout"),
+            invocation_id=self.invocation_id,
+            experiment_id=f"{self.invocation_id}-step{view.global_step}",
+            run_id=f"step-{view.global_step}",
+            completion_params=params,
+            extra=extra,
+            usage={"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
+                   "total_tokens": episode.prompt_tokens + traj.sampled_tokens},
+            duration_s=episode.duration_s,
+        )
+
+    def _report(self, episodes: list[Episode], scored: list[Scored], view: trl_compat.TrainerView, seconds: float) -> None:
+        n = len(episodes)
+        failed = sum(ep.status != "finished" for ep in episodes)
+        scores = [s.score for s in scored if s.score is not None]
+        metrics = {
+            "ep_trl/episodes_per_s": n / seconds if seconds > 0 else math.inf,
+            "ep_trl/failed_fraction": failed / n,
+            "ep_trl/unscored_fraction": (n - len(scores)) / n,
+            "ep_trl/mean_turns": sum(ep.num_turns for ep in episodes) / n,
+            "ep_trl/template_realigned": float(sum(ep.trajectory.realigned for ep in episodes)),
+        }
+        view.record_metrics(metrics)
+        logger.info(
+            "ep_trl step %d: %d episodes in %.1f s (%.2f/s), mean score %s, %d failed, %d unscored, %.1f turns/episode",
+            view.global_step, n, seconds, metrics["ep_trl/episodes_per_s"],
+            f"{sum(scores) / len(scores):.3f}" if scores else "n/a", failed, n - len(scores),
+            metrics["ep_trl/mean_turns"])
+
+
+def _sampling_dict(view: trl_compat.TrainerView) -> dict[str, Any]:
+    s = view.sampling()
+    model = getattr(getattr(view.trainer, "model", None), "name_or_path", None) if view.trainer else None
+    out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+                           "policy_step": view.global_step}
+    if model:
+        out["model"] = str(model)
+    return out
+
+
+def _row_id(prompt: Any) -> str:
+    """Stable per dataset prompt, so the generations of one prompt share a row id across steps."""
+    digest = hashlib.sha1(json.dumps(prompt, sort_keys=True, default=str).encode()).hexdigest()
+    return f"prompt-{digest[:12]}"
+
+
+def _trl_output(episodes: list[Episode], scored: list[Scored]) -> dict[str, list[Any]]:
+    trajectories = [ep.trajectory for ep in episodes]
+    return {
+        "prompt_ids": [list(t.prompt_ids) for t in trajectories],
+        "completion_ids": [list(t.completion_ids) for t in trajectories],
+        "logprobs": [list(t.logprobs) for t in trajectories],
+        "env_mask": [list(t.env_mask) for t in trajectories],
+        "eval_score": [s.score for s in scored],
+        "step_rewards": [list(ep.step_rewards) for ep in episodes],
+        "num_turns": [ep.num_turns for ep in episodes],
+        "episode_status": [ep.status for ep in episodes],
+        "template_realigned": [t.realigned for t in trajectories],
+    }
+
+
+def create_openenv_vllm_rollout_func(
+    env_path: str,
+    *,
+    backend: Backend = "auto",
+    vllm_base_url: str | None = None,
+    max_episode_tokens: int | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    vllm_max_in_flight: int = 64,
+    vllm_request_timeout_s: float = 120.0,
+    env_factory: Callable[[], Any] | None = None,
+    env_client_cls: type | None = None,
+    env_base_url: str | None = None,
+    request_timeout_s: float | None = None,
+    prompt_builder: Callable[[Any, int, list[str]], Any] | None = None,
+    action_parser: Callable[[str], Any] | None = None,
+    tasks: Sequence[str] | None = None,
+    task_var: str | None = None,
+    reset_task_kwarg: str | None = None,
+    max_steps: int | None = None,
+    max_tokens: int | None = None,
+    stop: Sequence[str] | None = None,
+    max_concurrent_rollouts: int | None = None,
+    evaluation_test_kwargs: Mapping[str, Any] | None = None,
+) -> RolloutFunction:
+    """Build a TRL ``rollout_func`` that plays the eval's environment and scores episodes with the eval's body.
+
+    Args:
+        env_path: ``"pkg.module::test_name"``, ``"pkg.module"`` (its only eval test) or ``"path/to/eval.py::test_name"``.
+        backend: ``"trainer"`` samples in-process with ``trainer.model``; ``"vllm"`` uses a vLLM server (the trainer's
+            when ``GRPOConfig(use_vllm=True, vllm_mode="server")``, else ``vllm_base_url``); ``"auto"`` picks vllm when
+            either is available, trainer otherwise.
+        max_episode_tokens: completion tokens per episode (sampled and inserted); defaults to the GRPOConfig's
+            ``max_completion_length``. TRL does not truncate rollout output, so the episode stops when it is spent.
+        chat_template_kwargs: passed to ``apply_chat_template`` (e.g. ``{"enable_thinking": False}``).
+        The remaining keyword arguments replace the eval's own settings of the same name.
+
+    Returns:
+        A callable ``rollout_func(prompts, trainer)`` whose output holds ``prompt_ids``, ``completion_ids``,
+        ``logprobs``, ``env_mask``, ``eval_score``, ``step_rewards``, ``num_turns``, ``episode_status`` and
+        ``template_realigned`` (one entry per prompt, in order).
+    """
+    if backend not in ("auto", "trainer", "vllm"):
+        raise ConfigError(f"backend must be 'auto', 'trainer' or 'vllm', not {backend!r}.")
+    trl_version = trl_compat.check_version()
+    evalprotocol.check_version()
+    spec = Overrides(
+        env_factory=env_factory, env_client_cls=env_client_cls, env_base_url=env_base_url,
+        request_timeout_s=request_timeout_s, prompt_builder=prompt_builder, action_parser=action_parser,
+        tasks=tasks, task_var=task_var, reset_task_kwarg=reset_task_kwarg, max_steps=max_steps,
+        max_tokens=max_tokens, stop=stop, max_concurrent_rollouts=max_concurrent_rollouts,
+        evaluation_test_kwargs=evaluation_test_kwargs,
+    ).apply(evalprotocol.read_eval_spec(resolve_eval_test(env_path)))
+    spec.env.check()
+    for note in spec.notes:
+        logger.info(note)
+    if spec.max_steps < 1:
+        raise ConfigError(f"max_steps must be >= 1, got {spec.max_steps}.")
+    if max_episode_tokens is not None and max_episode_tokens < 1:
+        raise ConfigError(f"max_episode_tokens must be >= 1, got {max_episode_tokens}.")
+    trainer_signature = trl_compat.passes_trainer(trl_version)
+    if not trainer_signature and backend == "trainer":
+        raise ConfigError(f"TRL {trl_version} passes no trainer to rollout_func; use backend='vllm' with vllm_base_url.")
+    logger.info("ep_trl: training on %s (%s, mode %s, %d max steps, tasks %s)", spec.qualified_name,
+                spec.env.describe(), spec.mode, spec.max_steps, list(spec.env.tasks) or "none")
+    return RolloutFunction(spec, backend, vllm_base_url, max_episode_tokens, chat_template_kwargs, trainer_signature,
+                           {"max_in_flight": vllm_max_in_flight, "request_timeout_s": vllm_request_timeout_s})

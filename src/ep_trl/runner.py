@@ -1,0 +1,73 @@
+"""One persistent event loop, in a background thread, shared by every rollout call.
+
+TRL calls ``rollout_func`` synchronously from its training loop. Creating a new event loop per call (as
+eval-protocol's own bridge does) throws away connection pools and breaks objects bound to a loop, such as
+async environment clients. A single daemon thread owns one loop for the lifetime of the rollout function;
+the trainer thread submits a coroutine and blocks on its result.
+"""
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class LoopRunner:
+    """Runs coroutines on a private, long-lived event loop in a daemon thread."""
+
+    def __init__(self, name: str = "ep-trl-rollouts") -> None:
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop, started on first use."""
+        with self._lock:
+            if self._loop is None or self._thread is None or not self._thread.is_alive():
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def _serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                thread = threading.Thread(target=_serve, name=self._name, daemon=True)
+                thread.start()
+                ready.wait()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result from the calling (non-loop) thread."""
+        loop = self.loop
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("LoopRunner.run() was called from its own loop thread; await the coroutine instead.")
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        """Stop the loop and join its thread; a later ``run`` starts a fresh one."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        if thread.is_alive():
+            logger.warning("ep_trl loop thread %s did not stop within 10 s", self._name)
+            return
+        loop.close()

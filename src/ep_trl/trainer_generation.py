@@ -1,0 +1,172 @@
+"""In-process generation with the model being trained: the CPU default, always on-policy.
+
+Concurrent episodes each ask for one turn at a time. Requests that arrive while the model is busy are
+batched into one left-padded ``generate`` call, so episodes still overlap on a single model. Each row is cut
+at its own end (EOS, stop token, stop string or its own ``max_tokens``); cutting a causal sample early is
+itself a valid sample, so rows of a batch need not share a length.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .generation import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    future: asyncio.Future
+
+
+class TrainerGenerator:
+    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests."""
+
+    name = "trainer"
+
+    def __init__(
+        self,
+        model_provider: Callable[[], Any],
+        tokenizer: Any,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        max_batch_size: int = 16,
+    ) -> None:
+        if not eos_token_ids:
+            raise ValueError("the tokenizer/model defines no EOS token; multi-turn episodes need one to end a turn")
+        self._model_provider = model_provider
+        self._tokenizer = tokenizer
+        self._eos = tuple(int(t) for t in eos_token_ids)
+        self._pad = int(pad_token_id)
+        self._max_batch = max_batch_size
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-trl-generate")
+        self.batches = 0
+        self.requests = 0
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        if params.temperature <= 0:
+            raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0")
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._worker is None or self._worker.done():
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._work(), name="ep-trl-trainer-generation")
+        request = _Request(tuple(prompt_ids), params, loop.create_future())
+        self._queue.put_nowait(request)
+        return await request.future
+
+    async def aclose(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+            self._worker = None
+        self._executor.shutdown(wait=True)
+
+    async def _work(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            while not self._queue.empty() and len(batch) < self._max_batch:
+                batch.append(self._queue.get_nowait())
+            for group in _group_by_sampling(batch):
+                live = [r for r in group if not r.future.cancelled()]
+                if not live:
+                    continue
+                try:
+                    results = await loop.run_in_executor(self._executor, self._generate_batch, live)
+                except Exception as exc:  # handed to every waiting episode; each reports it
+                    for r in live:
+                        if not r.future.done():
+                            r.future.set_exception(exc)
+                    continue
+                for r, result in zip(live, results):
+                    if not r.future.done():
+                        r.future.set_result(result)
+
+    def _generate_batch(self, requests: list[_Request]) -> list[Generation]:
+        import torch
+        from transformers import GenerationConfig
+
+        model = self._model_provider()
+        params = requests[0].params
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.tensor([(self._pad,) * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
+        attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
+        device = next(model.parameters()).device
+        stop_ids = tuple(dict.fromkeys(self._eos + params.stop_token_ids))
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            min_p=params.min_p if params.min_p > 0 else None,
+            repetition_penalty=params.repetition_penalty,
+            max_new_tokens=max(r.params.max_tokens for r in requests),
+            eos_token_id=list(stop_ids),
+            pad_token_id=self._pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                     generation_config=config)
+                sampled = out.sequences[:, width:]
+                logits = torch.stack(out.logits, dim=1).float() / params.temperature
+                logps = torch.log_softmax(logits, dim=-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+        finally:
+            model.train(was_training)
+        self.batches += 1
+        self.requests += len(requests)
+        return [
+            self._cut(sampled[i].tolist(), logps[i].tolist(), r.params, stop_ids)
+            for i, r in enumerate(requests)
+        ]
+
+    def _cut(self, ids: list[int], logps: list[float], params: SamplingParams, stop_ids: tuple[int, ...]) -> Generation:
+        end, reason = min(len(ids), params.max_tokens), "length"
+        for i, tok in enumerate(ids[:end]):
+            if tok in stop_ids:
+                end, reason = i + 1, "stop"
+                break
+        stop_text = None
+        if params.stop:
+            hit = _first_stop_string(self._tokenizer, ids[:end], params.stop)
+            if hit is not None:
+                end, stop_text, reason = hit[0], hit[1], "stop"
+        return Generation(tuple(ids[:end]), tuple(logps[:end]), reason, stop_text)
+
+
+def _group_by_sampling(batch: list[_Request]) -> list[list[_Request]]:
+    """Rows of one ``generate`` call must share the sampling distribution (max_tokens and stops may differ)."""
+    groups: dict[tuple, list[_Request]] = {}
+    for r in batch:
+        p = r.params
+        key = (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop_token_ids)
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def _first_stop_string(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """The shortest prefix of ``ids`` whose text contains a stop string, and that string."""
+    if not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stops):
+        return None
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        for s in stops:
+            if s in text:
+                return k, s
+    return None

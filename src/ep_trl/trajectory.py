@@ -1,0 +1,148 @@
+"""Token-exact multi-turn trajectories: one append-only token sequence per episode.
+
+Layout (see docs/trajectory.md)::
+
+    prompt_ids      = template(initial messages + first observation, add_generation_prompt)
+    completion_ids  = sampled(turn 1) + bridge(1→2) + sampled(turn 2) + ... + sampled(turn N)
+    env_mask        =   1 ... 1       +  0 ... 0    +   1 ... 1       + ... +   1 ... 1
+    logprobs        = sampled logprobs +  0.0 ...   + sampled logprobs + ...
+
+Every turn after the first is generated from exactly ``prompt_ids + completion_ids`` so far, so what the model
+conditioned on is what the trainer scores. The bridge is what the chat template adds between the end of the
+sampled turn and the next generation prompt: the end-of-turn marker when the model did not emit one, the
+environment's next user message, and the assistant header.
+
+Bridge rule. Render the whole conversation with the template. If that rendering starts with the tokens held
+so far (the template is prefix-preserving and the sampled text re-tokenizes to the same ids), the bridge is
+the rest of it ("clean"). Otherwise ("realigned": BPE re-tokenization differs, or the template rewrites
+history, e.g. strips reasoning), the sampled ids are kept and the bridge is the template text that follows
+the last assistant message, found by rendering it with a sentinel in place of its content; an end-of-turn
+token the model already sampled is not repeated. Each realigned boundary is counted per episode.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .generation import Generation
+
+_SENTINEL = "\u2063ep_trl:assistant-content\u2063"
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """What TRL receives for one episode."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    env_mask: tuple[int, ...]
+    realigned: int = 0
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.env_mask)
+
+    def sampled_segments(self) -> list[tuple[int, ...]]:
+        """The runs of model-sampled ids, one per turn, in order."""
+        segments: list[tuple[int, ...]] = []
+        current: list[int] = []
+        for tok, m in zip(self.completion_ids, self.env_mask):
+            if m:
+                current.append(tok)
+            elif current:
+                segments.append(tuple(current))
+                current = []
+        if current:
+            segments.append(tuple(current))
+        return segments
+
+
+@dataclass
+class TrajectoryBuilder:
+    """Accumulates one episode's tokens; append-only."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    realigned: int = 0
+
+    def context(self) -> list[int]:
+        return list(self.prompt_ids) + self.completion_ids
+
+    def add_sampled(self, generation: Generation) -> None:
+        self.completion_ids.extend(generation.token_ids)
+        self.logprobs.extend(generation.logprobs)
+        self.env_mask.extend([1] * len(generation.token_ids))
+
+    def add_inserted(self, token_ids: Sequence[int]) -> None:
+        self.completion_ids.extend(token_ids)
+        self.logprobs.extend([0.0] * len(token_ids))
+        self.env_mask.extend([0] * len(token_ids))
+
+    def build(self) -> Trajectory:
+        return Trajectory(tuple(self.prompt_ids), tuple(self.completion_ids), tuple(self.logprobs),
+                          tuple(self.env_mask), self.realigned)
+
+
+class ChatTemplate:
+    """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
+
+    def __init__(self, processing_class: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
+        self._renderer = processing_class
+        self._tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        self._kwargs = dict(template_kwargs or {})
+        if getattr(self._tokenizer, "chat_template", None) is None and getattr(processing_class, "chat_template", None) is None:
+            raise ValueError(
+                "The trainer's processing class has no chat template; multi-turn episodes need one. "
+                "Load a chat/instruct tokenizer or set tokenizer.chat_template."
+            )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return self._renderer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True, **self._kwargs
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        return self.encode(self.render(messages))
+
+    def bridge(
+        self, messages: Sequence[Mapping[str, Any]], held: Sequence[int], last_turn: Generation, stop_ids: Sequence[int]
+    ) -> tuple[list[int], bool]:
+        """Tokens between the last sampled turn and the next generation prompt, and whether they were realigned.
+
+        ``messages`` is the whole conversation, ending with the new user message; the assistant message before
+        it holds the text of ``last_turn``.
+        """
+        full = self.encode(self.render(messages))
+        if full[: len(held)] == list(held):
+            return full[len(held):], False
+        assistant_at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if assistant_at is None:
+            raise ValueError("bridge() needs a conversation with an assistant message")
+        marked = [dict(m) for m in messages]
+        marked[assistant_at]["content"] = _SENTINEL
+        text = self.render(marked)
+        at = text.rfind(_SENTINEL)
+        if at < 0:
+            raise ValueError(
+                "The chat template drops the assistant's content, so the tokens between turns cannot be found; "
+                "pass chat_template_kwargs or a template that renders assistant messages."
+            )
+        tail = text[at + len(_SENTINEL):]
+        if last_turn.token_ids and last_turn.token_ids[-1] in set(stop_ids):
+            end_text = self.decode(last_turn.token_ids[-1:], skip_special_tokens=False)
+            if end_text and tail.startswith(end_text):
+                tail = tail[len(end_text):]
+        return self.encode(tail), True

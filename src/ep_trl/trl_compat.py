@@ -1,0 +1,140 @@
+"""The one seam to TRL: its version, the ``rollout_func`` signature, and what is read off the trainer.
+
+TRL (since the 0.26 series) calls ``rollout_func(prompts, trainer)``; earlier releases called
+``rollout_func(prompts, args, processing_class)``, which gives no access to the model, so only the vLLM
+backend with an explicit URL works there. Attributes of the trainer that are not public API are read here,
+behind a guard, and ``tests/test_trl_compat.py`` fails loudly when TRL renames them.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.version import Version
+
+from .errors import VersionError
+from .generation import SamplingParams
+from .versions import require_range
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_TRL = ("0.22", "2")
+TRAINER_SIGNATURE_SINCE = Version("0.26")
+
+
+def check_version() -> Version:
+    return require_range("trl", *SUPPORTED_TRL)
+
+
+def passes_trainer(version: Version) -> bool:
+    """Whether this TRL calls ``rollout_func(prompts, trainer)`` (else ``(prompts, args, processing_class)``)."""
+    return version >= TRAINER_SIGNATURE_SINCE
+
+
+@dataclass(frozen=True)
+class TrainerView:
+    """What one rollout call needs from TRL, however TRL passed it."""
+
+    args: Any
+    processing_class: Any
+    trainer: Any | None
+
+    @property
+    def num_generations(self) -> int:
+        return int(getattr(self.args, "num_generations", None) or 1)
+
+    @property
+    def max_completion_length(self) -> int | None:
+        value = getattr(self.args, "max_completion_length", None)
+        return int(value) if value else None
+
+    @property
+    def global_step(self) -> int:
+        state = getattr(self.trainer, "state", None)
+        return int(getattr(state, "global_step", 0) or 0)
+
+    @property
+    def process_index(self) -> int:
+        accelerator = getattr(self.trainer, "accelerator", None)
+        return int(getattr(accelerator, "process_index", 0) or 0)
+
+    def model_provider(self) -> Callable[[], Any]:
+        """The trainer's model, unwrapped from DDP/accelerate, fetched at each call (it is replaced on resume)."""
+        if self.trainer is None:
+            raise VersionError(
+                "This TRL passes rollout_func (prompts, args, processing_class), with no model; use the vLLM backend "
+                "with vllm_base_url=..., or upgrade TRL to >= 0.26."
+            )
+        trainer = self.trainer
+
+        def provide() -> Any:
+            accelerator = getattr(trainer, "accelerator", None)
+            return accelerator.unwrap_model(trainer.model) if accelerator is not None else trainer.model
+
+        return provide
+
+    def sampling(self) -> SamplingParams:
+        """TRL's loss assumes samples at the GRPOConfig's temperature (and top-p/top-k/min-p), so use those."""
+        a = self.args
+        return SamplingParams(
+            temperature=float(getattr(a, "temperature", 1.0) or 1.0),
+            top_p=float(getattr(a, "top_p", 1.0) or 1.0),
+            top_k=int(getattr(a, "top_k", 0) or 0),
+            min_p=float(getattr(a, "min_p", None) or 0.0),
+            repetition_penalty=float(getattr(a, "repetition_penalty", 1.0) or 1.0),
+        )
+
+    def vllm_server_url(self) -> str | None:
+        """The URL of the trainer's own vLLM server client, when it trains with ``vllm_mode="server"``."""
+        if not getattr(self.args, "use_vllm", False):
+            return None
+        mode = getattr(self.args, "vllm_mode", "server")
+        if mode != "server":
+            raise VersionError(
+                f"GRPOConfig(vllm_mode={mode!r}) runs vLLM inside the trainer, which ep_trl does not drive; "
+                "use vllm_mode='server' with `trl vllm-serve`, or use_vllm=False for in-process generation."
+            )
+        client = getattr(getattr(self.trainer, "vllm_generation", None), "vllm_client", None)
+        url = getattr(client, "base_url", None)
+        if client is not None and url is None:
+            raise VersionError(
+                "trainer.vllm_generation.vllm_client has no base_url in this TRL version; pass vllm_base_url=... explicitly."
+            )
+        if url is None:
+            base = getattr(self.args, "vllm_server_base_url", None)
+            url = base or f"http://{getattr(self.args, 'vllm_server_host', '127.0.0.1')}:{getattr(self.args, 'vllm_server_port', 8000)}"
+        return str(url)
+
+    def record_metrics(self, metrics: dict[str, float]) -> None:
+        """Add ep_trl's per-call numbers to the trainer's logged metrics (``trainer._metrics``), if it has them."""
+        store = getattr(self.trainer, "_metrics", None)
+        if not isinstance(store, dict) or "train" not in store:
+            return
+        for key, value in metrics.items():
+            store["train"][key].append(value)
+
+
+def view_from_call(args: tuple[Any, ...], trainer_signature: bool) -> TrainerView:
+    if trainer_signature:
+        if len(args) != 1:
+            raise TypeError(f"rollout_func expected (prompts, trainer), got {1 + len(args)} arguments")
+        trainer = args[0]
+        return TrainerView(args=trainer.args, processing_class=trainer.processing_class, trainer=trainer)
+    if len(args) != 2:
+        raise TypeError(f"rollout_func expected (prompts, args, processing_class), got {1 + len(args)} arguments")
+    return TrainerView(args=args[0], processing_class=args[1], trainer=None)
+
+
+def eos_token_ids(processing_class: Any, model: Any | None) -> tuple[int, ...]:
+    """End-of-turn ids: the tokenizer's EOS plus the model's generation-config EOS ids."""
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.append(gen_eos)
+    elif gen_eos:
+        ids.extend(int(t) for t in gen_eos)
+    return tuple(dict.fromkeys(ids))

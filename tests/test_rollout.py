@@ -1,0 +1,162 @@
+"""The rollout function called directly, as GRPOTrainer calls it, against the real letters env server."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from ep_trl import create_openenv_vllm_rollout_func
+from tests.support.trainers import PROMPT, make_trainer
+
+EVAL = "tests.evals.eval_letters::test_letters_pointwise"
+
+
+@pytest.fixture(scope="module")
+def pointwise(tiny_model_dir, letters_server, tmp_path_factory):
+    rollout = create_openenv_vllm_rollout_func(EVAL)
+    trainer = make_trainer(tiny_model_dir, tmp_path_factory.mktemp("out"), rollout)
+    yield rollout, trainer
+    rollout.close()
+
+
+def teacher_forced_logprobs(model, prompt_ids, completion_ids, temperature):
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+def test_rows_match_prompts_in_count_order_and_shape(pointwise, letters_episodes):
+    rollout, trainer = pointwise
+    prompts = ["Play the letters game."] * 4 + ["Play the letters game, round two."] * 4
+    out = rollout(prompts, trainer)
+    assert set(out) >= {"prompt_ids", "completion_ids", "logprobs", "env_mask", "eval_score", "step_rewards",
+                        "num_turns", "episode_status", "template_realigned"}
+    for key, values in out.items():
+        assert len(values) == len(prompts), key
+    tok = trainer.processing_class
+    for i, prompt in enumerate(prompts):
+        assert prompt in tok.decode(out["prompt_ids"][i])  # row i belongs to prompt i
+        n = len(out["completion_ids"][i])
+        assert n > 0 and len(out["logprobs"][i]) == n and len(out["env_mask"][i]) == n
+        assert out["episode_status"][i] == "finished"
+        assert out["num_turns"][i] == 3 == len(out["step_rewards"][i])
+    # tasks rotate per prompt group: the first group plays one task, the second the next
+    tasks = [ep["task_name"] for ep in letters_episodes()]
+    assert Counter(tasks) == Counter({"vowels": 4, "digits": 4})
+
+
+def test_sampled_segments_are_the_actions_the_env_received(pointwise, letters_episodes):
+    rollout, trainer = pointwise
+    out = rollout([PROMPT] * 4, trainer)
+    tok = trainer.processing_class
+    ours = []
+    for ids, mask in zip(out["completion_ids"], out["env_mask"]):
+        segments, current = [], []
+        for t, m in zip(ids, mask):
+            if m:
+                current.append(t)
+            elif current:
+                segments.append(current)
+                current = []
+        segments.append(current)
+        ours.append(tuple(tok.decode(s, skip_special_tokens=True) for s in segments))
+    received = [tuple(ep["actions"]) for ep in letters_episodes()]
+    assert Counter(ours) == Counter(received)
+    # environment tokens between turns are masked, and only there
+    for ids, mask, n in zip(out["completion_ids"], out["env_mask"], out["num_turns"]):
+        runs = sum(1 for i, m in enumerate(mask) if m == 1 and (i == 0 or mask[i - 1] == 0))
+        assert runs == n and mask[0] == 1 and mask[-1] == 1
+
+
+def test_mask1_logprobs_are_the_models_teacher_forced_logprobs(pointwise):
+    rollout, trainer = pointwise
+    out = rollout([PROMPT] * 4, trainer)
+    model = trainer.model
+    model.eval()
+    worst = 0.0
+    for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+        reference = teacher_forced_logprobs(model, p, c, trainer.args.temperature)
+        for lp, ref, m in zip(lps, reference, mask):
+            if m:
+                worst = max(worst, abs(lp - ref))
+                assert lp < 0
+            else:
+                assert lp == 0.0
+    assert worst < 1e-3, worst
+
+
+def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_episodes):
+    rollout, trainer = pointwise
+    out = rollout([PROMPT] * 4, trainer)
+    env_rewards = Counter(tuple(ep["rewards"]) for ep in letters_episodes())
+    assert Counter(tuple(r) for r in out["step_rewards"]) == env_rewards
+    for score, rewards in zip(out["eval_score"], out["step_rewards"]):
+        # the eval body: mean step reward + its evaluation_test_kwargs bonus (0.0)
+        assert score == pytest.approx(sum(rewards) / len(rewards))
+
+
+def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, tmp_path):
+    rollout = create_openenv_vllm_rollout_func(EVAL, evaluation_test_kwargs={"bonus": 10.0})
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
+    try:
+        out = rollout([PROMPT] * 4, trainer)
+    finally:
+        rollout.close()
+    for score, rewards in zip(out["eval_score"], out["step_rewards"]):
+        assert score == pytest.approx(10.0 + sum(rewards) / len(rewards))
+
+
+def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server, tmp_path):
+    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters_groupwise")
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=4, batch_size=8)
+    try:
+        out = rollout([PROMPT] * 4 + ["Another prompt."] * 4, trainer)
+    finally:
+        rollout.close()
+    for group in (range(0, 4), range(4, 8)):
+        sums = [sum(out["step_rewards"][i]) for i in group]
+        best = max(sums)
+        for i, s in zip(group, sums):
+            assert out["eval_score"][i] == pytest.approx(s / best if best else 0.0)
+        assert max(out["eval_score"][i] for i in group) == pytest.approx(1.0 if best else 0.0)
+
+
+def test_episode_budget_stops_before_the_limit(tiny_model_dir, letters_server, tmp_path):
+    rollout = create_openenv_vllm_rollout_func(EVAL, max_episode_tokens=40)
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
+    try:
+        out = rollout([PROMPT] * 4, trainer)
+    finally:
+        rollout.close()
+    for ids, turns in zip(out["completion_ids"], out["num_turns"]):
+        assert 0 < len(ids) <= 40
+        assert turns < 3  # a bridge is ~40 tokens with this tokenizer: the budget ends the episode early
+
+
+def test_env_crash_mid_episode_is_reported_and_unscored(tiny_model_dir, letters_server, tmp_path, caplog):
+    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_crash")
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
+    try:
+        out = rollout([PROMPT] * 4, trainer)
+    finally:
+        rollout.close()
+    assert out["episode_status"] == ["error"] * 4
+    assert out["eval_score"] == [None] * 4
+    for ids, mask, rewards, turns in zip(out["completion_ids"], out["env_mask"], out["step_rewards"], out["num_turns"]):
+        assert len(rewards) == 1 and turns == 2  # step 1 succeeded; the env died on step 2
+        assert len(ids) == len(mask) and all(isinstance(t, int) for t in ids)
+    assert "crashed on purpose" in caplog.text
+
+
+def test_raising_eval_body_leaves_rows_unscored(tiny_model_dir, letters_server, tmp_path, caplog):
+    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_raising")
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
+    try:
+        out = rollout([PROMPT] * 4, trainer)
+    finally:
+        rollout.close()
+    assert out["episode_status"] == ["finished"] * 4
+    assert out["eval_score"] == [None] * 4
+    assert all(len(r) == 3 for r in out["step_rewards"])
+    assert "scoring exploded" in caplog.text
