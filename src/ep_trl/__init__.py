@@ -5,6 +5,7 @@
 >>> rollout_func = create_openenv_vllm_rollout_func(env_path="my_evals.test_env::test_name")
 """
 
+from .dataset import dataset_from_eval
 from .errors import ConfigError, EnvPathError, EpTrlError, GenerationError, UnsupportedEvalError, VersionError
 from .rollout import RolloutFunction, create_openenv_vllm_rollout_func
 
@@ -17,5 +18,6 @@ __all__ = [
     "UnsupportedEvalError",
     "VersionError",
     "create_openenv_vllm_rollout_func",
+    "dataset_from_eval",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,114 @@
+"""The OpenEnv seam: async clients awaited, sync clients off the loop, every call bounded by a timeout."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from ep_trl.environment import EnvSettings, open_env
+from ep_trl.envs.letters import LettersAction, LettersEnv
+
+
+class CountingSyncClient:
+    """A synchronous client (like openenv 0.10's) that records how many of its calls overlap."""
+
+    lock = threading.Lock()
+    in_flight = 0
+    peak = 0
+
+    def __init__(self, url):
+        self._inner = LettersEnv(base_url=url).sync()
+
+    def _track(self, fn, *args, **kwargs):
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.peak = max(cls.peak, cls.in_flight)
+        try:
+            time.sleep(0.05)  # a slow environment: overlapping calls are what the seam must allow
+            return fn(*args, **kwargs)
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+
+    def reset(self, **kwargs):
+        return self._track(self._inner.reset, **kwargs)
+
+    def step(self, action):
+        return self._track(self._inner.step, action)
+
+    def close(self):
+        self._inner.close()
+
+
+class HangingClient:
+    """Fault injection: an environment whose reset never answers in time."""
+
+    def reset(self, **kwargs):
+        time.sleep(2.0)
+
+    def close(self):
+        pass
+
+
+async def play(settings, task):
+    session = await open_env(settings, "test")
+    try:
+        outcome = await session.reset(task_name=task)
+        rewards = []
+        while not outcome.done:
+            outcome = await session.step(LettersAction(text="aei"))
+            rewards.append(outcome.reward)
+        return rewards
+    finally:
+        await session.close()
+
+
+def test_sync_clients_run_off_the_loop_and_overlap(letters_server):
+    settings = EnvSettings(factory=lambda: CountingSyncClient(letters_server))
+    CountingSyncClient.peak = 0
+
+    async def main():
+        return await asyncio.gather(*(play(settings, "vowels") for _ in range(4)))
+
+    results = asyncio.run(main())
+    assert results == [[1.0, 1.0, 1.0]] * 4
+    assert CountingSyncClient.peak >= 2, "sync environment calls were serialized"
+
+
+def test_openenv_sync_wrapper_is_driven_through_its_async_client(letters_server):
+    settings = EnvSettings(factory=lambda: LettersEnv(base_url=letters_server).sync())
+
+    async def main():
+        session = await open_env(settings, "t")
+        inner = session._client
+        await session.close()
+        return inner
+
+    assert isinstance(asyncio.run(main()), LettersEnv)
+    assert asyncio.run(play(settings, "digits")) == [0.0, 0.0, 0.0]
+
+
+def test_client_class_and_base_url_as_the_processor_builds_them(letters_server):
+    settings = EnvSettings(client_cls=LettersEnv, base_url=letters_server, request_timeout_s=5.0)
+    settings.check()
+    assert asyncio.run(play(settings, "abc")) == [pytest.approx(1 / 3, abs=1e-4)] * 3
+
+
+def test_hanging_environment_times_out_with_a_clear_message():
+    settings = EnvSettings(factory=HangingClient, request_timeout_s=0.3)
+
+    async def main():
+        session = await open_env(settings, "episode 7")
+        await session.reset()
+
+    with pytest.raises(TimeoutError, match=r"episode 7: reset\(\) did not answer within"):
+        asyncio.run(main())
+
+
+def test_docker_only_settings_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="env_base_url"):
+        EnvSettings(client_cls=LettersEnv, docker_image="browsergym-env:latest").check()
+    with pytest.raises(ValueError, match="neither env_factory nor env_client_cls"):
+        EnvSettings().check()

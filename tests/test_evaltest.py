@@ -1,0 +1,79 @@
+"""env_path resolution: every accepted form, and an error that names the problem for each bad one."""
+
+from pathlib import Path
+
+import pytest
+
+from ep_trl import EnvPathError, UnsupportedEvalError, create_openenv_vllm_rollout_func
+from ep_trl.evaltest import resolve_eval_test
+
+EVALS = Path(__file__).parent / "evals"
+
+
+def test_module_and_test_name():
+    found = resolve_eval_test("tests.evals.eval_letters::test_letters_pointwise")
+    assert found.name == "test_letters_pointwise"
+    assert found.module_name == "tests.evals.eval_letters"
+    assert hasattr(found.wrapper, "__ep_params__")
+
+
+def test_module_with_exactly_one_eval_test():
+    assert resolve_eval_test("tests.evals.eval_letters").name == "test_letters_pointwise"
+
+
+def test_file_path_with_test_name():
+    found = resolve_eval_test(f"{EVALS / 'eval_letters.py'}::test_letters_pointwise")
+    assert found.name == "test_letters_pointwise"
+    assert found.wrapper.__ep_params__.mode == "pointwise"
+
+
+def test_relative_file_path_without_test_name(monkeypatch):
+    monkeypatch.chdir(EVALS.parent.parent)
+    assert resolve_eval_test("tests/evals/eval_letters_groupwise.py").name == "test_letters_groupwise"
+
+
+def test_module_that_does_not_import_names_the_import_error():
+    with pytest.raises(EnvPathError, match=r"Cannot import module 'tests\.evals\.no_such_eval'.*ModuleNotFoundError"):
+        resolve_eval_test("tests.evals.no_such_eval::test_x")
+
+
+def test_missing_file():
+    with pytest.raises(EnvPathError, match="not a file"):
+        resolve_eval_test("tests/evals/missing_eval.py::test_x")
+
+
+def test_module_without_eval_tests():
+    with pytest.raises(EnvPathError, match="contains no eval-protocol @evaluation_test"):
+        resolve_eval_test("tests.evals.eval_none")
+
+
+def test_several_eval_tests_are_listed():
+    with pytest.raises(EnvPathError, match="several eval tests") as err:
+        resolve_eval_test("tests.evals.eval_two_tests")
+    assert "test_letters_first" in str(err.value) and "test_letters_second" in str(err.value)
+
+
+def test_named_function_is_not_an_eval_test():
+    with pytest.raises(EnvPathError, match=r"not_an_eval is not an eval-protocol @evaluation_test"):
+        resolve_eval_test("tests.evals.eval_none::not_an_eval")
+
+
+def test_unknown_name_lists_the_eval_tests():
+    with pytest.raises(EnvPathError, match=r"no attribute 'test_nope'.*test_letters_pointwise"):
+        resolve_eval_test("tests.evals.eval_letters::test_nope")
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "tests.evals.eval_letters::"])
+def test_malformed_env_path(bad):
+    with pytest.raises(EnvPathError):
+        resolve_eval_test(bad)
+
+
+def test_unsupported_processor_is_refused_at_construction():
+    with pytest.raises(UnsupportedEvalError, match="SingleTurnRolloutProcessor.*OpenEnvRolloutProcessor"):
+        create_openenv_vllm_rollout_func("tests.evals.eval_single_turn")
+
+
+def test_unknown_option_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match="max_turnz"):
+        create_openenv_vllm_rollout_func("tests.evals.eval_letters", max_turnz=3)

@@ -1,0 +1,79 @@
+"""In-process generation: batching of concurrent requests, per-row cuts, real sampled-token logprobs."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ep_trl.generation import SamplingParams
+from ep_trl.trainer_generation import TrainerGenerator
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def make_generator(model, tokenizer):
+    return TrainerGenerator(lambda: model, tokenizer, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+
+
+def run_concurrently(generator, prompts, params_list):
+    async def main():
+        try:
+            return await asyncio.gather(*(generator.generate(p, s) for p, s in zip(prompts, params_list)))
+        finally:
+            await generator.aclose()
+
+    return asyncio.run(main())
+
+
+def test_concurrent_requests_are_batched_and_cut_per_row(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    generator = make_generator(model, tokenizer)
+    prompts = [tokenizer.encode("hello world"), tokenizer.encode("a much longer prompt than the first one"),
+               tokenizer.encode("x"), tokenizer.encode("three")]
+    params = [SamplingParams(max_tokens=n) for n in (3, 9, 5, 7)]
+    results = run_concurrently(generator, prompts, params)
+    assert generator.requests == 4 and generator.batches < 4  # requests that queued up ran together
+    model.eval()
+    for prompt, p, result in zip(prompts, params, results):
+        assert 0 < len(result.token_ids) <= p.max_tokens
+        assert result.finish_reason == ("stop" if result.token_ids[-1] == tokenizer.eos_token_id else "length")
+        # left padding in the batch does not change the logprobs of the sampled tokens
+        ids = torch.tensor([prompt + list(result.token_ids)])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(result.logprobs), ref, atol=1e-4)
+
+
+def test_temperature_scales_the_returned_logprobs(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    prompt = tokenizer.encode("temperature check")
+    (result,) = run_concurrently(make_generator(model, tokenizer), [prompt], [SamplingParams(temperature=0.5, max_tokens=6)])
+    ids = torch.tensor([prompt + list(result.token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1] / 0.5
+    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(result.logprobs), ref, atol=1e-4)
+
+
+def test_stop_string_ends_the_turn_at_the_token_that_completes_it(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    torch.manual_seed(0)
+    prompts = [tokenizer.encode("stop strings")] * 6
+    results = run_concurrently(make_generator(model, tokenizer), prompts, [SamplingParams(max_tokens=40, stop=("e",))] * 6)
+    stopped = [r for r in results if r.stop_text == "e"]
+    assert stopped, "no sample produced an 'e' in 40 tokens"
+    for r in stopped:
+        text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
+        assert "e" in text and "e" not in tokenizer.decode(r.token_ids[:-1], skip_special_tokens=True)
+        assert r.finish_reason == "stop"
+
+
+def test_non_positive_temperature_is_refused(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    with pytest.raises(ValueError, match="temperature"):
+        run_concurrently(make_generator(model, tokenizer), [[1, 2]], [SamplingParams(temperature=0.0)])

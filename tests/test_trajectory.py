@@ -1,0 +1,87 @@
+"""The bridge rule between turns: clean when the template extends the held tokens, realigned (and counted) when not."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from ep_trl.generation import Generation
+from ep_trl.trajectory import ChatTemplate, TrajectoryBuilder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def sampled(ids):
+    return Generation(tuple(ids), tuple(-1.0 for _ in ids), "stop")
+
+
+def conversation(answer):
+    return [{"role": "user", "content": "first observation"}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "second observation"}]
+
+
+def test_clean_bridge_is_the_rest_of_the_rendering(tokenizer):
+    template = ChatTemplate(tokenizer)
+    prompt = template.prompt_ids(conversation("")[:1])
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turn = template.encode("hello there") + [end]
+    bridge, realigned = template.bridge(conversation("hello there"), prompt + turn, sampled(turn), [end])
+    assert not realigned
+    assert tokenizer.decode(bridge) == "\n<|im_start|>user\nsecond observation<|im_end|>\n<|im_start|>assistant\n"
+    assert prompt + turn + bridge == template.prompt_ids(conversation("hello there"))
+
+
+def test_non_canonical_tokens_are_kept_and_the_bridge_realigned(tokenizer):
+    template = ChatTemplate(tokenizer)
+    prompt = template.prompt_ids(conversation("")[:1])
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # "hello" sampled one character at a time: decodes to the same text, re-encodes to other ids
+    turn = [i for ch in "hello" for i in template.encode(ch)] + [end]
+    assert turn[:-1] != template.encode("hello")
+    bridge, realigned = template.bridge(conversation("hello"), prompt + turn, sampled(turn), [end])
+    assert realigned
+    # the sampled end-of-turn token is not repeated; the model would see the same text as the template renders
+    assert tokenizer.decode(prompt + turn + bridge) == template.render(conversation("hello"))
+
+
+def test_turn_cut_at_max_tokens_gets_the_end_of_turn_marker_in_the_bridge(tokenizer):
+    template = ChatTemplate(tokenizer)
+    prompt = template.prompt_ids(conversation("")[:1])
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turn = [i for ch in "abc" for i in template.encode(ch)]  # no EOS sampled, and non-canonical
+    bridge, realigned = template.bridge(conversation("abc"), prompt + turn, sampled(turn), [end])
+    assert realigned and bridge[0] == end
+
+
+def test_template_that_rewrites_history_is_realigned(tokenizer):
+    # a template that trims assistant content breaks the prefix property for content with outer spaces
+    trimming = tokenizer.chat_template.replace("message['content']", "message['content'] | trim")
+    assert trimming != tokenizer.chat_template
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    tokenizer.chat_template = trimming
+    template = ChatTemplate(tokenizer)
+    prompt = template.prompt_ids(conversation("")[:1])
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turn = template.encode("  spaced  ") + [end]
+    bridge, realigned = template.bridge(conversation("  spaced  "), prompt + turn, sampled(turn), [end])
+    assert realigned
+    assert tokenizer.decode(bridge).startswith("\n<|im_start|>user\nsecond observation")
+
+
+def test_builder_masks_and_logprobs_align():
+    builder = TrajectoryBuilder((1, 2, 3))
+    builder.add_sampled(Generation((4, 5), (-0.5, -0.25), "stop"))
+    builder.add_inserted([6, 7, 8])
+    builder.add_sampled(Generation((9,), (-1.0,), "length"))
+    traj = builder.build()
+    assert traj.completion_ids == (4, 5, 6, 7, 8, 9)
+    assert traj.env_mask == (1, 1, 0, 0, 0, 1)
+    assert traj.logprobs == (-0.5, -0.25, 0.0, 0.0, 0.0, -1.0)
+    assert traj.sampled_segments() == [(4, 5), (9,)]
+    assert builder.context() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_generation_rejects_misaligned_logprobs():
+    with pytest.raises(ValueError, match="must align"):
+        Generation((1, 2), (-1.0,), "stop")

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Train a policy with GRPO on the letters game through its eval-protocol eval (ep_trl's CPU demo).
+
+With no arguments: builds a tiny model locally, starts the letters environment server, trains a few GRPO steps
+with in-process generation on the CPU and prints the reward of each step. See README.md.
+"""
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env-path", default=str(HERE / "examples" / "letters_eval.py") + "::test_letters",
+                   help="eval test to train on (module::test or file.py::test)")
+    p.add_argument("--env-url", default=None, help="letters server URL; default: start one on a free port")
+    p.add_argument("--model", default=None, help="model path; default: a tiny model built locally")
+    p.add_argument("--vllm-base-url", default=None, help="generate with this vLLM server instead of in-process")
+    p.add_argument("--max-steps", type=int, default=3)
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--learning-rate", type=float, default=5e-4)
+    p.add_argument("--max-completion-length", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--output-dir", default="outputs/letters")
+    p.add_argument("--report-to", default="none")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "LiteLLM", "litellm"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from transformers import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ep_trl import create_openenv_vllm_rollout_func, dataset_from_eval
+    from ep_trl.cli import ProgressPrinter, local_env_server
+    from ep_trl.rewards import eval_score
+    from ep_trl.tiny_model import build_tiny_model
+
+    output = Path(args.output_dir)
+    model = args.model or str(build_tiny_model(output / "tiny-model", seed=args.seed))
+    config = GRPOConfig(
+        output_dir=str(output), use_cpu=args.vllm_base_url is None, bf16=False, seed=args.seed,
+        per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length, temperature=args.temperature,
+        learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
+        report_to=[] if args.report_to == "none" else [args.report_to], disable_tqdm=True,
+    )
+    groups_per_step = max(1, args.batch_size // args.num_generations)
+    dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
+
+    with (local_env_server("ep_trl.envs.letters") if args.env_url is None else _given(args.env_url)) as env_url:
+        os.environ["LETTERS_ENV_URL"] = env_url
+        rollout = create_openenv_vllm_rollout_func(args.env_path, vllm_base_url=args.vllm_base_url)
+        try:
+            trainer = GRPOTrainer(model=model, reward_funcs=[eval_score], args=config, train_dataset=dataset,
+                                  rollout_func=rollout, callbacks=[ProgressPrinter()])
+            trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
+            trainer.train()
+        finally:
+            rollout.close()
+    rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
+    print(f"done: {len(rewards)} steps, reward first {rewards[0]:.4f} last {rewards[-1]:.4f}", flush=True)
+    return 0
+
+
+class _given:
+    def __init__(self, url):
+        self.url = url
+
+    def __enter__(self):
+        return self.url
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
