@@ -65,7 +65,12 @@ class Episode:
         return len(self.trajectory.sampled_segments())
 
 
-async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator) -> Episode:
+StepCallback = Callable[[Sequence[Mapping[str, Any]], Sequence[float]], None]
+
+
+async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
+                      on_step: StepCallback | None = None) -> Episode:
+    """Play one episode; ``on_step(messages, step_rewards)`` is called after every environment step."""
     start = time.perf_counter()
     label = f"episode {spec.index} (task {spec.task!r})"
     messages: list[dict[str, Any]] = [dict(m) for m in spec.initial_messages]
@@ -125,6 +130,8 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
             reward = float(outcome.reward or 0.0)
             step_rewards.append(reward)
             history.append(history_line(step + 1, action, reward, outcome.observation))
+            if on_step is not None:
+                on_step(messages, step_rewards)
         else:
             stop_reason = "done" if outcome.done else "max_steps"
     except Exception as exc:

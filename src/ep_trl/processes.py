@@ -110,7 +110,7 @@ def wait_for_http(server: ServerProcess, health_url: str, timeout_s: float = DEF
             return
         if time.monotonic() > deadline:
             raise ServerStartError(
-                f"{server.name} (pid {server.pid}) did not answer {health_url} within {timeout_s:.0f} s.\n"
+                f"{server.name} (pid {server.pid}) did not answer {health_url} within {timeout_s:g} s.\n"
                 f"--- output tail ({server.log_path}) ---\n{server.output_tail()}"
             )
         time.sleep(delay)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -27,6 +28,7 @@ from .errors import ConfigError
 from .evalprotocol import EvalSpec
 from .evaltest import resolve_eval_test
 from .generation import Generator
+from .rollout_log import RolloutLogWriter, make_dataset_logger
 from .runner import LoopRunner
 from .scoring import Scored, group_indices, score_rows
 from .trainer_generation import TrainerGenerator
@@ -100,7 +102,8 @@ class RolloutFunction:
 
     def __init__(self, spec: EvalSpec, backend: Backend, vllm_base_url: str | None,
                  max_episode_tokens: int | None, chat_template_kwargs: Mapping[str, Any] | None,
-                 trainer_signature: bool, vllm_options: Mapping[str, Any]) -> None:
+                 trainer_signature: bool, vllm_options: Mapping[str, Any],
+                 log_writer: RolloutLogWriter | None = None) -> None:
         self.spec = spec
         self.backend = backend
         self.vllm_base_url = vllm_base_url
@@ -109,6 +112,7 @@ class RolloutFunction:
         self._trainer_signature = trainer_signature
         self._vllm_options = dict(vllm_options)
         self._runner = LoopRunner()
+        self._log = log_writer
         self._generator: Generator | None = None
         self._template: ChatTemplate | None = None
         self._groups_started = 0
@@ -123,8 +127,19 @@ class RolloutFunction:
             raise ValueError("rollout_func was called with no prompts")
         return self._runner.run(self._rollout(list(prompts), view))
 
+    @property
+    def backend_name(self) -> str:
+        return self._generator.name if self._generator is not None else self.backend
+
+    def flush_logs(self) -> None:
+        """Wait until every rollout row so far is in the eval-protocol store."""
+        if self._log is not None:
+            self._log.flush()
+
     def close(self) -> None:
-        """Release the generation backend and the background loop."""
+        """Write the remaining log rows, release the generation backend and the background loop."""
+        if self._log is not None:
+            self._log.close()
         if self._generator is not None:
             self._runner.run(self._generator.aclose())
             self._generator = None
@@ -221,58 +236,40 @@ class RolloutFunction:
                 messages = initial_messages(prompts[i])
                 if system_prompt and not any(m.get("role") == "system" for m in messages):
                     messages = ({"role": "system", "content": system_prompt},) + messages
-                specs.append(EpisodeSpec(index=i, group=g, generation=k, task=task, initial_messages=messages))
+                specs.append(EpisodeSpec(index=i, group=first_group + g, generation=k, task=task,
+                                         initial_messages=messages))
         specs.sort(key=lambda s: s.index)
+        rollout_ids = [evalprotocol.new_id("rollout") for _ in specs]
+        context = _RowContext(self, view)
+        if self._log is not None:
+            for spec, rid in zip(specs, rollout_ids):
+                self._log.log(context.row(spec, rid, prompts[spec.index], spec.initial_messages, ()))
 
         limit = asyncio.Semaphore(max(1, self.spec.max_concurrent_rollouts))
 
-        async def bounded(spec: EpisodeSpec) -> Episode:
-            async with limit:
-                return await run_episode(spec, cfg, template, generator)
+        async def bounded(spec: EpisodeSpec, rollout_id: str) -> Episode:
+            on_step = None
+            if self._log is not None:
+                log = self._log
 
-        episodes = list(await asyncio.gather(*(bounded(s) for s in specs)))
-        rows = [self._row(ep, prompts[ep.spec.index], view) for ep in episodes]
+                def on_step(messages: Sequence[Mapping[str, Any]], rewards: Sequence[float]) -> None:
+                    log.log(context.row(spec, rollout_id, prompts[spec.index], messages, rewards))
+
+            async with limit:
+                return await run_episode(spec, cfg, template, generator, on_step)
+
+        episodes = list(await asyncio.gather(*(bounded(s, r) for s, r in zip(specs, rollout_ids))))
+        rows = [context.episode_row(ep, rid, prompts[ep.spec.index]) for ep, rid in zip(episodes, rollout_ids)]
         scored = await score_rows(self.spec, rows, [ep.status == "finished" for ep in episodes], groups)
+        if self._log is not None:
+            for ep, s in zip(episodes, scored):
+                self._log.log(_final_row(ep, s))
         self._report(episodes, scored, view, time.perf_counter() - started)
-        return _trl_output(episodes, scored)
+        return _trl_output(episodes, scored, rollout_ids)
 
     def _task_for(self, group_number: int) -> str | None:
         tasks = self.spec.env.tasks
         return tasks[group_number % len(tasks)] if tasks else None
-
-    def _row(self, episode: Episode, prompt: Any, view: trl_compat.TrainerView) -> Any:
-        traj = episode.trajectory
-        extra = {
-            "step_rewards": list(episode.step_rewards),
-            "ep_trl": {
-                "status": episode.status,
-                "stop_reason": episode.stop_reason,
-                "error": episode.error,
-                "task": episode.spec.task,
-                "group": episode.spec.group,
-                "generation": episode.spec.generation,
-                "global_step": view.global_step,
-                "num_turns": episode.num_turns,
-                "sampled_tokens": traj.sampled_tokens,
-                "inserted_tokens": len(traj.completion_ids) - traj.sampled_tokens,
-                "template_realigned": traj.realigned,
-            },
-        }
-        params = {**self.spec.completion_params, **_sampling_dict(view)}
-        return evalprotocol.build_row(
-            messages=episode.messages,
-            eval_name=self.spec.name,
-            row_id=_row_id(prompt),
-            rollout_id=evalprotocol.new_id("rollout"),
-            invocation_id=self.invocation_id,
-            experiment_id=f"{self.invocation_id}-step{view.global_step}",
-            run_id=f"step-{view.global_step}",
-            completion_params=params,
-            extra=extra,
-            usage={"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
-                   "total_tokens": episode.prompt_tokens + traj.sampled_tokens},
-            duration_s=episode.duration_s,
-        )
 
     def _report(self, episodes: list[Episode], scored: list[Scored], view: trl_compat.TrainerView, seconds: float) -> None:
         n = len(episodes)
@@ -293,14 +290,66 @@ class RolloutFunction:
             metrics["ep_trl/mean_turns"])
 
 
-def _sampling_dict(view: trl_compat.TrainerView) -> dict[str, Any]:
-    s = view.sampling()
-    model = getattr(getattr(view.trainer, "model", None), "name_or_path", None) if view.trainer else None
-    out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-                           "policy_step": view.global_step}
-    if model:
-        out["model"] = str(model)
-    return out
+class _RowContext:
+    """Builds the eval-protocol rows of one rollout call: ids, eval name, policy and step."""
+
+    def __init__(self, fn: "RolloutFunction", view: trl_compat.TrainerView) -> None:
+        self.fn = fn
+        self.step = view.global_step
+        sampling = view.sampling()
+        model = getattr(getattr(view.trainer, "model", None), "name_or_path", None) if view.trainer else None
+        self.completion_params = {
+            **fn.spec.completion_params,
+            "model": str(model or fn.spec.completion_params.get("model", "policy")),
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "policy_step": self.step, "generation_backend": fn.backend_name,
+        }
+
+    def row(self, spec: EpisodeSpec, rollout_id: str, prompt: Any, messages: Sequence[Mapping[str, Any]],
+            step_rewards: Sequence[float], ep_trl: Mapping[str, Any] | None = None,
+            usage: Mapping[str, int] | None = None, duration_s: float | None = None) -> Any:
+        info = {"status": "running", "task": spec.task, "group": spec.group, "generation": spec.generation,
+                "global_step": self.step, **(ep_trl or {})}
+        return evalprotocol.build_row(
+            messages=messages, eval_name=self.fn.spec.name, row_id=_row_id(prompt), rollout_id=rollout_id,
+            invocation_id=self.fn.invocation_id, experiment_id=f"{self.fn.invocation_id}-step{self.step}",
+            run_id=f"step-{self.step}", completion_params=self.completion_params,
+            extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s,
+        )
+
+    def episode_row(self, episode: Episode, rollout_id: str, prompt: Any) -> Any:
+        traj = episode.trajectory
+        sampled_lps = [lp for lp, m in zip(traj.logprobs, traj.env_mask) if m]
+        info = {
+            "status": episode.status, "stop_reason": episode.stop_reason, "error": episode.error,
+            "num_turns": episode.num_turns, "prompt_tokens": len(traj.prompt_ids),
+            "sampled_tokens": traj.sampled_tokens, "inserted_tokens": len(traj.completion_ids) - traj.sampled_tokens,
+            "turn_sampled_tokens": [len(s) for s in traj.sampled_segments()],
+            "mean_sampled_logprob": sum(sampled_lps) / len(sampled_lps) if sampled_lps else None,
+            "min_sampled_logprob": min(sampled_lps) if sampled_lps else None,
+            "template_realigned": traj.realigned, "prompt_builder_failures": episode.prompt_builder_failures,
+        }
+        usage = {"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
+                 "total_tokens": episode.prompt_tokens + traj.sampled_tokens}
+        return self.row(episode.spec, rollout_id, prompt, episode.messages, episode.step_rewards, info, usage,
+                        episode.duration_s)
+
+
+def _final_row(episode: Episode, scored: Scored) -> Any:
+    """The row as the body returned it, marked finished or errored, with why it is unscored if it is."""
+    from eval_protocol.models import Status
+
+    row = scored.row
+    if episode.status == "finished":
+        row.rollout_status = Status.rollout_finished()
+    else:
+        row.rollout_status = Status.rollout_error(episode.error or "episode failed")
+    if row.eval_metadata is not None:
+        row.eval_metadata.status = Status.eval_finished() if scored.score is not None else Status.error(
+            scored.error or "unscored")
+    if scored.error:
+        row.execution_metadata.extra = {**(row.execution_metadata.extra or {}), "unscored_reason": scored.error}
+    return row
 
 
 def _row_id(prompt: Any) -> str:
@@ -309,7 +358,7 @@ def _row_id(prompt: Any) -> str:
     return f"prompt-{digest[:12]}"
 
 
-def _trl_output(episodes: list[Episode], scored: list[Scored]) -> dict[str, list[Any]]:
+def _trl_output(episodes: list[Episode], scored: list[Scored], rollout_ids: list[str]) -> dict[str, list[Any]]:
     trajectories = [ep.trajectory for ep in episodes]
     return {
         "prompt_ids": [list(t.prompt_ids) for t in trajectories],
@@ -321,6 +370,7 @@ def _trl_output(episodes: list[Episode], scored: list[Scored]) -> dict[str, list
         "num_turns": [ep.num_turns for ep in episodes],
         "episode_status": [ep.status for ep in episodes],
         "template_realigned": [t.realigned for t in trajectories],
+        "rollout_id": rollout_ids,
     }
 
 
@@ -347,6 +397,8 @@ def create_openenv_vllm_rollout_func(
     stop: Sequence[str] | None = None,
     max_concurrent_rollouts: int | None = None,
     evaluation_test_kwargs: Mapping[str, Any] | None = None,
+    log_rollouts: bool = True,
+    log_home: str | os.PathLike | None = None,
 ) -> RolloutFunction:
     """Build a TRL ``rollout_func`` that plays the eval's environment and scores episodes with the eval's body.
 
@@ -358,12 +410,16 @@ def create_openenv_vllm_rollout_func(
         max_episode_tokens: completion tokens per episode (sampled and inserted); defaults to the GRPOConfig's
             ``max_completion_length``. TRL does not truncate rollout output, so the episode stops when it is spent.
         chat_template_kwargs: passed to ``apply_chat_template`` (e.g. ``{"enable_thinking": False}``).
+        log_rollouts: write every training rollout to eval-protocol's dataset logger, the store ``ep logs`` shows
+            (running, after each step, then scored). eval-protocol's ``DISABLE_EP_SQLITE_LOG=1`` also turns it off.
+        log_home: send those rows to ``<log_home>/.eval_protocol/logs.db`` instead of ``~/.eval_protocol/logs.db``
+            (view them with ``HOME=<log_home> ep logs``).
         The remaining keyword arguments replace the eval's own settings of the same name.
 
     Returns:
         A callable ``rollout_func(prompts, trainer)`` whose output holds ``prompt_ids``, ``completion_ids``,
-        ``logprobs``, ``env_mask``, ``eval_score``, ``step_rewards``, ``num_turns``, ``episode_status`` and
-        ``template_realigned`` (one entry per prompt, in order).
+        ``logprobs``, ``env_mask``, ``eval_score``, ``step_rewards``, ``num_turns``, ``episode_status``,
+        ``template_realigned`` and ``rollout_id`` (the row's id in ``ep logs``), one entry per prompt, in order.
     """
     if backend not in ("auto", "trainer", "vllm"):
         raise ConfigError(f"backend must be 'auto', 'trainer' or 'vllm', not {backend!r}.")
@@ -388,5 +444,7 @@ def create_openenv_vllm_rollout_func(
         raise ConfigError(f"TRL {trl_version} passes no trainer to rollout_func; use backend='vllm' with vllm_base_url.")
     logger.info("ep_trl: training on %s (%s, mode %s, %d max steps, tasks %s)", spec.qualified_name,
                 spec.env.describe(), spec.mode, spec.max_steps, list(spec.env.tasks) or "none")
+    writer = RolloutLogWriter(make_dataset_logger(log_home)) if log_rollouts else None
     return RolloutFunction(spec, backend, vllm_base_url, max_episode_tokens, chat_template_kwargs, trainer_signature,
-                           {"max_in_flight": vllm_max_in_flight, "request_timeout_s": vllm_request_timeout_s})
+                           {"max_in_flight": vllm_max_in_flight, "request_timeout_s": vllm_request_timeout_s},
+                           writer)

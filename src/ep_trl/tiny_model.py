@@ -71,7 +71,7 @@ _CODE_LINES = (
 
 
 def _training_corpus() -> list[str]:
-    """Return a deterministic English/code-ish corpus (tens of KB).
+    """Return a deterministic English/code-ish corpus (about 100 KB of text).
 
     Generated rather than shipped so the repository holds no data files; the
     fixed ``random.Random(1234)`` keeps the tokenizer identical across builds.

@@ -1,0 +1,1 @@
+"""Environments of ep_trl's own, served as local OpenEnv processes."""

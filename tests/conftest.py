@@ -1,0 +1,85 @@
+"""Session fixtures: a tiny local model and a letters env server.
+
+The environment variables below are set at import time, before any test module
+imports eval_protocol/LiteLLM/TRL: the suite runs offline, and eval-protocol's
+store (``~/.eval_protocol``) lives in a per-session temporary HOME. Heavy imports (transformers, openenv-core, which pulls in
+gradio) happen inside the fixtures so tests that need neither start fast.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# eval-protocol writes its log store and event bus under $HOME/.eval_protocol: give the test session its own
+# HOME so training rollouts logged by tests (on by default, as for users) never touch the developer's store.
+# Playwright finds its browsers under the real home, so pin that first.
+os.environ.setdefault("PLAYWRIGHT_BROWSERS_PATH", os.path.join(os.path.expanduser("~"), ".cache", "ms-playwright"))
+TEST_HOME = tempfile.mkdtemp(prefix="ep-trl-test-home-")
+os.environ["HOME"] = TEST_HOME
+atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.support.letters import LETTERS_ENV_URL_VAR  # noqa: E402  (light: stdlib only)
+
+if TYPE_CHECKING:
+    from tests.support.letters import LettersEpisodes
+    from ep_trl.processes import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2-style model + tokenizer directory (seed 0), built once per session."""
+    from ep_trl.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def letters_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator["ServerProcess"]:
+    """The session's letters env server process (``python -m ep_trl.envs.letters``).
+
+    Started with no LETTERS_* game settings, so defaults apply (vowels, 3 steps,
+    no latency); tests choose per episode through reset arguments.
+    """
+    from tests.support.letters import start_letters_server
+
+    server = start_letters_server(tmp_path_factory.mktemp("letters_logs"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def letters_server(letters_server_process: "ServerProcess") -> Iterator[str]:
+    """Base URL of the session's letters server; also exported as ``LETTERS_ENV_URL``."""
+    previous = os.environ.get(LETTERS_ENV_URL_VAR)
+    os.environ[LETTERS_ENV_URL_VAR] = letters_server_process.base_url
+    try:
+        yield letters_server_process.base_url
+    finally:
+        if previous is None:
+            os.environ.pop(LETTERS_ENV_URL_VAR, None)
+        else:
+            os.environ[LETTERS_ENV_URL_VAR] = previous
+
+
+@pytest.fixture
+def letters_episodes(letters_server: str) -> "LettersEpisodes":
+    """Callable returning the server's ``GET /episodes`` list (also ``.clear()``, ``.by_id()``).
+
+    The record is cleared first, so a test sees only the episodes it caused.
+    """
+    from tests.support.letters import LettersEpisodes
+
+    episodes = LettersEpisodes(letters_server)
+    episodes.clear()
+    return episodes

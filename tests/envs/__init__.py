@@ -1,0 +1,1 @@
+"""Tests of ep_trl's own environments."""

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: subprocess servers and the letters server fixture logic."""
