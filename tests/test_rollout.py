@@ -19,6 +19,16 @@ def pointwise(tiny_model_dir, letters_server, tmp_path_factory):
     rollout.close()
 
 
+def rollout_once(env_path, model_dir, tmp_path, prompts, trainer_kwargs=None, **options):
+    """A fresh rollout function and trainer, one call with ``prompts``, then closed."""
+    rollout = create_openenv_vllm_rollout_func(env_path, **options)
+    trainer = make_trainer(model_dir, tmp_path, rollout, **(trainer_kwargs or {}))
+    try:
+        return rollout(prompts, trainer)
+    finally:
+        rollout.close()
+
+
 def teacher_forced_logprobs(model, prompt_ids, completion_ids, temperature):
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
     with torch.no_grad():
@@ -97,23 +107,14 @@ def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_
 
 
 def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, tmp_path):
-    rollout = create_openenv_vllm_rollout_func(EVAL, evaluation_test_kwargs={"bonus": 10.0})
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
-    try:
-        out = rollout([PROMPT] * 4, trainer)
-    finally:
-        rollout.close()
+    out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, evaluation_test_kwargs={"bonus": 10.0})
     for score, rewards in zip(out["eval_score"], out["step_rewards"]):
         assert score == pytest.approx(10.0 + sum(rewards) / len(rewards))
 
 
 def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server, tmp_path):
-    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters_groupwise")
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=4, batch_size=8)
-    try:
-        out = rollout([PROMPT] * 4 + ["Another prompt."] * 4, trainer)
-    finally:
-        rollout.close()
+    out = rollout_once("tests.evals.eval_letters_groupwise", tiny_model_dir, tmp_path,
+                       [PROMPT] * 4 + ["Another prompt."] * 4, trainer_kwargs=dict(num_generations=4, batch_size=8))
     for group in (range(0, 4), range(4, 8)):
         sums = [sum(out["step_rewards"][i]) for i in group]
         best = max(sums)
@@ -123,24 +124,14 @@ def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server,
 
 
 def test_episode_budget_stops_before_the_limit(tiny_model_dir, letters_server, tmp_path):
-    rollout = create_openenv_vllm_rollout_func(EVAL, max_episode_tokens=40)
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
-    try:
-        out = rollout([PROMPT] * 4, trainer)
-    finally:
-        rollout.close()
+    out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, max_episode_tokens=40)
     for ids, turns in zip(out["completion_ids"], out["num_turns"]):
         assert 0 < len(ids) <= 40
         assert turns < 3  # a bridge is ~40 tokens with this tokenizer: the budget ends the episode early
 
 
 def test_env_crash_mid_episode_is_reported_and_unscored(tiny_model_dir, letters_server, tmp_path, caplog):
-    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_crash")
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
-    try:
-        out = rollout([PROMPT] * 4, trainer)
-    finally:
-        rollout.close()
+    out = rollout_once("tests.evals.eval_crash", tiny_model_dir, tmp_path, [PROMPT] * 4)
     assert out["episode_status"] == ["error"] * 4
     assert out["eval_score"] == [None] * 4
     for ids, mask, rewards, turns in zip(out["completion_ids"], out["env_mask"], out["step_rewards"], out["num_turns"]):
@@ -150,12 +141,7 @@ def test_env_crash_mid_episode_is_reported_and_unscored(tiny_model_dir, letters_
 
 
 def test_raising_eval_body_leaves_rows_unscored(tiny_model_dir, letters_server, tmp_path, caplog):
-    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_raising")
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
-    try:
-        out = rollout([PROMPT] * 4, trainer)
-    finally:
-        rollout.close()
+    out = rollout_once("tests.evals.eval_raising", tiny_model_dir, tmp_path, [PROMPT] * 4)
     assert out["episode_status"] == ["finished"] * 4
     assert out["eval_score"] == [None] * 4
     assert all(len(r) == 3 for r in out["step_rewards"])
