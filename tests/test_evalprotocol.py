@@ -13,8 +13,7 @@ from tests.evals import letters_parts as parts
 # The private attributes of OpenEnvRolloutProcessor that ep_trl reads. If eval-protocol renames one, this fails
 # first, naming it, and ep_trl.evalprotocol must be updated.
 PRIVATE_ATTRIBUTES = ("_provided_env_factory", "_env_client_cls", "_env_base_url", "_request_timeout_s",
-                      "_default_headers", "_tasks", "_task_var", "_env_vars", "_docker_image", "_hub_repo_id",
-                      "_num_generations")
+                      "_default_headers", "_tasks", "_task_var", "_env_vars", "_docker_image", "_hub_repo_id")
 
 
 def test_processor_still_has_the_private_attributes_we_read():

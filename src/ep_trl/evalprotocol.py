@@ -39,7 +39,6 @@ class EvalSpec:
     prompt_builder: Callable[[Any, int, list[str]], Any]
     action_parser: Callable[[str], Any]
     env: EnvSettings
-    processor_num_generations: int = 1
     notes: tuple[str, ...] = field(default=())
 
 
@@ -117,7 +116,6 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         prompt_builder=processor.prompt_builder,
         action_parser=processor.action_parser,
         env=env,
-        processor_num_generations=int(_private(processor, "_num_generations")),
         notes=tuple(notes),
     )
 

@@ -38,6 +38,7 @@ from .vllm_server import VLLMServerGenerator
 logger = logging.getLogger(__name__)
 
 Backend = Literal["auto", "trainer", "vllm"]
+DEFAULT_MAX_TOKENS = 100  # OpenEnvRolloutProcessor's per-turn default when completion_params has none
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class RolloutFunction:
                 "%s asks for %s; training samples with the GRPOConfig's %s because TRL's loss and importance "
                 "ratio assume them.", self.spec.qualified_name, differing, {k: used[k] for k in differing})
 
-    def _episode_config(self, view: trl_compat.TrainerView, template: ChatTemplate, generator: Generator) -> EpisodeConfig:
+    def _episode_config(self, view: trl_compat.TrainerView, generator: Generator) -> EpisodeConfig:
         params = self.spec.completion_params
         budget = self.max_episode_tokens or view.max_completion_length
         if not budget:
@@ -203,7 +204,7 @@ class RolloutFunction:
         eos = trl_compat.eos_token_ids(view.processing_class, model)
         sampling = replace(
             view.sampling(),
-            max_tokens=int(params.get("max_tokens") or 64),
+            max_tokens=int(params.get("max_tokens") or DEFAULT_MAX_TOKENS),
             stop=tuple(params.get("stop") or ()) if not isinstance(params.get("stop"), str) else (params["stop"],),
             stop_token_ids=stop_ids,
         )
@@ -224,21 +225,9 @@ class RolloutFunction:
         started = time.perf_counter()
         self.calls += 1
         template, generator = self._setup(view)
-        cfg = self._episode_config(view, template, generator)
+        cfg = self._episode_config(view, generator)
         groups = group_indices(prompts, view.num_generations)
-        first_group = self._groups_started
-        self._groups_started += len(groups)
-        system_prompt = self.spec.completion_params.get("system_prompt")
-        specs: list[EpisodeSpec] = []
-        for g, members in enumerate(groups):
-            task = self._task_for(first_group + g)
-            for k, i in enumerate(members):
-                messages = initial_messages(prompts[i])
-                if system_prompt and not any(m.get("role") == "system" for m in messages):
-                    messages = ({"role": "system", "content": system_prompt},) + messages
-                specs.append(EpisodeSpec(index=i, group=first_group + g, generation=k, task=task,
-                                         initial_messages=messages))
-        specs.sort(key=lambda s: s.index)
+        specs = self._episode_specs(prompts, groups)
         rollout_ids = [evalprotocol.new_id("rollout") for _ in specs]
         context = _RowContext(self, view)
         if self._log is not None:
@@ -266,6 +255,22 @@ class RolloutFunction:
                 self._log.log(_final_row(ep, s))
         self._report(episodes, scored, view, time.perf_counter() - started)
         return _trl_output(episodes, scored, rollout_ids)
+
+    def _episode_specs(self, prompts: list[Any], groups: list[list[int]]) -> list[EpisodeSpec]:
+        """One spec per prompt, in prompt order; tasks rotate per prompt group, counted across calls."""
+        first_group = self._groups_started
+        self._groups_started += len(groups)
+        system_prompt = self.spec.completion_params.get("system_prompt")
+        specs: list[EpisodeSpec] = []
+        for g, members in enumerate(groups):
+            task = self._task_for(first_group + g)
+            for k, i in enumerate(members):
+                messages = initial_messages(prompts[i])
+                if system_prompt and not any(m.get("role") == "system" for m in messages):
+                    messages = ({"role": "system", "content": system_prompt},) + messages
+                specs.append(EpisodeSpec(index=i, group=first_group + g, generation=k, task=task,
+                                         initial_messages=messages))
+        return sorted(specs, key=lambda s: s.index)
 
     def _task_for(self, group_number: int) -> str | None:
         tasks = self.spec.env.tasks
