@@ -146,3 +146,13 @@ def test_raising_eval_body_leaves_rows_unscored(tiny_model_dir, letters_server, 
     assert out["eval_score"] == [None] * 4
     assert all(len(r) == 3 for r in out["step_rewards"])
     assert "scoring exploded" in caplog.text
+
+
+def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir, letters_server, tmp_path):
+    # the first prompt group plays the crashing task, the second a normal one (tasks rotate per group)
+    out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4 + ["Second prompt."] * 4,
+                       trainer_kwargs=dict(batch_size=8), tasks=["crash", "vowels"])
+    assert out["episode_status"] == ["error"] * 4 + ["finished"] * 4
+    assert out["eval_score"][:4] == [None] * 4
+    assert all(isinstance(s, float) for s in out["eval_score"][4:])
+    assert [len(r) for r in out["step_rewards"][4:]] == [3] * 4
