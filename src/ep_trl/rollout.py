@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from . import evalprotocol, trl_compat
@@ -28,12 +29,12 @@ from .errors import ConfigError
 from .evalprotocol import EvalSpec
 from .evaltest import resolve_eval_test
 from .generation import Generator
-from .rollout_log import RolloutLogWriter, make_dataset_logger
+from .rollout_log import EpisodeTokens, RolloutLogWriter, make_dataset_logger
 from .runner import LoopRunner
 from .scoring import Scored, group_indices, score_rows
 from .trainer_generation import TrainerGenerator
 from .trajectory import ChatTemplate
-from .vllm_server import VLLMServerGenerator
+from .vllm_server import VLLMServerGenerator, probe_server
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class RolloutFunction:
         view = trl_compat.view_from_call(trainer_args, self._trainer_signature)
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
+        if self.backend != "trainer":
+            view.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
         return self._runner.run(self._rollout(list(prompts), view))
 
     @property
@@ -155,24 +158,36 @@ class RolloutFunction:
         return self._template, self._generator
 
     def _make_generator(self, view: trl_compat.TrainerView) -> Generator:
-        url = self.vllm_base_url
+        """The trainer's own vLLM server when it has one (TRL pushes weights there before each call), else
+        ``vllm_base_url`` (no weight sync: off-policy after the first optimizer step), else the trainer's model."""
+        explicit = self.vllm_base_url.rstrip("/") if self.vllm_base_url else None
         server_url = view.vllm_server_url() if self.backend != "trainer" else None
         choice = self.backend
         if choice == "auto":
-            choice = "vllm" if (url or server_url) else "trainer"
+            choice = "vllm" if (explicit or server_url) else "trainer"
         if choice == "vllm":
-            url = url or server_url
+            url = server_url or explicit
             if url is None:
                 raise ConfigError(
                     "backend='vllm' needs a server: train with GRPOConfig(use_vllm=True, vllm_mode='server') "
                     "or pass vllm_base_url='http://HOST:PORT'."
                 )
-            if self.vllm_base_url and not server_url:
+            if server_url and explicit and explicit != server_url.rstrip("/"):
+                logger.warning(
+                    "vllm_base_url=%s is ignored: the trainer generates with use_vllm=True and pushes its weights to "
+                    "%s, so ep_trl generates there too.", explicit, server_url)
+            if not server_url:
                 logger.warning(
                     "Generating with the vLLM server at %s, which this trainer does not push weights to: rollouts are "
-                    "off-policy after the first optimizer step. Use GRPOConfig(use_vllm=True, vllm_mode='server') "
-                    "to keep the server in sync.", url)
-            generator: Generator = VLLMServerGenerator(url, **self._vllm_options)
+                    "off-policy after the first optimizer step (and TRL applies no importance-sampling correction "
+                    "with use_vllm=False). Keep the server in sync with GRPOConfig(use_vllm=True, "
+                    "vllm_mode='server') on GPUs, or ep_trl.vllm_weight_sync.DiskSyncGRPOTrainer on CPU "
+                    "(docs/vllm.md).", url)
+            options = dict(self._vllm_options)
+            if self.spec.max_concurrent_rollouts <= 1:
+                options["batch_window_s"] = 0.0  # one episode at a time: no other turn will ever join a batch
+            generator: Generator = VLLMServerGenerator(url, model=view.vllm_server_model() if server_url else None,
+                                                       **options)
         else:
             provider = view.model_provider()
             model = provider()
@@ -225,14 +240,16 @@ class RolloutFunction:
         started = time.perf_counter()
         self.calls += 1
         template, generator = self._setup(view)
+        if getattr(generator, "failure", None) is not None:
+            generator.reset_failure()  # the server failed in an earlier call; it may be back
         cfg = self._episode_config(view, generator)
         groups = group_indices(prompts, view.num_generations)
-        specs = self._episode_specs(prompts, groups)
+        specs = self._episode_specs(prompts, groups, view)
         rollout_ids = [evalprotocol.new_id("rollout") for _ in specs]
         context = _RowContext(self, view)
         if self._log is not None:
             for spec, rid in zip(specs, rollout_ids):
-                self._log.log(context.row(spec, rid, prompts[spec.index], spec.initial_messages, ()))
+                context.log_row(self._log, spec, rid, prompts[spec.index], spec.initial_messages, ())
 
         limit = asyncio.Semaphore(max(1, self.spec.max_concurrent_rollouts))
 
@@ -242,23 +259,27 @@ class RolloutFunction:
                 log = self._log
 
                 def on_step(messages: Sequence[Mapping[str, Any]], rewards: Sequence[float]) -> None:
-                    log.log(context.row(spec, rollout_id, prompts[spec.index], messages, rewards))
+                    context.log_row(log, spec, rollout_id, prompts[spec.index], messages, rewards)
 
             async with limit:
                 return await run_episode(spec, cfg, template, generator, on_step)
 
         episodes = list(await asyncio.gather(*(bounded(s, r) for s, r in zip(specs, rollout_ids))))
+        failure = getattr(generator, "failure", None)
+        if failure is not None:  # the backend failed for good (e.g. the vLLM server is gone): stop, do not train on it
+            raise failure
         rows = [context.episode_row(ep, rid, prompts[ep.spec.index]) for ep, rid in zip(episodes, rollout_ids)]
         scored = await score_rows(self.spec, rows, [ep.status == "finished" for ep in episodes], groups)
         if self._log is not None:
-            for ep, s in zip(episodes, scored):
-                self._log.log(_final_row(ep, s))
+            context.log_final(self._log, episodes, scored, time.perf_counter() - started)
         self._report(episodes, scored, view, time.perf_counter() - started)
         return _trl_output(episodes, scored, rollout_ids)
 
-    def _episode_specs(self, prompts: list[Any], groups: list[list[int]]) -> list[EpisodeSpec]:
-        """One spec per prompt, in prompt order; tasks rotate per prompt group, counted across calls."""
-        first_group = self._groups_started
+    def _episode_specs(self, prompts: list[Any], groups: list[list[int]],
+                       view: trl_compat.TrainerView) -> list[EpisodeSpec]:
+        """One spec per prompt, in prompt order; tasks rotate per prompt group, counted across calls and, under
+        ``accelerate launch``, across processes (each process gets its own slice of the step's groups)."""
+        first_group = self._groups_started * view.num_processes + view.process_index * len(groups)
         self._groups_started += len(groups)
         system_prompt = self.spec.completion_params.get("system_prompt")
         specs: list[EpisodeSpec] = []
@@ -296,11 +317,21 @@ class RolloutFunction:
 
 
 class _RowContext:
-    """Builds the eval-protocol rows of one rollout call: ids, eval name, policy and step."""
+    """Builds the eval-protocol rows of one rollout call, shaped for the ``ep logs`` UI.
+
+    One invocation id per rollout function (training run), one experiment id and run id ``step-N`` per training
+    step, one row id per dataset prompt, one rollout id per episode. ``created_at`` is the episode's start and
+    stays fixed across its updates, so the UI's default newest-first order does not reshuffle rows as they
+    progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
+    """
 
     def __init__(self, fn: "RolloutFunction", view: trl_compat.TrainerView) -> None:
         self.fn = fn
         self.step = view.global_step
+        self._created: dict[str, Any] = {}
+        self._pid = os.getpid()
+        self._description = (getattr(fn.spec.body, "__doc__", None) or "").strip() or None
+        self._tokenizer = getattr(view.processing_class, "tokenizer", view.processing_class)
         sampling = view.sampling()
         model = getattr(getattr(view.trainer, "model", None), "name_or_path", None) if view.trainer else None
         self.completion_params = {
@@ -313,14 +344,32 @@ class _RowContext:
     def row(self, spec: EpisodeSpec, rollout_id: str, prompt: Any, messages: Sequence[Mapping[str, Any]],
             step_rewards: Sequence[float], ep_trl: Mapping[str, Any] | None = None,
             usage: Mapping[str, int] | None = None, duration_s: float | None = None) -> Any:
+        from eval_protocol.models import Status
+
         info = {"status": "running", "task": spec.task, "group": spec.group, "generation": spec.generation,
                 "global_step": self.step, **(ep_trl or {})}
-        return evalprotocol.build_row(
+        row = evalprotocol.build_row(
             messages=messages, eval_name=self.fn.spec.name, row_id=_row_id(prompt), rollout_id=rollout_id,
             invocation_id=self.fn.invocation_id, experiment_id=f"{self.fn.invocation_id}-step{self.step}",
             run_id=f"step-{self.step}", completion_params=self.completion_params,
             extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s,
         )
+        row.created_at = self._created.setdefault(rollout_id, datetime.now(timezone.utc))
+        row.pid = self._pid
+        row.input_metadata.session_data = {"mode": self.fn.spec.mode, "source": "ep_trl training"}
+        if row.eval_metadata is not None:
+            row.eval_metadata.description = self._description
+            row.eval_metadata.status = Status.eval_running()
+        return row
+
+    def log_row(self, log: RolloutLogWriter, spec: EpisodeSpec, rollout_id: str, prompt: Any,
+                messages: Sequence[Mapping[str, Any]], step_rewards: Sequence[float]) -> None:
+        """Queue a running row. Only snapshots are taken here; the row is built on the writer thread, and only
+        if no newer update of the episode has arrived by then (the episode's message dicts are never mutated,
+        only appended, so a shallow snapshot suffices)."""
+        self._created.setdefault(rollout_id, datetime.now(timezone.utc))
+        messages, step_rewards = tuple(messages), tuple(step_rewards)
+        log.log(rollout_id, lambda: self.row(spec, rollout_id, prompt, messages, step_rewards))
 
     def episode_row(self, episode: Episode, rollout_id: str, prompt: Any) -> Any:
         traj = episode.trajectory
@@ -339,9 +388,25 @@ class _RowContext:
         return self.row(episode.spec, rollout_id, prompt, episode.messages, episode.step_rewards, info, usage,
                         episode.duration_s)
 
+    def log_final(self, log: RolloutLogWriter, episodes: Sequence[Episode], scored: Sequence[Scored],
+                  seconds: float) -> None:
+        """Log each episode's scored row with its token view; ``agg_score`` is the mean valid score of the call
+        (the step's batch), as eval-protocol sets it per experiment, so the UI's default pivot has values."""
+        valid = [s.score for s in scored if s.score is not None]
+        agg_score = sum(valid) / len(valid) if valid else None
+        for ep, s in zip(episodes, scored):
+            row = _final_row(ep, s, agg_score)
+            row.execution_metadata.experiment_duration_seconds = seconds
+            tokens = EpisodeTokens(self._tokenizer, ep.trajectory)
+            log.log(row.execution_metadata.rollout_id, lambda row=row: row, tokens)  # handed over, not copied
 
-def _final_row(episode: Episode, scored: Scored) -> Any:
-    """The row as the body returned it, marked finished or errored, with why it is unscored if it is."""
+
+def _final_row(episode: Episode, scored: Scored, agg_score: float | None = None) -> Any:
+    """The row as the body returned it, marked finished or errored, with why it is unscored if it is.
+
+    Statuses use the codes the ``ep logs`` UI names: FINISHED (100) "finished", INTERNAL (13) "error",
+    SCORE_INVALID (102) "score invalid" for a body that marked its score invalid.
+    """
     from eval_protocol.models import Status
 
     row = scored.row
@@ -349,11 +414,22 @@ def _final_row(episode: Episode, scored: Scored) -> Any:
         row.rollout_status = Status.rollout_finished()
     else:
         row.rollout_status = Status.rollout_error(episode.error or "episode failed")
+    result = row.evaluation_result
     if row.eval_metadata is not None:
-        row.eval_metadata.status = Status.eval_finished() if scored.score is not None else Status.error(
-            scored.error or "unscored")
+        if scored.score is not None:
+            row.eval_metadata.status = Status.eval_finished()
+        elif result is not None and result.is_score_valid is False:
+            row.eval_metadata.status = Status.score_invalid(scored.error or "score is invalid")
+        else:
+            row.eval_metadata.status = Status.error(scored.error or "unscored")
+    extra = dict(row.execution_metadata.extra or {})
+    if scored.score is not None:
+        extra["episode_reward"] = scored.score  # the Token Debug panel's header shows it
+        if result is not None and agg_score is not None and result.agg_score is None:
+            result.agg_score = agg_score
     if scored.error:
-        row.execution_metadata.extra = {**(row.execution_metadata.extra or {}), "unscored_reason": scored.error}
+        extra["unscored_reason"] = scored.error
+    row.execution_metadata.extra = extra
     return row
 
 
@@ -388,6 +464,10 @@ def create_openenv_vllm_rollout_func(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     vllm_max_in_flight: int = 64,
     vllm_request_timeout_s: float = 120.0,
+    vllm_max_retries: int = 3,
+    vllm_retry_backoff_s: float = 0.5,
+    vllm_connect_timeout_s: float = 10.0,
+    vllm_batch_window_s: float = 0.005,
     env_factory: Callable[[], Any] | None = None,
     env_client_cls: type | None = None,
     env_base_url: str | None = None,
@@ -412,9 +492,21 @@ def create_openenv_vllm_rollout_func(
         backend: ``"trainer"`` samples in-process with ``trainer.model``; ``"vllm"`` uses a vLLM server (the trainer's
             when ``GRPOConfig(use_vllm=True, vllm_mode="server")``, else ``vllm_base_url``); ``"auto"`` picks vllm when
             either is available, trainer otherwise.
+        vllm_base_url: a vLLM server to generate with when the trainer has none of its own. Nothing pushes the
+            trainer's weights there, so rollouts are off-policy after the first optimizer step (docs/vllm.md).
         max_episode_tokens: completion tokens per episode (sampled and inserted); defaults to the GRPOConfig's
             ``max_completion_length``. TRL does not truncate rollout output, so the episode stops when it is spent.
         chat_template_kwargs: passed to ``apply_chat_template`` (e.g. ``{"enable_thinking": False}``).
+        vllm_max_in_flight: vLLM backend: most episode turns in flight at once (concurrent episodes' turns overlap
+            up to this; the server batches them).
+        vllm_request_timeout_s: vLLM backend: total time one request may take before it counts as failed.
+        vllm_max_retries, vllm_retry_backoff_s: vLLM backend: a timed-out, dropped, 5xx or 429 request is retried
+            this many times, waiting ``backoff * 2**k`` seconds; then the rollout call raises ``GenerationError``
+            naming the request. Other 4xx (e.g. a prompt over ``max_model_len``) raise at once.
+        vllm_connect_timeout_s: vLLM backend: how long the first contact (``GET /v1/models``) and each
+            connection may take; an unreachable server fails within it, naming the URL.
+        vllm_batch_window_s: vLLM backend: turns with the same sampling settings that arrive within this many
+            seconds of each other go out as one request with a list of prompts (0 = one request per turn).
         log_rollouts: write every training rollout to eval-protocol's dataset logger, the store ``ep logs`` shows
             (running, after each step, then scored). eval-protocol's ``DISABLE_EP_SQLITE_LOG=1`` also turns it off.
         log_home: send those rows to ``<log_home>/.eval_protocol/logs.db`` instead of ``~/.eval_protocol/logs.db``
@@ -449,7 +541,11 @@ def create_openenv_vllm_rollout_func(
         raise ConfigError(f"TRL {trl_version} passes no trainer to rollout_func; use backend='vllm' with vllm_base_url.")
     logger.info("ep_trl: training on %s (%s, mode %s, %d max steps, tasks %s)", spec.qualified_name,
                 spec.env.describe(), spec.mode, spec.max_steps, list(spec.env.tasks) or "none")
+    if vllm_base_url and backend != "trainer":
+        probe_server(vllm_base_url, vllm_connect_timeout_s)  # an unreachable server fails now, not mid-training
     writer = RolloutLogWriter(make_dataset_logger(log_home)) if log_rollouts else None
     return RolloutFunction(spec, backend, vllm_base_url, max_episode_tokens, chat_template_kwargs, trainer_signature,
-                           {"max_in_flight": vllm_max_in_flight, "request_timeout_s": vllm_request_timeout_s},
+                           {"max_in_flight": vllm_max_in_flight, "request_timeout_s": vllm_request_timeout_s,
+                            "max_retries": vllm_max_retries, "retry_backoff_s": vllm_retry_backoff_s,
+                            "connect_timeout_s": vllm_connect_timeout_s, "batch_window_s": vllm_batch_window_s},
                            writer)

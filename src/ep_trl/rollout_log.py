@@ -1,18 +1,36 @@
 """Training rollouts in eval-protocol's dataset logger (the store ``ep logs`` reads), written off the hot path.
 
-Rows are handed to a background writer thread; an episode's successive updates (started, after each step,
-scored) that are still queued when the writer gets to them collapse into the newest one. Training never waits
-on SQLite, except in ``flush()``/``close()``.
+Updates are handed to a background writer thread as row *builders*; an episode's successive updates (started,
+after each step, scored) that are still queued when the writer gets to them collapse into the newest one, and
+only that one is built and written. The writer waits ``min_interval_s`` after the first update it sees before
+draining (``ep logs`` polls for new rows once a second anyway), so rows reach the store within about that
+time, and an episode costs one write per second it runs plus its final one, not one per step. Training never
+waits on row building or SQLite, except in ``flush()``/``close()`` (which cut the wait short).
+
+The final row of an episode also carries the token view that the ``ep logs`` UI draws in its "Token Debug"
+panel (``execution_metadata.extra["full_episode"]``: token ids, the loss mask by turn, sampled-token logprobs,
+per-token text). Building it (detokenization included) happens on the writer thread too.
 """
 
+import atexit
 import logging
 import os
 import queue
 import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .trajectory import Trajectory
+
 logger = logging.getLogger(__name__)
+
+#: Episodes longer than this (prompt + completion tokens) are logged without the per-token view: the UI parses
+#: every row of the store on load, and ``ep logs`` re-reads the whole store every 2 s, so store size matters.
+TOKEN_VIEW_MAX_TOKENS = 2048
 
 
 def make_dataset_logger(log_home: str | os.PathLike | None) -> Any:
@@ -25,57 +43,166 @@ def make_dataset_logger(log_home: str | os.PathLike | None) -> Any:
         from eval_protocol.dataset_logger import default_logger
 
         return default_logger
-    from eval_protocol.dataset_logger.sqlite_dataset_logger_adapter import SqliteDatasetLoggerAdapter
-
     store = Path(log_home).expanduser() / ".eval_protocol"
     store.mkdir(parents=True, exist_ok=True)
-    return SqliteDatasetLoggerAdapter(db_path=str(store / "logs.db"))
+    return StoreLogger(store / "logs.db")
+
+
+class StoreLogger:
+    """A DatasetLogger for one ``logs.db`` that also announces each row there, for live ``ep logs`` updates.
+
+    eval-protocol's own ``SqliteDatasetLoggerAdapter(db_path=...)`` stores rows in ``db_path`` but announces them
+    on the event bus of ``~/.eval_protocol/logs.db``: an ``ep logs`` started with ``HOME=<log_home>`` would then
+    show new rows only after a manual refresh. Here rows and their "log" events go to the same file.
+    """
+
+    def __init__(self, db_path: str | os.PathLike) -> None:
+        from eval_protocol.dataset_logger.sqlite_evaluation_row_store import SqliteEvaluationRowStore
+        from eval_protocol.event_bus.sqlite_event_bus_database import SqliteEventBusDatabase
+
+        self.db_path = str(db_path)
+        self._store = SqliteEvaluationRowStore(self.db_path)
+        self._events = SqliteEventBusDatabase(self.db_path)
+        self._process_id = str(os.getpid())  # the event bus's sender id: listeners skip their own events
+
+    def log(self, row: Any) -> None:
+        from eval_protocol.dataset_logger.dataset_logger import LOG_EVENT_TYPE
+
+        data = row.model_dump(exclude_none=True, mode="json")
+        self._store.upsert_row(data=data)
+        self._events.publish_event(LOG_EVENT_TYPE, data, self._process_id)
+
+    def read(self, rollout_id: str | None = None) -> list[Any]:
+        from eval_protocol.models import EvaluationRow
+
+        return [EvaluationRow(**data) for data in self._store.read_rows(rollout_id=rollout_id)]
+
+
+@dataclass(frozen=True)
+class EpisodeTokens:
+    """An episode's tokens, handed to the writer, which turns them into the UI's token view."""
+
+    tokenizer: Any
+    trajectory: Trajectory
+
+
+def token_view(trajectory: Trajectory, texts: Sequence[str]) -> dict[str, Any]:
+    """``extra["full_episode"]`` as the ``ep logs`` Token Debug panel reads it.
+
+    ``mask`` is 0 for tokens without loss (the prompt and the inserted template/environment tokens, ``env_mask``
+    0) and the 1-based turn number for sampled tokens, so the panel colours exactly what TRL trains on.
+    ``logprobs`` holds the sampled tokens' logprobs (rounded for display) and null elsewhere.
+    """
+    n_prompt = len(trajectory.prompt_ids)
+    mask = [0] * n_prompt
+    logprobs: list[float | None] = [None] * n_prompt
+    turn, previous = 0, 0
+    for lp, m in zip(trajectory.logprobs, trajectory.env_mask):
+        if m and not previous:
+            turn += 1
+        mask.append(turn if m else 0)
+        logprobs.append(round(float(lp), 4) if m else None)
+        previous = m
+    return {
+        "token_ids": [*trajectory.prompt_ids, *trajectory.completion_ids],
+        "mask": mask,
+        "logprobs": logprobs,
+        "detokenized_tokens": list(texts),
+        "num_turns": turn,
+    }
+
+
+class _TokenTexts:
+    """Per-token text for one tokenizer, decoded once per distinct id (a vocabulary is small; episodes repeat)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_ids: Sequence[int]) -> list[str]:
+        missing = list(dict.fromkeys(t for t in token_ids if t not in self._cache))
+        if missing:
+            decoded = self.tokenizer.batch_decode([[t] for t in missing], skip_special_tokens=False)
+            self._cache.update(zip(missing, decoded))
+        return [self._cache[t] for t in token_ids]
 
 
 class RolloutLogWriter:
-    """Queues rows and writes them to a DatasetLogger from one daemon thread."""
+    """Queues row updates and writes the newest of each rollout to a DatasetLogger from one daemon thread.
 
-    def __init__(self, dataset_logger: Any) -> None:
+    Writers still open when the interpreter exits are flushed then (a training script rarely closes its rollout
+    function, and the last step's final rows would otherwise be lost with the daemon thread).
+
+    ``enqueue_s`` is the time callers spent in ``log()`` (the only part on the training path); ``write_s`` the
+    writer thread's own time (token views, serialization, SQLite), ``token_view_s`` the token views' share of
+    it. They are for benchmarks and diagnostics.
+    """
+
+    def __init__(self, dataset_logger: Any, token_view_max_tokens: int = TOKEN_VIEW_MAX_TOKENS,
+                 min_interval_s: float = 1.0) -> None:
         self._logger = dataset_logger
+        self._token_view_max_tokens = token_view_max_tokens
+        self._min_interval_s = min_interval_s
+        self._hurry = threading.Event()  # set by flush()/close() to end the writer's pause early
+        self._texts: dict[int, _TokenTexts] = {}
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._drain, name="ep-trl-rollout-log", daemon=True)
         self._closed = False
         self.queued = 0
         self.written = 0
         self.failures = 0
+        self.enqueue_s = 0.0
+        self.write_s = 0.0
+        self.token_view_s = 0.0
         self._thread.start()
+        _open_writers.add(self)
 
-    def log(self, row: Any) -> None:
-        """Queue a snapshot of ``row``; later changes to the caller's row are not seen."""
+    def log(self, rollout_id: str, build: Callable[[], Any], tokens: EpisodeTokens | None = None) -> None:
+        """Queue an update of one rollout's row, with the episode's tokens if it is the final one.
+
+        ``build()`` makes the row; it runs on the writer thread, only if this is still the rollout's newest
+        update there, so it must use snapshots of what the caller may change later. The row it returns is the
+        writer's (a final row is handed over as ``lambda: row``).
+        """
         if self._closed:
             raise RuntimeError("RolloutLogWriter is closed")
-        self._queue.put(row.model_copy(deep=True))
+        started = time.perf_counter()
+        self._queue.put((rollout_id, build, tokens))
         self.queued += 1
+        self.enqueue_s += time.perf_counter() - started
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every queued row is written."""
         done = threading.Event()
         self._queue.put(done)
+        self._hurry.set()
         if not done.wait(timeout_s):
             logger.warning("rollout log writer did not drain within %.0f s", timeout_s)
 
     def close(self) -> None:
+        """Write what is queued and stop the writer thread."""
         if self._closed:
             return
         self.flush()
+        _open_writers.discard(self)
         self._closed = True
         self._queue.put(None)
+        self._hurry.set()
         self._thread.join(timeout=10)
 
     def _drain(self) -> None:
         while True:
-            batch = [self._queue.get()]
+            first = self._queue.get()
+            if isinstance(first, tuple):  # an update: give the episode's next ones a moment to supersede it
+                self._hurry.wait(self._min_interval_s)
+            self._hurry.clear()
+            batch = [first]
             while True:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            newest: dict[str, Any] = {}
+            newest: dict[str, tuple[Callable[[], Any], EpisodeTokens | None]] = {}
             markers: list[threading.Event] = []
             stop = False
             for item in batch:
@@ -84,15 +211,35 @@ class RolloutLogWriter:
                 elif isinstance(item, threading.Event):
                     markers.append(item)
                 else:
-                    newest[item.execution_metadata.rollout_id] = item
-            for row in newest.values():
-                self._write(row)
+                    rollout_id, build, tokens = item
+                    newest.pop(rollout_id, None)  # re-insert: rows are written in the order of their last update
+                    newest[rollout_id] = (build, tokens)
+            for rollout_id, (build, tokens) in newest.items():
+                started = time.perf_counter()
+                self._write(rollout_id, build, tokens)
+                self.write_s += time.perf_counter() - started
             for marker in markers:
                 marker.set()
             if stop:
                 return
 
-    def _write(self, row: Any) -> None:
+    def _write(self, rollout_id: str, build: Callable[[], Any], tokens: EpisodeTokens | None) -> None:
+        try:
+            row = build()
+        except Exception as exc:  # a row that cannot be built is lost to the log, not to training; say so
+            self.failures += 1
+            logger.warning("could not build the log row of rollout %s: %s: %s", rollout_id, type(exc).__name__, exc)
+            return
+        if tokens is not None:
+            started = time.perf_counter()
+            try:
+                self._attach_token_view(row, tokens)
+            except Exception as exc:  # the row is still worth writing without its token view; say why
+                row.execution_metadata.extra.setdefault("ep_trl", {})["token_view"] = (
+                    f"failed: {type(exc).__name__}: {exc}")
+                logger.warning("no token view for rollout %s: %s: %s", row.execution_metadata.rollout_id,
+                               type(exc).__name__, exc)
+            self.token_view_s += time.perf_counter() - started
         try:
             self._logger.log(row)
             self.written += 1
@@ -100,3 +247,26 @@ class RolloutLogWriter:
             self.failures += 1
             logger.warning("could not write rollout %s to the eval-protocol log: %s: %s",
                            row.execution_metadata.rollout_id, type(exc).__name__, exc)
+
+    def _attach_token_view(self, row: Any, tokens: EpisodeTokens) -> None:
+        traj = tokens.trajectory
+        n = len(traj.prompt_ids) + len(traj.completion_ids)
+        extra = row.execution_metadata.extra
+        if n > self._token_view_max_tokens:
+            extra.setdefault("ep_trl", {})["token_view"] = (
+                f"omitted: {n} tokens > {self._token_view_max_tokens} (ep_trl.rollout_log.TOKEN_VIEW_MAX_TOKENS)")
+            return
+        texts = self._texts.get(id(tokens.tokenizer))
+        if texts is None or texts.tokenizer is not tokens.tokenizer:
+            texts = self._texts[id(tokens.tokenizer)] = _TokenTexts(tokens.tokenizer)
+        extra["full_episode"] = token_view(traj, texts([*traj.prompt_ids, *traj.completion_ids]))
+
+
+_open_writers: "weakref.WeakSet[RolloutLogWriter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    """At interpreter exit, before daemon threads stop: write what training queued but never flushed."""
+    for writer in list(_open_writers):
+        writer.close()

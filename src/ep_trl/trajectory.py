@@ -20,11 +20,15 @@ the last assistant message, found by rendering it with a sentinel in place of it
 token the model already sampled is not repeated. Each realigned boundary is counted per episode.
 """
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .content import supports_images, template_messages
 from .generation import Generation
+
+logger = logging.getLogger(__name__)
 
 _SENTINEL = "\u2063ep_trl:assistant-content\u2063"
 
@@ -93,6 +97,8 @@ class ChatTemplate:
         self._renderer = processing_class
         self._tokenizer = getattr(processing_class, "tokenizer", processing_class)
         self._kwargs = dict(template_kwargs or {})
+        self._images = supports_images(processing_class)  # else image parts are dropped, text parts joined
+        self._warned_dropped_images = False
         if getattr(self._tokenizer, "chat_template", None) is None and getattr(processing_class, "chat_template", None) is None:
             raise ValueError(
                 "The trainer's processing class has no chat template; multi-turn episodes need one. "
@@ -104,8 +110,14 @@ class ChatTemplate:
         return self._tokenizer
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        converted, dropped = template_messages(messages, images=self._images)
+        if dropped and not self._warned_dropped_images:
+            self._warned_dropped_images = True
+            logger.warning("The prompt builder returns image parts but %s is a text-only processing class: images "
+                           "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
+                           type(self._renderer).__name__)
         return self._renderer.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True, **self._kwargs
+            converted, tokenize=False, add_generation_prompt=True, **self._kwargs
         )
 
     def encode(self, text: str) -> list[int]:

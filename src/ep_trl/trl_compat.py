@@ -7,7 +7,8 @@ behind a guard, and ``tests/test_trl_compat.py`` fails loudly when TRL renames t
 """
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,27 @@ class TrainerView:
         accelerator = getattr(self.trainer, "accelerator", None)
         return int(getattr(accelerator, "process_index", 0) or 0)
 
+    @property
+    def num_processes(self) -> int:
+        """Training processes (``accelerate launch``); each calls ``rollout_func`` with its own prompt slice."""
+        accelerator = getattr(self.trainer, "accelerator", None)
+        return int(getattr(accelerator, "num_processes", 1) or 1)
+
+    def wait_for_weight_sync(self) -> None:
+        """With several processes and ``vllm_mode="server"``, wait until every process reached ``rollout_func``.
+
+        TRL pushes new weights to the server from the main process right before calling ``rollout_func`` there;
+        the other processes reach their own call without waiting for that push. TRL's built-in generation is
+        safe because it gathers all prompts first (a collective); a ``rollout_func`` that generates per process
+        must synchronise the same way, or the other processes' first requests hit half-updated weights.
+        """
+        if self.num_processes <= 1 or not getattr(self.args, "use_vllm", False):
+            return
+        accelerator = getattr(self.trainer, "accelerator", None)
+        if accelerator is None:
+            return
+        accelerator.wait_for_everyone()
+
     def model_provider(self) -> Callable[[], Any]:
         """The trainer's model, unwrapped from DDP/accelerate, fetched at each call (it is replaced on resume)."""
         if self.trainer is None:
@@ -106,6 +128,12 @@ class TrainerView:
             url = base or f"http://{getattr(self.args, 'vllm_server_host', '127.0.0.1')}:{getattr(self.args, 'vllm_server_port', 8000)}"
         return str(url)
 
+    def vllm_server_model(self) -> str | None:
+        """The model id the trainer's own vLLM client sends (from the server's ``/v1/models``), if it has one."""
+        client = getattr(getattr(self.trainer, "vllm_generation", None), "vllm_client", None)
+        model = getattr(client, "model", None)
+        return str(model) if model else None
+
     def record_metrics(self, metrics: dict[str, float]) -> None:
         """Add ep_trl's per-call numbers to the trainer's logged metrics (``trainer._metrics``), if it has them."""
         store = getattr(self.trainer, "_metrics", None)
@@ -138,3 +166,53 @@ def eos_token_ids(processing_class: Any, model: Any | None) -> tuple[int, ...]:
     elif gen_eos:
         ids.extend(int(t) for t in gen_eos)
     return tuple(dict.fromkeys(ids))
+
+
+@contextmanager
+def trl_vllm_client_skipped(args: Any) -> Iterator[None]:
+    """Build a ``GRPOTrainer`` whose config asks for ``use_vllm=True`` without TRL's own vLLM client.
+
+    ``GRPOTrainer.__init__`` builds ``VLLMGeneration`` when ``args.use_vllm``; in server mode that creates TRL's
+    ``VLLMClient`` (which refuses unless ``vllm`` is importable in the trainer's environment) and calls
+    ``init_communicator`` (NCCL, CUDA only). Inside this block ``args.use_vllm`` reads False; afterwards it is
+    True again and :func:`attach_vllm_generation` puts a replacement in place.
+    """
+    if not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", "server") != "server":
+        raise VersionError("expected a GRPOConfig with use_vllm=True and vllm_mode='server'")
+    args.use_vllm = False
+    try:
+        yield
+    finally:
+        args.use_vllm = True
+
+
+def attach_vllm_generation(trainer: Any, generation: Any) -> None:
+    """Make a ``GRPOTrainer`` built under :func:`trl_vllm_client_skipped` behave as ``use_vllm=True`` in server mode.
+
+    GRPOTrainer 1.16 reads ``use_vllm`` / ``vllm_mode`` off the trainer (not its args) in ``_generate`` (weight
+    sync via ``vllm_generation.sync_weights()`` when ``_last_loaded_step`` differs from the global step) and in
+    the loss (importance-sampling correction against the ``logprobs`` rollout_func returns). ``generation`` must
+    offer ``sync_weights()`` and ``vllm_client.base_url``. ``tests/test_vllm_real.py`` (DiskSyncGRPOTrainer steps
+    with TRL's logprob-difference metric) fails when TRL renames or stops reading any of these.
+    """
+    for name in ("use_vllm", "vllm_mode", "_metrics"):
+        if not hasattr(trainer, name):
+            raise VersionError(
+                f"GRPOTrainer in this TRL version has no attribute {name!r}; ep_trl's server weight sync cannot attach. "
+                "Use GRPOConfig(use_vllm=False) with create_openenv_vllm_rollout_func(vllm_base_url=...) instead."
+            )
+    trainer.use_vllm = True
+    trainer.vllm_mode = "server"
+    trainer.vllm_generation = generation
+    trainer._last_loaded_step = -1  # as GRPOTrainer.__init__ sets it: the first rollout call syncs
+
+
+def uses_sharded_parameters(trainer: Any) -> bool:
+    """Whether the trainer shards parameters across processes (FSDP or DeepSpeed ZeRO-3), so that no single
+    process holds the full weights."""
+    accelerator = getattr(trainer, "accelerator", None)
+    state = getattr(accelerator, "state", None)
+    if getattr(state, "fsdp_plugin", None) is not None:
+        return True
+    deepspeed = getattr(state, "deepspeed_plugin", None)
+    return getattr(deepspeed, "zero_stage", 0) == 3

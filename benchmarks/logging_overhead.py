@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""What logging training rollouts to eval-protocol's store costs: rollout-call wall time with it on and off.
+
+Builds the tiny model, starts the letters environment server, and calls two rollout functions on the same
+trainer, one with ``log_rollouts=True`` (the default store, under a temporary HOME so a developer's
+``~/.eval_protocol`` is untouched) and one with ``log_rollouts=False``, alternating calls so that load drift
+hits both alike. Rows are not flushed between calls: the writer thread competes with the next call, as in
+training. Prints, per mode, the median and spread of call wall times and the median process CPU time per call
+(all threads; less sensitive than wall time to other processes on a shared machine), and the writer's own time
+(time in ``log()`` on the training path, the background thread's time, the token views' share of it).
+Results: docs/ep-logs.md.
+
+    python benchmarks/logging_overhead.py --repeats 7
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # before eval_protocol picks its store
+
+HERE = Path(__file__).resolve().parents[1]
+EVAL = str(HERE / "examples" / "letters_eval.py") + "::test_letters"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=7, help="timed calls per mode (after one warm-up call each)")
+    p.add_argument("--episodes", type=int, default=16, help="episodes per rollout call (prompts)")
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--max-steps", type=int, default=4, help="environment steps per episode")
+    p.add_argument("--max-tokens", type=int, default=16, help="sampled tokens per turn")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ep_trl import create_openenv_vllm_rollout_func
+    from ep_trl.cli import local_env_server
+    from ep_trl.rewards import eval_score
+    from ep_trl.tiny_model import build_tiny_model
+
+    work = Path(tempfile.mkdtemp(prefix="ep-trl-bench-"))
+    model_dir = build_tiny_model(work / "tiny-model", seed=0)
+    prompts = [f"Play the letters game, round {i // args.num_generations}." for i in range(args.episodes)]
+    options = dict(max_steps=args.max_steps, max_tokens=args.max_tokens)
+    with local_env_server("ep_trl.envs.letters") as url:
+        os.environ["LETTERS_ENV_URL"] = url
+        fns = {"on": create_openenv_vllm_rollout_func(EVAL, **options),
+               "off": create_openenv_vllm_rollout_func(EVAL, log_rollouts=False, **options)}
+        config = GRPOConfig(output_dir=str(work / "out"), use_cpu=True, bf16=False, report_to=[],
+                            per_device_train_batch_size=args.episodes, num_generations=args.num_generations,
+                            max_completion_length=512, max_steps=1, save_strategy="no", seed=0)
+        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                              processing_class=AutoTokenizer.from_pretrained(model_dir), reward_funcs=[eval_score],
+                              args=config, train_dataset=Dataset.from_dict({"prompt": prompts}),
+                              rollout_func=fns["off"])
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        cpu: dict[str, list[float]] = {"on": [], "off": []}
+        try:
+            for fn in fns.values():
+                fn(prompts, trainer)  # warm-up: generator set-up, first connections
+            fns["on"].flush_logs()
+            writer = fns["on"]._log
+            base = (writer.enqueue_s, writer.write_s, writer.token_view_s, writer.written, writer.queued)
+            for r in range(args.repeats):
+                for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                    started, cpu_started = time.perf_counter(), time.process_time()
+                    fns[mode](prompts, trainer)
+                    times[mode].append(time.perf_counter() - started)
+                    cpu[mode].append(time.process_time() - cpu_started)
+            started = time.perf_counter()
+            fns["on"].flush_logs()
+            flush_s = time.perf_counter() - started
+        finally:
+            for fn in fns.values():
+                fn.close()
+    enqueue_s, write_s, view_s, written, queued = (now - before for now, before in zip(
+        (writer.enqueue_s, writer.write_s, writer.token_view_s, writer.written, writer.queued), base))
+    on, off = statistics.median(times["on"]), statistics.median(times["off"])
+    calls = args.repeats
+    print(f"{args.episodes} episodes x {args.max_steps} steps x {args.max_tokens} tokens per call, "
+          f"{calls} calls per mode, {os.cpu_count()} CPUs")
+    for mode in ("off", "on"):
+        t = times[mode]
+        print(f"  logging {mode:3s}: median {statistics.median(t):.3f} s per call "
+              f"(min {min(t):.3f}, max {max(t):.3f}); CPU {statistics.median(cpu[mode]):.3f} s per call")
+    cpu_on, cpu_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+    print(f"  difference of medians: wall {on - off:+.3f} s ({(on - off) / off:+.1%}), "
+          f"CPU {cpu_on - cpu_off:+.3f} s ({(cpu_on - cpu_off) / cpu_off:+.1%})")
+    paired = sorted(a - b for a, b in zip(times["on"], times["off"]))  # same repeat: drift cancels
+    q1, q3 = paired[len(paired) // 4], paired[(3 * len(paired)) // 4]
+    print(f"  paired (on - off, same repeat): median {statistics.median(paired):+.3f} s, "
+          f"quartiles {q1:+.3f} .. {q3:+.3f} s")
+    print(f"  on the training path (log()): {enqueue_s / calls * 1e3:.1f} ms per call "
+          f"({enqueue_s / max(1, queued) * 1e6:.0f} us per queued row)")
+    print(f"  writer thread: {write_s / calls * 1e3:.1f} ms per call, {written} rows written "
+          f"({write_s / max(1, written) * 1e3:.2f} ms per row; token views {view_s / calls * 1e3:.1f} ms per call)")
+    print(f"  final flush: {flush_s * 1e3:.0f} ms; store: {Path(os.environ['HOME'], '.eval_protocol', 'logs.db')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The README's main job, as a user runs it: train_browsergym_trl.py on the CPU, real Chromium, end to end.
+
+Each run is watched from outside: once the script prints its environment server's URL, a sampler records the
+server and every process under it (Playwright drivers, Chromium). After the script exits, none may be left.
+"""
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "train_browsergym_trl.py"
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    seconds_after_interrupt: float | None = None
+    seen: list[psutil.Process] = field(default_factory=list)
+    seen_names: set[str] = field(default_factory=set)
+    stderr_tail: str = ""
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes of the server's tree that are still alive (pid reuse is ruled out by psutil's create time)."""
+        alive = []
+        for p in self.seen:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                continue
+        return alive
+
+
+def _server_process(port: str, timeout_s: float = 30.0) -> psutil.Process:
+    """The BrowserGym server the script started on ``port``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "ep_trl.envs.browsergym" in cmd and port in cmd:
+                return p
+        time.sleep(0.2)
+    raise AssertionError(f"no ep_trl.envs.browsergym process listening on port {port}")
+
+
+def _sample_tree(server: psutil.Process, seen: dict[int, tuple[psutil.Process, str]], stop: threading.Event) -> None:
+    """Record the server and its descendants, with their names, until ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            for p in [server, *server.children(recursive=True)]:
+                if p.pid not in seen:
+                    seen[p.pid] = (p, p.name())
+        except psutil.NoSuchProcess:
+            pass  # one of them ended between listing and naming; the next round sees the rest
+        if not server.is_running():
+            return
+        stop.wait(0.3)
+
+
+def run_script(args: list[str], cwd: Path, *, interrupt_after: str | None = None, timeout_s: float = 420) -> Run:
+    """Run the script; with ``interrupt_after``, send SIGINT (Ctrl-C) once a stdout line starts with it."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A shell's background jobs ignore SIGINT, and Python keeps it ignored: give the script a real Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    stderr_lines: list[str] = []
+    drain = threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True)
+    drain.start()
+    seen: dict[int, tuple[psutil.Process, str]] = {}
+    stop = threading.Event()
+    sampler = None
+    lines: list[str] = []
+    interrupted_at = None
+    killer = threading.Timer(timeout_s, proc.kill)
+    killer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if match := re.match(r"environment server: http://127\.0\.0\.1:(\d+)", line):
+                server = _server_process(match.group(1))
+                sampler = threading.Thread(target=_sample_tree, args=(server, seen, stop), daemon=True)
+                sampler.start()
+            if interrupt_after and interrupted_at is None and line.startswith(interrupt_after):
+                interrupted_at = time.monotonic()
+                proc.send_signal(signal.SIGINT)
+        returncode = proc.wait()
+    finally:
+        killer.cancel()
+        stop.set()
+    if sampler is not None:
+        sampler.join()
+    drain.join(timeout=10)
+    stdout = "".join(lines)
+    assert sampler is not None, f"the script never printed its environment server\n{stdout}\n{''.join(stderr_lines)[-3000:]}"
+    elapsed = time.monotonic() - interrupted_at if interrupted_at is not None else None
+    return Run(returncode, stdout, elapsed, [p for p, _ in seen.values()], {name for _, name in seen.values()},
+               "".join(stderr_lines)[-3000:])
+
+
+def test_cpu_default_trains_prints_a_reward_line_per_step_and_stops_its_server(tmp_path):
+    run = run_script(["--max-steps", "2", "--output-dir", str(tmp_path)], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr_tail
+    steps = re.findall(r"^step (\d)/2 \| reward ([0-9.]+) .*\| episodes/s ([0-9.]+) .*\| ETA \d+s$", run.stdout,
+                       flags=re.M)
+    assert [s for s, _, _ in steps] == ["1", "2"], run.stdout
+    assert all(0.0 <= float(r) <= 1.0 and float(eps) > 0 for _, r, eps in steps)
+    assert "done: 2 steps, 8 episodes" in run.stdout
+    assert (tmp_path / "tiny-model" / "config.json").exists()
+    assert {"chromium", "node"} <= run.seen_names, "the run should have driven Chromium through Playwright"
+    assert run.leftovers() == [], "environment server processes outlived the script"
+
+
+def test_lora_trains_and_ctrl_c_stops_the_env_server(tmp_path):
+    run = run_script(["--lora-r", "4", "--max-steps", "20", "--tasks", "click-test,enter-text",
+                      "--output-dir", str(tmp_path)], cwd=tmp_path, interrupt_after="step 1/20")
+    lora = re.search(r"^LoRA r=4 alpha=8: (\d+) of (\d+) parameters trainable$", run.stdout, flags=re.M)
+    assert lora and 0 < int(lora.group(1)) < int(lora.group(2)), run.stdout
+    assert re.search(r"^step 1/20 \| reward [0-9.]+", run.stdout, flags=re.M)
+    assert run.returncode == 130 and "interrupted: environment server stopped" in run.stdout, run.stderr_tail
+    assert run.seconds_after_interrupt < 60
+    assert "chromium" in run.seen_names
+    assert run.leftovers() == [], "Ctrl-C left environment server processes behind"

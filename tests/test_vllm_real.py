@@ -1,0 +1,240 @@
+"""The vLLM server path end to end against a real CPU vLLM server (eval test -> env -> vLLM -> scores).
+
+One server per module (~50 s to start), serving a sharpened copy of the tiny model (see
+``sharpened_model_copy``: its logprobs differ by whole nats between tokens, so logprob comparisons can tell one
+token from another). The vLLM venv comes from ``bash scripts/install_vllm_cpu.sh``; without it these tests fail
+with that instruction.
+
+Logprob tolerance: the server (vLLM CPU kernels) and transformers (eager PyTorch) compute the same float32
+network, so the sampled tokens' logprobs agree to rounding: measured max |difference| ~3e-6 here, 4-6e-6 in
+docs/vllm-cpu.md. ``LOGPROB_TOL = 1e-3`` leaves a 100x margin for other CPUs' kernels, while anything that
+breaks the alignment (a logprob at the wrong position, of the wrong token, at the wrong temperature, from other
+weights) moves it by far more: each test checks that its own misaligned comparison exceeds the tolerance.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import TrainerCallback
+from trl import GRPOConfig
+
+from ep_trl import create_openenv_vllm_rollout_func
+from ep_trl.processes import free_port
+from ep_trl.rewards import eval_score
+from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
+from tests.support.faulty_vllm import FaultyVLLMServer
+from tests.support.trainers import PROMPT, make_trainer
+from tests.support.vllm_server import (
+    REPO_ROOT,
+    generation_tokens_total,
+    missing_vllm_message,
+    sharpened_model_copy,
+    vllm_installed,
+    vllm_server,
+)
+
+EVAL = "tests.evals.eval_letters::test_letters_pointwise"
+LOGPROB_TOL = 1e-3
+TEMPERATURE = 0.8
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir, tmp_path_factory):
+    return sharpened_model_copy(tiny_model_dir, tmp_path_factory.mktemp("sharp_model"))
+
+
+@pytest.fixture(scope="module")
+def vllm(model_dir, tmp_path_factory):
+    """A real vLLM server (CPU build) serving ``model_dir`` on 127.0.0.1, with trl vllm-serve's flags."""
+    if not vllm_installed():
+        pytest.fail(missing_vllm_message())
+    with vllm_server(model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
+        yield server
+
+
+@pytest.fixture
+def vllm_url(vllm, model_dir):
+    """The server's URL, with the server reset to ``model_dir``'s weights (a training test may have changed them)."""
+    sync = DiskWeightSync(vllm.base_url)
+    try:
+        sync.push(AutoModelForCausalLM.from_pretrained(model_dir), step=0)
+    finally:
+        sync.close()
+    return vllm.base_url
+
+
+def teacher_forced(model, prompt_ids, completion_ids, temperature):
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+def sampled(values, mask):
+    return [v for v, m in zip(values, mask) if m]
+
+
+def max_sampled_logprob_gap(model, out, temperature, shift=0):
+    """Largest |returned - teacher-forced| over mask-1 tokens; ``shift`` misaligns on purpose (a control)."""
+    worst = 0.0
+    for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+        reference = teacher_forced(model, p, c, temperature)
+        if shift:
+            reference = reference[shift:] + reference[:shift]
+        worst = max(worst, max(abs(a - b) for a, b in zip(sampled(lps, mask), sampled(reference, mask))))
+    return worst
+
+
+def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
+        vllm_url, model_dir, letters_server, letters_episodes, tmp_path, caplog):
+    rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False)
+    trainer = make_trainer(model_dir, tmp_path, rollout, temperature=TEMPERATURE)
+    prompts = [PROMPT] * 4 + ["Play the letters game, round two."] * 4
+    try:
+        with caplog.at_level(logging.WARNING, logger="ep_trl"):
+            before = generation_tokens_total(vllm_url)
+            out = rollout(prompts, trainer)
+            after = generation_tokens_total(vllm_url)
+        backend = rollout.backend_name
+    finally:
+        rollout.close()
+    assert backend == "vllm"
+    assert "off-policy after the first optimizer step" in caplog.text  # explicit URL: nothing syncs weights
+    assert out["episode_status"] == ["finished"] * 8 and out["num_turns"] == [3] * 8
+    # every sampled token is one the server sampled: its counter grew by exactly the mask-1 tokens returned
+    assert after - before == sum(sum(mask) for mask in out["env_mask"])
+    # the environment received exactly the sampled text, and the eval body scored the episodes
+    tok = trainer.processing_class
+    ours = Counter()
+    for ids, mask in zip(out["completion_ids"], out["env_mask"]):
+        turns, current = [], []
+        for t, m in zip(ids, mask):
+            if m:
+                current.append(t)
+            elif current:
+                turns.append(tok.decode(current, skip_special_tokens=True))
+                current = []
+        turns.append(tok.decode(current, skip_special_tokens=True))
+        ours[tuple(turns)] += 1
+    assert ours == Counter(tuple(ep["actions"]) for ep in letters_episodes())
+    for score, rewards in zip(out["eval_score"], out["step_rewards"]):
+        assert score == pytest.approx(sum(rewards) / len(rewards))
+    # no shared seed: the 4 episodes of a group (same prompt) sampled different first turns
+    for group in (range(0, 4), range(4, 8)):
+        firsts = {tuple(out["completion_ids"][i][:out["env_mask"][i].index(0)]) for i in group}
+        assert len(firsts) > 1
+    # mask-1 logprobs are the sampled tokens' logprobs at the trainer's temperature, masked ones 0.0
+    model = trainer.model.eval()
+    assert max_sampled_logprob_gap(model, out, TEMPERATURE) < LOGPROB_TOL
+    assert max_sampled_logprob_gap(model, out, TEMPERATURE, shift=1) > 100 * LOGPROB_TOL  # control: misaligned
+    assert max_sampled_logprob_gap(model, out, 1.0) > 10 * LOGPROB_TOL  # control: temperature ignored
+    for lps, mask in zip(out["logprobs"], out["env_mask"]):
+        assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
+
+
+def test_turns_fit_the_servers_max_model_len(vllm_url, model_dir, letters_server, tmp_path):
+    """The server reports max_model_len 512; long turns are clipped so no request is ever rejected."""
+    rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False, max_tokens=400,
+                                               max_episode_tokens=4000)
+    trainer = make_trainer(model_dir, tmp_path, rollout, temperature=TEMPERATURE)
+    try:
+        out = rollout([PROMPT] * 4, trainer)
+    finally:
+        rollout.close()
+    assert out["episode_status"] == ["finished"] * 4
+    lengths = [len(p) + len(c) for p, c in zip(out["prompt_ids"], out["completion_ids"])]
+    assert all(n <= 512 for n in lengths)
+    assert max(lengths) > 400  # the budget was really the model's context, not the eval's 12 tokens per turn
+
+
+class WeightSnapshots(TrainerCallback):
+    """Keeps a copy of the weights after every optimizer step."""
+
+    def __init__(self):
+        self.states = {}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.states[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def build_disk_sync_trainer(model_dir, out_dir, rollout, url, callbacks=(), **config):
+    args = GRPOConfig(
+        output_dir=str(out_dir), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=256, max_steps=2, logging_steps=1, report_to=[], learning_rate=3e-3,
+        save_strategy="no", seed=0, temperature=TEMPERATURE, use_vllm=True, vllm_mode="server",
+        vllm_server_base_url=url, **config,
+    )
+    return DiskSyncGRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[eval_score], args=args,
+        train_dataset=Dataset.from_dict({"prompt": [PROMPT] * 8}),
+        processing_class=AutoTokenizer.from_pretrained(model_dir), rollout_func=rollout, callbacks=list(callbacks),
+    )
+
+
+def test_grpo_trainer_with_use_vllm_steps_on_policy_on_cpu(vllm_url, model_dir, letters_server, tmp_path, caplog):
+    """GRPOTrainer(use_vllm=True, vllm_mode="server") through DiskSyncGRPOTrainer: weights reach the server before
+    each step's rollouts, so TRL's own check (its recomputed logprobs vs the server's, under env_mask) stays at
+    rounding level at step 2 too, and the server ends on the weights of step 1 (the last push: TRL syncs before
+    each step's rollouts, so step 2's update would reach the server before step 3)."""
+    snapshots = WeightSnapshots()
+    with FaultyVLLMServer(default=("status", 500)) as elsewhere:
+        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=elsewhere.url, log_rollouts=False)
+        trainer = build_disk_sync_trainer(model_dir, tmp_path, rollout, vllm_url, callbacks=[snapshots])
+        initial = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        try:
+            with caplog.at_level(logging.WARNING, logger="ep_trl"):
+                trainer.train()
+        finally:
+            rollout.close()
+        assert elsewhere.requests == []  # the trainer's own (synced) server wins over vllm_base_url
+    assert "is ignored" in caplog.text
+    steps = [h for h in trainer.state.log_history if "sampling/sampling_logp_difference/max" in h]
+    assert [h["step"] for h in steps] == [1, 2]
+    for h in steps:
+        assert h["sampling/sampling_logp_difference/max"] < LOGPROB_TOL
+        assert h["ep_trl/failed_fraction"] == 0.0
+    assert trainer.weight_sync.pushes == 2
+    # the server now samples from the weights after step 1, not the initial ones
+    step1 = AutoModelForCausalLM.from_pretrained(model_dir)
+    step1.load_state_dict(snapshots.states[1])
+    rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False)
+    try:
+        out = rollout([PROMPT] * 4, make_trainer(model_dir, tmp_path / "probe", rollout, temperature=TEMPERATURE))
+    finally:
+        rollout.close()
+    assert max_sampled_logprob_gap(step1.eval(), out, TEMPERATURE) < LOGPROB_TOL
+    assert max_sampled_logprob_gap(initial, out, TEMPERATURE) > 10 * LOGPROB_TOL  # control: training moved them
+
+
+def test_two_processes_each_run_their_own_slice(vllm_url, model_dir, letters_server, tmp_path):
+    """``torchrun --nproc_per_node 2`` (what ``accelerate launch`` runs): each process plays its own prompts and
+    tasks through the same server, and waits for the main process's weight push before generating."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "tests.support.vllm_multiprocess_train", "--server", vllm_url, "--letters", letters_server,
+           "--model", str(model_dir), "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    seen = {rank: [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+            for rank in (0, 1)}
+    assert [len(seen[0]), len(seen[1])] == [2, 2]  # two steps, one reward call each
+    for step in range(2):
+        a, b = seen[0][step], seen[1][step]
+        assert len(a["prompts"]) == len(b["prompts"]) == 4
+        assert len(set(a["prompts"])) == len(set(b["prompts"])) == 1  # one GRPO group per process
+        assert set(a["prompts"]).isdisjoint(b["prompts"])  # each process got its own slice
+        assert a["status"] == b["status"] == ["finished"] * 4
+        assert len(set(a["tasks"])) == len(set(b["tasks"])) == 1 and a["tasks"] != b["tasks"]  # tasks rotate per group
+    history = json.loads((tmp_path / "log_history.json").read_text())
+    diffs = [h["sampling/sampling_logp_difference/max"] for h in history if "sampling/sampling_logp_difference/max" in h]
+    assert len(diffs) == 2 and max(diffs) < LOGPROB_TOL  # both processes generated from synced weights
+    assert json.loads((tmp_path / "pushes.json").read_text())["pushes"] == 2

@@ -1,0 +1,291 @@
+"""The vLLM server client under injected faults (FaultyVLLMServer) and its request shape.
+
+Every case of "failures" in the vLLM-server issue: unreachable at construction, a server that accepts but never
+answers, a request that times out, transient 5xx / dropped connections (retried with backoff), 4xx (not
+retried), a server dying mid-training (the rollout call raises, in bounded time). Each test carries a
+pytest-timeout well above what the client's own timeouts allow, so a hang fails the test instead of CI.
+Behaviour against a real vLLM server is in tests/test_vllm_real.py.
+"""
+
+import asyncio
+import time
+
+import pytest
+from transformers import AutoTokenizer
+
+from ep_trl import GenerationError, create_openenv_vllm_rollout_func
+from ep_trl.generation import SamplingParams
+from ep_trl.processes import free_port
+from ep_trl.vllm_server import VLLMServerGenerator, completion_payload, request_seed
+from tests.support.faulty_vllm import FaultyVLLMServer
+from tests.support.trainers import PROMPT, make_trainer
+
+EVAL = "tests.evals.eval_letters::test_letters_pointwise"
+FAST = {"request_timeout_s": 1.0, "max_retries": 2, "retry_backoff_s": 0.05, "connect_timeout_s": 2.0}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def generate_once(generator: VLLMServerGenerator, prompt=(1, 2, 3), **params):
+    try:
+        return await generator.generate(list(prompt), SamplingParams(**{"max_tokens": 4, **params}))
+    finally:
+        await generator.aclose()
+
+
+@pytest.fixture(scope="module")
+def canned_ids(tiny_model_dir):
+    """Token ids of a short action ("aei") followed by the end-of-turn token, so episodes see a sane reply."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return tuple(tok.encode("aei", add_special_tokens=False)) + (tok.convert_tokens_to_ids("<|im_end|>"),)
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_server_fails_at_construction_naming_url_and_command():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(GenerationError) as err:
+        VLLMServerGenerator(url)
+    assert time.monotonic() - started < 10
+    assert f"{url}/v1/models" in str(err.value)
+    assert "trl vllm-serve --model" in str(err.value)
+
+
+@pytest.mark.timeout(30)
+def test_rollout_func_with_unreachable_url_fails_when_created(letters_server):
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(GenerationError, match="trl vllm-serve --model"):
+        create_openenv_vllm_rollout_func(EVAL, vllm_base_url=url, log_rollouts=False)
+
+
+@pytest.mark.timeout(30)
+def test_server_that_accepts_but_never_answers_fails_within_the_connect_timeout():
+    with FaultyVLLMServer(hang_models=True) as server:
+        started = time.monotonic()
+        with pytest.raises(GenerationError, match="No vLLM server answered"):
+            VLLMServerGenerator(server.url, connect_timeout_s=2.0)
+        assert time.monotonic() - started < 10
+
+
+@pytest.mark.timeout(30)
+def test_hung_request_is_retried_then_fails_naming_the_request():
+    with FaultyVLLMServer(default="hang") as server:
+        generator = VLLMServerGenerator(server.url, **FAST)
+        with pytest.raises(GenerationError) as err:
+            run(generate_once(generator, prompt=range(7)))
+        assert len(server.requests) == 3  # first try + max_retries
+    message = str(err.value)
+    assert f"turn request #1 to {server.url}/v1/completions (prompt of 7 tokens, max_tokens=4)" in message
+    assert "failed 3 times" in message and "no answer within 1 s" in message
+    assert generator.failure is not None
+
+
+@pytest.mark.timeout(30)
+def test_transient_failures_are_retried_with_backoff():
+    plan = [("status", 503), "drop", ("status", 429), "ok"]
+    with FaultyVLLMServer(plan=plan, ok_token_ids=(11, 12)) as server:
+        generator = VLLMServerGenerator(server.url, **{**FAST, "max_retries": 3})
+        result = run(generate_once(generator))
+        arrivals = [r.received_at for r in server.requests]
+    assert result.token_ids == (11, 12) and result.logprobs == (-0.5, -0.5)
+    assert generator.retries == 3 and len(arrivals) == 4
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert gaps[2] > gaps[0]  # backoff doubles between attempts
+
+
+@pytest.mark.timeout(30)
+def test_client_errors_fail_at_once_with_the_servers_message():
+    message = "This model's maximum context length is 512 tokens. However, your prompt contains 600 input tokens"
+    with FaultyVLLMServer(default=("status", 400, message)) as server:
+        generator = VLLMServerGenerator(server.url, **FAST)
+        with pytest.raises(GenerationError) as err:
+            run(generate_once(generator, prompt=range(600)))
+        assert len(server.requests) == 1  # no retry loop
+    assert "HTTP 400" in str(err.value) and "maximum context length is 512" in str(err.value)
+    assert "prompt of 600 tokens" in str(err.value)
+
+
+@pytest.mark.timeout(30)
+def test_after_a_fatal_failure_later_requests_fail_without_being_sent():
+    with FaultyVLLMServer(default=("status", 503)) as server:
+        generator = VLLMServerGenerator(server.url, **{**FAST, "max_retries": 1})
+
+        async def two_turns():
+            with pytest.raises(GenerationError, match="failed 2 times"):
+                await generator.generate([1, 2], SamplingParams(max_tokens=2))
+            with pytest.raises(GenerationError, match="already failed for good"):
+                await generator.generate([1, 2], SamplingParams(max_tokens=2))
+            await generator.aclose()
+
+        run(two_turns())
+        assert len(server.requests) == 2
+
+
+def test_payload_maps_every_sampling_parameter():
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.1, max_tokens=9,
+                            stop=("\n\n",), stop_token_ids=(42,))
+    body = completion_payload("m", (1, 2, 3), params, seed=17)
+    assert body == {
+        "model": "m", "prompt": [1, 2, 3], "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
+        "min_p": 0.05, "repetition_penalty": 1.1, "logprobs": 0, "return_token_ids": True,
+        "return_tokens_as_token_ids": True, "skip_special_tokens": False, "stop": ["\n\n"], "stop_token_ids": [42], "seed": 17,
+    }
+    off = completion_payload("m", (1,), SamplingParams(top_k=0))
+    assert off["top_k"] == -1 and "seed" not in off and "stop" not in off and "stop_token_ids" not in off
+
+
+def test_one_base_seed_gives_every_request_its_own_seed():
+    """vLLM seeds a whole request: a GRPO group's identical first prompts with one seed would sample the same."""
+    seeds = [request_seed(3, n) for n in range(1, 65)]
+    assert len(set(seeds)) == 64 and all(0 <= s < 2**63 for s in seeds)
+    assert request_seed(None, 5) is None
+    with FaultyVLLMServer() as server:
+        generator = VLLMServerGenerator(server.url, **FAST)
+
+        async def same_prompt_twice():
+            for _ in range(2):
+                await generator.generate([1, 2, 3], SamplingParams(max_tokens=2, seed=3))
+            await generator.aclose()
+
+        run(same_prompt_twice())
+        sent = [r.body["seed"] for r in server.requests]
+    assert len(set(sent)) == 2 and len(server.requests) == 2  # seeded turns are never batched together
+
+
+@pytest.fixture
+def trainer_for(tiny_model_dir, tmp_path):
+    built = []
+
+    def build(rollout, **config):
+        trainer = make_trainer(tiny_model_dir, tmp_path, rollout, **config)
+        built.append(rollout)
+        return trainer
+
+    yield build
+    for rollout in built:
+        rollout.close()
+
+
+@pytest.mark.timeout(120)
+def test_rollout_sends_token_ids_with_the_trainers_sampling(letters_server, trainer_for, canned_ids):
+    with FaultyVLLMServer(ok_token_ids=canned_ids) as server:
+        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False)
+        trainer = trainer_for(rollout, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.1)
+        out = rollout([PROMPT] * 4, trainer)
+        prompts = server.prompts
+    assert out["episode_status"] == ["finished"] * 4 and out["num_turns"] == [3] * 4
+    assert len(prompts) == 12  # 4 episodes x 3 turns
+    for prompt, body in prompts:
+        assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"], body["repetition_penalty"]) == (
+            0.7, 0.9, 5, 0.05, 1.1)
+        assert body["model"] == "faulty-model" and body["logprobs"] == 0 and body["return_token_ids"] is True
+        assert body["max_tokens"] == 12  # the eval's per-turn max_tokens
+        assert "seed" not in body  # never one shared seed for a group's identical prompts
+    # each turn's prompt is exactly the episode's tokens so far: the sampled ids went back in unchanged
+    sent = sorted(p for p, _ in prompts)
+    expected = []
+    for p, c, mask in zip(out["prompt_ids"], out["completion_ids"], out["env_mask"]):
+        ends = [i for i in range(len(mask)) if mask[i] == 0 and (i == 0 or mask[i - 1] == 1)]
+        starts = [i for i in range(1, len(mask)) if mask[i] == 1 and mask[i - 1] == 0]
+        assert len(ends) == len(starts) == 2
+        expected += [p, p + c[:starts[0]], p + c[:starts[1]]]
+    assert sent == sorted(expected)
+    for completion, mask, lps in zip(out["completion_ids"], out["env_mask"], out["logprobs"]):
+        sampled = [t for t, m in zip(completion, mask) if m]
+        assert sampled == list(canned_ids) * 3
+        assert [lp for lp, m in zip(lps, mask) if m] == [-0.5] * len(sampled)
+
+
+@pytest.mark.timeout(120)
+def test_turns_are_clipped_to_the_servers_max_model_len(letters_server, trainer_for, canned_ids):
+    with FaultyVLLMServer(ok_token_ids=canned_ids * 10, max_model_len=None) as probe:
+        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=probe.url, log_rollouts=False)
+        trainer = trainer_for(rollout)
+        prompt_len = len(rollout([PROMPT], trainer)["prompt_ids"][0])
+    limit = prompt_len + 20
+    with FaultyVLLMServer(ok_token_ids=canned_ids * 10, max_model_len=limit) as server:
+        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
+                                                   max_tokens=64, max_episode_tokens=1000)
+        out = rollout([PROMPT] * 4, trainer_for(rollout))
+        prompts = server.prompts
+    assert prompts and all(len(p) + body["max_tokens"] <= limit for p, body in prompts)
+    assert prompts[0][1]["max_tokens"] == 20  # 64 asked, clipped to what fits
+    for p, c, status in zip(out["prompt_ids"], out["completion_ids"], out["episode_status"]):
+        assert status == "finished" and len(p) + len(c) <= limit
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_episodes_overlap_within_the_request_budget(letters_server, trainer_for, canned_ids):
+    with FaultyVLLMServer(ok_token_ids=canned_ids, ok_delay_s=0.3) as server:
+        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
+                                                   max_concurrent_rollouts=8)
+        out = rollout([PROMPT] * 8, trainer_for(rollout, num_generations=8, batch_size=8))
+        overlapped = server.max_concurrent_prompts
+    assert out["episode_status"] == ["finished"] * 8
+    assert overlapped >= 4  # one episode at a time would never exceed 1
+    with FaultyVLLMServer(ok_token_ids=canned_ids, ok_delay_s=0.3) as server:
+        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
+                                                   max_concurrent_rollouts=8, vllm_max_in_flight=2)
+        out = rollout([PROMPT] * 8, trainer_for(rollout, num_generations=8, batch_size=8))
+        assert server.max_concurrent_prompts == 2
+    assert out["episode_status"] == ["finished"] * 8
+
+
+@pytest.mark.timeout(60)
+def test_turns_arriving_together_share_one_request_unless_batching_is_off():
+    async def eight_turns(generator):
+        try:
+            return await asyncio.gather(*(generator.generate([1, 2, i], SamplingParams(max_tokens=3))
+                                          for i in range(8)))
+        finally:
+            await generator.aclose()
+
+    with FaultyVLLMServer(ok_token_ids=(7, 8, 9)) as server:
+        results = run(eight_turns(VLLMServerGenerator(server.url, **FAST, batch_window_s=0.05)))
+        assert len(server.requests) == 1 and len(server.requests[0].prompts) == 8
+        assert all(r.token_ids == (7, 8, 9) for r in results)
+    with FaultyVLLMServer(ok_token_ids=(7, 8, 9)) as server:
+        run(eight_turns(VLLMServerGenerator(server.url, **FAST, batch_window_s=0)))
+        assert len(server.requests) == 8 and all(len(r.prompts) == 1 for r in server.requests)
+
+
+@pytest.mark.timeout(60)
+def test_a_rejected_batch_fails_only_the_offending_turn():
+    async def turns(generator):
+        try:
+            return await asyncio.gather(*(generator.generate(list(range(n)), SamplingParams(max_tokens=3))
+                                          for n in (5, 50, 6)), return_exceptions=True)
+        finally:
+            await generator.aclose()
+
+    with FaultyVLLMServer(ok_token_ids=(7,), reject_longer_than=10) as server:
+        short1, long, short2 = run(turns(VLLMServerGenerator(server.url, **FAST, batch_window_s=0.05)))
+        sizes = [len(r.prompts) for r in server.requests]
+    assert sizes == [3, 1, 1, 1]  # the batch, then each prompt alone; no retry loop
+    assert short1.token_ids == short2.token_ids == (7,)
+    assert isinstance(long, GenerationError) and "prompt of 50 tokens" in str(long) and "HTTP 400" in str(long)
+
+
+@pytest.mark.timeout(120)
+def test_server_dying_mid_training_raises_from_the_rollout_call(letters_server, trainer_for, canned_ids):
+    # the first request succeeds (it carries one or more episodes' first turns), then the server hangs for good
+    with FaultyVLLMServer(plan=["ok"], default="hang", ok_token_ids=canned_ids) as server:
+        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
+                                                   vllm_request_timeout_s=1.0, vllm_max_retries=2,
+                                                   vllm_retry_backoff_s=0.05)
+        trainer = trainer_for(rollout)
+        started = time.monotonic()
+        with pytest.raises(GenerationError) as err:
+            rollout([PROMPT] * 4, trainer)
+        elapsed = time.monotonic() - started
+        sent = len(server.requests)
+        assert "turn request #" in str(err.value) and "failed 3 times" in str(err.value)
+        assert elapsed < 30
+        # the episodes that were still running gave up without a retry loop of their own
+        assert sent <= 1 + 4 * 3
+        # the server is back: the next call works again
+        server.set_plan([], default="ok")
+        out = rollout([PROMPT] * 4, trainer)
+    assert out["episode_status"] == ["finished"] * 4

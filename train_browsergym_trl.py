@@ -1,0 +1,185 @@
+#!/usr/bin/env python
+"""Train a policy with GRPO on BrowserGym MiniWoB++ web tasks through their eval-protocol eval.
+
+With no arguments (CPU): builds a tiny model locally, starts the BrowserGym server (headless Chromium), trains
+2 GRPO steps with in-process generation and prints the reward of each step. An untrained tiny model writes
+no valid action, so its reward stays 0: the run shows the whole loop working, not learning.
+
+Two-GPU recipe (docs/browsergym.md):
+  CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-0.5B-Instruct
+  CUDA_VISIBLE_DEVICES=1 python train_browsergym_trl.py --model Qwen/Qwen2.5-0.5B-Instruct \\
+      --vllm-base-url http://localhost:8000 --max-steps 200 --num-generations 8 --batch-size 16 \\
+      --env-steps 5 --max-completion-length 3072 --max-concurrent 8 --lora-r 16 --report-to trackio
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import urllib.request
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from trl import GRPOConfig
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_ENV_PATH = str(HERE / "examples" / "browsergym" / "eval_miniwob.py") + "::test_miniwob"
+ENV_URL_VAR = "BROWSERGYM_ENV_URL"  # what the eval's env_factory reads
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags; the defaults are the quick CPU run."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (module::test or file.py::test)")
+    p.add_argument("--env-url", default=None, help="BrowserGym server URL; default: start one on a free port")
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated MiniWoB tasks, one per prompt group in turn (default: the eval's)")
+    p.add_argument("--env-steps", type=int, default=2, help="environment steps per episode (the eval's is 5)")
+    p.add_argument("--max-concurrent", type=int, default=2,
+                   help="episodes at once = browsers on the started server (2 suits 2 cores)")
+    p.add_argument("--screenshots", action="store_true",
+                   help="the server this script starts sends screenshots (text-only models drop them; see docs)")
+    p.add_argument("--model", default=None, help="model name or path; default: a tiny model built locally")
+    p.add_argument("--vllm-base-url", default=None,
+                   help="generate with this vLLM server (`trl vllm-serve`); on GPU the trainer syncs its weights")
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank; 0 trains all weights")
+    p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 2 x rank)")
+    p.add_argument("--lora-dropout", type=float, default=0.0)
+    p.add_argument("--lora-target-modules", default="all-linear",
+                   help="comma-separated module names, or all-linear")
+    p.add_argument("--max-steps", type=int, default=2, help="optimizer steps")
+    p.add_argument("--num-generations", type=int, default=2, help="episodes per prompt group (GRPO group size)")
+    p.add_argument("--batch-size", type=int, default=4, help="episodes per optimizer step")
+    p.add_argument("--learning-rate", type=float, default=5e-4)
+    p.add_argument("--max-completion-length", type=int, default=640,
+                   help="token budget of a whole episode: sampled turns plus the observations between them")
+    p.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn (default: the eval's)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--output-dir", default="outputs/browsergym")
+    p.add_argument("--report-to", default="none", help="none, trackio, wandb, tensorboard, ...")
+    p.add_argument("--run-name", default=None)
+    p.add_argument("--project", default="ep-trl-browsergym", help="trackio project (`trackio show --project NAME`)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.batch_size % args.num_generations:
+        p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
+    return args
+
+
+def lora_config(args: argparse.Namespace) -> "LoraConfig | None":
+    """A peft LoraConfig for ``--lora-r`` > 0, else None (full fine-tuning)."""
+    if args.lora_r <= 0:
+        return None
+    from peft import LoraConfig
+
+    targets = args.lora_target_modules
+    return LoraConfig(
+        r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r, lora_dropout=args.lora_dropout,
+        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        task_type="CAUSAL_LM",
+    )
+
+
+def grpo_config(args: argparse.Namespace, on_gpu: bool) -> "GRPOConfig":
+    """GRPOConfig from the flags. On GPU with a vLLM server the trainer owns the client and pushes weights."""
+    from trl import GRPOConfig
+
+    trainer_vllm = bool(args.vllm_base_url) and on_gpu
+    return GRPOConfig(
+        output_dir=args.output_dir, use_cpu=not on_gpu, bf16=on_gpu, seed=args.seed,
+        per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length, temperature=args.temperature,
+        learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
+        report_to=[] if args.report_to == "none" else [args.report_to], run_name=args.run_name,
+        project=args.project,
+        disable_tqdm=True,
+        use_vllm=trainer_vllm, vllm_mode="server",
+        **({"vllm_server_base_url": args.vllm_base_url} if trainer_vllm else {}),
+    )
+
+
+def check_tasks(env_url: str, tasks: list[str]) -> None:
+    """Fail before training when a task name is unknown to the server (every episode would fail)."""
+    with urllib.request.urlopen(f"{env_url}/tasks", timeout=30) as resp:  # noqa: S310 - the local env server
+        known = set(json.load(resp)["tasks"])
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        raise SystemExit(f"unknown MiniWoB task(s) {unknown}; valid names include {sorted(known)[:12]} "
+                         f"(GET {env_url}/tasks lists all {len(known)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the environment server unless one is given, train, print a line per step; 0 on success."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "LiteLLM", "litellm"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    import torch
+    from transformers import PrinterCallback
+    from trl import GRPOTrainer
+
+    from ep_trl import create_openenv_vllm_rollout_func, dataset_from_eval
+    from ep_trl.cli import ProgressPrinter, local_env_server
+    from ep_trl.rewards import eval_score
+    from ep_trl.tiny_model import build_tiny_model
+
+    started = time.monotonic()
+    on_gpu = torch.cuda.is_available()
+    output = Path(args.output_dir)
+    model = args.model or str(build_tiny_model(output / "tiny-model", seed=args.seed))
+    config = grpo_config(args, on_gpu)
+    groups_per_step = args.batch_size // args.num_generations
+    dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    peft_config = lora_config(args)
+    server_env = {"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)}
+    if args.screenshots:
+        server_env["BROWSERGYM_SCREENSHOT"] = "1"
+
+    server = local_env_server("ep_trl.envs.browsergym", env=server_env) if args.env_url is None \
+        else nullcontext(args.env_url)
+    with server as env_url:
+        print(f"environment server: {env_url}", flush=True)
+        os.environ[ENV_URL_VAR] = env_url
+        if tasks:
+            check_tasks(env_url, tasks)
+        rollout = create_openenv_vllm_rollout_func(
+            args.env_path, vllm_base_url=None if config.use_vllm else args.vllm_base_url,
+            max_steps=args.env_steps, max_tokens=args.max_turn_tokens, tasks=tasks,
+            max_concurrent_rollouts=args.max_concurrent,
+        )
+        try:
+            trainer = GRPOTrainer(model=model, reward_funcs=[eval_score], args=config, train_dataset=dataset,
+                                  rollout_func=rollout, callbacks=[ProgressPrinter()], peft_config=peft_config)
+            trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
+            if peft_config is not None:
+                trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+                total = sum(p.numel() for p in trainer.model.parameters())
+                print(f"LoRA r={peft_config.r} alpha={peft_config.lora_alpha}: "
+                      f"{trainable} of {total} parameters trainable", flush=True)
+            trainer.train()
+        finally:
+            rollout.close()
+    rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
+    episodes = len(rewards) * args.batch_size
+    wall = time.monotonic() - started
+    print(f"done: {len(rewards)} steps, {episodes} episodes, reward first {rewards[0]:.4f} last {rewards[-1]:.4f}, "
+          f"wall {wall:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the environment server was already stopped on the way out
+        print("interrupted: environment server stopped", flush=True)
+        sys.exit(130)
