@@ -8,7 +8,6 @@ from eval_protocol.dataset_logger.sqlite_dataset_logger_adapter import SqliteDat
 from eval_protocol.models import Status
 
 from ep_trl import create_openenv_vllm_rollout_func
-from ep_trl.rewards import eval_score
 from tests.support.trainers import PROMPT, make_trainer
 
 

@@ -11,25 +11,22 @@ Precedence of settings, highest first:
 """
 
 import asyncio
-import hashlib
-import json
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from . import evalprotocol, trl_compat
-from .environment import EnvSettings
-from .episode import Episode, EpisodeConfig, EpisodeSpec, initial_messages, run_episode
+from .episode import Episode, EpisodeConfig, EpisodeSpec, StepCallback, initial_messages, run_episode
 from .errors import ConfigError
 from .evalprotocol import EvalSpec
 from .evaltest import resolve_eval_test
 from .generation import Generator
-from .rollout_log import EpisodeTokens, RolloutLogWriter, make_dataset_logger
+from .rollout_log import RolloutLogWriter, make_dataset_logger
+from .rows import RowContext
 from .runner import LoopRunner
 from .scoring import Scored, group_indices, score_rows
 from .trainer_generation import TrainerGenerator
@@ -246,23 +243,23 @@ class RolloutFunction:
         groups = group_indices(prompts, view.num_generations)
         specs = self._episode_specs(prompts, groups, view)
         rollout_ids = [evalprotocol.new_id("rollout") for _ in specs]
-        context = _RowContext(self, view)
+        context = RowContext(self.spec, self.invocation_id, self.backend_name, view)
         if self._log is not None:
             for spec, rid in zip(specs, rollout_ids):
                 context.log_row(self._log, spec, rid, prompts[spec.index], spec.initial_messages, ())
 
         limit = asyncio.Semaphore(max(1, self.spec.max_concurrent_rollouts))
 
+        def step_logger(spec: EpisodeSpec, rollout_id: str) -> StepCallback | None:
+            log = self._log
+            if log is None:
+                return None
+            return lambda messages, rewards: context.log_row(log, spec, rollout_id, prompts[spec.index], messages,
+                                                             rewards)
+
         async def bounded(spec: EpisodeSpec, rollout_id: str) -> Episode:
-            on_step = None
-            if self._log is not None:
-                log = self._log
-
-                def on_step(messages: Sequence[Mapping[str, Any]], rewards: Sequence[float]) -> None:
-                    context.log_row(log, spec, rollout_id, prompts[spec.index], messages, rewards)
-
             async with limit:
-                return await run_episode(spec, cfg, template, generator, on_step)
+                return await run_episode(spec, cfg, template, generator, step_logger(spec, rollout_id))
 
         episodes = list(await asyncio.gather(*(bounded(s, r) for s, r in zip(specs, rollout_ids))))
         failure = getattr(generator, "failure", None)
@@ -314,129 +311,6 @@ class RolloutFunction:
             view.global_step, n, seconds, metrics["ep_trl/episodes_per_s"],
             f"{sum(scores) / len(scores):.3f}" if scores else "n/a", failed, n - len(scores),
             metrics["ep_trl/mean_turns"])
-
-
-class _RowContext:
-    """Builds the eval-protocol rows of one rollout call, shaped for the ``ep logs`` UI.
-
-    One invocation id per rollout function (training run), one experiment id and run id ``step-N`` per training
-    step, one row id per dataset prompt, one rollout id per episode. ``created_at`` is the episode's start and
-    stays fixed across its updates, so the UI's default newest-first order does not reshuffle rows as they
-    progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
-    """
-
-    def __init__(self, fn: "RolloutFunction", view: trl_compat.TrainerView) -> None:
-        self.fn = fn
-        self.step = view.global_step
-        self._created: dict[str, Any] = {}
-        self._pid = os.getpid()
-        self._description = (getattr(fn.spec.body, "__doc__", None) or "").strip() or None
-        self._tokenizer = getattr(view.processing_class, "tokenizer", view.processing_class)
-        sampling = view.sampling()
-        model = getattr(getattr(view.trainer, "model", None), "name_or_path", None) if view.trainer else None
-        self.completion_params = {
-            **fn.spec.completion_params,
-            "model": str(model or fn.spec.completion_params.get("model", "policy")),
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "policy_step": self.step, "generation_backend": fn.backend_name,
-        }
-
-    def row(self, spec: EpisodeSpec, rollout_id: str, prompt: Any, messages: Sequence[Mapping[str, Any]],
-            step_rewards: Sequence[float], ep_trl: Mapping[str, Any] | None = None,
-            usage: Mapping[str, int] | None = None, duration_s: float | None = None) -> Any:
-        from eval_protocol.models import Status
-
-        info = {"status": "running", "task": spec.task, "group": spec.group, "generation": spec.generation,
-                "global_step": self.step, **(ep_trl or {})}
-        row = evalprotocol.build_row(
-            messages=messages, eval_name=self.fn.spec.name, row_id=_row_id(prompt), rollout_id=rollout_id,
-            invocation_id=self.fn.invocation_id, experiment_id=f"{self.fn.invocation_id}-step{self.step}",
-            run_id=f"step-{self.step}", completion_params=self.completion_params,
-            extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s,
-        )
-        row.created_at = self._created.setdefault(rollout_id, datetime.now(timezone.utc))
-        row.pid = self._pid
-        row.input_metadata.session_data = {"mode": self.fn.spec.mode, "source": "ep_trl training"}
-        if row.eval_metadata is not None:
-            row.eval_metadata.description = self._description
-            row.eval_metadata.status = Status.eval_running()
-        return row
-
-    def log_row(self, log: RolloutLogWriter, spec: EpisodeSpec, rollout_id: str, prompt: Any,
-                messages: Sequence[Mapping[str, Any]], step_rewards: Sequence[float]) -> None:
-        """Queue a running row. Only snapshots are taken here; the row is built on the writer thread, and only
-        if no newer update of the episode has arrived by then (the episode's message dicts are never mutated,
-        only appended, so a shallow snapshot suffices)."""
-        self._created.setdefault(rollout_id, datetime.now(timezone.utc))
-        messages, step_rewards = tuple(messages), tuple(step_rewards)
-        log.log(rollout_id, lambda: self.row(spec, rollout_id, prompt, messages, step_rewards))
-
-    def episode_row(self, episode: Episode, rollout_id: str, prompt: Any) -> Any:
-        traj = episode.trajectory
-        sampled_lps = [lp for lp, m in zip(traj.logprobs, traj.env_mask) if m]
-        info = {
-            "status": episode.status, "stop_reason": episode.stop_reason, "error": episode.error,
-            "num_turns": episode.num_turns, "prompt_tokens": len(traj.prompt_ids),
-            "sampled_tokens": traj.sampled_tokens, "inserted_tokens": len(traj.completion_ids) - traj.sampled_tokens,
-            "turn_sampled_tokens": [len(s) for s in traj.sampled_segments()],
-            "mean_sampled_logprob": sum(sampled_lps) / len(sampled_lps) if sampled_lps else None,
-            "min_sampled_logprob": min(sampled_lps) if sampled_lps else None,
-            "template_realigned": traj.realigned, "prompt_builder_failures": episode.prompt_builder_failures,
-        }
-        usage = {"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
-                 "total_tokens": episode.prompt_tokens + traj.sampled_tokens}
-        return self.row(episode.spec, rollout_id, prompt, episode.messages, episode.step_rewards, info, usage,
-                        episode.duration_s)
-
-    def log_final(self, log: RolloutLogWriter, episodes: Sequence[Episode], scored: Sequence[Scored],
-                  seconds: float) -> None:
-        """Log each episode's scored row with its token view; ``agg_score`` is the mean valid score of the call
-        (the step's batch), as eval-protocol sets it per experiment, so the UI's default pivot has values."""
-        valid = [s.score for s in scored if s.score is not None]
-        agg_score = sum(valid) / len(valid) if valid else None
-        for ep, s in zip(episodes, scored):
-            row = _final_row(ep, s, agg_score)
-            row.execution_metadata.experiment_duration_seconds = seconds
-            tokens = EpisodeTokens(self._tokenizer, ep.trajectory)
-            log.log(row.execution_metadata.rollout_id, lambda row=row: row, tokens)  # handed over, not copied
-
-
-def _final_row(episode: Episode, scored: Scored, agg_score: float | None = None) -> Any:
-    """The row as the body returned it, marked finished or errored, with why it is unscored if it is.
-
-    Statuses use the codes the ``ep logs`` UI names: FINISHED (100) "finished", INTERNAL (13) "error",
-    SCORE_INVALID (102) "score invalid" for a body that marked its score invalid.
-    """
-    from eval_protocol.models import Status
-
-    row = scored.row
-    if episode.status == "finished":
-        row.rollout_status = Status.rollout_finished()
-    else:
-        row.rollout_status = Status.rollout_error(episode.error or "episode failed")
-    result = row.evaluation_result
-    if row.eval_metadata is not None:
-        if scored.score is not None:
-            row.eval_metadata.status = Status.eval_finished()
-        elif result is not None and result.is_score_valid is False:
-            row.eval_metadata.status = Status.score_invalid(scored.error or "score is invalid")
-        else:
-            row.eval_metadata.status = Status.error(scored.error or "unscored")
-    extra = dict(row.execution_metadata.extra or {})
-    if scored.score is not None:
-        extra["episode_reward"] = scored.score  # the Token Debug panel's header shows it
-        if result is not None and agg_score is not None and result.agg_score is None:
-            result.agg_score = agg_score
-    if scored.error:
-        extra["unscored_reason"] = scored.error
-    row.execution_metadata.extra = extra
-    return row
-
-
-def _row_id(prompt: Any) -> str:
-    """Stable per dataset prompt, so the generations of one prompt share a row id across steps."""
-    digest = hashlib.sha1(json.dumps(prompt, sort_keys=True, default=str).encode()).hexdigest()
-    return f"prompt-{digest[:12]}"
 
 
 def _trl_output(episodes: list[Episode], scored: list[Scored], rollout_ids: list[str]) -> dict[str, list[Any]]:
