@@ -94,21 +94,16 @@ def token_view(trajectory: Trajectory, texts: Sequence[str]) -> dict[str, Any]:
     ``logprobs`` holds the sampled tokens' logprobs (rounded for display) and null elsewhere.
     """
     n_prompt = len(trajectory.prompt_ids)
-    mask = [0] * n_prompt
+    turns = trajectory.turn_numbers()
+    mask = [0] * n_prompt + list(turns)
     logprobs: list[float | None] = [None] * n_prompt
-    turn, previous = 0, 0
-    for lp, m in zip(trajectory.logprobs, trajectory.env_mask):
-        if m and not previous:
-            turn += 1
-        mask.append(turn if m else 0)
-        logprobs.append(round(float(lp), 4) if m else None)
-        previous = m
+    logprobs += [round(float(lp), 4) if t else None for lp, t in zip(trajectory.logprobs, turns)]
     return {
         "token_ids": [*trajectory.prompt_ids, *trajectory.completion_ids],
         "mask": mask,
         "logprobs": logprobs,
         "detokenized_tokens": list(texts),
-        "num_turns": turn,
+        "num_turns": max(turns, default=0),
     }
 
 

@@ -47,19 +47,24 @@ class Trajectory:
     def sampled_tokens(self) -> int:
         return sum(self.env_mask)
 
+    def turn_numbers(self) -> tuple[int, ...]:
+        """For each completion token: 0 if inserted (env_mask 0), else the 1-based turn that sampled it."""
+        numbers: list[int] = []
+        turn = previous = 0
+        for m in self.env_mask:
+            if m and not previous:
+                turn += 1
+            numbers.append(turn if m else 0)
+            previous = m
+        return tuple(numbers)
+
     def sampled_segments(self) -> list[tuple[int, ...]]:
         """The runs of model-sampled ids, one per turn, in order."""
-        segments: list[tuple[int, ...]] = []
-        current: list[int] = []
-        for tok, m in zip(self.completion_ids, self.env_mask):
-            if m:
-                current.append(tok)
-            elif current:
-                segments.append(tuple(current))
-                current = []
-        if current:
-            segments.append(tuple(current))
-        return segments
+        segments: dict[int, list[int]] = {}
+        for tok, turn in zip(self.completion_ids, self.turn_numbers()):
+            if turn:
+                segments.setdefault(turn, []).append(tok)
+        return [tuple(ids) for ids in segments.values()]
 
 
 @dataclass
