@@ -66,6 +66,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--arms", nargs="+", default=["ep_trl", "eval_protocol", "sequential"])
     parser.add_argument("--batch-window-s", type=float, default=0.005,
                         help="ep_trl's vllm_batch_window_s (0 = one request per turn)")
+    parser.add_argument("--no-env-reuse", action="store_true",
+                        help="ep_trl opens one environment session per episode (reuse_env_sessions=False)")
     parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "rollout_throughput.json")
     return parser.parse_args()
@@ -112,13 +114,15 @@ def measure(run: Callable[[list[str]], dict[str, Any]], episodes: int, url: str)
             "loadavg_1min_after": os.getloadavg()[0], **extra}
 
 
-def ep_trl_arm(url: str, model_dir: Path, work: Path, concurrency: int, batch_window_s: float) -> tuple[Callable, Callable]:
+def ep_trl_arm(url: str, model_dir: Path, work: Path, concurrency: int,
+               options: argparse.Namespace) -> tuple[Callable, Callable]:
     from ep_trl import create_openenv_vllm_rollout_func
     from eval_protocol.dataset_logger import default_logger
     from tests.support.trainers import make_trainer
 
     rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=url, max_concurrent_rollouts=concurrency,
-                                               vllm_batch_window_s=batch_window_s)
+                                               vllm_batch_window_s=options.batch_window_s,
+                                               reuse_env_sessions=not options.no_env_reuse)
     trainer = make_trainer(model_dir, work / f"trainer-{concurrency}", rollout, num_generations=4,
                            temperature=TEMPERATURE)
 
@@ -152,7 +156,7 @@ class _TrlClientFactory:
             vllm_client.is_vllm_available = original
 
 
-def eval_protocol_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: float) -> tuple[Callable, Callable]:
+def eval_protocol_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: argparse.Namespace) -> tuple[Callable, Callable]:
     from eval_protocol.pytest.integrations.openenv_trl_vllm import create_openenv_vllm_rollout_func
     from transformers import AutoTokenizer
     from trl import GRPOConfig
@@ -176,7 +180,7 @@ def eval_protocol_arm(url: str, model_dir: Path, work: Path, concurrency: int, _
     return run, lambda: None
 
 
-def sequential_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: float) -> tuple[Callable, Callable]:
+def sequential_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: argparse.Namespace) -> tuple[Callable, Callable]:
     import httpx
     from transformers import AutoTokenizer
 
@@ -187,37 +191,39 @@ def sequential_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: f
     client = httpx.Client(base_url=url, timeout=120)
     model = client.get("/v1/models").json()["data"][0]["id"]
 
+    env = make_env()  # one client for every episode, reset per episode, as TRL's old examples do
+
     def episode(prompt: str) -> list[float]:
-        env = make_env()
-        try:
-            result = env.reset()
-            messages: list[dict[str, str]] = [{"role": "user", "content": prompt}]
-            history: list[str] = []
-            rewards = []
-            for step in range(STEPS):
-                if result.done:
-                    break
-                messages.append({"role": "user", "content": parts.prompt_builder(result.observation, step + 1, history)})
-                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)
-                body = {"model": model, "prompt": list(ids), "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE,
-                        "logprobs": 0, "return_token_ids": True}
-                choice = client.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
-                text = tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
-                messages.append({"role": "assistant", "content": text})
-                result = env.step(parts.action_parser(text))
-                rewards.append(float(result.reward or 0.0))
-                history.append(f"step {step + 1}: {text!r} -> {result.reward}")
-            return rewards
-        finally:
-            env.close()
+        result = env.reset()
+        messages: list[dict[str, str]] = [{"role": "user", "content": prompt}]
+        history: list[str] = []
+        rewards = []
+        for step in range(STEPS):
+            if result.done:
+                break
+            messages.append({"role": "user", "content": parts.prompt_builder(result.observation, step + 1, history)})
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False)
+            body = {"model": model, "prompt": list(ids), "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE,
+                    "logprobs": 0, "return_token_ids": True}
+            choice = client.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
+            text = tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": text})
+            result = env.step(parts.action_parser(text))
+            rewards.append(float(result.reward or 0.0))
+            history.append(f"step {step + 1}: {text!r} -> {result.reward}")
+        return rewards
 
     def run(prompts: list[str]) -> dict[str, Any]:
         scores = [episode(p) for p in prompts]
         assert all(len(r) == STEPS for r in scores)
         return {}
 
-    return run, client.close
+    def close() -> None:
+        env.close()
+        client.close()
+
+    return run, close
 
 
 ARMS = {"ep_trl": ep_trl_arm, "eval_protocol": eval_protocol_arm, "sequential": sequential_arm}
@@ -235,7 +241,7 @@ def main() -> None:
         try:
             for arm in args.arms:
                 for c in ([1] if arm == "sequential" else args.concurrency):
-                    run, close = ARMS[arm](url, model, Path(tmp), c, args.batch_window_s)
+                    run, close = ARMS[arm](url, model, Path(tmp), c, args)
                     runners.append((arm, c, run, close))
                     run([PROMPT] * min(4, args.episodes))  # warm-up: imports, connections, first compile
             # repeats interleave the arms, so a burst of load from elsewhere hits all of them alike

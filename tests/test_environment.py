@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from ep_trl.environment import EnvSettings, open_env
+from ep_trl.environment import EnvPool, EnvSettings, open_env
 from ep_trl.envs.letters import LettersAction, LettersEnv
+from tests.support.tracked_env import TrackedLettersEnv
 
 
 class CountingSyncClient:
@@ -112,3 +113,65 @@ def test_docker_only_settings_are_refused_with_the_fix():
         EnvSettings(client_cls=LettersEnv, docker_image="browsergym-env:latest").check()
     with pytest.raises(ValueError, match="neither env_factory nor env_client_cls"):
         EnvSettings().check()
+
+
+def play_pooled(pool, tasks, concurrency):
+    """Episodes of ``tasks`` through ``pool``, ``concurrency`` at a time, as the rollout runs them."""
+
+    async def episode(limit, task):
+        async with limit:
+            session = await pool.acquire(f"episode {task}")
+            failed = True
+            try:
+                outcome = await session.reset(task_name=task)
+                rewards = []
+                while not outcome.done:
+                    outcome = await session.step(LettersAction(text="aei"))
+                    rewards.append(outcome.reward)
+                failed = False
+                return rewards
+            except RuntimeError as exc:
+                return str(exc)
+            finally:
+                await pool.release(session, reusable=not failed)
+
+    async def main():
+        limit = asyncio.Semaphore(concurrency)
+        try:
+            return await asyncio.gather(*(episode(limit, t) for t in tasks))
+        finally:
+            await pool.aclose()
+
+    return asyncio.run(main())
+
+
+def test_pool_reuses_sessions_of_clean_episodes_and_closes_every_one(letters_server, letters_episodes):
+    TrackedLettersEnv.clients = []
+    pool = EnvPool(EnvSettings(factory=lambda: TrackedLettersEnv(base_url=letters_server)))
+    results = play_pooled(pool, ["vowels"] * 6, concurrency=2)
+    assert results == [[1.0, 1.0, 1.0]] * 6  # every reset on a reused session starts a fresh 3-step episode
+    clients = TrackedLettersEnv.clients
+    assert pool.opened == len(clients) == 2
+    assert sum(c.events.count("reset") for c in clients) == 6
+    assert all(c.events[-1] == "close" and c.events.count("close") == 1 for c in clients)
+    assert [len(ep["actions"]) for ep in letters_episodes()] == [3] * 6
+
+
+def test_pool_closes_a_failed_episodes_session_instead_of_reusing_it(letters_server):
+    TrackedLettersEnv.clients = []
+    pool = EnvPool(EnvSettings(factory=lambda: TrackedLettersEnv(base_url=letters_server)))
+    results = play_pooled(pool, ["crash", "vowels", "crash", "vowels"], concurrency=1)
+    assert [r if isinstance(r, list) else "crashed" for r in results] == ["crashed", [1.0] * 3, "crashed", [1.0] * 3]
+    for client in TrackedLettersEnv.clients:
+        if "crash" in client.events:  # nothing after the crash but the close
+            assert client.events[client.events.index("crash") + 1:] == ["close"]
+    assert [c.events for c in TrackedLettersEnv.clients] == [
+        ["reset", "crash", "close"], ["reset", "reset", "crash", "close"], ["reset", "close"]]
+
+
+def test_pool_without_reuse_opens_and_closes_one_session_per_episode(letters_server):
+    TrackedLettersEnv.clients = []
+    pool = EnvPool(EnvSettings(factory=lambda: TrackedLettersEnv(base_url=letters_server)), reuse=False)
+    assert play_pooled(pool, ["vowels"] * 4, concurrency=2) == [[1.0, 1.0, 1.0]] * 4
+    assert pool.opened == 4
+    assert [c.events for c in TrackedLettersEnv.clients] == [["reset", "close"]] * 4

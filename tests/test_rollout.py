@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ep_trl import create_openenv_vllm_rollout_func
+from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
@@ -156,3 +157,29 @@ def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir, letters_ser
     assert out["eval_score"][:4] == [None] * 4
     assert all(isinstance(s, float) for s in out["eval_score"][4:])
     assert [len(r) for r in out["step_rewards"][4:]] == [3] * 4
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_env_sessions_are_reused_within_a_call_and_all_closed(tiny_model_dir, letters_server, letters_episodes,
+                                                              tmp_path, reuse):
+    TrackedLettersEnv.clients = []
+    rollout = create_openenv_vllm_rollout_func(
+        EVAL, env_factory=lambda: TrackedLettersEnv(base_url=letters_server), tasks=["crash", "vowels"],
+        max_concurrent_rollouts=2, reuse_env_sessions=reuse)
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, batch_size=8)
+    try:
+        out = rollout([PROMPT] * 4 + ["Second prompt."] * 4, trainer)
+    finally:
+        rollout.close()
+    assert out["episode_status"] == ["error"] * 4 + ["finished"] * 4
+    assert [len(r) for r in out["step_rewards"][4:]] == [3] * 4  # episodes on reused sessions run in full
+    clients = TrackedLettersEnv.clients
+    assert sum(c.events.count("reset") for c in clients) == 8 == len(letters_episodes())
+    assert all(c.events[-1] == "close" and c.events.count("close") == 1 for c in clients)  # none left open
+    for client in clients:  # a session whose episode failed is never handed to another episode
+        if "crash" in client.events:
+            assert client.events[client.events.index("crash") + 1:] == ["close"]
+    opened = trainer._metrics["train"]["ep_trl/env_sessions_opened"]
+    assert opened == [float(len(clients))]
+    # 4 crashed sessions are replaced, the rest reused: at most 4 + 2 sessions, against one per episode without reuse
+    assert len(clients) <= 6 if reuse else len(clients) == 8

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .environment import EnvSettings, open_env, reset_kwargs
+from .environment import EnvPool, EnvSettings, reset_kwargs
 from .evalprotocol import history_line
 from .generation import Generation, Generator, SamplingParams
 from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder
@@ -69,8 +69,9 @@ StepCallback = Callable[[Sequence[Mapping[str, Any]], Sequence[float]], None]
 
 
 async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
-                      on_step: StepCallback | None = None) -> Episode:
-    """Play one episode; ``on_step(messages, step_rewards)`` is called after every environment step."""
+                      envs: EnvPool, on_step: StepCallback | None = None) -> Episode:
+    """Play one episode on a session from ``envs``; ``on_step(messages, step_rewards)`` is called after every
+    environment step. The session goes back to ``envs`` for reuse unless the episode failed."""
     start = time.perf_counter()
     label = f"episode {spec.index} (task {spec.task!r})"
     messages: list[dict[str, Any]] = [dict(m) for m in spec.initial_messages]
@@ -84,7 +85,7 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
     error: str | None = None
     session = None
     try:
-        session = await open_env(cfg.env, label)
+        session = await envs.acquire(label)
         outcome = await session.reset(**reset_kwargs(cfg.env, spec.task))
         last: Generation | None = None
         for step in range(cfg.max_steps):
@@ -140,7 +141,7 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
         logger.warning("%s failed after %d steps: %s", label, len(step_rewards), error)
     finally:
         if session is not None:
-            await session.close()
+            await envs.release(session, reusable=error is None)
     if builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
         builder = TrajectoryBuilder(tuple(template.prompt_ids(messages or list(spec.initial_messages))))
     return Episode(

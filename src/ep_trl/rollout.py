@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from . import evalprotocol, trl_compat
+from .environment import EnvPool
 from .episode import Episode, EpisodeConfig, EpisodeSpec, StepCallback, initial_messages, run_episode
 from .errors import ConfigError
 from .evalprotocol import EvalSpec
@@ -102,7 +103,7 @@ class RolloutFunction:
     def __init__(self, spec: EvalSpec, backend: Backend, vllm_base_url: str | None,
                  max_episode_tokens: int | None, chat_template_kwargs: Mapping[str, Any] | None,
                  trainer_signature: bool, vllm_options: Mapping[str, Any],
-                 log_writer: RolloutLogWriter | None = None) -> None:
+                 log_writer: RolloutLogWriter | None = None, reuse_env_sessions: bool = True) -> None:
         self.spec = spec
         self.backend = backend
         self.vllm_base_url = vllm_base_url
@@ -110,6 +111,7 @@ class RolloutFunction:
         self._chat_template_kwargs = dict(chat_template_kwargs or {})
         self._trainer_signature = trainer_signature
         self._vllm_options = dict(vllm_options)
+        self.reuse_env_sessions = reuse_env_sessions
         self._runner = LoopRunner()
         self._log = log_writer
         self._generator: Generator | None = None
@@ -257,11 +259,16 @@ class RolloutFunction:
             return lambda messages, rewards: context.log_row(log, spec, rollout_id, prompts[spec.index], messages,
                                                              rewards)
 
+        envs = EnvPool(cfg.env, reuse=self.reuse_env_sessions)
+
         async def bounded(spec: EpisodeSpec, rollout_id: str) -> Episode:
             async with limit:
-                return await run_episode(spec, cfg, template, generator, step_logger(spec, rollout_id))
+                return await run_episode(spec, cfg, template, generator, envs, step_logger(spec, rollout_id))
 
-        episodes = list(await asyncio.gather(*(bounded(s, r) for s, r in zip(specs, rollout_ids))))
+        try:
+            episodes = list(await asyncio.gather(*(bounded(s, r) for s, r in zip(specs, rollout_ids))))
+        finally:
+            await envs.aclose()
         failure = getattr(generator, "failure", None)
         if failure is not None:  # the backend failed for good (e.g. the vLLM server is gone): stop, do not train on it
             raise failure
@@ -269,7 +276,7 @@ class RolloutFunction:
         scored = await score_rows(self.spec, rows, [ep.status == "finished" for ep in episodes], groups)
         if self._log is not None:
             context.log_final(self._log, episodes, scored, time.perf_counter() - started)
-        self._report(episodes, scored, view, time.perf_counter() - started)
+        self._report(episodes, scored, view, time.perf_counter() - started, envs.opened)
         return _trl_output(episodes, scored, rollout_ids)
 
     def _episode_specs(self, prompts: list[Any], groups: list[list[int]],
@@ -294,7 +301,8 @@ class RolloutFunction:
         tasks = self.spec.env.tasks
         return tasks[group_number % len(tasks)] if tasks else None
 
-    def _report(self, episodes: list[Episode], scored: list[Scored], view: trl_compat.TrainerView, seconds: float) -> None:
+    def _report(self, episodes: list[Episode], scored: list[Scored], view: trl_compat.TrainerView, seconds: float,
+                env_sessions: int) -> None:
         n = len(episodes)
         failed = sum(ep.status != "finished" for ep in episodes)
         scores = [s.score for s in scored if s.score is not None]
@@ -304,6 +312,7 @@ class RolloutFunction:
             "ep_trl/unscored_fraction": (n - len(scores)) / n,
             "ep_trl/mean_turns": sum(ep.num_turns for ep in episodes) / n,
             "ep_trl/template_realigned": float(sum(ep.trajectory.realigned for ep in episodes)),
+            "ep_trl/env_sessions_opened": float(env_sessions),
         }
         view.record_metrics(metrics)
         logger.info(
@@ -358,6 +367,7 @@ def create_openenv_vllm_rollout_func(
     evaluation_test_kwargs: Mapping[str, Any] | None = None,
     log_rollouts: bool = True,
     log_home: str | os.PathLike | None = None,
+    reuse_env_sessions: bool = True,
 ) -> RolloutFunction:
     """Build a TRL ``rollout_func`` that plays the eval's environment and scores episodes with the eval's body.
 
@@ -383,6 +393,10 @@ def create_openenv_vllm_rollout_func(
             seconds of each other go out as one request with a list of prompts (0 = one request per turn).
         log_rollouts: write every training rollout to eval-protocol's dataset logger, the store ``ep logs`` shows
             (running, after each step, then scored). eval-protocol's ``DISABLE_EP_SQLITE_LOG=1`` also turns it off.
+        reuse_env_sessions: an episode that ended cleanly hands its environment session to the next episode of the
+            same call, which starts with ``reset()`` (as TRL's own environments are constructed once and reset often);
+            failed episodes' sessions are closed, and all are closed when the call ends. False opens one session per
+            episode, as eval-protocol's processor does: for environments whose constructor does per-episode work.
         log_home: send those rows to ``<log_home>/.eval_protocol/logs.db`` instead of ``~/.eval_protocol/logs.db``
             (view them with ``HOME=<log_home> ep logs``).
         The remaining keyword arguments replace the eval's own settings of the same name.
@@ -422,4 +436,4 @@ def create_openenv_vllm_rollout_func(
                            {"max_in_flight": vllm_max_in_flight, "request_timeout_s": vllm_request_timeout_s,
                             "max_retries": vllm_max_retries, "retry_backoff_s": vllm_retry_backoff_s,
                             "connect_timeout_s": vllm_connect_timeout_s, "batch_window_s": vllm_batch_window_s},
-                           writer)
+                           writer, reuse_env_sessions)
