@@ -1,0 +1,146 @@
+"""Where an ep_trl rollout call's time and CPU go: per-phase latencies, request batch sizes, CPU per process.
+
+    python benchmarks/rollout_phases.py --concurrency 8                   # 3 batches of 32 episodes, 50 ms/step
+    python benchmarks/rollout_phases.py --concurrency 8 --no-env-reuse    # one environment session per episode
+
+The diagnostic behind the explanations in docs/benchmarks.md. Same setup as ``rollout_throughput.py``'s ep_trl
+arm (its servers and arm are reused: tiny model, CPU vLLM server, letters server with per-step latency). Each
+batch prints:
+
+* episodes/s and mean episode wall time;
+* latency of each phase as the episodes saw it: taking an environment session (``acquire``: 0 when an idle one
+  is reused, else a new client), ``reset`` (for a new session this includes the WebSocket connect), ``step``,
+  ``generate`` (one turn, batching window included);
+* how many prompts each ``/v1/completions`` request carried;
+* CPU ms per episode of every process involved (from ``/proc/<pid>/stat``): the vLLM API server, engine core and
+  worker, the letters server, and this process split by thread (event loop, rollout-log writer, ...).
+
+The phases are timed by wrapping ep_trl's methods in this process only (``EnvPool.acquire``, ``EnvSession.reset``
+/``step``, ``VLLMServerGenerator.generate`` and its private ``_post``, the one request-level hook); nothing is
+changed in what they do.
+"""
+
+import argparse
+import collections
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rollout_throughput as bench  # noqa: E402  (sets HOME and the repo path first)
+
+from ep_trl import environment, vllm_server  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+PHASES: dict[str, list[float]] = collections.defaultdict(list)
+BATCH_SIZES: list[int] = []
+
+
+def timed(owner: Any, name: str, phase: str) -> None:
+    """Replace ``owner.name`` (an async method) by one that records its latency under ``phase``."""
+    original = getattr(owner, name)
+
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            PHASES[phase].append(time.perf_counter() - started)
+
+    setattr(owner, name, wrapper)
+
+
+def count_prompts() -> None:
+    original: Callable = vllm_server.VLLMServerGenerator._post
+
+    async def post(self: Any, body: dict[str, Any], what: str) -> Any:
+        prompt = body["prompt"]
+        BATCH_SIZES.append(len(prompt) if prompt and isinstance(prompt[0], list) else 1)
+        return await original(self, body, what)
+
+    vllm_server.VLLMServerGenerator._post = post
+
+
+def process_ids() -> dict[str, int]:
+    """The vLLM server's three processes and the letters server, found by name, plus this process."""
+    found: dict[str, int] = {}
+    lines = subprocess.run(["ps", "-eo", "pid,comm,args"], capture_output=True, text=True).stdout.splitlines()[1:]
+    for line in lines:
+        pid, comm, args = line.split(None, 2)
+        if comm.startswith("VLLM::Worker"):
+            found["vllm worker"] = int(pid)
+        elif comm.startswith("VLLM::EngineCor"):
+            found["vllm engine core"] = int(pid)
+        elif "vllm.entrypoints.openai.api_server" in args:
+            found["vllm api server"] = int(pid)
+        elif "ep_trl.envs.letters" in args:
+            found["letters server"] = int(pid)
+    return found
+
+
+def cpu_seconds(stat_path: str) -> float:
+    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+    snapshot = {name: cpu_seconds(f"/proc/{pid}/stat") for name, pid in pids.items()}
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    for tid in os.listdir("/proc/self/task"):
+        name = names.get(int(tid), "other threads").split("_")[0]
+        key = f"this process: {name}"
+        try:
+            snapshot[key] = snapshot.get(key, 0.0) + cpu_seconds(f"/proc/self/task/{tid}/stat")
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return snapshot
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--env-latency-s", type=float, default=0.05)
+    parser.add_argument("--batch-window-s", type=float, default=0.005)
+    parser.add_argument("--no-env-reuse", action="store_true")
+    parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
+    args = parser.parse_args()
+    timed(environment.EnvPool, "acquire", "acquire")
+    timed(environment.EnvSession, "reset", "reset")
+    timed(environment.EnvSession, "step", "step")
+    timed(vllm_server.VLLMServerGenerator, "generate", "generate")
+    count_prompts()
+    with tempfile.TemporaryDirectory(prefix="ep-trl-phases-") as tmp, \
+            bench.servers(args, Path(tmp)) as (url, letters, model):
+        os.environ["LETTERS_ENV_URL"] = letters
+        run, close = bench.ep_trl_arm(url, model, Path(tmp), args.concurrency, args)
+        pids = process_ids()
+        try:
+            run([bench.PROMPT] * min(4, args.episodes))  # warm-up
+            for number in range(1, args.batches + 1):
+                PHASES.clear()
+                BATCH_SIZES.clear()
+                before = cpu_snapshot(pids)
+                result = bench.measure(run, args.episodes, url)
+                after = cpu_snapshot(pids)
+                print(f"batch {number}: {result['episodes_per_s']:.2f} episodes/s, mean episode "
+                      f"{result['mean_episode_wall_s']:.3f} s")
+                for phase, values in PHASES.items():
+                    print(f"  {phase:9s} n={len(values):3d}  median {statistics.median(values) * 1000:6.1f} ms  "
+                          f"mean {statistics.mean(values) * 1000:6.1f} ms  max {max(values) * 1000:6.1f} ms")
+                print("  prompts per request:", dict(sorted(collections.Counter(BATCH_SIZES).items())))
+                print("  CPU ms per episode:", {k: round((after[k] - before.get(k, 0.0)) * 1000 / args.episodes, 1)
+                                                for k in after if after[k] - before.get(k, 0.0) > 0})
+        finally:
+            close()
+
+
+if __name__ == "__main__":
+    main()
