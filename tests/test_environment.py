@@ -53,15 +53,20 @@ class HangingClient:
         pass
 
 
+async def play_session(session, task):
+    """One letters episode of ``task`` on an open session; its step rewards."""
+    outcome = await session.reset(task_name=task)
+    rewards = []
+    while not outcome.done:
+        outcome = await session.step(LettersAction(text="aei"))
+        rewards.append(outcome.reward)
+    return rewards
+
+
 async def play(settings, task):
     session = await open_env(settings, "test")
     try:
-        outcome = await session.reset(task_name=task)
-        rewards = []
-        while not outcome.done:
-            outcome = await session.step(LettersAction(text="aei"))
-            rewards.append(outcome.reward)
-        return rewards
+        return await play_session(session, task)
     finally:
         await session.close()
 
@@ -123,11 +128,7 @@ def play_pooled(pool, tasks, concurrency):
             session = await pool.acquire(f"episode {task}")
             failed = True
             try:
-                outcome = await session.reset(task_name=task)
-                rewards = []
-                while not outcome.done:
-                    outcome = await session.step(LettersAction(text="aei"))
-                    rewards.append(outcome.reward)
+                rewards = await play_session(session, task)
                 failed = False
                 return rewards
             except RuntimeError as exc:

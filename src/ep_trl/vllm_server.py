@@ -180,7 +180,7 @@ class VLLMServerGenerator:
         """The pooled session and the in-flight budget, bound to the running loop (rebuilt if the loop changed).
 
         aiohttp rather than httpx for the hot path: on this project's 2-core machine an async request cost
-        ~1 ms of client CPU with aiohttp against ~2.3 ms with httpx (docs/benchmarks.md); the one-off
+        ~1 ms of client CPU with aiohttp against ~2.5 ms with httpx (docs/benchmarks.md); the one-off
         synchronous probe stays on httpx."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
@@ -196,6 +196,7 @@ class VLLMServerGenerator:
         for task in list(self._tasks):
             task.cancel()
         if self._client is not None:
+            # a session made on another loop can only be closed there; that loop (an ended asyncio.run) is gone
             if self._loop is asyncio.get_running_loop():
                 await self._client.close()
             self._client = None
