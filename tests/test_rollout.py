@@ -3,9 +3,9 @@
 from collections import Counter
 
 import pytest
-import torch
 
 from ep_trl import create_openenv_vllm_rollout_func
+from tests.support.logprobs import teacher_forced_logprobs
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
@@ -28,13 +28,6 @@ def rollout_once(env_path, model_dir, tmp_path, prompts, trainer_kwargs=None, **
         return rollout(prompts, trainer)
     finally:
         rollout.close()
-
-
-def teacher_forced_logprobs(model, prompt_ids, completion_ids, temperature):
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
 
 
 def test_rows_match_prompts_in_count_order_and_shape(pointwise, letters_episodes):

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ep_trl.generation import SamplingParams
 from ep_trl.trainer_generation import TrainerGenerator
+from tests.support.logprobs import teacher_forced_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +43,7 @@ def test_concurrent_requests_are_batched_and_cut_per_row(model_and_tokenizer):
         assert 0 < len(result.token_ids) <= p.max_tokens
         assert result.finish_reason == ("stop" if result.token_ids[-1] == tokenizer.eos_token_id else "length")
         # left padding in the batch does not change the logprobs of the sampled tokens
-        ids = torch.tensor([prompt + list(result.token_ids)])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(prompt) - 1 : -1]
-        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+        ref = torch.tensor(teacher_forced_logprobs(model, prompt, result.token_ids))
         assert torch.allclose(torch.tensor(result.logprobs), ref, atol=1e-4)
 
 
@@ -53,10 +51,7 @@ def test_temperature_scales_the_returned_logprobs(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     prompt = tokenizer.encode("temperature check")
     (result,) = run_concurrently(make_generator(model, tokenizer), [prompt], [SamplingParams(temperature=0.5, max_tokens=6)])
-    ids = torch.tensor([prompt + list(result.token_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1] / 0.5
-    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+    ref = torch.tensor(teacher_forced_logprobs(model, prompt, result.token_ids, temperature=0.5))
     assert torch.allclose(torch.tensor(result.logprobs), ref, atol=1e-4)
 
 

@@ -20,7 +20,6 @@ import sys
 from collections import Counter
 
 import pytest
-import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig
@@ -30,6 +29,7 @@ from ep_trl.processes import free_port
 from ep_trl.rewards import eval_score
 from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
+from tests.support.logprobs import teacher_forced_logprobs
 from tests.support.trainers import PROMPT, make_trainer
 from tests.support.vllm_server import (
     REPO_ROOT,
@@ -70,13 +70,6 @@ def vllm_url(vllm, model_dir):
     return vllm.base_url
 
 
-def teacher_forced(model, prompt_ids, completion_ids, temperature):
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
-
-
 def sampled(values, mask):
     return [v for v, m in zip(values, mask) if m]
 
@@ -85,7 +78,7 @@ def max_sampled_logprob_gap(model, out, temperature, shift=0):
     """Largest |returned - teacher-forced| over mask-1 tokens; ``shift`` misaligns on purpose (a control)."""
     worst = 0.0
     for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
-        reference = teacher_forced(model, p, c, temperature)
+        reference = teacher_forced_logprobs(model, p, c, temperature)
         if shift:
             reference = reference[shift:] + reference[:shift]
         worst = max(worst, max(abs(a - b) for a, b in zip(sampled(lps, mask), sampled(reference, mask))))
