@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from ep_trl import create_openenv_vllm_rollout_func
-from tests.support.logprobs import teacher_forced_logprobs
+from tests.support.references import sampled_texts, teacher_forced_logprobs
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
@@ -53,20 +53,8 @@ def test_rows_match_prompts_in_count_order_and_shape(pointwise, letters_episodes
 def test_sampled_segments_are_the_actions_the_env_received(pointwise, letters_episodes):
     rollout, trainer = pointwise
     out = rollout([PROMPT] * 4, trainer)
-    tok = trainer.processing_class
-    ours = []
-    for ids, mask in zip(out["completion_ids"], out["env_mask"]):
-        segments, current = [], []
-        for t, m in zip(ids, mask):
-            if m:
-                current.append(t)
-            elif current:
-                segments.append(current)
-                current = []
-        segments.append(current)
-        ours.append(tuple(tok.decode(s, skip_special_tokens=True) for s in segments))
     received = [tuple(ep["actions"]) for ep in letters_episodes()]
-    assert Counter(ours) == Counter(received)
+    assert Counter(sampled_texts(trainer.processing_class, out)) == Counter(received)
     # environment tokens between turns are masked, and only there
     for ids, mask, n in zip(out["completion_ids"], out["env_mask"], out["num_turns"]):
         runs = sum(1 for i, m in enumerate(mask) if m == 1 and (i == 0 or mask[i - 1] == 0))

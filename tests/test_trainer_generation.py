@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ep_trl.generation import SamplingParams
 from ep_trl.trainer_generation import TrainerGenerator
-from tests.support.logprobs import teacher_forced_logprobs
+from tests.support.references import teacher_forced_logprobs
 
 
 @pytest.fixture(scope="module")

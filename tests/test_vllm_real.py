@@ -29,7 +29,7 @@ from ep_trl.processes import free_port
 from ep_trl.rewards import eval_score
 from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
-from tests.support.logprobs import teacher_forced_logprobs
+from tests.support.references import sampled_texts, teacher_forced_logprobs
 from tests.support.trainers import PROMPT, make_trainer
 from tests.support.vllm_server import (
     REPO_ROOT,
@@ -104,19 +104,8 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
     # every sampled token is one the server sampled: its counter grew by exactly the mask-1 tokens returned
     assert after - before == sum(sum(mask) for mask in out["env_mask"])
     # the environment received exactly the sampled text, and the eval body scored the episodes
-    tok = trainer.processing_class
-    ours = Counter()
-    for ids, mask in zip(out["completion_ids"], out["env_mask"]):
-        turns, current = [], []
-        for t, m in zip(ids, mask):
-            if m:
-                current.append(t)
-            elif current:
-                turns.append(tok.decode(current, skip_special_tokens=True))
-                current = []
-        turns.append(tok.decode(current, skip_special_tokens=True))
-        ours[tuple(turns)] += 1
-    assert ours == Counter(tuple(ep["actions"]) for ep in letters_episodes())
+    received = Counter(tuple(ep["actions"]) for ep in letters_episodes())
+    assert Counter(sampled_texts(trainer.processing_class, out)) == received
     for score, rewards in zip(out["eval_score"], out["step_rewards"]):
         assert score == pytest.approx(sum(rewards) / len(rewards))
     # no shared seed: the 4 episodes of a group (same prompt) sampled different first turns

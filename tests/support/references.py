@@ -1,0 +1,31 @@
+"""What tests compare rollout output against, computed independently of ep_trl's own code."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+
+def teacher_forced_logprobs(model, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                            temperature: float = 1.0) -> list[float]:
+    """Logprob of each ``completion_ids`` token after ``prompt_ids`` and the tokens before it, at ``temperature``."""
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(list(completion_ids))[:, None])[:, 0].tolist()
+
+
+def sampled_texts(tokenizer, out: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Per returned row, the decoded text of each run of ``env_mask`` 1 tokens (one per model turn)."""
+    rows = []
+    for ids, mask in zip(out["completion_ids"], out["env_mask"]):
+        runs, current = [], []
+        for token, sampled in zip(ids, mask):
+            if sampled:
+                current.append(token)
+            elif current:
+                runs.append(current)
+                current = []
+        runs.append(current)
+        rows.append(tuple(tokenizer.decode(run, skip_special_tokens=True) for run in runs))
+    return rows
