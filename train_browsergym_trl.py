@@ -127,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
-    from ep_trl import create_openenv_vllm_rollout_func, dataset_from_eval
-    from ep_trl.cli import ProgressPrinter, local_env_server
+    from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
+    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server
     from ep_trl.rewards import eval_score
-    from ep_trl.tiny_model import build_tiny_model
+    from ep_trl.devtools.tiny_model import build_tiny_model
 
     started = time.monotonic()
     on_gpu = torch.cuda.is_available()
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             check_tasks(env_url, tasks)
         rollout = create_openenv_vllm_rollout_func(
             args.env_path, vllm_base_url=None if config.use_vllm else args.vllm_base_url,
-            max_steps=args.env_steps, max_tokens=args.max_turn_tokens, tasks=tasks,
+            overrides=EvalOverrides(max_steps=args.env_steps, max_tokens=args.max_turn_tokens, tasks=tasks),
             max_concurrent_rollouts=args.max_concurrent,
         )
         try:

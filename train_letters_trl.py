@@ -46,9 +46,9 @@ def main(argv=None) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from ep_trl import create_openenv_vllm_rollout_func, dataset_from_eval
-    from ep_trl.cli import ProgressPrinter, local_env_server
+    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server
     from ep_trl.rewards import eval_score
-    from ep_trl.tiny_model import build_tiny_model
+    from ep_trl.devtools.tiny_model import build_tiny_model
 
     output = Path(args.output_dir)
     model = args.model or str(build_tiny_model(output / "tiny-model", seed=args.seed))

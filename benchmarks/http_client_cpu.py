@@ -64,7 +64,7 @@ def main() -> None:
         if args.vllm_url:
             url = args.vllm_url.rstrip("/")
         else:
-            from ep_trl.tiny_model import build_tiny_model
+            from ep_trl.devtools.tiny_model import build_tiny_model
             from tests.support.vllm_server import start_vllm_server
 
             server = start_vllm_server(build_tiny_model(Path(tmp) / "tiny_model", seed=0), Path(tmp) / "logs")

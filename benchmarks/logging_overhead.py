@@ -45,15 +45,15 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from ep_trl import create_openenv_vllm_rollout_func
-    from ep_trl.cli import local_env_server
+    from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
+    from ep_trl.devtools.scripts import local_env_server
     from ep_trl.rewards import eval_score
-    from ep_trl.tiny_model import build_tiny_model
+    from ep_trl.devtools.tiny_model import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="ep-trl-bench-"))
     model_dir = build_tiny_model(work / "tiny-model", seed=0)
     prompts = [f"Play the letters game, round {i // args.num_generations}." for i in range(args.episodes)]
-    options = dict(max_steps=args.max_steps, max_tokens=args.max_tokens)
+    options = dict(overrides=EvalOverrides(max_steps=args.max_steps, max_tokens=args.max_tokens))
     with local_env_server("ep_trl.envs.letters") as url:
         os.environ["LETTERS_ENV_URL"] = url
         fns = {"on": create_openenv_vllm_rollout_func(EVAL, **options),

@@ -35,7 +35,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rollout_throughput as bench  # noqa: E402  (sets HOME and the repo path first)
 
-from ep_trl import environment, vllm_server  # noqa: E402
+from ep_trl import environment  # noqa: E402
+from ep_trl.generation import vllm  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PHASES: dict[str, list[float]] = collections.defaultdict(list)
@@ -57,14 +58,14 @@ def timed(owner: Any, name: str, phase: str) -> None:
 
 
 def count_prompts() -> None:
-    original: Callable = vllm_server.VLLMServerGenerator._post
+    original: Callable = vllm.VLLMServerGenerator._post
 
     async def post(self: Any, body: dict[str, Any], what: str) -> Any:
         prompt = body["prompt"]
         BATCH_SIZES.append(len(prompt) if prompt and isinstance(prompt[0], list) else 1)
         return await original(self, body, what)
 
-    vllm_server.VLLMServerGenerator._post = post
+    vllm.VLLMServerGenerator._post = post
 
 
 def process_ids() -> dict[str, int]:
@@ -115,7 +116,7 @@ def main() -> None:
     timed(environment.EnvPool, "acquire", "acquire")
     timed(environment.EnvSession, "reset", "reset")
     timed(environment.EnvSession, "step", "step")
-    timed(vllm_server.VLLMServerGenerator, "generate", "generate")
+    timed(vllm.VLLMServerGenerator, "generate", "generate")
     count_prompts()
     with tempfile.TemporaryDirectory(prefix="ep-trl-phases-") as tmp, \
             bench.servers(args, Path(tmp)) as (url, letters, model):

@@ -82,7 +82,7 @@ def generation_tokens(url: str) -> float:
 @contextmanager
 def servers(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, str, Path]]:
     """(vLLM URL, letters URL, model dir): the tiny model, a CPU vLLM server and a letters server with latency."""
-    from ep_trl.tiny_model import build_tiny_model
+    from ep_trl.devtools.tiny_model import build_tiny_model
     from tests.support.letters import start_letters_server
     from tests.support.vllm_server import start_vllm_server, stop_vllm_server
 
@@ -116,13 +116,13 @@ def measure(run: Callable[[list[str]], dict[str, Any]], episodes: int, url: str)
 
 def ep_trl_arm(url: str, model_dir: Path, work: Path, concurrency: int,
                options: argparse.Namespace) -> tuple[Callable, Callable]:
-    from ep_trl import create_openenv_vllm_rollout_func
+    from ep_trl import RolloutOptions, VLLMOptions, create_openenv_vllm_rollout_func
     from eval_protocol.dataset_logger import default_logger
     from tests.support.trainers import make_trainer
 
     rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=url, max_concurrent_rollouts=concurrency,
-                                               vllm_batch_window_s=options.batch_window_s,
-                                               reuse_env_sessions=not options.no_env_reuse)
+                                               vllm=VLLMOptions(batch_window_s=options.batch_window_s),
+                                               options=RolloutOptions(reuse_env_sessions=not options.no_env_reuse))
     trainer = make_trainer(model_dir, work / f"trainer-{concurrency}", rollout, num_generations=4,
                            temperature=TEMPERATURE)
 

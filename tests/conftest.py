@@ -31,13 +31,13 @@ from tests.support.letters import LETTERS_ENV_URL_VAR  # noqa: E402  (light: std
 
 if TYPE_CHECKING:
     from tests.support.letters import LettersEpisodes
-    from ep_trl.processes import ServerProcess
+    from ep_trl.devtools.processes import ServerProcess
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2-style model + tokenizer directory (seed 0), built once per session."""
-    from ep_trl.tiny_model import build_tiny_model
+    from ep_trl.devtools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
 

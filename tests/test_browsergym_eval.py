@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl import create_openenv_vllm_rollout_func, dataset_from_eval
+from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.envs.browsergym import BrowserGymObservation
-from ep_trl.evalprotocol import read_eval_spec
-from ep_trl.evaltest import resolve_eval_test
-from ep_trl.processes import ServerProcess, free_port, start_server
+from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
+from ep_trl.devtools.processes import ServerProcess, free_port, start_server
 from tests.support.trainers import make_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +145,7 @@ def test_env_factory_reads_the_url_at_call_time_and_resets_to_its_task(eval_modu
 @pytest.mark.slow
 def test_real_episodes_through_the_bridge(browsergym_server, tiny_model_dir, tmp_path):
     """Two calls of one prompt group each: full episodes, scored by the eval body, tasks rotating per group."""
-    rollout = create_openenv_vllm_rollout_func(ENV_PATH, max_steps=2, log_rollouts=False)
+    rollout = create_openenv_vllm_rollout_func(ENV_PATH, overrides=EvalOverrides(max_steps=2), log_rollouts=False)
     prompts = list(dataset_from_eval(ENV_PATH, repeat=2)["prompt"])
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2,
                            max_completion_length=640, prompts=prompts)

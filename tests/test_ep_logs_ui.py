@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from ep_trl import create_openenv_vllm_rollout_func
+from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
 from tests.support.ep_logs import (chromium_page, row_text, start_ep_logs, table_url, wait_for_row,
                                    wait_for_text)
 from tests.support.trainers import PROMPT, make_trainer
@@ -37,7 +37,7 @@ def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_p
         return eval_score
 
     # two prompt groups per step; tasks rotate per group, and "crash" episodes fail at step 2 (error rows)
-    rollout = create_openenv_vllm_rollout_func(EVAL, tasks=["vowels", "digits", "crash"])  # default store
+    rollout = create_openenv_vllm_rollout_func(EVAL, overrides=EvalOverrides(tasks=["vowels", "digits", "crash"]))  # default store
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, reward_funcs=[recording_eval_score], max_steps=2,
                            batch_size=8, prompts=PROMPTS * 8)
     pool = ThreadPoolExecutor(1)

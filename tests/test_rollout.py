@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from ep_trl import create_openenv_vllm_rollout_func
+from ep_trl import EvalOverrides, RolloutOptions, create_openenv_vllm_rollout_func
 from tests.support.references import sampled_texts, teacher_forced_logprobs
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
@@ -89,7 +89,7 @@ def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_
 
 
 def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, tmp_path):
-    out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, evaluation_test_kwargs={"bonus": 10.0})
+    out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, overrides=EvalOverrides(evaluation_test_kwargs={"bonus": 10.0}))
     for score, rewards in zip(out["eval_score"], out["step_rewards"]):
         assert score == pytest.approx(10.0 + sum(rewards) / len(rewards))
 
@@ -133,7 +133,7 @@ def test_raising_eval_body_leaves_rows_unscored(tiny_model_dir, letters_server, 
 def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir, letters_server, tmp_path):
     # the first prompt group plays the crashing task, the second a normal one (tasks rotate per group)
     out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4 + ["Second prompt."] * 4,
-                       trainer_kwargs=dict(batch_size=8), tasks=["crash", "vowels"])
+                       trainer_kwargs=dict(batch_size=8), overrides=EvalOverrides(tasks=["crash", "vowels"]))
     assert out["episode_status"] == ["error"] * 4 + ["finished"] * 4
     assert out["eval_score"][:4] == [None] * 4
     assert all(isinstance(s, float) for s in out["eval_score"][4:])
@@ -145,8 +145,9 @@ def test_env_sessions_are_reused_within_a_call_and_all_closed(tiny_model_dir, le
                                                               tmp_path, reuse):
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(
-        EVAL, env_factory=lambda: TrackedLettersEnv(base_url=letters_server), tasks=["crash", "vowels"],
-        max_concurrent_rollouts=2, reuse_env_sessions=reuse)
+        EVAL, env_factory=lambda: TrackedLettersEnv(base_url=letters_server),
+        overrides=EvalOverrides(tasks=["crash", "vowels"]), max_concurrent_rollouts=2,
+        options=RolloutOptions(reuse_env_sessions=reuse))
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, batch_size=8)
     try:
         out = rollout([PROMPT] * 4 + ["Second prompt."] * 4, trainer)

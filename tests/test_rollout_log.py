@@ -7,7 +7,7 @@ from pathlib import Path
 from eval_protocol.dataset_logger.sqlite_dataset_logger_adapter import SqliteDatasetLoggerAdapter
 from eval_protocol.models import Status
 
-from ep_trl import create_openenv_vllm_rollout_func
+from ep_trl import RolloutOptions, create_openenv_vllm_rollout_func
 from tests.support.trainers import PROMPT, make_trainer
 
 
@@ -56,7 +56,7 @@ def test_training_rollouts_are_stored_scored_and_grouped(tiny_model_dir, letters
 
 
 def test_rows_are_logged_while_running_and_failures_carry_their_message(tiny_model_dir, letters_server, tmp_path):
-    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_crash", log_home=tmp_path / "store")
+    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_crash", options=RolloutOptions(log_home=tmp_path / "store"))
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     try:
         out = rollout([PROMPT] * 4, trainer)
@@ -76,7 +76,7 @@ def test_rows_are_logged_while_running_and_failures_carry_their_message(tiny_mod
 
 
 def test_logging_can_be_turned_off(tiny_model_dir, letters_server, tmp_path):
-    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters", log_rollouts=False, log_home=tmp_path)
+    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters", log_rollouts=False, options=RolloutOptions(log_home=tmp_path))
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     try:
         rollout([PROMPT] * 4, trainer)

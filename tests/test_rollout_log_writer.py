@@ -8,7 +8,8 @@ from pathlib import Path
 from eval_protocol.event_bus.sqlite_event_bus_database import SqliteEventBusDatabase
 
 from ep_trl import evalprotocol
-from ep_trl.rollout_log import RolloutLogWriter, StoreLogger, token_view
+from ep_trl.evalprotocol import StoreLogger
+from ep_trl.rollout_log import RolloutLogWriter, token_view
 from ep_trl.trajectory import Trajectory
 
 
@@ -57,7 +58,7 @@ def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp
 def test_rows_still_queued_at_interpreter_exit_are_written(tmp_path):
     # a training script seldom closes its rollout function; its last rows must not die with the writer thread
     script = (
-        "from ep_trl.rollout_log import RolloutLogWriter, StoreLogger\n"
+        "from ep_trl.evalprotocol import StoreLogger\nfrom ep_trl.rollout_log import RolloutLogWriter\n"
         "from tests.test_rollout_log_writer import make_row\n"
         f"writer = RolloutLogWriter(StoreLogger({str(tmp_path / 'logs.db')!r}), min_interval_s=60)\n"
         "writer.log('last', lambda: make_row('last', [1.0]))\n"

@@ -5,25 +5,17 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl import VersionError
-from ep_trl.trl_compat import TrainerView, passes_trainer, view_from_call
-from packaging.version import Version
+from ep_trl.trl_compat import TrainerView, view_from_call
 
 
-def test_signature_by_version():
-    assert passes_trainer(Version("1.16.0"))
-    assert not passes_trainer(Version("0.23.1"))
-
-
-def test_old_signature_has_no_model(tiny_model_dir, tmp_path):
+def test_sampling_comes_from_the_grpo_config_and_only_the_trainer_signature_is_taken(tiny_model_dir, tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=0.7, top_p=0.9, top_k=5, report_to=[])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    view = view_from_call((args, tok), trainer_signature=False)
-    sampling = view.sampling()
+    sampling = TrainerView(args, tok, None).sampling()
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.7, 0.9, 5)
-    with pytest.raises(VersionError, match="vllm_base_url"):
-        view.model_provider()
+    # the three-argument (prompts, args, processing_class) signature of TRL < 0.26 is outside the supported range
     with pytest.raises(TypeError, match="prompts, trainer"):
-        view_from_call((args, tok), trainer_signature=True)
+        view_from_call((args, tok))
 
 
 def test_vllm_server_url_from_config_and_colocate_refused(tmp_path):
@@ -46,7 +38,7 @@ def test_metrics_reach_the_trainers_metric_store(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     rollout.close()
     assert isinstance(trainer._metrics, dict) and "train" in trainer._metrics, "TRL renamed GRPOTrainer._metrics"
-    view = view_from_call((trainer,), trainer_signature=True)
+    view = view_from_call((trainer,))
     view.record_metrics({"ep_trl/x": 1.5})
     assert trainer._metrics["train"]["ep_trl/x"] == [1.5]
     TrainerView(trainer.args, None, None).record_metrics({"ep_trl/x": 2.0})  # no trainer: nothing to record into

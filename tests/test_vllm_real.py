@@ -24,8 +24,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig
 
-from ep_trl import create_openenv_vllm_rollout_func
-from ep_trl.processes import free_port
+from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
+from ep_trl.devtools.processes import free_port
 from ep_trl.rewards import eval_score
 from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
@@ -123,7 +123,7 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
 
 def test_turns_fit_the_servers_max_model_len(vllm_url, model_dir, letters_server, tmp_path):
     """The server reports max_model_len 512; long turns are clipped so no request is ever rejected."""
-    rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False, max_tokens=400,
+    rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False, overrides=EvalOverrides(max_tokens=400),
                                                max_episode_tokens=4000)
     trainer = make_trainer(model_dir, tmp_path, rollout, temperature=TEMPERATURE)
     try:

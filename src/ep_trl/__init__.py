@@ -3,19 +3,36 @@
 >>> from ep_trl import create_openenv_vllm_rollout_func
 >>> from ep_trl.rewards import eval_score
 >>> rollout_func = create_openenv_vllm_rollout_func(env_path="my_evals.test_env::test_name")
+
+The public API is what this docstring lists; every other module is internal (docs/architecture.md):
+
+* ``create_openenv_vllm_rollout_func(env_path, ...)`` → ``RolloutFunction``, the ``rollout_func`` for
+  ``GRPOTrainer``; its option objects ``EvalOverrides`` (replace the eval's settings), ``VLLMOptions`` (the vLLM
+  server backend) and ``RolloutOptions`` (the bridge itself);
+* ``dataset_from_eval(env_path, repeat=1)``: the eval's own input rows as a TRL training dataset;
+* ``ep_trl.rewards``: ``eval_score``, ``step_reward_sum``, ``step_reward_mean``, ``step_reward_max``;
+* ``ep_trl.vllm_weight_sync.DiskSyncGRPOTrainer``: keeps a local vLLM server on the trainer's weights on CPU;
+* errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
+  ``VersionError``, ``GenerationError``;
+* ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);
+* ``ep_trl.devtools``: development tooling for scripts and tests (tiny model, local servers, progress lines).
 """
 
 from .dataset import dataset_from_eval
 from .errors import ConfigError, EnvPathError, EpTrlError, GenerationError, UnsupportedEvalError, VersionError
+from .options import EvalOverrides, RolloutOptions, VLLMOptions
 from .rollout import RolloutFunction, create_openenv_vllm_rollout_func
 
 __all__ = [
     "ConfigError",
     "EnvPathError",
     "EpTrlError",
+    "EvalOverrides",
     "GenerationError",
     "RolloutFunction",
+    "RolloutOptions",
     "UnsupportedEvalError",
+    "VLLMOptions",
     "VersionError",
     "create_openenv_vllm_rollout_func",
     "dataset_from_eval",

@@ -3,7 +3,7 @@
 from typing import Any
 
 from . import evalprotocol
-from .evaltest import resolve_eval_test
+from .evalprotocol import resolve_eval_test
 
 
 def dataset_from_eval(env_path: str, *, repeat: int = 1) -> Any:

@@ -37,6 +37,7 @@ class EnvSettings:
     task_var: str | None = None
     env_vars: Mapping[str, str] = field(default_factory=dict)
     docker_image: str | None = None
+    hub_repo_id: str | None = None
     reset_task_kwarg: str = "task_name"
 
     def describe(self) -> str:
@@ -55,9 +56,12 @@ class EnvSettings:
                 "pass env_factory=... or env_client_cls=... with env_base_url=... to create_openenv_vllm_rollout_func."
             )
         if not self.base_url:
+            source = (f"the Hugging Face hub ({self.hub_repo_id!r})" if self.hub_repo_id
+                      else f"a Docker image ({self.docker_image!r})")
             raise ConfigError(
-                f"The eval builds {self.client_cls.__name__} from a Docker image ({self.docker_image!r}); ep_trl does "
-                "not launch containers. Start the environment server yourself and pass env_base_url='http://127.0.0.1:PORT'."
+                f"The eval builds {self.client_cls.__name__} from {source}; ep_trl does not launch it. Start the "
+                "environment server yourself and pass env_base_url='http://127.0.0.1:PORT' (or give the eval an "
+                "env_factory)."
             )
         if self.tasks and not self.task_var:
             raise ConfigError("tasks are configured without task_var; set both (as OpenEnvRolloutProcessor requires).")

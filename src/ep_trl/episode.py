@@ -1,22 +1,26 @@
 """Run one episode: environment reset, then model turn → action → environment step until done.
 
 This mirrors ``OpenEnvRolloutProcessor``'s loop (same prompt builder, same history lines, same action parser,
-same step limit) but generates from token ids and records a token-exact trajectory. A failure anywhere ends
-the episode with status "error" and its message; it never raises into the batch.
+same step limit) but generates from token ids and records a token-exact trajectory. An error of the
+environment, of the eval's action parser or of this episode's generation ends the episode with status "error",
+its kind and its message; it never raises into the batch. Any other error (ep_trl's own, a chat template that
+cannot render) raises out of the rollout call: it would fail every episode alike.
 """
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from .environment import EnvPool, EnvSettings, reset_kwargs
-from .evalprotocol import history_line
+from .environment import EnvPool, EnvSession, EnvSettings, StepOutcome, reset_kwargs
+from .evalprotocol.spec import history_line
 from .generation import Generation, Generator, SamplingParams
 from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Episode:
     status: str  # "finished" or "error"
     stop_reason: str  # "done", "max_steps", "token_budget" or "error"
     error: str | None
+    error_kind: str | None  # one of FAILURE_KINDS when the episode failed
     duration_s: float
     prompt_tokens: int
     prompt_builder_failures: int = 0
@@ -67,96 +72,151 @@ class Episode:
 
 StepCallback = Callable[[Sequence[Mapping[str, Any]], Sequence[float]], None]
 
+#: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
+#: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
+#: error and raises out of the rollout call.
+FAILURE_KINDS = ("environment", "eval_code", "generation")
+
+
+class EpisodeFailure(Exception):
+    """An episode ended early by one of :data:`FAILURE_KINDS`; ``cause`` is the original error."""
+
+    def __init__(self, kind: str, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.kind = kind
+        self.cause = cause
+
+
+async def _guarded(kind: str, pending: Awaitable[T]) -> T:
+    """Await ``pending``; any ``Exception`` it raises fails the episode as ``kind``."""
+    try:
+        return await pending
+    except Exception as exc:
+        raise EpisodeFailure(kind, exc) from exc
+
+
+@dataclass
+class _State:
+    """What one episode has done so far (mutable while it runs; frozen into an ``Episode`` at the end)."""
+
+    messages: list[dict[str, Any]]
+    builder: TrajectoryBuilder | None = None
+    step_rewards: list[float] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    builder_failures: int = 0
+    stop_reason: str = "max_steps"
+
 
 async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
                       envs: EnvPool, on_step: StepCallback | None = None) -> Episode:
     """Play one episode on a session from ``envs``; ``on_step(messages, step_rewards)`` is called after every
-    environment step. The session goes back to ``envs`` for reuse unless the episode failed."""
+    environment step. The session goes back to ``envs`` for reuse only if the episode ended cleanly."""
     start = time.perf_counter()
     label = f"episode {spec.index} (task {spec.task!r})"
-    messages: list[dict[str, Any]] = [dict(m) for m in spec.initial_messages]
-    builder: TrajectoryBuilder | None = None
-    step_rewards: list[float] = []
-    actions: list[str] = []
-    history: list[str] = []
-    prompt_tokens = 0
-    builder_failures = 0
-    stop_reason = "max_steps"
-    error: str | None = None
+    state = _State(messages=[dict(m) for m in spec.initial_messages])
+    failure: EpisodeFailure | None = None
     session = None
+    clean = False
     try:
-        session = await envs.acquire(label)
-        outcome = await session.reset(**reset_kwargs(cfg.env, spec.task))
-        last: Generation | None = None
-        for step in range(cfg.max_steps):
-            if outcome.done:
-                stop_reason = "done"
-                break
-            try:
-                user_content = cfg.prompt_builder(outcome.observation, step + 1, history)
-            except Exception as exc:  # same fallback as OpenEnvRolloutProcessor, but counted and logged
-                builder_failures += 1
-                logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
-                               label, type(exc).__name__, exc)
-                user_content = str(outcome.observation)
-            messages.append({"role": "user", "content": user_content})
-            if builder is None:
-                builder = TrajectoryBuilder(tuple(template.prompt_ids(messages)))
-                if cfg.max_model_len is not None and len(builder.prompt_ids) >= cfg.max_model_len:
-                    raise ValueError(
-                        f"the first prompt is {len(builder.prompt_ids)} tokens, not below max_model_len "
-                        f"{cfg.max_model_len}; shorten the prompt builder's output"
-                    )
-            else:
-                assert last is not None
-                bridge, realigned = template.bridge(messages, builder.context(), last, cfg.stop_token_ids)
-                if not _fits(builder, len(bridge) + 1, cfg):
-                    stop_reason = "token_budget"
-                    messages.pop()
-                    break
-                builder.add_inserted(bridge)
-                builder.realigned += int(realigned)
-            max_tokens = _turn_budget(builder, cfg)
-            context = builder.context()
-            prompt_tokens += len(context)
-            last = await generator.generate(context, cfg.sampling.with_max_tokens(max_tokens))
-            builder.add_sampled(last)
-            text = template.decode(last.token_ids)
-            if last.stop_text:
-                text = text[: text.find(last.stop_text)] if last.stop_text in text else text
-            action = cfg.action_parser(text)
-            messages.append({"role": "assistant", "content": text})
-            actions.append(getattr(action, "action_str", None) or str(action))
-            outcome = await session.step(action)
-            reward = float(outcome.reward or 0.0)
-            step_rewards.append(reward)
-            history.append(history_line(step + 1, action, reward, outcome.observation))
-            if on_step is not None:
-                on_step(messages, step_rewards)
-        else:
-            stop_reason = "done" if outcome.done else "max_steps"
-    except Exception as exc:
-        stop_reason = "error"
-        error = f"{type(exc).__name__}: {exc}"
-        logger.warning("%s failed after %d steps: %s", label, len(step_rewards), error)
+        session = await _guarded("environment", envs.acquire(label))
+        await _play(state, session, spec, cfg, template, generator, on_step, label)
+        clean = True
+    except EpisodeFailure as exc:
+        failure = exc
+        state.stop_reason = "error"
+        logger.warning("%s failed (%s) after %d steps: %s", label, exc.kind, len(state.step_rewards), exc)
     finally:
         if session is not None:
-            await envs.release(session, reusable=error is None)
-    if builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
-        builder = TrajectoryBuilder(tuple(template.prompt_ids(messages or list(spec.initial_messages))))
+            await envs.release(session, reusable=clean)
+    if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
+        state.builder = TrajectoryBuilder(tuple(template.prompt_ids(state.messages or list(spec.initial_messages))))
     return Episode(
         spec=spec,
-        trajectory=builder.build(),
-        messages=tuple(messages),
-        step_rewards=tuple(step_rewards),
-        actions=tuple(actions),
-        status="error" if error else "finished",
-        stop_reason=stop_reason,
-        error=error,
+        trajectory=state.builder.build(),
+        messages=tuple(state.messages),
+        step_rewards=tuple(state.step_rewards),
+        actions=tuple(state.actions),
+        status="error" if failure else "finished",
+        stop_reason=state.stop_reason,
+        error=str(failure) if failure else None,
+        error_kind=failure.kind if failure else None,
         duration_s=time.perf_counter() - start,
-        prompt_tokens=prompt_tokens,
-        prompt_builder_failures=builder_failures,
+        prompt_tokens=state.prompt_tokens,
+        prompt_builder_failures=state.builder_failures,
     )
+
+
+async def _play(state: _State, session: EnvSession, spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate,
+                generator: Generator, on_step: StepCallback | None, label: str) -> None:
+    """Reset, then model turn → action → environment step until done, the step limit or the token budget."""
+    outcome = await _guarded("environment", session.reset(**reset_kwargs(cfg.env, spec.task)))
+    last: Generation | None = None
+    for step in range(1, cfg.max_steps + 1):
+        if outcome.done:
+            state.stop_reason = "done"
+            return
+        state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, label)})
+        if not _extend_context(state, template, cfg, last):
+            state.stop_reason = "token_budget"
+            state.messages.pop()
+            return
+        builder = state.builder
+        assert builder is not None
+        context = builder.context()
+        state.prompt_tokens += len(context)
+        params = cfg.sampling.with_max_tokens(_turn_budget(builder, cfg))
+        last = await _guarded("generation", generator.generate(context, params))
+        builder.add_sampled(last)
+        text = template.decode(last.token_ids)
+        if last.stop_text:
+            text = text[: text.find(last.stop_text)] if last.stop_text in text else text
+        action = await _guarded("eval_code", _parse(cfg.action_parser, text))
+        state.messages.append({"role": "assistant", "content": text})
+        state.actions.append(getattr(action, "action_str", None) or str(action))
+        outcome = await _guarded("environment", session.step(action))
+        reward = float(outcome.reward or 0.0)
+        state.step_rewards.append(reward)
+        state.history.append(history_line(step, action, reward, outcome.observation))
+        if on_step is not None:
+            on_step(state.messages, state.step_rewards)
+    state.stop_reason = "done" if outcome.done else "max_steps"
+
+
+async def _parse(action_parser: Callable[[str], Any], text: str) -> Any:
+    return action_parser(text)
+
+
+def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, label: str) -> Any:
+    """The prompt builder's message for this step; if it raises, ``str(observation)``, as the processor does."""
+    try:
+        return cfg.prompt_builder(outcome.observation, step, state.history)
+    except Exception as exc:  # same fallback as OpenEnvRolloutProcessor, but counted and logged
+        state.builder_failures += 1
+        logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
+                       label, type(exc).__name__, exc)
+        return str(outcome.observation)
+
+
+def _extend_context(state: _State, template: ChatTemplate, cfg: EpisodeConfig, last: Generation | None) -> bool:
+    """Add the new user message to the token context (the first prompt, or the masked bridge after a turn);
+    False when the bridge and one more token no longer fit the budget."""
+    if state.builder is None:
+        state.builder = TrajectoryBuilder(tuple(template.prompt_ids(state.messages)))
+        n = len(state.builder.prompt_ids)
+        if cfg.max_model_len is not None and n >= cfg.max_model_len:
+            raise EpisodeFailure("generation", ValueError(
+                f"the first prompt is {n} tokens, not below max_model_len {cfg.max_model_len}; shorten the prompt "
+                "builder's output"))
+        return True
+    assert last is not None
+    bridge, realigned = template.bridge(state.messages, state.builder.context(), last, cfg.stop_token_ids)
+    if not _fits(state.builder, len(bridge) + 1, cfg):
+        return False
+    state.builder.add_inserted(bridge)
+    state.builder.realigned += int(realigned)
+    return True
 
 
 def _fits(builder: TrajectoryBuilder, extra: int, cfg: EpisodeConfig) -> bool:

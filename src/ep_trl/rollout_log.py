@@ -14,14 +14,12 @@ per-token text). Building it (detokenization included) happens on the writer thr
 
 import atexit
 import logging
-import os
 import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .trajectory import Trajectory
@@ -31,51 +29,6 @@ logger = logging.getLogger(__name__)
 #: Episodes longer than this (prompt + completion tokens) are logged without the per-token view: the UI parses
 #: every row of the store on load, and ``ep logs`` re-reads the whole store every 2 s, so store size matters.
 TOKEN_VIEW_MAX_TOKENS = 2048
-
-
-def make_dataset_logger(log_home: str | os.PathLike | None) -> Any:
-    """eval-protocol's default logger (``~/.eval_protocol/logs.db``), or one under ``log_home/.eval_protocol``.
-
-    ``ep logs`` reads ``$HOME/.eval_protocol/logs.db``, so rows sent to ``log_home`` show with
-    ``HOME=<log_home> ep logs``.
-    """
-    if log_home is None:
-        from eval_protocol.dataset_logger import default_logger
-
-        return default_logger
-    store = Path(log_home).expanduser() / ".eval_protocol"
-    store.mkdir(parents=True, exist_ok=True)
-    return StoreLogger(store / "logs.db")
-
-
-class StoreLogger:
-    """A DatasetLogger for one ``logs.db`` that also announces each row there, for live ``ep logs`` updates.
-
-    eval-protocol's own ``SqliteDatasetLoggerAdapter(db_path=...)`` stores rows in ``db_path`` but announces them
-    on the event bus of ``~/.eval_protocol/logs.db``: an ``ep logs`` started with ``HOME=<log_home>`` would then
-    show new rows only after a manual refresh. Here rows and their "log" events go to the same file.
-    """
-
-    def __init__(self, db_path: str | os.PathLike) -> None:
-        from eval_protocol.dataset_logger.sqlite_evaluation_row_store import SqliteEvaluationRowStore
-        from eval_protocol.event_bus.sqlite_event_bus_database import SqliteEventBusDatabase
-
-        self.db_path = str(db_path)
-        self._store = SqliteEvaluationRowStore(self.db_path)
-        self._events = SqliteEventBusDatabase(self.db_path)
-        self._process_id = str(os.getpid())  # the event bus's sender id: listeners skip their own events
-
-    def log(self, row: Any) -> None:
-        from eval_protocol.dataset_logger.dataset_logger import LOG_EVENT_TYPE
-
-        data = row.model_dump(exclude_none=True, mode="json")
-        self._store.upsert_row(data=data)
-        self._events.publish_event(LOG_EVENT_TYPE, data, self._process_id)
-
-    def read(self, rollout_id: str | None = None) -> list[Any]:
-        from eval_protocol.models import EvaluationRow
-
-        return [EvaluationRow(**data) for data in self._store.read_rows(rollout_id=rollout_id)]
 
 
 @dataclass(frozen=True)

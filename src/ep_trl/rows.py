@@ -75,6 +75,7 @@ class RowContext:
         sampled_lps = [lp for lp, m in zip(traj.logprobs, traj.env_mask) if m]
         info = {
             "status": episode.status, "stop_reason": episode.stop_reason, "error": episode.error,
+            "error_kind": episode.error_kind,
             "num_turns": episode.num_turns, "prompt_tokens": len(traj.prompt_ids),
             "sampled_tokens": traj.sampled_tokens, "inserted_tokens": len(traj.completion_ids) - traj.sampled_tokens,
             "turn_sampled_tokens": [len(s) for s in traj.sampled_segments()],

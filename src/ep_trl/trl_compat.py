@@ -1,8 +1,7 @@
 """The one seam to TRL: its version, the ``rollout_func`` signature, and what is read off the trainer.
 
-TRL (since the 0.26 series) calls ``rollout_func(prompts, trainer)``; earlier releases called
-``rollout_func(prompts, args, processing_class)``, which gives no access to the model, so only the vLLM
-backend with an explicit URL works there. Attributes of the trainer that are not public API are read here,
+ep_trl supports the TRL range its ``pyproject.toml`` declares (``ep_trl.versions``), in which ``GRPOTrainer``
+calls ``rollout_func(prompts, trainer)``. Attributes of the trainer that are not public API are read here,
 behind a guard, and ``tests/test_trl_compat.py`` fails loudly when TRL renames them.
 """
 
@@ -16,30 +15,32 @@ from packaging.version import Version
 
 from .errors import VersionError
 from .generation import SamplingParams
-from .versions import require_range
+from .versions import require_supported
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_TRL = ("0.22", "2")
-TRAINER_SIGNATURE_SINCE = Version("0.26")
-
 
 def check_version() -> Version:
-    return require_range("trl", *SUPPORTED_TRL)
-
-
-def passes_trainer(version: Version) -> bool:
-    """Whether this TRL calls ``rollout_func(prompts, trainer)`` (else ``(prompts, args, processing_class)``)."""
-    return version >= TRAINER_SIGNATURE_SINCE
+    """Raise ``VersionError`` unless the installed TRL is in ep_trl's declared range; return its version."""
+    return require_supported("trl")
 
 
 @dataclass(frozen=True)
 class TrainerView:
-    """What one rollout call needs from TRL, however TRL passed it."""
+    """What one rollout call needs from TRL: the trainer, its ``GRPOConfig`` and its processing class."""
 
     args: Any
     processing_class: Any
     trainer: Any | None
+
+    @classmethod
+    def of(cls, trainer: Any) -> "TrainerView":
+        return cls(args=trainer.args, processing_class=trainer.processing_class, trainer=trainer)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The text tokenizer (a multimodal processor's ``.tokenizer``, else the processing class itself)."""
+        return getattr(self.processing_class, "tokenizer", self.processing_class)
 
     @property
     def num_generations(self) -> int:
@@ -83,11 +84,6 @@ class TrainerView:
 
     def model_provider(self) -> Callable[[], Any]:
         """The trainer's model, unwrapped from DDP/accelerate, fetched at each call (it is replaced on resume)."""
-        if self.trainer is None:
-            raise VersionError(
-                "This TRL passes rollout_func (prompts, args, processing_class), with no model; use the vLLM backend "
-                "with vllm_base_url=..., or upgrade TRL to >= 0.26."
-            )
         trainer = self.trainer
 
         def provide() -> Any:
@@ -143,15 +139,12 @@ class TrainerView:
             store["train"][key].append(value)
 
 
-def view_from_call(args: tuple[Any, ...], trainer_signature: bool) -> TrainerView:
-    if trainer_signature:
-        if len(args) != 1:
-            raise TypeError(f"rollout_func expected (prompts, trainer), got {1 + len(args)} arguments")
-        trainer = args[0]
-        return TrainerView(args=trainer.args, processing_class=trainer.processing_class, trainer=trainer)
-    if len(args) != 2:
-        raise TypeError(f"rollout_func expected (prompts, args, processing_class), got {1 + len(args)} arguments")
-    return TrainerView(args=args[0], processing_class=args[1], trainer=None)
+def view_from_call(args: tuple[Any, ...]) -> TrainerView:
+    """The view of ``rollout_func(prompts, trainer)``'s trailing arguments."""
+    if len(args) != 1:
+        raise TypeError(f"rollout_func expected (prompts, trainer), got {1 + len(args)} arguments; ep_trl supports "
+                        "the TRL versions that call it so (pip install -e . pins them)")
+    return TrainerView.of(args[0])
 
 
 def eos_token_ids(processing_class: Any, model: Any | None) -> tuple[int, ...]:

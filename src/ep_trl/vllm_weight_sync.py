@@ -25,7 +25,7 @@ from trl import GRPOTrainer
 
 from . import trl_compat
 from .errors import ConfigError, GenerationError
-from .vllm_server import START_HINT, probe_server
+from .generation.vllm import START_HINT, probe_server
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import EnvPathError
+from ..errors import EnvPathError
 
 
 @dataclass(frozen=True)

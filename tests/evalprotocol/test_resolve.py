@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from ep_trl import EnvPathError, UnsupportedEvalError, create_openenv_vllm_rollout_func
-from ep_trl.evaltest import resolve_eval_test
+from ep_trl.evalprotocol import resolve_eval_test
 
-EVALS = Path(__file__).parent / "evals"
+EVALS = Path(__file__).parents[1] / "evals"
 
 
 def test_module_and_test_name():

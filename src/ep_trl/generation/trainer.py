@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .generation import Generation, SamplingParams
+from . import Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,20 @@ class TrainerGenerator:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-trl-generate")
         self.batches = 0
         self.requests = 0
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context length (``config.max_position_embeddings``), read from the current model."""
+        value = getattr(getattr(self._model_provider(), "config", None), "max_position_embeddings", None)
+        return int(value) if value else None
+
+    @property
+    def failure(self) -> None:
+        """Always None: a failed ``generate`` is handed to the episodes that asked, and the next batch runs anew."""
+        return None
+
+    def reset_failure(self) -> None:
+        """Nothing to forget (see ``failure``)."""
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         if params.temperature <= 0:

@@ -9,19 +9,20 @@ Behaviour against a real vLLM server is in tests/test_vllm_real.py.
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 from transformers import AutoTokenizer
 
-from ep_trl import GenerationError, create_openenv_vllm_rollout_func
+from ep_trl import EvalOverrides, GenerationError, VLLMOptions, create_openenv_vllm_rollout_func
 from ep_trl.generation import SamplingParams
-from ep_trl.processes import free_port
-from ep_trl.vllm_server import VLLMServerGenerator, completion_payload, request_seed
+from ep_trl.devtools.processes import free_port
+from ep_trl.generation.vllm import VLLMServerGenerator, completion_payload, request_seed
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
-FAST = {"request_timeout_s": 1.0, "max_retries": 2, "retry_backoff_s": 0.05, "connect_timeout_s": 2.0}
+FAST = VLLMOptions(request_timeout_s=1.0, max_retries=2, retry_backoff_s=0.05, connect_timeout_s=2.0)
 
 
 def run(coro):
@@ -47,7 +48,7 @@ def test_unreachable_server_fails_at_construction_naming_url_and_command():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.monotonic()
     with pytest.raises(GenerationError) as err:
-        VLLMServerGenerator(url)
+        VLLMServerGenerator(url, VLLMOptions())
     assert time.monotonic() - started < 10
     assert f"{url}/v1/models" in str(err.value)
     assert "trl vllm-serve --model" in str(err.value)
@@ -65,28 +66,30 @@ def test_server_that_accepts_but_never_answers_fails_within_the_connect_timeout(
     with FaultyVLLMServer(hang_models=True) as server:
         started = time.monotonic()
         with pytest.raises(GenerationError, match="No vLLM server answered"):
-            VLLMServerGenerator(server.url, connect_timeout_s=2.0)
+            VLLMServerGenerator(server.url, VLLMOptions(connect_timeout_s=2.0))
         assert time.monotonic() - started < 10
 
 
 @pytest.mark.timeout(30)
 def test_hung_request_is_retried_then_fails_naming_the_request():
     with FaultyVLLMServer(default="hang") as server:
-        generator = VLLMServerGenerator(server.url, **FAST)
+        generator = VLLMServerGenerator(server.url, FAST)
         with pytest.raises(GenerationError) as err:
             run(generate_once(generator, prompt=range(7)))
         assert len(server.requests) == 3  # first try + max_retries
     message = str(err.value)
     assert f"turn request #1 to {server.url}/v1/completions (prompt of 7 tokens, max_tokens=4)" in message
     assert "failed 3 times" in message and "no answer within 1 s" in message
-    assert generator.failure is not None
+    assert generator.failure is err.value and generator.name == "vllm"
+    generator.reset_failure()  # what the rollout does at the start of its next call: the server may be back
+    assert generator.failure is None
 
 
 @pytest.mark.timeout(30)
 def test_transient_failures_are_retried_with_backoff():
     plan = [("status", 503), "drop", ("status", 429), "ok"]
     with FaultyVLLMServer(plan=plan, ok_token_ids=(11, 12)) as server:
-        generator = VLLMServerGenerator(server.url, **{**FAST, "max_retries": 3})
+        generator = VLLMServerGenerator(server.url, replace(FAST, max_retries=3))
         result = run(generate_once(generator))
         arrivals = [r.received_at for r in server.requests]
     assert result.token_ids == (11, 12) and result.logprobs == (-0.5, -0.5)
@@ -99,7 +102,7 @@ def test_transient_failures_are_retried_with_backoff():
 def test_client_errors_fail_at_once_with_the_servers_message():
     message = "This model's maximum context length is 512 tokens. However, your prompt contains 600 input tokens"
     with FaultyVLLMServer(default=("status", 400, message)) as server:
-        generator = VLLMServerGenerator(server.url, **FAST)
+        generator = VLLMServerGenerator(server.url, FAST)
         with pytest.raises(GenerationError) as err:
             run(generate_once(generator, prompt=range(600)))
         assert len(server.requests) == 1  # no retry loop
@@ -110,7 +113,7 @@ def test_client_errors_fail_at_once_with_the_servers_message():
 @pytest.mark.timeout(30)
 def test_after_a_fatal_failure_later_requests_fail_without_being_sent():
     with FaultyVLLMServer(default=("status", 503)) as server:
-        generator = VLLMServerGenerator(server.url, **{**FAST, "max_retries": 1})
+        generator = VLLMServerGenerator(server.url, replace(FAST, max_retries=1))
 
         async def two_turns():
             with pytest.raises(GenerationError, match="failed 2 times"):
@@ -142,11 +145,10 @@ def test_one_base_seed_gives_every_request_its_own_seed():
     assert len(set(seeds)) == 64 and all(0 <= s < 2**63 for s in seeds)
     assert request_seed(None, 5) is None
     with FaultyVLLMServer() as server:
-        generator = VLLMServerGenerator(server.url, **FAST)
+        generator = VLLMServerGenerator(server.url, replace(FAST, seed=3, batch_window_s=0.05))
 
         async def same_prompt_twice():
-            for _ in range(2):
-                await generator.generate([1, 2, 3], SamplingParams(max_tokens=2, seed=3))
+            await asyncio.gather(*(generator.generate([1, 2, 3], SamplingParams(max_tokens=2)) for _ in range(2)))
             await generator.aclose()
 
         run(same_prompt_twice())
@@ -207,7 +209,7 @@ def test_turns_are_clipped_to_the_servers_max_model_len(letters_server, trainer_
     limit = prompt_len + 20
     with FaultyVLLMServer(ok_token_ids=canned_ids * 10, max_model_len=limit) as server:
         rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
-                                                   max_tokens=64, max_episode_tokens=1000)
+                                                   overrides=EvalOverrides(max_tokens=64), max_episode_tokens=1000)
         out = rollout([PROMPT] * 4, trainer_for(rollout))
         prompts = server.prompts
     assert prompts and all(len(p) + body["max_tokens"] <= limit for p, body in prompts)
@@ -227,7 +229,7 @@ def test_concurrent_episodes_overlap_within_the_request_budget(letters_server, t
     assert overlapped >= 4  # one episode at a time would never exceed 1
     with FaultyVLLMServer(ok_token_ids=canned_ids, ok_delay_s=0.3) as server:
         rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
-                                                   max_concurrent_rollouts=8, vllm_max_in_flight=2)
+                                                   max_concurrent_rollouts=8, vllm=VLLMOptions(max_in_flight=2))
         out = rollout([PROMPT] * 8, trainer_for(rollout, num_generations=8, batch_size=8))
         assert server.max_concurrent_prompts == 2
     assert out["episode_status"] == ["finished"] * 8
@@ -243,11 +245,11 @@ def test_turns_arriving_together_share_one_request_unless_batching_is_off():
             await generator.aclose()
 
     with FaultyVLLMServer(ok_token_ids=(7, 8, 9)) as server:
-        results = run(eight_turns(VLLMServerGenerator(server.url, **FAST, batch_window_s=0.05)))
+        results = run(eight_turns(VLLMServerGenerator(server.url, replace(FAST, batch_window_s=0.05))))
         assert len(server.requests) == 1 and len(server.requests[0].prompts) == 8
         assert all(r.token_ids == (7, 8, 9) for r in results)
     with FaultyVLLMServer(ok_token_ids=(7, 8, 9)) as server:
-        run(eight_turns(VLLMServerGenerator(server.url, **FAST, batch_window_s=0)))
+        run(eight_turns(VLLMServerGenerator(server.url, replace(FAST, batch_window_s=0))))
         assert len(server.requests) == 8 and all(len(r.prompts) == 1 for r in server.requests)
 
 
@@ -261,7 +263,7 @@ def test_a_rejected_batch_fails_only_the_offending_turn():
             await generator.aclose()
 
     with FaultyVLLMServer(ok_token_ids=(7,), reject_longer_than=10) as server:
-        short1, long, short2 = run(turns(VLLMServerGenerator(server.url, **FAST, batch_window_s=0.05)))
+        short1, long, short2 = run(turns(VLLMServerGenerator(server.url, replace(FAST, batch_window_s=0.05))))
         sizes = [len(r.prompts) for r in server.requests]
     assert sizes == [3, 1, 1, 1]  # the batch, then each prompt alone; no retry loop
     assert short1.token_ids == short2.token_ids == (7,)
@@ -273,8 +275,8 @@ def test_server_dying_mid_training_raises_from_the_rollout_call(letters_server, 
     # the first request succeeds (it carries one or more episodes' first turns), then the server hangs for good
     with FaultyVLLMServer(plan=["ok"], default="hang", ok_token_ids=canned_ids) as server:
         rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
-                                                   vllm_request_timeout_s=1.0, vllm_max_retries=2,
-                                                   vllm_retry_backoff_s=0.05)
+                                                   vllm=VLLMOptions(request_timeout_s=1.0, max_retries=2,
+                                                                     retry_backoff_s=0.05))
         trainer = trainer_for(rollout)
         started = time.monotonic()
         with pytest.raises(GenerationError) as err:

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from ep_trl.tiny_model import CHAT_TEMPLATE, build_tiny_model
+from ep_trl.devtools.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
 ASCII_SAMPLES = [
     "Hello, world!",

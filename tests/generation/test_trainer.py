@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ep_trl.generation import SamplingParams
-from ep_trl.trainer_generation import TrainerGenerator
+from ep_trl.generation.trainer import TrainerGenerator
 from tests.support.references import teacher_forced_logprobs
 
 
@@ -72,3 +72,14 @@ def test_non_positive_temperature_is_refused(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     with pytest.raises(ValueError, match="temperature"):
         run_concurrently(make_generator(model, tokenizer), [[1, 2]], [SamplingParams(temperature=0.0)])
+
+
+def test_it_implements_the_whole_generator_protocol(model_and_tokenizer):
+    """The rollout never asks which backend it holds: name, context limit and failure state come from here."""
+    model, tokenizer = model_and_tokenizer
+    generator = make_generator(model, tokenizer)
+    assert generator.name == "trainer"
+    assert generator.max_model_len == model.config.max_position_embeddings
+    assert generator.failure is None  # its errors are per request: handed to the episodes that asked
+    generator.reset_failure()
+    assert generator.failure is None

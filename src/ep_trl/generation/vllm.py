@@ -31,8 +31,9 @@ from typing import Any
 import aiohttp
 import httpx
 
-from .errors import GenerationError
-from .generation import Generation, SamplingParams
+from ..errors import GenerationError
+from ..options import VLLMOptions
+from . import Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +60,8 @@ class ServerInfo:
 class RetryPolicy:
     """How often and how patiently one request is retried (see the module docstring for what is retried)."""
 
-    max_retries: int = 3
-    backoff_s: float = 0.5
+    max_retries: int
+    backoff_s: float
     max_backoff_s: float = 8.0
 
     def delay(self, attempt: int) -> float:
@@ -121,60 +122,50 @@ class VLLMServerGenerator:
     ``/v1/completions`` request with a list of prompts (vLLM answers one choice per prompt, in order): on a
     loaded server, per-request overhead dominates short turns (8 separate 12-token requests took ~2x as long
     as one request carrying all 8, docs/vllm-cpu.md). ``batch_window_s=0`` sends every turn on its own. Turns
-    with a seed are always sent alone (a seed applies to a whole request).
+    are always sent alone when ``VLLMOptions.seed`` is set (a seed applies to a whole request).
     """
 
     name = "vllm"
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        model: str | None = None,
-        max_model_len: int | None = None,
-        max_in_flight: int = 64,
-        request_timeout_s: float = 120.0,
-        max_retries: int = 3,
-        retry_backoff_s: float = 0.5,
-        connect_timeout_s: float = 10.0,
-        batch_window_s: float = 0.005,
-    ) -> None:
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        if request_timeout_s <= 0 or connect_timeout_s <= 0:
-            raise ValueError("request_timeout_s and connect_timeout_s must be > 0 (every request needs a timeout)")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if batch_window_s < 0:
-            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
+    def __init__(self, base_url: str, options: VLLMOptions, *, model: str | None = None,
+                 max_model_len: int | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._url = f"{self.base_url}/v1/completions"
         #: Most episode turns (prompts) in flight at once, batched or not.
-        self.max_in_flight = int(max_in_flight)
-        self.request_timeout_s = float(request_timeout_s)
-        self.batch_window_s = float(batch_window_s)
-        self.retry = RetryPolicy(max_retries=int(max_retries), backoff_s=float(retry_backoff_s))
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+        self.max_in_flight = options.max_in_flight
+        self.request_timeout_s = options.request_timeout_s
+        self.batch_window_s = options.batch_window_s
+        self.seed = options.seed
+        self.retry = RetryPolicy(max_retries=options.max_retries, backoff_s=options.retry_backoff_s)
+        self._timeout = aiohttp.ClientTimeout(total=options.request_timeout_s, sock_connect=options.connect_timeout_s)
         self._client: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[str, _Batch] = {}
         self._tasks: set[asyncio.Task] = set()
-        info = probe_server(self.base_url, connect_timeout_s)
+        info = probe_server(self.base_url, options.connect_timeout_s)
         self.model = model or info.model
-        #: Read from the server; episodes clip each turn's ``max_tokens`` so prompt + completion fit it.
-        self.max_model_len = max_model_len or info.max_model_len
+        self._max_model_len = max_model_len or info.max_model_len
         self._turns = itertools.count(1)
         self._http_numbers = itertools.count(1)
-        #: The error that ended a turn for good; later turns fail at once until ``reset_failure()``.
-        self.failure: GenerationError | None = None
+        self._failure: GenerationError | None = None
         self.requests = 0  # HTTP requests sent, retries included
         self.retries = 0
         self.turns = 0
 
+    @property
+    def max_model_len(self) -> int | None:
+        """Read from the server; episodes clip each turn's ``max_tokens`` so prompt + completion fit it."""
+        return self._max_model_len
+
+    @property
+    def failure(self) -> GenerationError | None:
+        """The error that ended a turn for good; later turns fail at once until ``reset_failure()``."""
+        return self._failure
+
     def reset_failure(self) -> None:
         """Forget an earlier fatal failure (called at the start of each rollout call: the server may be back)."""
-        self.failure = None
+        self._failure = None
 
     def _bind(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
         """The pooled session and the in-flight budget, bound to the running loop (rebuilt if the loop changed).
@@ -203,11 +194,11 @@ class VLLMServerGenerator:
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         number = next(self._turns)
-        payload = completion_payload(self.model, prompt_ids, params, seed=request_seed(params.seed, number))
+        payload = completion_payload(self.model, prompt_ids, params, seed=request_seed(self.seed, number))
         label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(payload['prompt'])} "
                  f"tokens, max_tokens={payload['max_tokens']})")
-        if self.failure is not None:
-            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self.failure}")
+        if self._failure is not None:
+            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self._failure}")
         _, slots = self._bind()
         try:
             async with slots:
@@ -218,8 +209,8 @@ class VLLMServerGenerator:
                 else:
                     choice = await self._join_batch(prompt, payload, label)
         except GenerationError as exc:
-            if self.failure is None:
-                self.failure = exc
+            if self._failure is None:
+                self._failure = exc
             raise
         return parse_choice(choice, label)
 

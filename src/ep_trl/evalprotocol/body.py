@@ -1,0 +1,89 @@
+"""Run an eval's body as eval-protocol would, on rows shaped like the ones its processor builds."""
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import UnsupportedEvalError
+from .spec import EvalSpec
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def build_row(
+    *,
+    messages: Sequence[Mapping[str, Any]],
+    eval_name: str,
+    row_id: str,
+    rollout_id: str,
+    invocation_id: str,
+    experiment_id: str,
+    run_id: str,
+    completion_params: Mapping[str, Any],
+    extra: Mapping[str, Any],
+    usage: Mapping[str, int] | None = None,
+    duration_s: float | None = None,
+) -> Any:
+    """An ``EvaluationRow`` shaped like the one OpenEnvRolloutProcessor hands the eval body."""
+    from eval_protocol.models import EvalMetadata, EvaluationRow, InputMetadata, Message
+
+    row = EvaluationRow(
+        messages=[Message(**dict(m)) for m in messages],
+        input_metadata=InputMetadata(row_id=row_id, completion_params=dict(completion_params)),
+        eval_metadata=EvalMetadata(name=eval_name, version="ep_trl", status=None, num_runs=1,
+                                   aggregation_method="mean", passed_threshold=None, passed=None),
+    )
+    meta = row.execution_metadata
+    meta.rollout_id = rollout_id
+    meta.invocation_id = invocation_id
+    meta.experiment_id = experiment_id
+    meta.run_id = run_id
+    meta.extra = dict(extra)
+    if usage is not None:
+        from openai.types import CompletionUsage
+
+        meta.usage = CompletionUsage(**usage)
+    if duration_s is not None:
+        meta.rollout_duration_seconds = duration_s
+    return row
+
+
+async def run_body(spec: EvalSpec, rows: list[Any]) -> list[Any]:
+    """Run the eval body as eval-protocol would: per row (pointwise) or on the list (groupwise, all).
+
+    Sync bodies run in a worker thread so a slow scorer does not stall the episodes still in flight.
+    """
+    kwargs = dict(spec.evaluation_test_kwargs)
+
+    async def call(arg: Any) -> Any:
+        if inspect.iscoroutinefunction(spec.body):
+            return await spec.body(arg, **kwargs)
+        result = await asyncio.to_thread(spec.body, arg, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    if spec.mode == "pointwise":
+        if len(rows) != 1:
+            raise ValueError("pointwise bodies take one row at a time")
+        return [await call(rows[0])]
+    out = await call(list(rows))
+    if not isinstance(out, list) or len(out) != len(rows):
+        raise UnsupportedEvalError(
+            f"{spec.qualified_name} ({spec.mode}) must return the list of rows it was given "
+            f"({len(rows)}); it returned {type(out).__name__}"
+            + (f" of length {len(out)}" if isinstance(out, list) else "")
+        )
+    return out
+
+
+def score_of(row: Any) -> float | None:
+    """The eval's score for a scored row, or None when the body left it unscored or invalid."""
+    result = getattr(row, "evaluation_result", None)
+    if result is None or getattr(result, "score", None) is None:
+        return None
+    if getattr(result, "is_score_valid", True) is False:
+        return None
+    return float(result.score)

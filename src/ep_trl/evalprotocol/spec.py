@@ -1,0 +1,108 @@
+"""Read an eval test's configuration: its processor's environment settings, prompt builder, action parser, tasks,
+limits and scoring body, before any override."""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..environment import EnvSettings
+from ..errors import UnsupportedEvalError
+from ._private import private_attr, private_name
+from .resolve import EvalTest
+
+EVAL_MODES = ("pointwise", "groupwise", "all")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Everything the bridge takes from one eval test (after overrides, see ``ep_trl.settings``)."""
+
+    name: str
+    qualified_name: str
+    mode: str
+    body: Callable[..., Any]
+    evaluation_test_kwargs: Mapping[str, Any]
+    completion_params: Mapping[str, Any]
+    max_steps: int
+    max_concurrent_rollouts: int
+    prompt_builder: Callable[[Any, int, list[str]], Any]
+    action_parser: Callable[[str], Any]
+    env: EnvSettings
+    notes: tuple[str, ...] = field(default=())
+
+
+def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
+    """Extract the eval's processor, prompt builder, parser, tasks, limits and scoring body."""
+    processor_cls = private_name("eval_protocol.pytest.openenv_rollout_processor", "OpenEnvRolloutProcessor")
+    params = eval_test.wrapper.__ep_params__
+    processor = params.rollout_processor
+    if not isinstance(processor, processor_cls):
+        kind = type(processor).__name__ if processor is not None else "no rollout_processor"
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name} uses {kind}; ep_trl trains through OpenEnvRolloutProcessor only "
+            "(the environment loop it drives is what training replays). Give the eval "
+            "rollout_processor=OpenEnvRolloutProcessor(...) or point env_path at an eval that has one."
+        )
+    mode = str(params.mode)
+    if mode not in EVAL_MODES:
+        raise UnsupportedEvalError(f"{eval_test.qualified_name} has mode {mode!r}; supported modes: {EVAL_MODES}.")
+    body = private_attr(eval_test.wrapper, "_origin_func")
+    if not callable(body):
+        raise UnsupportedEvalError(f"{eval_test.qualified_name}: its _origin_func is not callable; cannot reach the body.")
+
+    notes: list[str] = []
+    completion_params = _first_setting(params.completion_params, "completion_params", eval_test, notes)
+    test_kwargs = _first_setting(params.evaluation_test_kwargs, "evaluation_test_kwargs", eval_test, notes)
+    return EvalSpec(
+        name=eval_test.name,
+        qualified_name=eval_test.qualified_name,
+        mode=mode,
+        body=body,
+        evaluation_test_kwargs=test_kwargs,
+        completion_params=completion_params,
+        max_steps=int(params.steps),
+        max_concurrent_rollouts=int(params.max_concurrent_rollouts),
+        prompt_builder=processor.prompt_builder,
+        action_parser=processor.action_parser,
+        env=_env_settings(processor),
+        notes=tuple(notes),
+    )
+
+
+def _env_settings(processor: Any) -> EnvSettings:
+    def read(name: str) -> Any:
+        return private_attr(processor, name)
+
+    return EnvSettings(
+        factory=read("_provided_env_factory"),
+        client_cls=read("_env_client_cls"),
+        base_url=read("_env_base_url"),
+        request_timeout_s=float(read("_request_timeout_s")),
+        default_headers=read("_default_headers"),
+        tasks=tuple(str(t) for t in (read("_tasks") or ())),
+        task_var=read("_task_var"),
+        env_vars=dict(read("_env_vars") or {}),
+        docker_image=read("_docker_image"),
+        hub_repo_id=read("_hub_repo_id"),
+    )
+
+
+def _first_setting(values: Any, what: str, eval_test: EvalTest, notes: list[str]) -> dict[str, Any]:
+    """eval-protocol parametrizes over lists of settings; training uses the first one and says so."""
+    if values is None:
+        return {}
+    if isinstance(values, Mapping):
+        return dict(values)
+    entries = [dict(v) for v in values if v is not None]
+    if len(entries) > 1:
+        notes.append(
+            f"{eval_test.qualified_name} lists {len(entries)} {what}; training uses the first: {entries[0]!r}."
+        )
+    return entries[0] if entries else {}
+
+
+def history_line(step: int, action: Any, reward: float, observation: Any) -> str:
+    """The history entry OpenEnvRolloutProcessor gives prompt builders, reproduced so prompts match the eval."""
+    label = getattr(action, "action_str", None) or str(action)
+    error_flag = getattr(observation, "last_action_error", False)
+    return f"Step {step}: {label} -> reward {reward:+.2f}{' ERROR' if error_flag else ''}"

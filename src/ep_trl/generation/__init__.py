@@ -1,0 +1,86 @@
+"""Generation backends: what every backend takes and returns, so episodes and the rollout never ask which one runs.
+
+One module per backend, each implementing :class:`Generator`: ``trainer`` (in-process, with ``trainer.model``)
+and ``vllm`` (a vLLM server). ``choice`` picks and builds one from the settings and the trainer.
+
+A backend receives the exact token ids the model must condition on and returns the ids it sampled with the
+log-probability of each sampled token at the trainer's temperature, the quantity TRL's loss and
+importance-sampling ratio compare against. Nothing is decoded and re-encoded on the way.
+"""
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from ..errors import GenerationError
+
+
+#: Tokens per turn when the eval sets no ``max_tokens`` (``OpenEnvRolloutProcessor``'s own default).
+DEFAULT_MAX_TOKENS = 100
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one turn. Temperature/top-p/top-k come from the GRPOConfig; max_tokens and stop
+    from the eval's completion params (clipped to the episode's remaining token budget)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+    def with_max_tokens(self, max_tokens: int) -> "SamplingParams":
+        return replace(self, max_tokens=max_tokens)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled continuation: its ids, one logprob per id, and why it stopped ("stop" or "length")."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    stop_text: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"backend returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; they must align"
+            )
+
+
+class Generator(Protocol):
+    """A generation backend. Implementations must be safe to call from many episodes at once.
+
+    ``failure`` is the error that made the backend unusable for the rest of a rollout call (for a server: one
+    request failed for good), after which every request fails at once; the rollout raises it when the call
+    ends. ``reset_failure()`` forgets it at the start of the next call (the server may be back). A backend
+    whose errors are always per request keeps it ``None``.
+    """
+
+    @property
+    def name(self) -> str:
+        """How logs and rows name this backend ("trainer", "vllm")."""
+        ...
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The most tokens (prompt + completion) one sequence may hold, if the backend has a limit."""
+        ...
+
+    @property
+    def failure(self) -> "GenerationError | None": ...
+
+    def reset_failure(self) -> None: ...
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """Sample one continuation of exactly ``prompt_ids``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections, tasks and threads; the backend is not used afterwards."""
+        ...

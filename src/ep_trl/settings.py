@@ -1,0 +1,171 @@
+"""How the eval's settings, the caller's overrides and the ``GRPOConfig`` combine, as pure functions.
+
+Precedence, highest first:
+
+1. what the caller passes: ``EvalOverrides`` (``overrides=``) and the plain keywords ``env_base_url``,
+   ``env_factory``, ``max_concurrent_rollouts`` (a setting given both ways must agree);
+2. the eval test: its ``OpenEnvRolloutProcessor`` (environment, prompt builder, action parser, tasks), its first
+   ``completion_params`` entry (``max_tokens``, ``stop``, ``stop_token_ids``, ``system_prompt``), ``steps``,
+   ``max_concurrent_rollouts`` and first ``evaluation_test_kwargs`` entry;
+3. the ``GRPOConfig``: sampling temperature/top-p/top-k/min-p/repetition penalty always come from here (TRL's
+   loss assumes them; a differing eval setting is reported), and ``max_completion_length`` is the episode token
+   budget unless ``max_episode_tokens`` is given;
+4. ep_trl's defaults: ``max_tokens`` 100 per turn (``OpenEnvRolloutProcessor``'s own default).
+
+Overrides are applied first and the result is checked after, so an override can repair what the eval alone
+could not run with (a Docker or hub environment given ``env_base_url``).
+"""
+
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from .environment import EnvSettings
+from .episode import EpisodeConfig, EpisodeSpec, initial_messages
+from .errors import ConfigError, UnsupportedEvalError
+from .evalprotocol.spec import EvalSpec
+from .generation import DEFAULT_MAX_TOKENS, Generator
+from .options import EvalOverrides
+from .trl_compat import TrainerView, eos_token_ids
+
+logger = logging.getLogger(__name__)
+
+
+def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
+    """The eval's spec with the caller's overrides in place, then checked as a whole."""
+    o = overrides
+    env_changes: dict[str, Any] = {}
+    if o.env_factory is not None:
+        env_changes.update(factory=o.env_factory)
+    if o.env_client_cls is not None or o.env_base_url is not None:
+        env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
+    for name, field_name in (("env_client_cls", "client_cls"), ("env_base_url", "base_url"),
+                             ("request_timeout_s", "request_timeout_s"), ("tasks", "tasks"), ("task_var", "task_var"),
+                             ("reset_task_kwarg", "reset_task_kwarg")):
+        if getattr(o, name) is not None:
+            env_changes[field_name] = getattr(o, name)
+    params = dict(spec.completion_params)
+    if o.max_tokens is not None:
+        params["max_tokens"] = o.max_tokens
+    if o.stop is not None:
+        params["stop"] = list(o.stop)
+    merged = replace(
+        spec,
+        env=replace(spec.env, **env_changes),
+        completion_params=params,
+        prompt_builder=o.prompt_builder or spec.prompt_builder,
+        action_parser=o.action_parser or spec.action_parser,
+        max_steps=o.max_steps if o.max_steps is not None else spec.max_steps,
+        max_concurrent_rollouts=o.max_concurrent_rollouts or spec.max_concurrent_rollouts,
+        evaluation_test_kwargs=(o.evaluation_test_kwargs if o.evaluation_test_kwargs is not None
+                                else spec.evaluation_test_kwargs),
+    )
+    check_spec(merged)
+    return merged
+
+
+def check_spec(spec: EvalSpec) -> None:
+    """Everything a rollout needs from the eval and its overrides, checked before the first episode."""
+    spec.env.check()
+    if spec.max_steps < 1:
+        raise ConfigError(f"{spec.qualified_name} allows {spec.max_steps} steps; set steps >= 1 in the eval or "
+                          "EvalOverrides(max_steps=...).")
+    if spec.max_concurrent_rollouts < 1:
+        raise ConfigError(f"{spec.qualified_name} sets max_concurrent_rollouts={spec.max_concurrent_rollouts}; it "
+                          "must be >= 1 (pass max_concurrent_rollouts=...).")
+    _check_body_kwargs(spec)
+    max_tokens = spec.completion_params.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ConfigError(f"{spec.qualified_name}: completion_params max_tokens={max_tokens!r} must be an integer "
+                          ">= 1 (or pass EvalOverrides(max_tokens=...)).")
+
+
+def _check_body_kwargs(spec: EvalSpec) -> None:
+    """``evaluation_test_kwargs`` must be keyword arguments the body accepts (``row``/``rows`` are its input)."""
+    kwargs = dict(spec.evaluation_test_kwargs)
+    for reserved in ("row", "rows"):
+        if reserved in kwargs:
+            raise UnsupportedEvalError(f"{spec.qualified_name}: evaluation_test_kwargs may not contain {reserved!r}.")
+    try:
+        parameters = inspect.signature(spec.body).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(kwargs) - set(parameters))
+    if unknown:
+        raise ConfigError(f"{spec.qualified_name}: evaluation_test_kwargs {unknown} are not parameters of the eval "
+                          f"body (it takes {list(parameters)}); fix the names in the eval or in "
+                          "EvalOverrides(evaluation_test_kwargs=...).")
+
+
+def notes(spec: EvalSpec) -> list[str]:
+    """What the user should know once: settings the eval makes that training uses differently, or not at all."""
+    found = list(spec.notes)
+    env: EnvSettings = spec.env
+    if env.env_vars and env.base_url and env.factory is None:
+        found.append(f"{spec.qualified_name} sets env_vars {sorted(env.env_vars)}; the environment server at "
+                     f"{env.base_url} is given by URL, so setting them is the server's responsibility.")
+    return found
+
+
+def sampling_note(spec: EvalSpec, view: TrainerView) -> str | None:
+    """Say when the eval asks for sampling settings that training replaces with the GRPOConfig's."""
+    used = view.sampling()
+    trainer_values = {"temperature": used.temperature, "top_p": used.top_p, "top_k": used.top_k}
+    asked = {k: spec.completion_params[k] for k in trainer_values if spec.completion_params.get(k) is not None}
+    differing = {k: v for k, v in asked.items() if float(v) != float(trainer_values[k])}
+    if not differing:
+        return None
+    return (f"{spec.qualified_name} asks for {differing}; training samples with the GRPOConfig's "
+            f"{ {k: trainer_values[k] for k in differing} } because TRL's loss and importance ratio assume them.")
+
+
+def episode_config(spec: EvalSpec, view: TrainerView, generator: Generator,
+                   max_episode_tokens: int | None) -> EpisodeConfig:
+    """The settings every episode of one rollout call shares."""
+    params = spec.completion_params
+    budget = max_episode_tokens or view.max_completion_length
+    if not budget:
+        raise ConfigError("No episode token budget: set GRPOConfig(max_completion_length=...) or max_episode_tokens=...")
+    stop_ids = tuple(int(t) for t in params.get("stop_token_ids") or ())
+    stop = params.get("stop") or ()
+    sampling = replace(
+        view.sampling(),
+        max_tokens=int(params.get("max_tokens") or DEFAULT_MAX_TOKENS),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop_token_ids=stop_ids,
+    )
+    eos = eos_token_ids(view.processing_class, view.model_provider()())
+    return EpisodeConfig(
+        env=spec.env,
+        prompt_builder=spec.prompt_builder,
+        action_parser=spec.action_parser,
+        max_steps=spec.max_steps,
+        sampling=sampling,
+        max_episode_tokens=int(budget),
+        stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)),
+        max_model_len=generator.max_model_len,
+    )
+
+
+def plan_episodes(prompts: Sequence[Any], groups: Sequence[Sequence[int]], first_group: int, tasks: Sequence[str],
+                  system_prompt: str | None) -> list[EpisodeSpec]:
+    """One episode spec per prompt, in prompt order (``groups``: the prompt indices of each prompt group).
+
+    Tasks rotate per prompt group: group ``k`` of the run (``first_group`` counts the groups of earlier calls
+    and, under ``accelerate launch``, of the other processes) plays ``tasks[k % len(tasks)]``. The eval's
+    ``system_prompt`` is put first unless the prompt already has a system message.
+    """
+    specs: list[EpisodeSpec] = []
+    for g, members in enumerate(groups):
+        group = first_group + g
+        task = tasks[group % len(tasks)] if tasks else None
+        for k, i in enumerate(members):
+            messages = initial_messages(prompts[i])
+            if system_prompt and not any(m.get("role") == "system" for m in messages):
+                messages = ({"role": "system", "content": system_prompt},) + messages
+            specs.append(EpisodeSpec(index=i, group=group, generation=k, task=task, initial_messages=messages))
+    return sorted(specs, key=lambda s: s.index)

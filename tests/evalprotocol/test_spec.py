@@ -1,0 +1,16 @@
+"""What ep_trl reads from an eval test: its processor's settings, limits, parametrized settings and body."""
+
+from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
+from tests.evals import letters_parts as parts
+
+
+def test_spec_carries_the_evals_configuration():
+    spec = read_eval_spec(resolve_eval_test("tests.evals.eval_letters"))
+    assert spec.mode == "pointwise"
+    assert spec.max_steps == parts.STEPS
+    assert spec.max_concurrent_rollouts == parts.MAX_CONCURRENT_ROLLOUTS
+    assert spec.completion_params == parts.COMPLETION_PARAMS[0]
+    assert dict(spec.evaluation_test_kwargs) == {"bonus": 0.0}
+    assert spec.env.tasks == ("vowels", "digits") and spec.env.task_var == parts.TASK_VAR
+    assert spec.prompt_builder is parts.prompt_builder and spec.action_parser is parts.action_parser
+    assert spec.env.factory is not None

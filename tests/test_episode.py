@@ -1,0 +1,56 @@
+"""Which errors fail one episode (environment, the eval's action parser, generation) and which raise (the rest)."""
+
+import pytest
+
+from ep_trl import EvalOverrides, RolloutOptions, create_openenv_vllm_rollout_func
+from tests.support.tracked_env import TrackedLettersEnv
+from tests.support.trainers import PROMPT, make_trainer
+
+EVAL = "tests.evals.eval_letters::test_letters_pointwise"
+
+
+def call_once(model_dir, tmp_path, server, **overrides):
+    """One rollout call of 4 episodes on tracked letters sessions; the output, the trainer and the sessions."""
+    TrackedLettersEnv.clients = []
+    rollout = create_openenv_vllm_rollout_func(
+        EVAL, env_factory=lambda: TrackedLettersEnv(base_url=server), overrides=EvalOverrides(**overrides),
+        max_concurrent_rollouts=2, options=RolloutOptions(reuse_env_sessions=False), log_rollouts=False)
+    trainer = make_trainer(model_dir, tmp_path, rollout)
+    try:
+        return rollout([PROMPT] * 4, trainer), trainer, TrackedLettersEnv.clients
+    finally:
+        rollout.close()
+
+
+def errors(trainer, kind):
+    return trainer._metrics["train"][f"ep_trl/errors/{kind}"]
+
+
+def test_a_raising_action_parser_fails_its_episodes_counted_as_eval_code(tiny_model_dir, letters_server, tmp_path):
+    def parser(text):
+        raise RuntimeError("the eval's parser cannot read this")
+
+    out, trainer, clients = call_once(tiny_model_dir, tmp_path, letters_server, action_parser=parser)
+    assert out["episode_status"] == ["error"] * 4 and out["eval_score"] == [None] * 4
+    assert errors(trainer, "eval_code") == [4.0] and errors(trainer, "environment") == [0.0]
+    assert all(c.events == ["reset", "close"] for c in clients)
+
+
+def test_a_crashing_environment_is_counted_as_environment(tiny_model_dir, letters_server, tmp_path):
+    out, trainer, _ = call_once(tiny_model_dir, tmp_path, letters_server, tasks=["crash"])
+    assert out["episode_status"] == ["error"] * 4
+    assert errors(trainer, "environment") == [4.0] and errors(trainer, "eval_code") == [0.0]
+
+
+def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_session(tiny_model_dir,
+                                                                                      letters_server, tmp_path):
+    """A prompt the chat template cannot render is not one episode's bad luck: it raises out of the call
+    (before, every episode failed quietly and training went on with no signal)."""
+    def audio_prompt(observation, step, history):
+        return [{"type": "input_audio", "input_audio": {"data": "..."}}]
+
+    with pytest.raises(ValueError, match="unsupported message content part type 'input_audio'"):
+        call_once(tiny_model_dir, tmp_path, letters_server, prompt_builder=audio_prompt)
+    clients = TrackedLettersEnv.clients
+    assert clients and all(c.events[-1] == "close" and c.events.count("close") == 1 for c in clients)
+

@@ -1,0 +1,77 @@
+"""How overrides, the eval and the GRPOConfig combine (pure functions, no server or model needed)."""
+
+from dataclasses import replace
+
+import pytest
+
+from ep_trl import ConfigError, EvalOverrides, UnsupportedEvalError
+from ep_trl.envs.letters import LettersEnv
+from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
+from ep_trl.settings import apply_overrides, notes, plan_episodes
+from tests.evals import letters_parts as parts
+
+URL = "http://127.0.0.1:8001"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return read_eval_spec(resolve_eval_test("tests.evals.eval_letters"))
+
+
+def test_overrides_win_and_the_rest_is_the_evals(spec):
+    merged = apply_overrides(spec, EvalOverrides(max_tokens=40, stop=["\n"], tasks=["digits"], max_steps=5))
+    assert merged.completion_params["max_tokens"] == 40 and merged.completion_params["stop"] == ["\n"]
+    assert merged.completion_params["model"] == parts.COMPLETION_PARAMS[0]["model"]
+    assert merged.env.tasks == ("digits",) and merged.env.task_var == parts.TASK_VAR
+    assert merged.max_steps == 5 and merged.max_concurrent_rollouts == parts.MAX_CONCURRENT_ROLLOUTS
+    assert merged.prompt_builder is parts.prompt_builder
+    assert apply_overrides(spec, EvalOverrides()) == spec
+
+
+@pytest.mark.parametrize(("source", "named"), [({"docker_image": "letters:latest"}, "a Docker image"),
+                                               ({"hub_repo_id": "someone/letters"}, "the Hugging Face hub")])
+def test_overrides_are_applied_before_the_check(spec, source, named):
+    """An eval that starts its environment from Docker or the hub runs once env_base_url is given."""
+    remote = replace(spec, env=replace(spec.env, factory=None, client_cls=LettersEnv, **source))
+    with pytest.raises(ConfigError, match=f"from {named}.*pass env_base_url="):
+        apply_overrides(remote, EvalOverrides())
+    merged = apply_overrides(remote, EvalOverrides(env_base_url=URL))
+    assert merged.env.base_url == URL and merged.env.client_cls is LettersEnv
+
+
+def test_an_explicit_url_replaces_the_evals_factory(spec):
+    merged = apply_overrides(spec, EvalOverrides(env_client_cls=LettersEnv, env_base_url=URL))
+    assert merged.env.factory is None and merged.env.base_url == URL
+
+
+def test_body_kwargs_are_checked_against_the_body(spec):
+    with pytest.raises(ConfigError, match=r"evaluation_test_kwargs \['bonsu'\] are not parameters of the eval body "
+                                          r"\(it takes \['row', 'bonus'\]\)"):
+        apply_overrides(spec, EvalOverrides(evaluation_test_kwargs={"bonsu": 1.0}))
+    with pytest.raises(UnsupportedEvalError, match="may not contain 'row'"):
+        apply_overrides(spec, EvalOverrides(evaluation_test_kwargs={"row": 1}))
+
+
+def test_env_vars_of_a_server_given_by_url_are_named_once(spec):
+    remote = replace(spec, env=replace(spec.env, factory=None, client_cls=LettersEnv, base_url=URL,
+                                       env_vars={"LETTERS_SEED": "3"}))
+    assert any("['LETTERS_SEED']" in n and "server's responsibility" in n for n in notes(remote))
+    assert not any("server's responsibility" in n for n in notes(spec))
+
+
+def test_tasks_rotate_per_prompt_group_across_calls_and_processes():
+    prompts = ["a"] * 2 + ["b"] * 2
+    groups = [[0, 1], [2, 3]]
+    first_call = plan_episodes(prompts, groups, 0, ("x", "y", "z"), None)
+    assert [(s.index, s.group, s.generation, s.task) for s in first_call] == [
+        (0, 0, 0, "x"), (1, 0, 1, "x"), (2, 1, 0, "y"), (3, 1, 1, "y")]
+    later = plan_episodes(prompts, groups, 5, ("x", "y", "z"), None)  # e.g. process 1 of 2 on its third call
+    assert [s.task for s in later] == ["z", "z", "x", "x"]
+    assert [s.task for s in plan_episodes(prompts, groups, 0, (), None)] == [None] * 4
+
+
+def test_the_evals_system_prompt_goes_first_unless_the_prompt_has_one():
+    specs = plan_episodes(["hi", [{"role": "system", "content": "own"}, {"role": "user", "content": "hi"}]],
+                          [[0], [1]], 0, (), "Be brief.")
+    assert specs[0].initial_messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"})
+    assert specs[1].initial_messages[0] == {"role": "system", "content": "own"}
