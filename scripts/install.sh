@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install ep_trl with its test dependencies into the current Python (idempotent).
+# Install ep_trl with its test dependencies and OpenEnv's `openenv-core` distribution into the current Python
+# (idempotent). For OpenEnv's other distribution, `openenv` 0.10, see scripts/install_openenv010.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,5 +9,14 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "$TORCH_SPEC"
 fi
-"$PY" -m pip install -q -e ".[test]"
+# OpenEnv is two PyPI distributions writing one `openenv` package; never install both. Default: openenv-core.
+# A Python that already has `openenv` (0.10) keeps it: ep_trl then installs with that extra instead.
+# OPENENV_EXTRA=openenv|openenv-core forces the choice.
+if [[ -z "${OPENENV_EXTRA:-}" ]]; then
+  OPENENV_EXTRA=openenv-core
+  if "$PY" -m pip show openenv >/dev/null 2>&1 && ! "$PY" -m pip show openenv-core >/dev/null 2>&1; then
+    OPENENV_EXTRA=openenv
+  fi
+fi
+"$PY" -m pip install -q -e ".[test,$OPENENV_EXTRA]"
 "$PY" -c "import ep_trl, torch, trl, eval_protocol; print(f'ep_trl {ep_trl.__version__}: torch {torch.__version__}, trl {trl.__version__}')"

@@ -31,7 +31,7 @@ from tests.support.letters import LETTERS_ENV_URL_VAR  # noqa: E402  (light: std
 
 if TYPE_CHECKING:
     from tests.support.letters import LettersEpisodes
-    from ep_trl.devtools.processes import ServerProcess
+    from ep_trl.processes import ServerProcess
 
 
 @pytest.fixture(scope="session")

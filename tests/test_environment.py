@@ -55,7 +55,11 @@ class HangingClient:
 
 async def play_session(session, task):
     """One letters episode of ``task`` on an open session; its step rewards."""
-    outcome = await session.reset(task_name=task)
+    return await play_from(session, await session.reset(task_name=task))
+
+
+async def play_from(session, outcome):
+    """The rest of a letters episode after its reset; its step rewards."""
     rewards = []
     while not outcome.done:
         outcome = await session.step(LettersAction(text="aei"))
@@ -113,10 +117,11 @@ def test_hanging_environment_times_out_with_a_clear_message():
         asyncio.run(main())
 
 
-def test_docker_only_settings_are_refused_with_the_fix():
-    with pytest.raises(ValueError, match="env_base_url"):
-        EnvSettings(client_cls=LettersEnv, docker_image="browsergym-env:latest").check()
-    with pytest.raises(ValueError, match="neither env_factory nor env_client_cls"):
+def test_settings_without_any_environment_are_refused_with_the_fix():
+    docker = EnvSettings(client_cls=LettersEnv, docker_image="letters-env:latest")
+    assert docker.needs_launch()  # ep_trl starts its server (tests/test_env_servers.py)
+    docker.check()
+    with pytest.raises(ValueError, match="neither env_factory nor env_client_cls.*try/except ImportError"):
         EnvSettings().check()
 
 
@@ -125,16 +130,18 @@ def play_pooled(pool, tasks, concurrency):
 
     async def episode(limit, task):
         async with limit:
-            session = await pool.acquire(f"episode {task}")
+            session = None
             failed = True
             try:
-                rewards = await play_session(session, task)
+                session, outcome = await pool.start(f"episode {task}", task)
+                rewards = await play_from(session, outcome)
                 failed = False
                 return rewards
             except RuntimeError as exc:
                 return str(exc)
             finally:
-                await pool.release(session, reusable=not failed)
+                if session is not None:
+                    await pool.release(session, reusable=not failed)
 
     async def main():
         limit = asyncio.Semaphore(concurrency)

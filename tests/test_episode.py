@@ -2,7 +2,7 @@
 
 import pytest
 
-from ep_trl import EvalOverrides, RolloutOptions, create_openenv_vllm_rollout_func
+from ep_trl import EvalOverrides, RolloutOptions, UnsupportedEvalError, create_openenv_vllm_rollout_func
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
@@ -54,3 +54,30 @@ def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_se
     clients = TrackedLettersEnv.clients
     assert clients and all(c.events[-1] == "close" and c.events.count("close") == 1 for c in clients)
 
+
+
+def test_an_action_parser_that_calls_pytest_skip_raises_one_clear_error(tiny_model_dir, letters_server, tmp_path):
+    """eval-protocol's example evals skip in their parser when the environment import failed: before, pytest's
+    Skipped went through the whole rollout call; now it is one error naming the eval and the likely cause."""
+    def parser(text):
+        pytest.skip("guess_env not installed")
+
+    with pytest.raises(UnsupportedEvalError, match=r"test_letters_pointwise: its action parser called "
+                                                   r"pytest.skip\('guess_env not installed'\).*not importable"):
+        call_once(tiny_model_dir, tmp_path, letters_server, action_parser=parser)
+    assert all(c.events[-1] == "close" for c in TrackedLettersEnv.clients)
+
+
+def test_episodes_cut_by_the_token_budget_are_counted_and_explained(tiny_model_dir, letters_server, tmp_path,
+                                                                    caplog):
+    TrackedLettersEnv.clients = []
+    rollout = create_openenv_vllm_rollout_func(EVAL, max_episode_tokens=40, log_rollouts=False)
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
+    try:
+        out = rollout([PROMPT] * 4, trainer)
+    finally:
+        rollout.close()
+    stopped = trainer._metrics["train"]["ep_trl/stopped_by_token_budget"]
+    assert stopped == [float(sum(n < 3 for n in out["num_turns"]))] and stopped[0] > 0
+    assert "stopped early at the token budget of 40 completion tokens" in caplog.text
+    assert "Raise GRPOConfig(max_completion_length=...) or max_episode_tokens=..." in caplog.text

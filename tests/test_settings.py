@@ -25,18 +25,27 @@ def test_overrides_win_and_the_rest_is_the_evals(spec):
     assert merged.env.tasks == ("digits",) and merged.env.task_var == parts.TASK_VAR
     assert merged.max_steps == 5 and merged.max_concurrent_rollouts == parts.MAX_CONCURRENT_ROLLOUTS
     assert merged.prompt_builder is parts.prompt_builder
-    assert apply_overrides(spec, EvalOverrides()) == spec
+    assert apply_overrides(spec, EvalOverrides()) == replace(spec, env=replace(spec.env, request_timeout_s=60.0))
 
 
-@pytest.mark.parametrize(("source", "named"), [({"docker_image": "letters:latest"}, "a Docker image"),
-                                               ({"hub_repo_id": "someone/letters"}, "the Hugging Face hub")])
-def test_overrides_are_applied_before_the_check(spec, source, named):
-    """An eval that starts its environment from Docker or the hub runs once env_base_url is given."""
+def test_environment_calls_are_never_bounded_tighter_than_a_stock_clients_own_wait(spec):
+    """eval-protocol's default request_timeout_s (15 s) is not a bound the eval's own run applies: a stock
+    client waits its own 60 s per reply; only an explicit override bounds tighter."""
+    assert spec.env.request_timeout_s == 15.0
+    assert apply_overrides(spec, EvalOverrides()).env.request_timeout_s == 60.0
+    slow = replace(spec, env=replace(spec.env, request_timeout_s=180.0))
+    assert apply_overrides(slow, EvalOverrides()).env.request_timeout_s == 180.0
+    assert apply_overrides(spec, EvalOverrides(request_timeout_s=5.0)).env.request_timeout_s == 5.0
+
+
+@pytest.mark.parametrize("source", [{"docker_image": "letters:latest"}, {"hub_repo_id": "someone/letters"}])
+def test_overrides_are_applied_before_the_check(spec, source):
+    """An eval that starts its environment from Docker or the hub uses env_base_url when given (before, it was
+    refused with a message that said to pass env_base_url); without it, ep_trl has to start a server."""
     remote = replace(spec, env=replace(spec.env, factory=None, client_cls=LettersEnv, **source))
-    with pytest.raises(ConfigError, match=f"from {named}.*pass env_base_url="):
-        apply_overrides(remote, EvalOverrides())
     merged = apply_overrides(remote, EvalOverrides(env_base_url=URL))
-    assert merged.env.base_url == URL and merged.env.client_cls is LettersEnv
+    assert merged.env.base_url == URL and merged.env.client_cls is LettersEnv and not merged.env.needs_launch()
+    assert apply_overrides(remote, EvalOverrides()).env.needs_launch()
 
 
 def test_an_explicit_url_replaces_the_evals_factory(spec):

@@ -35,3 +35,32 @@ def test_out_of_range_names_the_range_and_the_fix():
 def test_missing_distribution_says_how_to_install_it():
     with pytest.raises(VersionError, match="not-a-real-dist is not installed; install it with"):
         installed_version("not-a-real-dist")
+
+
+def test_exactly_one_supported_openenv_distribution_is_required(monkeypatch):
+    from importlib import metadata
+
+    from ep_trl.environment import check_openenv
+
+    installed = check_openenv()
+    assert installed.split()[0] in ("openenv", "openenv-core")
+    real = metadata.version
+
+    def versions(table):
+        def version(name):
+            if name in ("openenv", "openenv-core"):
+                if name not in table:
+                    raise metadata.PackageNotFoundError(name)
+                return table[name]
+            return real(name)
+        return version
+
+    monkeypatch.setattr(metadata, "version", versions({}))  # fault injection: what pip would report
+    with pytest.raises(VersionError, match=r"No OpenEnv is installed.*pip install 'ep-trl\[openenv\]'"):
+        check_openenv()
+    monkeypatch.setattr(metadata, "version", versions({"openenv": "0.10.0", "openenv-core": "0.3.0"}))
+    with pytest.raises(VersionError, match="Both OpenEnv distributions are installed"):
+        check_openenv()
+    monkeypatch.setattr(metadata, "version", versions({"openenv-core": "0.2.0"}))
+    with pytest.raises(VersionError, match=r"supports openenv-core >=0.3.0,<0.4"):
+        check_openenv()

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig
 
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
-from ep_trl.devtools.processes import free_port
+from ep_trl.processes import free_port
 from ep_trl.rewards import eval_score
 from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .environment import EnvPool, EnvSession, EnvSettings, StepOutcome, reset_kwargs
+from .environment import EnvPool, EnvSession, EnvSettings, StepOutcome
+from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.spec import history_line
 from .generation import Generation, Generator, SamplingParams
 from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder
@@ -35,6 +36,7 @@ class EpisodeConfig:
     max_episode_tokens: int
     stop_token_ids: tuple[int, ...]
     max_model_len: int | None = None
+    eval_name: str = "the eval"
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Episode:
     duration_s: float
     prompt_tokens: int
     prompt_builder_failures: int = 0
+    budget_blocked_tokens: int = 0  # the bridge that no longer fit when stop_reason is "token_budget"
 
     @property
     def num_turns(self) -> int:
@@ -88,11 +91,31 @@ class EpisodeFailure(Exception):
 
 
 async def _guarded(kind: str, pending: Awaitable[T]) -> T:
-    """Await ``pending``; any ``Exception`` it raises fails the episode as ``kind``."""
+    """Await ``pending``; any ``Exception`` it raises fails the episode as ``kind``, except the configuration
+    errors ep_trl raises on purpose (they would fail every episode alike)."""
     try:
         return await pending
+    except (ConfigError, UnsupportedEvalError):
+        raise
     except Exception as exc:
         raise EpisodeFailure(kind, exc) from exc
+
+
+def _pytest_outcome(exc: BaseException, what: str, eval_name: str) -> UnsupportedEvalError | None:
+    """An eval's code that calls ``pytest.skip``/``fail``/``exit`` while training: one clear error, not a
+    pytest outcome raised through the trainer."""
+    try:
+        from _pytest.outcomes import OutcomeException
+    except ImportError:  # no pytest here: nothing of the kind can be raised
+        return None
+    if not isinstance(exc, OutcomeException):
+        return None
+    verb = {"Skipped": "skip", "Failed": "fail", "XFailed": "xfail"}.get(type(exc).__name__, type(exc).__name__)
+    return UnsupportedEvalError(
+        f"{eval_name}: its {what} called pytest.{verb}({str(exc)!r}) during training. Eval "
+        "modules do this when an import they guard failed: the environment's package is probably not importable in "
+        "this Python (import the eval module's environment client yourself to see the error)."
+    )
 
 
 @dataclass
@@ -106,6 +129,7 @@ class _State:
     history: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     builder_failures: int = 0
+    budget_blocked_tokens: int = 0
     stop_reason: str = "max_steps"
 
 
@@ -120,8 +144,8 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
     session = None
     clean = False
     try:
-        session = await _guarded("environment", envs.acquire(label))
-        await _play(state, session, spec, cfg, template, generator, on_step, label)
+        session, outcome = await _guarded("environment", envs.start(label, spec.task))
+        await _play(state, session, outcome, cfg, template, generator, on_step, label)
         clean = True
     except EpisodeFailure as exc:
         failure = exc
@@ -145,13 +169,13 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
         duration_s=time.perf_counter() - start,
         prompt_tokens=state.prompt_tokens,
         prompt_builder_failures=state.builder_failures,
+        budget_blocked_tokens=state.budget_blocked_tokens,
     )
 
 
-async def _play(state: _State, session: EnvSession, spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate,
-                generator: Generator, on_step: StepCallback | None, label: str) -> None:
-    """Reset, then model turn → action → environment step until done, the step limit or the token budget."""
-    outcome = await _guarded("environment", session.reset(**reset_kwargs(cfg.env, spec.task)))
+async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
+                template: ChatTemplate, generator: Generator, on_step: StepCallback | None, label: str) -> None:
+    """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget."""
     last: Generation | None = None
     for step in range(1, cfg.max_steps + 1):
         if outcome.done:
@@ -172,7 +196,7 @@ async def _play(state: _State, session: EnvSession, spec: EpisodeSpec, cfg: Epis
         text = template.decode(last.token_ids)
         if last.stop_text:
             text = text[: text.find(last.stop_text)] if last.stop_text in text else text
-        action = await _guarded("eval_code", _parse(cfg.action_parser, text))
+        action = await _guarded("eval_code", _parse(cfg, text))
         state.messages.append({"role": "assistant", "content": text})
         state.actions.append(getattr(action, "action_str", None) or str(action))
         outcome = await _guarded("environment", session.step(action))
@@ -184,15 +208,24 @@ async def _play(state: _State, session: EnvSession, spec: EpisodeSpec, cfg: Epis
     state.stop_reason = "done" if outcome.done else "max_steps"
 
 
-async def _parse(action_parser: Callable[[str], Any], text: str) -> Any:
-    return action_parser(text)
+async def _parse(cfg: EpisodeConfig, text: str) -> Any:
+    try:
+        return cfg.action_parser(text)
+    except BaseException as exc:
+        outcome = _pytest_outcome(exc, "action parser", cfg.eval_name)
+        if outcome is not None:
+            raise outcome from exc
+        raise
 
 
 def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, label: str) -> Any:
     """The prompt builder's message for this step; if it raises, ``str(observation)``, as the processor does."""
     try:
         return cfg.prompt_builder(outcome.observation, step, state.history)
-    except Exception as exc:  # same fallback as OpenEnvRolloutProcessor, but counted and logged
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            raise _pytest_outcome(exc, "prompt builder", cfg.eval_name) or exc
+        # same fallback as OpenEnvRolloutProcessor, but counted and logged
         state.builder_failures += 1
         logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
                        label, type(exc).__name__, exc)
@@ -213,6 +246,7 @@ def _extend_context(state: _State, template: ChatTemplate, cfg: EpisodeConfig, l
     assert last is not None
     bridge, realigned = template.bridge(state.messages, state.builder.context(), last, cfg.stop_token_ids)
     if not _fits(state.builder, len(bridge) + 1, cfg):
+        state.budget_blocked_tokens = len(bridge)
         return False
     state.builder.add_inserted(bridge)
     state.builder.realigned += int(realigned)

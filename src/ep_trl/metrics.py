@@ -21,6 +21,7 @@ def call_metrics(episodes: Sequence[Episode], scored: Sequence[Scored], seconds:
         "ep_trl/mean_turns": sum(ep.num_turns for ep in episodes) / n,
         "ep_trl/template_realigned": float(sum(ep.trajectory.realigned for ep in episodes)),
         "ep_trl/env_sessions_opened": float(env_sessions),
+        "ep_trl/stopped_by_token_budget": float(sum(ep.stop_reason == "token_budget" for ep in episodes)),
         **{f"ep_trl/errors/{kind}": float(sum(ep.error_kind == kind for ep in episodes)) for kind in FAILURE_KINDS},
     }
 
@@ -35,3 +36,19 @@ def summary_line(step: int, episodes: Sequence[Episode], scored: Sequence[Scored
     return (f"ep_trl step {step}: {n} episodes in {seconds:.1f} s ({metrics['ep_trl/episodes_per_s']:.2f}/s), "
             f"mean score {mean}, {failed} failed, {n - len(scores)} unscored, "
             f"{metrics['ep_trl/mean_turns']:.1f} turns/episode")
+
+
+def budget_warning(episodes: Sequence[Episode], budget: int) -> str | None:
+    """Say when episodes were cut short by the token budget, with the numbers and the setting to raise."""
+    stopped = [ep for ep in episodes if ep.stop_reason == "token_budget"]
+    if not stopped:
+        return None
+    n = len(stopped)
+    turns = sum(ep.num_turns for ep in stopped) / n
+    prompt = sum(len(ep.trajectory.prompt_ids) for ep in stopped) / n
+    used = sum(len(ep.trajectory.completion_ids) for ep in stopped) / n
+    bridge = sum(ep.budget_blocked_tokens for ep in stopped) / n
+    return (f"{n} of {len(episodes)} episodes stopped early at the token budget of {budget} completion tokens, after "
+            f"{turns:.1f} turns on average (prompt {prompt:.0f} tokens, {used:.0f} completion tokens used, the next "
+            f"turn's message and template needed {bridge:.0f} more). Raise GRPOConfig(max_completion_length=...) or "
+            "max_episode_tokens=..., or make the prompt builder's message between turns shorter.")

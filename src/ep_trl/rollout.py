@@ -9,16 +9,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from . import evalprotocol, settings, trl_compat
-from .environment import EnvPool
+from . import env_servers, evalprotocol, settings, trl_compat
+from .env_servers import LaunchedServers
+from .environment import EnvPool, ServerNotes, check_openenv
 from .episode import Episode, EpisodeConfig, EpisodeSpec, StepCallback, run_episode
+from .errors import ConfigError
 from .evalprotocol import EvalSpec
 from .generation import Generator
 from .generation.choice import make_generator
 from .generation.vllm import probe_server
-from .metrics import call_metrics, summary_line
+from .metrics import budget_warning, call_metrics, summary_line
 from .options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
 from .output import trl_output
 from .rollout_log import RolloutLogWriter
@@ -35,7 +38,8 @@ class RolloutFunction:
 
     def __init__(self, spec: EvalSpec, *, backend: Backend = "auto", vllm_base_url: str | None = None,
                  max_episode_tokens: int | None = None, vllm: VLLMOptions | None = None,
-                 options: RolloutOptions | None = None, log_writer: RolloutLogWriter | None = None) -> None:
+                 options: RolloutOptions | None = None, log_writer: RolloutLogWriter | None = None,
+                 servers: LaunchedServers | None = None) -> None:
         self.spec = spec
         self.backend = backend
         self.vllm_base_url = vllm_base_url
@@ -44,6 +48,8 @@ class RolloutFunction:
         self.options = options or RolloutOptions()
         self._runner = LoopRunner()
         self._log = log_writer
+        self._servers = servers
+        self._env_notes = ServerNotes()
         self._generator: Generator | None = None
         self._template: ChatTemplate | None = None
         self._groups_started = 0
@@ -69,13 +75,16 @@ class RolloutFunction:
             self._log.flush()
 
     def close(self) -> None:
-        """Write the remaining log rows, release the generation backend and the background loop."""
+        """Write the remaining log rows, release the generation backend and the background loop, and stop the
+        environment servers ep_trl started."""
         if self._log is not None:
             self._log.close()
         if self._generator is not None:
             self._runner.run(self._generator.aclose())
             self._generator = None
         self._runner.close()
+        if self._servers is not None:
+            self._servers.stop()
 
     def _setup(self, view: trl_compat.TrainerView) -> tuple[ChatTemplate, Generator]:
         if self._template is None:
@@ -118,6 +127,9 @@ class RolloutFunction:
         metrics = call_metrics(episodes, scored, seconds, sessions)
         view.record_metrics(metrics)
         logger.info(summary_line(view.global_step, episodes, scored, seconds, metrics))
+        budget = budget_warning(episodes, cfg.max_episode_tokens)
+        if budget:
+            logger.warning(budget)
         return trl_output(episodes, scored, rollout_ids)
 
     def _step_logger(self, context: RowContext, prompts: list[Any]) -> Callable[[EpisodeSpec, str], StepCallback | None]:
@@ -141,7 +153,7 @@ class RolloutFunction:
         An error that is not an episode's own (ep_trl's bug, a template that cannot render) cancels the other
         episodes and raises; every environment session is closed either way."""
         limit = asyncio.Semaphore(self.spec.max_concurrent_rollouts)
-        envs = EnvPool(cfg.env, reuse=self.options.reuse_env_sessions)
+        envs = EnvPool(cfg.env, reuse=self.options.reuse_env_sessions, notes=self._env_notes)
         on_step = [step_logger(s, r) for s, r in zip(specs, rollout_ids)]
 
         async def bounded(spec: EpisodeSpec, callback: StepCallback | None) -> Episode:
@@ -170,6 +182,7 @@ def create_openenv_vllm_rollout_func(
     max_concurrent_rollouts: int | None = None,
     max_episode_tokens: int | None = None,
     log_rollouts: bool = True,
+    provider: Any | None = None,
     overrides: EvalOverrides | None = None,
     vllm: VLLMOptions | None = None,
     options: RolloutOptions | None = None,
@@ -192,6 +205,10 @@ def create_openenv_vllm_rollout_func(
             ``max_completion_length``. TRL does not truncate rollout output, so the episode stops when it is spent.
         log_rollouts: write every training rollout to eval-protocol's dataset logger, the store ``ep logs`` shows
             (running, after each step, then scored). eval-protocol's ``DISABLE_EP_SQLITE_LOG=1`` also turns it off.
+        provider: an OpenEnv runtime or container provider (or a zero-argument callable making one per task) that
+            starts the eval's environment server. Without it, an eval that names a Docker image or hub repo and
+            no URL gets its server started locally from its package (``ep_trl.env_servers``); the servers stop
+            when the rollout function is closed or the process exits.
         overrides: :class:`~ep_trl.options.EvalOverrides`, settings that replace the eval's own.
         vllm: :class:`~ep_trl.options.VLLMOptions` for the vLLM backend (timeouts, retries, batching, seed).
         options: :class:`~ep_trl.options.RolloutOptions` (chat template kwargs, session reuse, log store).
@@ -206,15 +223,25 @@ def create_openenv_vllm_rollout_func(
     vllm, options = vllm or VLLMOptions(), options or RolloutOptions()
     trl_compat.check_version()
     evalprotocol.check_version()
+    openenv = check_openenv()
     merged = (overrides or EvalOverrides()).merged(env_base_url=env_base_url, env_factory=env_factory,
                                                    max_concurrent_rollouts=max_concurrent_rollouts)
     spec = settings.apply_overrides(evalprotocol.read_eval_spec(evalprotocol.resolve_eval_test(env_path)), merged)
+    servers = None
+    if provider is not None or spec.env.needs_launch():
+        if merged.env_base_url is not None or merged.env_factory is not None:
+            raise ConfigError("provider= starts the environment server; it cannot be combined with env_base_url or "
+                              "env_factory, which name an environment that already exists. Pass one of them.")
+        launched_env, servers = env_servers.launch(spec.env, provider)
+        spec = replace(spec, env=launched_env)
+        settings.check_spec(spec)
     for note in settings.notes(spec):
         logger.info(note)
-    logger.info("ep_trl: training on %s (%s, mode %s, %d max steps, tasks %s)", spec.qualified_name,
-                spec.env.describe(), spec.mode, spec.max_steps, list(spec.env.tasks) or "none")
+    logger.info("ep_trl: training on %s (%s with %s, mode %s, %d max steps, tasks %s)", spec.qualified_name,
+                spec.env.describe(), openenv, spec.mode, spec.max_steps, list(spec.env.tasks) or "none")
     if vllm_base_url and backend != "trainer":
         probe_server(vllm_base_url, vllm.connect_timeout_s)  # an unreachable server fails now, not mid-training
     writer = RolloutLogWriter(evalprotocol.make_dataset_logger(options.log_home)) if log_rollouts else None
     return RolloutFunction(spec, backend=backend, vllm_base_url=vllm_base_url.rstrip("/") if vllm_base_url else None,
-                           max_episode_tokens=max_episode_tokens, vllm=vllm, options=options, log_writer=writer)
+                           max_episode_tokens=max_episode_tokens, vllm=vllm, options=options, log_writer=writer,
+                           servers=servers)

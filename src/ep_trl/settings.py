@@ -13,7 +13,11 @@ Precedence, highest first:
 4. ep_trl's defaults: ``max_tokens`` 100 per turn (``OpenEnvRolloutProcessor``'s own default).
 
 Overrides are applied first and the result is checked after, so an override can repair what the eval alone
-could not run with (a Docker or hub environment given ``env_base_url``).
+could not run with (a Docker or hub environment given ``env_base_url``). An eval whose environment comes from a
+Docker image or a hub repo and has no URL gets its server started by ep_trl (``ep_trl.env_servers``).
+
+Environment calls are bounded by ``EvalOverrides.request_timeout_s`` when given, else by the eval's
+``request_timeout_s`` but never less than a stock OpenEnv client's own 60 s.
 """
 
 import inspect
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .environment import EnvSettings
+from .environment import STOCK_MESSAGE_TIMEOUT_S, EnvSettings
 from .episode import EpisodeConfig, EpisodeSpec, initial_messages
 from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.spec import EvalSpec
@@ -41,11 +45,14 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
         env_changes.update(factory=o.env_factory)
     if o.env_client_cls is not None or o.env_base_url is not None:
         env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
-    for name, field_name in (("env_client_cls", "client_cls"), ("env_base_url", "base_url"),
-                             ("request_timeout_s", "request_timeout_s"), ("tasks", "tasks"), ("task_var", "task_var"),
-                             ("reset_task_kwarg", "reset_task_kwarg")):
+    for name, field_name in (("env_client_cls", "client_cls"), ("env_base_url", "base_url"), ("tasks", "tasks"),
+                             ("task_var", "task_var"), ("reset_task_kwarg", "reset_task_kwarg")):
         if getattr(o, name) is not None:
             env_changes[field_name] = getattr(o, name)
+    # never bound an environment call tighter than the eval's own run would (a stock client waits 60 s per reply),
+    # unless the caller asks for a bound explicitly
+    env_changes["request_timeout_s"] = (o.request_timeout_s if o.request_timeout_s is not None
+                                        else max(spec.env.request_timeout_s, STOCK_MESSAGE_TIMEOUT_S))
     params = dict(spec.completion_params)
     if o.max_tokens is not None:
         params["max_tokens"] = o.max_tokens
@@ -148,6 +155,7 @@ def episode_config(spec: EvalSpec, view: TrainerView, generator: Generator,
         max_episode_tokens=int(budget),
         stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)),
         max_model_len=generator.max_model_len,
+        eval_name=spec.qualified_name,
     )
 
 

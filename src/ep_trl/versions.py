@@ -38,7 +38,7 @@ def supported_range(distribution: str) -> SpecifierSet:
     wanted = canonicalize_name(distribution)
     for line in requirements:
         requirement = Requirement(line)
-        if canonicalize_name(requirement.name) == wanted and requirement.marker is None:
+        if canonicalize_name(requirement.name) == wanted:  # a dependency, or one offered through an extra
             return requirement.specifier
     raise VersionError(f"ep_trl declares no requirement on {distribution}; its pyproject.toml must name one.")
 

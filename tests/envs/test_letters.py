@@ -17,7 +17,7 @@ from ep_trl.envs.letters import (
 )
 from ep_trl.envs.letters.episode_log import EpisodeLog
 from tests.support.letters import LettersEpisodes
-from ep_trl.devtools.processes import ServerProcess
+from ep_trl.processes import ServerProcess
 
 LATENCY_S = 0.2
 
@@ -193,9 +193,9 @@ def test_sessions_are_isolated(letters_server: str) -> None:
 
 
 def test_sync_client(letters_server: str, letters_episodes: LettersEpisodes) -> None:
-    """The `.sync()` wrapper, as eval-protocol's processor uses it, constructed the way its
-    env_client_cls path does (request_timeout_s/default_headers)."""
-    env = LettersEnv(base_url=letters_server, request_timeout_s=5.0, default_headers={"X-Test": "1"}).sync()
+    """The `.sync()` wrapper, as eval-protocol's processor uses it; the client takes a stock OpenEnv client's
+    keywords (not eval-protocol's request_timeout_s, which a stock client refuses too)."""
+    env = LettersEnv(base_url=letters_server, message_timeout_s=5.0).sync()
     assert env.async_client._message_timeout == 5.0
     with env:
         obs = env.reset(task_name="abc", max_steps=2).observation

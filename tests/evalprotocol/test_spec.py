@@ -14,3 +14,24 @@ def test_spec_carries_the_evals_configuration():
     assert spec.env.tasks == ("vowels", "digits") and spec.env.task_var == parts.TASK_VAR
     assert spec.prompt_builder is parts.prompt_builder and spec.action_parser is parts.action_parser
     assert spec.env.factory is not None
+
+
+def test_an_eval_whose_guarded_import_failed_is_named_as_such(monkeypatch):
+    """eval-protocol's example evals set the client to None when its import fails and pass
+    rollout_processor=None, which eval-protocol replaces with SingleTurnRolloutProcessor."""
+    import importlib
+    import sys
+
+    import pytest
+
+    from ep_trl import UnsupportedEvalError
+
+    monkeypatch.setitem(sys.modules, "tests.fixtures.guess_env", None)  # fault injection: the package is missing
+    monkeypatch.delitem(sys.modules, "tests.evals.eval_guess_hub", raising=False)
+    module = importlib.import_module("tests.evals.eval_guess_hub")
+    try:
+        with pytest.raises(UnsupportedEvalError, match=r"uses SingleTurnRolloutProcessor.*GuessEnv is None: the "
+                                                       r"module probably guards an import that failed"):
+            read_eval_spec(resolve_eval_test("tests.evals.eval_guess_hub"))
+    finally:
+        sys.modules.pop(module.__name__, None)

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from ep_trl import EvalOverrides, GenerationError, VLLMOptions, create_openenv_vllm_rollout_func
 from ep_trl.generation import SamplingParams
-from ep_trl.devtools.processes import free_port
+from ep_trl.processes import free_port
 from ep_trl.generation.vllm import VLLMServerGenerator, completion_payload, request_seed
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer

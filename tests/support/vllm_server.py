@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ep_trl.devtools.processes import ServerProcess, free_port, start_server
+from ep_trl.processes import ServerProcess, free_port, start_server
 
 logger = logging.getLogger(__name__)
 

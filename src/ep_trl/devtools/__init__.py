@@ -1,6 +1,5 @@
 """Development tooling, not the training API: what the scripts, tests and benchmarks use.
 
 * ``tiny_model``: a tiny Qwen2-style model and tokenizer built offline (``build_tiny_model``);
-* ``processes``: start and stop local server processes (environments, vLLM) by PID, with health checks;
 * ``scripts``: the training scripts' progress printer and local environment server context manager.
 """

@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .processes import free_port, start_server
+from ..processes import free_port, start_server
 
 
 class ProgressPrinter(TrainerCallback):

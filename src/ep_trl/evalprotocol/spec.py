@@ -1,6 +1,7 @@
 """Read an eval test's configuration: its processor's environment settings, prompt builder, action parser, tasks,
 limits and scoring body, before any override."""
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
             f"{eval_test.qualified_name} uses {kind}; ep_trl trains through OpenEnvRolloutProcessor only "
             "(the environment loop it drives is what training replays). Give the eval "
             "rollout_processor=OpenEnvRolloutProcessor(...) or point env_path at an eval that has one."
+            + _swallowed_import_hint(eval_test)
         )
     mode = str(params.mode)
     if mode not in EVAL_MODES:
@@ -67,6 +69,19 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         env=_env_settings(processor),
         notes=tuple(notes),
     )
+
+
+def _swallowed_import_hint(eval_test: EvalTest) -> str:
+    """Eval modules guard their environment import (``except ImportError: Env = None``) and then pass
+    ``rollout_processor=None``, which eval-protocol replaces with its default processor: name what is None."""
+    module = sys.modules.get(eval_test.module_name)
+    missing = sorted(name for name, value in vars(module).items()
+                     if value is None and name[:1].isupper() and not name.isupper()) if module else []
+    if not missing:
+        return ""
+    return (f" In {eval_test.module_name}, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} None: the "
+            "module probably guards an import that failed here, and eval-protocol put its default processor in "
+            "place of the missing one. Check that the environment's package is installed in this Python.")
 
 
 def _env_settings(processor: Any) -> EnvSettings:

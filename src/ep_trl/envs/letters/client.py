@@ -29,27 +29,16 @@ class LettersEnv(EnvClient[LettersAction, LettersObservation, LettersState]):
         *,
         task_name: Optional[str] = None,
         max_steps: Optional[int] = None,
-        request_timeout_s: Optional[float] = None,
-        default_headers: Optional[dict[str, str]] = None,
         **kwargs: Any,
     ) -> None:
-        """Create the client.
+        """Create the client; keyword arguments other than the two below go to OpenEnv's ``EnvClient``.
 
-        ``request_timeout_s`` and ``default_headers`` exist because
-        eval-protocol's OpenEnvRolloutProcessor (env_client_cls path) calls
-        ``cls(base_url=..., request_timeout_s=..., default_headers=...)``.
-        The timeout becomes openenv's ``message_timeout_s`` (per reply); the
-        headers are ignored, since openenv's WebSocket connect takes none.
         ``task_name``/``max_steps`` are defaults sent with every ``reset`` that
         does not name its own: callers that never pass reset arguments (such as
         eval-protocol's processor, which calls a bare ``env.reset()``) can still
         pick a task per client, whereas ``LETTERS_TASK`` is read by the server
         process. Other keyword arguments go to ``EnvClient``.
         """
-        if request_timeout_s is not None:
-            kwargs.setdefault("message_timeout_s", float(request_timeout_s))
-        if default_headers:
-            logger.debug("LettersEnv ignores default_headers (%d given)", len(default_headers))
         super().__init__(base_url=base_url, **kwargs)
         self._reset_defaults: dict[str, Any] = {}
         if task_name is not None:

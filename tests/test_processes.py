@@ -1,4 +1,4 @@
-"""ep_trl.devtools.processes: start, health-wait, clear failures, and group-wide stop."""
+"""ep_trl.processes: start, health-wait, clear failures, and group-wide stop."""
 
 import sys
 import time
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl.devtools.processes import ServerStartError, free_port, start_server
+from ep_trl.processes import ServerStartError, free_port, start_server
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Run the OpenEnv-facing tests against OpenEnv's `openenv` 0.10 distribution, in the venv made by
+# scripts/install_openenv010.sh (the project's Python has `openenv-core` 0.3; the two never share a venv).
+#
+#   scripts/test_openenv010.sh                 # the list below
+#   scripts/test_openenv010.sh -x -k letters   # extra pytest arguments are passed on
+#
+# Environment:
+#   OPENENV010_VENV   venv path (relative paths are relative to the repo root). Default: .venv-openenv010
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+venv="${OPENENV010_VENV:-.venv-openenv010}"
+case "$venv" in
+  /*) ;;
+  *) venv="$repo_root/$venv" ;;
+esac
+
+# The tests that create, serve or drive OpenEnv environments and clients.
+TESTS=(
+  tests/test_environment.py
+  tests/envs/test_letters.py
+  tests/test_rollout.py
+  tests/test_training.py
+  tests/test_episode.py
+  tests/test_env_servers.py
+)
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  printf '[test_openenv010] %s does not exist: run `bash scripts/install_openenv010.sh` first.\n' "$venv" >&2
+  exit 1
+fi
+printf '[test_openenv010] %s: openenv %s\n' "$venv" \
+  "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("openenv"))')" >&2
+exec "$venv/bin/python" -m pytest -q "${TESTS[@]}" "$@"

@@ -1,0 +1,191 @@
+"""Environment servers ep_trl starts itself, for an eval whose processor names a Docker image or a hub repo.
+
+eval-protocol's processor starts such an environment from its image; training here runs where no Docker daemon
+may exist, but the environment's package usually is importable (the eval imports its client class from it). In
+OpenEnv's layout that package holds the server too (``<env>/server/app.py`` beside ``<env>/client.py``), so
+ep_trl serves it as a local process with this Python, the eval's ``env_vars`` in its environment, waits for
+``/health`` and stops it when the rollout function is closed or the interpreter exits. When the eval selects its
+task through an environment variable (``task_var``), one server is started per task, as eval-protocol's
+processor starts one container per task.
+
+Servers are started through OpenEnv's own provider interface, so any provider can stand in (``provider=``):
+OpenEnv's ``LocalDockerProvider``, ``KubernetesProvider`` (container providers, given the eval's image) or a
+runtime provider such as ``UVProvider``. Without one, :class:`LocalAppProvider` is used. Why not ``UVProvider``
+by default: it re-installs the environment's project into an isolated environment with ``uv`` on every start,
+which needs ``uv`` and the network; the package is already importable in the training environment.
+"""
+
+import atexit
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .environment import EnvSettings
+from .errors import ConfigError
+from .processes import ServerProcess, free_port, start_server
+
+logger = logging.getLogger(__name__)
+
+#: How long a started environment server may take to answer ``/health``.
+START_TIMEOUT_S = 120.0
+
+try:  # the same interface in openenv-core 0.3 and openenv 0.10
+    from openenv.core.containers.runtime import ContainerProvider, RuntimeProvider
+except ImportError:  # pragma: no cover - checked at construction: ep_trl needs an OpenEnv distribution
+    ContainerProvider = RuntimeProvider = object  # type: ignore[assignment,misc]
+
+
+class LocalAppProvider(RuntimeProvider):  # type: ignore[misc,valid-type]
+    """An OpenEnv runtime provider that serves ``app`` (``"pkg.server.app:app"``) with this Python and uvicorn."""
+
+    def __init__(self, app: str, *, host: str = "127.0.0.1", env_vars: Mapping[str, str] | None = None) -> None:
+        self.app = app
+        self.host = host
+        self.env_vars = dict(env_vars or {})
+        self._server: ServerProcess | None = None
+        self._log_dir = Path(tempfile.mkdtemp(prefix="ep-trl-env-server-"))
+
+    def start(self, port: int | None = None, env_vars: Mapping[str, str] | None = None, **_: Any) -> str:
+        port = port or free_port(self.host)
+        env = {**self.env_vars, **(env_vars or {}),
+               # the server imports the package as this process does (a file-path eval's folder is on sys.path)
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        cmd = [sys.executable, "-m", "uvicorn", self.app, "--host", self.host, "--port", str(port)]
+        self._server = start_server(self.app.split(":")[0], cmd, port=port, log_dir=self._log_dir, env=env,
+                                    host=self.host, timeout_s=START_TIMEOUT_S)
+        return self._server.base_url
+
+    def wait_for_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """``start`` already waited for ``/health``; fail if the server died since."""
+        if self._server is None or self._server.proc.poll() is not None:
+            raise RuntimeError(f"the environment server for {self.app} is not running")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._server.pid if self._server is not None else None
+
+
+def server_app(client_cls: type) -> str | None:
+    """``"<env>.server.app:app"`` for the package that holds ``client_cls`` in OpenEnv's layout, if importable."""
+    parts = client_cls.__module__.split(".")
+    for depth in range(len(parts), 0, -1):
+        module = ".".join(parts[:depth]) + ".server.app"
+        try:
+            if importlib.util.find_spec(module) is not None:
+                return f"{module}:app"
+        except (ImportError, ValueError):
+            continue
+    return None
+
+
+Provider = Any  # an OpenEnv RuntimeProvider or ContainerProvider, or a zero-argument callable making one
+
+
+class LaunchedServers:
+    """The environment servers started for one rollout function; ``stop()`` (also run at exit) stops them all."""
+
+    def __init__(self) -> None:
+        self._stops: list[Callable[[], None]] = []
+        self.urls: dict[str | None, str] = {}
+        self.providers: list[Any] = []
+        _running.add(self)
+
+    def add(self, task: str | None, url: str, provider: Any, stop: Callable[[], None]) -> None:
+        self.urls[task] = url
+        self.providers.append(provider)
+        self._stops.append(stop)
+
+    @property
+    def running(self) -> bool:
+        return bool(self._stops)
+
+    def stop(self) -> None:
+        stops, self._stops = self._stops, []
+        for stop in stops:
+            stop()
+        _running.discard(self)
+
+
+_running: "weakref.WeakSet[LaunchedServers]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running() -> None:
+    """A training script rarely closes its rollout function: its environment servers must not outlive it."""
+    for servers in list(_running):
+        servers.stop()
+
+
+def launch(settings: EnvSettings, provider: Provider | None) -> tuple[EnvSettings, LaunchedServers]:
+    """Start the eval's environment server(s); the settings pointing at them, and a handle that stops them.
+
+    One server per task when the eval selects tasks through ``task_var`` (each started with ``task_var=task``),
+    else one server. A ``provider`` instance starts one server (with several tasks, they are then asked for at
+    reset); a zero-argument callable returning providers starts one per task.
+    """
+    assert settings.client_cls is not None
+    per_task = bool(settings.tasks and settings.task_var) and (
+        provider is None or _is_factory(provider) or len(settings.tasks) == 1)
+    targets: tuple[str | None, ...] = settings.tasks if per_task else (None,)
+    make = _provider_maker(settings, provider)
+    servers = LaunchedServers()
+    try:
+        for task in targets:
+            env_vars = {**settings.env_vars, **({settings.task_var: task} if task is not None and settings.task_var
+                                                else {})}
+            provider_for_task = make()
+            url, stop = _start(provider_for_task, settings, env_vars)
+            servers.add(task, url, provider_for_task, stop)
+            logger.info("ep_trl started the environment server for %s%s at %s", settings.client_cls.__name__,
+                        f" (task {task!r})" if task is not None else "", url)
+    except BaseException:
+        servers.stop()
+        raise
+    if per_task:
+        return replace(settings, task_urls={t: servers.urls[t] for t in targets if t is not None}), servers
+    return replace(settings, base_url=servers.urls[None]), servers
+
+
+def _is_factory(provider: Provider) -> bool:
+    return callable(provider) and not isinstance(provider, (RuntimeProvider, ContainerProvider))
+
+
+def _provider_maker(settings: EnvSettings, provider: Provider | None) -> Callable[[], Any]:
+    if provider is not None:
+        return provider if _is_factory(provider) else (lambda: provider)
+    assert settings.client_cls is not None
+    app = server_app(settings.client_cls)
+    if app is None:
+        source = settings.docker_image or settings.hub_repo_id
+        raise ConfigError(
+            f"The eval starts {settings.client_cls.__name__} from {source!r}, and ep_trl found no server beside "
+            f"{settings.client_cls.__module__} to start instead (OpenEnv layout: <env>/server/app.py). Start the "
+            "server yourself and pass env_base_url=..., or pass provider=... (an OpenEnv runtime or container "
+            "provider)."
+        )
+    return lambda: LocalAppProvider(app)
+
+
+def _start(provider: Any, settings: EnvSettings, env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
+    """Start one server with an OpenEnv provider of either kind; its URL and how to stop it."""
+    if isinstance(provider, ContainerProvider) and ContainerProvider is not object:
+        if not settings.docker_image:
+            raise ConfigError(f"{type(provider).__name__} starts containers, but the eval names no docker_image.")
+        url = provider.start_container(settings.docker_image, env_vars=env_vars)
+        provider.wait_for_ready(url, START_TIMEOUT_S)
+        return url, provider.stop_container
+    url = provider.start(env_vars=env_vars)
+    provider.wait_for_ready(START_TIMEOUT_S)
+    return url, provider.stop
