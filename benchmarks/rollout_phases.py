@@ -8,14 +8,15 @@ arm (its servers and arm are reused: tiny model, CPU vLLM server, letters server
 batch prints:
 
 * episodes/s and mean episode wall time;
-* latency of each phase as the episodes saw it: taking an environment session (``acquire``: 0 when an idle one
-  is reused, else a new client), ``reset`` (for a new session this includes the WebSocket connect), ``step``,
+* latency of each phase as the episodes saw it: starting an episode on an environment session (``start``: an
+  idle session reused or a new client, and its ``reset``), ``reset`` alone (for a new session this includes the
+  WebSocket connect), ``step``,
   ``generate`` (one turn, batching window included);
 * how many prompts each ``/v1/completions`` request carried;
 * CPU ms per episode of every process involved (from ``/proc/<pid>/stat``): the vLLM API server, engine core and
   worker, the letters server, and this process split by thread (event loop, rollout-log writer, ...).
 
-The phases are timed by wrapping ep_trl's methods in this process only (``EnvPool.acquire``, ``EnvSession.reset``
+The phases are timed by wrapping ep_trl's methods in this process only (``EnvPool.start``, ``EnvSession.reset``
 /``step``, ``VLLMServerGenerator.generate`` and its private ``_post``, the one request-level hook); nothing is
 changed in what they do.
 """
@@ -35,7 +36,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rollout_throughput as bench  # noqa: E402  (sets HOME and the repo path first)
 
-from ep_trl import environment  # noqa: E402
+from ep_trl import env_pool, environment  # noqa: E402
 from ep_trl.generation import vllm  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -113,7 +114,7 @@ def main() -> None:
     parser.add_argument("--no-env-reuse", action="store_true")
     parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
     args = parser.parse_args()
-    timed(environment.EnvPool, "acquire", "acquire")
+    timed(env_pool.EnvPool, "start", "start")
     timed(environment.EnvSession, "reset", "reset")
     timed(environment.EnvSession, "step", "step")
     timed(vllm.VLLMServerGenerator, "generate", "generate")

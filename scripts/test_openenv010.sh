@@ -25,6 +25,8 @@ TESTS=(
   tests/test_training.py
   tests/test_episode.py
   tests/test_env_servers.py
+  tests/test_failures.py
+  tests/test_soak.py
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then

@@ -11,7 +11,8 @@ import pytest
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func
 from ep_trl.env_servers import LocalAppProvider, launch, server_app
-from ep_trl.environment import EnvPool, EnvSettings, client_kwargs, constructor_parameters
+from ep_trl.env_pool import EnvPool
+from ep_trl.environment import EnvSettings, client_kwargs, constructor_parameters
 from ep_trl.envs.letters import LettersEnv
 from tests.fixtures.guess_env import GuessEnv
 from tests.fixtures.guess_server import games_in_text, running_guess_server

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from ep_trl.environment import EnvPool, EnvSettings, open_env
+from ep_trl.env_pool import EnvPool
+from ep_trl.environment import EnvSettings, open_env
 from ep_trl.envs.letters import LettersAction, LettersEnv
 from tests.support.tracked_env import TrackedLettersEnv
 

@@ -61,6 +61,10 @@ def test_rollout_options_refuse_bad_values():
         RolloutOptions(chat_template_kwargs=["enable_thinking"])
     with pytest.raises(ConfigError, match="reuse_env_sessions"):
         RolloutOptions(reuse_env_sessions="yes")
+    with pytest.raises(ConfigError, match=r"body_timeout_s=0.*> 0"):
+        RolloutOptions(body_timeout_s=0)
+    with pytest.raises(ConfigError, match=r"max_signal_free_calls=0.*integer >= 1"):
+        RolloutOptions(max_signal_free_calls=0)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

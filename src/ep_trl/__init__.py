@@ -13,13 +13,21 @@ The public API is what this docstring lists; every other module is internal (doc
 * ``ep_trl.rewards``: ``eval_score``, ``step_reward_sum``, ``step_reward_mean``, ``step_reward_max``;
 * ``ep_trl.vllm_weight_sync.DiskSyncGRPOTrainer``: keeps a local vLLM server on the trainer's weights on CPU;
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
-  ``VersionError``, ``GenerationError``;
+  ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);
 * ``ep_trl.devtools``: development tooling for scripts and tests (tiny model, local servers, progress lines).
 """
 
 from .dataset import dataset_from_eval
-from .errors import ConfigError, EnvPathError, EpTrlError, GenerationError, UnsupportedEvalError, VersionError
+from .errors import (
+    ConfigError,
+    EnvPathError,
+    EpTrlError,
+    GenerationError,
+    NoTrainingSignalError,
+    UnsupportedEvalError,
+    VersionError,
+)
 from .options import EvalOverrides, RolloutOptions, VLLMOptions
 from .rollout import RolloutFunction, create_openenv_vllm_rollout_func
 
@@ -29,6 +37,7 @@ __all__ = [
     "EpTrlError",
     "EvalOverrides",
     "GenerationError",
+    "NoTrainingSignalError",
     "RolloutFunction",
     "RolloutOptions",
     "UnsupportedEvalError",

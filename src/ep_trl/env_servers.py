@@ -29,6 +29,7 @@ from typing import Any
 
 from .environment import EnvSettings
 from .errors import ConfigError
+from .options import EvalOverrides
 from .processes import ServerProcess, free_port, start_server
 
 logger = logging.getLogger(__name__)
@@ -128,13 +129,17 @@ def _stop_running() -> None:
         servers.stop()
 
 
-def launch(settings: EnvSettings, provider: Provider | None) -> tuple[EnvSettings, LaunchedServers]:
+def launch(settings: EnvSettings, provider: Provider | None,
+           overrides: EvalOverrides | None = None) -> tuple[EnvSettings, LaunchedServers]:
     """Start the eval's environment server(s); the settings pointing at them, and a handle that stops them.
 
     One server per task when the eval selects tasks through ``task_var`` (each started with ``task_var=task``),
     else one server. A ``provider`` instance starts one server (with several tasks, they are then asked for at
     reset); a zero-argument callable returning providers starts one per task.
     """
+    if overrides is not None and (overrides.env_base_url is not None or overrides.env_factory is not None):
+        raise ConfigError("provider= starts the environment server; it cannot be combined with env_base_url or "
+                          "env_factory, which name an environment that already exists. Pass one of them.")
     assert settings.client_cls is not None
     per_task = bool(settings.tasks and settings.task_var) and (
         provider is None or _is_factory(provider) or len(settings.tasks) == 1)

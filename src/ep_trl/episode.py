@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .environment import EnvPool, EnvSession, EnvSettings, StepOutcome
+from .env_pool import EnvPool
+from .environment import EnvSession, EnvSettings, StepOutcome
 from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.spec import history_line
 from .generation import Generation, Generator, SamplingParams
@@ -269,13 +270,17 @@ def _turn_budget(builder: TrajectoryBuilder, cfg: EpisodeConfig) -> int:
     return max(1, min(cfg.sampling.max_tokens, remaining))
 
 
-def initial_messages(prompt: Any) -> tuple[dict[str, Any], ...]:
+def initial_messages(prompt: Any, index: int = 0) -> tuple[dict[str, Any], ...]:
     """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
+    shape = ("the dataset's 'prompt' column must hold strings or lists of messages such as "
+             "[{'role': 'user', 'content': 'Play the game.'}]")
     if isinstance(prompt, str):
         return ({"role": "user", "content": prompt},)
-    if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) and "role" in m for m in prompt):
-        return tuple(dict(m) for m in prompt)
-    raise TypeError(
-        f"rollout_func got a prompt of type {type(prompt).__name__}; the dataset's 'prompt' column must hold strings "
-        "or lists of {'role', 'content'} messages"
-    )
+    if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
+        raise TypeError(f"rollout_func got prompt {index} of type {type(prompt).__name__}; {shape}")
+    for k, message in enumerate(prompt):
+        content = message.get("content")
+        if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
+            raise ConfigError(f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
+                              f"'content' (a string or content parts); {shape}")
+    return tuple(dict(m) for m in prompt)

@@ -23,3 +23,7 @@ class ConfigError(EpTrlError, ValueError):
 
 class GenerationError(EpTrlError, RuntimeError):
     """The generation backend failed in a way retrying will not fix."""
+
+
+class NoTrainingSignalError(EpTrlError, RuntimeError):
+    """Several rollout calls in a row produced no scored episode: training would go on learning nothing."""

@@ -192,11 +192,16 @@ class RolloutOptions:
             per-episode work.
         log_home: send logged rows to ``<log_home>/.eval_protocol/logs.db`` instead of ``~/.eval_protocol/logs.db``
             (view them with ``HOME=<log_home> ep logs``).
+        body_timeout_s: how long one call of the eval body may take; past it, its rows are unscored (counted).
+        max_signal_free_calls: raise ``NoTrainingSignalError`` after this many consecutive rollout calls in which
+            no episode got a score (every one failed or went unscored): such steps train on nothing.
     """
 
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     reuse_env_sessions: bool = True
     log_home: str | os.PathLike | None = None
+    body_timeout_s: float = 300.0
+    max_signal_free_calls: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.chat_template_kwargs, Mapping):
@@ -207,6 +212,8 @@ class RolloutOptions:
             raise ConfigError(f"RolloutOptions(reuse_env_sessions={self.reuse_env_sessions!r}): must be True or False.")
         if self.log_home is not None and not isinstance(self.log_home, (str, os.PathLike)):
             raise ConfigError(f"RolloutOptions(log_home={self.log_home!r}): must be a directory path.")
+        _positive_float("RolloutOptions", "body_timeout_s", self.body_timeout_s)
+        _positive_int("RolloutOptions", "max_signal_free_calls", self.max_signal_free_calls)
 
 
 #: Keywords of earlier releases and where they live now (named in the TypeError a stale call gets).

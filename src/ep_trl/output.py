@@ -11,17 +11,25 @@ from .episode import Episode
 from .scoring import Scored
 
 
-def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_ids: Sequence[str]) -> dict[str, list[Any]]:
+def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_ids: Sequence[str],
+               end_token_id: int) -> dict[str, list[Any]]:
+    """The dict for TRL. An episode that failed before the model's first turn has no completion; TRL reads the
+    last id of every completion (an empty one crashes ``train()``), so such a row carries one placeholder: the
+    end-of-turn token ``end_token_id``, logprob 0.0, ``env_mask`` 0 (no loss, no importance ratio, no entropy),
+    with ``eval_score`` None (no reward: TRL leaves it out of the group baseline and gives it no advantage)."""
     trajectories = [ep.trajectory for ep in episodes]
+    placeholder = [not t.completion_ids for t in trajectories]
     return {
         "prompt_ids": [list(t.prompt_ids) for t in trajectories],
-        "completion_ids": [list(t.completion_ids) for t in trajectories],
-        "logprobs": [list(t.logprobs) for t in trajectories],
-        "env_mask": [list(t.env_mask) for t in trajectories],
+        "completion_ids": [[end_token_id] if empty else list(t.completion_ids)
+                           for t, empty in zip(trajectories, placeholder)],
+        "logprobs": [[0.0] if empty else list(t.logprobs) for t, empty in zip(trajectories, placeholder)],
+        "env_mask": [[0] if empty else list(t.env_mask) for t, empty in zip(trajectories, placeholder)],
         "eval_score": [s.score for s in scored],
         "step_rewards": [list(ep.step_rewards) for ep in episodes],
         "num_turns": [ep.num_turns for ep in episodes],
         "episode_status": [ep.status for ep in episodes],
+        "episode_error": [ep.error for ep in episodes],
         "template_realigned": [t.realigned for t in trajectories],
         "rollout_id": list(rollout_ids),
     }

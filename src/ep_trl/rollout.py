@@ -6,22 +6,24 @@ This module holds the factory and the per-call orchestration only: how settings 
 """
 
 import asyncio
+import atexit
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from . import env_servers, evalprotocol, settings, trl_compat
 from .env_servers import LaunchedServers
-from .environment import EnvPool, ServerNotes, check_openenv
+from .env_pool import EnvPool, ServerNotes
+from .environment import check_openenv
 from .episode import Episode, EpisodeConfig, EpisodeSpec, StepCallback, run_episode
-from .errors import ConfigError
 from .evalprotocol import EvalSpec
 from .generation import Generator
 from .generation.choice import make_generator
 from .generation.vllm import probe_server
-from .metrics import budget_warning, call_metrics, summary_line
+from .metrics import SignalWatch, budget_warning, call_metrics, summary_line
 from .options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
 from .output import trl_output
 from .rollout_log import RolloutLogWriter
@@ -53,9 +55,11 @@ class RolloutFunction:
         self._generator: Generator | None = None
         self._template: ChatTemplate | None = None
         self._groups_started = 0
+        self._signal = SignalWatch(self.options.max_signal_free_calls, spec.qualified_name)
         self.calls = 0
         self.invocation_id = evalprotocol.new_id("ep-trl")
         self.__name__ = f"ep_trl_rollout[{spec.qualified_name}]"
+        _open_functions.add(self)
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
         """``rollout_func(prompts, trainer)`` as ``GRPOTrainer`` calls it."""
@@ -85,6 +89,7 @@ class RolloutFunction:
         self._runner.close()
         if self._servers is not None:
             self._servers.stop()
+        _open_functions.discard(self)
 
     def _setup(self, view: trl_compat.TrainerView) -> tuple[ChatTemplate, Generator]:
         if self._template is None:
@@ -120,7 +125,8 @@ class RolloutFunction:
         if generator.failure is not None:  # the backend failed for good (e.g. the server is gone): do not train on it
             raise generator.failure
         rows = [context.episode_row(ep, rid, prompts[ep.spec.index]) for ep, rid in zip(episodes, rollout_ids)]
-        scored = await score_rows(self.spec, rows, [ep.status == "finished" for ep in episodes], groups)
+        scored = await score_rows(self.spec, rows, [ep.status == "finished" for ep in episodes], groups,
+                                  self.options.body_timeout_s)
         seconds = time.perf_counter() - started
         if self._log is not None:
             context.log_final(self._log, episodes, scored, seconds)
@@ -130,7 +136,8 @@ class RolloutFunction:
         budget = budget_warning(episodes, cfg.max_episode_tokens)
         if budget:
             logger.warning(budget)
-        return trl_output(episodes, scored, rollout_ids)
+        self._signal.observe(episodes, scored)
+        return trl_output(episodes, scored, rollout_ids, cfg.stop_token_ids[0])
 
     def _step_logger(self, context: RowContext, prompts: list[Any]) -> Callable[[EpisodeSpec, str], StepCallback | None]:
         """Per episode: log its row as it starts, and a callback that logs it after every step (None when off)."""
@@ -170,6 +177,17 @@ class RolloutFunction:
             raise
         finally:
             await envs.aclose()
+
+
+_open_functions: "weakref.WeakSet[RolloutFunction]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_functions() -> None:
+    """GRPOTrainer never closes its rollout_func: close what is still open at interpreter exit, so connections,
+    background tasks, log rows and environment servers end cleanly instead of as warnings about pending tasks."""
+    for function in list(_open_functions):
+        function.close()
 
 
 def create_openenv_vllm_rollout_func(
@@ -226,15 +244,7 @@ def create_openenv_vllm_rollout_func(
     openenv = check_openenv()
     merged = (overrides or EvalOverrides()).merged(env_base_url=env_base_url, env_factory=env_factory,
                                                    max_concurrent_rollouts=max_concurrent_rollouts)
-    spec = settings.apply_overrides(evalprotocol.read_eval_spec(evalprotocol.resolve_eval_test(env_path)), merged)
-    servers = None
-    if provider is not None or spec.env.needs_launch():
-        if merged.env_base_url is not None or merged.env_factory is not None:
-            raise ConfigError("provider= starts the environment server; it cannot be combined with env_base_url or "
-                              "env_factory, which name an environment that already exists. Pass one of them.")
-        launched_env, servers = env_servers.launch(spec.env, provider)
-        spec = replace(spec, env=launched_env)
-        settings.check_spec(spec)
+    spec, servers = _resolve(env_path, merged, provider)
     for note in settings.notes(spec):
         logger.info(note)
     logger.info("ep_trl: training on %s (%s with %s, mode %s, %d max steps, tasks %s)", spec.qualified_name,
@@ -245,3 +255,14 @@ def create_openenv_vllm_rollout_func(
     return RolloutFunction(spec, backend=backend, vllm_base_url=vllm_base_url.rstrip("/") if vllm_base_url else None,
                            max_episode_tokens=max_episode_tokens, vllm=vllm, options=options, log_writer=writer,
                            servers=servers)
+
+
+def _resolve(env_path: str, overrides: EvalOverrides, provider: Any | None) -> tuple[EvalSpec, LaunchedServers | None]:
+    """The eval's spec with the overrides applied and checked, its environment servers started if ep_trl must."""
+    spec = settings.apply_overrides(evalprotocol.read_eval_spec(evalprotocol.resolve_eval_test(env_path)), overrides)
+    if provider is None and not spec.env.needs_launch():
+        return spec, None
+    launched_env, servers = env_servers.launch(spec.env, provider, overrides)
+    spec = replace(spec, env=launched_env)
+    settings.check_spec(spec)
+    return spec, servers

@@ -16,6 +16,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: How long an interrupted call may take to cancel its episodes and close their environment sessions.
+CANCEL_WAIT_S = 30.0
+
 
 class LoopRunner:
     """Runs coroutines on a private, long-lived event loop in a daemon thread."""
@@ -46,16 +49,30 @@ class LoopRunner:
             return self._loop
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result from the calling (non-loop) thread."""
+        """Run ``coro`` on the loop and wait for its result from the calling (non-loop) thread.
+
+        If the wait is interrupted (Ctrl-C, a timeout), ``coro`` is cancelled and given up to
+        ``CANCEL_WAIT_S`` to finish its cleanup (closing environment sessions, settling its tasks) before the
+        interruption propagates, so nothing is left pending when the interpreter exits."""
         loop = self.loop
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("LoopRunner.run() was called from its own loop thread; await the coroutine instead.")
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        finished = threading.Event()
+
+        async def tracked() -> T:
+            try:
+                return await coro
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(tracked(), loop)
         try:
             return future.result(timeout)
         except BaseException:
             future.cancel()
+            if not finished.wait(CANCEL_WAIT_S):
+                logger.warning("an interrupted rollout call did not finish its cleanup within %.0f s", CANCEL_WAIT_S)
             raise
 
     def close(self) -> None:

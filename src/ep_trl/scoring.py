@@ -6,10 +6,12 @@ given unscored and records why; the other rows of the batch are unaffected.
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import UnsupportedEvalError
 from .evalprotocol import EvalSpec, run_body, score_of
 
 logger = logging.getLogger(__name__)
@@ -35,8 +37,12 @@ def group_indices(prompts: Sequence[Any], num_generations: int) -> list[list[int
     return groups
 
 
-async def score_rows(spec: EvalSpec, rows: list[Any], eligible: list[bool], groups: list[list[int]]) -> list[Scored]:
-    """Run the body over the eligible rows in the eval's mode and return one ``Scored`` per row."""
+async def score_rows(spec: EvalSpec, rows: list[Any], eligible: list[bool], groups: list[list[int]],
+                     timeout_s: float) -> list[Scored]:
+    """Run the body over the eligible rows in the eval's mode and return one ``Scored`` per row.
+
+    A body that raises or outlasts ``timeout_s`` leaves its rows unscored, saying why; one that returns something
+    other than its rows raises ``UnsupportedEvalError`` (every call would do the same)."""
     results: list[Scored] = [Scored(None, row, "episode failed; not scored") for row in rows]
     if spec.mode == "pointwise":
         batches = [[i] for i in range(len(rows)) if eligible[i]]
@@ -48,7 +54,16 @@ async def score_rows(spec: EvalSpec, rows: list[Any], eligible: list[bool], grou
 
     async def score(batch: list[int]) -> None:
         try:
-            out = await run_body(spec, [rows[i] for i in batch])
+            out = await run_body(spec, [rows[i] for i in batch], timeout_s)
+        except UnsupportedEvalError:
+            raise
+        except TimeoutError:
+            message = (f"eval body did not return within {timeout_s:g} s (raise RolloutOptions(body_timeout_s=...) "
+                       "if it is just slow)")
+            logger.warning("%s: %s (rows %s left unscored)", spec.qualified_name, message, batch)
+            for i in batch:
+                results[i] = Scored(None, rows[i], message)
+            return
         except Exception as exc:
             message = f"eval body raised {type(exc).__name__}: {exc}"
             logger.warning("%s: %s (rows %s left unscored)", spec.qualified_name, message, batch)
@@ -57,7 +72,17 @@ async def score_rows(spec: EvalSpec, rows: list[Any], eligible: list[bool], grou
             return
         for i, row in zip(batch, out):
             value = score_of(row)
-            results[i] = Scored(value, row, None if value is not None else "eval body left the row unscored")
+            results[i] = Scored(value, row, None if value is not None else _unscored_reason(row))
 
     await asyncio.gather(*(score(b) for b in batches))
     return results
+
+
+def _unscored_reason(row: Any) -> str:
+    result = getattr(row, "evaluation_result", None)
+    score = getattr(result, "score", None)
+    if score is not None and not math.isfinite(float(score)):
+        return f"eval body gave a score that is not a finite number ({score}); treated as unscored"
+    if result is not None and getattr(result, "is_score_valid", True) is False:
+        return "eval body marked the score invalid"
+    return "eval body left the row unscored"

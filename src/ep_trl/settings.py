@@ -172,7 +172,7 @@ def plan_episodes(prompts: Sequence[Any], groups: Sequence[Sequence[int]], first
         group = first_group + g
         task = tasks[group % len(tasks)] if tasks else None
         for k, i in enumerate(members):
-            messages = initial_messages(prompts[i])
+            messages = initial_messages(prompts[i], i)
             if system_prompt and not any(m.get("role") == "system" for m in messages):
                 messages = ({"role": "system", "content": system_prompt},) + messages
             specs.append(EpisodeSpec(index=i, group=group, generation=k, task=task, initial_messages=messages))

@@ -13,7 +13,9 @@ Each completion request takes the next action from ``plan`` (then ``default``):
 * ``"ok"``: a canned completion (``ok_token_ids`` cut to ``max_tokens``), after ``ok_delay_s``;
 * ``("status", code)`` / ``("status", code, message)``: an HTTP error with vLLM's error body;
 * ``"hang"``: never answer (until the server is closed);
-* ``"drop"``: close the connection without answering.
+* ``"drop"``: close the connection without answering;
+* ``"no_token_ids"``: HTTP 200 with choices that carry text but no ``token_ids`` (a server that ignores
+  ``return_token_ids``, e.g. an older vLLM or another OpenAI-compatible server).
 
 ``reject_longer_than`` answers any request holding a prompt longer than that with vLLM's HTTP 400, as a real
 server does for a prompt over its ``max_model_len``.
@@ -180,6 +182,11 @@ def _handler_for(server: FaultyVLLMServer) -> type[BaseHTTPRequestHandler]:
             elif action == "drop":
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
+            elif action == "no_token_ids":
+                answer = server.completion(body, prompts)
+                for choice in answer["choices"]:
+                    del choice["token_ids"]
+                self._send(200, answer)
             elif isinstance(action, tuple) and action[0] == "status":
                 code = int(action[1])
                 message = action[2] if len(action) > 2 else f"injected HTTP {code}"

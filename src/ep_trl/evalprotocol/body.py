@@ -2,11 +2,13 @@
 
 import asyncio
 import inspect
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import UnsupportedEvalError
+from ..threads import run_blocking
 from .spec import EvalSpec
 
 
@@ -52,38 +54,49 @@ def build_row(
     return row
 
 
-async def run_body(spec: EvalSpec, rows: list[Any]) -> list[Any]:
+async def run_body(spec: EvalSpec, rows: list[Any], timeout_s: float) -> list[Any]:
     """Run the eval body as eval-protocol would: per row (pointwise) or on the list (groupwise, all).
 
-    Sync bodies run in a worker thread so a slow scorer does not stall the episodes still in flight.
+    Sync bodies run in a thread of their own so a slow scorer does not stall the episodes still in flight; each
+    call may take ``timeout_s`` (then ``TimeoutError``).
     """
     kwargs = dict(spec.evaluation_test_kwargs)
+    what = f"the eval body of {spec.qualified_name}"
 
     async def call(arg: Any) -> Any:
         if inspect.iscoroutinefunction(spec.body):
-            return await spec.body(arg, **kwargs)
-        result = await asyncio.to_thread(spec.body, arg, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+            return await asyncio.wait_for(spec.body(arg, **kwargs), timeout_s)
+        result = await run_blocking(lambda: spec.body(arg, **kwargs), timeout_s=timeout_s, what=what)
+        return await asyncio.wait_for(result, timeout_s) if inspect.isawaitable(result) else result
 
     if spec.mode == "pointwise":
         if len(rows) != 1:
             raise ValueError("pointwise bodies take one row at a time")
-        return [await call(rows[0])]
-    out = await call(list(rows))
-    if not isinstance(out, list) or len(out) != len(rows):
+        out = [await call(rows[0])]
+    else:
+        out = await call(list(rows))
+        if not isinstance(out, list) or len(out) != len(rows):
+            raise UnsupportedEvalError(
+                f"{spec.qualified_name} ({spec.mode}) must return the list of rows it was given "
+                f"({len(rows)}); it returned {type(out).__name__}"
+                + (f" of length {len(out)}" if isinstance(out, list) else "")
+            )
+    wrong = [type(row).__name__ for row in out if not hasattr(row, "evaluation_result")]
+    if wrong:
         raise UnsupportedEvalError(
-            f"{spec.qualified_name} ({spec.mode}) must return the list of rows it was given "
-            f"({len(rows)}); it returned {type(out).__name__}"
-            + (f" of length {len(out)}" if isinstance(out, list) else "")
+            f"{spec.qualified_name} returned {wrong[0]} where eval-protocol expects the EvaluationRow it was given, "
+            "with row.evaluation_result set (EvaluateResult(score=...)); return the row."
         )
     return out
 
 
 def score_of(row: Any) -> float | None:
-    """The eval's score for a scored row, or None when the body left it unscored or invalid."""
+    """The eval's score for a scored row, or None when the body left it unscored, marked it invalid, or gave a
+    score that is not a finite number (NaN or inf would make the whole batch's reward NaN)."""
     result = getattr(row, "evaluation_result", None)
     if result is None or getattr(result, "score", None) is None:
         return None
     if getattr(result, "is_score_valid", True) is False:
         return None
-    return float(result.score)
+    score = float(result.score)
+    return score if math.isfinite(score) else None

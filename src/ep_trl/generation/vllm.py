@@ -208,11 +208,11 @@ class VLLMServerGenerator:
                     choice = await self._send_one(prompt, payload, label)
                 else:
                     choice = await self._join_batch(prompt, payload, label)
+            return parse_choice(choice, label)  # an answer without token ids fails for good too
         except GenerationError as exc:
             if self._failure is None:
                 self._failure = exc
             raise
-        return parse_choice(choice, label)
 
     async def _join_batch(self, prompt: list[int], fields: dict[str, Any], label: str) -> dict[str, Any]:
         key = json.dumps(fields, sort_keys=True)
