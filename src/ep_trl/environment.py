@@ -107,8 +107,8 @@ class StepOutcome:
     done: bool
 
 
-#: The PyPI distributions that install the ``openenv`` package, and the ep_trl extra that installs each.
-OPENENV_DISTRIBUTIONS = {"openenv": "openenv", "openenv-core": "openenv-core"}
+#: The PyPI distributions that install the ``openenv`` package (each is also the name of ep_trl's extra for it).
+OPENENV_DISTRIBUTIONS = ("openenv", "openenv-core")
 
 
 def check_openenv() -> str:
