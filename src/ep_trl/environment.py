@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 STOCK_MESSAGE_TIMEOUT_S = 60.0
 #: A stock OpenEnv client's connect timeout (``connect_timeout_s``).
 STOCK_CONNECT_TIMEOUT_S = 10.0
+#: How long an ``env_factory`` call may go on after its episode stopped waiting (to close a client built late)
+#: before its thread is abandoned and counted as stuck.
+FACTORY_ABANDON_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -256,12 +259,13 @@ def client_kwargs(settings: EnvSettings, base_url: str) -> dict[str, Any]:
     assert settings.client_cls is not None
     accepted = constructor_parameters(settings.client_cls)
     timeout = settings.request_timeout_s
+    headers = dict(settings.default_headers) if settings.default_headers else None
     offered = {
         "message_timeout_s": timeout,
         "request_timeout_s": timeout,
         "connect_timeout_s": min(STOCK_CONNECT_TIMEOUT_S, timeout),
-        "headers": dict(settings.default_headers) if settings.default_headers else None,
-        "default_headers": dict(settings.default_headers) if settings.default_headers else None,
+        "headers": headers,
+        "default_headers": headers,
     }
     kwargs = {name: value for name, value in offered.items() if name in accepted and value is not None}
     kwargs["base_url"] = base_url
@@ -272,8 +276,10 @@ async def open_env(settings: EnvSettings, label: str, task: str | None = None) -
     """Build the environment client for one episode, as the eval's processor would."""
     timeout = settings.request_timeout_s
     if settings.factory is not None:
+        # the thread outlives this episode's wait (bounded by ``timeout`` below) so that a client built late can be
+        # closed; only a factory still running after FACTORY_ABANDON_S is given up on and counted as stuck
         building = asyncio.ensure_future(
-            run_blocking(settings.factory, timeout_s=timeout, what=f"environment {label}: env_factory()"))
+            run_blocking(settings.factory, timeout_s=FACTORY_ABANDON_S, what=f"environment {label}: env_factory()"))
         try:
             client = await asyncio.wait_for(asyncio.shield(building), timeout)
         except TimeoutError as exc:

@@ -42,7 +42,7 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
     o = overrides
     env_changes: dict[str, Any] = {}
     if o.env_factory is not None:
-        env_changes.update(factory=o.env_factory)
+        env_changes["factory"] = o.env_factory
     if o.env_client_cls is not None or o.env_base_url is not None:
         env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
     for name, field_name in (("env_client_cls", "client_cls"), ("env_base_url", "base_url"), ("tasks", "tasks"),
