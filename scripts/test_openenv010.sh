@@ -27,6 +27,7 @@ TESTS=(
   tests/test_env_servers.py
   tests/test_failures.py
   tests/test_soak.py
+  tests/sources/test_processor.py
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then

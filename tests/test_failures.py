@@ -177,7 +177,7 @@ def test_calls_without_any_score_end_training_with_what_went_wrong(tiny_model_di
               options=RolloutOptions(max_signal_free_calls=2))
     message = str(raised.value)
     assert "2 rollout calls in a row" in message and "max_signal_free_calls=2" in message
-    assert "- environment: 4 episode(s); fix: check that the environment server is up" in message
+    assert "- environment: 4 episode(s); fix: check that the environment, tool or MCP servers are up" in message
     assert f"{dead.split('//')[1]}" in message or "Connect" in message  # the error itself, grouped
 
 

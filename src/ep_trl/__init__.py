@@ -6,8 +6,9 @@
 
 The public API is what this docstring lists; every other module is internal (docs/architecture.md):
 
-* ``create_openenv_vllm_rollout_func(env_path, ...)`` → ``RolloutFunction``, the ``rollout_func`` for
-  ``GRPOTrainer``; its option objects ``EvalOverrides`` (replace the eval's settings), ``VLLMOptions`` (the vLLM
+* ``create_openenv_vllm_rollout_func(env_path, ...)`` (alias ``create_rollout_func``) → ``RolloutFunction``, the
+  ``rollout_func`` for ``GRPOTrainer``, for an eval with any eval-protocol processor (docs/processors.md); its
+  option objects ``EvalOverrides`` (replace the eval's settings), ``VLLMOptions`` (the vLLM
   server backend) and ``RolloutOptions`` (the bridge itself);
 * ``dataset_from_eval(env_path, repeat=1)``: the eval's own input rows as a TRL training dataset;
 * ``ep_trl.rewards``: ``eval_score``, ``step_reward_sum``, ``step_reward_mean``, ``step_reward_max``;
@@ -15,6 +16,8 @@ The public API is what this docstring lists; every other module is internal (doc
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
   ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);
+* ``python -m ep_trl.serve MODEL_DIR``: a local model behind the endpoint training uses, to run the same eval
+  file under ``pytest`` (docs/processors.md);
 * ``ep_trl.devtools``: development tooling for scripts and tests (tiny model, local servers, progress lines).
 """
 
@@ -29,7 +32,7 @@ from .errors import (
     VersionError,
 )
 from .options import EvalOverrides, RolloutOptions, VLLMOptions
-from .rollout import RolloutFunction, create_openenv_vllm_rollout_func
+from .rollout import RolloutFunction, create_openenv_vllm_rollout_func, create_rollout_func
 
 __all__ = [
     "ConfigError",
@@ -44,6 +47,7 @@ __all__ = [
     "VLLMOptions",
     "VersionError",
     "create_openenv_vllm_rollout_func",
+    "create_rollout_func",
     "dataset_from_eval",
 ]
 __version__ = "0.1.0"

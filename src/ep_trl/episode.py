@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 from .env_pool import EnvPool
 from .environment import EnvSession, EnvSettings, StepOutcome
 from .errors import ConfigError, UnsupportedEvalError
+from .evalprotocol.inputs import strip_row_key
 from .evalprotocol.spec import history_line
-from .generation import Generation, Generator, SamplingParams
-from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder
+from .generation import Generation, Generator
+from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,7 @@ class EpisodeConfig:
     prompt_builder: Callable[[Any, int, list[str]], Any]
     action_parser: Callable[[str], Any]
     max_steps: int
-    sampling: SamplingParams
-    max_episode_tokens: int
-    stop_token_ids: tuple[int, ...]
-    max_model_len: int | None = None
+    limits: TurnLimits
     eval_name: str = "the eval"
 
 
@@ -68,6 +66,7 @@ class Episode:
     prompt_tokens: int
     prompt_builder_failures: int = 0
     budget_blocked_tokens: int = 0  # the bridge that no longer fit when stop_reason is "token_budget"
+    forked_segments: int = 0  # conversations a processor abandoned (ep_trl.processors.capture), not trained on
 
     @property
     def num_turns(self) -> int:
@@ -102,7 +101,7 @@ async def _guarded(kind: str, pending: Awaitable[T]) -> T:
         raise EpisodeFailure(kind, exc) from exc
 
 
-def _pytest_outcome(exc: BaseException, what: str, eval_name: str) -> UnsupportedEvalError | None:
+def pytest_outcome(exc: BaseException, what: str, eval_name: str) -> UnsupportedEvalError | None:
     """An eval's code that calls ``pytest.skip``/``fail``/``exit`` while training: one clear error, not a
     pytest outcome raised through the trainer."""
     try:
@@ -191,7 +190,7 @@ async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: E
         assert builder is not None
         context = builder.context()
         state.prompt_tokens += len(context)
-        params = cfg.sampling.with_max_tokens(_turn_budget(builder, cfg))
+        params = cfg.limits.sampling.with_max_tokens(builder.turn_budget(cfg.limits))
         last = await _guarded("generation", generator.generate(context, params))
         builder.add_sampled(last)
         text = template.decode(last.token_ids)
@@ -213,7 +212,7 @@ async def _parse(cfg: EpisodeConfig, text: str) -> Any:
     try:
         return cfg.action_parser(text)
     except BaseException as exc:
-        outcome = _pytest_outcome(exc, "action parser", cfg.eval_name)
+        outcome = pytest_outcome(exc, "action parser", cfg.eval_name)
         if outcome is not None:
             raise outcome from exc
         raise
@@ -225,7 +224,7 @@ def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step:
         return cfg.prompt_builder(outcome.observation, step, state.history)
     except BaseException as exc:
         if not isinstance(exc, Exception):
-            raise _pytest_outcome(exc, "prompt builder", cfg.eval_name) or exc
+            raise pytest_outcome(exc, "prompt builder", cfg.eval_name) or exc
         # same fallback as OpenEnvRolloutProcessor, but counted and logged
         state.builder_failures += 1
         logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
@@ -239,14 +238,11 @@ def _extend_context(state: _State, template: ChatTemplate, cfg: EpisodeConfig, l
     if state.builder is None:
         state.builder = TrajectoryBuilder(tuple(template.prompt_ids(state.messages)))
         n = len(state.builder.prompt_ids)
-        if cfg.max_model_len is not None and n >= cfg.max_model_len:
-            raise EpisodeFailure("generation", ValueError(
-                f"the first prompt is {n} tokens, not below max_model_len {cfg.max_model_len}; shorten the prompt "
-                "builder's output"))
+        check_first_prompt(n, cfg.limits, "shorten the prompt builder's output")
         return True
     assert last is not None
-    bridge, realigned = template.bridge(state.messages, state.builder.context(), last, cfg.stop_token_ids)
-    if not _fits(state.builder, len(bridge) + 1, cfg):
+    bridge, realigned = template.bridge(state.messages, state.builder.context(), last, cfg.limits.stop_token_ids)
+    if not state.builder.fits(len(bridge) + 1, cfg.limits):
         state.budget_blocked_tokens = len(bridge)
         return False
     state.builder.add_inserted(bridge)
@@ -254,20 +250,11 @@ def _extend_context(state: _State, template: ChatTemplate, cfg: EpisodeConfig, l
     return True
 
 
-def _fits(builder: TrajectoryBuilder, extra: int, cfg: EpisodeConfig) -> bool:
-    """Whether ``extra`` more completion tokens stay within the episode budget and the model's context."""
-    if len(builder.completion_ids) + extra > cfg.max_episode_tokens:
-        return False
-    if cfg.max_model_len is not None and len(builder.prompt_ids) + len(builder.completion_ids) + extra > cfg.max_model_len:
-        return False
-    return True
-
-
-def _turn_budget(builder: TrajectoryBuilder, cfg: EpisodeConfig) -> int:
-    remaining = cfg.max_episode_tokens - len(builder.completion_ids)
-    if cfg.max_model_len is not None:
-        remaining = min(remaining, cfg.max_model_len - len(builder.prompt_ids) - len(builder.completion_ids))
-    return max(1, min(cfg.sampling.max_tokens, remaining))
+def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
+    """A first prompt that leaves no room to sample fails the episode (as generation: the backend's limit)."""
+    if limits.max_model_len is not None and n >= limits.max_model_len:
+        raise EpisodeFailure("generation", ValueError(
+            f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"))
 
 
 def initial_messages(prompt: Any, index: int = 0) -> tuple[dict[str, Any], ...]:
@@ -278,6 +265,7 @@ def initial_messages(prompt: Any, index: int = 0) -> tuple[dict[str, Any], ...]:
         return ({"role": "user", "content": prompt},)
     if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
         raise TypeError(f"rollout_func got prompt {index} of type {type(prompt).__name__}; {shape}")
+    prompt = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
     for k, message in enumerate(prompt):
         content = message.get("content")
         if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):

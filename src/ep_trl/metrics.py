@@ -16,10 +16,10 @@ logger = logging.getLogger(__name__)
 
 #: What to do about each kind of episode failure, quoted when a call went badly.
 FIXES = {
-    "environment": "check that the environment server is up and reachable (its URL is in the errors); if it is only "
-                   "slow, raise EvalOverrides(request_timeout_s=...)",
-    "eval_code": "the eval's action parser raised on the model's text: make it handle any text (the error shows "
-                 "where)",
+    "environment": "check that the environment, tool or MCP servers are up and reachable (the errors name them); if "
+                   "an OpenEnv server is only slow, raise EvalOverrides(request_timeout_s=...)",
+    "eval_code": "the eval's own code raised (its action parser, or its rollout processor): make it handle any "
+                 "model output (the errors show where)",
     "generation": "check the generation backend (for vLLM: is the server up, does the prompt fit max_model_len?)",
     "unscored": "the eval body left the rows unscored (raised, timed out, returned no or a non-finite score): the "
                 "reasons are below",
@@ -41,6 +41,7 @@ def call_metrics(episodes: Sequence[Episode], scored: Sequence[Scored], seconds:
         "ep_trl/template_realigned": float(sum(ep.trajectory.realigned for ep in episodes)),
         "ep_trl/env_sessions_opened": float(env_sessions),
         "ep_trl/stopped_by_token_budget": float(sum(ep.stop_reason == "token_budget" for ep in episodes)),
+        "ep_trl/forked_segments": float(sum(ep.forked_segments for ep in episodes)),
         **{f"ep_trl/errors/{kind}": float(sum(ep.error_kind == kind for ep in episodes)) for kind in FAILURE_KINDS},
         "ep_trl/stuck_threads": float(stuck_threads()),
     }

@@ -5,7 +5,6 @@ This module holds the factory and the per-call orchestration only: how settings 
 :mod:`ep_trl.episode`, scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
 """
 
-import asyncio
 import atexit
 import logging
 import time
@@ -16,10 +15,8 @@ from typing import Any
 
 from . import env_servers, evalprotocol, settings, trl_compat
 from .env_servers import LaunchedServers
-from .env_pool import EnvPool, ServerNotes
-from .environment import check_openenv
-from .episode import Episode, EpisodeConfig, EpisodeSpec, StepCallback, run_episode
-from .evalprotocol import EvalSpec
+from .errors import ConfigError
+from .evalprotocol import EvalSpec, EvalTest
 from .generation import Generator
 from .generation.choice import make_generator
 from .generation.vllm import probe_server
@@ -30,6 +27,8 @@ from .rollout_log import RolloutLogWriter
 from .rows import RowContext
 from .runner import LoopRunner
 from .scoring import group_indices, score_rows
+from .sources import Batch, EpisodeSource
+from .sources.choice import make_source
 from .trajectory import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -38,11 +37,12 @@ logger = logging.getLogger(__name__)
 class RolloutFunction:
     """The callable handed to ``GRPOTrainer(rollout_func=...)``; also closable (``close()``) and inspectable."""
 
-    def __init__(self, spec: EvalSpec, *, backend: Backend = "auto", vllm_base_url: str | None = None,
-                 max_episode_tokens: int | None = None, vllm: VLLMOptions | None = None,
-                 options: RolloutOptions | None = None, log_writer: RolloutLogWriter | None = None,
-                 servers: LaunchedServers | None = None) -> None:
+    def __init__(self, spec: EvalSpec, source: EpisodeSource, *, backend: Backend = "auto",
+                 vllm_base_url: str | None = None, max_episode_tokens: int | None = None,
+                 vllm: VLLMOptions | None = None, options: RolloutOptions | None = None,
+                 log_writer: RolloutLogWriter | None = None) -> None:
         self.spec = spec
+        self.source = source
         self.backend = backend
         self.vllm_base_url = vllm_base_url
         self.max_episode_tokens = max_episode_tokens
@@ -50,8 +50,6 @@ class RolloutFunction:
         self.options = options or RolloutOptions()
         self._runner = LoopRunner()
         self._log = log_writer
-        self._servers = servers
-        self._env_notes = ServerNotes()
         self._generator: Generator | None = None
         self._template: ChatTemplate | None = None
         self._groups_started = 0
@@ -79,17 +77,18 @@ class RolloutFunction:
             self._log.flush()
 
     def close(self) -> None:
-        """Write the remaining log rows, release the generation backend and the background loop, and stop the
-        environment servers ep_trl started."""
+        """Write the remaining log rows, release the generation backend and the episode source (environment servers
+        ep_trl started, the processor's endpoint) and the background loop."""
         if self._log is not None:
             self._log.close()
-        if self._generator is not None:
-            self._runner.run(self._generator.aclose())
-            self._generator = None
-        self._runner.close()
-        if self._servers is not None:
-            self._servers.stop()
-        _open_functions.discard(self)
+        try:
+            if self._generator is not None:
+                self._runner.run(self._generator.aclose())
+                self._generator = None
+            self._runner.run(self.source.aclose())
+        finally:
+            self._runner.close()
+            _open_functions.discard(self)
 
     def _setup(self, view: trl_compat.TrainerView) -> tuple[ChatTemplate, Generator]:
         if self._template is None:
@@ -114,69 +113,29 @@ class RolloutFunction:
         self.calls += 1
         template, generator = self._setup(view)
         generator.reset_failure()  # the backend failed in an earlier call; it may be back
-        cfg = settings.episode_config(self.spec, view, generator, self.max_episode_tokens)
+        limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
         groups = group_indices(prompts, view.num_generations)
-        specs = settings.plan_episodes(prompts, groups, self._first_group(view, len(groups)), self.spec.env.tasks,
-                                       self.spec.completion_params.get("system_prompt"))
-        rollout_ids = [evalprotocol.new_id("rollout") for _ in specs]
         context = RowContext(self.spec, self.invocation_id, generator.name, view)
-        episodes, sessions = await self._play(specs, rollout_ids, cfg, template, generator,
-                                              self._step_logger(context, prompts))
+        batch = Batch(prompts=prompts, groups=groups, first_group=self._first_group(view, len(groups)),
+                      rollout_ids=[evalprotocol.new_id("rollout") for _ in prompts], limits=limits,
+                      template=template, generator=generator, context=context, log=self._log)
+        played = await self.source.play(batch)
         if generator.failure is not None:  # the backend failed for good (e.g. the server is gone): do not train on it
             raise generator.failure
-        rows = [context.episode_row(ep, rid, prompts[ep.spec.index]) for ep, rid in zip(episodes, rollout_ids)]
-        scored = await score_rows(self.spec, rows, [ep.status == "finished" for ep in episodes], groups,
+        episodes = played.episodes
+        scored = await score_rows(self.spec, played.rows, [ep.status == "finished" for ep in episodes], groups,
                                   self.options.body_timeout_s)
         seconds = time.perf_counter() - started
         if self._log is not None:
             context.log_final(self._log, episodes, scored, seconds)
-        metrics = call_metrics(episodes, scored, seconds, sessions)
+        metrics = call_metrics(episodes, scored, seconds, played.env_sessions)
         view.record_metrics(metrics)
         logger.info(summary_line(view.global_step, episodes, scored, seconds, metrics))
-        budget = budget_warning(episodes, cfg.max_episode_tokens)
+        budget = budget_warning(episodes, limits.max_episode_tokens)
         if budget:
             logger.warning(budget)
         self._signal.observe(episodes, scored)
-        return trl_output(episodes, scored, rollout_ids, cfg.stop_token_ids[0])
-
-    def _step_logger(self, context: RowContext, prompts: list[Any]) -> Callable[[EpisodeSpec, str], StepCallback | None]:
-        """Per episode: log its row as it starts, and a callback that logs it after every step (None when off)."""
-        log = self._log
-
-        def for_episode(spec: EpisodeSpec, rollout_id: str) -> StepCallback | None:
-            if log is None:
-                return None
-            prompt = prompts[spec.index]
-            context.log_row(log, spec, rollout_id, prompt, spec.initial_messages, ())
-            return lambda messages, rewards: context.log_row(log, spec, rollout_id, prompt, messages, rewards)
-
-        return for_episode
-
-    async def _play(self, specs: list[EpisodeSpec], rollout_ids: list[str], cfg: EpisodeConfig,
-                    template: ChatTemplate, generator: Generator,
-                    step_logger: Callable[[EpisodeSpec, str], StepCallback | None]) -> tuple[list[Episode], int]:
-        """Every episode of the call, at most ``max_concurrent_rollouts`` at once; and the sessions opened.
-
-        An error that is not an episode's own (ep_trl's bug, a template that cannot render) cancels the other
-        episodes and raises; every environment session is closed either way."""
-        limit = asyncio.Semaphore(self.spec.max_concurrent_rollouts)
-        envs = EnvPool(cfg.env, reuse=self.options.reuse_env_sessions, notes=self._env_notes)
-        on_step = [step_logger(s, r) for s, r in zip(specs, rollout_ids)]
-
-        async def bounded(spec: EpisodeSpec, callback: StepCallback | None) -> Episode:
-            async with limit:
-                return await run_episode(spec, cfg, template, generator, envs, callback)
-
-        tasks = [asyncio.ensure_future(bounded(s, cb)) for s, cb in zip(specs, on_step)]
-        try:
-            return list(await asyncio.gather(*tasks)), envs.opened
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        finally:
-            await envs.aclose()
+        return trl_output(episodes, scored, batch.rollout_ids, limits.stop_token_ids[0])
 
 
 _open_functions: "weakref.WeakSet[RolloutFunction]" = weakref.WeakSet()
@@ -206,7 +165,11 @@ def create_openenv_vllm_rollout_func(
     options: RolloutOptions | None = None,
     **unknown: Any,
 ) -> RolloutFunction:
-    """Build a TRL ``rollout_func`` that plays the eval's environment and scores episodes with the eval's body.
+    """Build a TRL ``rollout_func`` that plays the eval's episodes and scores them with the eval's body.
+
+    An ``OpenEnvRolloutProcessor`` eval's environment loop is played by ep_trl itself; any other processor runs
+    unchanged on the eval's rows with its model calls captured (docs/processors.md). Build the training dataset
+    with ``dataset_from_eval(env_path)`` so each prompt finds its eval row again.
 
     Args:
         env_path: ``"pkg.module::test_name"``, ``"pkg.module"`` (its only eval test) or ``"path/to/eval.py::test_name"``.
@@ -216,7 +179,8 @@ def create_openenv_vllm_rollout_func(
         vllm_base_url: the root URL of a vLLM server (``http://host:8000``) to generate with when the trainer has
             none of its own. Nothing pushes the trainer's weights there, so rollouts are off-policy after the first
             optimizer step (docs/vllm.md).
-        env_base_url: an environment server that is already running (replaces the eval's environment source).
+        env_base_url: an environment server that is already running (replaces the eval's environment source;
+            OpenEnv evals only, as are ``env_factory`` and ``provider``).
         env_factory: builds one environment client per episode (replaces the eval's).
         max_concurrent_rollouts: episodes run at once (default: the eval's ``max_concurrent_rollouts``).
         max_episode_tokens: completion tokens per episode (sampled and inserted); defaults to the GRPOConfig's
@@ -241,25 +205,35 @@ def create_openenv_vllm_rollout_func(
     vllm, options = vllm or VLLMOptions(), options or RolloutOptions()
     trl_compat.check_version()
     evalprotocol.check_version()
-    openenv = check_openenv()
     merged = (overrides or EvalOverrides()).merged(env_base_url=env_base_url, env_factory=env_factory,
                                                    max_concurrent_rollouts=max_concurrent_rollouts)
-    spec, servers = _resolve(env_path, merged, provider)
+    eval_test = evalprotocol.resolve_eval_test(env_path)
+    spec, servers = _resolve(eval_test, merged, provider)
+    source = make_source(spec, eval_test, options, servers)
     for note in settings.notes(spec):
         logger.info(note)
-    logger.info("ep_trl: training on %s (%s with %s, mode %s, %d max steps, tasks %s)", spec.qualified_name,
-                spec.env.describe(), openenv, spec.mode, spec.max_steps, list(spec.env.tasks) or "none")
+    logger.info("ep_trl: training on %s (mode %s): %s", spec.qualified_name, spec.mode, source.describe())
     if vllm_base_url and backend != "trainer":
         probe_server(vllm_base_url, vllm.connect_timeout_s)  # an unreachable server fails now, not mid-training
     writer = RolloutLogWriter(evalprotocol.make_dataset_logger(options.log_home)) if log_rollouts else None
-    return RolloutFunction(spec, backend=backend, vllm_base_url=vllm_base_url.rstrip("/") if vllm_base_url else None,
-                           max_episode_tokens=max_episode_tokens, vllm=vllm, options=options, log_writer=writer,
-                           servers=servers)
+    return RolloutFunction(spec, source, backend=backend,
+                           vllm_base_url=vllm_base_url.rstrip("/") if vllm_base_url else None,
+                           max_episode_tokens=max_episode_tokens, vllm=vllm, options=options, log_writer=writer)
 
 
-def _resolve(env_path: str, overrides: EvalOverrides, provider: Any | None) -> tuple[EvalSpec, LaunchedServers | None]:
+#: The same factory under a name that does not suggest OpenEnv or vLLM: it trains evals with any processor.
+create_rollout_func = create_openenv_vllm_rollout_func
+
+
+def _resolve(eval_test: EvalTest, overrides: EvalOverrides,
+             provider: Any | None) -> tuple[EvalSpec, LaunchedServers | None]:
     """The eval's spec with the overrides applied and checked, its environment servers started if ep_trl must."""
-    spec = settings.apply_overrides(evalprotocol.read_eval_spec(evalprotocol.resolve_eval_test(env_path)), overrides)
+    spec = settings.apply_overrides(evalprotocol.read_eval_spec(eval_test), overrides)
+    if spec.env is None:
+        if provider is not None:
+            raise ConfigError(f"provider= starts OpenEnv environment servers; {spec.qualified_name} uses "
+                              f"{spec.processor_name}, which brings its own environment.")
+        return spec, None
     if provider is None and not spec.env.needs_launch():
         return spec, None
     launched_env, servers = env_servers.launch(spec.env, provider, overrides)

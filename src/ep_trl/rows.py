@@ -42,20 +42,25 @@ class RowContext:
 
     def row(self, spec: EpisodeSpec, rollout_id: str, prompt: Any, messages: Sequence[Mapping[str, Any]],
             step_rewards: Sequence[float], ep_trl: Mapping[str, Any] | None = None,
-            usage: Mapping[str, int] | None = None, duration_s: float | None = None) -> Any:
+            usage: Mapping[str, int] | None = None, duration_s: float | None = None, source_row: Any = None) -> Any:
+        """The row of one episode: built from ``messages``, or ``source_row`` (the eval's own row as its processor
+        left it: ground truth, tools and metadata kept) with the training ids and metadata set on it."""
         from eval_protocol.models import Status
 
         info = {"status": "running", "task": spec.task, "group": spec.group, "generation": spec.generation,
                 "global_step": self.step, **(ep_trl or {})}
-        row = evalprotocol.build_row(
-            messages=messages, eval_name=self.spec.name, row_id=row_id(prompt), rollout_id=rollout_id,
-            invocation_id=self.invocation_id, experiment_id=f"{self.invocation_id}-step{self.step}",
-            run_id=f"step-{self.step}", completion_params=self.completion_params,
-            extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s,
-        )
+        stamp = dict(eval_name=self.spec.name, rollout_id=rollout_id, invocation_id=self.invocation_id,
+                     experiment_id=f"{self.invocation_id}-step{self.step}", run_id=f"step-{self.step}",
+                     completion_params=self.completion_params,
+                     extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s)
+        if source_row is None:
+            row = evalprotocol.build_row(messages=messages, row_id=row_id(prompt), **stamp)
+        else:
+            row = evalprotocol.stamp_row(source_row, **stamp)
         row.created_at = self._created.setdefault(rollout_id, datetime.now(timezone.utc))
         row.pid = self._pid
-        row.input_metadata.session_data = {"mode": self.spec.mode, "source": "ep_trl training"}
+        row.input_metadata.session_data = {**(row.input_metadata.session_data or {}), "mode": self.spec.mode,
+                                           "source": "ep_trl training"}
         if row.eval_metadata is not None:
             row.eval_metadata.description = self._description
             row.eval_metadata.status = Status.eval_running()
@@ -70,7 +75,8 @@ class RowContext:
         messages, step_rewards = tuple(messages), tuple(step_rewards)
         log.log(rollout_id, lambda: self.row(spec, rollout_id, prompt, messages, step_rewards))
 
-    def episode_row(self, episode: Episode, rollout_id: str, prompt: Any) -> Any:
+    def episode_row(self, episode: Episode, rollout_id: str, prompt: Any, source_row: Any = None) -> Any:
+        """The episode's final row for the body (``source_row``: the processor's row, see ``row``)."""
         traj = episode.trajectory
         sampled_lps = [lp for lp, m in zip(traj.logprobs, traj.env_mask) if m]
         info = {
@@ -82,11 +88,12 @@ class RowContext:
             "mean_sampled_logprob": sum(sampled_lps) / len(sampled_lps) if sampled_lps else None,
             "min_sampled_logprob": min(sampled_lps) if sampled_lps else None,
             "template_realigned": traj.realigned, "prompt_builder_failures": episode.prompt_builder_failures,
+            "forked_segments": episode.forked_segments,
         }
         usage = {"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
                  "total_tokens": episode.prompt_tokens + traj.sampled_tokens}
         return self.row(episode.spec, rollout_id, prompt, episode.messages, episode.step_rewards, info, usage,
-                        episode.duration_s)
+                        episode.duration_s, source_row)
 
     def log_final(self, log: RolloutLogWriter, episodes: Sequence[Episode], scored: Sequence[Scored],
                   seconds: float) -> None:

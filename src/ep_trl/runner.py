@@ -7,6 +7,7 @@ the trainer thread submits a coroutine and blocks on its result.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Coroutine
@@ -82,9 +83,23 @@ class LoopRunner:
             self._loop = self._thread = None
         if loop is None or thread is None:
             return
+        try:  # libraries start background tasks on the loop they run on (litellm's logging worker): end them first
+            asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(timeout=CANCEL_WAIT_S)
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            logger.warning("background tasks on the ep_trl loop did not end within %.0f s of being cancelled",
+                           CANCEL_WAIT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         if thread.is_alive():
             logger.warning("ep_trl loop thread %s did not stop within 10 s", self._name)
             return
         loop.close()
+
+
+async def _cancel_pending() -> None:
+    """Cancel every other task on the running loop and wait until they have ended."""
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)

@@ -16,6 +16,11 @@ Overrides are applied first and the result is checked after, so an override can 
 could not run with (a Docker or hub environment given ``env_base_url``). An eval whose environment comes from a
 Docker image or a hub repo and has no URL gets its server started by ep_trl (``ep_trl.env_servers``).
 
+An eval with any other processor (``SingleTurnRolloutProcessor``, ``AgentRolloutProcessor``, ...) runs that
+processor unchanged (``ep_trl.processors``): of the overrides only ``max_tokens``, ``stop``,
+``max_concurrent_rollouts`` and ``evaluation_test_kwargs`` apply; the others name parts of the OpenEnv loop and
+are refused.
+
 Environment calls are bounded by ``EvalOverrides.request_timeout_s`` when given, else by the eval's
 ``request_timeout_s`` but never less than a stock OpenEnv client's own 60 s.
 """
@@ -26,12 +31,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .environment import STOCK_MESSAGE_TIMEOUT_S, EnvSettings
+from .environment import STOCK_MESSAGE_TIMEOUT_S
 from .episode import EpisodeConfig, EpisodeSpec, initial_messages
 from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.spec import EvalSpec
 from .generation import DEFAULT_MAX_TOKENS, Generator
 from .options import EvalOverrides
+from .trajectory import TurnLimits
 from .trl_compat import TrainerView, eos_token_ids
 
 logger = logging.getLogger(__name__)
@@ -40,6 +46,8 @@ logger = logging.getLogger(__name__)
 def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
     """The eval's spec with the caller's overrides in place, then checked as a whole."""
     o = overrides
+    if spec.env is None:
+        return _apply_to_processor_eval(spec, o)
     env_changes: dict[str, Any] = {}
     if o.env_factory is not None:
         env_changes["factory"] = o.env_factory
@@ -73,9 +81,34 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
     return merged
 
 
+#: Overrides that only mean something to the OpenEnv loop ep_trl drives itself.
+OPENENV_OVERRIDES = ("env_factory", "env_client_cls", "env_base_url", "request_timeout_s", "prompt_builder",
+                     "action_parser", "tasks", "task_var", "reset_task_kwarg", "max_steps")
+
+
+def _apply_to_processor_eval(spec: EvalSpec, o: EvalOverrides) -> EvalSpec:
+    """Overrides for an eval whose own processor runs: the model call's settings, concurrency and body kwargs."""
+    given = [name for name in OPENENV_OVERRIDES if getattr(o, name) is not None]
+    if given:
+        raise ConfigError(f"{spec.qualified_name} uses {spec.processor_name}, which drives its own environment and "
+                          f"tools; {given} apply to OpenEnvRolloutProcessor evals only. Change them in the eval.")
+    params = dict(spec.completion_params)
+    if o.max_tokens is not None:
+        params["max_tokens"] = o.max_tokens
+    if o.stop is not None:
+        params["stop"] = list(o.stop)
+    merged = replace(spec, completion_params=params,
+                     max_concurrent_rollouts=o.max_concurrent_rollouts or spec.max_concurrent_rollouts,
+                     evaluation_test_kwargs=(o.evaluation_test_kwargs if o.evaluation_test_kwargs is not None
+                                             else spec.evaluation_test_kwargs))
+    check_spec(merged)
+    return merged
+
+
 def check_spec(spec: EvalSpec) -> None:
     """Everything a rollout needs from the eval and its overrides, checked before the first episode."""
-    spec.env.check()
+    if spec.env is not None:
+        spec.env.check()
     if spec.max_steps < 1:
         raise ConfigError(f"{spec.qualified_name} allows {spec.max_steps} steps; set steps >= 1 in the eval or "
                           "EvalOverrides(max_steps=...).")
@@ -111,8 +144,16 @@ def _check_body_kwargs(spec: EvalSpec) -> None:
 def notes(spec: EvalSpec) -> list[str]:
     """What the user should know once: settings the eval makes that training uses differently, or not at all."""
     found = list(spec.notes)
-    env: EnvSettings = spec.env
-    if env.env_vars and env.base_url and env.factory is None:
+    if spec.processor is not None:
+        params = spec.completion_params
+        unused = sorted(k for k in ("api_base", "base_url", "api_key", "stream", "n", "custom_llm_provider")
+                        if params.get(k) not in (None, False) and not (k == "n" and params.get(k) == 1))
+        if unused:
+            found.append(f"{spec.qualified_name} sets {unused} in completion_params; training routes its processor's "
+                         "calls to ep_trl's endpoint (model and api_base per rollout), one choice per call, not "
+                         "streamed, so these are not used.")
+    env = spec.env
+    if env is not None and env.env_vars and env.base_url and env.factory is None:
         found.append(f"{spec.qualified_name} sets env_vars {sorted(env.env_vars)}; the environment server at "
                      f"{env.base_url} is given by URL, so setting them is the server's responsibility.")
     return found
@@ -130,9 +171,9 @@ def sampling_note(spec: EvalSpec, view: TrainerView) -> str | None:
             f"{ {k: trainer_values[k] for k in differing} } because TRL's loss and importance ratio assume them.")
 
 
-def episode_config(spec: EvalSpec, view: TrainerView, generator: Generator,
-                   max_episode_tokens: int | None) -> EpisodeConfig:
-    """The settings every episode of one rollout call shares."""
+def turn_limits(spec: EvalSpec, view: TrainerView, generator: Generator,
+                max_episode_tokens: int | None) -> TurnLimits:
+    """Sampling, token budget, end-of-turn ids and context length every episode of a rollout call shares."""
     params = spec.completion_params
     budget = max_episode_tokens or view.max_completion_length
     if not budget:
@@ -146,17 +187,15 @@ def episode_config(spec: EvalSpec, view: TrainerView, generator: Generator,
         stop_token_ids=stop_ids,
     )
     eos = eos_token_ids(view.processing_class, view.model_provider()())
-    return EpisodeConfig(
-        env=spec.env,
-        prompt_builder=spec.prompt_builder,
-        action_parser=spec.action_parser,
-        max_steps=spec.max_steps,
-        sampling=sampling,
-        max_episode_tokens=int(budget),
-        stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)),
-        max_model_len=generator.max_model_len,
-        eval_name=spec.qualified_name,
-    )
+    return TurnLimits(sampling=sampling, max_episode_tokens=int(budget),
+                      stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)), max_model_len=generator.max_model_len)
+
+
+def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
+    """The settings every OpenEnv episode of one rollout call shares."""
+    assert spec.env is not None and spec.prompt_builder is not None and spec.action_parser is not None
+    return EpisodeConfig(env=spec.env, prompt_builder=spec.prompt_builder, action_parser=spec.action_parser,
+                         max_steps=spec.max_steps, limits=limits, eval_name=spec.qualified_name)
 
 
 def plan_episodes(prompts: Sequence[Any], groups: Sequence[Sequence[int]], first_group: int, tasks: Sequence[str],

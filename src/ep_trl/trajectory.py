@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .content import supports_images, template_messages
-from .generation import Generation
+from .generation import Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,17 @@ class Trajectory:
         return [tuple(ids) for ids in segments.values()]
 
 
+@dataclass(frozen=True)
+class TurnLimits:
+    """How far one episode's turns may go: the sampling settings (``max_tokens`` per turn), the completion tokens
+    of the whole episode (sampled and inserted), the ids that end a turn, and the model's context length."""
+
+    sampling: SamplingParams
+    max_episode_tokens: int
+    stop_token_ids: tuple[int, ...]
+    max_model_len: int | None = None
+
+
 @dataclass
 class TrajectoryBuilder:
     """Accumulates one episode's tokens; append-only."""
@@ -94,6 +105,20 @@ class TrajectoryBuilder:
         return Trajectory(tuple(self.prompt_ids), tuple(self.completion_ids), tuple(self.logprobs),
                           tuple(self.env_mask), self.realigned)
 
+    def fits(self, extra: int, limits: TurnLimits) -> bool:
+        """Whether ``extra`` more completion tokens stay within the episode budget and the model's context."""
+        if len(self.completion_ids) + extra > limits.max_episode_tokens:
+            return False
+        used = len(self.prompt_ids) + len(self.completion_ids) + extra
+        return limits.max_model_len is None or used <= limits.max_model_len
+
+    def turn_budget(self, limits: TurnLimits, max_tokens: int | None = None) -> int:
+        """Tokens the next turn may sample: ``max_tokens`` (default: the sampling setting) within what is left."""
+        remaining = limits.max_episode_tokens - len(self.completion_ids)
+        if limits.max_model_len is not None:
+            remaining = min(remaining, limits.max_model_len - len(self.prompt_ids) - len(self.completion_ids))
+        return max(1, min(max_tokens or limits.sampling.max_tokens, remaining))
+
 
 class ChatTemplate:
     """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
@@ -114,15 +139,18 @@ class ChatTemplate:
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The conversation as the model sees it, ending with the assistant's generation prompt; ``tools`` (JSON
+        schemas, as an OpenAI request carries them) are rendered the template's way."""
         converted, dropped = template_messages(messages, images=self._images)
         if dropped and not self._warned_dropped_images:
             self._warned_dropped_images = True
             logger.warning("The prompt builder returns image parts but %s is a text-only processing class: images "
                            "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
                            type(self._renderer).__name__)
+        extra = {"tools": list(tools)} if tools else {}
         return self._renderer.apply_chat_template(
-            converted, tokenize=False, add_generation_prompt=True, **self._kwargs
+            converted, tokenize=False, add_generation_prompt=True, **extra, **self._kwargs
         )
 
     def encode(self, text: str) -> list[int]:
@@ -131,26 +159,28 @@ class ChatTemplate:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        return self.encode(self.render(messages))
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]],
+                   tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools))
 
     def bridge(
-        self, messages: Sequence[Mapping[str, Any]], held: Sequence[int], last_turn: Generation, stop_ids: Sequence[int]
+        self, messages: Sequence[Mapping[str, Any]], held: Sequence[int], last_turn: Generation, stop_ids: Sequence[int],
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[list[int], bool]:
         """Tokens between the last sampled turn and the next generation prompt, and whether they were realigned.
 
-        ``messages`` is the whole conversation, ending with the new user message; the assistant message before
-        it holds the text of ``last_turn``.
+        ``messages`` is the whole conversation, ending with the new user (or tool) messages; the last assistant
+        message holds what ``last_turn`` sampled (its text, or the tool calls parsed from it).
         """
-        full = self.encode(self.render(messages))
+        full = self.encode(self.render(messages, tools))
         if full[: len(held)] == list(held):
             return full[len(held):], False
         assistant_at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
         if assistant_at is None:
             raise ValueError("bridge() needs a conversation with an assistant message")
         marked = [dict(m) for m in messages]
-        marked[assistant_at]["content"] = _SENTINEL
-        text = self.render(marked)
+        marked[assistant_at] = {"role": "assistant", "content": _SENTINEL}  # tool calls were sampled too: held
+        text = self.render(marked, tools)
         at = text.rfind(_SENTINEL)
         if at < 0:
             raise ValueError(

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl import EnvPathError, UnsupportedEvalError, create_openenv_vllm_rollout_func
+from ep_trl import EnvPathError, create_openenv_vllm_rollout_func
 from ep_trl.evalprotocol import resolve_eval_test
 
 EVALS = Path(__file__).parents[1] / "evals"
@@ -69,9 +69,14 @@ def test_malformed_env_path(bad):
         resolve_eval_test(bad)
 
 
-def test_unsupported_processor_is_refused_at_construction():
-    with pytest.raises(UnsupportedEvalError, match="SingleTurnRolloutProcessor.*OpenEnvRolloutProcessor"):
-        create_openenv_vllm_rollout_func("tests.evals.eval_single_turn")
+def test_an_eval_with_another_processor_builds_and_says_what_plays_it(caplog):
+    """Before the processor path, every processor but OpenEnv's was refused here."""
+    caplog.set_level("INFO", logger="ep_trl")
+    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_single_turn", log_rollouts=False)
+    try:
+        assert "SingleTurnRolloutProcessor run unchanged on 1 eval rows" in caplog.text
+    finally:
+        rollout.close()
 
 
 def test_unknown_option_is_a_type_error_naming_it():

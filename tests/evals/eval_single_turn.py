@@ -1,4 +1,4 @@
-"""An eval using eval-protocol's SingleTurnRolloutProcessor (not supported by the bridge)."""
+"""An eval using eval-protocol's SingleTurnRolloutProcessor on the letters prompt."""
 
 from eval_protocol.models import EvaluateResult, EvaluationRow
 from eval_protocol.pytest import SingleTurnRolloutProcessor, evaluation_test

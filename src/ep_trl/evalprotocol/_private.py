@@ -26,6 +26,7 @@ MODULE_NAMES = (
     ("eval_protocol.dataset_logger.sqlite_evaluation_row_store", "SqliteEvaluationRowStore"),
     ("eval_protocol.event_bus.sqlite_event_bus_database", "SqliteEventBusDatabase"),
     ("eval_protocol.dataset_logger.dataset_logger", "LOG_EVENT_TYPE"),
+    ("eval_protocol.pytest.generate_parameter_combinations", "generate_parameter_combinations"),
 )
 
 

@@ -16,11 +16,18 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def build_row(
+def build_row(*, messages: Sequence[Mapping[str, Any]], row_id: str, **stamp: Any) -> Any:
+    """An ``EvaluationRow`` shaped like the one OpenEnvRolloutProcessor hands the eval body (see ``stamp_row``)."""
+    from eval_protocol.models import EvaluationRow, InputMetadata, Message
+
+    row = EvaluationRow(messages=[Message(**dict(m)) for m in messages], input_metadata=InputMetadata(row_id=row_id))
+    return stamp_row(row, **stamp)
+
+
+def stamp_row(
+    row: Any,
     *,
-    messages: Sequence[Mapping[str, Any]],
     eval_name: str,
-    row_id: str,
     rollout_id: str,
     invocation_id: str,
     experiment_id: str,
@@ -30,15 +37,13 @@ def build_row(
     usage: Mapping[str, int] | None = None,
     duration_s: float | None = None,
 ) -> Any:
-    """An ``EvaluationRow`` shaped like the one OpenEnvRolloutProcessor hands the eval body."""
-    from eval_protocol.models import EvalMetadata, EvaluationRow, InputMetadata, Message
+    """``row`` with a training rollout's ids, completion params, eval metadata and ``extra`` set, as
+    ``evaluation_test`` sets them on the rows it hands the processor and the body."""
+    from eval_protocol.models import EvalMetadata
 
-    row = EvaluationRow(
-        messages=[Message(**dict(m)) for m in messages],
-        input_metadata=InputMetadata(row_id=row_id, completion_params=dict(completion_params)),
-        eval_metadata=EvalMetadata(name=eval_name, version="ep_trl", status=None, num_runs=1,
-                                   aggregation_method="mean", passed_threshold=None, passed=None),
-    )
+    row.input_metadata.completion_params = dict(completion_params)
+    row.eval_metadata = EvalMetadata(name=eval_name, version="ep_trl", status=None, num_runs=1,
+                                     aggregation_method="mean", passed_threshold=None, passed=None)
     meta = row.execution_metadata
     meta.rollout_id = rollout_id
     meta.invocation_id = invocation_id

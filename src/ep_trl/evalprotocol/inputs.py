@@ -1,38 +1,255 @@
-"""The eval's own input rows (``input_messages``, ``input_rows`` or ``input_dataset`` + ``dataset_adapter``)."""
+"""The eval's own input rows, read the way ``@evaluation_test`` reads them, and the key that maps prompts back.
 
-from collections.abc import Mapping
-from typing import Any
+TRL hands ``rollout_func`` only the dataset's ``prompt`` column, but a rollout needs the whole ``EvaluationRow``
+(ground truth, tools, metadata). :func:`training_prompts` therefore writes a row key (``ROW_KEY``: the row's
+position in :func:`eval_rows` and its eval-protocol ``row_id``) into the first message of every prompt, and
+:func:`match_rows` turns each prompt back into its row: by that key, or, for prompts built by hand, by content.
+"""
 
-from ..errors import UnsupportedEvalError
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, UnsupportedEvalError
+from ._private import private_name
 from .resolve import EvalTest
 
+if TYPE_CHECKING:
+    from eval_protocol.models import EvaluationRow
 
-def dataset_messages(eval_test: EvalTest) -> list[list[dict[str, Any]]]:
-    """The eval's own dataset as chat messages, one list per row, from the first of its parametrized inputs."""
+logger = logging.getLogger(__name__)
+
+#: The key, in the first message of each training prompt, naming the eval row the prompt came from.
+ROW_KEY = "ep_trl_row"
+
+#: Fields that differ between otherwise identical rows (as eval-protocol's own row hash excludes them).
+_VOLATILE_FIELDS = {"created_at", "execution_metadata", "pid"}
+
+_noted_combined: set[str] = set()
+
+
+def eval_rows(eval_test: EvalTest) -> list["EvaluationRow"]:
+    """The rows ``@evaluation_test`` would hand the eval's processor, in order, with their ``row_id`` set.
+
+    Each parametrization of the inputs (eval-protocol's own ``generate_parameter_combinations``) is read as one
+    pytest invocation reads it: ``data_loaders`` (``load()``, every variant, then ``max_dataset_rows``),
+    ``input_dataset`` (``load_jsonl``, ``max_dataset_rows``, ``dataset_adapter``), ``input_messages`` (one row
+    per message list) or ``input_rows`` (deep copies); then ``filtered_row_ids``, ``preprocess_fn`` and
+    eval-protocol's stable ``row_id`` for rows without one. Several parametrizations (several message lists,
+    dataset paths with ``combine_datasets=False``, several loaders) are concatenated in order, and logged once.
+    """
+    combinations = _input_combinations(eval_test)
+    if len(combinations) > 1 and eval_test.qualified_name not in _noted_combined:
+        _noted_combined.add(eval_test.qualified_name)
+        logger.warning("%s parametrizes its inputs %d ways; ep_trl trains on all of their rows together, "
+                       "in order (pytest would run them as %d separate experiments).",
+                       eval_test.qualified_name, len(combinations), len(combinations))
+    rows = [row for combination in combinations for row in _read_invocation(eval_test, combination)]
+    _check_rows(eval_test, rows)
+    return rows
+
+
+def row_key(index: int, row: "EvaluationRow") -> str:
+    """The key of the row at ``index`` in :func:`eval_rows`; identical rows share a ``row_id``, not a position."""
+    return f"{index}:{row.input_metadata.row_id}"
+
+
+def training_prompts(eval_test: EvalTest) -> list[list[dict[str, Any]]]:
+    """One conversational prompt per eval row: its messages as chat dicts, the first carrying ``ROW_KEY``."""
+    prompts = []
+    for index, row in enumerate(eval_rows(eval_test)):
+        messages = [_message_dict(message) for message in row.messages]
+        messages[0][ROW_KEY] = row_key(index, row)
+        prompts.append(messages)
+    return prompts
+
+
+def strip_row_key(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as plain chat dicts: no ``ROW_KEY`` and no None-valued keys (a datasets round trip adds them)."""
+    return [{k: v for k, v in message.items() if k != ROW_KEY and v is not None} for message in messages]
+
+
+def match_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_name: str) -> list["EvaluationRow"]:
+    """The eval row behind each TRL prompt, as a deep copy per prompt (each rollout mutates its own).
+
+    A prompt whose first message carries ``ROW_KEY`` names its row directly. Any other prompt (built by hand,
+    or a plain string) is matched by the role and text of every message; it must match rows that all hold the
+    same data, else the prompt cannot say which ground truth or metadata it stands for.
+    """
+    by_content: dict[tuple[tuple[str, str], ...], list[int]] | None = None
+    matched = []
+    for n, prompt in enumerate(prompts):
+        messages = _prompt_messages(prompt)
+        key = messages[0].get(ROW_KEY) if messages else None
+        if key is not None:
+            row = _row_by_key(key, rows, eval_name)
+        else:
+            if by_content is None:
+                by_content = _content_index(rows)
+            row = _row_by_content(n, messages, rows, by_content.get(_content_key(messages), []), eval_name)
+        matched.append(row.model_copy(deep=True))
+    return matched
+
+
+def _input_combinations(eval_test: EvalTest) -> list[tuple[Any, ...]]:
+    """The eval's input parametrizations, as eval-protocol builds them for pytest (one completion-params slot)."""
     params = eval_test.wrapper.__ep_params__
-    if params.input_messages:
-        rows = [list(messages) for messages in params.input_messages[0]]
-    elif params.input_rows:
-        rows = [list(row.messages) for row in params.input_rows[0]]
-    elif params.input_dataset:
-        from eval_protocol.common_utils import load_jsonl
+    generate = private_name("eval_protocol.pytest.generate_parameter_combinations", "generate_parameter_combinations")
+    try:
+        return generate(params.input_dataset, [None], params.input_messages, params.input_rows, None,
+                        params.max_dataset_rows, params.combine_datasets, params.data_loaders)
+    except ValueError as exc:
+        raise _no_rows(eval_test, f"eval-protocol finds no input in it ({exc})") from exc
 
-        records: list[dict[str, Any]] = []
-        paths = params.input_dataset if isinstance(params.input_dataset, (list, tuple)) else [params.input_dataset]
-        for path in paths:
-            records.extend(load_jsonl(path))
-        rows = [list(row.messages) for row in params.dataset_adapter(records)]
+
+def _read_invocation(eval_test: EvalTest, combination: tuple[Any, ...]) -> list["EvaluationRow"]:
+    """The rows one pytest invocation of the eval reads (``evaluation_test``'s ``wrapper_body``)."""
+    params = eval_test.wrapper.__ep_params__
+    dataset_paths, _, input_messages, input_rows, _, data_loaders = combination
+    if data_loaders is not None:
+        if params.preprocess_fn is not None:
+            raise UnsupportedEvalError(
+                f"{eval_test.qualified_name} sets preprocess_fn together with data_loaders, which eval-protocol "
+                "rejects as well; pass preprocess_fn to the data loader instead."
+            )
+        rows = _from_loaders(data_loaders, params.max_dataset_rows)
+    elif dataset_paths is not None:
+        rows = _from_dataset(eval_test, dataset_paths)
+    elif input_messages is not None:
+        from eval_protocol.models import EvaluationRow
+
+        rows = [EvaluationRow(messages=messages) for messages in input_messages]
     else:
-        raise UnsupportedEvalError(
-            f"{eval_test.qualified_name} has no input_messages, input_rows or input_dataset (data_loaders are not "
-            "read by ep_trl); build the training dataset yourself with a 'prompt' column of messages."
-        )
-    if params.max_dataset_rows:
-        rows = rows[: params.max_dataset_rows]
-    return [[_message_dict(m) for m in messages] for messages in rows]
+        rows = [row.model_copy(deep=True) for row in input_rows or []]
+    if params.filtered_row_ids is not None:
+        rows = [row for row in rows if row.input_metadata.row_id in params.filtered_row_ids]
+    if params.preprocess_fn is not None:
+        # evaluation_test 0.3.33 means to apply it here, but its pytest path raises UnboundLocalError first.
+        rows = params.preprocess_fn(rows)
+    for row in rows:
+        _ensure_row_id(row)
+    return rows
+
+
+def _from_loaders(data_loaders: Any, max_rows: int | None) -> list["EvaluationRow"]:
+    from eval_protocol.data_loader.models import EvaluationDataLoader
+
+    loaders = [data_loaders] if isinstance(data_loaders, EvaluationDataLoader) else data_loaders
+    rows = [row for loader in loaders for result in loader.load() for row in result.rows]
+    return rows[:max_rows] if max_rows is not None else rows
+
+
+def _from_dataset(eval_test: EvalTest, paths: Sequence[str]) -> list["EvaluationRow"]:
+    from eval_protocol.common_utils import load_jsonl
+
+    params = eval_test.wrapper.__ep_params__
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            records.extend(load_jsonl(path))
+        except OSError as exc:
+            raise UnsupportedEvalError(
+                f"{eval_test.qualified_name}: cannot read its input_dataset {path!r} ({type(exc).__name__}: {exc}). "
+                "eval-protocol reads relative paths from the current directory: start training from the directory "
+                "you run the eval's pytest from, or make the path absolute."
+            ) from exc
+    if params.max_dataset_rows is not None:
+        records = records[: params.max_dataset_rows]
+    return params.dataset_adapter(records)
+
+
+def _ensure_row_id(row: "EvaluationRow") -> None:
+    """eval-protocol's rule for a row without ``row_id``: a stable id from the row's hash."""
+    from eval_protocol.human_id import generate_id, num_combinations
+
+    if row.input_metadata.row_id is None:
+        row.input_metadata.row_id = generate_id(seed=0, index=abs(hash(row)) % num_combinations())
+
+
+def _check_rows(eval_test: EvalTest, rows: Sequence["EvaluationRow"]) -> None:
+    if not rows:
+        raise _no_rows(eval_test, "its inputs yield no rows")
+    empty = [row.input_metadata.row_id for row in rows if not row.messages]
+    if empty:
+        raise _no_rows(eval_test, f"rows {', '.join(map(str, empty[:5]))} have no messages to prompt with")
+
+
+def _no_rows(eval_test: EvalTest, why: str) -> UnsupportedEvalError:
+    return UnsupportedEvalError(
+        f"{eval_test.qualified_name} gives no training prompts: {why}. Build the training dataset yourself, "
+        "with a 'prompt' column of chat messages."
+    )
 
 
 def _message_dict(message: Any) -> dict[str, Any]:
-    if isinstance(message, Mapping):
-        return {"role": message["role"], "content": message.get("content", "")}
-    return {"role": message.role, "content": message.content}
+    return message.model_dump(include={"role", "content", "name", "tool_calls", "tool_call_id"}, exclude_none=True)
+
+
+def _prompt_messages(prompt: Any) -> list[Mapping[str, Any]]:
+    """A TRL prompt as messages: a plain string is one user message."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return list(prompt)
+
+
+def _row_by_key(key: Any, rows: Sequence["EvaluationRow"], eval_name: str) -> "EvaluationRow":
+    index, _, row_id = str(key).partition(":")
+    row = rows[int(index)] if index.isdigit() and int(index) < len(rows) else None
+    if row is None or row.input_metadata.row_id != row_id:
+        raise ConfigError(
+            f"A training prompt carries row key {key!r}, which names no row of {eval_name} as it reads now "
+            f"({len(rows)} rows): the dataset was built from another version of the eval's data. Rebuild it with "
+            "ep_trl.dataset_from_eval(env_path)."
+        )
+    return row
+
+
+def _content_text(content: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a list of content parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = [part.get("text") if isinstance(part, Mapping) else getattr(part, "text", None) for part in content]
+    return "".join(part for part in parts if part)
+
+
+def _content_key(messages: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    def field(message: Any, name: str) -> Any:
+        return message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
+
+    return tuple((str(field(m, "role")), _content_text(field(m, "content"))) for m in messages)
+
+
+def _content_index(rows: Sequence["EvaluationRow"]) -> dict[tuple[tuple[str, str], ...], list[int]]:
+    index: dict[tuple[tuple[str, str], ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        index.setdefault(_content_key(row.messages), []).append(i)
+    return index
+
+
+def _row_data(row: "EvaluationRow") -> dict[str, Any]:
+    """What a rollout and the eval body can see of a row, less its id and eval-protocol's loader bookkeeping."""
+    data = row.model_dump(exclude=_VOLATILE_FIELDS)
+    data["input_metadata"].pop("row_id", None)
+    info = data["input_metadata"].get("dataset_info") or {}
+    data["input_metadata"]["dataset_info"] = {k: v for k, v in info.items() if not k.startswith("data_loader_")}
+    return data
+
+
+def _row_by_content(n: int, messages: Sequence[Mapping[str, Any]], rows: Sequence["EvaluationRow"],
+                    candidates: list[int], eval_name: str) -> "EvaluationRow":
+    if not candidates:
+        text = " | ".join(_content_text(m.get("content")) for m in messages)
+        preview = text[:80] + ("..." if len(text) > 80 else "")
+        raise ConfigError(
+            f"prompt {n} ({preview!r}) matches no row of {eval_name}; build the training dataset with "
+            "ep_trl.dataset_from_eval(env_path)."
+        )
+    first = rows[candidates[0]]
+    if any(_row_data(rows[i]) != _row_data(first) for i in candidates[1:]):
+        ids = ", ".join(f"{i}:{rows[i].input_metadata.row_id}" for i in candidates)
+        raise ConfigError(
+            f"prompt {n} has the messages of several rows of {eval_name} that differ in other data (ground truth, "
+            f"tools or metadata): rows {ids}. Build the training dataset with ep_trl.dataset_from_eval(env_path) "
+            f"so each prompt carries its row key ({ROW_KEY!r} in its first message)."
+        )
+    return first

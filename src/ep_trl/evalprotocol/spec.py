@@ -26,25 +26,27 @@ class EvalSpec:
     completion_params: Mapping[str, Any]
     max_steps: int
     max_concurrent_rollouts: int
-    prompt_builder: Callable[[Any, int, list[str]], Any]
-    action_parser: Callable[[str], Any]
-    env: EnvSettings
+    #: The OpenEnv loop's parts (``OpenEnvRolloutProcessor`` evals); None for any other processor.
+    prompt_builder: Callable[[Any, int, list[str]], Any] | None
+    action_parser: Callable[[str], Any] | None
+    env: EnvSettings | None
     notes: tuple[str, ...] = field(default=())
+    #: Any other processor, run unchanged (``ep_trl.processors``), and what eval-protocol hands it in its config.
+    processor: Any = None
+    processor_settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def processor_name(self) -> str:
+        return type(self.processor).__name__ if self.processor is not None else "OpenEnvRolloutProcessor"
 
 
 def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
-    """Extract the eval's processor, prompt builder, parser, tasks, limits and scoring body."""
-    processor_cls = private_name("eval_protocol.pytest.openenv_rollout_processor", "OpenEnvRolloutProcessor")
+    """Extract the eval's processor (for OpenEnv evals: its environment, prompt builder, parser and tasks), limits
+    and scoring body."""
+    openenv_cls = private_name("eval_protocol.pytest.openenv_rollout_processor", "OpenEnvRolloutProcessor")
     params = eval_test.wrapper.__ep_params__
     processor = params.rollout_processor
-    if not isinstance(processor, processor_cls):
-        kind = type(processor).__name__ if processor is not None else "no rollout_processor"
-        raise UnsupportedEvalError(
-            f"{eval_test.qualified_name} uses {kind}; ep_trl trains through OpenEnvRolloutProcessor only "
-            "(the environment loop it drives is what training replays). Give the eval "
-            "rollout_processor=OpenEnvRolloutProcessor(...) or point env_path at an eval that has one."
-            + _swallowed_import_hint(eval_test)
-        )
+    _check_processor(processor, eval_test)
     mode = str(params.mode)
     if mode not in EVAL_MODES:
         raise UnsupportedEvalError(f"{eval_test.qualified_name} has mode {mode!r}; supported modes: {EVAL_MODES}.")
@@ -53,22 +55,42 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         raise UnsupportedEvalError(f"{eval_test.qualified_name}: its _origin_func is not callable; cannot reach the body.")
 
     notes: list[str] = []
-    completion_params = _first_setting(params.completion_params, "completion_params", eval_test, notes)
-    test_kwargs = _first_setting(params.evaluation_test_kwargs, "evaluation_test_kwargs", eval_test, notes)
-    return EvalSpec(
+    common: dict[str, Any] = dict(
         name=eval_test.name,
         qualified_name=eval_test.qualified_name,
         mode=mode,
         body=body,
-        evaluation_test_kwargs=test_kwargs,
-        completion_params=completion_params,
+        evaluation_test_kwargs=_first_setting(params.evaluation_test_kwargs, "evaluation_test_kwargs", eval_test, notes),
+        completion_params=_first_setting(params.completion_params, "completion_params", eval_test, notes),
         max_steps=int(params.steps),
         max_concurrent_rollouts=int(params.max_concurrent_rollouts),
-        prompt_builder=processor.prompt_builder,
-        action_parser=processor.action_parser,
-        env=_env_settings(processor),
-        notes=tuple(notes),
     )
+    if isinstance(processor, openenv_cls):
+        return EvalSpec(**common, prompt_builder=processor.prompt_builder, action_parser=processor.action_parser,
+                        env=_env_settings(processor), notes=tuple(notes))
+    settings = {"mcp_config_path": params.mcp_config_path or "", "server_script_path": params.server_script_path,
+                "kwargs": dict(params.rollout_processor_kwargs or {})}
+    return EvalSpec(**common, prompt_builder=None, action_parser=None, env=None, notes=tuple(notes),
+                    processor=processor, processor_settings=settings)
+
+
+def _check_processor(processor: Any, eval_test: EvalTest) -> None:
+    """Any eval-protocol processor that calls a model; not one that eval-protocol put in place of a class whose
+    import failed, and not the no-op one (it calls no model: nothing to train)."""
+    from eval_protocol.pytest.rollout_processor import RolloutProcessor
+
+    kind = type(processor).__name__ if processor is not None else "no rollout_processor"
+    if not isinstance(processor, RolloutProcessor):
+        raise UnsupportedEvalError(f"{eval_test.qualified_name} uses {kind}, which is not an eval-protocol "
+                                   "RolloutProcessor; give the eval one (docs/processors.md lists what trains).")
+    hint = _swallowed_import_hint(eval_test)
+    if kind == "SingleTurnRolloutProcessor" and hint:
+        raise UnsupportedEvalError(f"{eval_test.qualified_name} uses SingleTurnRolloutProcessor, which eval-protocol "
+                                   "puts in place of rollout_processor=None." + hint)
+    if kind == "NoOpRolloutProcessor":
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name} uses NoOpRolloutProcessor (or EP_USE_NO_OP_ROLLOUT_PROCESSOR=1 is set): it "
+            "calls no model, so there is nothing to train. Give the eval the processor it runs with.")
 
 
 def _swallowed_import_hint(eval_test: EvalTest) -> str:

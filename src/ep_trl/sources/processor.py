@@ -1,0 +1,194 @@
+"""Episodes of any other eval-protocol processor (``SingleTurnRolloutProcessor``, ``AgentRolloutProcessor``, ...):
+the eval's own processor runs unchanged on the eval's own rows while ep_trl captures its model calls.
+
+Per TRL prompt: the eval's row it stands for (``evalprotocol.match_rows``), a fresh rollout id, and a model name
+that routes the processor's calls for that row to ep_trl's endpoint (``evalprotocol.processors``), where a
+``RolloutCapture`` generates each reply with the trainer's backend and records the tokens. The row the processor
+returns is the one the eval body scores; its last conversation segment is what TRL trains on.
+
+An episode fails (as data) when its generation failed, when the processor raised from its environment or tools
+(``environment``: connection, timeout and OS errors, MCP servers included) or from any other code of the eval
+(``eval_code``), or when the processor marked the row's rollout as failed.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..episode import Episode, EpisodeFailure, EpisodeSpec, pytest_outcome
+from ..errors import ConfigError, UnsupportedEvalError
+from ..evalprotocol import EvalSpec, match_rows, processors
+from ..processors.capture import RolloutCapture
+from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint
+from ..processors.parsing import ToolCallParser
+from . import Batch, Played
+
+logger = logging.getLogger(__name__)
+
+#: Errors raised by a processor's environment side: its tools, MCP servers, sandboxes and their connections.
+_ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, asyncio.TimeoutError)
+#: The same from libraries ep_trl does not import: httpx's transport errors and MCP's protocol error.
+_ENVIRONMENT_ERROR_NAMES = ("ConnectError", "ConnectTimeout", "ReadError", "ReadTimeout", "RemoteProtocolError",
+                            "WriteError", "PoolTimeout", "McpError")
+
+
+class ProcessorSource:
+    """Runs the eval's processor on the eval's rows, each prompt's calls captured by ep_trl's endpoint."""
+
+    def __init__(self, spec: EvalSpec, rows: Sequence[Any]) -> None:
+        assert spec.processor is not None
+        self._spec = spec
+        self._rows = list(rows)
+        self._endpoint = CaptureEndpoint()
+        self._variable = processors.BaseUrlVariable()
+        self._parser: ToolCallParser | None = None
+
+    def describe(self) -> str:
+        return (f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
+                "captured by ep_trl")
+
+    async def play(self, batch: Batch) -> Played:
+        spec = self._spec
+        rows = match_rows(batch.prompts, self._rows, spec.qualified_name)
+        if not self._endpoint.running:
+            await self._endpoint.start()
+            assert self._endpoint.base_url is not None
+            self._variable.point_at(self._endpoint.base_url)
+            processors.setup(spec)
+        if self._parser is None:
+            self._parser = ToolCallParser(batch.template.tokenizer)
+        semaphore = asyncio.Semaphore(spec.max_concurrent_rollouts)
+        places = {i: (batch.first_group + g, k) for g, members in enumerate(batch.groups) for k, i in enumerate(members)}
+        tasks = [asyncio.ensure_future(self._episode(batch, EpisodeSpec(
+                    index=i, group=places[i][0], generation=places[i][1], task=None,
+                    initial_messages=tuple(_message_dicts(row.messages))), row, semaphore))
+                 for i, row in enumerate(rows)]
+        try:
+            results = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return Played([ep for ep, _ in results], [row for _, row in results])
+
+    async def aclose(self) -> None:
+        try:
+            if self._endpoint.running:
+                await processors.cleanup(self._spec)
+        finally:
+            await self._endpoint.aclose()
+            self._variable.restore()
+
+    async def _episode(self, batch: Batch, spec: EpisodeSpec, row: Any,
+                       semaphore: asyncio.Semaphore) -> tuple[Episode, Any]:
+        """One row through the processor; the episode and the row for the body."""
+        assert self._parser is not None and self._endpoint.base_url is not None
+        rollout_id = batch.rollout_ids[spec.index]
+        prompt = batch.prompts[spec.index]
+        label = f"episode {spec.index} (row {row.input_metadata.row_id})"
+        capture = RolloutCapture(rollout_id, label, batch.limits, batch.template, batch.generator, self._parser)
+        live = _LiveLog(batch, spec, rollout_id, prompt)
+        params = processors.routed_params(self._spec.completion_params, MODEL_PREFIX + rollout_id,
+                                          self._endpoint.base_url)
+        batch.context.row(spec, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
+        live.log(row)
+        self._endpoint.add(capture)
+        start = time.perf_counter()
+        failure: EpisodeFailure | None = None
+        try:
+            row = await processors.run_row(self._spec, row, params, semaphore, live if batch.log else
+                                           processors.NullLogger())
+        except (ConfigError, UnsupportedEvalError):
+            raise
+        except Exception as exc:
+            outcome = pytest_outcome(exc, "rollout processor", self._spec.qualified_name)
+            if outcome is not None:
+                raise outcome from exc
+            cause = _cause(exc)
+            failure = capture.failure or EpisodeFailure(_kind(cause), cause)
+        finally:
+            self._endpoint.remove(rollout_id)
+        if capture.fatal is not None:
+            raise capture.fatal
+        failure = failure or capture.failure or _reported_failure(row)
+        if failure is None and capture.calls == 0:
+            raise UnsupportedEvalError(
+                f"{self._spec.qualified_name}: {self._spec.processor_name} finished a row without calling the model "
+                "through ep_trl. ep_trl routes each row's calls by its model name (completion_params['model'], set to "
+                f"'{processors.model_alias(MODEL_PREFIX + '<token>')}'); a processor that calls another model or "
+                "client is not trainable this way (docs/processors.md).")
+        if failure is not None:
+            logger.warning("%s failed (%s): %s", label, failure.kind, failure)
+        messages = tuple(_message_dicts(row.messages))
+        episode = Episode(
+            spec=spec,
+            trajectory=capture.trajectory(list(spec.initial_messages)),
+            messages=messages,
+            step_rewards=(),
+            actions=tuple(_tool_calls(messages)),
+            status="error" if failure else "finished",
+            stop_reason="error" if failure else capture.stop_reason,
+            error=str(failure) if failure else None,
+            error_kind=failure.kind if failure else None,
+            duration_s=time.perf_counter() - start,
+            prompt_tokens=capture.prompt_tokens,
+            budget_blocked_tokens=capture.budget_blocked_tokens,
+            forked_segments=capture.forks,
+        )
+        return episode, batch.context.episode_row(episode, rollout_id, prompt, source_row=row)
+
+
+class _LiveLog:
+    """The DatasetLogger handed to the processor: its mid-rollout rows go to ``ep logs`` with the training ids."""
+
+    def __init__(self, batch: Batch, spec: EpisodeSpec, rollout_id: str, prompt: Any) -> None:
+        self._batch, self._spec, self._rollout_id, self._prompt = batch, spec, rollout_id, prompt
+
+    def log(self, row: Any) -> None:
+        if self._batch.log is None:
+            return
+        snapshot = row.model_copy(deep=True)  # the processor goes on changing its row
+        context, spec = self._batch.context, self._spec
+        self._batch.log.log(self._rollout_id, lambda: context.row(spec, self._rollout_id, self._prompt, (), (),
+                                                                  source_row=snapshot))
+
+    def read(self, rollout_id: str | None = None) -> list[Any]:
+        return []
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The error inside the exception groups that MCP clients and task groups wrap errors in (the first one)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _kind(exc: BaseException) -> str:
+    """``environment`` for connection, timeout and OS errors (HTTP clients' and MCP's included), else
+    ``eval_code``."""
+    seen = [exc, exc.__cause__] if exc.__cause__ is not None else [exc]
+    for error in seen:
+        if isinstance(error, _ENVIRONMENT_ERRORS) or type(error).__name__ in _ENVIRONMENT_ERROR_NAMES:
+            return "environment"
+    return "eval_code"
+
+
+def _reported_failure(row: Any) -> EpisodeFailure | None:
+    """A processor that catches its own errors marks the row's rollout status instead of raising."""
+    status = getattr(row, "rollout_status", None)
+    if status is None or not hasattr(status, "is_error") or not status.is_error():
+        return None
+    return EpisodeFailure("eval_code", RuntimeError(f"the processor marked the rollout failed: {status.message}"))
+
+
+def _message_dicts(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    return [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in messages]
+
+
+def _tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The tools the model called, in order (the episode's actions)."""
+    return [str((call.get("function") or {}).get("name")) for m in messages if m.get("role") == "assistant"
+            for call in m.get("tool_calls") or []]

@@ -1,0 +1,80 @@
+"""The tiny model taught one tool-using conversation, so a real model (not a script) makes real tool calls.
+
+``build_tool_model`` copies the tiny model, gives its tokenizer TRL's Qwen 2.5 chat template (tool calls in
+``<tool_call>`` blocks, a format TRL's ``parse_response`` reads) and fine-tunes it until it reproduces
+:data:`SCRIPT` after the eval's messages: ``add(1, 2)``, ``add(3, 4)``, then the answer. Each turn is learned from
+the exact ids it is later generated after (the rendered conversation so far), so the model samples it with near certainty
+at a temperature of 0.5 or less, and its logprobs are whatever the trained weights give.
+"""
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+#: (tool-call arguments of each turn, or the final answer); the tool results are what the calculator returns.
+CALLS = ({"a": 1, "b": 2}, {"a": 3, "b": 4})
+RESULTS = ("3", "7")
+ANSWER = "10"
+
+
+def tool_call_text(arguments: Mapping[str, int]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "add", "arguments": dict(arguments)}) + "\n</tool_call>"
+
+
+def conversation(messages: Sequence[Mapping[str, Any]], tool_result: Any = str) -> list[dict[str, Any]]:
+    """The whole scripted conversation after ``messages``: call, result, call, result, answer."""
+    out = [dict(m) for m in messages]
+    for k, (arguments, result) in enumerate(zip(CALLS, RESULTS)):
+        out.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"c{k}", "type": "function", "function": {"name": "add", "arguments": dict(arguments)}}]})
+        out.append({"role": "tool", "content": tool_result(result), "tool_call_id": f"c{k}"})
+    out.append({"role": "assistant", "content": ANSWER})
+    return out
+
+
+def build_tool_model(tiny_model_dir: Path, out_dir: Path, messages: Sequence[Mapping[str, Any]],
+                     tools: Sequence[Mapping[str, Any]], tool_result: Any = str, steps: int = 300) -> Path:
+    """A copy of the tiny model at ``out_dir`` that plays :func:`conversation` after ``messages`` with ``tools``."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    shutil.copytree(tiny_model_dir, out_dir, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    tokenizer.chat_template = qwen2_5_chat_template
+    model = AutoModelForCausalLM.from_pretrained(out_dir)
+    full = conversation(messages, tool_result)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    examples = []
+    for at, message in enumerate(full):
+        if message["role"] != "assistant":
+            continue
+        prompt = tokenizer.apply_chat_template(full[:at], tools=list(tools), add_generation_prompt=True,
+                                               tokenize=False)
+        text = tool_call_text(message["tool_calls"][0]["function"]["arguments"]) if message.get("tool_calls") \
+            else message["content"]
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        target = tokenizer.encode(text, add_special_tokens=False) + [end]
+        examples.append((prompt_ids, target))
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        worst = 0.0
+        for prompt_ids, target in examples:
+            ids = torch.tensor([prompt_ids + target])
+            logits = model(ids).logits[0, len(prompt_ids) - 1: -1]
+            losses = torch.nn.functional.cross_entropy(logits, torch.tensor(target), reduction="none")
+            losses.mean().backward()
+            worst = max(worst, float(losses.max().detach()))
+        optimizer.step()
+        if worst < 1e-3:
+            break
+    model.eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
