@@ -19,7 +19,8 @@ FIXES = {
     "environment": "check that the environment, tool or MCP servers are up and reachable (the errors name them); if "
                    "an OpenEnv server is only slow, raise EvalOverrides(request_timeout_s=...)",
     "eval_code": "the eval's own code raised (its action parser, or its rollout processor): make it handle any "
-                 "model output (the errors show where)",
+                 "model output (the errors show where); a processor failing before its first model call may be "
+                 "calling a model other than the one ep_trl gives the row (docs/processors.md)",
     "generation": "check the generation backend (for vLLM: is the server up, does the prompt fit max_model_len?)",
     "unscored": "the eval body left the rows unscored (raised, timed out, returned no or a non-finite score): the "
                 "reasons are below",

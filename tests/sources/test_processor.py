@@ -233,6 +233,49 @@ def test_a_processor_that_calls_no_model_is_refused_at_construction():
         create_openenv_vllm_rollout_func("tests.evals.eval_noop", log_rollouts=False)
 
 
+def test_processors_that_call_the_model_on_another_machine_are_refused_at_construction():
+    """RemoteRolloutProcessor's rows come back from Fireworks tracing, not from the calls made here: before, such
+    an eval trained on captured tokens while the body scored its unchanged input row."""
+    with pytest.raises(UnsupportedEvalError, match="RemoteRolloutProcessor: the model is called on another machine"):
+        create_openenv_vllm_rollout_func("tests.evals.eval_remote", log_rollouts=False)
+
+
+@pytest.mark.timeout(120)
+def test_an_openai_client_built_from_the_completion_params_is_routed(tiny_model_dir, tmp_path):
+    """A processor that uses the OpenAI client (as LangGraph and PydanticAI factories do) sends the row's model name
+    as it is, provider prefix included; the endpoint answers it."""
+    env_path = "tests.evals.eval_openai_client::test_routed_client"
+    rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
+    prompts = list(dataset_from_eval(env_path)["prompt"]) * 2
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
+                           prompts=prompts)
+    try:
+        out = rollout(prompts, trainer)
+        assert out["episode_status"] == ["finished"] * 2 and out["num_turns"] == [1, 1]
+    finally:
+        rollout.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_processor_that_calls_another_model_is_an_error_naming_it(tiny_model_dir, tmp_path):
+    """Before, every episode failed as eval_code until training stopped with no signal three calls later."""
+    env_path = "tests.evals.eval_openai_client::test_fixed_model"
+    rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
+    prompts = list(dataset_from_eval(env_path)["prompt"]) * 2
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
+                           prompts=prompts)
+    try:
+        with pytest.raises(UnsupportedEvalError, match=r"with the model \['gpt-4o-mini'\] instead of the one"):
+            rollout(prompts, trainer)
+    finally:
+        rollout.close()
+
+
+def test_several_models_per_row_are_refused_at_construction():
+    with pytest.raises(UnsupportedEvalError, match=r"completion_params\['model'\] is a mapping \['planner', 'writer'\]"):
+        create_openenv_vllm_rollout_func("tests.evals.eval_openai_client::test_two_models", log_rollouts=False)
+
+
 def test_openenv_settings_are_refused_for_a_processor_eval():
     with pytest.raises(ConfigError, match=r"SingleTurnRolloutProcessor.*\['env_base_url'\].*OpenEnvRolloutProcessor"):
         create_openenv_vllm_rollout_func(ARITHMETIC, env_base_url="http://127.0.0.1:1", log_rollouts=False)
@@ -282,3 +325,88 @@ def test_the_same_agent_file_is_still_an_eval_against_the_served_model(agent_mod
     assert len(re.findall(r"call \d+ \(model 'local'\)", served_output)) == 3, served_output[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["agg_score"] == 1.0, summary
+
+
+@pytest.mark.timeout(300)
+def test_a_raising_processor_costs_its_episodes_as_eval_code_inside_train(tiny_model_dir, tmp_path):
+    """Failure is data at train() level: rows whose processor raised or marked the rollout failed are failed
+    episodes, counted as eval_code and unscored; the others train."""
+    env_path = "tests.evals.eval_faulty_processor"
+    rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
+    dataset = list(dataset_from_eval(env_path)["prompt"])  # three rows: all of them are in each step's batch
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=6, max_steps=1,
+                           max_completion_length=32, prompts=dataset)
+    prompts = [p for p in dataset for _ in range(2)]
+    try:
+        trainer.train()
+        logged = trainer.state.log_history[0]
+        assert logged["ep_trl/errors/eval_code"] == 4.0 and logged["ep_trl/unscored_fraction"] == 4 / 6
+        out = rollout(prompts, trainer)
+        assert out["episode_status"] == ["finished"] * 2 + ["error"] * 4
+        assert out["eval_score"] == [1.0, 1.0, None, None, None, None]
+        errors = out["episode_error"]
+        assert all(e.startswith("ValueError: the processor's own parsing failed") for e in errors[2:4])
+        assert all("marked the rollout NOT_FOUND: no remote data" in e for e in errors[4:])
+        assert all(len(ids) > 1 for ids in out["completion_ids"][2:])  # the model's reply is kept, with no reward
+    finally:
+        rollout.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_model_dir, tmp_path):
+    """A processor's calls whose backend fails for good: train() raises GenerationError in bounded time, and the
+    processor was answered (no processor task is left waiting)."""
+    from ep_trl import GenerationError, VLLMOptions
+    from tests.support.faulty_vllm import FaultyVLLMServer
+
+    with FaultyVLLMServer(default=("status", 500)) as server:
+        rollout = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False,
+                                                   vllm=VLLMOptions(max_retries=0, request_timeout_s=10))
+        prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
+        trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=1,
+                               max_completion_length=32, prompts=prompts)
+        try:
+            with pytest.raises(GenerationError, match=f"{server.url}/v1/completions"):
+                trainer.train()
+        finally:
+            rollout.close()
+
+
+@pytest.fixture(scope="module")
+def qwen_template_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with TRL's Qwen 2.5 chat template (a tool-call format TRL parses), weights unchanged."""
+    import shutil
+
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    out = tmp_path_factory.mktemp("qwen_template")
+    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = qwen2_5_chat_template
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_an_mcp_gym_eval_trains_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog,
+                                                                 monkeypatch):
+    """eval-protocol's FrozenLake MCP-gym server, started by its processor: in the eval's default per_run mode the
+    processor starts a server per processor call on one port, and ep_trl calls it once per row, so every row after
+    the first failed ("Port 9700 is already in use"); training runs it in shared mode and says so."""
+    caplog.set_level(logging.INFO, logger="ep_trl")
+    monkeypatch.chdir(tmp_path)  # the processor writes its server's log to the working directory
+    env_path = "tests.evals.eval_frozen_lake"
+    rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
+    assert "server_mode='shared'" in caplog.text
+    prompts = [p for p in dataset_from_eval(env_path)["prompt"] for _ in range(2)]
+    trainer = make_trainer(qwen_template_model_dir, tmp_path, rollout, num_generations=2, batch_size=4,
+                           max_steps=1, max_completion_length=48, prompts=prompts)
+    try:
+        for _ in range(2):  # a second call reuses the server
+            out = rollout(prompts, trainer)
+            assert out["episode_status"] == ["finished"] * 4, out["episode_error"]
+            assert all(n >= 1 for n in out["num_turns"])
+            assert all(score is not None for score in out["eval_score"])
+    finally:
+        rollout.close()

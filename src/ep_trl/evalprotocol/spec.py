@@ -68,10 +68,30 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
     if isinstance(processor, openenv_cls):
         return EvalSpec(**common, prompt_builder=processor.prompt_builder, action_parser=processor.action_parser,
                         env=_env_settings(processor), notes=tuple(notes))
+    model = common["completion_params"].get("model")
+    if isinstance(model, Mapping):
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name}: completion_params['model'] is a mapping {sorted(model)} (several models per "
+            "row); ep_trl routes each rollout's calls by one model name, so give the eval one model to train.")
+    kwargs = dict(params.rollout_processor_kwargs or {})
+    if kind_of(processor) == "MCPGymRolloutProcessor" and kwargs.get("server_mode", "per_run") == "per_run":
+        kwargs["server_mode"] = "shared"
+        notes.append(f"{eval_test.qualified_name}: MCPGymRolloutProcessor starts a server per processor call "
+                     "('per_run', on one port); ep_trl calls the processor once per row, so training runs it with "
+                     "server_mode='shared': one server for the run, stopped when the process exits.")
     settings = {"mcp_config_path": params.mcp_config_path or "", "server_script_path": params.server_script_path,
-                "kwargs": dict(params.rollout_processor_kwargs or {})}
+                "kwargs": kwargs}
     return EvalSpec(**common, prompt_builder=None, action_parser=None, env=None, notes=tuple(notes),
                     processor=processor, processor_settings=settings)
+
+
+#: Processors whose model calls happen outside this process (a remote server, GitHub's runners) and whose rows
+#: come back from Fireworks tracing: nothing here can capture their tokens.
+REMOTE_PROCESSORS = ("RemoteRolloutProcessor", "GithubActionRolloutProcessor")
+
+
+def kind_of(processor: Any) -> str:
+    return type(processor).__name__
 
 
 def _check_processor(processor: Any, eval_test: EvalTest) -> None:
@@ -87,6 +107,11 @@ def _check_processor(processor: Any, eval_test: EvalTest) -> None:
     if kind == "SingleTurnRolloutProcessor" and hint:
         raise UnsupportedEvalError(f"{eval_test.qualified_name} uses SingleTurnRolloutProcessor, which eval-protocol "
                                    "puts in place of rollout_processor=None." + hint)
+    if kind in REMOTE_PROCESSORS:
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name} uses {kind}: the model is called on another machine and the row comes back "
+            "from Fireworks tracing, so the tokens cannot be captured here. Train with a processor that runs in this "
+            "process (SingleTurnRolloutProcessor, AgentRolloutProcessor, ...; docs/processors.md).")
     if kind == "NoOpRolloutProcessor":
         raise UnsupportedEvalError(
             f"{eval_test.qualified_name} uses NoOpRolloutProcessor (or EP_USE_NO_OP_ROLLOUT_PROCESSOR=1 is set): it "

@@ -44,6 +44,7 @@ class CaptureEndpoint:
         (``ep_trl.serve``); without it such a call is refused."""
         self._serve_any = serve_any
         self._captures: dict[str, RolloutCapture] = {}
+        self.unknown_models: set[str] = set()  # names called that are no rollout: the processor ignores the row's
         self._runner: Any = None
         self.base_url: str | None = None
 
@@ -91,12 +92,15 @@ class CaptureEndpoint:
         except ValueError:
             return _error(400, "the request body is not JSON")
         model = str(body.get("model", ""))
-        capture = self._captures.get(model[len(MODEL_PREFIX):]) if model.startswith(MODEL_PREFIX) else None
+        name = model.split("/", 1)[1] if model.startswith("hosted_vllm/") else model  # as plain OpenAI clients send it
+        capture = self._captures.get(name[len(MODEL_PREFIX):]) if name.startswith(MODEL_PREFIX) else None
         if capture is None and self._serve_any is not None:
             capture = self._serve_any(model)
         if capture is None:
-            return _error(404, f"model {model!r} is not a rollout ep_trl is capturing: ep_trl routes each row to "
-                               f"'hosted_vllm/{MODEL_PREFIX}<token>'; the processor must use the row's model")
+            self.unknown_models.add(model)
+            return _error(404, f"model {model!r} is not a rollout ep_trl is capturing: ep_trl gives each row the model "
+                               f"'hosted_vllm/{MODEL_PREFIX}<token>' in its completion_params; the processor must "
+                               "call the model the row names")
         refused = [reason for key, reason in _REFUSED.items() if _asks(body, key)]
         if refused:
             return _error(400, "; ".join(refused))

@@ -113,6 +113,12 @@ class ProcessorSource:
             self._endpoint.remove(rollout_id)
         if capture.fatal is not None:
             raise capture.fatal
+        if capture.calls == 0 and self._endpoint.unknown_models:
+            raise UnsupportedEvalError(
+                f"{self._spec.qualified_name}: {self._spec.processor_name} called ep_trl's endpoint with the model "
+                f"{sorted(self._endpoint.unknown_models)} instead of the one ep_trl gave the row "
+                f"('{processors.model_alias(MODEL_PREFIX + '<token>')}', with api_base): build the model client "
+                "from the row's or the config's completion_params (docs/processors.md).")
         failure = failure or capture.failure or _reported_failure(row)
         if failure is None and capture.calls == 0:
             raise UnsupportedEvalError(
@@ -177,11 +183,16 @@ def _kind(exc: BaseException) -> str:
 
 
 def _reported_failure(row: Any) -> EpisodeFailure | None:
-    """A processor that catches its own errors marks the row's rollout status instead of raising."""
+    """A processor that catches its own errors marks the row's rollout status instead of raising: any code but
+    OK, RUNNING (never set) and FINISHED is a failure (eval-protocol's ``is_error`` only means INTERNAL)."""
+    from eval_protocol.models import Status
+
     status = getattr(row, "rollout_status", None)
-    if status is None or not hasattr(status, "is_error") or not status.is_error():
+    fine = (Status.Code.OK, Status.Code.RUNNING, Status.Code.FINISHED)
+    if status is None or status.code in fine:
         return None
-    return EpisodeFailure("eval_code", RuntimeError(f"the processor marked the rollout failed: {status.message}"))
+    return EpisodeFailure("eval_code", RuntimeError(
+        f"the processor marked the rollout {Status.Code(status.code).name}: {status.message}"))
 
 
 def _message_dicts(messages: Sequence[Any]) -> list[dict[str, Any]]:
