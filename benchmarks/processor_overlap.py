@@ -26,23 +26,6 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("DISABLE_EP_SQLITE_LOG", "1")
 
 
-def tools_of(url: str) -> list[dict]:
-    """The MCP server's tools as AgentRolloutProcessor offers them (name and parameters)."""
-    import asyncio
-
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    async def listed():
-        async with streamable_http_client(f"{url}/mcp") as (read, write, _):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                return (await session.list_tools()).tools
-
-    return [{"type": "function", "function": {"name": t.name, "parameters": t.inputSchema}}
-            for t in asyncio.run(listed())]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=8)
@@ -71,7 +54,7 @@ def main() -> None:
 
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is (1 + 2) + (3 + 4)?"}]
         model_dir = tool_model.build_tool_model(build_tiny_model(work / "tiny", seed=0), work / "tool_model", messages,
-                                                tools_of(server.base_url),
+                                                tool_model.mcp_tools(server.base_url),
                                                 tool_result=lambda r: json.dumps({"result": int(r)}))
         eval_path = "tests.evals.eval_calculator_agent"
         prompts = list(dataset_from_eval(eval_path)["prompt"]) * args.episodes

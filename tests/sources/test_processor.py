@@ -112,29 +112,12 @@ def agent_eval(calc_server, tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def calc_tools(calc_server):
-    """The tools as AgentRolloutProcessor offers them to the model (name and parameters of each MCP tool)."""
-    import asyncio
-
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    async def listed():
-        async with streamable_http_client(f"{calc_server.base_url}/mcp") as (read, write, _):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                return (await session.list_tools()).tools
-
-    return [{"type": "function", "function": {"name": t.name, "parameters": t.inputSchema}}
-            for t in asyncio.run(listed())]
-
-
-@pytest.fixture(scope="module")
-def agent_model_dir(tiny_model_dir, calc_tools, tmp_path_factory):
+def agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
     from tests.evals.eval_calculator_agent import SYSTEM
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is (1 + 2) + (3 + 4)?"}]
-    return tool_model.build_tool_model(tiny_model_dir, tmp_path_factory.mktemp("tool_model"), messages, calc_tools,
+    return tool_model.build_tool_model(tiny_model_dir, tmp_path_factory.mktemp("tool_model"), messages,
+                                       tool_model.mcp_tools(calc_server.base_url),
                                        tool_result=lambda r: json.dumps({"result": int(r)}))
 
 

@@ -37,6 +37,24 @@ def conversation(messages: Sequence[Mapping[str, Any]], tool_result: Any = str) 
     return out
 
 
+def mcp_tools(server_url: str) -> list[dict[str, Any]]:
+    """The tools of the MCP server at ``server_url`` as AgentRolloutProcessor offers them to the model (the name and
+    parameters of each; it drops descriptions), so the model is taught the prompt it will be given."""
+    import asyncio
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def listed() -> list[Any]:
+        async with streamable_http_client(f"{server_url}/mcp") as (read, write, _):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return (await session.list_tools()).tools
+
+    return [{"type": "function", "function": {"name": t.name, "parameters": t.inputSchema}}
+            for t in asyncio.run(listed())]
+
+
 def build_tool_model(tiny_model_dir: Path, out_dir: Path, messages: Sequence[Mapping[str, Any]],
                      tools: Sequence[Mapping[str, Any]], tool_result: Any = str, steps: int = 300) -> Path:
     """A copy of the tiny model at ``out_dir`` that plays :func:`conversation` after ``messages`` with ``tools``."""

@@ -5,9 +5,10 @@ One module per source, each implementing :class:`EpisodeSource`: ``openenv`` (ep
 runs unchanged while ep_trl captures its model calls). ``choice`` picks one for an eval.
 """
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..episode import Episode
 from ..generation import Generator
@@ -55,3 +56,19 @@ class EpisodeSource(Protocol):
     async def aclose(self) -> None:
         """Release what the source holds (sessions, servers, endpoints); it is not used afterwards."""
         ...
+
+
+T = TypeVar("T")
+
+
+async def gather_or_cancel(pending: Sequence[Awaitable[T]]) -> list[T]:
+    """Every result, in order; when one raises (an error that is not an episode's own), the others are cancelled
+    and waited for before the error propagates, so no episode outlives its call."""
+    tasks = [asyncio.ensure_future(p) for p in pending]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -11,7 +11,7 @@ from ..environment import check_openenv
 from ..episode import Episode, EpisodeSpec, StepCallback, run_episode
 from ..evalprotocol import EvalSpec
 from ..options import RolloutOptions
-from . import Batch, Played
+from . import Batch, Played, gather_or_cancel
 
 
 class OpenEnvSource:
@@ -47,14 +47,8 @@ class OpenEnvSource:
             async with limit:
                 return await run_episode(episode, cfg, batch.template, batch.generator, envs, callback)
 
-        tasks = [asyncio.ensure_future(bounded(s, cb)) for s, cb in zip(specs, on_step)]
         try:
-            episodes = list(await asyncio.gather(*tasks))
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+            episodes = await gather_or_cancel([bounded(s, cb) for s, cb in zip(specs, on_step)])
         finally:
             await envs.aclose()
         rows = [batch.context.episode_row(ep, rid, batch.prompts[ep.spec.index])

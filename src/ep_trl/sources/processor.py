@@ -23,7 +23,7 @@ from ..evalprotocol import EvalSpec, match_rows, processors
 from ..processors.capture import RolloutCapture
 from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint
 from ..processors.parsing import ToolCallParser
-from . import Batch, Played
+from . import Batch, Played, gather_or_cancel
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +61,9 @@ class ProcessorSource:
             self._parser = ToolCallParser(batch.template.tokenizer)
         semaphore = asyncio.Semaphore(spec.max_concurrent_rollouts)
         places = {i: (batch.first_group + g, k) for g, members in enumerate(batch.groups) for k, i in enumerate(members)}
-        tasks = [asyncio.ensure_future(self._episode(batch, EpisodeSpec(
-                    index=i, group=places[i][0], generation=places[i][1], task=None,
-                    initial_messages=tuple(_message_dicts(row.messages))), row, semaphore))
-                 for i, row in enumerate(rows)]
-        try:
-            results = list(await asyncio.gather(*tasks))
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        results = await gather_or_cancel([self._episode(batch, EpisodeSpec(
+            index=i, group=places[i][0], generation=places[i][1], task=None,
+            initial_messages=tuple(_message_dicts(row.messages))), row, semaphore) for i, row in enumerate(rows)])
         return Played([ep for ep, _ in results], [row for _, row in results])
 
     async def aclose(self) -> None:
