@@ -14,6 +14,7 @@ the request's messages and tools are rendered with the model's chat template and
 
 import argparse
 import asyncio
+import itertools
 import logging
 import signal
 from pathlib import Path
@@ -44,7 +45,7 @@ def build_endpoint(model_dir: str | Path, temperature: float = 1.0) -> tuple[Cap
     limits = TurnLimits(sampling=SamplingParams(temperature=temperature, max_tokens=DEFAULT_MAX_TOKENS),
                         max_episode_tokens=context, stop_token_ids=eos, max_model_len=context)
     template, parser = ChatTemplate(tokenizer), ToolCallParser(tokenizer)
-    calls = iter(range(1, 1 << 62))
+    calls = itertools.count(1)
 
     def answer(model_name: str) -> RolloutCapture:
         call = next(calls)

@@ -34,6 +34,7 @@ from typing import Any
 from .environment import STOCK_MESSAGE_TIMEOUT_S
 from .episode import EpisodeConfig, EpisodeSpec, initial_messages
 from .errors import ConfigError, UnsupportedEvalError
+from .evalprotocol.processors import ROUTING_KEYS
 from .evalprotocol.spec import EvalSpec
 from .generation import DEFAULT_MAX_TOKENS, Generator
 from .options import EvalOverrides
@@ -146,7 +147,7 @@ def notes(spec: EvalSpec) -> list[str]:
     found = list(spec.notes)
     if spec.processor is not None:
         params = spec.completion_params
-        unused = sorted(k for k in ("api_base", "base_url", "api_key", "stream", "n", "custom_llm_provider")
+        unused = sorted(k for k in ROUTING_KEYS
                         if params.get(k) not in (None, False) and not (k == "n" and params.get(k) == 1))
         if unused:
             found.append(f"{spec.qualified_name} sets {unused} in completion_params; training routes its processor's "

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, UnsupportedEvalError
+from ..processors.wire import content_text
 from ._private import private_name
 from .resolve import EvalTest
 
@@ -204,19 +205,11 @@ def _row_by_key(key: Any, rows: Sequence["EvaluationRow"], eval_name: str) -> "E
     return row
 
 
-def _content_text(content: Any) -> str:
-    """The text of a message's content: a string, or the text parts of a list of content parts."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = [part.get("text") if isinstance(part, Mapping) else getattr(part, "text", None) for part in content]
-    return "".join(part for part in parts if part)
-
-
 def _content_key(messages: Sequence[Any]) -> tuple[tuple[str, str], ...]:
     def field(message: Any, name: str) -> Any:
         return message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
 
-    return tuple((str(field(m, "role")), _content_text(field(m, "content"))) for m in messages)
+    return tuple((str(field(m, "role")), content_text(field(m, "content"))) for m in messages)
 
 
 def _content_index(rows: Sequence["EvaluationRow"]) -> dict[tuple[tuple[str, str], ...], list[int]]:
@@ -238,7 +231,7 @@ def _row_data(row: "EvaluationRow") -> dict[str, Any]:
 def _row_by_content(n: int, messages: Sequence[Mapping[str, Any]], rows: Sequence["EvaluationRow"],
                     candidates: list[int], eval_name: str) -> "EvaluationRow":
     if not candidates:
-        text = " | ".join(_content_text(m.get("content")) for m in messages)
+        text = " | ".join(content_text(m.get("content")) for m in messages)
         preview = text[:80] + ("..." if len(text) > 80 else "")
         raise ConfigError(
             f"prompt {n} ({preview!r}) matches no row of {eval_name}; build the training dataset with "

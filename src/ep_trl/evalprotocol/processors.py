@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 PROVIDER = "hosted_vllm"
 BASE_URL_VARIABLE = "HOSTED_VLLM_API_BASE"
 
-#: completion_params keys that would send the call elsewhere or change how it is made; replaced or removed.
-_ROUTING_KEYS = ("model", "api_base", "base_url", "api_key", "stream", "custom_llm_provider", "n")
+#: completion_params keys, besides ``model``, that would send the call elsewhere or change how it is made; removed
+#: from what the processor gets (``api_base`` is set anew).
+ROUTING_KEYS = ("api_base", "base_url", "api_key", "stream", "custom_llm_provider", "n")
 
 
 def model_alias(model_name: str) -> str:
@@ -35,7 +36,7 @@ def model_alias(model_name: str) -> str:
 
 def routed_params(params: Mapping[str, Any], model_name: str, base_url: str) -> dict[str, Any]:
     """The eval's completion params with the model call sent to ep_trl's endpoint for one rollout."""
-    kept = {k: v for k, v in params.items() if k not in _ROUTING_KEYS}
+    kept = {k: v for k, v in params.items() if k != "model" and k not in ROUTING_KEYS}
     return {**kept, "model": model_alias(model_name), "api_base": base_url}
 
 
@@ -64,16 +65,6 @@ class BaseUrlVariable:
         else:
             os.environ[BASE_URL_VARIABLE] = self._saved
         self._set = False
-
-
-class NullLogger:
-    """A DatasetLogger that keeps nothing: processors log mid-rollout rows; with logging off they go nowhere."""
-
-    def log(self, row: Any) -> None:
-        return None
-
-    def read(self, rollout_id: str | None = None) -> list[Any]:
-        return []
 
 
 def setup(spec: EvalSpec) -> None:

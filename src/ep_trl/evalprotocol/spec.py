@@ -74,7 +74,7 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
             f"{eval_test.qualified_name}: completion_params['model'] is a mapping {sorted(model)} (several models per "
             "row); ep_trl routes each rollout's calls by one model name, so give the eval one model to train.")
     kwargs = dict(params.rollout_processor_kwargs or {})
-    if kind_of(processor) == "MCPGymRolloutProcessor" and kwargs.get("server_mode", "per_run") == "per_run":
+    if type(processor).__name__ == "MCPGymRolloutProcessor" and kwargs.get("server_mode", "per_run") == "per_run":
         kwargs["server_mode"] = "shared"
         notes.append(f"{eval_test.qualified_name}: MCPGymRolloutProcessor starts a server per processor call "
                      "('per_run', on one port); ep_trl calls the processor once per row, so training runs it with "
@@ -88,10 +88,6 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
 #: Processors whose model calls happen outside this process (a remote server, GitHub's runners) and whose rows
 #: come back from Fireworks tracing: nothing here can capture their tokens.
 REMOTE_PROCESSORS = ("RemoteRolloutProcessor", "GithubActionRolloutProcessor")
-
-
-def kind_of(processor: Any) -> str:
-    return type(processor).__name__
 
 
 def _check_processor(processor: Any, eval_test: EvalTest) -> None:

@@ -133,10 +133,10 @@ class RolloutCapture:
         """The segment this call continues (its bridge inserted), a new one, or None when the budget is spent."""
         messages = template_form(request.messages)
         tools = list(request.tools) if request.tools else None
-        held = [canonical(m) for m in request.messages]
+        sent = [canonical(m) for m in request.messages]
         tools_key = json.dumps(tools, sort_keys=True, default=str) if tools else ""
         current = self._segments[-1] if self._segments else None
-        if current is not None and _extends(current, held, tools_key):
+        if current is not None and _extends(current, sent, tools_key):
             assert current.last is not None
             bridge, realigned = self._template.bridge(messages, current.builder.context(), current.last,
                                                       self._limits.stop_token_ids, tools)
@@ -146,16 +146,16 @@ class RolloutCapture:
                 return None
             current.builder.add_inserted(bridge)
             current.builder.realigned += int(realigned)
-            current.transcript = held
+            current.transcript = sent
             return current
         if current is not None:
             self.forks += 1
             logger.warning("%s: call %d does not continue the conversation the rollout holds (%s); its tokens start a "
                            "new segment and the earlier one is not trained on (docs/processors.md, forks)",
-                           self.label, self.calls, _why_not(current, held, tools_key))
+                           self.label, self.calls, _why_not(current, sent, tools_key))
         prompt = self._template.prompt_ids(messages, tools)
         check_first_prompt(len(prompt), self._limits, "shorten the eval's messages")
-        segment = _Segment(TrajectoryBuilder(tuple(prompt)), tools_key, held)
+        segment = _Segment(TrajectoryBuilder(tuple(prompt)), tools_key, sent)
         self._segments.append(segment)
         return segment
 
@@ -163,17 +163,18 @@ class RolloutCapture:
         return TurnReply({"role": "assistant", "content": ""}, "length", 0, ())
 
 
-def _extends(segment: _Segment, held: list[Canonical], tools_key: str) -> bool:
+def _extends(segment: _Segment, sent: list[Canonical], tools_key: str) -> bool:
+    """Whether the call's messages repeat the segment's and add only messages the model does not write."""
     n = len(segment.transcript)
-    return (segment.last is not None and tools_key == segment.tools_key and len(held) > n
-            and held[:n] == segment.transcript and all(role != "assistant" for role, _, _ in held[n:]))
+    return (segment.last is not None and tools_key == segment.tools_key and len(sent) > n
+            and sent[:n] == segment.transcript and all(role != "assistant" for role, _, _ in sent[n:]))
 
 
-def _why_not(segment: _Segment, held: list[Canonical], tools_key: str) -> str:
+def _why_not(segment: _Segment, sent: list[Canonical], tools_key: str) -> str:
     if tools_key != segment.tools_key:
         return "the tools changed"
     n = len(segment.transcript)
-    if held[:n] != segment.transcript:
-        diverged = next((i for i, (a, b) in enumerate(zip(held, segment.transcript)) if a != b), min(n, len(held)))
+    if sent[:n] != segment.transcript:
+        diverged = next((i for i, (a, b) in enumerate(zip(sent, segment.transcript)) if a != b), min(n, len(sent)))
         return f"message {diverged} differs from the one held, or history was dropped"
-    return "it adds no new message" if len(held) <= n else "it adds an assistant message the model did not sample"
+    return "it adds no new message" if len(sent) <= n else "it adds an assistant message the model did not sample"

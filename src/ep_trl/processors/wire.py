@@ -19,13 +19,16 @@ Canonical = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
 def content_text(content: Any) -> str:
-    """A message's text: ``None`` is empty, content parts are their text parts joined."""
+    """A message's text: ``None`` is empty, content parts (mappings, eval-protocol's part models or strings) are
+    their text parts joined."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        return "".join(str(p.get("text", "")) if isinstance(p, Mapping) else str(p) for p in content)
+        parts = [p if isinstance(p, str) else p.get("text") if isinstance(p, Mapping) else getattr(p, "text", None)
+                 for p in content]
+        return "".join(str(p) for p in parts if p)
     return str(content)
 
 

@@ -28,7 +28,7 @@ from . import Batch, Played, gather_or_cancel
 logger = logging.getLogger(__name__)
 
 #: Errors raised by a processor's environment side: its tools, MCP servers, sandboxes and their connections.
-_ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, asyncio.TimeoutError)
+_ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (OSError,)  # ConnectionError and TimeoutError among them
 #: The same from libraries ep_trl does not import: httpx's transport errors and MCP's protocol error.
 _ENVIRONMENT_ERROR_NAMES = ("ConnectError", "ConnectTimeout", "ReadError", "ReadTimeout", "RemoteProtocolError",
                             "WriteError", "PoolTimeout", "McpError")
@@ -91,8 +91,7 @@ class ProcessorSource:
         start = time.perf_counter()
         failure: EpisodeFailure | None = None
         try:
-            row = await processors.run_row(self._spec, row, params, semaphore, live if batch.log else
-                                           processors.NullLogger())
+            row = await processors.run_row(self._spec, row, params, semaphore, live)
         except (ConfigError, UnsupportedEvalError):
             raise
         except Exception as exc:
@@ -140,7 +139,8 @@ class ProcessorSource:
 
 
 class _LiveLog:
-    """The DatasetLogger handed to the processor: its mid-rollout rows go to ``ep logs`` with the training ids."""
+    """The DatasetLogger handed to the processor: its mid-rollout rows go to ``ep logs`` with the training ids (or
+    nowhere when logging is off)."""
 
     def __init__(self, batch: Batch, spec: EpisodeSpec, rollout_id: str, prompt: Any) -> None:
         self._batch, self._spec, self._rollout_id, self._prompt = batch, spec, rollout_id, prompt
