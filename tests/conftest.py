@@ -29,6 +29,9 @@ import pytest  # noqa: E402
 
 from tests.support.letters import LETTERS_ENV_URL_VAR  # noqa: E402  (light: stdlib only)
 
+#: Fails a module that leaves threads or child processes behind (tests/support/leaks.py).
+pytest_plugins = ["tests.support.leaks"]
+
 if TYPE_CHECKING:
     from tests.support.letters import LettersEpisodes
     from ep_trl.processes import ServerProcess

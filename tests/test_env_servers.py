@@ -11,6 +11,7 @@ import pytest
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func
 from ep_trl.env_servers import LocalAppProvider, launch, server_app
+from ep_trl.processes import ServerStartError
 from ep_trl.env_pool import EnvPool
 from ep_trl.environment import EnvSettings, client_kwargs, constructor_parameters
 from ep_trl.envs.letters import LettersEnv
@@ -66,6 +67,32 @@ def test_the_server_beside_a_client_in_openenv_layout_is_found():
     assert server_app(LettersEnv) is None  # not OpenEnv's layout: nothing to start
     with pytest.raises(ConfigError, match=r"found no server beside ep_trl\.envs\.letters\.client.*provider="):
         launch(EnvSettings(client_cls=LettersEnv, docker_image="letters-env:latest"), None)
+
+
+@pytest.mark.timeout(120)
+def test_the_image_a_local_server_stands_in_for_is_named_once(caplog):
+    """An eval naming its own build of the image (here read from its environment, as evals do) trains against the
+    installed package's server: said once, at WARNING, with the image, what runs instead and how to run the image."""
+    caplog.set_level(logging.INFO, logger="ep_trl")
+    image = os.environ.get("GUESS_IMAGE", "my-registry/guess:dev")
+    settings, servers = launch(EnvSettings(client_cls=GuessEnv, docker_image=image), None)
+    try:
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1
+        text = warnings[0].getMessage()
+        assert "'my-registry/guess:dev'" in text and "tests.fixtures.guess_env.server.app:app" in text
+        assert "provider=LocalDockerProvider()" in text and settings.base_url in servers.urls.values()
+    finally:
+        servers.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_start_up_error_names_the_image_it_stood_in_for():
+    with pytest.raises(ServerStartError) as raised:
+        launch(EnvSettings(client_cls=GuessEnv, docker_image="my-registry/guess:dev",
+                           env_vars={"GUESS_GAME": "no-such-game"}), None)
+    text = str(raised.value)
+    assert "'my-registry/guess:dev'" in text and "no-such-game" in text  # the image, and the server's own words
 
 
 @pytest.mark.timeout(600)

@@ -6,6 +6,7 @@ contract, several calls in a row without a single score) ends ``train()`` with a
 Each test states its bound with ``pytest.mark.timeout``. Faulty servers and clients here are fakes, named as such.
 """
 
+import os
 import signal
 import subprocess
 import sys
@@ -108,25 +109,26 @@ def test_an_environment_killed_mid_run_and_restarted_on_the_same_port(tiny_model
 
 @pytest.mark.timeout(300)
 def test_an_environment_hung_then_resumed(tiny_model_dir, tmp_path):
-    """SIGSTOP: connections are accepted by the kernel but never answered; every wait is bounded."""
+    """SIGSTOP (to the server's process group: the server and its watchdog): connections are accepted by the kernel
+    but never answered; every wait is bounded."""
     port = free_port()
     process = letters_server_on(port, tmp_path / "logs")
     started = {}
 
     def stop():
-        process.proc.send_signal(signal.SIGSTOP)
+        os.killpg(process.pid, signal.SIGSTOP)
         started["hung"] = time.monotonic()
 
     def resume():
         started["step_s"] = time.monotonic() - started["hung"]
-        process.proc.send_signal(signal.SIGCONT)
+        os.killpg(process.pid, signal.SIGCONT)
 
     try:
         _, logs = train(tiny_model_dir, tmp_path, steps=3, callbacks=[AtStepEnd({1: stop, 2: resume})],
                         overrides=EvalOverrides(env_client_cls=LettersEnv, env_base_url=f"http://127.0.0.1:{port}",
                                                 request_timeout_s=2.0))
     finally:
-        process.proc.send_signal(signal.SIGCONT)
+        os.killpg(process.pid, signal.SIGCONT)
         process.stop()
     assert [log["ep_trl/errors/environment"] for log in logs] == [0.0, 4.0, 0.0]
     assert started["step_s"] < 60  # the hung step ended within its timeouts, not whenever the server woke up

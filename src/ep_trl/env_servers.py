@@ -15,22 +15,21 @@ by default: it re-installs the environment's project into an isolated environmen
 which needs ``uv`` and the network; the package is already importable in the training environment.
 """
 
-import atexit
 import importlib.util
 import logging
 import os
 import sys
 import tempfile
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import shutdown
 from .environment import EnvSettings
 from .errors import ConfigError
 from .options import EvalOverrides
-from .processes import ServerProcess, free_port, start_server
+from .processes import ServerProcess, ServerStartError, free_port, start_server
 
 logger = logging.getLogger(__name__)
 
@@ -95,13 +94,14 @@ Provider = Any  # an OpenEnv RuntimeProvider or ContainerProvider, or a zero-arg
 
 
 class LaunchedServers:
-    """The environment servers started for one rollout function; ``stop()`` (also run at exit) stops them all."""
+    """The environment servers started for one rollout function; ``close()`` (also run at exit and on SIGTERM,
+    ``ep_trl.shutdown``) stops them all."""
 
     def __init__(self) -> None:
         self._stops: list[Callable[[], None]] = []
         self.urls: dict[str | None, str] = {}
         self.providers: list[Any] = []
-        _running.add(self)
+        shutdown.register(self)
 
     def add(self, task: str | None, url: str, provider: Any, stop: Callable[[], None]) -> None:
         self.urls[task] = url
@@ -112,21 +112,11 @@ class LaunchedServers:
     def running(self) -> bool:
         return bool(self._stops)
 
-    def stop(self) -> None:
+    def close(self) -> None:
         stops, self._stops = self._stops, []
         for stop in stops:
             stop()
-        _running.discard(self)
-
-
-_running: "weakref.WeakSet[LaunchedServers]" = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_running() -> None:
-    """A training script rarely closes its rollout function: its environment servers must not outlive it."""
-    for servers in list(_running):
-        servers.stop()
+        shutdown.unregister(self)
 
 
 def launch(settings: EnvSettings, provider: Provider | None,
@@ -145,22 +135,50 @@ def launch(settings: EnvSettings, provider: Provider | None,
         provider is None or _is_factory(provider) or len(settings.tasks) == 1)
     targets: tuple[str | None, ...] = settings.tasks if per_task else (None,)
     make = _provider_maker(settings, provider)
+    substitute = None if provider is not None else substitution(settings)
+    if substitute is not None:
+        logger.warning(substitute)
     servers = LaunchedServers()
     try:
         for task in targets:
             env_vars = {**settings.env_vars, **({settings.task_var: task} if task is not None and settings.task_var
                                                 else {})}
             provider_for_task = make()
-            url, stop = _start(provider_for_task, settings, env_vars)
+            try:
+                url, stop = _start(provider_for_task, settings, env_vars)
+            except (RuntimeError, OSError) as exc:  # ServerStartError, and what providers raise
+                what = substitute or f"{type(provider_for_task).__name__} could not start {asked_for(settings)}."
+                raise ServerStartError(f"{what}\n{type(exc).__name__}: {exc}") from exc
             servers.add(task, url, provider_for_task, stop)
             logger.info("ep_trl started the environment server for %s%s at %s", settings.client_cls.__name__,
                         f" (task {task!r})" if task is not None else "", url)
     except BaseException:
-        servers.stop()
+        servers.close()
         raise
     if per_task:
         return replace(settings, task_urls={t: servers.urls[t] for t in targets if t is not None}), servers
     return replace(settings, base_url=servers.urls[None]), servers
+
+
+def asked_for(settings: EnvSettings) -> str:
+    """The environment the eval names: its Docker image or hub repo."""
+    return (f"the Docker image {settings.docker_image!r}" if settings.docker_image
+            else f"the hub repo {settings.hub_repo_id!r}")
+
+
+def substitution(settings: EnvSettings) -> str | None:
+    """What ep_trl serves in place of the eval's Docker image or hub repo when no provider is given (said once, at
+    WARNING, and put in any start-up error); None when there is nothing to serve (``_provider_maker`` refuses)."""
+    assert settings.client_cls is not None
+    app = server_app(settings.client_cls)
+    if app is None:
+        return None
+    how = ("provider=LocalDockerProvider() (openenv.core.containers.runtime)" if settings.docker_image
+           else "provider=... (an OpenEnv runtime provider)")
+    return (f"The eval's {settings.client_cls.__name__} names {asked_for(settings)}, which ep_trl does not run: it "
+            f"serves {app} from the installed package with this Python instead, so a custom build or another "
+            f"version in that image is not what trains. To train against the image itself pass {how}, or start it "
+            "yourself and pass env_base_url=...")
 
 
 def _is_factory(provider: Provider) -> bool:

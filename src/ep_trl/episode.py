@@ -84,8 +84,8 @@ FAILURE_KINDS = ("environment", "eval_code", "generation")
 class EpisodeFailure(Exception):
     """An episode ended early by one of :data:`FAILURE_KINDS`; ``cause`` is the original error."""
 
-    def __init__(self, kind: str, cause: BaseException) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
+    def __init__(self, kind: str, cause: BaseException, detail: str | None = None) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}" + (f" ({detail})" if detail else ""))
         self.kind = kind
         self.cause = cause
 

@@ -4,7 +4,8 @@ Used by the training scripts (which start their environment server and stop it o
 the tests. Each server runs in its own session (process group) so helpers it spawns
 (e.g. vLLM engine workers) are killed with it, and its stdout/stderr go to a
 log file (not a pipe, which a chatty server could fill and block on) whose
-tail is put into error messages.
+tail is put into error messages. Each runs under ``ep_trl/guard.py``, a watchdog that stops it when the process
+that started it is gone, killed with SIGKILL included (``guarded``).
 """
 
 import logging
@@ -12,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +40,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_holder(port: int) -> str | None:
+    """``pid N (command line)`` of the process listening on ``port``, if this user can see it."""
+    import psutil
+
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except psutil.AccessDenied:
+        return None
+    for connection in connections:
+        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port \
+                and connection.pid is not None:
+            try:
+                command = " ".join(psutil.Process(connection.pid).cmdline())
+            except psutil.Error:
+                command = "?"
+            return f"pid {connection.pid} ({command[:200]})"
+    return None
 
 
 def _tail(path: Path, max_chars: int) -> str:
@@ -117,6 +138,17 @@ def wait_for_http(server: ServerProcess, health_url: str, timeout_s: float = DEF
         delay = min(delay * 1.5, 0.5)
 
 
+#: The watchdog every started process runs under (``ep_trl/guard.py``, run by path: no ep_trl import).
+GUARD = Path(__file__).with_name("guard.py")
+
+
+def guarded(cmd: Sequence[str], stderr_log: Path | None = None) -> list[str]:
+    """``cmd`` run under :mod:`ep_trl.guard`: it ends when this process ends, however this process ends (SIGKILL
+    included), and with ``stderr_log`` its last stderr lines are kept there."""
+    log = ["--stderr-log", str(stderr_log)] if stderr_log is not None else []
+    return [sys.executable, str(GUARD), "--parent", str(os.getpid()), *log, "--", *cmd]
+
+
 def start_server(
     name: str,
     cmd: Sequence[str],
@@ -134,8 +166,9 @@ def start_server(
 
     The child gets the current environment minus ``unset_env`` plus ``env``
     (so a developer's shell settings cannot silently change a server's
-    behaviour under test). On failure the process is stopped before the error propagates, so a failed
-    fixture leaves nothing running.
+    behaviour under test). It runs under :func:`guarded`'s watchdog, so it stops when this process ends, even by
+    SIGKILL. On failure the process is stopped before the error propagates, so a failed fixture leaves nothing
+    running.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{port}.log"
@@ -145,7 +178,7 @@ def start_server(
     logger.info("Starting %s on %s:%d: %s", name, host, port, " ".join(cmd))
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            list(cmd),
+            guarded(cmd),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

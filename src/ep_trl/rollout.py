@@ -5,15 +5,13 @@ This module holds the factory and the per-call orchestration only: how settings 
 :mod:`ep_trl.episode`, scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
 """
 
-import atexit
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from . import env_servers, evalprotocol, settings, trl_compat
+from . import env_servers, evalprotocol, settings, shutdown, trl_compat
 from .env_servers import LaunchedServers
 from .errors import ConfigError
 from .evalprotocol import EvalSpec, EvalTest
@@ -57,7 +55,7 @@ class RolloutFunction:
         self.calls = 0
         self.invocation_id = evalprotocol.new_id("ep-trl")
         self.__name__ = f"ep_trl_rollout[{spec.qualified_name}]"
-        _open_functions.add(self)
+        shutdown.register(self)  # closed at exit, on SIGTERM too, if the program does not close it
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
         """``rollout_func(prompts, trainer)`` as ``GRPOTrainer`` calls it."""
@@ -88,7 +86,7 @@ class RolloutFunction:
             self._runner.run(self.source.aclose())
         finally:
             self._runner.close()
-            _open_functions.discard(self)
+            shutdown.unregister(self)
 
     def _setup(self, view: trl_compat.TrainerView) -> tuple[ChatTemplate, Generator]:
         if self._template is None:
@@ -136,17 +134,6 @@ class RolloutFunction:
             logger.warning(budget)
         self._signal.observe(episodes, scored)
         return trl_output(episodes, scored, batch.rollout_ids, limits.stop_token_ids[0])
-
-
-_open_functions: "weakref.WeakSet[RolloutFunction]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_functions() -> None:
-    """GRPOTrainer never closes its rollout_func: close what is still open at interpreter exit, so connections,
-    background tasks, log rows and environment servers end cleanly instead of as warnings about pending tasks."""
-    for function in list(_open_functions):
-        function.close()
 
 
 def create_openenv_vllm_rollout_func(

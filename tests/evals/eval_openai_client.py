@@ -18,7 +18,7 @@ class OpenAIClientProcessor(RolloutProcessor):
     def __call__(self, rows: list[EvaluationRow], config: RolloutProcessorConfig) -> list[asyncio.Task[EvaluationRow]]:
         async def process(row: EvaluationRow) -> EvaluationRow:
             params = config.completion_params
-            client = AsyncOpenAI(base_url=params.get("api_base"), api_key="none")
+            client = AsyncOpenAI(base_url=params.get("api_base"), api_key=params.get("api_key"))
             reply = await client.chat.completions.create(
                 model=self.fixed_model or params["model"], max_tokens=params.get("max_tokens", 8),
                 messages=[m.dump_mdoel_for_chat_completion_request() for m in row.messages])

@@ -189,6 +189,81 @@ def test_an_agent_whose_tool_server_is_down_fails_its_episodes_as_environment(ag
         rollout.close()
 
 
+def stdio_config(path, *args):
+    """An MCP config whose calculator server is started by the processor over stdio."""
+    path.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(a) for a in args]}}}))
+    return path
+
+
+@pytest.mark.timeout(300)
+def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(agent_model_dir, tmp_path, monkeypatch):
+    """The processor starts the calculator over stdio from the eval's MCP config, once per row; ep_trl hands each row
+    a copy in which the command runs under its watchdog (tool calls still work, the copies are gone afterwards)."""
+    import psutil
+
+    config = stdio_config(tmp_path / "calc_stdio.json", REPO / "tests/fixtures/calc_mcp_server.py", "stdio")
+    monkeypatch.setenv("CALC_MCP_CONFIG", str(config))
+    sys.modules.pop(AGENT, None)
+    rollout = create_openenv_vllm_rollout_func(AGENT, log_rollouts=False)
+    prompts = dataset_from_eval(AGENT, repeat=2)["prompt"]
+    trainer = make_trainer(agent_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
+                           max_completion_length=400, prompts=prompts, temperature=0.5)
+    scored_rows = record_scored_rows(rollout)
+    guarded_servers = []
+    watch = rollout.source._mcp
+    for_rollout = watch.for_rollout
+
+    def recording(rollout_id):  # the copy handed to the processor, read back by the test
+        copy = for_rollout(rollout_id)
+        guarded_servers.append(json.loads(Path(copy.config_path).read_text())["mcpServers"]["calc"])
+        return copy
+
+    watch.for_rollout = recording
+    try:
+        out = rollout(prompts[:2], trainer)
+        assert out["episode_status"] == ["finished"] * 2, out["episode_error"]
+        assert out["eval_score"] == [1.0, 1.0]
+        assert [[m.content for m in r.messages if m.role == "tool"] for r in scored_rows] == [['{"result": 3}', '{"result": 7}']] * 2
+        for server in guarded_servers:
+            assert server["args"][0].endswith("ep_trl/guard.py") and server["args"][-2:] == [
+                str(REPO / "tests/fixtures/calc_mcp_server.py"), "stdio"]
+        servers = [p for p in psutil.Process().children(recursive=True)
+                   if "calc_mcp_server.py stdio" in " ".join(p.cmdline())]
+        assert not psutil.wait_procs(servers, timeout=5)[1]  # ended with their rows
+        trainer.train()
+        assert trainer.state.global_step == 1
+    finally:
+        rollout.close()
+        sys.modules.pop(AGENT, None)
+
+
+@pytest.mark.timeout(300)
+def test_a_broken_stdio_mcp_server_is_named_with_its_own_stderr(tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """Before, every episode failed with MCP's bare "Connection closed"; the cause was on the console only. Now the
+    episode error and the grouped warning quote the server's last stderr lines and its exit status."""
+    caplog.set_level(logging.WARNING, logger="ep_trl")
+    missing = tmp_path / "missing_server.py"
+    monkeypatch.setenv("CALC_MCP_CONFIG", str(stdio_config(tmp_path / "broken.json", missing)))
+    sys.modules.pop(AGENT, None)
+    rollout = create_openenv_vllm_rollout_func(AGENT, log_rollouts=False)
+    prompts = dataset_from_eval(AGENT, repeat=2)["prompt"]
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
+                           max_completion_length=32, prompts=prompts)
+    try:
+        trainer.train()
+        assert trainer.state.log_history[0]["ep_trl/errors/environment"] == 2.0
+        out = rollout(list(prompts[:2]), trainer)
+        assert out["episode_status"] == ["error"] * 2
+        for error in out["episode_error"]:
+            assert error.startswith("McpError: Connection closed"), error
+            assert "stdio MCP server 'calc'" in error and "exited with status 2" in error
+            assert "can't open file" in error and str(missing) in error
+        assert "can't open file" in caplog.text and "exited with status 2" in caplog.text
+    finally:
+        rollout.close()
+        sys.modules.pop(AGENT, None)
+
+
 @pytest.mark.timeout(300)
 def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_segment(tiny_model_dir, tmp_path,
                                                                                         caplog):
@@ -393,3 +468,44 @@ def test_an_mcp_gym_eval_trains_across_calls_with_its_own_server(qwen_template_m
             assert all(score is not None for score in out["eval_score"])
     finally:
         rollout.close()
+        stop_mcp_gym_shared_server()
+
+
+@pytest.mark.timeout(300)
+def test_a_port_left_taken_fails_mcp_gym_episodes_as_environment_naming_its_holder(qwen_template_model_dir, tmp_path,
+                                                                                   monkeypatch):
+    """After a killed run, eval-protocol's FrozenLake server can stay on its fixed port 9700: before, the next run's
+    episodes failed as eval_code ("Port 9700 is already in use") and training stopped with no signal."""
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                               "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 9700)); "
+                               "s.listen(); print('ready', flush=True); time.sleep(300)"], stdout=subprocess.PIPE,
+                              text=True)
+    env_path = "tests.evals.eval_frozen_lake"
+    rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
+    prompts = [p for p in dataset_from_eval(env_path)["prompt"] for _ in range(2)]
+    trainer = make_trainer(qwen_template_model_dir, tmp_path, rollout, num_generations=2, batch_size=4,
+                           max_steps=1, max_completion_length=48, prompts=prompts)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        trainer.train()
+        assert trainer.state.log_history[0]["ep_trl/errors/environment"] == 4.0
+        out = rollout(prompts, trainer)
+        assert out["episode_status"] == ["error"] * 4
+        for error in out["episode_error"]:
+            assert "Port 9700 is already in use" in error and f"port 9700 is held by pid {holder.pid}" in error
+    finally:
+        rollout.close()
+        holder.kill()
+        holder.wait()
+        stop_mcp_gym_shared_server()
+
+
+def stop_mcp_gym_shared_server():
+    """eval-protocol stops its shared MCP-gym server only at interpreter exit; the test stops it now."""
+    from eval_protocol.pytest.default_mcp_gym_rollout_processor import MCPGymRolloutProcessor, MCPServerManager
+
+    MCPServerManager._cleanup_all_servers()
+    MCPGymRolloutProcessor._shared_server, MCPGymRolloutProcessor._shared_server_started = None, False

@@ -4,7 +4,6 @@ This is command-line output, so it prints; the library itself only logs.
 """
 
 import contextlib
-import signal
 import sys
 import tempfile
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from .. import shutdown
 from ..processes import free_port, start_server
 
 
@@ -52,20 +52,15 @@ def local_env_server(module: str, *, env: Mapping[str, str] | None = None, port:
     """Run ``python -m <module> --host 127.0.0.1 --port P`` for the duration of the block; yield its URL.
 
     The server is stopped (with its whole process group) on normal exit, on an exception, on Ctrl-C and on
-    SIGTERM, so a training script never leaves an environment process behind.
+    SIGTERM (``ep_trl.shutdown``), and by its watchdog if the script is killed, so a training script never leaves an
+    environment process behind.
     """
     port = port or free_port()
     log_dir = Path(tempfile.mkdtemp(prefix="ep-trl-env-"))
     cmd = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def _terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _terminate)
+    shutdown.handle_sigterm()
     server = start_server(module, cmd, port=port, log_dir=log_dir, env=env, timeout_s=timeout_s)
     try:
         yield server.base_url
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)

@@ -4,9 +4,10 @@ to ep_trl's endpoint.
 Routing. Processors call the model through LiteLLM, but read different settings: ``SingleTurnRolloutProcessor``
 passes the config's ``completion_params`` (``api_base`` included) to every call, ``AgentRolloutProcessor`` uses the
 row's ``completion_params["model"]`` and nothing else. The one setting every processor honours is the model name,
-so each row gets its own: ``hosted_vllm/ep-trl/<token>``. LiteLLM's ``hosted_vllm`` provider needs no API key and
-takes its base URL from ``api_base`` or ``HOSTED_VLLM_API_BASE``; ep_trl sets both, the variable for as long as the
-rollout function is open (it affects only models named ``hosted_vllm/...``). A new name per rollout also keeps
+so each row gets its own: ``hosted_vllm/ep-trl/<token>``. LiteLLM's ``hosted_vllm`` provider takes its base URL from
+``api_base`` or ``HOSTED_VLLM_API_BASE`` and its key from ``api_key`` or ``HOSTED_VLLM_API_KEY``; ep_trl sets all
+four (the variables for as long as the rollout function is open; they affect only models named ``hosted_vllm/...``),
+the key being the endpoint's per-call key (``ep_trl.processors.endpoint``). A new name per rollout also keeps
 requests out of the response cache AgentRolloutProcessor turns on for the whole process.
 """
 
@@ -20,9 +21,10 @@ from .spec import EvalSpec
 
 logger = logging.getLogger(__name__)
 
-#: LiteLLM's OpenAI-compatible provider that needs no API key; the variable it reads its base URL from.
+#: LiteLLM's OpenAI-compatible provider; the variables it reads its base URL and its key from.
 PROVIDER = "hosted_vllm"
 BASE_URL_VARIABLE = "HOSTED_VLLM_API_BASE"
+KEY_VARIABLE = "HOSTED_VLLM_API_KEY"
 
 #: completion_params keys, besides ``model``, that would send the call elsewhere or change how it is made; removed
 #: from what the processor gets (``api_base`` is set anew).
@@ -34,37 +36,37 @@ def model_alias(model_name: str) -> str:
     return f"{PROVIDER}/{model_name}"
 
 
-def routed_params(params: Mapping[str, Any], model_name: str, base_url: str) -> dict[str, Any]:
+def routed_params(params: Mapping[str, Any], model_name: str, base_url: str, api_key: str) -> dict[str, Any]:
     """The eval's completion params with the model call sent to ep_trl's endpoint for one rollout."""
     kept = {k: v for k, v in params.items() if k != "model" and k not in ROUTING_KEYS}
-    return {**kept, "model": model_alias(model_name), "api_base": base_url}
+    return {**kept, "model": model_alias(model_name), "api_base": base_url, "api_key": api_key}
 
 
-class BaseUrlVariable:
-    """``HOSTED_VLLM_API_BASE`` pointed at the endpoint while training, then put back as it was."""
+class RoutingVariables:
+    """``HOSTED_VLLM_API_BASE`` and ``HOSTED_VLLM_API_KEY`` pointed at the endpoint while training (the key renewed
+    with every rollout call), then put back as they were."""
 
     def __init__(self) -> None:
-        self._saved: str | None = None
-        self._set = False
+        self._saved: dict[str, str | None] = {}
 
-    def point_at(self, base_url: str) -> None:
-        if self._set:
-            return
-        self._saved = os.environ.get(BASE_URL_VARIABLE)
-        if self._saved and self._saved != base_url:
-            logger.warning("%s was %s; while ep_trl trains it points at %s, so any other hosted_vllm model the eval "
-                           "calls (a judge, say) must pass its own api_base.", BASE_URL_VARIABLE, self._saved, base_url)
+    def point_at(self, base_url: str, api_key: str) -> None:
+        if not self._saved:
+            self._saved = {name: os.environ.get(name) for name in (BASE_URL_VARIABLE, KEY_VARIABLE)}
+            before = self._saved[BASE_URL_VARIABLE]
+            if before and before != base_url:
+                logger.warning("%s was %s; while ep_trl trains it points at %s (and %s holds ep_trl's key), so any "
+                               "other hosted_vllm model the eval calls (a judge, say) must pass its own api_base and "
+                               "api_key.", BASE_URL_VARIABLE, before, base_url, KEY_VARIABLE)
         os.environ[BASE_URL_VARIABLE] = base_url
-        self._set = True
+        os.environ[KEY_VARIABLE] = api_key
 
     def restore(self) -> None:
-        if not self._set:
-            return
-        if self._saved is None:
-            os.environ.pop(BASE_URL_VARIABLE, None)
-        else:
-            os.environ[BASE_URL_VARIABLE] = self._saved
-        self._set = False
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved = {}
 
 
 def setup(spec: EvalSpec) -> None:
@@ -79,16 +81,17 @@ async def cleanup(spec: EvalSpec) -> None:
 
 
 async def run_row(spec: EvalSpec, row: Any, params: Mapping[str, Any], semaphore: asyncio.Semaphore,
-                  dataset_logger: Any) -> Any:
+                  dataset_logger: Any, mcp_config_path: str) -> Any:
     """One row through the eval's processor with ``params`` as its completion params (the config and the row carry
-    the same ones, as ``evaluation_test`` sets them); returns the row the processor finished with."""
+    the same ones, as ``evaluation_test`` sets them) and the rollout's copy of the eval's MCP config
+    (``mcp_servers``); returns the row the processor finished with."""
     from eval_protocol.pytest.types import RolloutProcessorConfig
 
     settings = spec.processor_settings
     row.input_metadata.completion_params = dict(params)
     config = RolloutProcessorConfig(
         completion_params=dict(params),
-        mcp_config_path=settings.get("mcp_config_path") or "",
+        mcp_config_path=mcp_config_path,
         server_script_path=settings.get("server_script_path"),
         steps=spec.max_steps,
         logger=dataset_logger,

@@ -76,6 +76,7 @@ class RolloutCapture:
         self._segments: list[_Segment] = []
         self._lock = asyncio.Lock()
         self.calls = 0
+        self.unauthorized = 0  # requests that named this rollout without the call's key (answered 401)
         self.forks = 0
         self.prompt_tokens = 0
         self.stop_reason = "done"

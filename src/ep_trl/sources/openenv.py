@@ -57,7 +57,7 @@ class OpenEnvSource:
 
     async def aclose(self) -> None:
         if self._servers is not None:
-            self._servers.stop()
+            self._servers.close()
 
 
 def _step_logger(batch: Batch, spec: EpisodeSpec, rollout_id: str) -> Callable[..., None] | None:

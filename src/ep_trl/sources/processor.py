@@ -13,6 +13,7 @@ An episode fails (as data) when its generation failed, when the processor raised
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,8 +21,10 @@ from typing import Any
 from ..episode import Episode, EpisodeFailure, EpisodeSpec, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, match_rows, processors
+from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
 from ..processors.capture import RolloutCapture
-from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint
+from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
+from ..processes import port_holder
 from ..processors.parsing import ToolCallParser
 from . import Batch, Played, gather_or_cancel
 
@@ -32,6 +35,8 @@ _ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (OSError,)  # ConnectionE
 #: The same from libraries ep_trl does not import: httpx's transport errors and MCP's protocol error.
 _ENVIRONMENT_ERROR_NAMES = ("ConnectError", "ConnectTimeout", "ReadError", "ReadTimeout", "RemoteProtocolError",
                             "WriteError", "PoolTimeout", "McpError")
+#: A server the processor starts found its port taken (eval-protocol's MCP-gym server says so in a RuntimeError).
+_PORT_IN_USE = re.compile(r"[Pp]ort (\d+) is already in use")
 
 
 class ProcessorSource:
@@ -42,8 +47,9 @@ class ProcessorSource:
         self._spec = spec
         self._rows = list(rows)
         self._endpoint = CaptureEndpoint()
-        self._variable = processors.BaseUrlVariable()
+        self._variables = processors.RoutingVariables()
         self._parser: ToolCallParser | None = None
+        self._mcp = StdioServers(spec.processor_settings.get("mcp_config_path"))
 
     def describe(self) -> str:
         return (f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
@@ -54,16 +60,17 @@ class ProcessorSource:
         rows = match_rows(batch.prompts, self._rows, spec.qualified_name)
         if not self._endpoint.running:
             await self._endpoint.start()
-            assert self._endpoint.base_url is not None
-            self._variable.point_at(self._endpoint.base_url)
             processors.setup(spec)
+        assert self._endpoint.base_url is not None
+        key = self._endpoint.new_call()
+        self._variables.point_at(self._endpoint.base_url, key)
         if self._parser is None:
             self._parser = ToolCallParser(batch.template.tokenizer)
         semaphore = asyncio.Semaphore(spec.max_concurrent_rollouts)
         places = {i: (batch.first_group + g, k) for g, members in enumerate(batch.groups) for k, i in enumerate(members)}
         results = await gather_or_cancel([self._episode(batch, EpisodeSpec(
             index=i, group=places[i][0], generation=places[i][1], task=None,
-            initial_messages=tuple(_message_dicts(row.messages))), row, semaphore) for i, row in enumerate(rows)])
+            initial_messages=tuple(_message_dicts(row.messages))), row, semaphore, key) for i, row in enumerate(rows)])
         return Played([ep for ep, _ in results], [row for _, row in results])
 
     async def aclose(self) -> None:
@@ -72,26 +79,28 @@ class ProcessorSource:
                 await processors.cleanup(self._spec)
         finally:
             await self._endpoint.aclose()
-            self._variable.restore()
+            self._variables.restore()
+            self._mcp.close()
 
-    async def _episode(self, batch: Batch, spec: EpisodeSpec, row: Any,
-                       semaphore: asyncio.Semaphore) -> tuple[Episode, Any]:
+    async def _episode(self, batch: Batch, spec: EpisodeSpec, row: Any, semaphore: asyncio.Semaphore,
+                       key: str) -> tuple[Episode, Any]:
         """One row through the processor; the episode and the row for the body."""
         assert self._parser is not None and self._endpoint.base_url is not None
         rollout_id = batch.rollout_ids[spec.index]
         prompt = batch.prompts[spec.index]
         label = f"episode {spec.index} (row {row.input_metadata.row_id})"
-        capture = RolloutCapture(rollout_id, label, batch.limits, batch.template, batch.generator, self._parser)
+        capture = RolloutCapture(new_token(), label, batch.limits, batch.template, batch.generator, self._parser)
         live = _LiveLog(batch, spec, rollout_id, prompt)
-        params = processors.routed_params(self._spec.completion_params, MODEL_PREFIX + rollout_id,
-                                          self._endpoint.base_url)
+        params = processors.routed_params(self._spec.completion_params, MODEL_PREFIX + capture.token,
+                                          self._endpoint.base_url, key)
         batch.context.row(spec, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
         live.log(row)
         self._endpoint.add(capture)
+        mcp = self._mcp.for_rollout(rollout_id)
         start = time.perf_counter()
         failure: EpisodeFailure | None = None
         try:
-            row = await processors.run_row(self._spec, row, params, semaphore, live)
+            row = await processors.run_row(self._spec, row, params, semaphore, live, mcp.config_path)
         except (ConfigError, UnsupportedEvalError):
             raise
         except Exception as exc:
@@ -99,15 +108,25 @@ class ProcessorSource:
             if outcome is not None:
                 raise outcome from exc
             cause = _cause(exc)
-            failure = capture.failure or EpisodeFailure(_kind(cause), cause)
+            kind = _kind(cause)
+            failure = capture.failure or EpisodeFailure(kind, cause, _environment_detail(cause, mcp)
+                                                        if kind == "environment" else None)
         finally:
-            self._endpoint.remove(rollout_id)
+            self._endpoint.remove(capture.token)
+            self._mcp.discard(mcp)
         if capture.fatal is not None:
             raise capture.fatal
+        if capture.calls == 0 and capture.unauthorized:
+            raise UnsupportedEvalError(
+                f"{self._spec.qualified_name}: {self._spec.processor_name} called the model ep_trl gave the row "
+                "without the key ep_trl gave it with (answered 401): build the model client from the row's or the "
+                "config's completion_params, api_key included (LiteLLM does; an OpenAI client needs "
+                "api_key=completion_params['api_key']). The key keeps other local processes out of the rollout "
+                "(docs/processors.md).")
         if capture.calls == 0 and self._endpoint.unknown_models:
             raise UnsupportedEvalError(
                 f"{self._spec.qualified_name}: {self._spec.processor_name} called ep_trl's endpoint with the model "
-                f"{sorted(self._endpoint.unknown_models)} instead of the one ep_trl gave the row "
+                f"{sorted(set(self._endpoint.unknown_models))} instead of the one ep_trl gave the row "
                 f"('{processors.model_alias(MODEL_PREFIX + '<token>')}', with api_base): build the model client "
                 "from the row's or the config's completion_params (docs/processors.md).")
         failure = failure or capture.failure or _reported_failure(row)
@@ -165,13 +184,29 @@ def _cause(exc: BaseException) -> BaseException:
 
 
 def _kind(exc: BaseException) -> str:
-    """``environment`` for connection, timeout and OS errors (HTTP clients' and MCP's included), else
-    ``eval_code``."""
+    """``environment`` for connection, timeout and OS errors (HTTP clients' and MCP's included) and a server port
+    that is taken, else ``eval_code``."""
     seen = [exc, exc.__cause__] if exc.__cause__ is not None else [exc]
     for error in seen:
         if isinstance(error, _ENVIRONMENT_ERRORS) or type(error).__name__ in _ENVIRONMENT_ERROR_NAMES:
             return "environment"
+        if _PORT_IN_USE.search(str(error)):
+            return "environment"
     return "eval_code"
+
+
+def _environment_detail(exc: BaseException, mcp: RolloutServers) -> str | None:
+    """What ep_trl can add to an environment error: who holds a port the processor's server could not take (a
+    server left behind by a killed run, say), and what the rollout's stdio MCP servers said before they died."""
+    found = _PORT_IN_USE.search(str(exc))
+    held = None
+    if found:
+        port = int(found.group(1))
+        holder = port_holder(port)
+        held = (f"port {port} is held by {holder}: stop it (it may be a server left behind by a training run that "
+                "was killed) or give the eval's server another port" if holder else
+                f"port {port} is held by a process this user cannot see: free the port or give the server another")
+    return "; ".join(part for part in (held, mcp.stderr_summary()) if part) or None
 
 
 def _reported_failure(row: Any) -> EpisodeFailure | None:
