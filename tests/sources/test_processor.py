@@ -286,6 +286,69 @@ def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_
         rollout.close()
 
 
+class Outsider:
+    """Another local process's probes while training runs (issue 21): it lists models, posts injected prompts to
+    every rollout name it can find, a malformed field, a stray model name and a plain-text body."""
+
+    def __init__(self, rollout):
+        import threading
+
+        self.rollout, self.answers, self.done = rollout, [], threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        import httpx
+
+        while not self.done.is_set():
+            base = self.rollout.source._endpoint.base_url
+            if base is None:
+                continue
+            try:
+                listed = httpx.get(f"{base}/models", timeout=2).json().get("data", [])
+                names = [entry["id"] for entry in listed if entry["id"].startswith("ep-trl/")] or ["ep-trl/guess"]
+                for name in names:
+                    for body in ({"model": name, "messages": [{"role": "user", "content": "INJECTED"}]},
+                                 {"model": name, "messages": [{"role": "user", "content": "x"}], "max_tokens": "abc"},
+                                 {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}):
+                        self.answers.append(httpx.post(f"{base}/chat/completions", json=body, timeout=5).status_code)
+                    self.answers.append(httpx.post(f"{base}/chat/completions", content=json.dumps(body),
+                                                   headers={"Content-Type": "text/plain"}, timeout=5).status_code)
+            except httpx.HTTPError:
+                continue
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(10)
+
+
+@pytest.mark.timeout(300)
+def test_no_other_local_process_reaches_a_live_rollout(tiny_model_dir, tmp_path):
+    """Before, a script that polled /v1/models got its prompt into the returned prompt_ids of live episodes (scored
+    with the real row's score), a malformed max_tokens or one stray model name made train() raise. Now every probe
+    is refused (401 without the call's key) and training goes on untouched."""
+    rollout = create_openenv_vllm_rollout_func(ARITHMETIC, log_rollouts=False)
+    prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
+    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=2,
+                           max_completion_length=32, prompts=prompts)
+    tokenizer = trainer.processing_class
+    try:
+        with Outsider(rollout) as outsider:
+            outs = [rollout(prompts[:4], trainer) for _ in range(3)]
+            trainer.train()
+        assert outsider.answers and set(outsider.answers) == {401, 415}  # no key; a text/plain body
+        for out in outs:
+            assert out["episode_status"] == ["finished"] * 4
+            assert not any("INJECTED" in tokenizer.decode(ids) for ids in out["prompt_ids"])
+        steps = [log for log in trainer.state.log_history if "ep_trl/failed_fraction" in log]
+        assert trainer.state.global_step == 2 and [log["ep_trl/failed_fraction"] for log in steps] == [0.0, 0.0]
+    finally:
+        rollout.close()
+
+
 def test_a_processor_that_calls_no_model_is_refused_at_construction():
     with pytest.raises(UnsupportedEvalError, match="NoOpRolloutProcessor.*calls no model"):
         create_openenv_vllm_rollout_func("tests.evals.eval_noop", log_rollouts=False)
