@@ -1,10 +1,12 @@
 """The TRL seam: signatures, sampling settings and guarded reads of trainer internals."""
 
+from types import SimpleNamespace
+
 import pytest
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
-from ep_trl import VersionError
+from ep_trl import ConfigError
 from ep_trl.trl_compat import TrainerView, view_from_call
 
 
@@ -18,15 +20,51 @@ def test_sampling_comes_from_the_grpo_config_and_only_the_trainer_signature_is_t
         view_from_call((args, tok))
 
 
-def test_vllm_server_url_from_config_and_colocate_refused(tmp_path):
+def test_the_trainers_vllm_mode_picks_its_server_or_its_colocated_engine(tmp_path):
     server = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="server",
                         vllm_server_host="127.0.0.9", vllm_server_port=8123, report_to=[])
     assert TrainerView(server, None, None).vllm_server_url() == "http://127.0.0.9:8123"
+    assert TrainerView(server, None, None).colocated_engine() is None
     colocate = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="colocate", report_to=[])
-    with pytest.raises(VersionError, match="vllm_mode='server'"):
-        TrainerView(colocate, None, None).vllm_server_url()
+    assert TrainerView(colocate, None, None).vllm_server_url() is None  # before: refused with a VersionError
+    engine = object()
+    trainer = SimpleNamespace(vllm_generation=SimpleNamespace(llm=engine))  # where GRPOTrainer 1.16 keeps it
+    found = TrainerView(colocate, None, trainer).colocated_engine()
+    assert found.llm is engine and found.wake is None and found.sleep is None
     plain = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     assert TrainerView(plain, None, None).vllm_server_url() is None
+    assert TrainerView(plain, None, None).colocated_engine() is None
+
+
+def test_a_tensor_parallel_colocated_engine_is_refused_naming_the_setting(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="colocate",
+                      vllm_tensor_parallel_size=2, report_to=[])
+    with pytest.raises(ConfigError, match="vllm_tensor_parallel_size=2.*vllm_tensor_parallel_size=1.*vllm_mode='server'"):
+        TrainerView(args, None, SimpleNamespace(vllm_generation=SimpleNamespace(llm=object()))).colocated_engine()
+
+
+def test_a_sleeping_colocated_engine_is_woken_for_each_call_and_put_back_to_sleep(tmp_path):
+    """As TRL's own generation does around llm.generate: weights pushed again when level-2 sleep dropped them."""
+    calls = []
+
+    class Engine:  # stands in for vllm.LLM, which this Python does not have; records what ep_trl asks of it
+        def wake_up(self, tags):
+            calls.append(("wake_up", tuple(tags)))
+
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+    generation = SimpleNamespace(llm=Engine(), _llm_weights_sleeping=True,
+                                 sync_weights=lambda: calls.append(("sync_weights",)))
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="colocate",
+                      vllm_enable_sleep_mode=True, report_to=[])
+    engine = TrainerView(args, None, SimpleNamespace(vllm_generation=generation)).colocated_engine()
+    engine.wake()
+    engine.sleep()
+    assert generation._llm_weights_sleeping is True  # what TRL's next sync or generate reads
+    generation._llm_weights_sleeping = False  # TRL synced this step (it wakes the weights to do so)
+    engine.wake()
+    assert calls == [("sync_weights",), ("wake_up", ("kv_cache",)), ("sleep", 2), ("wake_up", ("kv_cache",))]
 
 
 def test_metrics_reach_the_trainers_metric_store(tiny_model_dir, tmp_path):

@@ -110,14 +110,17 @@ class RolloutFunction:
         started = time.perf_counter()
         self.calls += 1
         template, generator = self._setup(view)
-        generator.reset_failure()  # the backend failed in an earlier call; it may be back
         limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
         groups = group_indices(prompts, view.num_generations)
         context = RowContext(self.spec, self.invocation_id, generator.name, view)
         batch = Batch(prompts=prompts, groups=groups, first_group=self._first_group(view, len(groups)),
                       rollout_ids=[evalprotocol.new_id("rollout") for _ in prompts], limits=limits,
                       template=template, generator=generator, context=context, log=self._log)
-        played = await self.source.play(batch)
+        await generator.begin_call()  # forgets an earlier call's failure (the server may be back), wakes an engine
+        try:
+            played = await self.source.play(batch)
+        finally:
+            await generator.end_call()
         if generator.failure is not None:  # the backend failed for good (e.g. the server is gone): do not train on it
             raise generator.failure
         episodes = played.episodes

@@ -13,7 +13,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from .errors import VersionError
+from .errors import ConfigError, VersionError
 from .generation import SamplingParams
 from .versions import require_supported
 
@@ -75,7 +75,7 @@ class TrainerView:
         safe because it gathers all prompts first (a collective); a ``rollout_func`` that generates per process
         must synchronise the same way, or the other processes' first requests hit half-updated weights.
         """
-        if self.num_processes <= 1 or not getattr(self.args, "use_vllm", False):
+        if self.num_processes <= 1 or self.vllm_mode != "server":
             return
         accelerator = getattr(self.trainer, "accelerator", None)
         if accelerator is None:
@@ -103,16 +103,53 @@ class TrainerView:
             repetition_penalty=float(getattr(a, "repetition_penalty", 1.0) or 1.0),
         )
 
-    def vllm_server_url(self) -> str | None:
-        """The URL of the trainer's own vLLM server client, when it trains with ``vllm_mode="server"``."""
+    @property
+    def vllm_mode(self) -> str | None:
+        """``"server"`` or ``"colocate"`` when the trainer generates with vLLM (``use_vllm=True``), else None."""
         if not getattr(self.args, "use_vllm", False):
             return None
-        mode = getattr(self.args, "vllm_mode", "server")
-        if mode != "server":
-            raise VersionError(
-                f"GRPOConfig(vllm_mode={mode!r}) runs vLLM inside the trainer, which ep_trl does not drive; "
-                "use vllm_mode='server' with `trl vllm-serve`, or use_vllm=False for in-process generation."
-            )
+        return str(getattr(self.args, "vllm_mode", "server"))
+
+    def colocated_engine(self) -> "ColocatedEngine | None":
+        """The trainer's own in-process ``vllm.LLM`` (``vllm_mode="colocate"``), with what wakes and sleeps it."""
+        if self.vllm_mode != "colocate":
+            return None
+        args = self.args
+        tensor_parallel = int(getattr(args, "vllm_tensor_parallel_size", 1) or 1)
+        if tensor_parallel > 1:
+            raise ConfigError(
+                f"GRPOConfig(vllm_mode='colocate', vllm_tensor_parallel_size={tensor_parallel}): every rank of a "
+                "tensor-parallel group must call the engine with the same requests at the same time, and ep_trl's "
+                "episodes ask for turns on their own schedule per process, so ep_trl cannot drive a sharded colocated "
+                "engine. Use vllm_tensor_parallel_size=1 (one engine per GPU, under accelerate launch too), or "
+                "vllm_mode='server' with `trl vllm-serve --tensor-parallel-size N`.")
+        generation = getattr(self.trainer, "vllm_generation", None)
+        llm = getattr(generation, "llm", None)
+        if llm is None:
+            raise VersionError("trainer.vllm_generation.llm is missing in this TRL version: ep_trl cannot find the "
+                               "colocated engine. Use vllm_mode='server' instead.")
+        if not getattr(args, "vllm_enable_sleep_mode", False):
+            return ColocatedEngine(llm)
+        if not hasattr(generation, "_llm_weights_sleeping"):
+            raise VersionError("trainer.vllm_generation has no _llm_weights_sleeping in this TRL version: ep_trl "
+                               "cannot tell whether the sleeping engine holds the trainer's weights. Train without "
+                               "vllm_enable_sleep_mode, or use vllm_mode='server'.")
+
+        def wake() -> None:
+            if generation._llm_weights_sleeping:  # level 2 dropped the weights: push the trainer's again
+                generation.sync_weights()
+            llm.wake_up(tags=["kv_cache"])
+
+        def sleep() -> None:
+            llm.sleep(level=2)
+            generation._llm_weights_sleeping = True
+
+        return ColocatedEngine(llm, wake, sleep)
+
+    def vllm_server_url(self) -> str | None:
+        """The URL of the trainer's own vLLM server client, when it trains with ``vllm_mode="server"``."""
+        if self.vllm_mode != "server":
+            return None
         client = getattr(getattr(self.trainer, "vllm_generation", None), "vllm_client", None)
         url = getattr(client, "base_url", None)
         if client is not None and url is None:
@@ -137,6 +174,17 @@ class TrainerView:
             return
         for key, value in metrics.items():
             store["train"][key].append(value)
+
+
+@dataclass(frozen=True)
+class ColocatedEngine:
+    """TRL's colocated ``vllm.LLM``; with sleep mode, ``wake`` readies it for a rollout call (the trainer's weights
+    pushed again if level-2 sleep dropped them, the KV cache back) and ``sleep`` puts it back to sleep after, as TRL's
+    own generation does around each ``generate``."""
+
+    llm: Any
+    wake: Callable[[], None] | None = None
+    sleep: Callable[[], None] | None = None
 
 
 def view_from_call(args: tuple[Any, ...]) -> TrainerView:

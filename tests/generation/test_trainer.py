@@ -81,5 +81,5 @@ def test_it_implements_the_whole_generator_protocol(model_and_tokenizer):
     assert generator.name == "trainer"
     assert generator.max_model_len == model.config.max_position_embeddings
     assert generator.failure is None  # its errors are per request: handed to the episodes that asked
-    generator.reset_failure()
+    asyncio.run(generator.begin_call())
     assert generator.failure is None

@@ -81,7 +81,7 @@ def test_hung_request_is_retried_then_fails_naming_the_request():
     assert f"turn request #1 to {server.url}/v1/completions (prompt of 7 tokens, max_tokens=4)" in message
     assert "failed 3 times" in message and "no answer within 1 s" in message
     assert generator.failure is err.value and generator.name == "vllm"
-    generator.reset_failure()  # what the rollout does at the start of its next call: the server may be back
+    run(generator.begin_call())  # what the rollout does at the start of its next call: the server may be back
     assert generator.failure is None
 
 

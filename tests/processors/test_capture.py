@@ -31,7 +31,10 @@ class ScriptedGenerator:
                      for t in texts]
         self.contexts = []
 
-    def reset_failure(self):
+    async def begin_call(self):
+        pass
+
+    async def end_call(self):
         pass
 
     async def generate(self, prompt_ids, params: SamplingParams) -> Generation:

@@ -1,7 +1,8 @@
 """Generation backends: what every backend takes and returns, so episodes and the rollout never ask which one runs.
 
-One module per backend, each implementing :class:`Generator`: ``trainer`` (in-process, with ``trainer.model``)
-and ``vllm`` (a vLLM server). ``choice`` picks and builds one from the settings and the trainer.
+One module per backend, each implementing :class:`Generator`: ``trainer`` (in-process, with ``trainer.model``),
+``vllm`` (a vLLM server) and ``colocate`` (TRL's vLLM engine inside the trainer's process,
+``vllm_mode="colocate"``). ``choice`` picks and builds one from the settings and the trainer.
 
 A backend receives the exact token ids the model must condition on and returns the ids it sampled with the
 log-probability of each sampled token at the trainer's temperature, the quantity TRL's loss and
@@ -58,13 +59,15 @@ class Generator(Protocol):
 
     ``failure`` is the error that made the backend unusable for the rest of a rollout call (for a server: one
     request failed for good), after which every request fails at once; the rollout raises it when the call
-    ends. ``reset_failure()`` forgets it at the start of the next call (the server may be back). A backend
-    whose errors are always per request keeps it ``None``.
+    ends. ``begin_call()`` forgets it at the start of the next call (the server may be back) and readies what the
+    backend needs for a call (a colocated engine that sleeps between calls is woken); ``end_call()`` releases
+    that again once the call's generation is over. A backend whose errors are always per request keeps
+    ``failure`` ``None``.
     """
 
     @property
     def name(self) -> str:
-        """How logs and rows name this backend ("trainer", "vllm")."""
+        """How logs and rows name this backend ("trainer", "vllm", "vllm-colocate")."""
         ...
 
     @property
@@ -75,7 +78,13 @@ class Generator(Protocol):
     @property
     def failure(self) -> "GenerationError | None": ...
 
-    def reset_failure(self) -> None: ...
+    async def begin_call(self) -> None:
+        """Before a rollout call's first turn."""
+        ...
+
+    async def end_call(self) -> None:
+        """After a rollout call's last turn, whether its episodes succeeded or not."""
+        ...
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         """Sample one continuation of exactly ``prompt_ids``."""

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from ..errors import ConfigError
 from ..options import Backend, VLLMOptions
-from ..trl_compat import TrainerView, eos_token_ids
+from ..trl_compat import ColocatedEngine, TrainerView, eos_token_ids
 from . import Generator
 
 logger = logging.getLogger(__name__)
@@ -14,23 +14,37 @@ OFF_POLICY_WARNING = (
     "Generating with the vLLM server at %s, which this trainer does not push weights to: rollouts are off-policy "
     "after the first optimizer step (and TRL applies no importance-sampling correction with use_vllm=False). Keep "
     "the server in sync with GRPOConfig(use_vllm=True, vllm_mode='server') on GPUs, or "
-    "ep_trl.vllm_weight_sync.DiskSyncGRPOTrainer on CPU (docs/vllm.md).")
+    "ep_trl.vllm_weight_sync.DiskSyncGRPOTrainer on CPU; on one GPU, vllm_mode='colocate' (docs/vllm.md).")
 
 
 def make_generator(backend: Backend, vllm_base_url: str | None, options: VLLMOptions, view: TrainerView,
                    max_concurrent_rollouts: int) -> Generator:
-    """The trainer's own vLLM server when it has one (TRL pushes weights there before each call), else
-    ``vllm_base_url`` (no weight sync: off-policy after the first optimizer step), else the trainer's model."""
-    server_url = view.vllm_server_url() if backend != "trainer" else None
-    choice = backend if backend != "auto" else ("vllm" if (vllm_base_url or server_url) else "trainer")
-    generator = _vllm(vllm_base_url, server_url, options, view, max_concurrent_rollouts) if choice == "vllm" \
-        else _trainer(view)
+    """The trainer's own vLLM engine when it has one: its colocated engine (``vllm_mode="colocate"``) or its server
+    (``vllm_mode="server"``); TRL pushes weights to either before each call. Else ``vllm_base_url`` (no weight sync:
+    off-policy after the first optimizer step), else the trainer's model."""
+    if max_concurrent_rollouts <= 1:
+        options = replace(options, batch_window_s=0.0)  # one episode at a time: no other turn will join a batch
+    engine = view.colocated_engine() if backend != "trainer" else None
+    if engine is not None:
+        generator = _colocate(engine, vllm_base_url, options)
+    else:
+        server_url = view.vllm_server_url() if backend != "trainer" else None
+        choice = backend if backend != "auto" else ("vllm" if (vllm_base_url or server_url) else "trainer")
+        generator = _vllm(vllm_base_url, server_url, options, view) if choice == "vllm" else _trainer(view)
     logger.info("ep_trl: %s generates", generator.name)
     return generator
 
 
-def _vllm(explicit: str | None, server_url: str | None, options: VLLMOptions, view: TrainerView,
-          max_concurrent_rollouts: int) -> Generator:
+def _colocate(engine: ColocatedEngine, explicit: str | None, options: VLLMOptions) -> Generator:
+    from .colocate import ColocateGenerator
+
+    if explicit:
+        logger.warning("vllm_base_url=%s is ignored: the trainer runs its own vLLM engine (vllm_mode='colocate') and "
+                       "pushes its weights there, so ep_trl generates there too.", explicit)
+    return ColocateGenerator(engine.llm, options, wake=engine.wake, sleep=engine.sleep)
+
+
+def _vllm(explicit: str | None, server_url: str | None, options: VLLMOptions, view: TrainerView) -> Generator:
     from .vllm import VLLMServerGenerator
 
     url = server_url or explicit
@@ -42,8 +56,6 @@ def _vllm(explicit: str | None, server_url: str | None, options: VLLMOptions, vi
                        "to %s, so ep_trl generates there too.", explicit, server_url)
     if not server_url:
         logger.warning(OFF_POLICY_WARNING, url)
-    if max_concurrent_rollouts <= 1:
-        options = replace(options, batch_window_s=0.0)  # one episode at a time: no other turn will join a batch
     return VLLMServerGenerator(url, options, model=view.vllm_server_model() if server_url else None)
 
 

@@ -62,8 +62,11 @@ class TrainerGenerator:
         """Always None: a failed ``generate`` is handed to the episodes that asked, and the next batch runs anew."""
         return None
 
-    def reset_failure(self) -> None:
-        """Nothing to forget (see ``failure``)."""
+    async def begin_call(self) -> None:
+        """Nothing to forget or ready (see ``failure``)."""
+
+    async def end_call(self) -> None:
+        """Nothing to release."""
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         if params.temperature <= 0:

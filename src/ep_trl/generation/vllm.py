@@ -163,9 +163,12 @@ class VLLMServerGenerator:
         """The error that ended a turn for good; later turns fail at once until ``reset_failure()``."""
         return self._failure
 
-    def reset_failure(self) -> None:
-        """Forget an earlier fatal failure (called at the start of each rollout call: the server may be back)."""
+    async def begin_call(self) -> None:
+        """Forget an earlier fatal failure (the server may be back)."""
         self._failure = None
+
+    async def end_call(self) -> None:
+        """Nothing to release: the server's memory is its own."""
 
     def _bind(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
         """The pooled session and the in-flight budget, bound to the running loop (rebuilt if the loop changed).
