@@ -26,7 +26,7 @@ def make_generator(backend: Backend, vllm_base_url: str | None, options: VLLMOpt
         options = replace(options, batch_window_s=0.0)  # one episode at a time: no other turn will join a batch
     engine = view.colocated_engine() if backend != "trainer" else None
     if engine is not None:
-        generator = _colocate(engine, vllm_base_url, options)
+        generator = _colocate(engine, vllm_base_url, options, max_concurrent_rollouts)
     else:
         server_url = view.vllm_server_url() if backend != "trainer" else None
         choice = backend if backend != "auto" else ("vllm" if (vllm_base_url or server_url) else "trainer")
@@ -35,13 +35,19 @@ def make_generator(backend: Backend, vllm_base_url: str | None, options: VLLMOpt
     return generator
 
 
-def _colocate(engine: ColocatedEngine, explicit: str | None, options: VLLMOptions) -> Generator:
+def _colocate(engine: ColocatedEngine, explicit: str | None, options: VLLMOptions,
+              max_concurrent_rollouts: int) -> Generator:
     from .colocate import ColocateGenerator
 
     if explicit:
         logger.warning("vllm_base_url=%s is ignored: the trainer runs its own vLLM engine (vllm_mode='colocate') and "
                        "pushes its weights there, so ep_trl generates there too.", explicit)
-    return ColocateGenerator(engine.llm, options, wake=engine.wake, sleep=engine.sleep)
+    generator = ColocateGenerator(engine.llm, options, wake=engine.wake, sleep=engine.sleep)
+    if max_concurrent_rollouts > generator.max_num_seqs:
+        logger.info("The colocated engine runs at most %d sequences at once (TRL sizes it from "
+                    "per_device_train_batch_size x steps_per_generation); episodes beyond that wait for a turn.",
+                    generator.max_num_seqs)
+    return generator
 
 
 def _vllm(explicit: str | None, server_url: str | None, options: VLLMOptions, view: TrainerView) -> Generator:

@@ -57,6 +57,7 @@ class ColocateGenerator:
         self._wake, self._sleep = wake, sleep
         self._vocab = int(llm.llm_engine.model_config.get_vocab_size())
         self._max_model_len = int(llm.llm_engine.model_config.max_model_len)
+        self.max_num_seqs = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-trl-vllm-engine")
         self._queue: asyncio.Queue[_Turn] | None = None
         self._worker: asyncio.Task | None = None
@@ -176,7 +177,8 @@ class ColocateGenerator:
             top_k=t.params.top_k if t.params.top_k > 0 else -1, min_p=t.params.min_p,
             repetition_penalty=t.params.repetition_penalty, max_tokens=t.params.max_tokens,
             stop=list(t.params.stop) or None, stop_token_ids=list(t.params.stop_token_ids) or None,
-            logprobs=0, seed=t.seed, skip_special_tokens=False) for t in turns]
+            logprobs=0, seed=t.seed, skip_special_tokens=False,
+            detokenize=bool(t.params.stop)) for t in turns]  # text is needed only to find stop strings
         self.engine_calls += 1
         self.turns += len(turns)
         outputs = self._llm.generate([{"prompt_token_ids": t.prompt_ids} for t in turns], params, use_tqdm=False)
