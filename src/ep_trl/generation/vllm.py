@@ -160,7 +160,7 @@ class VLLMServerGenerator:
 
     @property
     def failure(self) -> GenerationError | None:
-        """The error that ended a turn for good; later turns fail at once until ``reset_failure()``."""
+        """The error that ended a turn for good; later turns fail at once until ``begin_call()``."""
         return self._failure
 
     async def begin_call(self) -> None:
