@@ -11,10 +11,14 @@ The public API is what this docstring lists; every other module is internal (doc
   option objects ``EvalOverrides`` (replace the eval's settings), ``VLLMOptions`` (the vLLM
   server backend) and ``RolloutOptions`` (the bridge itself);
 * ``dataset_from_eval(env_path, repeat=1)``: the eval's own input rows as a TRL training dataset;
+* ``EvalRolloutWorker(env_path, args=..., processing_class=...)``: the eval as the rollout worker of TRL's
+  ``AsyncGRPOTrainer`` (docs/async.md);
 * ``ep_trl.rewards``: ``eval_score``, ``step_reward_sum``, ``step_reward_mean``, ``step_reward_max``;
-* ``ep_trl.vllm_weight_sync.DiskSyncGRPOTrainer``: keeps a local vLLM server on the trainer's weights on CPU;
+* ``ep_trl.vllm_weight_sync``: ``DiskSyncGRPOTrainer`` (a local vLLM server kept on the trainer's weights),
+  ``CPUColocateGRPOTrainer`` (TRL's colocated engine on CPU), ``DiskWeightTransfer`` (``AsyncGRPOTrainer``'s
+  weight sync without NCCL); ``ep_trl.async_cpu.CPUAsyncGRPOTrainer`` (``AsyncGRPOTrainer`` on CPU);
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
-  ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``;
+  ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``, ``RolloutWorkerError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);
 * ``python -m ep_trl.serve MODEL_DIR``: a local model behind the endpoint training uses, to run the same eval
   file under ``pytest`` (docs/processors.md);
@@ -28,21 +32,25 @@ from .errors import (
     EpTrlError,
     GenerationError,
     NoTrainingSignalError,
+    RolloutWorkerError,
     UnsupportedEvalError,
     VersionError,
 )
 from .options import EvalOverrides, RolloutOptions, VLLMOptions
 from .rollout import RolloutFunction, create_openenv_vllm_rollout_func, create_rollout_func
+from .rollout_worker import EvalRolloutWorker
 
 __all__ = [
     "ConfigError",
     "EnvPathError",
     "EpTrlError",
+    "EvalRolloutWorker",
     "EvalOverrides",
     "GenerationError",
     "NoTrainingSignalError",
     "RolloutFunction",
     "RolloutOptions",
+    "RolloutWorkerError",
     "UnsupportedEvalError",
     "VLLMOptions",
     "VersionError",

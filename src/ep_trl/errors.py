@@ -27,3 +27,7 @@ class GenerationError(EpTrlError, RuntimeError):
 
 class NoTrainingSignalError(EpTrlError, RuntimeError):
     """Several rollout calls in a row produced no scored episode: training would go on learning nothing."""
+
+
+class RolloutWorkerError(EpTrlError, RuntimeError):
+    """The rollout worker of ``AsyncGRPOTrainer`` stopped (the cause is chained) or produced nothing for too long."""

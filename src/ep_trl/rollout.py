@@ -60,9 +60,14 @@ class RolloutFunction:
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
         """``rollout_func(prompts, trainer)`` as ``GRPOTrainer`` calls it."""
         view = trl_compat.view_from_call(trainer_args)
+        view.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
+        return self.run(prompts, view)
+
+    def run(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
+        """One rollout call for ``prompts`` as ``view`` describes the trainer (``__call__``, and the rollout worker
+        of ``AsyncGRPOTrainer``, which has no ``GRPOTrainer`` to hand over)."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
-        view.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
         return self._runner.run(self._rollout(list(prompts), view))
 
     @property
@@ -75,8 +80,10 @@ class RolloutFunction:
             self._log.flush()
 
     def close(self) -> None:
-        """Write the remaining log rows, release the generation backend and the episode source (environment servers
-        ep_trl started, the processor's endpoint) and the background loop."""
+        """Cancel a call still in flight in another thread (a rollout worker stopping), write the remaining log rows,
+        release the generation backend and the episode source (environment servers ep_trl started, the
+        processor's endpoint) and the background loop."""
+        self._runner.cancel_pending()
         if self._log is not None:
             self._log.close()
         try:

@@ -76,6 +76,17 @@ class LoopRunner:
                 logger.warning("an interrupted rollout call did not finish its cleanup within %.0f s", CANCEL_WAIT_S)
             raise
 
+    def cancel_pending(self) -> None:
+        """Cancel every task on the loop (a call still in flight, from another thread) and wait until they ended."""
+        with self._lock:
+            loop = self._loop
+        if loop is None or not loop.is_running():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(timeout=CANCEL_WAIT_S)
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            logger.warning("tasks on the ep_trl loop did not end within %.0f s of being cancelled", CANCEL_WAIT_S)
+
     def close(self) -> None:
         """Stop the loop and join its thread; a later ``run`` starts a fresh one."""
         with self._lock:

@@ -27,15 +27,31 @@ def check_version() -> Version:
 
 @dataclass(frozen=True)
 class TrainerView:
-    """What one rollout call needs from TRL: the trainer, its ``GRPOConfig`` and its processing class."""
+    """What one rollout call needs from TRL: the trainer, its ``GRPOConfig`` and its processing class.
+
+    For a rollout worker of ``AsyncGRPOTrainer`` (``ep_trl.rollout_worker``) there is no trainer in reach: the view
+    then carries the policy version as its step, the server the trainer pushes its weights to, and where the
+    call's metrics go (:meth:`for_rollout_worker`).
+    """
 
     args: Any
     processing_class: Any
     trainer: Any | None
+    step: int | None = None
+    synced_server_url: str | None = None
+    metrics_sink: Callable[[dict[str, float]], None] | None = None
 
     @classmethod
     def of(cls, trainer: Any) -> "TrainerView":
         return cls(args=trainer.args, processing_class=trainer.processing_class, trainer=trainer)
+
+    @classmethod
+    def for_rollout_worker(cls, args: Any, processing_class: Any, model_version: int, server_url: str,
+                           metrics_sink: Callable[[dict[str, float]], None]) -> "TrainerView":
+        """An ``AsyncGRPOConfig``'s view: sampling and budgets from it, ``model_version`` as the step, generation on
+        ``server_url`` (which the trainer keeps on its weights through its weight transfer)."""
+        return cls(args=args, processing_class=processing_class, trainer=None, step=model_version,
+                   synced_server_url=server_url, metrics_sink=metrics_sink)
 
     @property
     def tokenizer(self) -> Any:
@@ -53,6 +69,8 @@ class TrainerView:
 
     @property
     def global_step(self) -> int:
+        if self.step is not None:
+            return self.step
         state = getattr(self.trainer, "state", None)
         return int(getattr(state, "global_step", 0) or 0)
 
@@ -87,6 +105,8 @@ class TrainerView:
         trainer = self.trainer
 
         def provide() -> Any:
+            if trainer is None:  # a rollout worker: the model is the trainer's, in another thread (None here)
+                return None
             accelerator = getattr(trainer, "accelerator", None)
             return accelerator.unwrap_model(trainer.model) if accelerator is not None else trainer.model
 
@@ -147,7 +167,10 @@ class TrainerView:
         return ColocatedEngine(llm, wake, sleep)
 
     def vllm_server_url(self) -> str | None:
-        """The URL of the trainer's own vLLM server client, when it trains with ``vllm_mode="server"``."""
+        """The URL of the trainer's own vLLM server client, when it trains with ``vllm_mode="server"``, or the server
+        an ``AsyncGRPOTrainer`` keeps on its weights."""
+        if self.synced_server_url is not None:
+            return self.synced_server_url
         if self.vllm_mode != "server":
             return None
         client = getattr(getattr(self.trainer, "vllm_generation", None), "vllm_client", None)
@@ -168,7 +191,11 @@ class TrainerView:
         return str(model) if model else None
 
     def record_metrics(self, metrics: dict[str, float]) -> None:
-        """Add ep_trl's per-call numbers to the trainer's logged metrics (``trainer._metrics``), if it has them."""
+        """Add ep_trl's per-call numbers to the trainer's logged metrics (``trainer._metrics``), if it has them, or
+        hand them to the view's sink."""
+        if self.metrics_sink is not None:
+            self.metrics_sink(metrics)
+            return
         store = getattr(self.trainer, "_metrics", None)
         if not isinstance(store, dict) or "train" not in store:
             return

