@@ -74,3 +74,19 @@ def test_a_template_that_writes_no_placeholder_for_an_image_is_refused(processor
     blind.chat_template = blind.chat_template.replace("{{ '<image>' }}", "")
     with pytest.raises(ValueError, match="wrote 0 image placeholder"):
         ChatTemplate(blind).prompt(conversation("")[:1])
+
+
+def test_a_sampled_image_placeholder_ends_the_turn_before_it(processor):
+    template = ChatTemplate(processor)
+    image = processor.tokenizer.convert_tokens_to_ids(IMAGE)
+    turn = Generation((5, 6, image, 7), (-0.1, -0.2, -0.3, -0.4), "length")
+    assert template.sampled_turn(turn) == Generation((5, 6), (-0.1, -0.2), "stop")
+    assert template.sampled_turn(Generation((5, 6), (-0.1, -0.2), "length")).finish_reason == "length"
+
+
+def test_sampled_text_that_reads_as_a_placeholder_is_realigned_not_counted_as_an_image(processor):
+    template = ChatTemplate(processor)
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turn = [i for ch in "<image>" for i in template.encode(ch)] + [end]  # the characters, not the special token
+    builder, realigned = play(template, "<image>", turn)
+    assert realigned and [im.getpixel((0, 0)) for im in builder.build().images] == [RED, BLUE]

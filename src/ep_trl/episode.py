@@ -191,7 +191,8 @@ async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: E
         context = builder.context()
         state.prompt_tokens += len(context)
         params = cfg.limits.sampling.with_max_tokens(builder.turn_budget(cfg.limits))
-        last = await _guarded("generation", generate_turn(generator, context, params, builder.context_images()))
+        last = template.sampled_turn(
+            await _guarded("generation", generate_turn(generator, context, params, builder.context_images())))
         builder.add_sampled(last)
         text = template.decode(last.token_ids)
         if last.stop_text:

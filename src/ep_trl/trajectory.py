@@ -180,6 +180,10 @@ class ChatTemplate:
         self._images = supports_images(processing_class)  # else image parts are dropped, text parts joined
         #: The placeholder the template writes per image, counted to tell which images a piece of text holds.
         self._image_token = getattr(processing_class, "image_token", None) if self._images else None
+        #: Ids that stand for pixels (image and video placeholders); a turn never keeps one it sampled.
+        self._placeholder_ids = frozenset(
+            getattr(processing_class, name) for name in ("image_token_id", "video_token_id")
+            if self._images and isinstance(getattr(processing_class, name, None), int))
         self._decoded: dict[Any, Any] = {}
         self._warned_dropped_images = False
         if getattr(self._tokenizer, "chat_template", None) is None and getattr(processing_class, "chat_template", None) is None:
@@ -253,6 +257,18 @@ class ChatTemplate:
             self._decoded[source] = image
         return image
 
+    def sampled_turn(self, generation: Generation) -> Generation:
+        """``generation`` cut before the first image placeholder it sampled, if any: a placeholder stands for an
+        image's pixels and the model has none to give, so the turn ends there (the bridge adds the end-of-turn
+        marker, as for a turn cut at ``max_tokens``). Cutting a sample early leaves a valid sample with exact
+        logprobs."""
+        at = next((i for i, t in enumerate(generation.token_ids) if t in self._placeholder_ids), None)
+        if at is None:
+            return generation
+        logger.info("A turn sampled an image placeholder (id %d) after %d tokens; the turn ends before it.",
+                    generation.token_ids[at], at)
+        return Generation(generation.token_ids[:at], generation.logprobs[:at], "stop")
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
@@ -276,11 +292,13 @@ class ChatTemplate:
         context so far (``TrajectoryBuilder.held()``).
         """
         text, parts = self._render(messages, tools)
-        full = self.encode_with_images(text, parts)
-        n, k = len(held.ids), len(held.unexpanded_ids)
-        if full.ids[:n] == held.ids and full.unexpanded_ids[:k] == held.unexpanded_ids:
-            new_images = full.images[len(held.images):]
-            return Encoded(full.ids[n:], new_images, full.unexpanded_ids[k:] if new_images else None), False
+        # sampled text that reads as an image placeholder re-renders as one: then only the realignment rule applies
+        if self._image_token is None or text.count(self._image_token) == len(parts):
+            full = self.encode_with_images(text, parts)
+            n, k = len(held.ids), len(held.unexpanded_ids)
+            if full.ids[:n] == held.ids and full.unexpanded_ids[:k] == held.unexpanded_ids:
+                new_images = full.images[len(held.images):]
+                return Encoded(full.ids[n:], new_images, full.unexpanded_ids[k:] if new_images else None), False
         assistant_at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
         if assistant_at is None:
             raise ValueError("bridge() needs a conversation with an assistant message")

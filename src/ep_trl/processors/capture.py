@@ -116,9 +116,10 @@ class RolloutCapture:
         params = replace(self._limits.sampling, max_tokens=segment.builder.turn_budget(self._limits, request.max_tokens),
                          stop=request.stop or self._limits.sampling.stop)
         try:
-            generation = await generate_turn(self._generator, context, params, segment.builder.context_images())
+            sampled = await generate_turn(self._generator, context, params, segment.builder.context_images())
         except Exception as exc:
             raise EpisodeFailure("generation", exc) from exc
+        generation = self._template.sampled_turn(sampled)
         segment.builder.add_sampled(generation)
         segment.last = generation
         text = self._template.decode(generation.token_ids)
