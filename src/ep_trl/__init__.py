@@ -13,6 +13,8 @@ The public API is what this docstring lists; every other module is internal (doc
 * ``dataset_from_eval(env_path, repeat=1)``: the eval's own input rows as a TRL training dataset;
 * ``ep_trl.rewards``: ``eval_score``, ``step_reward_sum``, ``step_reward_mean``, ``step_reward_max``;
 * ``ep_trl.vllm_weight_sync.DiskSyncGRPOTrainer``: keeps a local vLLM server on the trainer's weights on CPU;
+* ``ep_trl.trl_images.RolloutImagesGRPOTrainer``: a ``GRPOTrainer`` whose forward passes see the images a rollout
+  returns (a vision-language model on an eval's screenshots; docs/browsergym.md);
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
   ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);
