@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from PIL import ImageOps
+from trl import GRPOTrainer
 
-from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
+from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
 from ep_trl.processes import ServerProcess, free_port, start_server
 from ep_trl.rewards import eval_score
@@ -91,3 +92,17 @@ def test_screenshots_reach_sampling_and_the_loss(screenshot_server, tiny_vlm_dir
     difference = logged(trainer, "sampling/sampling_logp_difference/max")
     print(f"max |sampled - teacher-forced| logprob: {gaps}; TRL sampling_logp_difference/max per step: {difference}")
     assert len(difference) == 2 and max(difference) < 1e-3, difference
+
+
+@pytest.mark.slow
+def test_plain_grpo_trainer_is_refused_rather_than_trained_without_the_pixels(screenshot_server, tiny_vlm_dir,
+                                                                                tmp_path):
+    rollout = create_openenv_vllm_rollout_func(
+        ENV_PATH, backend="trainer", log_rollouts=False, overrides=EvalOverrides(max_steps=1, tasks=["click-test"]))
+    prompts = list(dataset_from_eval(ENV_PATH, repeat=2)["prompt"])
+    trainer = make_vlm_trainer(GRPOTrainer, tiny_vlm_dir, tmp_path, rollout, prompts, reward_funcs=[eval_score])
+    try:
+        with pytest.raises(ConfigError, match="RolloutImagesGRPOTrainer"):
+            rollout(prompts, trainer)
+    finally:
+        rollout.close()

@@ -55,6 +55,8 @@ def train_one_step(trainer_cls, tiny_vlm_dir, tmp_path):
     trainer = make_vlm_trainer(trainer_cls, tiny_vlm_dir, tmp_path, screenshot_rollout,
                                ["Click the button.", "Type the word."] * 2, reward_funcs=[length_reward])
     trainer.train()
+    print(f"{trainer_cls.__name__}: sampling_logp_difference/max "
+          f"{logged(trainer, 'sampling/sampling_logp_difference/max')}")
     return trainer
 
 
