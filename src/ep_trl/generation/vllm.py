@@ -377,15 +377,24 @@ def request_seed(base_seed: int | None, request_number: int) -> int | None:
 
 def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingParams,
                        seed: int | None = None) -> dict[str, Any]:
-    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs.
+    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs."""
+    return {
+        "model": model,
+        "prompt": [int(t) for t in prompt_ids],
+        **sampling_fields(params, seed),
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,  # logprob entries keyed by id: no detokenizing them on the server
+    }
+
+
+def sampling_fields(params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+    """vLLM sampling parameters that sample like TRL's own vLLM path, with the sampled token's logprob.
 
     ``top_k`` 0 (TRL's "off") is sent as vLLM's -1. ``logprobs: 0`` returns exactly the sampled token's
     logprob; with ``--logprobs-mode processed_logprobs`` (what ``trl vllm-serve`` sets) that is the logprob
     under the temperature/top-k/top-p distribution actually sampled from, the quantity TRL recomputes.
     """
-    payload: dict[str, Any] = {
-        "model": model,
-        "prompt": [int(t) for t in prompt_ids],
+    fields: dict[str, Any] = {
         "max_tokens": int(params.max_tokens),
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
@@ -393,43 +402,25 @@ def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingPa
         "min_p": float(params.min_p),
         "repetition_penalty": float(params.repetition_penalty),
         "logprobs": 0,
-        "return_token_ids": True,
-        "return_tokens_as_token_ids": True,  # logprob entries keyed by id: no detokenizing them on the server
         "skip_special_tokens": False,
     }
     if params.stop:
-        payload["stop"] = list(params.stop)
+        fields["stop"] = list(params.stop)
     if params.stop_token_ids:
-        payload["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
+        fields["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
     if seed is not None:
-        payload["seed"] = int(seed)
-    return payload
+        fields["seed"] = int(seed)
+    return fields
 
 
 def tokens_payload(model: str, images: PromptImages, params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
     """An ``/inference/v1/generate`` body: the prompt with unexpanded placeholders, its images as PNG data URIs,
-    sampling like :func:`completion_payload`, and the expanded prompt ids returned for the check."""
-    sampling: dict[str, Any] = {
-        "max_tokens": int(params.max_tokens),
-        "temperature": float(params.temperature),
-        "top_p": float(params.top_p),
-        "top_k": int(params.top_k) if params.top_k > 0 else -1,
-        "min_p": float(params.min_p),
-        "repetition_penalty": float(params.repetition_penalty),
-        "logprobs": 0,
-        "skip_special_tokens": False,
-    }
-    if params.stop:
-        sampling["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        sampling["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
-    if seed is not None:
-        sampling["seed"] = int(seed)
+    the sampling of :func:`sampling_fields`, and the expanded prompt ids asked back for the check."""
     return {
         "model": model,
         "token_ids": [int(t) for t in images.unexpanded_ids],
         "content_parts": [{"type": "image_url", "url": png_data_uri(image)} for image in images.images],
-        "sampling_params": sampling,
+        "sampling_params": sampling_fields(params, seed),
         "return_token_ids": True,
     }
 
