@@ -46,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-concurrent", type=int, default=2,
                    help="episodes at once = browsers on the started server (2 suits 2 cores)")
     p.add_argument("--screenshots", action="store_true",
-                   help="the server this script starts sends screenshots (text-only models drop them; see docs)")
+                   help="the server this script starts sends screenshots; a vision-language --model trains on them "
+                        "(text-only models drop them; see docs/browsergym.md)")
     p.add_argument("--model", default=None, help="model name or path; default: a tiny model built locally")
     p.add_argument("--vllm-base-url", default=None,
                    help="generate with this vLLM server (`trl vllm-serve`); on GPU the trainer syncs its weights")
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from ep_trl.devtools.scripts import ProgressPrinter, local_env_server
     from ep_trl.rewards import eval_score
     from ep_trl.devtools.tiny_model import build_tiny_model
+    from ep_trl.trl_images import RolloutImagesGRPOTrainer
 
     started = time.monotonic()
     on_gpu = torch.cuda.is_available()
@@ -158,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrent_rollouts=args.max_concurrent,
         )
         try:
-            trainer = GRPOTrainer(model=model, reward_funcs=[eval_score], args=config, train_dataset=dataset,
+            # with screenshots, a vision-language model's forward passes must see them: TRL drops rollout images
+            trainer_cls = RolloutImagesGRPOTrainer if args.screenshots else GRPOTrainer
+            trainer = trainer_cls(model=model, reward_funcs=[eval_score], args=config, train_dataset=dataset,
                                   rollout_func=rollout, callbacks=[ProgressPrinter()], peft_config=peft_config)
             trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
             if peft_config is not None:

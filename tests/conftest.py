@@ -52,6 +52,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Idefics3 vision-language model + processor directory (seed 0), built once per session."""
+    from ep_trl.devtools.tiny_vlm import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny_vlm"), seed=0)
+
+
+@pytest.fixture(scope="session")
 def letters_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator["ServerProcess"]:
     """The session's letters env server process (``python -m ep_trl.envs.letters``).
 

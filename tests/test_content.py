@@ -7,8 +7,9 @@ from transformers import AutoTokenizer
 
 from ep_trl.content import supports_images, template_messages
 from ep_trl.trajectory import ChatTemplate
+from tests.support.images import png_data_uri
 
-SCREENSHOT = "data:image/png;base64,iVBORw0KGgo="
+SCREENSHOT = png_data_uri((200, 30, 30))
 PARTS = [{"type": "text", "text": "Goal: click the button."},
          {"type": "image_url", "image_url": {"url": SCREENSHOT}},
          {"type": "text", "text": "Answer with one action."}]
@@ -57,7 +58,7 @@ def test_text_tokenizer_renders_parts_as_text_and_warns_once(tiny_model_dir, cap
     assert sum("images are dropped" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_multimodal_processor_gets_the_image_part(tiny_model_dir):
+def test_multimodal_processor_gets_the_image_part_and_expands_its_placeholder(tiny_model_dir):
     from transformers import LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
@@ -69,4 +70,10 @@ def test_multimodal_processor_gets_the_image_part(tiny_model_dir):
     template = ChatTemplate(processor)
     text = template.render(MESSAGES)
     assert "<|im_start|>user\nGoal: click the button.<image>Answer with one action.<|im_end|>" in text
-    assert tok.convert_tokens_to_ids("<image>") in template.prompt_ids(MESSAGES)
+    image_token = tok.convert_tokens_to_ids("<image>")
+    prompt = template.prompt(MESSAGES)
+    expected = processor(text=[text], images=[prompt.images[0]], add_special_tokens=False)["input_ids"][0]
+    assert list(prompt.ids) == expected and prompt.ids.count(image_token) > 1  # one token per patch, not one per image
+    assert prompt.unexpanded_ids == tuple(template.encode(text)) and prompt.unexpanded_ids.count(image_token) == 1
+    assert len(prompt.images) == 1 and prompt.images[0].getpixel((0, 0)) == (200, 30, 30)
+    assert template.prompt_ids(MESSAGES) == list(prompt.ids)

@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from ep_trl.generation import Generation
-from ep_trl.trajectory import ChatTemplate, TrajectoryBuilder
+from ep_trl.trajectory import ChatTemplate, Encoded, TrajectoryBuilder
 
 
 @pytest.fixture(scope="module")
@@ -14,6 +14,13 @@ def tokenizer(tiny_model_dir):
 
 def sampled(ids):
     return Generation(tuple(ids), tuple(-1.0 for _ in ids), "stop")
+
+
+def bridge_ids(template, messages, held, turn, end):
+    """The bridge after ``held`` ids (text only: no images), as ids, and whether it was realigned."""
+    segment, realigned = template.bridge(messages, Encoded(tuple(held)), sampled(turn), [end])
+    assert segment.images == () and segment.unexpanded_ids == segment.ids
+    return list(segment.ids), realigned
 
 
 def conversation(answer):
@@ -26,7 +33,7 @@ def test_clean_bridge_is_the_rest_of_the_rendering(tokenizer):
     prompt = template.prompt_ids(conversation("")[:1])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     turn = template.encode("hello there") + [end]
-    bridge, realigned = template.bridge(conversation("hello there"), prompt + turn, sampled(turn), [end])
+    bridge, realigned = bridge_ids(template, conversation("hello there"), prompt + turn, turn, end)
     assert not realigned
     assert tokenizer.decode(bridge) == "\n<|im_start|>user\nsecond observation<|im_end|>\n<|im_start|>assistant\n"
     assert prompt + turn + bridge == template.prompt_ids(conversation("hello there"))
@@ -39,7 +46,7 @@ def test_non_canonical_tokens_are_kept_and_the_bridge_realigned(tokenizer):
     # "hello" sampled one character at a time: decodes to the same text, re-encodes to other ids
     turn = [i for ch in "hello" for i in template.encode(ch)] + [end]
     assert turn[:-1] != template.encode("hello")
-    bridge, realigned = template.bridge(conversation("hello"), prompt + turn, sampled(turn), [end])
+    bridge, realigned = bridge_ids(template, conversation("hello"), prompt + turn, turn, end)
     assert realigned
     # the sampled end-of-turn token is not repeated; the model would see the same text as the template renders
     assert tokenizer.decode(prompt + turn + bridge) == template.render(conversation("hello"))
@@ -50,7 +57,7 @@ def test_turn_cut_at_max_tokens_gets_the_end_of_turn_marker_in_the_bridge(tokeni
     prompt = template.prompt_ids(conversation("")[:1])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     turn = [i for ch in "abc" for i in template.encode(ch)]  # no EOS sampled, and non-canonical
-    bridge, realigned = template.bridge(conversation("abc"), prompt + turn, sampled(turn), [end])
+    bridge, realigned = bridge_ids(template, conversation("abc"), prompt + turn, turn, end)
     assert realigned and bridge[0] == end
 
 
@@ -64,7 +71,7 @@ def test_template_that_rewrites_history_is_realigned(tokenizer):
     prompt = template.prompt_ids(conversation("")[:1])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     turn = template.encode("  spaced  ") + [end]
-    bridge, realigned = template.bridge(conversation("  spaced  "), prompt + turn, sampled(turn), [end])
+    bridge, realigned = bridge_ids(template, conversation("  spaced  "), prompt + turn, turn, end)
     assert realigned
     assert tokenizer.decode(bridge).startswith("\n<|im_start|>user\nsecond observation")
 

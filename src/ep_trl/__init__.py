@@ -17,6 +17,8 @@ The public API is what this docstring lists; every other module is internal (doc
 * ``ep_trl.vllm_weight_sync``: ``DiskSyncGRPOTrainer`` (a local vLLM server kept on the trainer's weights),
   ``CPUColocateGRPOTrainer`` (TRL's colocated engine on CPU), ``DiskWeightTransfer`` (``AsyncGRPOTrainer``'s
   weight sync without NCCL); ``ep_trl.async_cpu.CPUAsyncGRPOTrainer`` (``AsyncGRPOTrainer`` on CPU);
+* ``ep_trl.trl_images.RolloutImagesGRPOTrainer``: a ``GRPOTrainer`` whose forward passes see the images a rollout
+  returns (a vision-language model on an eval's screenshots; docs/browsergym.md);
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
   ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``, ``RolloutWorkerError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);

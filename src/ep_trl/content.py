@@ -5,8 +5,8 @@ Prompt builders may return a string or OpenAI-style content parts (``{"type": "t
 Chat templates differ: a text tokenizer's template expects a string (most render a list as its Python repr), while
 a multimodal processor's template (Qwen2-VL, Qwen3-VL, ...) expects Hugging Face parts (``{"type": "image", ...}``)
 and emits its image placeholder tokens for them. This module converts one into the other, so the same eval feeds
-both kinds of model. See docs/browsergym.md ("Vision-language models") for what TRL's rollout_func path still
-lacks to train on the images themselves.
+both kinds of model, and gives the image parts' images, in the order the template places them, to the processor
+that expands each placeholder (docs/browsergym.md, "Vision-language models").
 """
 
 from collections.abc import Mapping, Sequence
@@ -41,6 +41,28 @@ def template_messages(messages: Sequence[Mapping[str, Any]], *, images: bool) ->
             dropped += sum(p["type"] == "image" for p in parts)
             out.append({**message, "content": "\n".join(p["text"] for p in parts if p["type"] == "text")})
     return out, dropped
+
+
+def image_parts(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The Hugging Face image parts of messages converted by :func:`template_messages`, in message and part order
+    (the order a chat template writes their placeholders in)."""
+    return [part for message in messages if isinstance(message.get("content"), list)
+            for part in message["content"] if part.get("type") == "image"]
+
+
+def image_source(part: Mapping[str, Any]) -> Any:
+    """What an image part points at: a PIL image (``image``), or a data URI, URL or path (``url``, ``path``)."""
+    for key in ("image", "url", "path"):
+        if part.get(key) is not None:
+            return part[key]
+    raise ValueError(f"image content part without an image, url or path: {dict(part)!r}")
+
+
+def load_image(source: Any) -> Any:
+    """A PIL image from an image part's source (data URIs included; transformers' own loader)."""
+    from transformers.image_utils import load_image as _load
+
+    return _load(source)
 
 
 def _part(part: Any) -> dict[str, Any]:

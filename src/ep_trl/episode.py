@@ -18,7 +18,7 @@ from .environment import EnvSession, EnvSettings, StepOutcome
 from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.inputs import strip_row_key
 from .evalprotocol.spec import history_line
-from .generation import Generation, Generator
+from .generation import Generation, Generator, generate_turn
 from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
         if session is not None:
             await envs.release(session, reusable=clean)
     if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
-        state.builder = TrajectoryBuilder(tuple(template.prompt_ids(state.messages or list(spec.initial_messages))))
+        state.builder = TrajectoryBuilder.start(template.prompt(state.messages or list(spec.initial_messages)))
     return Episode(
         spec=spec,
         trajectory=state.builder.build(),
@@ -191,7 +191,8 @@ async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: E
         context = builder.context()
         state.prompt_tokens += len(context)
         params = cfg.limits.sampling.with_max_tokens(builder.turn_budget(cfg.limits))
-        last = await _guarded("generation", generator.generate(context, params))
+        last = template.sampled_turn(
+            await _guarded("generation", generate_turn(generator, context, params, builder.context_images())))
         builder.add_sampled(last)
         text = template.decode(last.token_ids)
         if last.stop_text:
@@ -236,14 +237,14 @@ def _extend_context(state: _State, template: ChatTemplate, cfg: EpisodeConfig, l
     """Add the new user message to the token context (the first prompt, or the masked bridge after a turn);
     False when the bridge and one more token no longer fit the budget."""
     if state.builder is None:
-        state.builder = TrajectoryBuilder(tuple(template.prompt_ids(state.messages)))
+        state.builder = TrajectoryBuilder.start(template.prompt(state.messages))
         n = len(state.builder.prompt_ids)
         check_first_prompt(n, cfg.limits, "shorten the prompt builder's output")
         return True
     assert last is not None
-    bridge, realigned = template.bridge(state.messages, state.builder.context(), last, cfg.limits.stop_token_ids)
-    if not state.builder.fits(len(bridge) + 1, cfg.limits):
-        state.budget_blocked_tokens = len(bridge)
+    bridge, realigned = template.bridge(state.messages, state.builder.held(), last, cfg.limits.stop_token_ids)
+    if not state.builder.fits(len(bridge.ids) + 1, cfg.limits):
+        state.budget_blocked_tokens = len(bridge.ids)
         return False
     state.builder.add_inserted(bridge)
     state.builder.realigned += int(realigned)

@@ -1,7 +1,9 @@
 """The dict ``rollout_func`` returns to TRL: one entry per prompt, in prompt order.
 
 ``prompt_ids``, ``completion_ids``, ``logprobs`` and ``env_mask`` are what TRL trains on; every other key is
-forwarded by TRL to the reward functions (``ep_trl.rewards``) as a keyword argument.
+forwarded by TRL to the reward functions (``ep_trl.rewards``) as a keyword argument, except ``images``: present when
+some episode saw images (a vision-language model's screenshots), each sample's images in placeholder order across
+prompt and completion, for ``ep_trl.trl_images.RolloutImagesGRPOTrainer`` to put into the forward pass.
 """
 
 from collections.abc import Sequence
@@ -9,6 +11,9 @@ from typing import Any
 
 from .episode import Episode
 from .scoring import Scored
+
+#: The key of the per-sample images (what ``ep_trl.trl_images`` reads).
+IMAGES_KEY = "images"
 
 
 def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_ids: Sequence[str],
@@ -19,6 +24,7 @@ def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_id
     with ``eval_score`` None (no reward: TRL leaves it out of the group baseline and gives it no advantage)."""
     trajectories = [ep.trajectory for ep in episodes]
     placeholder = [not t.completion_ids for t in trajectories]
+    images = {IMAGES_KEY: [list(t.images) for t in trajectories]} if any(t.images for t in trajectories) else {}
     return {
         "prompt_ids": [list(t.prompt_ids) for t in trajectories],
         "completion_ids": [[end_token_id] if empty else list(t.completion_ids)
@@ -32,4 +38,5 @@ def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_id
         "episode_error": [ep.error for ep in episodes],
         "template_realigned": [t.realigned for t in trajectories],
         "rollout_id": list(rollout_ids),
+        **images,
     }

@@ -20,7 +20,7 @@ from .generation.choice import make_generator
 from .generation.vllm import probe_server
 from .metrics import SignalWatch, budget_warning, call_metrics, summary_line
 from .options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
-from .output import trl_output
+from .output import IMAGES_KEY, trl_output
 from .rollout_log import RolloutLogWriter
 from .rows import RowContext
 from .runner import LoopRunner
@@ -143,7 +143,15 @@ class RolloutFunction:
         if budget:
             logger.warning(budget)
         self._signal.observe(episodes, scored)
-        return trl_output(episodes, scored, batch.rollout_ids, limits.stop_token_ids[0])
+        output = trl_output(episodes, scored, batch.rollout_ids, limits.stop_token_ids[0])
+        if IMAGES_KEY in output and not view.takes_rollout_images:
+            raise ConfigError(
+                f"The episodes of {self.spec.name} hold images, which {type(view.trainer).__name__} would leave out of "
+                "its forward passes (TRL's rollout_func path drops them): the model would be trained on image tokens "
+                "without their pixels. Train with ep_trl.trl_images.RolloutImagesGRPOTrainer in place of GRPOTrainer, "
+                "or with a text-only processing class (images are then dropped from the prompts)."
+            )
+        return output
 
 
 def create_openenv_vllm_rollout_func(

@@ -18,6 +18,13 @@ the rest of it ("clean"). Otherwise ("realigned": BPE re-tokenization differs, o
 history, e.g. strips reasoning), the sampled ids are kept and the bridge is the template text that follows
 the last assistant message, found by rendering it with a sentinel in place of its content; an end-of-turn
 token the model already sampled is not repeated. Each realigned boundary is counted per episode.
+
+Images. With a multimodal processor (one with an ``image_processor``), every piece of template text is tokenized by
+the processor with its images, so the ids hold each image's expanded tokens (Qwen-VL: one ``<|image_pad|>`` per
+merged patch; Idefics3: ``<fake_token_around_image><global-img>`` + n ``<image>`` + ...). The trajectory keeps its
+images in placeholder order across prompt and completion; an image that arrives with an observation is part of a
+bridge, so its tokens are ``env_mask`` 0. It also keeps the same ids with the placeholders unexpanded, which is how a
+vLLM engine takes a prompt with its images (``generation.PromptImages``).
 """
 
 import logging
@@ -25,23 +32,42 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .content import supports_images, template_messages
-from .generation import Generation, SamplingParams
+from .content import image_parts, image_source, load_image, supports_images, template_messages
+from .generation import Generation, PromptImages, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _SENTINEL = "\u2063ep_trl:assistant-content\u2063"
 
+#: Decoded images kept per chat template (an episode's screenshots are re-rendered every turn).
+_IMAGE_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Template text as token ids. ``ids`` hold every image placeholder expanded by the processor, ``images`` are
+    the images in placeholder order, ``unexpanded`` the same text with each placeholder as the template wrote it
+    (None: no images, the same as ``ids``)."""
+
+    ids: tuple[int, ...]
+    images: tuple[Any, ...] = ()
+    unexpanded: tuple[int, ...] | None = None
+
+    @property
+    def unexpanded_ids(self) -> tuple[int, ...]:
+        return self.ids if self.unexpanded is None else self.unexpanded
+
 
 @dataclass(frozen=True)
 class Trajectory:
-    """What TRL receives for one episode."""
+    """What TRL receives for one episode; ``images`` are its images in placeholder order, prompt then completion."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     env_mask: tuple[int, ...]
     realigned: int = 0
+    images: tuple[Any, ...] = ()
 
     @property
     def sampled_tokens(self) -> int:
@@ -80,30 +106,54 @@ class TurnLimits:
 
 @dataclass
 class TrajectoryBuilder:
-    """Accumulates one episode's tokens; append-only."""
+    """Accumulates one episode's tokens (and images); append-only."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
     realigned: int = 0
+    images: list[Any] = field(default_factory=list)
+    unexpanded: list[int] = field(default_factory=list)  # prompt + completion, placeholders unexpanded
+
+    def __post_init__(self) -> None:
+        if not self.unexpanded:
+            self.unexpanded = list(self.prompt_ids) + self.completion_ids
+
+    @classmethod
+    def start(cls, prompt: Encoded) -> "TrajectoryBuilder":
+        return cls(prompt.ids, images=list(prompt.images), unexpanded=list(prompt.unexpanded_ids))
 
     def context(self) -> list[int]:
         return list(self.prompt_ids) + self.completion_ids
+
+    def held(self) -> Encoded:
+        """The context so far, with its images."""
+        return Encoded(tuple(self.context()), tuple(self.images), tuple(self.unexpanded))
+
+    def context_images(self) -> PromptImages | None:
+        """What the next turn's generation needs besides the ids: None when the context holds no image."""
+        return PromptImages(tuple(self.images), tuple(self.unexpanded)) if self.images else None
 
     def add_sampled(self, generation: Generation) -> None:
         self.completion_ids.extend(generation.token_ids)
         self.logprobs.extend(generation.logprobs)
         self.env_mask.extend([1] * len(generation.token_ids))
+        self.unexpanded.extend(generation.token_ids)
 
-    def add_inserted(self, token_ids: Sequence[int]) -> None:
-        self.completion_ids.extend(token_ids)
-        self.logprobs.extend([0.0] * len(token_ids))
-        self.env_mask.extend([0] * len(token_ids))
+    def add_inserted(self, segment: Encoded | Sequence[int]) -> None:
+        """Template tokens between turns (``env_mask`` 0), with the images they hold."""
+        if not isinstance(segment, Encoded):
+            segment = Encoded(tuple(segment))
+        self.completion_ids.extend(segment.ids)
+        self.logprobs.extend([0.0] * len(segment.ids))
+        self.env_mask.extend([0] * len(segment.ids))
+        self.images.extend(segment.images)
+        self.unexpanded.extend(segment.unexpanded_ids)
 
     def build(self) -> Trajectory:
         return Trajectory(tuple(self.prompt_ids), tuple(self.completion_ids), tuple(self.logprobs),
-                          tuple(self.env_mask), self.realigned)
+                          tuple(self.env_mask), self.realigned, tuple(self.images))
 
     def fits(self, extra: int, limits: TurnLimits) -> bool:
         """Whether ``extra`` more completion tokens stay within the episode budget and the model's context."""
@@ -128,11 +178,24 @@ class ChatTemplate:
         self._tokenizer = getattr(processing_class, "tokenizer", processing_class)
         self._kwargs = dict(template_kwargs or {})
         self._images = supports_images(processing_class)  # else image parts are dropped, text parts joined
+        #: The placeholder the template writes per image, counted to tell which images a piece of text holds.
+        self._image_token = getattr(processing_class, "image_token", None) if self._images else None
+        #: Ids that stand for pixels (image and video placeholders); a turn never keeps one it sampled.
+        self._placeholder_ids = frozenset(
+            getattr(processing_class, name) for name in ("image_token_id", "video_token_id")
+            if self._images and isinstance(getattr(processing_class, name, None), int))
+        self._decoded: dict[Any, Any] = {}
         self._warned_dropped_images = False
         if getattr(self._tokenizer, "chat_template", None) is None and getattr(processing_class, "chat_template", None) is None:
             raise ValueError(
                 "The trainer's processing class has no chat template; multi-turn episodes need one. "
                 "Load a chat/instruct tokenizer or set tokenizer.chat_template."
+            )
+        if self._images and not isinstance(self._image_token, str):
+            raise ValueError(
+                f"{type(processing_class).__name__} has an image processor but no image_token, so the images a "
+                "piece of template text holds cannot be counted; use a processor that names its image placeholder "
+                "(Qwen-VL, Idefics3/SmolVLM, LLaVA processors do)."
             )
 
     @property
@@ -142,6 +205,11 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The conversation as the model sees it, ending with the assistant's generation prompt; ``tools`` (JSON
         schemas, as an OpenAI request carries them) are rendered the template's way."""
+        return self._render(messages, tools)[0]
+
+    def _render(self, messages: Sequence[Mapping[str, Any]],
+                tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, list[Mapping[str, Any]]]:
+        """The rendered text and the image parts it holds, in placeholder order."""
         converted, dropped = template_messages(messages, images=self._images)
         if dropped and not self._warned_dropped_images:
             self._warned_dropped_images = True
@@ -149,38 +217,94 @@ class ChatTemplate:
                            "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
                            type(self._renderer).__name__)
         extra = {"tools": list(tools)} if tools else {}
-        return self._renderer.apply_chat_template(
+        text = self._renderer.apply_chat_template(
             converted, tokenize=False, add_generation_prompt=True, **extra, **self._kwargs
         )
+        return text, image_parts(converted)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_with_images(self, text: str, parts: Sequence[Mapping[str, Any]]) -> Encoded:
+        """``text`` as ids with the images of ``parts`` (one per placeholder in ``text``, in order) expanded by the
+        processor."""
+        ids = self.encode(text)
+        if not self._images:
+            return Encoded(tuple(ids))
+        assert self._image_token is not None
+        placeholders = text.count(self._image_token)
+        if placeholders != len(parts):
+            raise ValueError(
+                f"the chat template wrote {placeholders} image placeholder(s) {self._image_token!r} for {len(parts)} "
+                "image part(s); a template must write one placeholder per image part, in order."
+            )
+        if not parts:
+            return Encoded(tuple(ids))
+        images = tuple(self._image(p) for p in parts)
+        expanded = self._renderer(text=[text], images=[list(images)], add_special_tokens=False)["input_ids"][0]
+        return Encoded(tuple(int(t) for t in expanded), images, tuple(ids))
+
+    def _image(self, part: Mapping[str, Any]) -> Any:
+        """The part's image, decoded once per source (an episode re-renders its screenshots every turn)."""
+        source = image_source(part)
+        if not isinstance(source, str):  # an image object already
+            return load_image(source)
+        image = self._decoded.get(source)
+        if image is None:
+            image = load_image(source)
+            if len(self._decoded) >= _IMAGE_CACHE_SIZE:
+                self._decoded.pop(next(iter(self._decoded)))
+            self._decoded[source] = image
+        return image
+
+    def sampled_turn(self, generation: Generation) -> Generation:
+        """``generation`` cut before the first image placeholder it sampled, if any: a placeholder stands for an
+        image's pixels and the model has none to give, so the turn ends there (the bridge adds the end-of-turn
+        marker, as for a turn cut at ``max_tokens``). Cutting a sample early leaves a valid sample with exact
+        logprobs."""
+        at = next((i for i, t in enumerate(generation.token_ids) if t in self._placeholder_ids), None)
+        if at is None:
+            return generation
+        logger.info("A turn sampled an image placeholder (id %d) after %d tokens; the turn ends before it.",
+                    generation.token_ids[at], at)
+        return Generation(generation.token_ids[:at], generation.logprobs[:at], "stop")
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    def prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> Encoded:
+        """The rendered conversation as ids, with its images."""
+        return self.encode_with_images(*self._render(messages, tools))
+
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]],
                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        return self.encode(self.render(messages, tools))
+        return list(self.prompt(messages, tools).ids)
 
     def bridge(
-        self, messages: Sequence[Mapping[str, Any]], held: Sequence[int], last_turn: Generation, stop_ids: Sequence[int],
+        self, messages: Sequence[Mapping[str, Any]], held: Encoded, last_turn: Generation, stop_ids: Sequence[int],
         tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> tuple[list[int], bool]:
-        """Tokens between the last sampled turn and the next generation prompt, and whether they were realigned.
+    ) -> tuple[Encoded, bool]:
+        """Tokens between the last sampled turn and the next generation prompt (with the images they hold), and
+        whether they were realigned.
 
         ``messages`` is the whole conversation, ending with the new user (or tool) messages; the last assistant
-        message holds what ``last_turn`` sampled (its text, or the tool calls parsed from it).
+        message holds what ``last_turn`` sampled (its text, or the tool calls parsed from it). ``held`` is the
+        context so far (``TrajectoryBuilder.held()``).
         """
-        full = self.encode(self.render(messages, tools))
-        if full[: len(held)] == list(held):
-            return full[len(held):], False
+        text, parts = self._render(messages, tools)
+        # sampled text that reads as an image placeholder re-renders as one: then only the realignment rule applies
+        if self._image_token is None or text.count(self._image_token) == len(parts):
+            full = self.encode_with_images(text, parts)
+            n, k = len(held.ids), len(held.unexpanded_ids)
+            if full.ids[:n] == held.ids and full.unexpanded_ids[:k] == held.unexpanded_ids:
+                new_images = full.images[len(held.images):]
+                return Encoded(full.ids[n:], new_images, full.unexpanded_ids[k:] if new_images else None), False
         assistant_at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
         if assistant_at is None:
             raise ValueError("bridge() needs a conversation with an assistant message")
         marked = [dict(m) for m in messages]
         marked[assistant_at] = {"role": "assistant", "content": _SENTINEL}  # tool calls were sampled too: held
-        text = self.render(marked, tools)
+        text, parts = self._render(marked, tools)
         at = text.rfind(_SENTINEL)
         if at < 0:
             raise ValueError(
@@ -192,4 +316,10 @@ class ChatTemplate:
             end_text = self.decode(last_turn.token_ids[-1:], skip_special_tokens=False)
             if end_text and tail.startswith(end_text):
                 tail = tail[len(end_text):]
-        return self.encode(tail), True
+        new = tail.count(self._image_token) if self._image_token else 0
+        if len(held.images) + new != len(parts):
+            raise ValueError(
+                f"the chat template renders {len(parts)} image(s) where the episode holds {len(held.images)} and "
+                f"the new messages add {new}: it rewrites earlier images, which ep_trl cannot train on token-exactly."
+            )
+        return self.encode_with_images(tail, parts[len(parts) - new:]), True

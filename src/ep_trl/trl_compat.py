@@ -190,6 +190,15 @@ class TrainerView:
         model = getattr(client, "model", None)
         return str(model) if model else None
 
+    @property
+    def takes_rollout_images(self) -> bool:
+        """Whether the trainer puts the ``images`` a rollout returns into its forward passes. TRL 1.16's
+        ``GRPOTrainer`` does not (its ``rollout_func`` branch sets ``images = None``); ep_trl's
+        ``RolloutImagesGRPOTrainer`` does (``ep_trl.trl_images``, pinned by ``tests/test_trl_images.py``)."""
+        from .trl_images import RolloutImagesGRPOTrainer
+
+        return isinstance(self.trainer, RolloutImagesGRPOTrainer)
+
     def record_metrics(self, metrics: dict[str, float]) -> None:
         """Add ep_trl's per-call numbers to the trainer's logged metrics (``trainer._metrics``), if it has them, or
         hand them to the view's sink."""

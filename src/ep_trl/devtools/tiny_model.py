@@ -140,8 +140,9 @@ def _train_tokenizer() -> Tokenizer:
     return tok
 
 
-def _build_hf_tokenizer() -> PreTrainedTokenizerFast:
-    """Wrap the trained tokenizer with ChatML template and eos/pad settings."""
+def build_hf_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """Wrap the trained tokenizer with ChatML template and eos/pad settings; ``extra_special_tokens`` (e.g. a
+    vision model's image placeholders) are added after the vocabulary."""
     fast = PreTrainedTokenizerFast(
         tokenizer_object=_train_tokenizer(),
         eos_token=IM_END,
@@ -149,7 +150,7 @@ def _build_hf_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         model_max_length=2048,
     )
-    fast.add_special_tokens({"additional_special_tokens": [IM_START]})
+    fast.add_special_tokens({"additional_special_tokens": [IM_START, *extra_special_tokens]})
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -181,7 +182,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = _build_hf_tokenizer()
+    tokenizer = build_hf_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=128,
@@ -207,7 +208,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0) -> Path:
     )
 
     tokenizer.save_pretrained(out)
-    _make_tokenizer_config_portable(out / "tokenizer_config.json")
+    make_tokenizer_config_portable(out / "tokenizer_config.json")
     model.save_pretrained(out, safe_serialization=True)
     _add_legacy_dtype_field(out / "config.json")
     (out / BUILD_INFO_FILE).write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer)}) + "\n")
@@ -227,7 +228,8 @@ def _add_legacy_dtype_field(config_path: Path) -> None:
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _make_tokenizer_config_portable(config_path: Path) -> None:
+def make_tokenizer_config_portable(config_path: Path, special_tokens: tuple[str, ...] = (IM_START,),
+                                   chat_template: str = CHAT_TEMPLATE) -> None:
     """Rewrite tokenizer_config.json so transformers 4.x and 5.x both load it.
 
     transformers 5 saves ``tokenizer_class: TokenizersBackend`` and a list under
@@ -240,6 +242,6 @@ def _make_tokenizer_config_portable(config_path: Path) -> None:
     data = json.loads(config_path.read_text())
     data["tokenizer_class"] = "Qwen2Tokenizer"
     data.pop("extra_special_tokens", None)
-    data["additional_special_tokens"] = [IM_START]
-    data["chat_template"] = CHAT_TEMPLATE
+    data["additional_special_tokens"] = list(special_tokens)
+    data["chat_template"] = chat_template
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -7,10 +7,13 @@ One module per backend, each implementing :class:`Generator`: ``trainer`` (in-pr
 A backend receives the exact token ids the model must condition on and returns the ids it sampled with the
 log-probability of each sampled token at the trainer's temperature, the quantity TRL's loss and
 importance-sampling ratio compare against. Nothing is decoded and re-encoded on the way.
+
+For a vision-language model a turn also carries its images (:class:`PromptImages`): the prompt ids then hold every
+image's expanded tokens, as the processor expands them, and the backend gives the model the images' pixels.
 """
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Protocol, Sequence
 
 if TYPE_CHECKING:
     from ..errors import GenerationError
@@ -54,6 +57,23 @@ class Generation:
             )
 
 
+@dataclass(frozen=True)
+class PromptImages:
+    """The images of one prompt, for a vision-language model.
+
+    ``images`` are the prompt's images in placeholder order (PIL images). The ``prompt_ids`` a backend receives hold
+    each image's placeholder expanded into the image's tokens (what the model attends to and TRL scores);
+    ``unexpanded_ids`` are the same prompt with each placeholder as the chat template wrote it. A vLLM engine
+    expands placeholders itself from the images, so it takes ``unexpanded_ids`` with the images (offline:
+    ``{"prompt_token_ids": unexpanded_ids, "multi_modal_data": {"image": list(images)}}``; a server:
+    ``/inference/v1/generate``), and the prompt ids it reports back must equal ``prompt_ids``. A backend that cannot
+    take images raises, naming what to do: a text-only turn never carries this.
+    """
+
+    images: tuple[Any, ...]
+    unexpanded_ids: tuple[int, ...]
+
+
 class Generator(Protocol):
     """A generation backend. Implementations must be safe to call from many episodes at once.
 
@@ -86,10 +106,20 @@ class Generator(Protocol):
         """After a rollout call's last turn, whether its episodes succeeded or not."""
         ...
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
-        """Sample one continuation of exactly ``prompt_ids``."""
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                       images: PromptImages | None = None) -> Generation:
+        """Sample one continuation of exactly ``prompt_ids`` (which, with ``images``, hold their expanded tokens)."""
         ...
 
     async def aclose(self) -> None:
         """Release connections, tasks and threads; the backend is not used afterwards."""
         ...
+
+
+def generate_turn(generator: Generator, prompt_ids: Sequence[int], params: SamplingParams,
+                  images: PromptImages | None) -> Awaitable[Generation]:
+    """``generator.generate`` for one turn; a turn without images is asked for as ``generate(ids, params)``, exactly
+    as before backends took images, so a text-only run needs nothing new of a backend."""
+    if images is None:
+        return generator.generate(prompt_ids, params)
+    return generator.generate(prompt_ids, params, images=images)

@@ -3,6 +3,7 @@
 import logging
 from dataclasses import replace
 
+from ..content import supports_images
 from ..errors import ConfigError
 from ..options import Backend, VLLMOptions
 from ..trl_compat import ColocatedEngine, TrainerView, eos_token_ids
@@ -71,4 +72,6 @@ def _trainer(view: TrainerView) -> Generator:
     provider = view.model_provider()
     tokenizer = view.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TrainerGenerator(provider, tokenizer, eos_token_ids(view.processing_class, provider()), pad)
+    processor = view.processing_class if supports_images(view.processing_class) else None
+    return TrainerGenerator(provider, tokenizer, eos_token_ids(view.processing_class, provider()), pad,
+                            processor=processor)

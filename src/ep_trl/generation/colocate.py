@@ -12,6 +12,10 @@ engine is busy, or within ``batch_window_s`` of the first, go into one call, eac
 (``{"prompt_token_ids": ...}``); sampled ids and each sampled token's logprob come out (``logprobs=0`` with the
 ``processed_logprobs`` mode TRL builds the engine with: the logprob under the distribution actually sampled).
 
+A turn with images (a vision-language model) goes in as vLLM expands images itself: the prompt with its placeholders
+unexpanded and the images as ``multi_modal_data``; the prompt ids the engine reports back must equal the expanded ids
+the trainer scores, or the turn fails naming the mismatch (the engine's processor settings differ from the trainer's).
+
 A prompt the engine cannot take (longer than its context, an id outside the vocabulary) fails only its own turn:
 it is checked before it joins a batch, and a batch the engine still rejects is re-run one prompt at a time. Any
 other engine error fails the whole rollout call (``failure``), as a dead server does.
@@ -27,7 +31,7 @@ from typing import Any
 
 from ..errors import GenerationError
 from ..options import VLLMOptions
-from . import Generation, SamplingParams
+from . import Generation, PromptImages, SamplingParams
 from .vllm import request_seed
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,13 @@ class _Turn:
     seed: int | None
     label: str
     future: asyncio.Future
+    images: PromptImages | None = None
+
+    def engine_prompt(self) -> dict[str, Any]:
+        if self.images is None:
+            return {"prompt_token_ids": self.prompt_ids}
+        return {"prompt_token_ids": [int(t) for t in self.images.unexpanded_ids],
+                "multi_modal_data": {"image": list(self.images.images)}}
 
 
 class ColocateGenerator:
@@ -84,9 +95,11 @@ class ColocateGenerator:
         if self._sleep is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._sleep)
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                       images: PromptImages | None = None) -> Generation:
         number = next(self._numbers)
-        label = f"turn #{number} on the colocated vLLM engine (prompt of {len(prompt_ids)} tokens)"
+        with_images = f" with {len(images.images)} image(s)" if images is not None else ""
+        label = f"turn #{number} on the colocated vLLM engine (prompt of {len(prompt_ids)} tokens{with_images})"
         if self._failure is not None:
             raise GenerationError(f"{label} not generated: the engine already failed in this call: {self._failure}")
         self._check(prompt_ids, label)
@@ -95,7 +108,7 @@ class ColocateGenerator:
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._work(), name="ep-trl-colocate-generation")
         turn = _Turn([int(t) for t in prompt_ids], params, request_seed(self._seed, number), label,
-                     loop.create_future())
+                     loop.create_future(), images)
         self._queue.put_nowait(turn)
         try:
             return await turn.future
@@ -164,7 +177,12 @@ class ColocateGenerator:
         settled = []
         for turn, output in zip(turns, outputs):
             try:
-                settled.append({"result": _generation(output, turn.label)})
+                if turn.images is not None and [int(t) for t in output.prompt_token_ids] != turn.prompt_ids:
+                    raise GenerationError(
+                        f"{turn.label}: the engine expanded the image placeholders into other prompt ids than the "
+                        f"trainer's processor ({len(output.prompt_token_ids)} ids against {len(turn.prompt_ids)}); "
+                        "build the engine with the processor settings the trainer uses (image size, tokens per image)")
+                settled.append({"result": _generation(output.outputs[0], turn.label)})
             except GenerationError as exc:
                 settled.append({"error": exc})
         return settled
@@ -181,8 +199,7 @@ class ColocateGenerator:
             detokenize=bool(t.params.stop)) for t in turns]  # text is needed only to find stop strings
         self.engine_calls += 1
         self.turns += len(turns)
-        outputs = self._llm.generate([{"prompt_token_ids": t.prompt_ids} for t in turns], params, use_tqdm=False)
-        return [output.outputs[0] for output in outputs]
+        return self._llm.generate([t.engine_prompt() for t in turns], params, use_tqdm=False)
 
 
 class _RejectedTurn(GenerationError):

@@ -4,6 +4,10 @@ Concurrent episodes each ask for one turn at a time. Requests that arrive while 
 batched into one left-padded ``generate`` call, so episodes still overlap on a single model. Each row is cut
 at its own end (EOS, stop token, stop string or its own ``max_tokens``); cutting a causal sample early is
 itself a valid sample, so rows of a batch need not share a length.
+
+A turn with images (a vision-language model's screenshots) is sampled with the images' pixel inputs, built from the
+prompt ids as the TRL seam builds them for the loss (``ep_trl.vision_inputs``); rows of a batch may hold different
+numbers of images, or none.
 """
 
 import asyncio
@@ -13,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import Generation, SamplingParams
+from ..vision_inputs import vision_inputs
+from . import Generation, PromptImages, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +28,12 @@ class _Request:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     future: asyncio.Future
+    images: PromptImages | None = None
 
 
 class TrainerGenerator:
-    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests."""
+    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processor`` is the
+    trainer's multimodal processor (None for a text model), needed to turn a turn's images into pixel inputs."""
 
     name = "trainer"
 
@@ -37,6 +44,7 @@ class TrainerGenerator:
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         max_batch_size: int = 16,
+        processor: Any | None = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("the tokenizer/model defines no EOS token; multi-turn episodes need one to end a turn")
@@ -45,6 +53,7 @@ class TrainerGenerator:
         self._eos = tuple(int(t) for t in eos_token_ids)
         self._pad = int(pad_token_id)
         self._max_batch = max_batch_size
+        self._processor = processor
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-trl-generate")
@@ -68,14 +77,17 @@ class TrainerGenerator:
     async def end_call(self) -> None:
         """Nothing to release."""
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                       images: PromptImages | None = None) -> Generation:
         if params.temperature <= 0:
             raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0")
+        if images is not None and self._processor is None:
+            raise ValueError("a turn with images reached the trainer backend of a text-only processing class")
         loop = asyncio.get_running_loop()
         if self._queue is None or self._worker is None or self._worker.done():
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._work(), name="ep-trl-trainer-generation")
-        request = _Request(tuple(prompt_ids), params, loop.create_future())
+        request = _Request(tuple(prompt_ids), params, loop.create_future(), images)
         self._queue.put_nowait(request)
         return await request.future
 
@@ -121,6 +133,9 @@ class TrainerGenerator:
         input_ids = torch.tensor([(self._pad,) * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
         attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
         device = next(model.parameters()).device
+        vision = vision_inputs(self._processor, input_ids, [r.images.images if r.images else () for r in requests]) \
+            if any(r.images for r in requests) else None
+        pixels = {k: v.to(device) for k, v in vision.model_kwargs.items()} if vision else {}
         stop_ids = tuple(dict.fromkeys(self._eos + params.stop_token_ids))
         config = GenerationConfig(
             do_sample=True,
@@ -140,7 +155,7 @@ class TrainerGenerator:
         try:
             with torch.no_grad():
                 out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                     generation_config=config)
+                                     generation_config=config, **pixels)
                 sampled = out.sequences[:, width:]
                 logits = torch.stack(out.logits, dim=1).float() / params.temperature
                 logps = torch.log_softmax(logits, dim=-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)

