@@ -3,6 +3,7 @@ token-exact and on-policy: the engine inside the trainer's process (built by TRL
 call, through ``CPUColocateGRPOTrainer`` on CPU), real ``train()`` steps, the letters eval and a processor eval."""
 
 import asyncio
+import os
 
 import pytest
 from datasets import Dataset
@@ -110,20 +111,32 @@ def test_a_processor_eval_trains_with_the_colocated_engine(model_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
+def single_process():
+    """What TRL sets before it builds a colocated engine (vLLM's external launcher reads it): one process; and the
+    KV cache size CPUColocateGRPOTrainer sets."""
+    from ep_trl.processes import free_port
+
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(free_port())), ("VLLM_CPU_KVCACHE_SPACE", "1")):
+        os.environ.setdefault(name, value)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, single_process):
     """A vLLM engine built as CPUColocateGRPOTrainer builds TRL's (float32, eager), for the backend alone."""
     from vllm import LLM
 
     llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8,
+              gpu_memory_utilization=0.3,
               distributed_executor_backend="external_launcher", logprobs_mode="processed_logprobs", seed=0)
     yield llm
     del llm
 
 
-def generate_all(generator, requests):
+def generate_all(generator, requests, images=None):
     async def main():
         try:
-            return await asyncio.gather(*(generator.generate(ids, params) for ids, params in requests),
+            return await asyncio.gather(*(generator.generate(ids, params, images=images) for ids, params in requests),
                                         return_exceptions=True)
         finally:
             await generator.aclose()
@@ -160,3 +173,35 @@ def test_sleep_mode_is_refused_on_cpu(model_dir, tmp_path):
     with pytest.raises(ConfigError, match="vllm_enable_sleep_mode.*no sleep mode on CPU"):
         colocate_trainer(model_dir, tmp_path, create_rollout_func(LETTERS, log_rollouts=False), [PROMPT] * 8,
                          vllm_enable_sleep_mode=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_turn_with_images_samples_with_the_pixels_on_the_colocated_engine(tiny_vlm_dir, single_process):
+    """A vision-language model's turn goes to the engine as vLLM takes it (the unexpanded prompt with the images as
+    multi_modal_data); the engine's expansion is checked against the trainer processor's, and the sampled logprobs
+    are the model's with the pixels, far from its logprobs without them."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from vllm import LLM
+
+    from ep_trl.generation import PromptImages
+    from ep_trl.trajectory import ChatTemplate
+    from tests.support.images import png_data_uri, token_logprobs, user_with_image
+
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
+    prompt = ChatTemplate(processor).prompt([user_with_image("Step 1", png_data_uri((255, 0, 0))),
+                                             {"role": "assistant", "content": "click('13')"},
+                                             user_with_image("Step 2", png_data_uri((0, 0, 255), (64, 48)))])
+    llm = LLM(model=str(tiny_vlm_dir), dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=4,
+              gpu_memory_utilization=0.3,
+              distributed_executor_backend="external_launcher", logprobs_mode="processed_logprobs", seed=0,
+              limit_mm_per_prompt={"image": 8})
+    generator = ColocateGenerator(llm, VLLMOptions(seed=0))
+    [turn] = generate_all(generator, [(prompt.ids, SamplingParams(max_tokens=8))],
+                          images=PromptImages(prompt.images, prompt.unexpanded_ids))
+    ids, n = list(prompt.ids) + list(turn.token_ids), len(prompt.ids)
+    with_pixels = token_logprobs(model, processor, ids, list(prompt.images))[n - 1:]
+    without = token_logprobs(model, processor, ids, list(prompt.images), pixels=False)[n - 1:]
+    assert len(turn.token_ids) >= 1
+    assert max(abs(a - b) for a, b in zip(with_pixels, turn.logprobs)) < TOLERANCE
+    assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * TOLERANCE

@@ -14,6 +14,7 @@ user's evals, not this suite's tests: they are not checked.
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,11 @@ PROCESS_WIDE_THREADS = (
     "(_telemetry_worker)",  # eval-protocol's telemetry worker, started at import
     "rollout-trace-logger",  # TRL's AsyncGRPOTrainer: one per train(), idle on a queue, never ended (TRL 1.16)
     "pydevd",  # a debugger, when one is attached
+)
+
+#: Thread pools a library keeps for the life of the process (module, attribute), shut down at exit by their owner.
+PROCESS_WIDE_POOLS = (
+    ("vllm.multimodal.media.connector", "global_thread_pool"),  # vLLM's image loading, once images were loaded
 )
 
 #: How long a leaked thread or process gets to end on its own after the module's teardown (closing is async).
@@ -63,9 +69,18 @@ def _children() -> list[psutil.Process]:
     return found
 
 
+def _pool_threads() -> set[threading.Thread]:
+    threads: set[threading.Thread] = set()
+    for module, attribute in PROCESS_WIDE_POOLS:
+        pool = getattr(sys.modules.get(module), attribute, None)
+        threads |= set(getattr(pool, "_threads", ()))
+    return threads
+
+
 def leaked(before: Snapshot) -> tuple[list[threading.Thread], list[psutil.Process]]:
     known = before | _session_owned
-    threads = [t for t in threading.enumerate() if t.ident not in known.threads and t.is_alive()
+    pools = _pool_threads()
+    threads = [t for t in threading.enumerate() if t.ident not in known.threads and t.is_alive() and t not in pools
                and not any(name in t.name for name in PROCESS_WIDE_THREADS)]
     return threads, [p for p in _children() if p.pid not in known.children]
 
