@@ -60,6 +60,15 @@ def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sharp_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with sharper logits (its final norm scaled), so logprob comparisons mean something; for the
+    tests that compare a vLLM engine's logprobs with the trainer's."""
+    from tests.support.vllm_server import sharpened_model_copy
+
+    return sharpened_model_copy(tiny_model_dir, tmp_path_factory.mktemp("sharp_model"))
+
+
+@pytest.fixture(scope="session")
 def letters_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator["ServerProcess"]:
     """The session's letters env server process (``python -m ep_trl.envs.letters``).
 

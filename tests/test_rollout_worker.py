@@ -17,7 +17,7 @@ from ep_trl.async_cpu import CPUAsyncGRPOTrainer
 from ep_trl.vllm_weight_sync import DiskWeightTransfer
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.references import teacher_forced_logprobs
-from tests.support.vllm_server import missing_vllm_message, sharpened_model_copy, vllm_installed, vllm_server
+from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
@@ -26,8 +26,8 @@ TEMPERATURE = 0.8
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir, tmp_path_factory):
-    return sharpened_model_copy(tiny_model_dir, tmp_path_factory.mktemp("sharp_model"))
+def model_dir(sharp_model_dir):
+    return sharp_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from collections import Counter
 
 import pytest
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
@@ -30,12 +30,11 @@ from ep_trl.rewards import eval_score
 from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.references import sampled_texts, teacher_forced_logprobs
-from tests.support.trainers import PROMPT, make_trainer
+from tests.support.trainers import PROMPT, WeightSnapshots, make_trainer
 from tests.support.vllm_server import (
     REPO_ROOT,
     generation_tokens_total,
     missing_vllm_message,
-    sharpened_model_copy,
     vllm_installed,
     vllm_server,
 )
@@ -46,8 +45,8 @@ TEMPERATURE = 0.8
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir, tmp_path_factory):
-    return sharpened_model_copy(tiny_model_dir, tmp_path_factory.mktemp("sharp_model"))
+def model_dir(sharp_model_dir):
+    return sharp_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +135,6 @@ def test_turns_fit_the_servers_max_model_len(vllm_url, model_dir, letters_server
     assert max(lengths) > 400  # the budget was really the model's context, not the eval's 12 tokens per turn
 
 
-class WeightSnapshots(TrainerCallback):
-    """Keeps a copy of the weights after every optimizer step."""
-
-    def __init__(self):
-        self.states = {}
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.states[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def build_disk_sync_trainer(model_dir, out_dir, rollout, url, callbacks=(), prompts=None, **config):

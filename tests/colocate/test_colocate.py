@@ -7,7 +7,7 @@ import os
 
 import pytest
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl import ConfigError, create_rollout_func, dataset_from_eval
@@ -17,8 +17,7 @@ from ep_trl.options import VLLMOptions
 from ep_trl.rewards import eval_score
 from ep_trl.vllm_weight_sync import CPUColocateGRPOTrainer
 from tests.support.references import teacher_forced_logprobs
-from tests.support.trainers import PROMPT
-from tests.support.vllm_server import sharpened_model_copy
+from tests.support.trainers import PROMPT, WeightSnapshots
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
@@ -27,16 +26,10 @@ TEMPERATURE = 0.8
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir, tmp_path_factory):
-    return sharpened_model_copy(tiny_model_dir, tmp_path_factory.mktemp("sharp_model"))
+def model_dir(sharp_model_dir):
+    return sharp_model_dir
 
 
-class WeightSnapshots(TrainerCallback):
-    def __init__(self):
-        self.states = {}
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.states[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def colocate_trainer(model_dir, out_dir, rollout, prompts, callbacks=(), **config):

@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from ep_trl.rewards import eval_score
@@ -26,3 +26,13 @@ def make_trainer(model_dir: Path, output_dir: Path, rollout_func: Any, *, reward
     )
     return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_funcs or [eval_score],
                        args=args, train_dataset=dataset, rollout_func=rollout_func)
+
+
+class WeightSnapshots(TrainerCallback):
+    """Keeps a copy of the weights after every optimizer step (``states[step]``)."""
+
+    def __init__(self):
+        self.states = {}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.states[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
