@@ -28,6 +28,7 @@ TESTS=(
   tests/test_failures.py
   tests/test_soak.py
   tests/sources/test_processor.py
+  tests/test_shutdown.py::test_nothing_ep_trl_started_outlives_a_killed_trainer
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then

@@ -4,7 +4,8 @@ A short GRPO run on the letters env logs to the session's default store ($HOME/.
 ``ep logs`` serves that store and the page must show every training rollout of the run: eval name, step, score
 (the reward TRL got), finished/error status. A rollout call made while the page is open must appear without
 a reload (eval-protocol's event bus + websocket), and its token view must show the training mask. The
-screenshots go to docs/images/.
+screenshots go to the test's temporary directory, or to docs/images/ with ``EP_TRL_UPDATE_DOC_IMAGES=1`` (how the
+docs' pictures are made; a plain test run leaves the checkout as it found it).
 """
 
 import os
@@ -19,7 +20,7 @@ from tests.support.trainers import PROMPT, make_trainer
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 PROMPTS = [PROMPT, "Play the letters game, round two."]
-IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOC_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 
 
 def shown_score(score: float) -> str:
@@ -46,7 +47,8 @@ def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_p
         trainer.train()
         rollout.flush_logs()
         server = booting.result()
-        IMAGES.mkdir(parents=True, exist_ok=True)
+        images = DOC_IMAGES if os.environ.get("EP_TRL_UPDATE_DOC_IMAGES") == "1" else tmp_path / "images"
+        images.mkdir(parents=True, exist_ok=True)
         assert len(given) == 16 and sum(s is None for s in given.values()) == 4  # one crashed group of 4
         with chromium_page(height=1450) as (page, console_errors):
             page.goto(table_url(server, [rollout.invocation_id]))
@@ -71,7 +73,7 @@ def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_p
             for rid, score in live.items():
                 text = wait_for_row(page, rid, "finished" if score is not None else "error")
                 assert "step-2" in text and (score is None or shown_score(score) in text), text
-            page.screenshot(path=str(IMAGES / "ep-logs-training.png"))  # three steps of rows
+            page.screenshot(path=str(images / "ep-logs-training.png"))  # three steps of rows
 
             # the token view of a finished rollout shows exactly the tokens TRL trains on
             i = out["episode_status"].index("finished")
@@ -84,8 +86,9 @@ def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_p
             clicked.evaluate("row => { row.scrollIntoView({block: 'start'}); "
                              "row.closest('.overflow-auto').scrollTop -= 40; }")
             box = page.locator("div.rounded", has_text="Text + Mask").last.bounding_box()
-            page.screenshot(path=str(IMAGES / "ep-logs-token-view.png"),
+            page.screenshot(path=str(images / "ep-logs-token-view.png"),
                             clip={"x": 0, "y": 0, "width": 1600, "height": min(1450, box["y"] + box["height"] + 16)})
+        assert all((images / name).stat().st_size > 10_000 for name in ("ep-logs-training.png", "ep-logs-token-view.png"))
         assert not [e for e in console_errors if "Failed to parse" in e], console_errors  # rows fit the UI schema
         assert server.output().count("WebSocket connected.") == 1  # the live rows came without a reconnect
     finally:

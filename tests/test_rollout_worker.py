@@ -70,6 +70,18 @@ class VersionSnapshots(TrainerCallback):
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+class TrainedPolicyCall(TrainerCallback):
+    """Step 2 begins only once the worker has played a whole call on the policy trained by step 1 (version 2), so
+    the test does not depend on how a call and a training step happen to interleave on a loaded machine."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            wait_until(lambda: any(c.started_version == c.ended_version == 2 for c in self.worker.calls), 120)
+
+
 def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options):
     worker = EvalRolloutWorker(env_path, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
                                log_rollouts=False, **worker_options)
@@ -97,7 +109,8 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     step 1. The server's weights change with training (version 3's samples are far from version 1's policy)."""
     snapshots = VersionSnapshots(model_dir)
     args = config(tmp_path, server_url)
-    worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[snapshots])
+    worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[snapshots], buffer_size=64)
+    trainer.add_callback(TrainedPolicyCall(worker))
     trainer.train()
     assert not worker._thread.is_alive()  # stopped by the trainer at the end of train()
     logs = [h for h in trainer.state.log_history if "ratio" in h]

@@ -175,7 +175,7 @@ class EvalRolloutWorker:
         started = time.monotonic()
         self._heartbeat = started
         out = self._function.run(prompts, view)
-        seconds = time.monotonic() - started
+        seconds, ended_version = time.monotonic() - started, self._version  # before waiting for room in the buffer
         samples, left_out = episode_samples(out, prompts, self._num_generations, first_group, version,
                                             self._processing_class)
         dropped = 0
@@ -185,14 +185,14 @@ class EvalRolloutWorker:
                 continue
             if not self._put(sample):
                 return
-        call = WorkerCall(first_group, len(prompts), version, self._version, seconds, len(samples) - dropped,
+        call = WorkerCall(first_group, len(prompts), version, ended_version, seconds, len(samples) - dropped,
                           left_out, dropped)
         self.calls.append(call)
         self.metrics_queue.put({"ep_trl/worker/samples_total": float(call.samples),
                                 "ep_trl/worker/left_out_total": float(left_out),
                                 "ep_trl/worker/dropped_stale_total": float(dropped),
                                 "ep_trl/worker/call_s": seconds,
-                                "ep_trl/worker/version_lag": float(self._version - version)})
+                                "ep_trl/worker/version_lag": float(ended_version - version)})
 
     def _put(self, sample: Any) -> bool:
         """Hand ``sample`` to the trainer, waiting for room (a full buffer is healthy); False when stopping."""
