@@ -1,15 +1,19 @@
 #!/usr/bin/env python
 """Train a policy with GRPO on BrowserGym MiniWoB++ web tasks through their eval-protocol eval.
 
-With no arguments (CPU): builds a tiny model locally, starts the BrowserGym server (headless Chromium), trains
-2 GRPO steps with in-process generation and prints the reward of each step. An untrained tiny model writes
-no valid action, so its reward stays 0: the run shows the whole loop working, not learning.
+With no arguments (CPU, about 5 minutes): starts the BrowserGym server (headless Chromium), builds a tiny model
+locally and warm-starts it: cloned on one demonstration per task of the action format (click or hover on each of
+the page's clickable elements, equally often), it writes valid actions but does not know which one completes the
+task. Then GRPO trains it through the eval on two of the eval's tasks (click-test, focus-text), one action per
+episode, printing the eval's score per step; at the end it prints the mean score of the first and last steps and
+writes a plot of the score per step (reward_curve.png in --output-dir).
 
 Two-GPU recipe (docs/browsergym.md):
   CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-0.5B-Instruct
   CUDA_VISIBLE_DEVICES=1 python train_browsergym_trl.py --model Qwen/Qwen2.5-0.5B-Instruct \\
-      --vllm-base-url http://localhost:8000 --max-steps 200 --num-generations 8 --batch-size 16 \\
-      --env-steps 5 --max-completion-length 3072 --max-concurrent 8 --lora-r 16 --report-to trackio
+      --vllm-base-url http://localhost:8000 --tasks click-test,click-button,focus-text,enter-text \\
+      --max-steps 200 --num-generations 8 --batch-size 16 --env-steps 5 --max-completion-length 3072 \\
+      --max-concurrent 8 --lora-r 16 --learning-rate 5e-4 --report-to trackio
 """
 
 import argparse
@@ -33,6 +37,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 HERE = Path(__file__).resolve().parent
 DEFAULT_ENV_PATH = str(HERE / "examples" / "browsergym" / "eval_miniwob.py") + "::test_miniwob"
 ENV_URL_VAR = "BROWSERGYM_ENV_URL"  # what the eval's env_factory reads
+#: The eval's tasks the warm-started tiny model learns on CPU in minutes (it cannot read which button to press).
+CPU_TASKS = ("click-test", "focus-text")
+DEFAULT_MAX_STEPS = 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,15 +47,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (module::test or file.py::test)")
     p.add_argument("--env-url", default=None, help="BrowserGym server URL; default: start one on a free port")
-    p.add_argument("--tasks", default=None,
-                   help="comma-separated MiniWoB tasks, one per prompt group in turn (default: the eval's)")
-    p.add_argument("--env-steps", type=int, default=2, help="environment steps per episode (the eval's is 5)")
+    p.add_argument("--tasks", default=",".join(CPU_TASKS),
+                   help="comma-separated MiniWoB tasks, one per prompt group in turn (the eval's own four: "
+                        "click-test,click-button,focus-text,enter-text)")
+    p.add_argument("--env-steps", type=int, default=1, help="environment steps per episode (the eval's is 5)")
     p.add_argument("--max-concurrent", type=int, default=2,
                    help="episodes at once = browsers on the started server (2 suits 2 cores)")
     p.add_argument("--screenshots", action="store_true",
                    help="the server this script starts sends screenshots; a vision-language --model trains on them "
                         "(text-only models drop them; see docs/browsergym.md)")
-    p.add_argument("--model", default=None, help="model name or path; default: a tiny model built locally")
+    p.add_argument("--model", default=None,
+                   help="model name or path; default: a tiny model built locally and warm-started (see above)")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="train the tiny model from its random weights (it writes no valid action: reward 0)")
     p.add_argument("--vllm-base-url", default=None,
                    help="generate with this vLLM server (`trl vllm-serve`); on GPU the trainer syncs its weights")
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank; 0 trains all weights")
@@ -56,9 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-dropout", type=float, default=0.0)
     p.add_argument("--lora-target-modules", default="all-linear",
                    help="comma-separated module names, or all-linear")
-    p.add_argument("--max-steps", type=int, default=2, help="optimizer steps")
-    p.add_argument("--num-generations", type=int, default=2, help="episodes per prompt group (GRPO group size)")
-    p.add_argument("--batch-size", type=int, default=4, help="episodes per optimizer step")
+    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="optimizer steps")
+    p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
+    p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
     p.add_argument("--learning-rate", type=float, default=5e-4)
     p.add_argument("--max-completion-length", type=int, default=640,
                    help="token budget of a whole episode: sampled turns plus the observations between them")
@@ -70,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--project", default="ep-trl-browsergym", help="trackio project (`trackio show --project NAME`)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if not [t for t in args.tasks.split(",") if t.strip()]:
+        p.error("--tasks names no task; give one or more MiniWoB task names, e.g. --tasks click-test")
     if args.batch_size % args.num_generations:
         p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
     return args
@@ -117,9 +130,37 @@ def check_tasks(env_url: str, tasks: list[str]) -> None:
                          f"(GET {env_url}/tasks lists all {len(known)})")
 
 
+def starting_policy(args: argparse.Namespace, env_url: str, tasks: list[str], output: Path) -> str:
+    """The model to train: ``--model``, else the tiny model, warm-started unless ``--no-warm-start``; says which."""
+    if args.model:
+        return args.model
+    from ep_trl.devtools.cloning import CloningRecipe, clone_on_demonstrations
+    from ep_trl.devtools.miniwob_demonstrations import ELEMENT_ACTIONS, first_turn_demonstrations
+    from ep_trl.devtools.tiny_model import build_tiny_model
+
+    tiny = build_tiny_model(output / "tiny-model", seed=args.seed)
+    if args.no_warm_start:
+        print("policy: the tiny model with random weights (no warm start); it writes no valid action, so expect "
+              "reward 0", flush=True)
+        return str(tiny)
+    demonstrations = first_turn_demonstrations(args.env_path, env_url, tasks, seed=args.seed)
+    cloned = clone_on_demonstrations(tiny, output / "warm-start", demonstrations, CloningRecipe(seed=args.seed))
+    print(f"policy: the tiny model (random weights) cloned on one demonstration per task of the action format, "
+          f"{' or '.join(ELEMENT_ACTIONS)} on each clickable element, equally often "
+          f"({'cached' if cloned.cached else f'{cloned.steps} steps'}); it writes valid actions but does not know "
+          f"which one completes the task. Its first-turn answers:", flush=True)
+    for task, demonstration, probabilities in zip(tasks, demonstrations, cloned.answer_probabilities):
+        answers = ", ".join(f"{a} {p:.2f}" for a, p in zip(demonstration.answers, probabilities))
+        print(f"  {task}: {answers}", flush=True)
+    return str(cloned.path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the environment server unless one is given, train, print a line per step; 0 on success."""
     args = parse_args(argv)
+    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, quiet_library_output, report_training
+
+    quiet_library_output()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("httpx", "LiteLLM", "litellm"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -129,19 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     from trl import GRPOTrainer
 
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
-    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server
     from ep_trl.rewards import eval_score
-    from ep_trl.devtools.tiny_model import build_tiny_model
     from ep_trl.trl_images import RolloutImagesGRPOTrainer
 
     started = time.monotonic()
     on_gpu = torch.cuda.is_available()
     output = Path(args.output_dir)
-    model = args.model or str(build_tiny_model(output / "tiny-model", seed=args.seed))
     config = grpo_config(args, on_gpu)
     groups_per_step = args.batch_size // args.num_generations
     dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     peft_config = lora_config(args)
     server_env = {"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)}
     if args.screenshots:
@@ -152,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     with server as env_url:
         print(f"environment server: {env_url}", flush=True)
         os.environ[ENV_URL_VAR] = env_url
-        if tasks:
-            check_tasks(env_url, tasks)
+        check_tasks(env_url, tasks)
+        model = starting_policy(args, env_url, tasks, output)
         rollout = create_openenv_vllm_rollout_func(
             args.env_path, vllm_base_url=None if config.use_vllm else args.vllm_base_url,
             overrides=EvalOverrides(max_steps=args.env_steps, max_tokens=args.max_turn_tokens, tasks=tasks),
@@ -173,11 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train()
         finally:
             rollout.close()
-    rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
-    episodes = len(rewards) * args.batch_size
-    wall = time.monotonic() - started
-    print(f"done: {len(rewards)} steps, {episodes} episodes, reward first {rewards[0]:.4f} last {rewards[-1]:.4f}, "
-          f"wall {wall:.0f}s", flush=True)
+    report_training(trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size,
+                    started=started, title=f"{Path(__file__).name}: eval score on {', '.join(tasks)}", argv=argv)
     return 0
 
 

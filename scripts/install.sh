@@ -18,5 +18,5 @@ if [[ -z "${OPENENV_EXTRA:-}" ]]; then
     OPENENV_EXTRA=openenv
   fi
 fi
-"$PY" -m pip install -q -e ".[test,$OPENENV_EXTRA]"
+"$PY" -m pip install -q -e ".[test,demo,$OPENENV_EXTRA]"
 "$PY" -c "import ep_trl, torch, trl, eval_protocol; print(f'ep_trl {ep_trl.__version__}: torch {torch.__version__}, trl {trl.__version__}')"

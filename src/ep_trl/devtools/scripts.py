@@ -1,13 +1,15 @@
-"""Pieces shared by the training scripts: progress lines, a local environment server, a tiny default model.
+"""Pieces shared by the training scripts: quiet library output, progress lines, a local environment server.
 
 This is command-line output, so it prints; the library itself only logs.
 """
 
 import contextlib
+import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,26 @@ from transformers import TrainerCallback
 
 from .. import shutdown
 from ..processes import free_port, start_server
+from .reward_curve import Progress, plot_scores, progress, step_scores
+
+
+def quiet_library_output() -> None:
+    """Ignore the libraries' deprecation warnings that are no business of a training script's user, each matched by
+    category, the module that warns and the start of its message (nothing else), and turn off transformers' per-file
+    progress bars (loading and saving weights). Call it before training starts: some of them warn at import."""
+    # eval-protocol's __init__ puts a filter that shows its DeprecationWarnings in front of all others, and imports
+    # the models that warn later (lazily): import it first, so that the filter below comes in front of that one.
+    import eval_protocol  # noqa: F401
+    from pydantic.warnings import PydanticDeprecatedSince20
+    from transformers.utils import logging as transformers_logging
+
+    # TRL's GRPOConfig and trainer use transformers 5's old gradient checkpointing names.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.",
+                            message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated")
+    # eval-protocol's models declare a pydantic class-based config.
+    warnings.filterwarnings("ignore", category=PydanticDeprecatedSince20, module=r"eval_protocol\.",
+                            message="Support for class-based `config` is deprecated")
+    transformers_logging.disable_progress_bar()
 
 
 class ProgressPrinter(TrainerCallback):
@@ -44,6 +66,21 @@ class ProgressPrinter(TrainerCallback):
             f"ETA {eta:.0f}s",
         ]
         print(" | ".join(p for p in parts if p), file=self._stream, flush=True)
+
+
+def report_training(log_history: Sequence[Mapping[str, Any]], plot_path: Path, *, episodes_per_step: int,
+                    started: float, title: str, argv: Sequence[str] | None = None) -> Progress:
+    """Print the closing line (steps, episodes, the mean eval score of the first and last steps, wall time since
+    ``started``), write the plot of the score per step to ``plot_path`` with the command that made it (the running
+    script with ``argv``, default its command line) and print its path."""
+    scores = step_scores(log_history)
+    summary = progress(scores)
+    command = " ".join(["python", Path(sys.argv[0]).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    print(f"done: {len(scores)} steps, {len(scores) * episodes_per_step} episodes, {summary.describe()}, "
+          f"wall {time.monotonic() - started:.0f}s", flush=True)
+    path = plot_scores(scores, plot_path, title=title, note=command)
+    print(f"reward curve: {path}", flush=True)
+    return summary
 
 
 @contextlib.contextmanager

@@ -1,0 +1,174 @@
+"""Behaviour cloning on demonstrations: the warm start that lets a tiny model write an environment's action format.
+
+A randomly initialised tiny model (``tiny_model``) writes no valid action, so GRPO on it has nothing to rank. Cloning
+it on a few demonstrations (each a conversation as the model will be prompted with it, and the answers to write
+there, all equally often) teaches the format without the solution: trained on the exact ids it is later generated
+after (the conversation rendered by ep_trl's ``ChatTemplate``), by maximum likelihood, the model ends up writing
+each demonstrated answer with about the same probability. Which of them the task rewards is left for GRPO to find.
+
+Training stops when every answer of every demonstration has at least :attr:`CloningRecipe.fair_share` of its fair
+share (1 / number of answers) of the probability; the measured probabilities come back in :class:`ClonedModel`.
+It runs on one torch thread (see ``tests/conftest.py`` on 2-core machines). The result is cached on disk under
+:func:`default_cache_dir`, keyed by every input (the base model's files, the rendered demonstrations, the recipe,
+the torch and transformers versions), so a machine builds each warm start once.
+"""
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+#: The record written next to a cloned model: its measured answer probabilities and the steps it took.
+RESULT_FILE = "ep_trl_cloning.json"
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """A conversation the model will be prompted with (ending before its turn) and the answers it should write
+    there, each equally often."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    answers: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            raise ValueError("Demonstration(messages=()): give the conversation the model answers, e.g. "
+                             "({'role': 'user', 'content': 'Play.'},)")
+        if not self.answers or len(set(self.answers)) != len(self.answers) or not all(self.answers):
+            raise ValueError(f"Demonstration(answers={self.answers!r}): give one or more distinct, non-empty answers")
+
+
+@dataclass(frozen=True)
+class CloningRecipe:
+    """How the model is cloned: full-batch Adam at ``learning_rate`` until every answer has ``fair_share`` of its
+    fair probability, at most ``max_steps`` optimizer steps."""
+
+    learning_rate: float = 3e-3
+    fair_share: float = 0.9
+    max_steps: int = 400
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"CloningRecipe(learning_rate={self.learning_rate!r}): must be a finite number > 0")
+        if not 0 < self.fair_share < 1:
+            raise ValueError(f"CloningRecipe(fair_share={self.fair_share!r}): must be between 0 and 1 (exclusive)")
+        if self.max_steps < 1:
+            raise ValueError(f"CloningRecipe(max_steps={self.max_steps!r}): must be >= 1")
+
+
+@dataclass(frozen=True)
+class ClonedModel:
+    """A cloned model directory, the probability it gives each answer (per demonstration, in order), the optimizer
+    steps it took and whether it came from the cache."""
+
+    path: Path
+    answer_probabilities: tuple[tuple[float, ...], ...]
+    steps: int
+    cached: bool
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/ep_trl/cloned-models`` (``~/.cache/ep_trl/cloned-models`` by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ep_trl" / "cloned-models"
+
+
+def clone_on_demonstrations(base_dir: str | Path, out_dir: str | Path, demonstrations: Sequence[Demonstration],
+                            recipe: CloningRecipe = CloningRecipe(), *, cache_dir: Path | None = None) -> ClonedModel:
+    """A copy of the model at ``base_dir``, at ``out_dir``, cloned on ``demonstrations`` (built once per machine and
+    recipe: see the module docstring). Raises ``RuntimeError`` when ``recipe.max_steps`` is not enough."""
+    if not demonstrations:
+        raise ValueError("clone_on_demonstrations needs at least one Demonstration")
+    from ..trajectory import ChatTemplate
+
+    base, out = Path(base_dir), Path(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    template = ChatTemplate(tokenizer)
+    end = tokenizer.eos_token_id
+    examples = [(template.prompt_ids(d.messages), [template.encode(a) + [end] for a in d.answers])
+                for d in demonstrations]
+    cached = (cache_dir or default_cache_dir()) / _cache_key(base, examples, recipe)
+    hit = (cached / RESULT_FILE).is_file()
+    if not hit:
+        building = cached.with_name(f"{cached.name}.building-{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        shutil.copytree(base, building)
+        result = _train(building, examples, recipe)
+        (building / RESULT_FILE).write_text(json.dumps(result) + "\n")
+        shutil.rmtree(cached, ignore_errors=True)
+        building.rename(cached)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(cached, out)
+    result = json.loads((out / RESULT_FILE).read_text())
+    return ClonedModel(path=out, answer_probabilities=tuple(tuple(p) for p in result["answer_probabilities"]),
+                       steps=int(result["steps"]), cached=hit)
+
+
+def _cache_key(base: Path, examples: list[tuple[list[int], list[list[int]]]], recipe: CloningRecipe) -> str:
+    import transformers
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in base.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + path.read_bytes())
+    inputs = [examples, asdict(recipe), torch.__version__, transformers.__version__]
+    digest.update(json.dumps(inputs, sort_keys=True).encode())
+    return digest.hexdigest()[:24]
+
+
+def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], recipe: CloningRecipe) -> dict[str, Any]:
+    """Clone the model in ``model_dir`` in place; its answer probabilities and steps taken."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    rows = [(prompt, answer) for prompt, answers in examples for answer in answers]
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    targets = torch.full((len(rows), width), -100, dtype=torch.long)  # the answer's ids at the positions before them
+    for r, (prompt, answer) in enumerate(rows):
+        n = len(prompt) + len(answer)
+        ids[r, :n] = torch.tensor(prompt + answer)
+        mask[r, :n] = 1
+        targets[r, len(prompt) - 1: n - 1] = torch.tensor(answer)
+    fair = [1.0 / len(answers) for _, answers in examples for _ in answers]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(recipe.seed)
+            optimizer = torch.optim.Adam(model.parameters(), lr=recipe.learning_rate)
+            model.train()
+            for step in range(recipe.max_steps + 1):
+                logits = model(input_ids=ids, attention_mask=mask).logits
+                token_loss = torch.nn.functional.cross_entropy(
+                    logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
+                log_probs = -token_loss.sum(dim=1)  # each answer's log-probability after its prompt
+                probabilities = log_probs.detach().exp().tolist()
+                if all(p >= recipe.fair_share * f for p, f in zip(probabilities, fair)):
+                    break
+                if step == recipe.max_steps:
+                    worst = min(p / f for p, f in zip(probabilities, fair))
+                    raise RuntimeError(
+                        f"cloning did not converge in {recipe.max_steps} steps (the least likely answer has "
+                        f"{worst:.2f} of its fair share, wanted {recipe.fair_share}): raise CloningRecipe.max_steps "
+                        f"or learning_rate, or give fewer, shorter demonstrations")
+                optimizer.zero_grad()
+                (-log_probs.mean()).backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    model.save_pretrained(model_dir)
+    grouped, at = [], 0
+    for _, answers in examples:
+        grouped.append([round(p, 4) for p in probabilities[at: at + len(answers)]])
+        at += len(answers)
+    return {"answer_probabilities": grouped, "steps": step}

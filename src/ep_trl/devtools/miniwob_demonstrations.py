@@ -1,0 +1,47 @@
+"""Demonstrations of BrowserGym's action format on MiniWoB pages, for cloning a tiny policy (``cloning``).
+
+Each demonstration is the first turn of one task exactly as training prompts it: the eval's own first messages
+and its prompt builder's text for the page a real reset of the BrowserGym server shows (the accessibility tree with
+the clickable element ids). Its answers are every action of :data:`ELEMENT_ACTIONS` on every clickable element of
+that page, equally often. So a model cloned on them writes a valid action but does not know which one completes
+the task: on click-test (one button) only ``click`` scores, on focus-text (one text box) ``click`` and ``focus`` do.
+"""
+
+import asyncio
+from collections.abc import Sequence
+
+from ..evalprotocol import read_eval_spec, resolve_eval_test, strip_row_key, training_prompts
+from ..envs.browsergym import BrowserGymEnv, BrowserGymObservation
+from .cloning import Demonstration
+
+#: The BrowserGym element actions demonstrated, on each clickable element.
+ELEMENT_ACTIONS: tuple[str, ...] = ("click", "hover")
+
+
+def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str], *, seed: int = 0,
+                              actions: Sequence[str] = ELEMENT_ACTIONS) -> tuple[Demonstration, ...]:
+    """One demonstration per task: the eval's first prompt for the page of ``reset(task_name=task, seed=seed)`` on
+    the server at ``env_url``, answered with each of ``actions`` on each clickable element."""
+    eval_test = resolve_eval_test(env_path)
+    spec = read_eval_spec(eval_test)
+    if spec.prompt_builder is None:
+        raise ValueError(f"{env_path} runs {spec.processor_name}, not OpenEnvRolloutProcessor: its prompts are not "
+                         "built from environment observations, so there is no first page to demonstrate on")
+    first = tuple(strip_row_key(training_prompts(eval_test)[0]))
+    demonstrations = []
+    for task, observation in zip(tasks, asyncio.run(_first_observations(env_url, tasks, seed))):
+        if not observation.clickable_bids:
+            raise ValueError(f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
+                             "actions on; train without the warm start or on other tasks")
+        user = {"role": "user", "content": spec.prompt_builder(observation, 1, [])}
+        answers = tuple(f"{action}('{bid}')" for action in actions for bid in observation.clickable_bids)
+        demonstrations.append(Demonstration(messages=(*first, user), answers=answers))
+    return tuple(demonstrations)
+
+
+async def _first_observations(env_url: str, tasks: Sequence[str], seed: int) -> list[BrowserGymObservation]:
+    env = BrowserGymEnv(base_url=env_url)
+    try:
+        return [(await env.reset(task_name=task, seed=seed)).observation for task in tasks]
+    finally:
+        await env.close()
