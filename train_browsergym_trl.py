@@ -3,10 +3,11 @@
 
 With no arguments (CPU, about 5 minutes): starts the BrowserGym server (headless Chromium), builds a tiny model
 locally and warm-starts it: cloned on one demonstration per task of the action format (click or hover on each of
-the page's clickable elements, equally often), it writes valid actions but does not know which one completes the
-task. Then GRPO trains it through the eval on two of the eval's tasks (click-test, focus-text), one action per
-episode, printing the eval's score per step; at the end it prints the mean score of the first and last steps and
-writes a plot of the score per step (reward_curve.png in --output-dir).
+the page's clickable elements, or scroll the page, equally often), it writes valid actions but does not know which
+one completes the task (one in three does). Then GRPO (plain SGD, see docs/browsergym.md) trains it through the
+eval on two of the eval's tasks (click-test, focus-text), one action per episode, printing the eval's score per
+step; at the end it prints the mean score of the first and last steps and writes a plot of the score per step
+(reward_curve.png in --output-dir).
 
 Two-GPU recipe (docs/browsergym.md):
   CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-0.5B-Instruct
@@ -28,8 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from peft import LoraConfig
     from trl import GRPOConfig
+
+    from ep_trl.devtools.cloning import Demonstration
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -39,7 +44,9 @@ DEFAULT_ENV_PATH = str(HERE / "examples" / "browsergym" / "eval_miniwob.py") + "
 ENV_URL_VAR = "BROWSERGYM_ENV_URL"  # what the eval's env_factory reads
 #: The eval's tasks the warm-started tiny model learns on CPU in minutes (it cannot read which button to press).
 CPU_TASKS = ("click-test", "focus-text")
-DEFAULT_MAX_STEPS = 20
+DEFAULT_MAX_STEPS = 15
+#: The tiny model's optimizer and learning rate (measured: docs/browsergym.md, "How the tiny model learns").
+TINY_OPTIM, TINY_LEARNING_RATE = "sgd", 0.05
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,7 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="optimizer steps")
     p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
-    p.add_argument("--learning-rate", type=float, default=5e-4)
+    p.add_argument("--learning-rate", type=float, default=None,
+                   help=f"default {TINY_LEARNING_RATE} with the tiny model's --optim sgd, else 5e-4")
+    p.add_argument("--optim", default=None,
+                   help="transformers optimizer name; default sgd for the tiny model (Adam's per-weight normalised "
+                        "steps break its action format: docs/browsergym.md), else adamw_torch")
     p.add_argument("--max-completion-length", type=int, default=640,
                    help="token budget of a whole episode: sampled turns plus the observations between them")
     p.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn (default: the eval's)")
@@ -83,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not [t for t in args.tasks.split(",") if t.strip()]:
         p.error("--tasks names no task; give one or more MiniWoB task names, e.g. --tasks click-test")
+    tiny = args.model is None
+    args.optim = args.optim or (TINY_OPTIM if tiny else "adamw_torch")
+    if args.learning_rate is None:
+        args.learning_rate = TINY_LEARNING_RATE if tiny and args.optim == TINY_OPTIM else 5e-4
     if args.batch_size % args.num_generations:
         p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
     return args
@@ -111,7 +126,8 @@ def grpo_config(args: argparse.Namespace, on_gpu: bool) -> "GRPOConfig":
         output_dir=args.output_dir, use_cpu=not on_gpu, bf16=on_gpu, seed=args.seed,
         per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length, temperature=args.temperature,
-        learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
+        learning_rate=args.learning_rate, optim=args.optim, max_steps=args.max_steps, logging_steps=1,
+        save_strategy="no",
         report_to=[] if args.report_to == "none" else [args.report_to], run_name=args.run_name,
         project=args.project,
         disable_tqdm=True,
@@ -130,29 +146,38 @@ def check_tasks(env_url: str, tasks: list[str]) -> None:
                          f"(GET {env_url}/tasks lists all {len(known)})")
 
 
-def starting_policy(args: argparse.Namespace, env_url: str, tasks: list[str], output: Path) -> str:
-    """The model to train: ``--model``, else the tiny model, warm-started unless ``--no-warm-start``; says which."""
+def starting_policy(args: argparse.Namespace, env_url: str, tasks: list[str], output: Path
+                    ) -> "tuple[str, tuple[Demonstration, ...]]":
+    """The model to train (``--model``, else the tiny model, warm-started unless ``--no-warm-start``; says which) and
+    the demonstrations it was cloned on (none without the warm start)."""
     if args.model:
-        return args.model
+        return args.model, ()
     from ep_trl.devtools.cloning import CloningRecipe, clone_on_demonstrations
-    from ep_trl.devtools.miniwob_demonstrations import ELEMENT_ACTIONS, first_turn_demonstrations
+    from ep_trl.devtools.miniwob_demonstrations import ELEMENT_ACTIONS, PAGE_ACTIONS, first_turn_demonstrations
     from ep_trl.devtools.tiny_model import build_tiny_model
 
     tiny = build_tiny_model(output / "tiny-model", seed=args.seed)
     if args.no_warm_start:
         print("policy: the tiny model with random weights (no warm start); it writes no valid action, so expect "
               "reward 0", flush=True)
-        return str(tiny)
+        return str(tiny), ()
     demonstrations = first_turn_demonstrations(args.env_path, env_url, tasks, seed=args.seed)
     cloned = clone_on_demonstrations(tiny, output / "warm-start", demonstrations, CloningRecipe(seed=args.seed))
     print(f"policy: the tiny model (random weights) cloned on one demonstration per task of the action format, "
-          f"{' or '.join(ELEMENT_ACTIONS)} on each clickable element, equally often "
+          f"{' or '.join(ELEMENT_ACTIONS)} on each clickable element or {' or '.join(PAGE_ACTIONS)}, equally often "
           f"({'cached' if cloned.cached else f'{cloned.steps} steps'}); it writes valid actions but does not know "
-          f"which one completes the task. Its first-turn answers:", flush=True)
-    for task, demonstration, probabilities in zip(tasks, demonstrations, cloned.answer_probabilities):
-        answers = ", ".join(f"{a} {p:.2f}" for a, p in zip(demonstration.answers, probabilities))
+          f"which one completes the task.", flush=True)
+    print_answers("before training", tasks, demonstrations, cloned.answer_probabilities)
+    return str(cloned.path), demonstrations
+
+
+def print_answers(when: str, tasks: list[str], demonstrations: "Sequence[Demonstration]",
+                  probabilities: "Sequence[Sequence[float]]") -> None:
+    """The policy's probability of each demonstrated first-turn answer, per task."""
+    print(f"{when}, the policy's first-turn answers (probability):", flush=True)
+    for task, demonstration, answer_probabilities in zip(tasks, demonstrations, probabilities):
+        answers = ", ".join(f"{a} {p:.2f}" for a, p in zip(demonstration.answers, answer_probabilities))
         print(f"  {task}: {answers}", flush=True)
-    return str(cloned.path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"environment server: {env_url}", flush=True)
         os.environ[ENV_URL_VAR] = env_url
         check_tasks(env_url, tasks)
-        model = starting_policy(args, env_url, tasks, output)
+        model, demonstrations = starting_policy(args, env_url, tasks, output)
         rollout = create_openenv_vllm_rollout_func(
             args.env_path, vllm_base_url=None if config.use_vllm else args.vllm_base_url,
             overrides=EvalOverrides(max_steps=args.env_steps, max_tokens=args.max_turn_tokens, tasks=tasks),
@@ -211,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train()
         finally:
             rollout.close()
+    if demonstrations:
+        from ep_trl.devtools.cloning import answer_probabilities
+
+        print_answers("after training", tasks, demonstrations,
+                      answer_probabilities(trainer.model, trainer.processing_class, demonstrations))
     report_training(trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size,
                     started=started, title=f"{Path(__file__).name}: eval score on {', '.join(tasks)}", argv=argv)
     return 0

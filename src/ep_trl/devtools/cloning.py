@@ -51,7 +51,7 @@ class CloningRecipe:
     """How the model is cloned: full-batch Adam at ``learning_rate`` until every answer has ``fair_share`` of its
     fair probability, at most ``max_steps`` optimizer steps."""
 
-    learning_rate: float = 3e-3
+    learning_rate: float = 5e-3
     fair_share: float = 0.9
     max_steps: int = 400
     seed: int = 0
@@ -88,14 +88,8 @@ def clone_on_demonstrations(base_dir: str | Path, out_dir: str | Path, demonstra
     recipe: see the module docstring). Raises ``RuntimeError`` when ``recipe.max_steps`` is not enough."""
     if not demonstrations:
         raise ValueError("clone_on_demonstrations needs at least one Demonstration")
-    from ..trajectory import ChatTemplate
-
     base, out = Path(base_dir), Path(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    template = ChatTemplate(tokenizer)
-    end = tokenizer.eos_token_id
-    examples = [(template.prompt_ids(d.messages), [template.encode(a) + [end] for a in d.answers])
-                for d in demonstrations]
+    examples = _examples(AutoTokenizer.from_pretrained(base), demonstrations)
     cached = (cache_dir or default_cache_dir()) / _cache_key(base, examples, recipe)
     hit = (cached / RESULT_FILE).is_file()
     if not hit:
@@ -124,20 +118,72 @@ def _cache_key(base: Path, examples: list[tuple[list[int], list[list[int]]]], re
     return digest.hexdigest()[:24]
 
 
-def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], recipe: CloningRecipe) -> dict[str, Any]:
-    """Clone the model in ``model_dir`` in place; its answer probabilities and steps taken."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+def answer_probabilities(model: Any, tokenizer: Any, demonstrations: Sequence[Demonstration]
+                         ) -> tuple[tuple[float, ...], ...]:
+    """The probability ``model`` gives each answer of each demonstration (answer ids then end of sequence, after
+    the conversation rendered as ep_trl prompts it), teacher-forced, per demonstration in order. It shows what a
+    policy would write on those pages: before training, after cloning, after GRPO."""
+    batch = _batch(_examples(tokenizer, demonstrations), _pad_id(model))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            probabilities = _answer_log_probs(model, batch).exp().tolist()
+    finally:
+        model.train(was_training)
+    return _grouped(probabilities, [len(d.answers) for d in demonstrations])
+
+
+def _examples(tokenizer: Any, demonstrations: Sequence[Demonstration]) -> list[tuple[list[int], list[list[int]]]]:
+    """Each demonstration's prompt ids (ep_trl's ``ChatTemplate``) and its answers' ids, end of sequence included."""
+    from ..trajectory import ChatTemplate
+
+    template = ChatTemplate(tokenizer)
+    end = tokenizer.eos_token_id
+    return [(template.prompt_ids(d.messages), [template.encode(a) + [end] for a in d.answers]) for d in demonstrations]
+
+
+def _pad_id(model: Any) -> int:
+    return model.config.pad_token_id if model.config.pad_token_id is not None else 0
+
+
+def _batch(examples: list[tuple[list[int], list[list[int]]]], pad: int) -> tuple[torch.Tensor, ...]:
+    """One row per (prompt, answer): ids, attention mask, and the answer's ids as targets at the positions that
+    predict them (-100 elsewhere)."""
     rows = [(prompt, answer) for prompt, answers in examples for answer in answers]
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    targets = torch.full((len(rows), width), -100, dtype=torch.long)  # the answer's ids at the positions before them
+    targets = torch.full((len(rows), width), -100, dtype=torch.long)
     for r, (prompt, answer) in enumerate(rows):
         n = len(prompt) + len(answer)
         ids[r, :n] = torch.tensor(prompt + answer)
         mask[r, :n] = 1
         targets[r, len(prompt) - 1: n - 1] = torch.tensor(answer)
+    return ids, mask, targets
+
+
+def _answer_log_probs(model: Any, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Each row's answer log-probability after its prompt."""
+    ids, mask, targets = batch
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100,
+                                                   reduction="none")
+    return -token_loss.sum(dim=1)
+
+
+def _grouped(values: list[float], sizes: list[int]) -> tuple[tuple[float, ...], ...]:
+    grouped, at = [], 0
+    for size in sizes:
+        grouped.append(tuple(round(v, 4) for v in values[at: at + size]))
+        at += size
+    return tuple(grouped)
+
+
+def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], recipe: CloningRecipe) -> dict[str, Any]:
+    """Clone the model in ``model_dir`` in place; its answer probabilities and steps taken."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    batch = _batch(examples, _pad_id(model))
     fair = [1.0 / len(answers) for _, answers in examples for _ in answers]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -147,10 +193,7 @@ def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], r
             optimizer = torch.optim.Adam(model.parameters(), lr=recipe.learning_rate)
             model.train()
             for step in range(recipe.max_steps + 1):
-                logits = model(input_ids=ids, attention_mask=mask).logits
-                token_loss = torch.nn.functional.cross_entropy(
-                    logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
-                log_probs = -token_loss.sum(dim=1)  # each answer's log-probability after its prompt
+                log_probs = _answer_log_probs(model, batch)
                 probabilities = log_probs.detach().exp().tolist()
                 if all(p >= recipe.fair_share * f for p, f in zip(probabilities, fair)):
                     break
@@ -167,8 +210,5 @@ def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], r
         torch.set_num_threads(threads)
     model.eval()
     model.save_pretrained(model_dir)
-    grouped, at = [], 0
-    for _, answers in examples:
-        grouped.append([round(p, 4) for p in probabilities[at: at + len(answers)]])
-        at += len(answers)
-    return {"answer_probabilities": grouped, "steps": step}
+    grouped = _grouped(probabilities, [len(answers) for _, answers in examples])
+    return {"answer_probabilities": [list(g) for g in grouped], "steps": step}

@@ -3,8 +3,9 @@
 Each demonstration is the first turn of one task exactly as training prompts it: the eval's own first messages
 and its prompt builder's text for the page a real reset of the BrowserGym server shows (the accessibility tree with
 the clickable element ids). Its answers are every action of :data:`ELEMENT_ACTIONS` on every clickable element of
-that page, equally often. So a model cloned on them writes a valid action but does not know which one completes
-the task: on click-test (one button) only ``click`` scores, on focus-text (one text box) ``click`` and ``focus`` do.
+that page and every action of :data:`PAGE_ACTIONS`, equally often. So a model cloned on them writes a valid action
+but does not know which one completes the task: on click-test (one button) and on focus-text (one text box) only
+``click`` of them scores, one answer in three.
 """
 
 import asyncio
@@ -16,12 +17,16 @@ from .cloning import Demonstration
 
 #: The BrowserGym element actions demonstrated, on each clickable element.
 ELEMENT_ACTIONS: tuple[str, ...] = ("click", "hover")
+#: The BrowserGym page actions demonstrated (no element).
+PAGE_ACTIONS: tuple[str, ...] = ("scroll(0, 200)",)
 
 
 def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str], *, seed: int = 0,
-                              actions: Sequence[str] = ELEMENT_ACTIONS) -> tuple[Demonstration, ...]:
+                              actions: Sequence[str] = ELEMENT_ACTIONS,
+                              page_actions: Sequence[str] = PAGE_ACTIONS) -> tuple[Demonstration, ...]:
     """One demonstration per task: the eval's first prompt for the page of ``reset(task_name=task, seed=seed)`` on
-    the server at ``env_url``, answered with each of ``actions`` on each clickable element."""
+    the server at ``env_url``, answered with each of ``actions`` on each clickable element and each of
+    ``page_actions``."""
     eval_test = resolve_eval_test(env_path)
     spec = read_eval_spec(eval_test)
     if spec.prompt_builder is None:
@@ -34,7 +39,8 @@ def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str],
             raise ValueError(f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
                              "actions on; train without the warm start or on other tasks")
         user = {"role": "user", "content": spec.prompt_builder(observation, 1, [])}
-        answers = tuple(f"{action}('{bid}')" for action in actions for bid in observation.clickable_bids)
+        answers = (*(f"{action}('{bid}')" for action in actions for bid in observation.clickable_bids),
+                   *page_actions)
         demonstrations.append(Demonstration(messages=(*first, user), answers=answers))
     return tuple(demonstrations)
 

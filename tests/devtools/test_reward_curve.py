@@ -1,0 +1,23 @@
+"""The eval score per step read from a trainer's log history, its summary, and its plot (a real PNG)."""
+
+import pytest
+
+from ep_trl.devtools.reward_curve import StepScore, plot_scores, progress, step_scores
+
+HISTORY = [{"step": s, "rewards/eval_score/mean": m, "rewards/eval_score/std": 0.1, "loss": 0.0}
+           for s, m in zip(range(1, 11), [0.2, 0.4, 0.3, 0.5, 0.6, 0.7, 0.8, 0.8, 0.9, 1.0])]
+
+
+def test_the_summary_compares_the_first_and_last_fifth():
+    scores = step_scores([*HISTORY, {"train_runtime": 1.0, "step": 10}])  # entries without a score are skipped
+    assert [s.step for s in scores] == list(range(1, 11)) and scores[0] == StepScore(1, 0.2, 0.1)
+    summary = progress(scores)
+    assert (summary.first, summary.last, summary.window) == (pytest.approx(0.3), pytest.approx(0.95), 2)
+    assert summary.describe() == "reward first 0.3000 last 0.9500 (mean eval score of steps 1-2 and 9-10)"
+    with pytest.raises(ValueError, match="did training run a step"):
+        progress(())
+
+
+def test_the_plot_is_a_png(tmp_path):
+    path = plot_scores(step_scores(HISTORY), tmp_path / "sub" / "curve.png", title="t", note="python x.py")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
