@@ -19,4 +19,4 @@ if [[ -z "${OPENENV_EXTRA:-}" ]]; then
   fi
 fi
 "$PY" -m pip install -q -e ".[test,demo,$OPENENV_EXTRA]"
-"$PY" -c "import ep_trl, torch, trl, eval_protocol; print(f'ep_trl {ep_trl.__version__}: torch {torch.__version__}, trl {trl.__version__}')"
+LITELLM_LOCAL_MODEL_COST_MAP=True "$PY" -c "import ep_trl, torch, trl, eval_protocol; print(f'ep_trl {ep_trl.__version__}: torch {torch.__version__}, trl {trl.__version__}')"
