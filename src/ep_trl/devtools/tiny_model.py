@@ -155,14 +155,16 @@ def build_hf_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> PreTrained
     return fast
 
 
-def _is_complete(out_dir: Path, seed: int) -> bool:
-    """True when ``out_dir`` holds a finished build made with ``seed``."""
-    if not all((out_dir / name).is_file() for name in _REQUIRED_FILES):
+def _is_complete(out_dir: Path, seed: int, required: tuple[str, ...] = _REQUIRED_FILES,
+                 info_file: str = BUILD_INFO_FILE) -> bool:
+    """True when ``out_dir`` holds a finished build made with ``seed`` (all of ``required``, ``info_file`` naming
+    the seed)."""
+    if not all((out_dir / name).is_file() for name in required):
         return False
     try:
-        info = json.loads((out_dir / BUILD_INFO_FILE).read_text())
+        info = json.loads((out_dir / info_file).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        logger.warning("Unreadable %s in %s (%s); rebuilding", BUILD_INFO_FILE, out_dir, exc)
+        logger.warning("Unreadable %s in %s (%s); rebuilding", info_file, out_dir, exc)
         return False
     return info.get("seed") == seed
 

@@ -24,7 +24,7 @@ import torch
 from transformers import GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-from .tiny_model import ENDOFTEXT, IM_END, IM_START, build_hf_tokenizer, make_tokenizer_config_portable
+from .tiny_model import ENDOFTEXT, IM_END, IM_START, _is_complete, build_hf_tokenizer, make_tokenizer_config_portable
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0) -> Path:
     ``AutoModelForImageTextToText.from_pretrained(dir)`` the model.
     """
     out = Path(out_dir)
-    if _is_complete(out, seed):
+    if _is_complete(out, seed, _REQUIRED_FILES, BUILD_INFO_FILE):
         logger.info("Reusing tiny vision-language model at %s (seed %d)", out, seed)
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -140,17 +140,6 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0) -> Path:
     logger.info("Built tiny vision-language model at %s (seed %d, vocab %d)", out, seed, len(tokenizer))
     return out
 
-
-def _is_complete(out_dir: Path, seed: int) -> bool:
-    """True when ``out_dir`` holds a finished build made with ``seed``."""
-    if not all((out_dir / name).is_file() for name in _REQUIRED_FILES):
-        return False
-    try:
-        info = json.loads((out_dir / BUILD_INFO_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        logger.warning("Unreadable %s in %s (%s); rebuilding", BUILD_INFO_FILE, out_dir, exc)
-        return False
-    return info.get("seed") == seed
 
 
 def _add_legacy_fields(config_path: Path, pad_token_id: int) -> None:
