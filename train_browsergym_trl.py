@@ -15,6 +15,9 @@ Two-GPU recipe (docs/browsergym.md):
       --vllm-base-url http://localhost:8000 --tasks click-test,click-button,focus-text,enter-text \\
       --max-steps 200 --num-generations 8 --batch-size 16 --env-steps 5 --max-completion-length 3072 \\
       --max-concurrent 8 --lora-r 16 --learning-rate 5e-4 --report-to trackio
+
+One GPU (docs/vllm.md): python train_browsergym_trl.py --vllm-mode colocate --model Qwen/Qwen2.5-0.5B-Instruct ...
+Rollouts overlapping training steps (docs/async.md): --async --vllm-base-url URL --model M (the server's model).
 """
 
 import argparse
@@ -33,8 +36,10 @@ if TYPE_CHECKING:
 
     from peft import LoraConfig
     from trl import GRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from ep_trl.devtools.cloning import Demonstration
+    from ep_trl.devtools.training_modes import TrainingMode
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -51,6 +56,8 @@ TINY_OPTIM, TINY_LEARNING_RATE = "sgd", 0.05
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults are the quick CPU run."""
+    from ep_trl.devtools.training_modes import add_generation_flags, check_generation_flags
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (module::test or file.py::test)")
     p.add_argument("--env-url", default=None, help="BrowserGym server URL; default: start one on a free port")
@@ -67,8 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="model name or path; default: a tiny model built locally and warm-started (see above)")
     p.add_argument("--no-warm-start", action="store_true",
                    help="train the tiny model from its random weights (it writes no valid action: reward 0)")
-    p.add_argument("--vllm-base-url", default=None,
-                   help="generate with this vLLM server (`trl vllm-serve`); on GPU the trainer syncs its weights")
+    add_generation_flags(p)
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank; 0 trains all weights")
     p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 2 x rank)")
     p.add_argument("--lora-dropout", type=float, default=0.0)
@@ -100,6 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.learning_rate = TINY_LEARNING_RATE if tiny and args.optim == TINY_OPTIM else 5e-4
     if args.batch_size % args.num_generations:
         p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
+    check_generation_flags(p, args)
     return args
 
 
@@ -117,13 +124,11 @@ def lora_config(args: argparse.Namespace) -> "LoraConfig | None":
     )
 
 
-def grpo_config(args: argparse.Namespace, on_gpu: bool) -> "GRPOConfig":
-    """GRPOConfig from the flags. On GPU with a vLLM server the trainer owns the client and pushes weights."""
-    from trl import GRPOConfig
-
-    trainer_vllm = bool(args.vllm_base_url) and on_gpu
-    return GRPOConfig(
-        output_dir=args.output_dir, use_cpu=not on_gpu, bf16=on_gpu, seed=args.seed,
+def grpo_config(args: argparse.Namespace, mode: "TrainingMode") -> "GRPOConfig | AsyncGRPOConfig":
+    """The trainer's config from the flags, with the generation mode's settings (``TrainingMode.config``): on GPU
+    with a vLLM server the trainer owns the client and pushes weights; an ``AsyncGRPOConfig`` with ``--async``."""
+    return mode.config(
+        output_dir=args.output_dir, bf16=mode.on_gpu, seed=args.seed,
         per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length, temperature=args.temperature,
         learning_rate=args.learning_rate, optim=args.optim, max_steps=args.max_steps, logging_steps=1,
@@ -131,8 +136,6 @@ def grpo_config(args: argparse.Namespace, on_gpu: bool) -> "GRPOConfig":
         report_to=[] if args.report_to == "none" else [args.report_to], run_name=args.run_name,
         project=args.project,
         disable_tqdm=True,
-        use_vllm=trainer_vllm, vllm_mode="server",
-        **({"vllm_server_base_url": args.vllm_base_url} if trainer_vllm else {}),
     )
 
 
@@ -190,18 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "LiteLLM", "litellm"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    import torch
     from transformers import PrinterCallback
-    from trl import GRPOTrainer
 
-    from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
-    from ep_trl.rewards import eval_score
-    from ep_trl.trl_images import RolloutImagesGRPOTrainer
+    from ep_trl import EvalOverrides, dataset_from_eval
+    from ep_trl.devtools.training_modes import TrainingMode
 
     started = time.monotonic()
-    on_gpu = torch.cuda.is_available()
+    mode = TrainingMode.from_args(args)
+    print(mode.describe(), flush=True)
     output = Path(args.output_dir)
-    config = grpo_config(args, on_gpu)
+    config = grpo_config(args, mode)
     groups_per_step = args.batch_size // args.num_generations
     dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -217,16 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[ENV_URL_VAR] = env_url
         check_tasks(env_url, tasks)
         model, demonstrations = starting_policy(args, env_url, tasks, output)
-        rollout = create_openenv_vllm_rollout_func(
-            args.env_path, vllm_base_url=None if config.use_vllm else args.vllm_base_url,
-            overrides=EvalOverrides(max_steps=args.env_steps, max_tokens=args.max_turn_tokens, tasks=tasks),
-            max_concurrent_rollouts=args.max_concurrent,
-        )
-        try:
-            # with screenshots, a vision-language model's forward passes must see them: TRL drops rollout images
-            trainer_cls = RolloutImagesGRPOTrainer if args.screenshots else GRPOTrainer
-            trainer = trainer_cls(model=model, reward_funcs=[eval_score], args=config, train_dataset=dataset,
-                                  rollout_func=rollout, callbacks=[ProgressPrinter()], peft_config=peft_config)
+        with mode.trainer(args.env_path, model=model, args=config, train_dataset=dataset,
+                          callbacks=[ProgressPrinter()], peft_config=peft_config, images=args.screenshots,
+                          overrides=EvalOverrides(max_steps=args.env_steps, max_tokens=args.max_turn_tokens,
+                                                  tasks=tasks),
+                          max_concurrent_rollouts=args.max_concurrent) as trainer:
             trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
             if peft_config is not None:
                 trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -234,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"LoRA r={peft_config.r} alpha={peft_config.lora_alpha}: "
                       f"{trainable} of {total} parameters trainable", flush=True)
             trainer.train()
-        finally:
-            rollout.close()
     if demonstrations:
         from ep_trl.devtools.cloning import answer_probabilities
 

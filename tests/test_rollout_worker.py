@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
@@ -162,6 +163,48 @@ def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(model_
     dropped_by_trl = sum(h.get("sample/dropped_stale_total", 0.0) for h in trainer.state.log_history)
     assert dropped + dropped_by_trl > 0 and sum(c.dropped_stale for c in worker.calls) == dropped
     assert all(call.ended_version >= call.started_version for call in worker.calls)
+
+
+class PushedTensors(DiskWeightTransfer):
+    """DiskWeightTransfer that keeps a copy of every set of tensors it sends."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sent = []
+
+    def send_weights(self, iterator):
+        tensors = dict(iterator)
+        self.sent.append({name: tensor.detach().clone() for name, tensor in tensors.items()})
+        super().send_weights(iter(tensors.items()))
+
+
+@pytest.mark.timeout(600)
+def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pushed_weights(model_dir, server_url,
+                                                                                             letters_server, tmp_path):
+    """AsyncGRPOTrainer merges a peft adapter into the weights it streams and unmerges it afterwards, so
+    DiskWeightTransfer pushes base + B·A·scaling under the checkpoint's names (what train_browsergym_trl.py --async
+    --lora-r relies on)."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    args = config(tmp_path, server_url, max_steps=2, learning_rate=3e-2)
+    worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
+                               log_rollouts=False)
+    transfer = PushedTensors(server_url, model_dir)
+    trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(LETTERS, repeat=8),
+                                  rollout_worker=worker, weight_transfer=transfer,
+                                  peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                         task_type="CAUSAL_LM"))
+    trainer.train()
+    assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
+    base = load_file(str(model_dir / "model.safetensors"))
+    assert len(transfer.sent) == 3 and set(transfer.sent[-1]) == set(base)  # the checkpoint's names, no lora_*
+    name = "model.layers.0.self_attn.q_proj.weight"
+    layer = trainer.model.base_model.model.model.layers[0].self_attn.q_proj
+    delta = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight) * layer.scaling["default"]
+    assert torch.equal(transfer.sent[0][name], base[name])  # the first sync: the initial policy
+    assert (transfer.sent[-1][name] - (base[name] + delta)).abs().max() < 1e-6
+    assert delta.abs().max() > 1e-3 and not layer.merged  # trained, and training went on on the adapter
 
 
 def idle_worker(url, tmp_path, **options):

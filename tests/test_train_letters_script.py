@@ -1,9 +1,14 @@
-"""The README's main job, as a user runs it: the CPU demo training script end to end."""
+"""The README's main job, as a user runs it: the CPU demo training script end to end, and with --async against a
+real CPU vLLM server."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,3 +27,35 @@ def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path):
     assert (tmp_path / "tiny-model" / "config.json").exists()
     plot = tmp_path / "reward_curve.png"
     assert f"reward curve: {plot}" in proc.stdout and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture
+def vllm_server_url(tiny_model_dir, tmp_path_factory):
+    """A real CPU vLLM server on the tiny model, in dev mode (weights reloaded from disk), as trl vllm-serve runs."""
+    if not vllm_installed():
+        pytest.fail(missing_vllm_message())
+    with vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
+        yield server.base_url
+
+
+@pytest.mark.timeout(900)
+def test_async_trains_on_a_vllm_server_and_prints_a_reward_line_per_step(vllm_server_url, tiny_model_dir, tmp_path):
+    """--async: CPUAsyncGRPOTrainer fed by EvalRolloutWorker, weights pushed to the server through disk
+    (DiskWeightTransfer writes them to a temporary directory, never into --model's). Its log has no
+    rewards/eval_score/mean: the step lines and the closing line read the worker's reward."""
+    weights = (tiny_model_dir / "model.safetensors").read_bytes()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train_letters_trl.py"), "--async", "--vllm-base-url", vllm_server_url,
+         "--model", str(tiny_model_dir), "--max-steps", "2", "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"generation: the vLLM server at {vllm_server_url}, by ep_trl's EvalRolloutWorker while training steps " \
+           "run (CPUAsyncGRPOTrainer" in proc.stdout, proc.stdout
+    steps = re.findall(r"^step (\d)/2 \| reward ([0-9.]+) \(std [0-9.]+\) \| episodes/s", proc.stdout, flags=re.M)
+    assert [s for s, _ in steps] == ["1", "2"], proc.stdout
+    assert all(0.0 <= float(r) <= 1.0 for _, r in steps)
+    assert re.search(r"^done: 2 steps, 32 episodes, reward first [0-9.]+ last [0-9.]+", proc.stdout, flags=re.M)
+    assert (tmp_path / "reward_curve.png").exists()
+    assert "pushed version-000003" in proc.stderr  # the first sync, then one per step
+    assert (tiny_model_dir / "model.safetensors").read_bytes() == weights

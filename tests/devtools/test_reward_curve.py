@@ -18,6 +18,18 @@ def test_the_summary_compares_the_first_and_last_fifth():
         progress(())
 
 
+def test_without_the_eval_score_the_summary_reads_the_async_trainers_reward():
+    """GRPOTrainer logs rewards/eval_score/mean (read even where reward is also logged); AsyncGRPOTrainer logs only
+    reward and reward_std, which the step scores then come from. Entries without a score (the closing one) are
+    skipped."""
+    sync = [{"step": 1, "reward": 0.9, "rewards/eval_score/mean": 0.2, "rewards/eval_score/std": 0.1},
+            {"step": 1, "train_runtime": 3.0}]
+    assert step_scores(sync) == (StepScore(1, 0.2, 0.1),)
+    asynchronous = [{"step": 1, "reward": 0.25, "reward_std": 0.05}, {"step": 2, "reward": 0.5, "reward_std": 0.0},
+                    {"step": 2, "train_runtime": 3.0}]
+    assert step_scores(asynchronous) == (StepScore(1, 0.25, 0.05), StepScore(2, 0.5, 0.0))
+
+
 def test_the_plot_is_a_png(tmp_path):
     path = plot_scores(step_scores(HISTORY), tmp_path / "sub" / "curve.png", title="t", note="python x.py")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000

@@ -1,7 +1,10 @@
 """The eval's score per optimizer step, read from a trainer's log history: its summary and its plot.
 
-TRL logs, per step, the mean and standard deviation over the step's episodes of each reward function
-(``rewards/<name>/mean``, ``rewards/<name>/std``); with ``ep_trl.rewards.eval_score`` that is the eval body's score.
+TRL's ``GRPOTrainer`` logs, per step, the mean and standard deviation over the step's episodes of each reward
+function (``rewards/<name>/mean``, ``rewards/<name>/std``); with ``ep_trl.rewards.eval_score`` that is the eval body's
+score. ``AsyncGRPOTrainer`` logs no per-function rewards: with ep_trl's ``EvalRolloutWorker`` its ``reward`` is the
+mean eval score of the step's trained samples and ``reward_std`` the mean, over those samples, of their group's
+standard deviation; a log history without ``rewards/<name>/mean`` is read through those two.
 """
 
 from collections.abc import Mapping, Sequence
@@ -38,8 +41,11 @@ class Progress:
 
 
 def step_scores(log_history: Sequence[Mapping[str, Any]], reward_name: str = REWARD_NAME) -> tuple[StepScore, ...]:
-    """The logged score of every step that has one, in step order."""
+    """The logged score of every step that has one, in step order: ``rewards/<reward_name>/mean`` and ``/std``, or,
+    when no entry has those (``AsyncGRPOTrainer``), ``reward`` and ``reward_std``."""
     mean_key, std_key = f"rewards/{reward_name}/mean", f"rewards/{reward_name}/std"
+    if not any(mean_key in entry for entry in log_history):
+        mean_key, std_key = "reward", "reward_std"
     return tuple(StepScore(step=int(entry["step"]), mean=float(entry[mean_key]), std=float(entry.get(std_key, 0.0)))
                  for entry in log_history if mean_key in entry)
 

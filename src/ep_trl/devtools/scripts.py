@@ -40,7 +40,8 @@ def quiet_library_output() -> None:
 
 
 class ProgressPrinter(TrainerCallback):
-    """One line per optimizer step: reward, eval score, episodes/s and the time left."""
+    """One line per optimizer step: reward, eval score, episodes/s and the time left. (``AsyncGRPOTrainer`` logs the
+    eval score as ``reward`` only: no eval_score field then.)"""
 
     def __init__(self, stream: Any = None) -> None:
         self._stream = stream or sys.stdout

@@ -1,0 +1,28 @@
+"""The letters training script with TRL's colocated engine, as a user runs it on CPU:
+``.venv-colocate/bin/python train_letters_trl.py --vllm-mode colocate`` (CPUColocateGRPOTrainer)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(660)
+def test_the_letters_script_trains_with_the_colocated_engine(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train_letters_trl.py"), "--vllm-mode", "colocate", "--max-steps", "2",
+         "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "generation: TRL's colocated vLLM engine, in the training process (CPUColocateGRPOTrainer, CPU)" in \
+        proc.stdout, proc.stdout
+    steps = re.findall(r"^step (\d)/2 \| reward ([0-9.]+) .*\| eval_score ([0-9.]+)", proc.stdout, flags=re.M)
+    assert [s for s, _, _ in steps] == ["1", "2"], proc.stdout
+    assert all(0.0 <= float(r) <= 1.0 for _, r, _ in steps)
+    assert re.search(r"^done: 2 steps, 32 episodes, reward first [0-9.]+ last [0-9.]+", proc.stdout, flags=re.M)
+    assert (tmp_path / "reward_curve.png").exists()

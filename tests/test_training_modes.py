@@ -1,0 +1,153 @@
+"""The training scripts' generation flags (ep_trl.devtools.training_modes): each combination no mode trains with is
+refused by argparse with a message naming the problem and the fix, before anything starts; the accepted ones give
+the config of their mode; the GPU-only LoRA check of an async run's server (against a stub). No training here (the
+script runs are in tests/test_train_letters_script.py and tests/colocate)."""
+
+import importlib.util
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ep_trl import ConfigError
+from ep_trl.devtools import training_modes
+
+ROOT = Path(__file__).resolve().parents[1]
+URL = "http://127.0.0.1:8011"
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def letters():
+    return script("train_letters_trl")
+
+
+@pytest.fixture(scope="module")
+def browsergym():
+    return script("train_browsergym_trl")
+
+
+@pytest.fixture
+def cpu_with_vllm(monkeypatch):
+    """A CPU machine whose Python has vLLM (.venv-colocate)."""
+    monkeypatch.setattr(training_modes, "vllm_importable", lambda: True)
+    monkeypatch.setattr(training_modes, "cuda_available", lambda: False)
+
+
+def refused(module, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["letters", "browsergym"])
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["--vllm-mode", "colocate", "--vllm-base-url", URL],
+                 r"--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
+                 r"drop --vllm-base-url", id="colocate-with-a-server"),
+    pytest.param(["--vllm-gpu-memory-utilization", "0.5"],
+                 r"--vllm-gpu-memory-utilization sizes the colocated engine: add --vllm-mode colocate, or drop it",
+                 id="memory-share-without-colocate"),
+    pytest.param(["--async"], r"--async needs --vllm-base-url URL.*`trl vllm-serve --model M`.*"
+                              r"\.venv-vllm/bin/python -m vllm\.entrypoints\.openai\.api_server",
+                 id="async-without-a-server"),
+    pytest.param(["--async", "--vllm-base-url", URL],
+                 r"--async needs --model: the model the server at http://127\.0\.0\.1:8011 was started on.*"
+                 r"build_tiny_model", id="async-without-a-model"),
+    pytest.param(["--async", "--vllm-mode", "colocate", "--vllm-base-url", URL, "--model", "m"],
+                 r"--async generates on a vLLM server .* drop --vllm-mode colocate", id="async-colocated"),
+])
+def test_a_combination_no_mode_trains_with_is_an_argparse_error(name, argv, message, request, capsys,
+                                                                   cpu_with_vllm):
+    err = refused(request.getfixturevalue(name), argv, capsys)
+    assert re.search(message, err), err
+
+
+def test_colocate_without_vllm_names_the_colocate_venv(letters, monkeypatch, capsys):
+    monkeypatch.setattr(training_modes, "vllm_importable", lambda: False)
+    err = refused(letters, ["--vllm-mode", "colocate"], capsys)
+    assert "this Python has no vllm module. On CPU: `bash scripts/install_colocate.sh`, then run the script with " \
+           ".venv-colocate/bin/python" in err
+
+
+def test_colocate_with_lora_on_cpu_is_refused(browsergym, cpu_with_vllm, capsys):
+    err = refused(browsergym, ["--vllm-mode", "colocate", "--lora-r", "4"], capsys)
+    assert "CPUColocateGRPOTrainer, which does not support LoRA" in err and "drop --lora-r" in err
+
+
+def test_colocate_with_screenshots_on_cpu_is_refused(browsergym, cpu_with_vllm, capsys):
+    err = refused(browsergym, ["--vllm-mode", "colocate", "--screenshots"], capsys)
+    assert "does not put rollout images into the loss: drop --screenshots" in err
+
+
+def test_async_with_screenshots_is_refused(browsergym, cpu_with_vllm, capsys):
+    err = refused(browsergym, ["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots"], capsys)
+    assert "AsyncGRPOTrainer's samples carry no images" in err and "Drop --screenshots" in err
+
+
+def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tmp_path):
+    """Colocate: TRL's engine in the trainer at the default memory share; async: an AsyncGRPOConfig on the server,
+    with fixed-size packing (CPU); a server without --async on CPU: not synced by TRL (NCCL needs a GPU)."""
+    from trl import GRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    def config(module, argv):
+        mode = training_modes.TrainingMode.from_args(module.parse_args(argv))
+        return mode.config(output_dir=str(tmp_path), bf16=False, report_to=[])
+
+    colocate = config(letters, ["--vllm-mode", "colocate"])
+    assert isinstance(colocate, GRPOConfig) and colocate.use_cpu and colocate.use_vllm
+    assert colocate.vllm_mode == "colocate" and colocate.vllm_gpu_memory_utilization == 0.3
+    lora_async = config(browsergym, ["--async", "--vllm-base-url", URL, "--model", "m", "--lora-r", "4"])
+    assert isinstance(lora_async, AsyncGRPOConfig) and lora_async.use_cpu and lora_async.token_budget == 0
+    assert lora_async.vllm_server_base_url == URL
+    server = config(letters, ["--vllm-base-url", URL])
+    assert isinstance(server, GRPOConfig) and server.use_cpu and not server.use_vllm
+
+
+class ServerInfo(BaseHTTPRequestHandler):
+    """``GET /server_info`` of a vLLM server in dev mode, with or without LoRA enabled (``lora_config``)."""
+
+    lora_config = None
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        body = json.dumps({"vllm_config": {"lora_config": self.lora_config}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.mark.parametrize("lora_config", [None, {"max_lora_rank": 16}])
+def test_lora_async_on_gpu_refuses_a_server_that_would_get_the_adapter_alone(lora_config):
+    """To a server with --enable-lora AsyncGRPOTrainer pushes the adapter alone, which the worker does not generate
+    with; without it TRL pushes merged weights."""
+    handler = type("Handler", (ServerInfo,), {"lora_config": lora_config})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        if lora_config is None:
+            training_modes.check_server_takes_merged_weights(url)
+        else:
+            with pytest.raises(ConfigError, match="runs with --enable-lora.*Restart the server without --enable-lora"):
+                training_modes.check_server_takes_merged_weights(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
