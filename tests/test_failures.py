@@ -297,7 +297,10 @@ def test_the_process_exits_cleanly_without_close(tiny_model_dir, tmp_path, backe
     'Exception ignored' tracebacks."""
     from tests.support.letters import start_letters_server
 
-    letters = start_letters_server(tmp_path / "logs", env={"LETTERS_STEP_LATENCY_S": "0.5"})
+    # the interrupt comes 1 s into the second call: with 3 s per environment step that call is surely still running
+    # (at 0.5 s a loaded machine let the call end first and the test saw no interruption)
+    latency = "3.0" if ending == "interrupt" else "0.5"
+    letters = start_letters_server(tmp_path / "logs", env={"LETTERS_STEP_LATENCY_S": latency})
     try:
         with FaultyVLLMServer(ok_token_ids=canned_ids) as vllm:
             url = vllm.url if backend == "vllm" else "-"
