@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import GenerationError
 from ..options import VLLMOptions
+from ..threads import stop_batch_worker
 from . import Generation, PromptImages, SamplingParams
 from .vllm import request_seed
 
@@ -118,14 +119,8 @@ class ColocateGenerator:
             raise
 
     async def aclose(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-            self._worker = None
-        self._executor.shutdown(wait=True)
+        await stop_batch_worker(self._worker, self._executor)
+        self._worker = None
 
     def _check(self, prompt_ids: Sequence[int], label: str) -> None:
         """What the engine would reject for the whole batch, rejected for this turn alone."""

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ..threads import stop_batch_worker
 from ..vision_inputs import vision_inputs
 from . import Generation, PromptImages, SamplingParams
 
@@ -92,14 +93,8 @@ class TrainerGenerator:
         return await request.future
 
     async def aclose(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-            self._worker = None
-        self._executor.shutdown(wait=True)
+        await stop_batch_worker(self._worker, self._executor)
+        self._worker = None
 
     async def _work(self) -> None:
         assert self._queue is not None
