@@ -35,8 +35,9 @@ import pytest  # noqa: E402
 
 from tests.support.letters import LETTERS_ENV_URL_VAR  # noqa: E402  (light: stdlib only)
 
-#: Fails a module that leaves threads or child processes behind (tests/support/leaks.py).
-pytest_plugins = ["tests.support.leaks"]
+#: Fails a module that leaves threads or child processes behind (tests/support/leaks.py); pytester runs that check
+#: on modules made for the purpose (tests/support/test_leaks.py).
+pytest_plugins = ["tests.support.leaks", "pytester"]
 
 if TYPE_CHECKING:
     from tests.support.letters import LettersEpisodes

@@ -17,8 +17,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import pytest
@@ -32,9 +33,14 @@ PROCESS_WIDE_THREADS = (
     "pydevd",  # a debugger, when one is attached
 )
 
-#: Thread pools a library keeps for the life of the process (module, attribute), shut down at exit by their owner.
-PROCESS_WIDE_POOLS = (
-    ("vllm.multimodal.media.connector", "global_thread_pool"),  # vLLM's image loading, once images were loaded
+#: Thread pools a library keeps for the life of the process, shut down at exit by their owner: (module, how to reach
+#: the pool from that module once it is imported), each with its owner.
+PROCESS_WIDE_POOLS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+    # vLLM's image loading, once images were loaded
+    ("vllm.multimodal.media.connector", lambda module: module.global_thread_pool),
+    # torch inductor's compile workers (an lru_cache'd pool), once something compiled with a cold inductor cache
+    ("torch._inductor.async_compile",
+     lambda module: module.AsyncCompile.pool() if module.AsyncCompile.pool.cache_info().currsize else None),
 )
 
 #: How long a leaked thread or process gets to end on its own after the module's teardown (closing is async).
@@ -71,8 +77,9 @@ def _children() -> list[psutil.Process]:
 
 def _pool_threads() -> set[threading.Thread]:
     threads: set[threading.Thread] = set()
-    for module, attribute in PROCESS_WIDE_POOLS:
-        pool = getattr(sys.modules.get(module), attribute, None)
+    for name, reach in PROCESS_WIDE_POOLS:
+        module = sys.modules.get(name)
+        pool = reach(module) if module is not None else None
         threads |= set(getattr(pool, "_threads", ()))
     return threads
 
@@ -137,8 +144,8 @@ def no_leaks_per_module(request: pytest.FixtureRequest) -> Iterator[None]:
     before = Snapshot.now()
     yield
     threads, children = settled(before)
+    problems = report(threads, children)  # before the kill: a dead process has no command line to name
     kill(children)
-    problems = report(threads, children)
     if problems:
         pytest.fail("this module left behind (children were killed): " + "; ".join(problems), pytrace=False)
 
@@ -147,6 +154,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the session's own fixtures are torn down, no child process may be left (killed and failed if so)."""
     children = _children()
     if children:
+        described = "; ".join(map(describe, children))
         kill(children)
-        print(f"\nThe test session left child processes behind (killed): {'; '.join(map(describe, children))}")
+        print(f"\nThe test session left child processes behind (killed): {described}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
