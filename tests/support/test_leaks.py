@@ -47,3 +47,37 @@ def test_a_library_pool_kept_for_the_process_is_not_a_leak(pytester: pytest.Pyte
         """, TORCHINDUCTOR_COMPILE_THREADS="2")
     result.assert_outcomes(passed=1)
     assert "left behind" not in result.stdout.str()
+
+
+def test_a_test_that_times_out_still_stops_its_server_by_pid(pytester: pytest.Pytester,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-timeout (the suite's 600 s limit) ends a hung test inside the test session, so the fixture's finalizer
+    still stops the server it started, by PID, and the session ends with nothing left."""
+    result = run_module(pytester, monkeypatch, """
+        import socket, sys
+        from pathlib import Path
+
+        import pytest
+        from ep_trl.processes import start_server
+
+        @pytest.fixture
+        def server(tmp_path):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            proc = start_server("http", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                                port=port, log_dir=tmp_path, health_path="/")
+            Path("server.pid").write_text(str(proc.pid))
+            yield proc
+            proc.stop()
+
+        @pytest.mark.timeout(3)
+        def test_hangs(server):
+            import time
+            time.sleep(60)
+        """)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*Timeout*"])
+    assert "left behind" not in result.stdout.str()
+    pid = int((pytester.path / "server.pid").read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
