@@ -41,7 +41,8 @@ def quiet_library_output() -> None:
 
 class ProgressPrinter(TrainerCallback):
     """One line per optimizer step: reward, eval score, episodes/s and the time left. (``AsyncGRPOTrainer`` logs the
-    eval score as ``reward`` only: no eval_score field then.)"""
+    eval score as ``reward`` only: no eval_score field then; and it logs the rollout worker's numbers with the step
+    during which they arrived, so a step in which no rollout call ended has no episodes/s, failed or turns.)"""
 
     def __init__(self, stream: Any = None) -> None:
         self._stream = stream or sys.stdout
