@@ -18,6 +18,12 @@ def run_module(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body:
     return pytester.runpytest_subprocess("-p", "tests.support.leaks", "-p", "no:cacheprovider", "-p", "no:eval_protocol", timeout=120)
 
 
+def ended(pytester: pytest.Pytester, pid_file: str) -> bool:
+    """Whether the process whose pid the module wrote to ``pid_file`` is gone (a zombie counts as gone)."""
+    pid = int((pytester.path / pid_file).read_text())
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_a_module_that_leaves_a_thread_and_a_child_behind_errors_naming_both(pytester: pytest.Pytester,
                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     result = run_module(pytester, monkeypatch, """
@@ -31,8 +37,7 @@ def test_a_module_that_leaves_a_thread_and_a_child_behind_errors_naming_both(pyt
         """)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*left behind*thread 'forgotten-worker' (daemon)*child process pid *sleep 60*"])
-    pid = int((pytester.path / "child.pid").read_text())
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert ended(pytester, "child.pid")
 
 
 def test_a_library_pool_kept_for_the_process_is_not_a_leak(pytester: pytest.Pytester,
@@ -54,17 +59,15 @@ def test_a_test_that_times_out_still_stops_its_server_by_pid(pytester: pytest.Py
     """pytest-timeout (the suite's 600 s limit) ends a hung test inside the test session, so the fixture's finalizer
     still stops the server it started, by PID, and the session ends with nothing left."""
     result = run_module(pytester, monkeypatch, """
-        import socket, sys
+        import sys
         from pathlib import Path
 
         import pytest
-        from ep_trl.processes import start_server
+        from ep_trl.processes import free_port, start_server
 
         @pytest.fixture
         def server(tmp_path):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+            port = free_port()
             proc = start_server("http", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                                 port=port, log_dir=tmp_path, health_path="/")
             Path("server.pid").write_text(str(proc.pid))
@@ -79,5 +82,4 @@ def test_a_test_that_times_out_still_stops_its_server_by_pid(pytester: pytest.Py
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*Timeout*"])
     assert "left behind" not in result.stdout.str()
-    pid = int((pytester.path / "server.pid").read_text())
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert ended(pytester, "server.pid")
