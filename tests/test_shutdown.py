@@ -1,14 +1,29 @@
-"""No process ep_trl starts outlives its trainer, however the trainer ends (issue 21): a training process killed in
-the middle of a rollout call with SIGTERM (how ``timeout``, Slurm, ``docker stop`` and Kubernetes end jobs) cleans
-up and exits with status 143; with SIGKILL nothing runs in it, and the watchdog each server runs under stops it.
-Before, both left the Docker-image eval's environment servers running, adopted by PID 1."""
+"""No process ep_trl starts outlives its trainer, and a SIGTERM ends training every time (issues 21 and 24).
+
+A training process gets SIGTERM (how ``timeout``, Slurm, ``docker stop`` and Kubernetes end jobs) at random moments:
+in the middle of a rollout call, while TRL collects a call's rollouts, between calls, and during a garbage
+collection, where Python drops an exception a signal handler raises inside a ``__del__`` or a weakref callback (before
+issue 24 that process trained on, 3 times in 4). Every one must exit with status 143 within seconds, with the rows
+of its finished episodes in the ``ep logs`` store and no environment or MCP server left. With SIGKILL nothing runs in
+the process, and the watchdog each server runs under stops it. Each way the first raise can be lost is also pinned on
+a small program of its own.
+"""
 
 import json
 import os
+import queue
+import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -18,6 +33,8 @@ from ep_trl import shutdown
 
 REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 10.0
+#: A SIGTERM'd process is gone this long after the signal: ep_trl's own deadline, and the interpreter's teardown.
+EXIT_BOUND_S = shutdown.EXIT_WITHIN_S + 3.0
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -41,6 +58,21 @@ def command(process: psutil.Process) -> str:
         return "?"
 
 
+def processes_tagged(tag: str) -> list[tuple[int, str]]:
+    """Live processes whose environment holds ``EP_TRL_TEST_RUN=tag``: whatever a run started, reparented or not."""
+    marker = f"EP_TRL_TEST_RUN={tag}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                process = psutil.Process(int(pid))
+                if alive(process):
+                    found.append((int(pid), command(process)))
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
 @pytest.fixture
 def stdio_agent_config(tmp_path):
     config = tmp_path / "calc_stdio.json"
@@ -56,9 +88,8 @@ CASES = {  # the eval, and what marks its servers in their command lines
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_nothing_ep_trl_started_outlives_a_killed_trainer(case, signum, tiny_model_dir, tmp_path, stdio_agent_config):
+def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_dir, tmp_path, stdio_agent_config):
     env_path, marker = CASES[case]
     env = {**os.environ, "CALC_MCP_CONFIG": str(stdio_agent_config), "PYTHONPATH": str(REPO)}
     trainer = subprocess.Popen([sys.executable, "-m", "tests.support.killable_training", env_path,
@@ -75,8 +106,8 @@ def test_nothing_ep_trl_started_outlives_a_killed_trainer(case, signum, tiny_mod
             assert trainer.poll() is None and time.monotonic() < deadline, "".join(output)[-4000:]
             time.sleep(0.2)
         started = {p: command(p) for p in descendants(trainer.pid)}
-        trainer.send_signal(signum)
-        status = trainer.wait(60)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(60)
     finally:
         if trainer.poll() is None:
             trainer.kill()
@@ -87,43 +118,290 @@ def test_nothing_ep_trl_started_outlives_a_killed_trainer(case, signum, tiny_mod
         time.sleep(0.2)
     left = [f"{p.pid}: {line}" for p, line in started.items() if alive(p)]
     assert not left, left
-    if signum == signal.SIGTERM:
-        text = "".join(output)
-        assert status == 128 + signal.SIGTERM, text[-4000:]
-        assert "SIGTERM received; closing rollouts" in text
 
 
-def test_sigterm_is_left_to_a_program_that_handles_it_itself():
-    previous = signal.getsignal(signal.SIGTERM)
+# --- SIGTERM at random moments of real training -----------------------------------------------------------------
+
+#: Where the main thread is when the signal is sent: the line the training process prints there
+#: (tests/support/sigterm_training.py), and the range of the random delay after it.
+MOMENTS = {
+    "mid-call": ("CALL {n} START", (0.0, 0.3)),  # episodes playing, the main thread waiting on the call
+    "collecting": ("CALL {n} END", (0.0, 0.03)),  # TRL collecting the call's rollouts: rewards, tensors
+    "between-calls": ("GC {n} END", (0.0, 0.1)),  # the trainer between two calls
+    "gc": ("GC {n} START", (0.05, 0.3)),  # a collection running __del__ methods and weakref callbacks
+}
+RUNS = 20
+SEED = 24
+
+
+@dataclass(frozen=True)
+class Plan:
+    case: str
+    moment: str
+    step: int
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    plan: Plan
+    status: int | None
+    exit_s: float
+    dropped: bool  # Python dropped a raised Terminated ("Exception ignored in ...") before the process ended
+    scored: tuple[str, ...]  # rollout ids TRL's reward function received: finished episodes with final rows queued
+    not_final: tuple[str, ...]  # of those, ids whose final row is not in the ep logs store
+    left: tuple[str, ...]  # processes the run started that are still alive
+    output: str
+
+    def ok(self) -> bool:
+        return (self.status == 128 + signal.SIGTERM and self.exit_s <= EXIT_BOUND_S and bool(self.scored)
+                and not self.not_final and not self.left)
+
+    def line(self) -> str:
+        return (f"{self.plan.case:9} {self.plan.moment:13} step {self.plan.step} +{self.plan.delay_s:.2f}s: "
+                f"status {self.status}, exit {self.exit_s:.1f}s, dropped {self.dropped}, scored {len(self.scored)}, "
+                f"rows missing {list(self.not_final)}, left {list(self.left)}")
+
+
+def plans(seed: int) -> list[Plan]:
+    """Every moment 5 times, each with both evals; steps 2 or 3 (a call has finished and been logged by then)."""
+    rng = random.Random(seed)
+    moments = list(MOMENTS)
+    return [Plan(case=sorted(CASES)[(i // len(moments)) % len(CASES)], moment=moments[i % len(moments)],
+                 step=rng.choice((2, 3)), delay_s=round(rng.uniform(*MOMENTS[moments[i % len(moments)]][1]), 3))
+            for i in range(RUNS)]
+
+
+def final_rows_missing(log_home: Path, rollout_ids: list[str]) -> list[str]:
+    from ep_trl.evalprotocol.store import StoreLogger
+
+    store = StoreLogger(log_home / ".eval_protocol" / "logs.db")
+    missing = []
+    for rollout_id in rollout_ids:
+        rows = store.read(rollout_id)
+        if not rows or rows[-1].rollout_status.is_running():
+            missing.append(rollout_id)
+    return missing
+
+
+def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Path) -> Outcome:
+    env_path, _ = CASES[plan.case]
+    tag = uuid.uuid4().hex
+    workdir.mkdir(parents=True)
+    env = {**os.environ, "CALC_MCP_CONFIG": str(mcp_config), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+           "EP_TRL_TEST_RUN": tag}
+    trainer = subprocess.Popen([sys.executable, "-m", "tests.support.sigterm_training", env_path, str(model_dir),
+                                str(workdir / "out"), str(workdir / "home")], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in trainer.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    output: list[str] = []
+    target = MOMENTS[plan.moment][0].format(n=plan.step)
+    status, exit_s = None, float("inf")
     try:
-        def own(signum, frame):
-            return None
-
-        signal.signal(signal.SIGTERM, own)
-        assert shutdown.handle_sigterm() is False and signal.getsignal(signal.SIGTERM) is own
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        assert shutdown.handle_sigterm() is True
-        with pytest.raises(shutdown.Terminated) as raised:
-            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
-        assert raised.value.code == 143
+        deadline = time.monotonic() + 180
+        while not any(target in line for line in output[-1:]):
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, f"the training process ended before {target!r}:\n" + "".join(output)[-4000:]
+            output.append(line)
+        time.sleep(plan.delay_s)
+        trainer.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            status = trainer.wait(EXIT_BOUND_S + 20)
+            exit_s = time.monotonic() - sent
+        except subprocess.TimeoutExpired:
+            pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        reader.join(10)
+    while not lines.empty():
+        output.append(lines.get() or "")
+    text = "".join(output)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while (left := processes_tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid, _ in left:
+        os.kill(pid, signal.SIGKILL)
+    scored = re.findall(r"SCORED (\S+)", text)
+    return Outcome(plan=plan, status=status, exit_s=exit_s,
+                   dropped=bool(re.search(r"Exception ignored in[^\n]*\n(.*\n){0,12}?[^\n]*Terminated: 143", text)),
+                   scored=tuple(scored), not_final=tuple(final_rows_missing(workdir / "home", scored)),
+                   left=tuple(f"{pid}: {cmd[:200]}" for pid, cmd in left), output=text)
 
 
-def test_registered_resources_close_newest_first_and_only_once():
+@pytest.fixture(scope="module")
+def tool_template_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with TRL's Qwen 2.5 chat template, which has a tool-call format (the agent eval offers tools)."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    out = tmp_path_factory.mktemp("tool_template_model")
+    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = qwen2_5_chat_template
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigterm_ends_training_every_time(tiny_model_dir, tool_template_model_dir, stdio_agent_config, tmp_path):
+    models = {"docker": tiny_model_dir, "stdio_mcp": tool_template_model_dir}
+    runs = plans(SEED)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: the machine has two cores
+        outcomes = list(pool.map(lambda k: sigterm_training(runs[k], models[runs[k].case], tmp_path / f"run{k}",
+                                                            stdio_agent_config), range(len(runs))))
+    report = "\n".join(outcome.line() for outcome in outcomes)
+    print(report)
+    failed = [outcome for outcome in outcomes if not outcome.ok()]
+    assert not failed, report + "\n\nfirst failed run's output:\n" + failed[0].output[-6000:]
+    assert len(outcomes) >= 20 and {o.plan.moment for o in outcomes} == set(MOMENTS), report
+    # the case issue 24 found: the first raise was dropped inside a finalizer, and the process still ended
+    assert any(outcome.dropped for outcome in outcomes if outcome.plan.moment == "gc"), report
+
+
+# --- each way the first raise can be lost, on a small program -----------------------------------------------------
+
+PRELUDE = """
+import gc, os, signal, sys, time
+from ep_trl import shutdown
+
+class Resource:
+    def close(self):
+        print("CLOSED", flush=True)
+
+resource = Resource()
+shutdown.register(resource)  # as a rollout function registers itself: ep_trl's SIGTERM handler is now in place
+
+class SignalsInFinalizer:
+    \"\"\"Sends a signal from its ``__del__`` and runs on there, so the handler runs where Python drops exceptions.\"\"\"
+    def __init__(self, signum):
+        self.signum, self.cycle = signum, self
+
+    def __del__(self):
+        os.kill(os.getpid(), self.signum)
+        for _ in range(200000):
+            pass
+"""
+
+
+def run_program(body: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], cwd=REPO, capture_output=True,
+                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return result, time.monotonic() - started
+
+
+def test_a_sigterm_python_drops_in_a_finalizer_is_delivered_again():
+    result, _ = run_program("""
+        SignalsInFinalizer(signal.SIGTERM)
+        gc.collect()
+        started = time.monotonic()
+        time.sleep(20)
+        print("SURVIVED", flush=True)
+    """)
+    assert "Exception ignored in" in result.stderr and "Terminated: 143" in result.stderr, result.stderr
+    assert result.returncode == 143 and "SURVIVED" not in result.stdout, (result.stdout, result.stderr[-3000:])
+    assert "CLOSED" in result.stdout
+    assert "delivering the signal again" in result.stderr
+
+
+def test_a_ctrl_c_python_drops_in_a_finalizer_is_raised_again():
+    result, _ = run_program("""
+        try:
+            SignalsInFinalizer(signal.SIGINT)
+            gc.collect()
+            time.sleep(20)
+            print("SURVIVED", flush=True)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+    """)
+    assert "Exception ignored in" in result.stderr and "KeyboardInterrupt" in result.stderr, result.stderr
+    assert "INTERRUPTED" in result.stdout and "SURVIVED" not in result.stdout, (result.stdout, result.stderr[-3000:])
+    assert result.returncode == 0
+
+
+def test_a_swallowed_sigterm_stops_the_next_rollout_call():
+    result, seconds = run_program("""
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException:  # library code that swallows everything
+            print("SWALLOWED", flush=True)
+        shutdown.raise_if_terminating()  # what every rollout call does first
+        print("CALL STARTED", flush=True)
+    """)
+    assert "SWALLOWED" in result.stdout and "CALL STARTED" not in result.stdout, result.stdout
+    assert result.returncode == 143 and "CLOSED" in result.stdout, result.stderr[-3000:]
+    assert seconds < shutdown.CLOSE_AFTER_S + 10  # interpreter start-up included; the deadline was not needed
+
+
+def test_a_swallowed_sigterm_still_ends_the_process_by_the_deadline():
+    result, seconds = run_program("""
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException:
+            print("SWALLOWED", flush=True)
+        signalled = time.monotonic()
+        while time.monotonic() - signalled < 60:  # training that never calls the rollout function again
+            time.sleep(0.05)
+        print("SURVIVED", flush=True)
+    """)
+    assert "SWALLOWED" in result.stdout and "SURVIVED" not in result.stdout, result.stdout
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "CLOSED" in result.stdout  # closed by ep_trl after CLOSE_AFTER_S, before the exit
+    assert f"did not exit within {shutdown.EXIT_WITHIN_S:.0f} s of SIGTERM" in result.stderr
+    assert seconds < shutdown.EXIT_WITHIN_S + 15
+
+
+def test_a_program_with_its_own_sigterm_handler_keeps_it():
+    result, _ = run_program("""
+        shutdown._state  # the handler was installed by register() above; a program that installs its own wins
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("OWN HANDLER", flush=True))
+        assert shutdown.handle_sigterm() is False
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(shutdown.EXIT_WITHIN_S + 1)  # ep_trl's deadline is not armed by a signal it did not handle
+        print("WENT ON", flush=True)
+    """)
+    assert result.stdout.split() == ["OWN", "HANDLER", "WENT", "ON", "CLOSED"], (result.stdout, result.stderr)
+    assert result.returncode == 0
+
+
+def test_every_registered_resource_is_closed_when_one_fails(caplog):
     closed = []
 
     class Resource:
-        def __init__(self, name):
-            self.name = name
+        def __init__(self, name, fails=False):
+            self.name, self.fails = name, fails
 
         def close(self):
             closed.append(self.name)
+            if self.fails:
+                raise OSError(f"{self.name} failed")
 
-    servers, function, gone = Resource("servers"), Resource("rollout function"), Resource("closed already")
-    for resource in (servers, function, gone):
+        def __repr__(self):
+            return self.name
+
+    resources = [Resource("servers", fails=True), Resource("log"), Resource("rollout function", fails=True),
+                 Resource("closed already")]
+    for resource in resources:
         shutdown.register(resource)
-    shutdown.unregister(gone)
+    shutdown.unregister(resources[-1])
+    with pytest.raises(ExceptionGroup) as raised:
+        shutdown.close_all()
+    assert closed == ["rollout function", "log", "servers"]
+    assert [str(error) for error in raised.value.exceptions] == ["rollout function failed", "servers failed"]
+    assert "closing rollout function failed" in caplog.text and "closing servers failed" in caplog.text
     shutdown.close_all()
-    shutdown.close_all()
-    assert closed == ["rollout function", "servers"]
+    assert closed == ["rollout function", "log", "servers"]

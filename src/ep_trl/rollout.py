@@ -68,6 +68,7 @@ class RolloutFunction:
         of ``AsyncGRPOTrainer``, which has no ``GRPOTrainer`` to hand over)."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
+        shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts
         return self._runner.run(self._rollout(list(prompts), view))
 
     @property

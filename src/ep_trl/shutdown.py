@@ -7,22 +7,53 @@ servers ep_trl started are registered here when they are made and closed, newest
   never closes its ``rollout_func``);
 * **SIGTERM** (how ``timeout``, Slurm, ``docker stop`` and Kubernetes end a job): unless the program set a SIGTERM
   handler of its own, ep_trl's raises :class:`Terminated` in the main thread, a ``SystemExit`` with status 143
-  (128 + SIGTERM, what a shell reports for a process SIGTERM ended). Training unwinds as it does on Ctrl-C: the
-  rollout call in flight is cancelled and its sessions closed, ``finally`` blocks run, then the exit closes the
-  rest. A program with its own handler keeps it, and ep_trl still closes at exit;
+  (128 + SIGTERM). Training unwinds as it does on Ctrl-C: the rollout call in flight is cancelled and its sessions
+  closed, ``finally`` blocks run, then the exit closes the rest. A program with its own handler keeps it, and
+  ep_trl still closes at exit;
 * **SIGKILL** (or a crash): nothing runs in the process, so every process ep_trl starts runs under
   ``ep_trl/guard.py``, which stops it within a second of its parent's death (``ep_trl.processes.guarded``).
+
+Why a raise alone is not enough: Python runs a signal handler in the main thread between two bytecodes, wherever
+that thread is, a weakref callback, a ``__del__`` or library code that catches ``BaseException`` included. There
+an exception is printed ("Exception ignored in ...") and dropped, and training would go on. So ep_trl's handler
+raises, and three more paths make the exit certain, each for a way the raise can be lost:
+
+1. **dropped where Python drops exceptions**: a ``sys.unraisablehook`` sees the dropped :class:`Terminated` (or a
+   ``KeyboardInterrupt`` from Python's own SIGINT handler) and the signal is delivered to the main thread again at
+   once, where it lands in ordinary code;
+2. **caught by code that swallows it**: the next rollout call raises :class:`Terminated` before it starts
+   (:func:`raise_if_terminating`);
+3. **neither, or a cleanup that hangs**: :data:`CLOSE_AFTER_S` after the signal, if nothing has begun closing,
+   ep_trl closes everything registered itself; :data:`EXIT_WITHIN_S` after it the process exits with status 143
+   (``os._exit``), closed or not.
+
+The last two paths run on one idle daemon thread (``ep-trl-signals``), started with the handler: a signal handler
+only writes a byte to a pipe (what is safe there), never starts a thread or takes a lock.
+
+Ctrl-C keeps Python's meaning, since a notebook must survive it: the ``KeyboardInterrupt`` unwinds as above, one
+that Python dropped is raised again at once (path 1), and nothing forces an exit.
 """
 
 import atexit
 import itertools
 import logging
+import os
 import signal
+import sys
 import threading
+import time
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
+
+#: Seconds after the first SIGTERM by which the process has exited, with status 143 (Docker's ``stop`` waits 10 s
+#: before SIGKILL, Kubernetes and Slurm 30 s by default).
+EXIT_WITHIN_S = 9.0
+#: Seconds after the first SIGTERM at which ep_trl closes what is registered itself, if nothing has begun to.
+CLOSE_AFTER_S = 4.0
+#: How many times a dropped signal is delivered again before the deadline alone is left to end the process.
+MAX_REDELIVERIES = 50
 
 
 class Closable(Protocol):
@@ -56,12 +87,23 @@ def unregister(resource: Closable) -> None:
 
 
 def close_all() -> None:
-    """Close every registered resource, newest first (a rollout function before the servers it plays on)."""
+    """Close every registered resource, newest first (a rollout function before the servers it plays on).
+
+    Every one is closed even when an earlier one fails; the failures are logged, then raised together."""
     with _lock:
         resources = [_registered[key] for key in sorted(_registered, reverse=True) if key in _registered]
         _registered.clear()
+    failures = []
     for resource in resources:
-        resource.close()
+        try:
+            resource.close()
+        except Exception as error:  # one failed close must not leave the rest open
+            logger.error("ep_trl: closing %r failed", resource, exc_info=True)
+            failures.append(error)
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise ExceptionGroup("ep_trl: several resources failed to close", failures)
 
 
 def handle_sigterm() -> bool:
@@ -74,14 +116,177 @@ def handle_sigterm() -> bool:
         return True
     if current not in (signal.SIG_DFL, None):
         return False
+    _state.start_watcher()
     signal.signal(signal.SIGTERM, _on_sigterm)
     return True
 
 
+def terminating() -> bool:
+    """Whether ep_trl's SIGTERM handler has been called in this process."""
+    return _state.received is not None
+
+
+def raise_if_terminating() -> None:
+    """Raise :class:`Terminated` in the main thread when a SIGTERM arrived and the process is still going (code
+    that catches ``BaseException`` swallowed the first raise): a rollout call never starts after a SIGTERM."""
+    if (_state.received is not None and not _state.closing.is_set()
+            and threading.current_thread() is threading.main_thread()):
+        _state.in_flight = True
+        raise Terminated()
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
-    logger.warning("ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl started, then "
-                   "exiting with status 143")
+    """ep_trl's SIGTERM handler. It runs between two bytecodes of the main thread, so it only writes to the
+    watcher's pipe and raises: no lock, no thread, no logging."""
+    if _state.received is None:
+        _state.received = time.monotonic()
+        _state.notify(_RECEIVED)
+    if _state.closing.is_set() or _state.in_flight:
+        return  # an exit is under way (closing, or a Terminated unwinding): let it finish within the deadline
+    _state.in_flight = True
     raise Terminated()
 
 
-atexit.register(close_all)
+def _on_unraisable(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a :class:`Terminated` or ``KeyboardInterrupt`` that Python dropped is delivered again."""
+    error = unraisable.exc_value
+    if isinstance(error, Terminated) and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        _state.in_flight = False
+        _state.notify(_DROPPED_TERM)
+    elif isinstance(error, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        _state.notify(_DROPPED_INT)
+    _state.previous_unraisablehook(unraisable)
+
+
+_RECEIVED, _DROPPED_TERM, _DROPPED_INT = b"T", b"D", b"I"
+
+
+class _SignalState:
+    """What the handler, the unraisable hook and the watcher thread share. ``received``, ``in_flight`` are written by
+    the main thread only (the handler runs there); the watcher reads them."""
+
+    def __init__(self) -> None:
+        self.received: float | None = None
+        self.in_flight = False
+        self.closing = threading.Event()  # set by whoever closes for the exit: the exit itself, or the deadline
+        self.closed = threading.Event()
+        self._claim = threading.Lock()
+        self.previous_unraisablehook = sys.unraisablehook
+        self._pipe: tuple[int, int] | None = None
+        self._watcher: threading.Thread | None = None
+
+    def notify(self, what: bytes) -> None:
+        if self._pipe is not None:
+            try:
+                os.write(self._pipe[1], what)
+            except BlockingIOError:  # the pipe is full: the watcher has thousands of bytes to read already
+                return
+
+    def start_watcher(self) -> None:
+        if self._watcher is not None:
+            return
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._pipe = (read, write)
+        if sys.unraisablehook is not _on_unraisable:
+            self.previous_unraisablehook = sys.unraisablehook
+            sys.unraisablehook = _on_unraisable
+        self._watcher = threading.Thread(target=self._watch, args=(read,), name="ep-trl-signals", daemon=True)
+        self._watcher.start()
+
+    def forget_in_child(self) -> None:
+        """After ``fork``: the child has no watcher thread and must not write to its parent's pipe."""
+        if self._pipe is not None:
+            for fd in self._pipe:
+                os.close(fd)
+        self._pipe = self._watcher = None
+        self.received = None
+        self.in_flight = False
+        self.closing, self.closed, self._claim = threading.Event(), threading.Event(), threading.Lock()
+        if sys.unraisablehook is _on_unraisable:
+            sys.unraisablehook = self.previous_unraisablehook
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def _watch(self, read: int) -> None:
+        redelivered = 0
+        deadline_started = False
+        while True:
+            what = os.read(read, 1)
+            if what == _RECEIVED and not deadline_started:
+                deadline_started = True
+                logger.warning("ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl "
+                               "started, then exiting with status 143 (within %.0f s)", EXIT_WITHIN_S)
+                threading.Thread(target=self._deadline, name="ep-trl-exit-deadline", daemon=True).start()
+            elif what in (_DROPPED_TERM, _DROPPED_INT) and redelivered < MAX_REDELIVERIES:
+                redelivered += 1
+                signum = signal.SIGTERM if what == _DROPPED_TERM else signal.SIGINT
+                logger.warning("ep_trl: Python dropped the %s raised for %s (it arrived where exceptions are "
+                               "ignored); delivering the signal again", "SystemExit" if what == _DROPPED_TERM
+                               else "KeyboardInterrupt", signal.Signals(signum).name)
+                try:
+                    signal.pthread_kill(threading.main_thread().ident, signum)
+                except ProcessLookupError:  # the main thread has ended: the interpreter is exiting already
+                    return
+
+    def claim_close(self) -> bool:
+        """Whether the caller is the one to close what is registered for the exit (the exit or the deadline)."""
+        with self._claim:
+            if self.closing.is_set():
+                return False
+            self.closing.set()
+            return True
+
+    def close_for_exit(self) -> None:
+        try:
+            close_all()
+        finally:
+            self.closed.set()
+
+    def seconds_left(self) -> float | None:
+        """Until the deadline, once a SIGTERM arrived."""
+        return None if self.received is None else max(0.0, self.received + EXIT_WITHIN_S - time.monotonic())
+
+    def _deadline(self) -> None:
+        received = self.received if self.received is not None else time.monotonic()
+        if not self.closed.wait(max(0.0, received + CLOSE_AFTER_S - time.monotonic())) and self.claim_close():
+            logger.warning("ep_trl: %.0f s after SIGTERM the process is still running; closing what ep_trl "
+                           "opened and exiting with status 143", CLOSE_AFTER_S)
+            threading.Thread(target=self._close_logged, name="ep-trl-exit-close", daemon=True).start()
+        time.sleep(max(0.0, received + EXIT_WITHIN_S - time.monotonic()))
+        logger.error("ep_trl: the process did not exit within %.0f s of SIGTERM; exiting with status 143 now",
+                     EXIT_WITHIN_S)
+        _flush_output()
+        os._exit(128 + signal.SIGTERM)
+
+    def _close_logged(self) -> None:
+        try:
+            self.close_for_exit()
+        except Exception:  # each failure was logged by close_all; the deadline exits regardless
+            return
+
+
+def _flush_output() -> None:
+    for handler in logging.getLogger().handlers + logger.handlers:
+        try:
+            handler.flush()
+        except (OSError, ValueError):  # a closed stream: nothing left to flush there
+            continue
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            continue
+
+
+def _close_at_exit() -> None:
+    """At interpreter exit: close what is registered, or wait (within the deadline) for the deadline's close."""
+    if _state.claim_close():
+        _state.close_for_exit()
+    else:
+        _state.closed.wait(_state.seconds_left())
+
+
+_state = _SignalState()
+os.register_at_fork(after_in_child=_state.forget_in_child)
+atexit.register(_close_at_exit)

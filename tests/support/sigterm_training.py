@@ -1,0 +1,101 @@
+"""A training process for tests to end with SIGTERM at a chosen moment (tests/test_shutdown.py).
+
+    python -m tests.support.sigterm_training ENV_PATH MODEL_DIR OUTPUT_DIR LOG_HOME
+
+Trains ENV_PATH through ``env_path`` alone with a real ``GRPOTrainer.train()`` on the tiny model (generation in
+process, so episodes finish and calls end), with ``ep logs`` rows written under LOG_HOME. It prints where its main
+thread is, so a test can send the signal there:
+
+* ``CALL n START`` / ``CALL n END`` around each rollout call (while episodes play, then while TRL collects them);
+* ``SCORED <rollout_id>`` for each episode TRL's reward function received (its final row was handed to ep logs);
+* ``GC n START`` / ``GC n END`` around a garbage collection after each step, of objects whose finalizers
+  (``__del__`` methods and weakref callbacks, as libraries' sockets, files and caches have) run Python code: the
+  places where Python drops an exception a signal handler raises.
+"""
+
+import gc
+import sys
+import time
+import weakref
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ep_trl import create_rollout_func, dataset_from_eval
+from ep_trl.options import RolloutOptions
+from ep_trl.rewards import eval_score
+from tests.support.trainers import make_trainer
+
+#: How long each step's collection of finalizer-heavy garbage lasts.
+GC_WINDOW_S = 0.4
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+class Finalized:
+    """An object whose ``__del__`` does a little work, in a reference cycle, so only the collector frees it."""
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+    def __del__(self) -> None:
+        sum(range(300))
+
+
+def _finalizer_callback(reference: Any) -> None:
+    sum(range(300))
+
+
+class CollectAfterStep(TrainerCallback):
+    def __init__(self) -> None:
+        self.steps = 0
+        self._keep: list[Any] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.steps += 1
+        say(f"GC {self.steps} START")
+        ends = time.monotonic() + GC_WINDOW_S
+        while time.monotonic() < ends:
+            garbage = [Finalized() for _ in range(200)]
+            self._keep = [weakref.ref(item, _finalizer_callback) for item in garbage]
+            del garbage
+            gc.collect()
+        self._keep = []
+        say(f"GC {self.steps} END")
+
+
+def scored(completions: list[Any], rollout_id: list[str], **kwargs: Any) -> list[float | None]:
+    for identifier in rollout_id:
+        say(f"SCORED {identifier}")
+    return eval_score(completions, **kwargs)
+
+
+class AnnouncedCalls:
+    def __init__(self, rollout: Any) -> None:
+        self.rollout = rollout
+        self.calls = 0
+        self.__name__ = rollout.__name__
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        self.calls += 1
+        say(f"CALL {self.calls} START")
+        output = self.rollout(prompts, trainer)
+        say(f"CALL {self.calls} END")
+        return output
+
+
+def main(env_path: str, model_dir: str, output_dir: str, log_home: str) -> None:
+    rollout = create_rollout_func(env_path, backend="trainer", options=RolloutOptions(log_home=log_home))
+    prompts = list(dataset_from_eval(env_path)["prompt"]) * 4
+    trainer = make_trainer(model_dir, output_dir, AnnouncedCalls(rollout), reward_funcs=[scored], num_generations=2,
+                           batch_size=2, max_steps=1000, max_completion_length=24, prompts=prompts)
+    trainer.add_callback(CollectAfterStep())
+    say("TRAINING")
+    trainer.train()
+    say("TRAINING ENDED")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
