@@ -25,7 +25,10 @@ raises, and three more paths make the exit certain, each for a way the raise can
    (:func:`raise_if_terminating`);
 3. **neither, or a cleanup that hangs**: :data:`CLOSE_AFTER_S` after the signal, if nothing has begun closing,
    ep_trl closes everything registered itself; :data:`EXIT_WITHIN_S` after it the process exits with status 143
-   (``os._exit``), closed or not.
+   (``os._exit``), closed or not, unless it is in the interpreter's teardown already.
+
+Once the exit has closed what ep_trl registered, SIGTERM gets its default action back: a second one (a scheduler's)
+during the other exit handlers or the teardown ends the process at once.
 
 The last two paths run on one idle daemon thread (``ep-trl-signals``), started with the handler: a signal handler
 only writes a byte to a pipe (what is safe there), never starts a thread or takes a lock.
@@ -47,8 +50,9 @@ from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
-#: Seconds after the first SIGTERM by which the process has exited, with status 143 (Docker's ``stop`` waits 10 s
-#: before SIGKILL, Kubernetes and Slurm 30 s by default).
+#: Seconds after the first SIGTERM by which ep_trl ends the process with status 143 unless it has reached the
+#: interpreter's own teardown, where no thread runs (about 2 s for a torch process). Docker's ``stop`` waits 10 s
+#: before SIGKILL, Kubernetes and Slurm 30 s by default.
 EXIT_WITHIN_S = 9.0
 #: Seconds after the first SIGTERM at which ep_trl closes what is registered itself, if nothing has begun to.
 CLOSE_AFTER_S = 4.0
@@ -148,14 +152,24 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def _on_unraisable(unraisable: Any) -> None:
-    """``sys.unraisablehook``: a :class:`Terminated` or ``KeyboardInterrupt`` that Python dropped is delivered again."""
-    error = unraisable.exc_value
+    """``sys.unraisablehook``: a :class:`Terminated` or ``KeyboardInterrupt`` that Python dropped is delivered again,
+    once this hook has returned (the watcher waits for that: a signal that lands in here would be dropped too)."""
+    _state.hook_depth += 1
+    try:
+        _state.previous_unraisablehook(unraisable)
+        _redeliver_if_ours(unraisable.exc_value)
+    except (Terminated, KeyboardInterrupt) as landed_here:  # a signal arrived while this hook ran: deliver it again
+        _redeliver_if_ours(landed_here)
+    finally:
+        _state.hook_depth -= 1
+
+
+def _redeliver_if_ours(error: BaseException | None) -> None:
     if isinstance(error, Terminated) and signal.getsignal(signal.SIGTERM) is _on_sigterm:
         _state.in_flight = False
         _state.notify(_DROPPED_TERM)
     elif isinstance(error, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         _state.notify(_DROPPED_INT)
-    _state.previous_unraisablehook(unraisable)
 
 
 _RECEIVED, _DROPPED_TERM, _DROPPED_INT = b"T", b"D", b"I"
@@ -168,6 +182,7 @@ class _SignalState:
     def __init__(self) -> None:
         self.received: float | None = None
         self.in_flight = False
+        self.hook_depth = 0  # > 0 while the main thread runs the unraisable hook
         self.closing = threading.Event()  # set by whoever closes for the exit: the exit itself, or the deadline
         self.closed = threading.Event()
         self._claim = threading.Lock()
@@ -216,18 +231,27 @@ class _SignalState:
             if what == _RECEIVED and not deadline_started:
                 deadline_started = True
                 logger.warning("ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl "
-                               "started, then exiting with status 143 (within %.0f s)", EXIT_WITHIN_S)
+                               "started, then exiting with status 143 (ending it %.0f s from now at the latest)",
+                               EXIT_WITHIN_S)
                 threading.Thread(target=self._deadline, name="ep-trl-exit-deadline", daemon=True).start()
             elif what in (_DROPPED_TERM, _DROPPED_INT) and redelivered < MAX_REDELIVERIES:
                 redelivered += 1
-                signum = signal.SIGTERM if what == _DROPPED_TERM else signal.SIGINT
-                logger.warning("ep_trl: Python dropped the %s raised for %s (it arrived where exceptions are "
-                               "ignored); delivering the signal again", "SystemExit" if what == _DROPPED_TERM
-                               else "KeyboardInterrupt", signal.Signals(signum).name)
-                try:
-                    signal.pthread_kill(threading.main_thread().ident, signum)
-                except ProcessLookupError:  # the main thread has ended: the interpreter is exiting already
+                if not self._deliver_again(signal.SIGTERM if what == _DROPPED_TERM else signal.SIGINT):
                     return
+
+    def _deliver_again(self, signum: int) -> bool:
+        """Send ``signum`` to the main thread once it has left the unraisable hook; whether it could be sent."""
+        logger.warning("ep_trl: Python dropped the %s raised for %s (it arrived where exceptions are ignored); "
+                       "delivering the signal again", "SystemExit" if signum == signal.SIGTERM else "KeyboardInterrupt",
+                       signal.Signals(signum).name)
+        waited = time.monotonic() + 1.0
+        while self.hook_depth and time.monotonic() < waited:
+            time.sleep(0.001)
+        try:
+            signal.pthread_kill(threading.main_thread().ident, signum)
+        except ProcessLookupError:  # the main thread has ended: the interpreter is exiting already
+            return False
+        return True
 
     def claim_close(self) -> bool:
         """Whether the caller is the one to close what is registered for the exit (the exit or the deadline)."""
@@ -285,6 +309,10 @@ def _close_at_exit() -> None:
         _state.close_for_exit()
     else:
         _state.closed.wait(_state.seconds_left())
+    if _state.received is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        # what ep_trl opened is closed: past here (the other exit handlers, the interpreter's teardown) a further
+        # SIGTERM, a scheduler's second, ends the process at once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 _state = _SignalState()
