@@ -56,6 +56,7 @@ def test_sampled_segments_are_the_actions_the_env_received(pointwise, letters_ep
     received = [tuple(ep["actions"]) for ep in letters_episodes()]
     assert Counter(sampled_texts(trainer.processing_class, out)) == Counter(received)
     # environment tokens between turns are masked, and only there
+    assert len(out["completion_ids"]) == len(out["env_mask"]) == len(out["num_turns"]) == 4
     for ids, mask, n in zip(out["completion_ids"], out["env_mask"], out["num_turns"]):
         runs = sum(1 for i, m in enumerate(mask) if m == 1 and (i == 0 or mask[i - 1] == 0))
         assert runs == n and mask[0] == 1 and mask[-1] == 1
@@ -67,6 +68,7 @@ def test_mask1_logprobs_are_the_models_teacher_forced_logprobs(pointwise):
     model = trainer.model
     model.eval()
     worst = 0.0
+    assert len(out["prompt_ids"]) == len(out["completion_ids"]) == len(out["logprobs"]) == len(out["env_mask"]) == 4
     for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
         reference = teacher_forced_logprobs(model, p, c, trainer.args.temperature)
         for lp, ref, m in zip(lps, reference, mask):
@@ -83,6 +85,7 @@ def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_
     out = rollout([PROMPT] * 4, trainer)
     env_rewards = Counter(tuple(ep["rewards"]) for ep in letters_episodes())
     assert Counter(tuple(r) for r in out["step_rewards"]) == env_rewards
+    assert len(out["eval_score"]) == len(out["step_rewards"]) == 4
     for score, rewards in zip(out["eval_score"], out["step_rewards"]):
         # the eval body: mean step reward + its evaluation_test_kwargs bonus (0.0)
         assert score == pytest.approx(sum(rewards) / len(rewards))
@@ -90,6 +93,7 @@ def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_
 
 def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, tmp_path):
     out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, overrides=EvalOverrides(evaluation_test_kwargs={"bonus": 10.0}))
+    assert len(out["eval_score"]) == len(out["step_rewards"]) == 4
     for score, rewards in zip(out["eval_score"], out["step_rewards"]):
         assert score == pytest.approx(10.0 + sum(rewards) / len(rewards))
 
@@ -97,6 +101,7 @@ def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, t
 def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server, tmp_path):
     out = rollout_once("tests.evals.eval_letters_groupwise", tiny_model_dir, tmp_path,
                        [PROMPT] * 4 + ["Another prompt."] * 4, trainer_kwargs=dict(num_generations=4, batch_size=8))
+    assert len(out["eval_score"]) == len(out["step_rewards"]) == 8
     for group in (range(0, 4), range(4, 8)):
         sums = [sum(out["step_rewards"][i]) for i in group]
         best = max(sums)
@@ -107,6 +112,7 @@ def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server,
 
 def test_episode_budget_stops_before_the_limit(tiny_model_dir, letters_server, tmp_path):
     out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, max_episode_tokens=40)
+    assert len(out["completion_ids"]) == len(out["num_turns"]) == 4
     for ids, turns in zip(out["completion_ids"], out["num_turns"]):
         assert 0 < len(ids) <= 40
         assert turns < 3  # a bridge is ~40 tokens with this tokenizer: the budget ends the episode early
