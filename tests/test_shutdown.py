@@ -208,9 +208,12 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
     target = MOMENTS[plan.moment][0].format(n=plan.step)
     status, exit_s = None, float("inf")
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300  # start-up is about 20 s on an idle machine
         while not any(target in line for line in output[-1:]):
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {target!r} within 300 s:\n" + "".join(output)[-4000:]) from None
             assert line is not None, f"the training process ended before {target!r}:\n" + "".join(output)[-4000:]
             output.append(line)
         time.sleep(plan.delay_s)
