@@ -132,7 +132,8 @@ MOMENTS = {
     "between-calls": ("GC {n} END", (0.0, 0.1)),  # the trainer between two calls
     "gc": ("GC {n} START", (0.05, 0.3)),  # a collection running __del__ methods and weakref callbacks
 }
-RUNS = 20
+#: 20 in the main suite; scripts/test_openenv010.sh runs one per moment again under OpenEnv's other distribution.
+RUNS = int(os.environ.get("EP_TRL_SIGTERM_RUNS", "20"))
 SEED = 24
 
 
@@ -270,7 +271,7 @@ def test_sigterm_ends_training_every_time(tiny_model_dir, tool_template_model_di
     print(report)
     failed = [outcome for outcome in outcomes if not outcome.ok()]
     assert not failed, report + "\n\nfirst failed run's output:\n" + failed[0].output[-6000:]
-    assert len(outcomes) >= 20 and {o.plan.moment for o in outcomes} == set(MOMENTS), report
+    assert len(outcomes) == RUNS >= len(MOMENTS) and {o.plan.moment for o in outcomes} == set(MOMENTS), report
     # the case issue 24 found: the first raise was dropped inside a finalizer, and the process still ended
     assert any(outcome.dropped for outcome in outcomes if outcome.plan.moment == "gc"), report
 
