@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from . import env_servers, evalprotocol, settings, shutdown, trl_compat
 from .env_servers import LaunchedServers
+from .episode import Episode
 from .errors import ConfigError
 from .evalprotocol import EvalSpec, EvalTest
 from .generation import Generator
@@ -28,7 +29,7 @@ from .runner import LoopRunner
 from .scoring import Scored, group_indices
 from .sources import EpisodePlayer, EpisodeSource, Shared
 from .sources.choice import make_source
-from .stream import FinishedGroup, GroupPlan, PlayedEpisode, play_groups
+from .stream import FinishedGroup, GroupPlan, PlayedEpisode, SlotMeter, play_groups
 from .trajectory import ChatTemplate, TurnLimits
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,8 @@ class RolloutFunction:
     async def groups(self, view: trl_compat.TrainerView, plans: Iterator[GroupPlan], *, slots: int,
                      all_scope: str = "group", may_start: Callable[[], bool] | None = None,
                      turn_version: Callable[[], int] | None = None,
-                     model_for: Callable[[int], str | None] | None = None) -> AsyncIterator[FinishedGroup]:
+                     model_for: Callable[[int], str | None] | None = None,
+                     meter: SlotMeter | None = None) -> AsyncIterator[FinishedGroup]:
         """The stream core (``ep_trl.stream.play_groups``) on this eval's source and backend: ``plans`` played with
         at most ``slots`` episodes in flight, each group yielded once complete and scored."""
         template, generator = self._setup(view)
@@ -143,7 +145,8 @@ class RolloutFunction:
                 self._player = player
                 async for group in play_groups(player, self.spec, plans, generator, slots=slots,
                                                body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
-                                               may_start=may_start, turn_version=turn_version, model_for=model_for):
+                                               may_start=may_start, turn_version=turn_version, model_for=model_for,
+                                               meter=meter):
                     yield group
         finally:
             await generator.end_call()
@@ -152,6 +155,15 @@ class RolloutFunction:
         """The turn limits episodes are played under for ``view`` (budget warnings name them)."""
         _, generator = self._setup(view)
         return settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
+
+    def log_final(self, group: FinishedGroup) -> None:
+        """Log a released group's scored rows with their token views (nothing when logging is off)."""
+        if self._log is not None:
+            group.plan.context.log_final(self._log, group.episodes, list(group.scored), group.seconds)
+
+    def observe_signal(self, episodes: list[Episode], scored: list[Scored]) -> None:
+        """Count episodes without a score (``RolloutOptions.max_signal_free_calls`` such rounds in a row raise)."""
+        self._signal.observe(episodes, scored)
 
     @property
     def env_sessions(self) -> int:

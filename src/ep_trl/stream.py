@@ -125,6 +125,36 @@ class VersionedTurns:
         return await generate_as(model, prompt_ids, params, images)
 
 
+class SlotMeter:
+    """How busy a stream's episode slots are: the time integral of episodes in flight (``busy_s``), to divide by
+    ``slots x`` the wall time for the occupancy."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.busy_s = 0.0
+        self.episodes = 0
+        self._since = time.monotonic()
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        self.busy_s += self.in_flight * (now - self._since)
+        self._since = now
+
+    def started(self) -> None:
+        self._advance()
+        self.in_flight += 1
+        self.episodes += 1
+
+    def ended(self) -> None:
+        self._advance()
+        self.in_flight -= 1
+
+    def busy_until_now(self) -> float:
+        """``busy_s`` counted up to this moment."""
+        self._advance()
+        return self.busy_s
+
+
 @dataclass(eq=False)
 class _Progress:
     """A group in flight (mutable while it plays)."""
@@ -151,9 +181,10 @@ class _Progress:
 async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
                       slots: int, body_timeout_s: float, all_scope: str = "group",
                       may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
-                      model_for: Callable[[int], str | None] | None = None) -> AsyncIterator[FinishedGroup]:
+                      model_for: Callable[[int], str | None] | None = None,
+                      meter: SlotMeter | None = None) -> AsyncIterator[FinishedGroup]:
     """Play ``plans`` with at most ``slots`` episodes in flight and yield each group once it is complete and scored
-    (see the module docstring)."""
+    (see the module docstring); ``meter`` counts how busy the slots are."""
     if slots < 1:
         raise ValueError(f"play_groups needs at least one slot, got {slots}")
     if all_scope not in ("group", "stream"):
@@ -184,6 +215,8 @@ async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[Gro
                                  rollout_id=plan.rollout_ids[k], context=plan.context)
         turns = VersionedTurns(generator, turn_version, model_for) if turn_version is not None else None
         episodes[asyncio.ensure_future(player.play(request, turns or generator))] = (progress, request, turns)
+        if meter is not None:
+            meter.started()
 
     def score(progress: _Progress, members: list[int]) -> None:
         eligible = [k for k in members if progress.played[k].episode.status == "finished"]
@@ -223,6 +256,8 @@ async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[Gro
             for task in done:
                 if task in episodes:
                     progress, request, turns = episodes.pop(task)
+                    if meter is not None:
+                        meter.ended()
                     k = request.generation
                     episode, row = task.result()  # an error that is not the episode's own raises here
                     progress.played[k] = PlayedEpisode(request, episode, row,
@@ -245,6 +280,9 @@ async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[Gro
             for progress in dict.fromkeys(released):  # identity: one release per group
                 yield progress.release()
     finally:
+        if meter is not None:
+            for _ in episodes:
+                meter.ended()
         pending = [*episodes, *scoring]
         for task in pending:
             task.cancel()
