@@ -15,7 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
+from ep_trl import rollout_worker as worker_module
 from ep_trl.async_cpu import CPUAsyncGRPOTrainer
+from ep_trl.generation.vllm import served_models
 from ep_trl.vllm_weight_sync import DiskWeightTransfer
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, start_letters_server
@@ -289,6 +291,72 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
     assert torch.equal(transfer.sent[0][name], base[name])  # the first sync: the initial policy
     assert (transfer.sent[-1][name] - (base[name] + delta)).abs().max() < 1e-6
     assert delta.abs().max() > 1e-3 and not layer.merged  # trained, and training went on on the adapter
+
+
+@pytest.fixture(scope="module")
+def lora_server_url(model_dir, tmp_path_factory):
+    """A second real CPU vLLM server, started with --enable-lora and runtime adapter loading (as TRL asks)."""
+    with vllm_server(model_dir, tmp_path_factory.mktemp("vllm_lora_logs"), max_model_len=1024,
+                     extra_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "6"],
+                     env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}) as server:
+        yield server.base_url
+
+
+class AdapterSnapshots(TrainerCallback):
+    """The peft policy of each version: version 1 is the initial adapter (the first sync), version k+1 the adapter
+    after step k."""
+
+    def __init__(self):
+        self.states = {}
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.states[1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(600)
+def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(model_dir, lora_server_url,
+                                                                              letters_server, tmp_path):
+    """To a server started with --enable-lora, AsyncGRPOTrainer pushes the adapter alone (no merged weights), as
+    trl-policy-v{N}. Every turn the worker plays is generated with the adapter of the version it records: each
+    sample's old_log_probs are the teacher-forced logprobs of the peft policy of its version, and a trained
+    adapter's samples are far from the base model's."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = dict(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    args = config(tmp_path, lora_server_url, max_steps=2, learning_rate=3e-2)
+    snapshots = AdapterSnapshots()
+    worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
+                               log_rollouts=False, buffer_size=64)
+    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
+    trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(LETTERS, repeat=8),
+                                  rollout_worker=worker, weight_transfer=None, peft_config=LoraConfig(**lora),
+                                  callbacks=[snapshots])
+    assert trainer._lora_sync and trainer.weight_transfer is None  # TRL's adapter-only sync, nothing merged
+    trainer.train()
+    assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
+    assert trainer._lora_name == worker_module.LORA_NAME  # the name the worker asks the server for
+    assert worker.server_lora and sorted(worker._adapters) == [1, 2, 3]
+    assert "trl-policy-v3" in served_models(lora_server_url)
+
+    def policy(version):
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(**lora))
+        model.load_state_dict(snapshots.states[version])
+        return model
+
+    checked = {}
+    for sample, versions in samples_with_turn_versions(worker):
+        if len(set(versions)) == 1 and versions[0] in snapshots.states:
+            checked.setdefault(versions[0], []).append(sample)
+    assert 1 in checked and max(checked) >= 2, sorted(checked)
+    for version, samples in checked.items():
+        model = policy(version)
+        for sample in samples[:3]:
+            assert sampled_gap(model, sample) < TOLERANCE, version
+    trained = checked[max(checked)][0]
+    assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), trained) > 10 * TOLERANCE
 
 
 def idle_worker(url, tmp_path, **options):

@@ -48,7 +48,7 @@ from . import evalprotocol, trl_compat
 from .content import supports_images
 from .dataset import dataset_from_eval
 from .errors import ConfigError, RolloutWorkerError
-from .generation.vllm import probe_server
+from .generation.vllm import lora_enabled, probe_server, served_models
 from .metrics import call_metrics, summary_line
 from .rollout import RolloutFunction, create_rollout_func
 from .stream import FinishedGroup, GroupPlan, SlotMeter
@@ -59,6 +59,9 @@ logger = logging.getLogger(__name__)
 BUFFER_POLL_S = 0.02
 #: Metric dicts kept for the trainer; past this, the oldest are dropped (counted in ``metrics_dropped``).
 METRICS_QUEUE_SIZE = 256
+#: The name ``AsyncGRPOTrainer`` loads each synced LoRA adapter under, ``f"{LORA_NAME}-v{version}"`` (TRL 1.14+,
+#: ``AsyncGRPOTrainer._lora_name``; pinned by tests/test_rollout_worker.py).
+LORA_NAME = "trl-policy"
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ class EvalRolloutWorker:
         if not self._prompts:
             raise ConfigError(f"EvalRolloutWorker({env_path!r}): the dataset has no prompts to play.")
         probe_server(self._server_url)  # a server that is not there fails now, not when training starts
+        #: Whether the server runs with --enable-lora: the trainer may then sync a LoRA policy as an adapter alone.
+        self.server_lora = lora_enabled(self._server_url)
+        self._adapters: dict[int, str] = {}  # policy version -> the adapter the trainer loaded for it
         self._function: RolloutFunction = create_rollout_func(env_path, backend="vllm", **options)
         #: Episodes in flight at once (the eval's ``max_concurrent_rollouts``, or the keyword's).
         self.slots = self._function.spec.max_concurrent_rollouts
@@ -173,8 +179,29 @@ class EvalRolloutWorker:
 
     def update_model_version(self, model_version: int) -> None:
         """The policy version the server now holds (the trainer calls it after each weight sync, once the server's
-        weights have changed)."""
-        self._version = int(model_version)
+        weights, or the adapter of that version, have changed). On a server with ``--enable-lora`` the adapters the
+        trainer loaded are looked up first, so that no turn asks for a version's adapter before it is known."""
+        version = int(model_version)
+        if self.server_lora:
+            prefix = f"{LORA_NAME}-v"
+            for name in served_models(self._server_url):
+                if name.startswith(prefix) and name[len(prefix):].isdigit():
+                    self._adapters[int(name[len(prefix):])] = name
+        self._version = version
+
+    def served_model(self, version: int) -> str | None:
+        """The model a turn of policy ``version`` is generated with: the adapter the trainer synced for it, when it
+        syncs adapters; None (the server's own weights, which the trainer overwrites) otherwise."""
+        if not self._adapters:
+            return None
+        name = self._adapters.get(version)
+        if name is None:  # a ConfigError: it must end the worker, not fail the episode as a generation error
+            raise ConfigError(
+                f"The vLLM server at {self._server_url} serves the LoRA adapters {sorted(self._adapters.values())} that "
+                f"AsyncGRPOTrainer synced, but none for policy version {version}: episodes cannot be generated with "
+                "the policy being trained. One trainer must sync to one server (a second run, or a resumed one that "
+                "counts versions anew, loads adapters under the same names): restart the server.")
+        return name
 
     def check_health(self, stale_after_s: float) -> None:
         """Raise, in the trainer's thread, what ended the worker, or that it released nothing for ``stale_after_s``."""
@@ -235,7 +262,7 @@ class EvalRolloutWorker:
         try:
             async for group in self._function.groups(self._view(), self._plans(), slots=self.slots,
                                                      may_start=self._has_room, turn_version=lambda: self._version,
-                                                     meter=self.meter):
+                                                     model_for=self.served_model, meter=self.meter):
                 self._release(group)
                 window.append(group)
                 if len(window) >= self.groups_per_report:
