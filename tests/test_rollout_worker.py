@@ -333,7 +333,7 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
     worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
     trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(LETTERS, repeat=8),
                                   rollout_worker=worker, weight_transfer=None, peft_config=LoraConfig(**lora),
-                                  callbacks=[snapshots])
+                                  callbacks=[snapshots, TrainedPolicyGroup(worker)])
     assert trainer._lora_sync and trainer.weight_transfer is None  # TRL's adapter-only sync, nothing merged
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
@@ -429,6 +429,14 @@ def test_a_multimodal_processor_is_refused_before_any_episode(tiny_vlm_dir, tmp_
                                           r"processing_class\.tokenizer"):
         EvalRolloutWorker(LETTERS, args=config(tmp_path, "http://127.0.0.1:1"),
                           processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir))
+
+
+def test_a_prompt_the_eval_cannot_play_is_refused_at_construction(tiny_model_dir, tmp_path):
+    with FaultyVLLMServer() as server:
+        with pytest.raises(ConfigError, match=r"prompt 1, message 0 is \{'role': 'user'\}: every message needs"):
+            EvalRolloutWorker(LETTERS, args=config(tmp_path, server.url), log_rollouts=False,
+                              processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+                              dataset={"prompt": ["Play the letters game.", [{"role": "user"}]]})
 
 
 def test_sampling_that_the_trainer_does_not_assume_is_refused(tiny_model_dir, tmp_path):

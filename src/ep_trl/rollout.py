@@ -1,6 +1,8 @@
 """``create_openenv_vllm_rollout_func``: an eval-protocol eval test as a TRL ``rollout_func``.
 
-This module holds the factory and the per-call orchestration only: how settings combine is
+This module holds the factory, the parts the episode stream runs on (source, backend, loop, log) and the
+``rollout_func`` adapter: a call's prompt groups played through :func:`ep_trl.stream.play_groups` and collected into
+TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout_worker`). How settings combine is
 :mod:`ep_trl.settings`, which backend generates is :mod:`ep_trl.generation.choice`, one episode is
 :mod:`ep_trl.episode`, scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
 """
@@ -30,7 +32,7 @@ from .scoring import Scored, group_indices
 from .sources import EpisodePlayer, EpisodeSource, Shared
 from .sources.choice import make_source
 from .stream import FinishedGroup, GroupPlan, PlayedEpisode, SlotMeter, play_groups
-from .trajectory import ChatTemplate, TurnLimits
+from .trajectory import ChatTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +72,8 @@ class RolloutFunction:
         return self.run(prompts, view)
 
     def run(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
-        """One rollout call for ``prompts`` as ``view`` describes the trainer (``__call__``, and the rollout worker
-        of ``AsyncGRPOTrainer``, which has no ``GRPOTrainer`` to hand over)."""
+        """One rollout call for ``prompts`` as ``view`` describes the trainer (what ``__call__`` does with the
+        ``GRPOTrainer`` it is handed)."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         return self._runner.run(self._rollout(list(prompts), view))
@@ -151,11 +153,6 @@ class RolloutFunction:
         finally:
             await generator.end_call()
 
-    def episode_limits(self, view: trl_compat.TrainerView) -> TurnLimits:
-        """The turn limits episodes are played under for ``view`` (budget warnings name them)."""
-        _, generator = self._setup(view)
-        return settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
-
     def log_final(self, group: FinishedGroup) -> None:
         """Log a released group's scored rows with their token views (nothing when logging is off)."""
         if self._log is not None:
@@ -181,6 +178,7 @@ class RolloutFunction:
                 "drops them): the model would be trained on image tokens without their pixels. Train with "
                 "ep_trl.trl_images.RolloutImagesGRPOTrainer in place of GRPOTrainer, or pass the text tokenizer "
                 "(processing_class.tokenizer) as the processing class (images are then dropped from the prompts).")
+        self.source.check(prompts)
         limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
         groups = group_indices(prompts, view.num_generations)
         context = RowContext(self.spec, self.invocation_id, generator.name, view)

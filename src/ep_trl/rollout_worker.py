@@ -135,6 +135,11 @@ class EvalRolloutWorker:
         self.server_lora = lora_enabled(self._server_url)
         self._adapters: dict[int, str] = {}  # policy version -> the adapter the trainer loaded for it
         self._function: RolloutFunction = create_rollout_func(env_path, backend="vllm", **options)
+        try:
+            self._function.source.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
+        except BaseException:
+            self._function.close()  # the servers ep_trl may have started for the eval
+            raise
         #: Episodes in flight at once (the eval's ``max_concurrent_rollouts``, or the keyword's).
         self.slots = self._function.spec.max_concurrent_rollouts
         per_step = int(getattr(args, "per_device_train_batch_size", 1) or 1) * int(

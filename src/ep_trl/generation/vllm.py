@@ -107,19 +107,27 @@ def probe_server(base_url: str, timeout_s: float = 10.0) -> ServerInfo:
 
 def served_models(base_url: str, timeout_s: float = 10.0) -> list[str]:
     """The model ids ``GET /v1/models`` lists: the base model, then every LoRA adapter loaded at run time."""
-    response = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=httpx.Timeout(timeout_s))
-    response.raise_for_status()
-    return [str(entry["id"]) for entry in response.json()["data"]]
+    url = f"{base_url.rstrip('/')}/v1/models"
+    try:
+        response = httpx.get(url, timeout=httpx.Timeout(timeout_s))
+        response.raise_for_status()
+        return [str(entry["id"]) for entry in response.json()["data"]]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+        raise GenerationError(f"GET {url} gave no list of models ({type(exc).__name__}: {exc})") from exc
 
 
 def lora_enabled(base_url: str, timeout_s: float = 10.0) -> bool:
     """Whether the server runs with ``--enable-lora`` (``GET /server_info``, vLLM's dev mode, which TRL's async
     trainer needs too; a server without it answers 404 and is taken to run without LoRA)."""
-    response = httpx.get(f"{base_url.rstrip('/')}/server_info", params={"config_format": "json"},
-                         timeout=httpx.Timeout(timeout_s))
-    if response.status_code != 200:
-        return False
-    return (response.json().get("vllm_config") or {}).get("lora_config") is not None
+    url = f"{base_url.rstrip('/')}/server_info"
+    try:
+        response = httpx.get(url, params={"config_format": "json"}, timeout=httpx.Timeout(timeout_s))
+        if response.status_code != 200:
+            return False
+        return (response.json().get("vllm_config") or {}).get("lora_config") is not None
+    except (httpx.HTTPError, AttributeError, ValueError) as exc:
+        raise GenerationError(f"GET {url} did not answer usably ({type(exc).__name__}: {exc}); is {base_url} a "
+                              f"vLLM server? If not, {START_HINT}.") from exc
 
 
 class RejectedRequest(GenerationError):

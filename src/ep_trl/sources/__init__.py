@@ -67,6 +67,11 @@ class EpisodeSource(Protocol):
         """One line for the start-up log: what plays the episodes."""
         ...
 
+    def check(self, prompts: Sequence[Any]) -> None:
+        """Raise, naming the first prompt and what is wrong with it, unless every prompt can be played (called
+        before any episode starts: a bad prompt would fail every call it is in)."""
+        ...
+
     def session(self, shared: Shared) -> AbstractAsyncContextManager[EpisodePlayer]:
         """What a run of episodes shares (a rollout call's, or a rollout worker's whole stream); closed on exit,
         every environment session with it."""
@@ -76,7 +81,3 @@ class EpisodeSource(Protocol):
         """Release what the source holds (servers, endpoints); it is not used afterwards."""
         ...
 
-
-def group_places(groups: Sequence[Sequence[int]], first_group: int) -> dict[int, tuple[int, int]]:
-    """Prompt index -> (run-wide group, generation within the group)."""
-    return {i: (first_group + g, k) for g, members in enumerate(groups) for k, i in enumerate(members)}

@@ -1,7 +1,7 @@
 """Episodes of an ``OpenEnvRolloutProcessor`` eval, played by ep_trl itself: its environment, prompt builder and
 action parser in ep_trl's token-exact loop (``ep_trl.episode``), on sessions from an ``EnvPool``."""
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -9,7 +9,7 @@ from .. import settings
 from ..env_pool import EnvPool, ServerNotes
 from ..env_servers import LaunchedServers
 from ..environment import check_openenv
-from ..episode import Episode, EpisodeConfig, EpisodeSpec, run_episode
+from ..episode import Episode, EpisodeConfig, EpisodeSpec, initial_messages, run_episode
 from ..evalprotocol import EvalSpec
 from ..generation import Generator
 from ..options import RolloutOptions
@@ -32,6 +32,11 @@ class OpenEnvSource:
         assert env is not None
         return (f"{env.describe()} with {self._openenv}, {self._spec.max_steps} max steps, "
                 f"tasks {list(env.tasks) or 'none'}")
+
+    def check(self, prompts: Sequence[Any]) -> None:
+        """Every prompt is a string or a list of chat messages (``episode.initial_messages`` says what is wrong)."""
+        for index, prompt in enumerate(prompts):
+            initial_messages(prompt, index)
 
     @asynccontextmanager
     async def session(self, shared: Shared) -> AsyncIterator["_OpenEnvPlayer"]:

@@ -59,6 +59,10 @@ class ProcessorSource:
         return (f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
                 "captured by ep_trl")
 
+    def check(self, prompts: Sequence[Any]) -> None:
+        """Every prompt stands for one of the eval's rows (``evalprotocol.match_rows`` says which cannot)."""
+        match_rows(prompts, self._rows, self._spec.qualified_name)
+
     @asynccontextmanager
     async def session(self, shared: Shared) -> AsyncIterator["_ProcessorPlayer"]:
         """The endpoint (started on first use) with a routing key of this session: a processor's calls with
