@@ -75,36 +75,35 @@ class VersionSnapshots(TrainerCallback):
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-class TrainedPolicyGroup(TrainerCallback):
-    """Step 2 begins only once the worker has released a sample played wholly on the policy trained by step 1
-    (version 2), so the test does not depend on how episodes and training steps happen to interleave on a loaded
-    machine."""
+class BeforeStep2(TrainerCallback):
+    """Step 2 begins only once ``condition(worker)`` holds (within 120 s), so a test does not depend on how episodes
+    and training steps happen to interleave on a loaded machine."""
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, worker, condition):
+        self.worker, self.condition = worker, condition
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step == 1:
-            wait_until(lambda: any(set(turns) == {2} for g in self.worker.groups for turns in g.turn_versions), 120)
+            wait_until(lambda: self.condition(self.worker), 120)
 
 
-class StepTimes(TrainerCallback):
-    """When each optimizer step ended (time.monotonic(), as the worker's release times)."""
+def trained_policy_sample(worker):
+    """A sample played wholly on the policy trained by step 1 (version 2) was released."""
+    return any(set(turns) == {2} for g in worker.groups for turns in g.turn_versions)
 
-    def __init__(self):
-        self.ended = {}
 
-    def on_step_end(self, args, state, control, **kwargs):
-        self.ended[state.global_step] = time.monotonic()
+def spanning_sample(worker):
+    """A sample whose turns were sent under two policy versions was released."""
+    return any(len(set(turns)) > 1 for g in worker.groups for turns in g.turn_versions)
 
 
 @pytest.fixture
 def tail_letters(tmp_path, monkeypatch):
-    """A fresh letters server whose first episode, and every 16th after it, is a straggler (2 s per step, 40x the
+    """A fresh letters server whose first episode, and every 16th after it, is a straggler (3 s per step, 60x the
     others' 0.05 s); the letters evals play on it for this test."""
     server = start_letters_server(tmp_path / "letters_logs", env={"LETTERS_STEP_LATENCY_S": "0.05",
                                                                   "LETTERS_TAIL_EVERY": "16",
-                                                                  "LETTERS_TAIL_LATENCY_S": "2.0"})
+                                                                  "LETTERS_TAIL_LATENCY_S": "3.0"})
     monkeypatch.setenv(LETTERS_ENV_URL_VAR, server.base_url)
     try:
         yield server.base_url
@@ -159,7 +158,7 @@ def samples_with_turn_versions(worker):
 
 
 @pytest.mark.timeout(600)
-def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_url, tail_letters, tmp_path):
+def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_url, letters_server, tmp_path):
     """Samples carry the ids the server sampled, masks and logprobs aligned on them, and every sampled turn's
     old_log_probs are the teacher-forced logprobs of the policy version the worker recorded for it (or of the next
     one: the server's weights change before the trainer calls update_model_version, the race the tag is
@@ -168,7 +167,7 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     snapshots = VersionSnapshots(model_dir)
     args = config(tmp_path, server_url)
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[snapshots], buffer_size=64)
-    trainer.add_callback(TrainedPolicyGroup(worker))
+    trainer.add_callback(BeforeStep2(worker, lambda w: trained_policy_sample(w) and spanning_sample(w)))
     trainer.train()
     assert not worker._thread.is_alive()  # stopped by the trainer at the end of train()
     logs = [h for h in trainer.state.log_history if "ratio" in h]
@@ -199,7 +198,7 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
         if len(set(versions)) > 1:
             spanning.append((sample, versions))
     assert 1 in exact and max(exact) >= 2, sorted(exact)  # turns of the first policy and of a trained one
-    assert spanning, "no sample spanned a weight sync (the straggler should have)"
+    assert spanning, "no sample spanned a weight sync"
     assert all(sample.model_version == min(versions) < max(versions) for sample, versions in spanning)
     assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), exact[max(exact)]) > 10 * TOLERANCE
     assert trainer.weight_transfer.syncs == 4  # the first sync, then one per step
@@ -207,18 +206,19 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
 
 @pytest.mark.timeout(600)
 def test_a_group_is_released_while_a_straggler_of_another_group_plays(model_dir, server_url, tail_letters, tmp_path):
-    """The first episode is a straggler (6 s against well under 1 s for the others). Its group waits for it; the
-    groups after it are released, and trained on, before it ends: slots do not idle behind it."""
-    steps = StepTimes()
+    """The first episode is a straggler (9 s against well under 1 s for the others). Its group waits for it; the
+    groups after it are released before it ends, and step 1 trains on them: slots and trainer do not wait for it."""
     args = config(tmp_path, server_url, max_steps=2, max_staleness=8)
-    worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[steps], buffer_size=16)
+    worker, trainer = worker_and_trainer(LETTERS, model_dir, args, buffer_size=16)
+    trainer.add_callback(BeforeStep2(worker, lambda w: any(g.group == 0 for g in w.groups)))  # it is released
     trainer.train()
     released = {g.group: g for g in worker.groups}
     straggler = released[0]
-    assert straggler.seconds > 5.0  # 3 steps of 2 s
+    assert straggler.seconds > 8.0  # 3 steps of 3 s
     before = [g for g in worker.groups if g.released_at < straggler.released_at]
     assert {1, 2} <= {g.group for g in before}, [(g.group, round(g.seconds, 1)) for g in worker.groups]
-    assert steps.ended[1] < straggler.released_at  # step 1 trained without waiting for it
+    first_step = [s.group_id for s in worker.rollout_buffer.samples[:args.per_device_train_batch_size]]
+    assert 0 not in first_step, first_step  # the buffer is FIFO: step 1 trained on groups released before it
     assert worker.slot_occupancy() > 0.5
 @pytest.mark.timeout(600)
 def test_a_processor_eval_trains_asynchronously(model_dir, server_url, tmp_path):
@@ -333,7 +333,7 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
     worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
     trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(LETTERS, repeat=8),
                                   rollout_worker=worker, weight_transfer=None, peft_config=LoraConfig(**lora),
-                                  callbacks=[snapshots, TrainedPolicyGroup(worker)])
+                                  callbacks=[snapshots, BeforeStep2(worker, trained_policy_sample)])
     assert trainer._lora_sync and trainer.weight_transfer is None  # TRL's adapter-only sync, nothing merged
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
@@ -389,6 +389,30 @@ def test_the_buffer_bounds_the_worker(tiny_model_dir, letters_server, tmp_path):
         finally:
             worker.stop()
     assert not worker._thread.is_alive()
+
+
+@pytest.mark.timeout(120)
+def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypatch):
+    """Every episode a straggler of 3 x 30 s: stop() does not wait for them; it cancels them, closes their sessions
+    and ends the thread within seconds, and nothing half-played reaches the buffer."""
+    server = start_letters_server(tmp_path / "letters_logs", env={"LETTERS_TAIL_EVERY": "1",
+                                                                  "LETTERS_TAIL_LATENCY_S": "30"})
+    monkeypatch.setenv(LETTERS_ENV_URL_VAR, server.base_url)
+    try:
+        with FaultyVLLMServer() as vllm:
+            worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir)
+            worker.start()
+            try:
+                wait_until(lambda: worker.meter.in_flight == worker.slots, 60)
+                time.sleep(1.0)  # every slot is inside an environment step
+            finally:
+                started = time.monotonic()
+                worker.stop()
+            assert time.monotonic() - started < 15
+            assert not worker._thread.is_alive() and worker.meter.in_flight == 0
+            assert worker.rollout_buffer.qsize() == 0 and not worker.groups
+    finally:
+        server.stop()
 
 
 @pytest.mark.timeout(120)

@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 BUFFER_POLL_S = 0.02
 #: Metric dicts kept for the trainer; past this, the oldest are dropped (counted in ``metrics_dropped``).
 METRICS_QUEUE_SIZE = 256
+#: Released groups ``EvalRolloutWorker.groups`` remembers (the most recent).
+GROUP_RECORDS = 10_000
 #: The name ``AsyncGRPOTrainer`` loads each synced LoRA adapter under, ``f"{LORA_NAME}-v{version}"`` (TRL 1.14+,
 #: ``AsyncGRPOTrainer._lora_name``; pinned by tests/test_rollout_worker.py).
 LORA_NAME = "trl-policy"
@@ -157,7 +159,9 @@ class EvalRolloutWorker:
         self._error: BaseException | None = None
         self._heartbeat = time.monotonic()
         self._started_at: float | None = None
-        self.groups: list[ReleasedGroup] = []
+        #: The most recent released groups (``GROUP_RECORDS``), oldest first.
+        self.groups: deque[ReleasedGroup] = deque(maxlen=GROUP_RECORDS)
+        self.left_out = 0
         self.samples_put = 0
         self.dropped_stale = 0
         self._reported: dict[str, int] = {}
@@ -262,14 +266,13 @@ class EvalRolloutWorker:
 
     async def _stream(self) -> None:
         pump = asyncio.ensure_future(self._pump())
-        window: list[FinishedGroup] = []
+        window: list[tuple[FinishedGroup, ReleasedGroup]] = []
         window_started, sessions_before = time.monotonic(), 0
         try:
             async for group in self._function.groups(self._view(), self._plans(), slots=self.slots,
                                                      may_start=self._has_room, turn_version=lambda: self._version,
                                                      model_for=self.served_model, meter=self.meter):
-                self._release(group)
-                window.append(group)
+                window.append((group, self._release(group)))
                 if len(window) >= self.groups_per_report:
                     sessions = self._function.env_sessions
                     self._report(window, time.monotonic() - window_started, sessions - sessions_before)
@@ -278,16 +281,18 @@ class EvalRolloutWorker:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
 
-    def _release(self, group: FinishedGroup) -> None:
+    def _release(self, group: FinishedGroup) -> ReleasedGroup:
         """Turn a finished group into samples, waiting for room in the buffer (``_pump``)."""
         self._function.log_final(group)
         samples, turns, left_out = group_samples(group, self._tokenizer)
         self._pending.extend(samples)
         self._heartbeat = time.monotonic()
-        self.groups.append(ReleasedGroup(group.plan.group, len(group.played), len(samples), left_out,
-                                         tuple(s.model_version for s in samples), turns, self._version,
-                                         tuple(ep.duration_s for ep in group.episodes), group.seconds,
-                                         time.monotonic()))
+        self.left_out += left_out
+        record = ReleasedGroup(group.plan.group, len(group.played), len(samples), left_out,
+                               tuple(s.model_version for s in samples), turns, self._version,
+                               tuple(ep.duration_s for ep in group.episodes), group.seconds, time.monotonic())
+        self.groups.append(record)
+        return record
 
     async def _pump(self) -> None:
         """Move released samples into the buffer as it has room, dropping those already too stale to train on."""
@@ -309,19 +314,18 @@ class EvalRolloutWorker:
                 self._heartbeat = time.monotonic()  # waiting for the trainer counts as alive
             await asyncio.sleep(BUFFER_POLL_S)
 
-    def _report(self, window: Sequence[FinishedGroup], seconds: float, env_sessions: int) -> None:
+    def _report(self, window: Sequence[tuple[FinishedGroup, ReleasedGroup]], seconds: float,
+                env_sessions: int) -> None:
         """One step's worth of groups: the rollout function's ``ep_trl/*`` numbers and the worker's own."""
-        episodes = [ep for g in window for ep in g.episodes]
-        scored = [s for g in window for s in g.scored]
+        episodes = [ep for g, _ in window for ep in g.episodes]
+        scored = [s for g, _ in window for s in g.scored]
         metrics = call_metrics(episodes, scored, seconds, env_sessions)
-        released = self.groups[-len(window):]
-        lags = [r.version_at_release - v for r in released for v in r.versions]
-        totals = {"samples": self.samples_put, "left_out": sum(r.left_out for r in self.groups),
-                  "dropped_stale": self.dropped_stale}
+        lags = [r.version_at_release - v for _, r in window for v in r.versions]
+        totals = {"samples": self.samples_put, "left_out": self.left_out, "dropped_stale": self.dropped_stale}
         metrics.update({f"ep_trl/worker/{name}_total": float(value - self._reported.get(name, 0))  # TRL sums deltas
                         for name, value in totals.items()})
         self._reported = totals
-        metrics.update({"ep_trl/worker/group_s": sum(g.seconds for g in window) / len(window),
+        metrics.update({"ep_trl/worker/group_s": sum(g.seconds for g, _ in window) / len(window),
                         "ep_trl/worker/version_lag": sum(lags) / len(lags) if lags else 0.0,
                         "ep_trl/worker/slot_occupancy": self.slot_occupancy()})
         self._put_metrics(metrics)
