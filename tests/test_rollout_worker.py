@@ -97,14 +97,30 @@ def spanning_sample(worker):
     return any(len(set(turns)) > 1 for g in worker.groups for turns in g.turn_versions)
 
 
+def letters_on(tmp_path, monkeypatch, **settings):
+    """A fresh letters server with ``settings`` (``LETTERS_*`` variables); the letters evals play on it for the
+    test that asks for it."""
+    server = start_letters_server(tmp_path / "letters_logs", env=settings)
+    monkeypatch.setenv(LETTERS_ENV_URL_VAR, server.base_url)
+    return server
+
+
 @pytest.fixture
 def tail_letters(tmp_path, monkeypatch):
-    """A fresh letters server whose first episode, and every 16th after it, is a straggler (3 s per step, 60x the
-    others' 0.05 s); the letters evals play on it for this test."""
-    server = start_letters_server(tmp_path / "letters_logs", env={"LETTERS_STEP_LATENCY_S": "0.05",
-                                                                  "LETTERS_TAIL_EVERY": "16",
-                                                                  "LETTERS_TAIL_LATENCY_S": "3.0"})
-    monkeypatch.setenv(LETTERS_ENV_URL_VAR, server.base_url)
+    """The first episode, and every 16th after it, is a straggler (3 s per step, 60x the others' 0.05 s)."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.05", LETTERS_TAIL_EVERY="16",
+                        LETTERS_TAIL_LATENCY_S="3.0")
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def slow_letters(tmp_path, monkeypatch):
+    """0.5 s per environment step: episodes are slower than training steps, so the worker's slots are busy (never
+    waiting for room) and episodes are in flight at every weight sync."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.5")
     try:
         yield server.base_url
     finally:
@@ -158,7 +174,7 @@ def samples_with_turn_versions(worker):
 
 
 @pytest.mark.timeout(600)
-def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_url, letters_server, tmp_path):
+def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_url, slow_letters, tmp_path):
     """Samples carry the ids the server sampled, masks and logprobs aligned on them, and every sampled turn's
     old_log_probs are the teacher-forced logprobs of the policy version the worker recorded for it (or of the next
     one: the server's weights change before the trainer calls update_model_version, the race the tag is
@@ -395,9 +411,7 @@ def test_the_buffer_bounds_the_worker(tiny_model_dir, letters_server, tmp_path):
 def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypatch):
     """Every episode a straggler of 3 x 30 s: stop() does not wait for them; it cancels them, closes their sessions
     and ends the thread within seconds, and nothing half-played reaches the buffer."""
-    server = start_letters_server(tmp_path / "letters_logs", env={"LETTERS_TAIL_EVERY": "1",
-                                                                  "LETTERS_TAIL_LATENCY_S": "30"})
-    monkeypatch.setenv(LETTERS_ENV_URL_VAR, server.base_url)
+    server = letters_on(tmp_path, monkeypatch, LETTERS_TAIL_EVERY="1", LETTERS_TAIL_LATENCY_S="30")
     try:
         with FaultyVLLMServer() as vllm:
             worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir)
