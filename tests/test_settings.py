@@ -7,7 +7,7 @@ import pytest
 from ep_trl import ConfigError, EvalOverrides, UnsupportedEvalError
 from ep_trl.envs.letters import LettersEnv
 from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
-from ep_trl.settings import apply_overrides, notes, plan_episodes
+from ep_trl.settings import apply_overrides, notes, plan_episode
 from tests.evals import letters_parts as parts
 
 URL = "http://127.0.0.1:8001"
@@ -69,18 +69,19 @@ def test_env_vars_of_a_server_given_by_url_are_named_once(spec):
 
 
 def test_tasks_rotate_per_prompt_group_across_calls_and_processes():
-    prompts = ["a"] * 2 + ["b"] * 2
-    groups = [[0, 1], [2, 3]]
-    first_call = plan_episodes(prompts, groups, 0, ("x", "y", "z"), None)
+    def plan(first_group, tasks):
+        return [plan_episode(p, i, first_group + i // 2, i % 2, tasks, None) for i, p in enumerate(["a", "a", "b", "b"])]
+
+    first_call = plan(0, ("x", "y", "z"))
     assert [(s.index, s.group, s.generation, s.task) for s in first_call] == [
         (0, 0, 0, "x"), (1, 0, 1, "x"), (2, 1, 0, "y"), (3, 1, 1, "y")]
-    later = plan_episodes(prompts, groups, 5, ("x", "y", "z"), None)  # e.g. process 1 of 2 on its third call
+    later = plan(5, ("x", "y", "z"))  # e.g. process 1 of 2 on its third call
     assert [s.task for s in later] == ["z", "z", "x", "x"]
-    assert [s.task for s in plan_episodes(prompts, groups, 0, (), None)] == [None] * 4
+    assert [s.task for s in plan(0, ())] == [None] * 4
 
 
 def test_the_evals_system_prompt_goes_first_unless_the_prompt_has_one():
-    specs = plan_episodes(["hi", [{"role": "system", "content": "own"}, {"role": "user", "content": "hi"}]],
-                          [[0], [1]], 0, (), "Be brief.")
+    own = [{"role": "system", "content": "own"}, {"role": "user", "content": "hi"}]
+    specs = [plan_episode(p, i, i, 0, (), "Be brief.") for i, p in enumerate(["hi", own])]
     assert specs[0].initial_messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"})
     assert specs[1].initial_messages[0] == {"role": "system", "content": "own"}

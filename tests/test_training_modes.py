@@ -1,18 +1,14 @@
 """The training scripts' generation flags (ep_trl.devtools.training_modes): each combination no mode trains with is
 refused by argparse with a message naming the problem and the fix, before anything starts; the accepted ones give
-the config of their mode; the GPU-only LoRA check of an async run's server (against a stub). No training here (the
-script runs are in tests/test_train_letters_script.py and tests/colocate)."""
+the config of their mode. No training here (the script runs are in tests/test_train_letters_script.py and
+tests/colocate; LoRA against a server with --enable-lora in tests/test_rollout_worker.py)."""
 
 import importlib.util
-import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from ep_trl import ConfigError
 from ep_trl.devtools import training_modes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,41 +109,3 @@ def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tm
     assert lora_async.vllm_server_base_url == URL
     server = config(letters, ["--vllm-base-url", URL])
     assert isinstance(server, GRPOConfig) and server.use_cpu and not server.use_vllm
-
-
-class ServerInfo(BaseHTTPRequestHandler):
-    """``GET /server_info`` of a vLLM server in dev mode, with or without LoRA enabled (``lora_config``)."""
-
-    lora_config = None
-
-    def do_GET(self):  # noqa: N802 - http.server's naming
-        body = json.dumps({"vllm_config": {"lora_config": self.lora_config}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args):
-        pass
-
-
-@pytest.mark.parametrize("lora_config", [None, {"max_lora_rank": 16}])
-def test_lora_async_on_gpu_refuses_a_server_that_would_get_the_adapter_alone(lora_config):
-    """To a server with --enable-lora AsyncGRPOTrainer pushes the adapter alone, which the worker does not generate
-    with; without it TRL pushes merged weights."""
-    handler = type("Handler", (ServerInfo,), {"lora_config": lora_config})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        if lora_config is None:
-            training_modes.check_server_takes_merged_weights(url)
-        else:
-            with pytest.raises(ConfigError, match="runs with --enable-lora.*Restart the server without --enable-lora"):
-                training_modes.check_server_takes_merged_weights(url)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()

@@ -1,18 +1,21 @@
 """``create_openenv_vllm_rollout_func``: an eval-protocol eval test as a TRL ``rollout_func``.
 
-This module holds the factory and the per-call orchestration only: how settings combine is
+This module holds the factory, the parts the episode stream runs on (source, backend, loop, log) and the
+``rollout_func`` adapter: a call's prompt groups played through :func:`ep_trl.stream.play_groups` and collected into
+TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout_worker`). How settings combine is
 :mod:`ep_trl.settings`, which backend generates is :mod:`ep_trl.generation.choice`, one episode is
 :mod:`ep_trl.episode`, scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
 """
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from . import env_servers, evalprotocol, settings, shutdown, trl_compat
 from .env_servers import LaunchedServers
+from .episode import Episode
 from .errors import ConfigError
 from .evalprotocol import EvalSpec, EvalTest
 from .generation import Generator
@@ -20,16 +23,20 @@ from .generation.choice import make_generator
 from .generation.vllm import probe_server
 from .metrics import SignalWatch, budget_warning, call_metrics, summary_line
 from .options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
-from .output import IMAGES_KEY, trl_output
+from .content import supports_images
+from .output import trl_output
 from .rollout_log import RolloutLogWriter
 from .rows import RowContext
 from .runner import LoopRunner
-from .scoring import group_indices, score_rows
-from .sources import Batch, EpisodeSource
+from .scoring import Scored, group_indices
+from .sources import EpisodePlayer, EpisodeSource, Shared
 from .sources.choice import make_source
+from .stream import FinishedGroup, GroupPlan, PlayedEpisode, SlotMeter, play_groups
 from .trajectory import ChatTemplate
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class RolloutFunction:
@@ -50,6 +57,7 @@ class RolloutFunction:
         self._log = log_writer
         self._generator: Generator | None = None
         self._template: ChatTemplate | None = None
+        self._player: EpisodePlayer | None = None
         self._groups_started = 0
         self._signal = SignalWatch(self.options.max_signal_free_calls, spec.qualified_name)
         self.calls = 0
@@ -64,8 +72,8 @@ class RolloutFunction:
         return self.run(prompts, view)
 
     def run(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
-        """One rollout call for ``prompts`` as ``view`` describes the trainer (``__call__``, and the rollout worker
-        of ``AsyncGRPOTrainer``, which has no ``GRPOTrainer`` to hand over)."""
+        """One rollout call for ``prompts`` as ``view`` describes the trainer (what ``__call__`` does with the
+        ``GRPOTrainer`` it is handed)."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts
@@ -114,45 +122,91 @@ class RolloutFunction:
         self._groups_started += groups
         return first
 
+    def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the rollout function's event loop (where its generator, sessions and endpoint live) and
+        wait for it: the rollout worker's stream runs there."""
+        return self._runner.run(coro)
+
+    def row_context(self, view: trl_compat.TrainerView) -> RowContext:
+        """The ``ep logs`` row context of episodes started now (its step is ``view.global_step``)."""
+        _, generator = self._setup(view)
+        return RowContext(self.spec, self.invocation_id, generator.name, view)
+
+    async def groups(self, view: trl_compat.TrainerView, plans: Iterator[GroupPlan], *, slots: int,
+                     all_scope: str = "group", may_start: Callable[[], bool] | None = None,
+                     turn_version: Callable[[], int] | None = None,
+                     model_for: Callable[[int], str | None] | None = None,
+                     meter: SlotMeter | None = None) -> AsyncIterator[FinishedGroup]:
+        """The stream core (``ep_trl.stream.play_groups``) on this eval's source and backend: ``plans`` played with
+        at most ``slots`` episodes in flight, each group yielded once complete and scored."""
+        template, generator = self._setup(view)
+        limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
+        shared = Shared(limits=limits, template=template, generator=generator, log=self._log)
+        await generator.begin_call()  # forgets an earlier call's failure (the server may be back), wakes an engine
+        try:
+            async with self.source.session(shared) as player:
+                self._player = player
+                async for group in play_groups(player, self.spec, plans, generator, slots=slots,
+                                               body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
+                                               may_start=may_start, turn_version=turn_version, model_for=model_for,
+                                               meter=meter):
+                    yield group
+        finally:
+            await generator.end_call()
+
+    def log_final(self, group: FinishedGroup) -> None:
+        """Log a released group's scored rows with their token views (nothing when logging is off)."""
+        if self._log is not None:
+            group.plan.context.log_final(self._log, group.episodes, list(group.scored), group.seconds)
+
+    def observe_signal(self, episodes: list[Episode], scored: list[Scored]) -> None:
+        """Count episodes without a score (``RolloutOptions.max_signal_free_calls`` such rounds in a row raise)."""
+        self._signal.observe(episodes, scored)
+
+    @property
+    def env_sessions(self) -> int:
+        """Environment sessions opened by the stream now playing, or by the last one."""
+        return self._player.env_sessions if self._player is not None else 0
+
     async def _rollout(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
         started = time.perf_counter()
         self.calls += 1
         template, generator = self._setup(view)
+        if supports_images(view.processing_class) and not view.takes_rollout_images:
+            raise ConfigError(
+                f"{type(view.processing_class).__name__} renders images into the episodes of {self.spec.name}, and "
+                f"{type(view.trainer).__name__} would leave them out of its forward passes (TRL's rollout_func path "
+                "drops them): the model would be trained on image tokens without their pixels. Train with "
+                "ep_trl.trl_images.RolloutImagesGRPOTrainer in place of GRPOTrainer, or pass the text tokenizer "
+                "(processing_class.tokenizer) as the processing class (images are then dropped from the prompts).")
+        self.source.check(prompts)
         limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
         groups = group_indices(prompts, view.num_generations)
         context = RowContext(self.spec, self.invocation_id, generator.name, view)
-        batch = Batch(prompts=prompts, groups=groups, first_group=self._first_group(view, len(groups)),
-                      rollout_ids=[evalprotocol.new_id("rollout") for _ in prompts], limits=limits,
-                      template=template, generator=generator, context=context, log=self._log)
-        await generator.begin_call()  # forgets an earlier call's failure (the server may be back), wakes an engine
-        try:
-            played = await self.source.play(batch)
-        finally:
-            await generator.end_call()
-        if generator.failure is not None:  # the backend failed for good (e.g. the server is gone): do not train on it
-            raise generator.failure
-        episodes = played.episodes
-        scored = await score_rows(self.spec, played.rows, [ep.status == "finished" for ep in episodes], groups,
-                                  self.options.body_timeout_s)
+        first = self._first_group(view, len(groups))
+        rollout_ids = [evalprotocol.new_id("rollout") for _ in prompts]
+        plans = iter([GroupPlan(group=first + g, prompt=prompts[members[0]], indices=tuple(members),
+                                rollout_ids=tuple(rollout_ids[i] for i in members), context=context)
+                      for g, members in enumerate(groups)])
+        played: dict[int, PlayedEpisode] = {}
+        verdicts: dict[int, Scored] = {}
+        async for group in self.groups(view, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream"):
+            for episode, verdict in zip(group.played, group.scored):
+                played[episode.request.index] = episode
+                verdicts[episode.request.index] = verdict
+        episodes = [played[i].episode for i in range(len(prompts))]
+        scored = [verdicts[i] for i in range(len(prompts))]
         seconds = time.perf_counter() - started
         if self._log is not None:
             context.log_final(self._log, episodes, scored, seconds)
-        metrics = call_metrics(episodes, scored, seconds, played.env_sessions)
+        metrics = call_metrics(episodes, scored, seconds, self.env_sessions)
         view.record_metrics(metrics)
         logger.info(summary_line(view.global_step, episodes, scored, seconds, metrics))
         budget = budget_warning(episodes, limits.max_episode_tokens)
         if budget:
             logger.warning(budget)
         self._signal.observe(episodes, scored)
-        output = trl_output(episodes, scored, batch.rollout_ids, limits.stop_token_ids[0])
-        if IMAGES_KEY in output and not view.takes_rollout_images:
-            raise ConfigError(
-                f"The episodes of {self.spec.name} hold images, which {type(view.trainer).__name__} would leave out of "
-                "its forward passes (TRL's rollout_func path drops them): the model would be trained on image tokens "
-                "without their pixels. Train with ep_trl.trl_images.RolloutImagesGRPOTrainer in place of GRPOTrainer, "
-                "or with a text-only processing class (images are then dropped from the prompts)."
-            )
-        return output
+        return trl_output(episodes, scored, rollout_ids, limits.stop_token_ids[0])
 
 
 def create_openenv_vllm_rollout_func(

@@ -199,21 +199,16 @@ def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
                          max_steps=spec.max_steps, limits=limits, eval_name=spec.qualified_name)
 
 
-def plan_episodes(prompts: Sequence[Any], groups: Sequence[Sequence[int]], first_group: int, tasks: Sequence[str],
-                  system_prompt: str | None) -> list[EpisodeSpec]:
-    """One episode spec per prompt, in prompt order (``groups``: the prompt indices of each prompt group).
+def plan_episode(prompt: Any, index: int, group: int, generation: int, tasks: Sequence[str],
+                 system_prompt: str | None) -> EpisodeSpec:
+    """The spec of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
+    ``tasks[group % len(tasks)]``), ``generation`` within the group. The eval's ``system_prompt`` is put first
+    unless the prompt already has a system message.
 
-    Tasks rotate per prompt group: group ``k`` of the run (``first_group`` counts the groups of earlier calls
-    and, under ``accelerate launch``, of the other processes) plays ``tasks[k % len(tasks)]``. The eval's
-    ``system_prompt`` is put first unless the prompt already has a system message.
-    """
-    specs: list[EpisodeSpec] = []
-    for g, members in enumerate(groups):
-        group = first_group + g
-        task = tasks[group % len(tasks)] if tasks else None
-        for k, i in enumerate(members):
-            messages = initial_messages(prompts[i], i)
-            if system_prompt and not any(m.get("role") == "system" for m in messages):
-                messages = ({"role": "system", "content": system_prompt},) + messages
-            specs.append(EpisodeSpec(index=i, group=group, generation=k, task=task, initial_messages=messages))
-    return sorted(specs, key=lambda s: s.index)
+    Tasks rotate per prompt group: group ``k`` of the run (counting the groups of earlier calls and, under
+    ``accelerate launch``, of the other processes) plays ``tasks[k % len(tasks)]``."""
+    task = tasks[group % len(tasks)] if tasks else None
+    messages = initial_messages(prompt, index)
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = ({"role": "system", "content": system_prompt},) + messages
+    return EpisodeSpec(index=index, group=group, generation=generation, task=task, initial_messages=messages)

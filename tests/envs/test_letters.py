@@ -246,6 +246,21 @@ def test_env_vars_set_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         env.reset(task_name="abc", max_steps=0)
 
 
+def test_a_heavy_tail_makes_one_episode_in_k_a_straggler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LETTERS_TAIL_EVERY=k: one reset in k (counted by the server process) steps with LETTERS_TAIL_LATENCY_S."""
+    monkeypatch.setenv("LETTERS_TAIL_EVERY", "3")
+    monkeypatch.setenv("LETTERS_TAIL_LATENCY_S", "0.3")
+    env = LettersEnvironment(episode_log=EpisodeLog())
+    slow = []
+    for _ in range(6):
+        env.reset(max_steps=1)
+        start = time.perf_counter()
+        env.step(LettersAction(text="a"))
+        slow.append(time.perf_counter() - start >= 0.3)
+    first = slow.index(True)
+    assert [i for i, s in enumerate(slow) if s] == [first, first + 3]
+
+
 def test_concurrent_sessions_are_not_serialized(letters_server: str) -> None:
     """Sync step() sleeps in openenv's per-session executor threads, so sessions overlap."""
     n = 4

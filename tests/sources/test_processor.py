@@ -41,10 +41,16 @@ def segments(ids, mask, logprobs=None):
 
 
 def record_scored_rows(rollout):
-    """The rows the eval body gets, in order (the body is wrapped, not replaced)."""
+    """The rows the eval body gets, in the order it gets them (the body is wrapped, not replaced); a pointwise body
+    gets each row as its episode ends (``in_prompt_order`` puts them back in the call's order)."""
     rows, body = [], rollout.spec.body
     rollout.spec = replace(rollout.spec, body=lambda row: rows.append(row) or body(row))
     return rows
+
+
+def in_prompt_order(rows, out):
+    """Rows recorded by ``record_scored_rows``, in the order of the rollout output (by rollout id)."""
+    return sorted(rows, key=lambda row: out["rollout_id"].index(row.execution_metadata.rollout_id))
 
 
 def assert_logprobs_are_the_models(trainer, out):
@@ -69,6 +75,7 @@ def test_a_single_turn_eval_trains_unchanged(tiny_model_dir, tmp_path):
     try:
         out = rollout(prompts[:4], trainer)
         assert out["episode_status"] == ["finished"] * 4 and out["num_turns"] == [1] * 4
+        scored_rows = in_prompt_order(scored_rows, out)
         assert [r.ground_truth for r in scored_rows] == ["5", "5", "3", "3"]  # the eval's own rows, by row key
         tokenizer = trainer.processing_class
         for row, ids, mask in zip(scored_rows, out["completion_ids"], out["env_mask"]):
@@ -137,7 +144,7 @@ def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_e
         out = rollout(prompts[:2], trainer)
         assert out["episode_status"] == ["finished"] * 2, out["episode_error"]
         assert out["num_turns"] == [3, 3] and out["eval_score"] == [1.0, 1.0]
-        for row, ids, mask in zip(scored_rows, out["completion_ids"], out["env_mask"]):
+        for row, ids, mask in zip(in_prompt_order(scored_rows, out), out["completion_ids"], out["env_mask"]):
             tool_results = [m.content for m in row.messages if m.role == "tool"]
             assert tool_results == ['{"result": 3}', '{"result": 7}']  # computed by the MCP server
             replies = [m for m in row.messages if m.role == "assistant"]

@@ -96,30 +96,6 @@ def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Names
                              "(in-process generation trains on the screenshots), or use a GPU")
 
 
-def check_server_takes_merged_weights(base_url: str, timeout_s: float = 30.0) -> None:
-    """Raise ``ConfigError`` when the vLLM server at ``base_url`` runs with LoRA enabled (``--enable-lora``).
-
-    To such a server ``AsyncGRPOTrainer`` pushes a LoRA policy as an adapter alone, served under a name of its own,
-    while ``EvalRolloutWorker`` generates with the server's base model: every episode would come from the initial
-    policy. Without ``--enable-lora`` TRL merges the adapter into the weights it pushes, and episodes follow
-    training. Reads ``GET /server_info`` (vLLM's dev mode, which TRL's trainer needs too)."""
-    import httpx
-
-    from ..errors import ConfigError
-
-    url = f"{base_url.rstrip('/')}/server_info"
-    response = httpx.get(url, params={"config_format": "json"}, timeout=timeout_s)
-    if response.status_code != 200:
-        raise ConfigError(f"GET {url} answered HTTP {response.status_code}: AsyncGRPOTrainer needs the server in dev "
-                          "mode (VLLM_SERVER_DEV_MODE=1 in its environment, as `trl vllm-serve` sets)")
-    if (response.json().get("vllm_config") or {}).get("lora_config") is not None:
-        raise ConfigError(f"the vLLM server at {base_url} runs with --enable-lora: AsyncGRPOTrainer would push the "
-                          "LoRA adapter alone, under a name of its own, and ep_trl's EvalRolloutWorker generates with "
-                          "the server's base model, so every episode would come from the initial policy. Restart the "
-                          "server without --enable-lora (TRL then merges the adapter into the weights it pushes), or "
-                          "drop --lora-r")
-
-
 def vllm_importable() -> bool:
     """Whether this Python has vLLM (TRL's colocated engine runs it in the training process)."""
     return importlib.util.find_spec("vllm") is not None
@@ -242,17 +218,19 @@ class TrainingMode:
             if self.on_gpu:
                 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-                if peft_config is not None:
-                    check_server_takes_merged_weights(self.vllm_base_url)
+                # to a server with --enable-lora TRL syncs a peft policy's adapter alone; the worker generates with it
                 trainer = AsyncGRPOTrainer(model, args=args, train_dataset=train_dataset, rollout_worker=worker,
                                            callbacks=list(callbacks), peft_config=peft_config)
             else:
                 from ..async_cpu import CPUAsyncGRPOTrainer
                 from ..vllm_weight_sync import DiskWeightTransfer
 
-                # LoRA works here: TRL merges the adapters into the weights it streams and unmerges them after
+                # LoRA: to a server with --enable-lora TRL syncs the adapter alone (over HTTP, files on this disk);
+                # to any other, DiskWeightTransfer pushes the weights TRL merged the adapter into
+                adapter_only = peft_config is not None and worker.server_lora
                 trainer = CPUAsyncGRPOTrainer(model, args=args, train_dataset=train_dataset, rollout_worker=worker,
-                                              weight_transfer=DiskWeightTransfer(self.vllm_base_url, model),
+                                              weight_transfer=None if adapter_only else DiskWeightTransfer(
+                                                  self.vllm_base_url, model),
                                               callbacks=list(callbacks), peft_config=peft_config)
             yield trainer
         finally:

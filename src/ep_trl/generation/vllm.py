@@ -105,6 +105,31 @@ def probe_server(base_url: str, timeout_s: float = 10.0) -> ServerInfo:
     return ServerInfo(model=str(entry["id"]), max_model_len=int(max_len) if max_len else None)
 
 
+def served_models(base_url: str, timeout_s: float = 10.0) -> list[str]:
+    """The model ids ``GET /v1/models`` lists: the base model, then every LoRA adapter loaded at run time."""
+    url = f"{base_url.rstrip('/')}/v1/models"
+    try:
+        response = httpx.get(url, timeout=httpx.Timeout(timeout_s))
+        response.raise_for_status()
+        return [str(entry["id"]) for entry in response.json()["data"]]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+        raise GenerationError(f"GET {url} gave no list of models ({type(exc).__name__}: {exc})") from exc
+
+
+def lora_enabled(base_url: str, timeout_s: float = 10.0) -> bool:
+    """Whether the server runs with ``--enable-lora`` (``GET /server_info``, vLLM's dev mode, which TRL's async
+    trainer needs too; a server without it answers 404 and is taken to run without LoRA)."""
+    url = f"{base_url.rstrip('/')}/server_info"
+    try:
+        response = httpx.get(url, params={"config_format": "json"}, timeout=httpx.Timeout(timeout_s))
+        if response.status_code != 200:
+            return False
+        return (response.json().get("vllm_config") or {}).get("lora_config") is not None
+    except (httpx.HTTPError, AttributeError, ValueError) as exc:
+        raise GenerationError(f"GET {url} did not answer usably ({type(exc).__name__}: {exc}); is {base_url} a "
+                              f"vLLM server? If not, {START_HINT}.") from exc
+
+
 class RejectedRequest(GenerationError):
     """The server answered with a 4xx other than 429: sending the same request again cannot help."""
 
@@ -210,10 +235,16 @@ class VLLMServerGenerator:
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                        images: PromptImages | None = None) -> Generation:
+        return await self.generate_as(self.model, prompt_ids, params, images)
+
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """``generate`` with another model the server serves (a LoRA adapter loaded under that name); turns for
+        different models never share a request."""
         if images is not None:
-            return await self._generate_with_images(prompt_ids, params, images)
+            return await self._generate_with_images(model, prompt_ids, params, images)
         number = next(self._turns)
-        payload = completion_payload(self.model, prompt_ids, params, seed=request_seed(self.seed, number))
+        payload = completion_payload(model, prompt_ids, params, seed=request_seed(self.seed, number))
         label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(payload['prompt'])} "
                  f"tokens, max_tokens={payload['max_tokens']})")
         if self._failure is not None:
@@ -233,10 +264,10 @@ class VLLMServerGenerator:
                 self._failure = exc
             raise
 
-    async def _generate_with_images(self, prompt_ids: Sequence[int], params: SamplingParams,
+    async def _generate_with_images(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
                                     images: PromptImages) -> Generation:
         number = next(self._turns)
-        body = tokens_payload(self.model, images, params, seed=request_seed(self.seed, number))
+        body = tokens_payload(model, images, params, seed=request_seed(self.seed, number))
         label = (f"turn request #{number} to {self._generate_url} (prompt of {len(prompt_ids)} tokens with "
                  f"{len(images.images)} image(s), max_tokens={params.max_tokens}; token ids with images need a vLLM "
                  "server started with --enable-scale-out)")

@@ -1,14 +1,18 @@
-"""Episode sources: where a rollout call's episodes come from, so the rollout never asks which one it holds.
+"""Episode sources: where episodes come from, so the stream that plays them never asks which source it holds.
 
 One module per source, each implementing :class:`EpisodeSource`: ``openenv`` (ep_trl drives an
 ``OpenEnvRolloutProcessor`` eval's environment loop itself) and ``processor`` (any other eval-protocol processor
 runs unchanged while ep_trl captures its model calls). ``choice`` picks one for an eval.
+
+A source plays one episode at a time for :mod:`ep_trl.stream`, which decides how many run at once, when the next
+one starts and when a prompt group is complete: ``session(shared)`` opens what a run of episodes shares (environment
+sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`.
 """
 
-import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from ..episode import Episode
 from ..generation import Generator
@@ -18,57 +22,62 @@ from ..trajectory import ChatTemplate, TurnLimits
 
 
 @dataclass(frozen=True)
-class Batch:
-    """One rollout call: TRL's prompts (``groups``: the indices of each prompt group; ``first_group``: the run-wide
-    number of the first), a rollout id per prompt, and what every episode shares."""
+class Shared:
+    """What every episode of a stream shares: the turn limits, the chat template, the generation backend and
+    the ``ep logs`` writer (None when logging is off)."""
 
-    prompts: Sequence[Any]
-    groups: Sequence[Sequence[int]]
-    first_group: int
-    rollout_ids: Sequence[str]
     limits: TurnLimits
     template: ChatTemplate
     generator: Generator
-    context: RowContext
     log: RolloutLogWriter | None
 
 
 @dataclass(frozen=True)
-class Played:
-    """A call's episodes in prompt order, the row of each that the eval body scores, and how many environment
-    sessions were opened."""
+class EpisodeRequest:
+    """One episode to play: its place (``index`` in the stream, run-wide prompt ``group``, ``generation`` within the
+    group), TRL's prompt, its rollout id in ``ep logs``, and the row context of the step it started under."""
 
-    episodes: list[Episode]
-    rows: list[Any]
-    env_sessions: int = 0
+    index: int
+    group: int
+    generation: int
+    prompt: Any
+    rollout_id: str
+    context: RowContext
+
+
+class EpisodePlayer(Protocol):
+    """Plays the episodes of one session. ``play`` returns the episode, failed or not (an episode's own error is
+    data), and the row the eval body scores; errors that would fail every episode alike raise."""
+
+    @property
+    def env_sessions(self) -> int:
+        """Environment sessions opened so far in this session."""
+        ...
+
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+        """One episode, its turns generated with ``generator`` (the shared one, or a wrapper of it that records
+        each turn's policy version)."""
+        ...
 
 
 class EpisodeSource(Protocol):
-    """Plays the episodes of rollout calls. ``play`` returns every episode, failed ones included (an episode's own
-    error is data); errors that would fail every episode alike raise."""
+    """Where episodes come from: an eval's environment loop, or its processor."""
 
     def describe(self) -> str:
         """One line for the start-up log: what plays the episodes."""
         ...
 
-    async def play(self, batch: Batch) -> Played: ...
-
-    async def aclose(self) -> None:
-        """Release what the source holds (sessions, servers, endpoints); it is not used afterwards."""
+    def check(self, prompts: Sequence[Any]) -> None:
+        """Raise, naming the first prompt and what is wrong with it, unless every prompt can be played (called
+        before any episode starts: a bad prompt would fail every call it is in)."""
         ...
 
+    def session(self, shared: Shared) -> AbstractAsyncContextManager[EpisodePlayer]:
+        """What a run of episodes shares (a rollout call's, or a rollout worker's whole stream); closed on exit,
+        every environment session with it."""
+        ...
 
-T = TypeVar("T")
+    async def aclose(self) -> None:
+        """Release what the source holds (servers, endpoints); it is not used afterwards."""
+        ...
 
-
-async def gather_or_cancel(pending: Sequence[Awaitable[T]]) -> list[T]:
-    """Every result, in order; when one raises (an error that is not an episode's own), the others are cancelled
-    and waited for before the error propagates, so no episode outlives its call."""
-    tasks = [asyncio.ensure_future(p) for p in pending]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

@@ -1,21 +1,23 @@
 """Episodes of an ``OpenEnvRolloutProcessor`` eval, played by ep_trl itself: its environment, prompt builder and
 action parser in ep_trl's token-exact loop (``ep_trl.episode``), on sessions from an ``EnvPool``."""
 
-import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
 
 from .. import settings
 from ..env_pool import EnvPool, ServerNotes
 from ..env_servers import LaunchedServers
 from ..environment import check_openenv
-from ..episode import Episode, EpisodeSpec, StepCallback, run_episode
+from ..episode import Episode, EpisodeConfig, EpisodeSpec, initial_messages, run_episode
 from ..evalprotocol import EvalSpec
+from ..generation import Generator
 from ..options import RolloutOptions
-from . import Batch, Played, gather_or_cancel
+from . import EpisodeRequest, Shared
 
 
 class OpenEnvSource:
-    """Plays each prompt as one environment episode; task rotation per prompt group (``settings.plan_episodes``)."""
+    """Plays each prompt as one environment episode; task rotation per prompt group (``settings.plan_episode``)."""
 
     def __init__(self, spec: EvalSpec, options: RolloutOptions, servers: LaunchedServers | None) -> None:
         assert spec.env is not None
@@ -31,40 +33,50 @@ class OpenEnvSource:
         return (f"{env.describe()} with {self._openenv}, {self._spec.max_steps} max steps, "
                 f"tasks {list(env.tasks) or 'none'}")
 
-    async def play(self, batch: Batch) -> Played:
-        """Every episode of the call, at most ``max_concurrent_rollouts`` at once. An error that is not an
-        episode's own cancels the others and raises; every environment session is closed either way."""
+    def check(self, prompts: Sequence[Any]) -> None:
+        """Every prompt is a string or a list of chat messages (``episode.initial_messages`` says what is wrong)."""
+        for index, prompt in enumerate(prompts):
+            initial_messages(prompt, index)
+
+    @asynccontextmanager
+    async def session(self, shared: Shared) -> AsyncIterator["_OpenEnvPlayer"]:
+        """Environment sessions from one pool (reused between episodes when the options say so), all closed on
+        exit."""
         spec = self._spec
         assert spec.env is not None
-        cfg = settings.episode_config(spec, batch.limits)
-        specs = settings.plan_episodes(batch.prompts, batch.groups, batch.first_group, spec.env.tasks,
-                                       spec.completion_params.get("system_prompt"))
-        limit = asyncio.Semaphore(spec.max_concurrent_rollouts)
-        envs = EnvPool(cfg.env, reuse=self._options.reuse_env_sessions, notes=self._notes)
-        on_step = [_step_logger(batch, s, r) for s, r in zip(specs, batch.rollout_ids)]
-
-        async def bounded(episode: EpisodeSpec, callback: StepCallback | None) -> Episode:
-            async with limit:
-                return await run_episode(episode, cfg, batch.template, batch.generator, envs, callback)
-
+        envs = EnvPool(spec.env, reuse=self._options.reuse_env_sessions, notes=self._notes)
         try:
-            episodes = await gather_or_cancel([bounded(s, cb) for s, cb in zip(specs, on_step)])
+            yield _OpenEnvPlayer(spec, settings.episode_config(spec, shared.limits), shared, envs)
         finally:
             await envs.aclose()
-        rows = [batch.context.episode_row(ep, rid, batch.prompts[ep.spec.index])
-                for ep, rid in zip(episodes, batch.rollout_ids)]
-        return Played(episodes, rows, envs.opened)
 
     async def aclose(self) -> None:
         if self._servers is not None:
             self._servers.close()
 
 
-def _step_logger(batch: Batch, spec: EpisodeSpec, rollout_id: str) -> Callable[..., None] | None:
+class _OpenEnvPlayer:
+    def __init__(self, spec: EvalSpec, cfg: EpisodeConfig, shared: Shared, envs: EnvPool) -> None:
+        self._spec, self._cfg, self._shared, self._envs = spec, cfg, shared, envs
+
+    @property
+    def env_sessions(self) -> int:
+        return self._envs.opened
+
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+        assert self._spec.env is not None
+        spec = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
+                                     self._spec.env.tasks, self._spec.completion_params.get("system_prompt"))
+        episode = await run_episode(spec, self._cfg, self._shared.template, generator, self._envs,
+                                    _step_logger(self._shared, request, spec))
+        return episode, request.context.episode_row(episode, request.rollout_id, request.prompt)
+
+
+def _step_logger(shared: Shared, request: EpisodeRequest, spec: EpisodeSpec) -> Callable[..., None] | None:
     """Log the episode's row as it starts, and return a callback that logs it after every step (None when off)."""
-    log, context = batch.log, batch.context
+    log, context = shared.log, request.context
     if log is None:
         return None
-    prompt = batch.prompts[spec.index]
+    rollout_id, prompt = request.rollout_id, request.prompt
     context.log_row(log, spec, rollout_id, prompt, spec.initial_messages, ())
     return lambda messages, rewards: context.log_row(log, spec, rollout_id, prompt, messages, rewards)

@@ -15,7 +15,8 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ..episode import Episode, EpisodeFailure, EpisodeSpec, pytest_outcome
@@ -26,7 +27,10 @@ from ..processors.capture import RolloutCapture
 from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
 from ..processes import port_holder
 from ..processors.parsing import ToolCallParser
-from . import Batch, Played, gather_or_cancel
+from ..generation import Generator
+from ..rollout_log import RolloutLogWriter
+from ..rows import RowContext
+from . import EpisodeRequest, Shared
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +59,15 @@ class ProcessorSource:
         return (f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
                 "captured by ep_trl")
 
-    async def play(self, batch: Batch) -> Played:
+    def check(self, prompts: Sequence[Any]) -> None:
+        """Every prompt stands for one of the eval's rows (``evalprotocol.match_rows`` says which cannot)."""
+        match_rows(prompts, self._rows, self._spec.qualified_name)
+
+    @asynccontextmanager
+    async def session(self, shared: Shared) -> AsyncIterator["_ProcessorPlayer"]:
+        """The endpoint (started on first use) with a routing key of this session: a processor's calls with
+        an earlier session's key are refused."""
         spec = self._spec
-        rows = match_rows(batch.prompts, self._rows, spec.qualified_name)
         if not self._endpoint.running:
             await self._endpoint.start()
             processors.setup(spec)
@@ -65,13 +75,8 @@ class ProcessorSource:
         key = self._endpoint.new_call()
         self._variables.point_at(self._endpoint.base_url, key)
         if self._parser is None:
-            self._parser = ToolCallParser(batch.template.tokenizer)
-        semaphore = asyncio.Semaphore(spec.max_concurrent_rollouts)
-        places = {i: (batch.first_group + g, k) for g, members in enumerate(batch.groups) for k, i in enumerate(members)}
-        results = await gather_or_cancel([self._episode(batch, EpisodeSpec(
-            index=i, group=places[i][0], generation=places[i][1], task=None,
-            initial_messages=tuple(_message_dicts(row.messages))), row, semaphore, key) for i, row in enumerate(rows)])
-        return Played([ep for ep, _ in results], [row for _, row in results])
+            self._parser = ToolCallParser(shared.template.tokenizer)
+        yield _ProcessorPlayer(self, shared, asyncio.Semaphore(spec.max_concurrent_rollouts), key)
 
     async def aclose(self) -> None:
         try:
@@ -82,18 +87,20 @@ class ProcessorSource:
             self._variables.restore()
             self._mcp.close()
 
-    async def _episode(self, batch: Batch, spec: EpisodeSpec, row: Any, semaphore: asyncio.Semaphore,
-                       key: str) -> tuple[Episode, Any]:
+    async def _episode(self, shared: Shared, request: EpisodeRequest, generator: Generator,
+                       semaphore: asyncio.Semaphore, key: str) -> tuple[Episode, Any]:
         """One row through the processor; the episode and the row for the body."""
         assert self._parser is not None and self._endpoint.base_url is not None
-        rollout_id = batch.rollout_ids[spec.index]
-        prompt = batch.prompts[spec.index]
+        rollout_id, prompt, context = request.rollout_id, request.prompt, request.context
+        row = match_rows([prompt], self._rows, self._spec.qualified_name)[0]
+        spec = EpisodeSpec(index=request.index, group=request.group, generation=request.generation, task=None,
+                           initial_messages=tuple(_message_dicts(row.messages)))
         label = f"episode {spec.index} (row {row.input_metadata.row_id})"
-        capture = RolloutCapture(new_token(), label, batch.limits, batch.template, batch.generator, self._parser)
-        live = _LiveLog(batch, spec, rollout_id, prompt)
+        capture = RolloutCapture(new_token(), label, shared.limits, shared.template, generator, self._parser)
+        live = _LiveLog(shared.log, context, spec, rollout_id, prompt)
         params = processors.routed_params(self._spec.completion_params, MODEL_PREFIX + capture.token,
                                           self._endpoint.base_url, key)
-        batch.context.row(spec, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
+        context.row(spec, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
         live.log(row)
         self._endpoint.add(capture)
         mcp = self._mcp.for_rollout(rollout_id)
@@ -154,23 +161,36 @@ class ProcessorSource:
             budget_blocked_tokens=capture.budget_blocked_tokens,
             forked_segments=capture.forks,
         )
-        return episode, batch.context.episode_row(episode, rollout_id, prompt, source_row=row)
+        return episode, context.episode_row(episode, rollout_id, prompt, source_row=row)
+
+
+class _ProcessorPlayer:
+    def __init__(self, source: ProcessorSource, shared: Shared, semaphore: asyncio.Semaphore, key: str) -> None:
+        self._source, self._shared, self._semaphore, self._key = source, shared, semaphore, key
+
+    @property
+    def env_sessions(self) -> int:
+        return 0  # the processor's environment is its own
+
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+        return await self._source._episode(self._shared, request, generator, self._semaphore, self._key)
 
 
 class _LiveLog:
     """The DatasetLogger handed to the processor: its mid-rollout rows go to ``ep logs`` with the training ids (or
     nowhere when logging is off)."""
 
-    def __init__(self, batch: Batch, spec: EpisodeSpec, rollout_id: str, prompt: Any) -> None:
-        self._batch, self._spec, self._rollout_id, self._prompt = batch, spec, rollout_id, prompt
+    def __init__(self, log: RolloutLogWriter | None, context: RowContext, spec: EpisodeSpec, rollout_id: str,
+                 prompt: Any) -> None:
+        self._log, self._context, self._spec, self._rollout_id, self._prompt = log, context, spec, rollout_id, prompt
 
     def log(self, row: Any) -> None:
-        if self._batch.log is None:
+        if self._log is None:
             return
         snapshot = row.model_copy(deep=True)  # the processor goes on changing its row
-        context, spec = self._batch.context, self._spec
-        self._batch.log.log(self._rollout_id, lambda: context.row(spec, self._rollout_id, self._prompt, (), (),
-                                                                  source_row=snapshot))
+        context, spec = self._context, self._spec
+        self._log.log(self._rollout_id, lambda: context.row(spec, self._rollout_id, self._prompt, (), (),
+                                                            source_row=snapshot))
 
     def read(self, rollout_id: str | None = None) -> list[Any]:
         return []

@@ -5,11 +5,15 @@ non-whitespace characters that belong to the task's alphabet. Episodes last
 ``max_steps`` steps. A ``crash`` task fails on purpose at step 2 so callers
 can test how they handle an environment dying mid-episode, and an optional
 per-step latency (``LETTERS_STEP_LATENCY_S`` or reset's ``step_latency_s``) lets
-benchmarks model slow environments.
+benchmarks model slow environments. A heavy tail (``LETTERS_TAIL_EVERY`` = k and
+``LETTERS_TAIL_LATENCY_S``) makes the 1st, (k+1)-th, (2k+1)-th ... episode the
+server resets a straggler, stepping with the tail latency instead.
 """
 
+import itertools
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any, Optional
@@ -40,6 +44,12 @@ DEFAULT_MAX_STEPS = 3
 TASK_ENV_VAR = "LETTERS_TASK"
 MAX_STEPS_ENV_VAR = "LETTERS_MAX_STEPS"
 STEP_LATENCY_ENV_VAR = "LETTERS_STEP_LATENCY_S"
+TAIL_EVERY_ENV_VAR = "LETTERS_TAIL_EVERY"
+TAIL_LATENCY_ENV_VAR = "LETTERS_TAIL_LATENCY_S"
+
+#: Resets served by this process, counted for the heavy tail (sessions reset concurrently).
+_RESETS = itertools.count(0)
+_RESETS_LOCK = threading.Lock()
 
 
 def score_text(text: str, alphabet: str) -> float:
@@ -90,6 +100,15 @@ def _resolve_step_latency_s(step_latency_s: Optional[float]) -> float:
     return latency
 
 
+def _tail_latency_s(reset_number: int) -> float | None:
+    """The straggler latency for the ``reset_number``-th reset (0-based) when the heavy tail is on and it is one of
+    every ``LETTERS_TAIL_EVERY`` resets (the first included), else None."""
+    every = int(os.environ.get(TAIL_EVERY_ENV_VAR) or 0)
+    if every < 1 or reset_number % every:
+        return None
+    return _resolve_step_latency_s(float(os.environ.get(TAIL_LATENCY_ENV_VAR) or 0.0))
+
+
 class LettersEnvironment(Environment[LettersAction, LettersObservation, LettersState]):
     """One letters game session.
 
@@ -128,6 +147,10 @@ class LettersEnvironment(Environment[LettersAction, LettersObservation, LettersS
         task = _resolve_task(task_name)
         steps = _resolve_max_steps(max_steps)
         self._latency_s = _resolve_step_latency_s(step_latency_s)
+        with _RESETS_LOCK:
+            tail = _tail_latency_s(next(_RESETS))
+        if tail is not None:
+            self._latency_s = tail
         alphabet = TASKS[task]
         eid = episode_id or uuid.uuid4().hex
         self._state = LettersState(
