@@ -92,3 +92,4 @@ def test_bridges_of_a_long_episode_are_those_of_a_fresh_template(chatml):
         fresh, fresh_realigned = ChatTemplate(chatml).bridge(messages, builder.held(), last, [end])
         assert (bridge, realigned) == (fresh, fresh_realigned)
         builder.add_inserted(bridge)
+

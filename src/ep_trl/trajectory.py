@@ -28,9 +28,11 @@ vLLM engine takes a prompt with its images (``generation.PromptImages``).
 """
 
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages
@@ -42,6 +44,9 @@ _SENTINEL = "\u2063ep_trl:assistant-content\u2063"
 
 #: Decoded images kept per chat template (an episode's screenshots are re-rendered every turn).
 _IMAGE_CACHE_SIZE = 64
+
+#: A run of sampled tokens in a mask written as bytes.
+_SAMPLED_RUN = re.compile(b"[^\x00]+")
 
 #: Encoded conversation prefixes kept per chat template (one or two per running episode are in use).
 _PREFIX_CACHE_SIZE = 512
@@ -152,24 +157,22 @@ class Trajectory:
     def sampled_tokens(self) -> int:
         return sum(self.env_mask)
 
+    @cached_property
+    def sampled_runs(self) -> tuple[tuple[int, int], ...]:
+        """``(start, end)`` in ``completion_ids`` of each run of model-sampled ids (``env_mask`` 1), one per turn,
+        found once per trajectory (metrics, output and rows all ask)."""
+        return tuple(found.span() for found in _SAMPLED_RUN.finditer(bytes(map(bool, self.env_mask))))
+
     def turn_numbers(self) -> tuple[int, ...]:
         """For each completion token: 0 if inserted (env_mask 0), else the 1-based turn that sampled it."""
-        numbers: list[int] = []
-        turn = previous = 0
-        for m in self.env_mask:
-            if m and not previous:
-                turn += 1
-            numbers.append(turn if m else 0)
-            previous = m
+        numbers = [0] * len(self.env_mask)
+        for turn, (start, end) in enumerate(self.sampled_runs, 1):
+            numbers[start:end] = [turn] * (end - start)
         return tuple(numbers)
 
     def sampled_segments(self) -> list[tuple[int, ...]]:
         """The runs of model-sampled ids, one per turn, in order."""
-        segments: dict[int, list[int]] = {}
-        for tok, turn in zip(self.completion_ids, self.turn_numbers()):
-            if turn:
-                segments.setdefault(turn, []).append(tok)
-        return [tuple(ids) for ids in segments.values()]
+        return [self.completion_ids[start:end] for start, end in self.sampled_runs]
 
 
 @dataclass(frozen=True)
