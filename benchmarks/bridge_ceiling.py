@@ -62,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--turns", type=int, nargs="+", default=[3], help="turns per episode (openenv, chat)")
     parser.add_argument("--logs", nargs="+", default=["on", "off"], choices=["on", "off"], help="ep logs rows")
     parser.add_argument("--episodes", type=int, default=64, help="episodes per call (at least 2 x concurrency)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="RolloutOptions(worker_processes=...): CPU then counts the workers' too")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="print this process's pid and wait 5 s before timing")
     parser.add_argument("--out", type=Path, default=None)
@@ -120,22 +122,33 @@ def expected_turns(arm: str, turns: int) -> int:
     return turns if arm in TURNED else {"single_turn": 1, "agent": 3}[arm]
 
 
-def build(arm: str, turns: int, concurrency: int, logs: str, url: str) -> Any:
-    from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
+def build(arm: str, turns: int, concurrency: int, logs: str, url: str, workers: int = 1) -> Any:
+    from ep_trl import EvalOverrides, RolloutOptions, create_openenv_vllm_rollout_func
 
     overrides = EvalOverrides(max_concurrent_rollouts=concurrency,
                               max_steps=turns if arm == "openenv" else None)
     return create_openenv_vllm_rollout_func(EVALS[arm], vllm_base_url=url, log_rollouts=logs == "on",
-                                            overrides=overrides)
+                                            overrides=overrides, options=RolloutOptions(worker_processes=workers))
+
+
+def cpu_seconds(rollout: Any) -> float:
+    """This process's CPU time, plus that of the rollout function's worker processes if it has any."""
+    import psutil
+
+    total = time.process_time()
+    for process, _ in getattr(rollout, "_workers", ()):
+        times = psutil.Process(process.pid).cpu_times()
+        total += times.user + times.system
+    return total
 
 
 def timed_call(rollout: Any, trainer: Any, arm: str, turns: int, prompts: list[Any]) -> dict[str, float]:
     if arm == "chat":
         os.environ["BRIDGE_TURNS"] = str(turns)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0 = cpu_seconds(rollout), time.perf_counter()
     out = rollout(prompts, trainer)
     rollout.flush_logs()
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    wall, cpu = time.perf_counter() - wall0, cpu_seconds(rollout) - cpu0
     played = sum(out["num_turns"])
     want = expected_turns(arm, turns) * len(prompts)
     if out["episode_status"] != ["finished"] * len(prompts) or played != want:
@@ -163,9 +176,9 @@ def main() -> None:
         trainer = None
         for arm in args.arms:
             for turns in (args.turns if arm in TURNED else [expected_turns(arm, 0)]):
-                for c in args.concurrency:
+                for c, workers in ((c, w) for c in args.concurrency for w in args.workers):
                     for logs in args.logs:
-                        rollout = build(arm, turns, c, logs, urls["vllm"])
+                        rollout = build(arm, turns, c, logs, urls["vllm"], workers)
                         stack.callback(rollout.close)
                         if trainer is None:
                             trainer = make_trainer(model_dir, work / "trainer", rollout, num_generations=4,
@@ -173,13 +186,14 @@ def main() -> None:
                         episodes = max(args.episodes, 2 * c)
                         prompts = prompts_for(arm, episodes)
                         timed_call(rollout, trainer, arm, turns, prompts[: min(8, episodes)])  # warm-up
-                        configs.append((arm, turns, c, logs, rollout, prompts))
+                        configs.append((arm, turns, c, workers, logs, rollout, prompts))
         if args.profile:
             print(f"profile: pid {os.getpid()}", flush=True)
             time.sleep(5)
         for repeat in range(args.repeats):  # interleaved: a burst of load elsewhere hits every configuration alike
-            for arm, turns, c, logs, rollout, prompts in configs:
-                row = {"arm": arm, "turns": turns, "concurrency": c, "logs": logs, "episodes": len(prompts),
+            for arm, turns, c, workers, logs, rollout, prompts in configs:
+                row = {"arm": arm, "turns": turns, "concurrency": c, "workers": workers, "logs": logs,
+                       "episodes": len(prompts),
                        "repeat": repeat, **timed_call(rollout, trainer, arm, turns, prompts),
                        "loadavg_1min": os.getloadavg()[0]}
                 runs.append(row)
@@ -197,19 +211,22 @@ def main() -> None:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    keys = sorted({(r["arm"], r["turns"], r["concurrency"], r["logs"]) for r in runs}, key=lambda k: k)
+    def key(r: dict[str, Any]) -> tuple:
+        return r["arm"], r["turns"], r["concurrency"], r.get("workers", 1), r["logs"]
+
     rows = []
-    for arm, turns, c, logs in keys:
-        mine = [r for r in runs if (r["arm"], r["turns"], r["concurrency"], r["logs"]) == (arm, turns, c, logs)]
-        rows.append({"arm": arm, "turns": turns, "concurrency": c, "logs": logs, **{
+    for arm, turns, c, workers, logs in sorted({key(r) for r in runs}):
+        mine = [r for r in runs if key(r) == (arm, turns, c, workers, logs)]
+        rows.append({"arm": arm, "turns": turns, "concurrency": c, "workers": workers, "logs": logs, **{
             field: statistics.median(r[field] for r in mine)
             for field in ("episodes_per_s", "turns_per_s", "cpu_ms_per_turn")}})
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| arm | turns | concurrency | ep logs | episodes/s | turns/s | CPU ms/turn |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['arm']} | {r['turns']} | {r['concurrency']} | {r['logs']} | {r['episodes_per_s']:.1f} | "
+    lines = ["| arm | turns | concurrency | workers | ep logs | episodes/s | turns/s | CPU ms/turn |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['turns']} | {r['concurrency']} | {r['workers']} | {r['logs']} | {r['episodes_per_s']:.1f} | "
               f"{r['turns_per_s']:.1f} | {r['cpu_ms_per_turn']:.2f} |" for r in rows]
     return "\n".join(lines)
 
