@@ -61,3 +61,24 @@ def test_workers_need_a_server_and_a_batch_they_can_split():
         create_openenv_vllm_rollout_func(ARITHMETIC, backend="trainer", options=RolloutOptions(worker_processes=2))
     with pytest.raises(ConfigError, match="worker_processes"):
         RolloutOptions(worker_processes=0)
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir, tmp_path):
+    prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
+    with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
+        two = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False,
+                                               options=RolloutOptions(worker_processes=2))
+        trainer = make_trainer(tiny_model_dir, tmp_path, two, num_generations=2, batch_size=4, max_steps=1,
+                               max_completion_length=32, prompts=prompts)
+        try:
+            two(prompts, trainer)
+            first, _ = two._workers[0]
+            first.kill()
+            first.join(10)
+            with pytest.raises(RuntimeError, match="ep-trl-shard-0.*ended during a rollout call"):
+                two(prompts, trainer)
+            second, pipe = two._workers[1]
+            assert second.is_alive() and not pipe.poll()  # its answer was read: nothing stale for the next call
+        finally:
+            two.close()

@@ -117,17 +117,25 @@ class ShardedRolloutFunction:
         bounds = shard_bounds(groups, size, len(prompts), len(self._workers))
         sent = (id(view.args), id(view.processing_class))
         settings = None if sent == self._sent else (view.args, view.processing_class)
-        for (start, end), (_, pipe) in zip(bounds, self._workers):
-            pipe.send((list(prompts[start:end]), settings, view.global_step, url))
+        unsent = set()
+        for k, ((start, end), (_, pipe)) in enumerate(zip(bounds, self._workers)):
+            try:
+                pipe.send((list(prompts[start:end]), settings, view.global_step, url))
+            except (BrokenPipeError, ConnectionResetError):  # the worker is gone: said below
+                unsent.add(k)
         self._sent = sent
         outputs, metrics, errors = [], [], []
-        for (start, end), (process, pipe) in zip(bounds, self._workers):
+        for k, ((start, end), (process, pipe)) in enumerate(zip(bounds, self._workers)):  # read every answer
             try:
+                if k in unsent:
+                    raise EOFError
                 status, value, shard_metrics = pipe.recv()
             except EOFError:
                 self._sent = None
-                raise RuntimeError(f"ep_trl worker process {process.name} (pid {process.pid}) ended during a rollout "
-                                   f"call (exit code {process.exitcode})") from None
+                process.join(1)
+                errors.append(RuntimeError(f"ep_trl worker process {process.name} (pid {process.pid}) ended during a "
+                                           f"rollout call (exit code {process.exitcode})"))
+                continue
             if status == "ok":
                 outputs.append(value)
                 metrics.append(shard_metrics)
