@@ -1,10 +1,12 @@
 """The bridge rule between turns: clean when the template extends the held tokens, realigned (and counted) when not."""
 
+import random
+
 import pytest
 from transformers import AutoTokenizer
 
 from ep_trl.generation import Generation
-from ep_trl.trajectory import ChatTemplate, Encoded, TrajectoryBuilder
+from ep_trl.trajectory import ChatTemplate, Encoded, Trajectory, TrajectoryBuilder
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +94,25 @@ def test_builder_masks_and_logprobs_align():
 def test_generation_rejects_misaligned_logprobs():
     with pytest.raises(ValueError, match="must align"):
         Generation((1, 2), (-1.0,), "stop")
+
+
+def reference_turn_numbers(env_mask):
+    numbers, turn, previous = [], 0, 0
+    for m in env_mask:
+        if m and not previous:
+            turn += 1
+        numbers.append(turn if m else 0)
+        previous = m
+    return tuple(numbers)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sampled_runs_give_the_turns_a_token_by_token_count_gives(seed):
+    rng = random.Random(seed)
+    mask = tuple(rng.choice([0, 1, 1]) for _ in range(rng.randrange(0, 60)))
+    ids = tuple(range(100, 100 + len(mask)))
+    traj = Trajectory((1, 2), ids, tuple(0.0 for _ in mask), mask)
+    turns = reference_turn_numbers(mask)
+    assert traj.turn_numbers() == turns
+    assert traj.sampled_segments() == [tuple(t for t, n in zip(ids, turns) if n == k) for k in range(1, max(turns,
+                                                                                                          default=0) + 1)]

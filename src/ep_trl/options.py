@@ -195,6 +195,12 @@ class RolloutOptions:
         body_timeout_s: how long one call of the eval body may take; past it, its rows are unscored (counted).
         max_signal_free_calls: raise ``NoTrainingSignalError`` after this many consecutive rollout calls in which
             no episode got a score (every one failed or went unscored): such steps train on nothing.
+        worker_processes: play each call's episodes in this many worker processes (1: in the trainer's process).
+            Each worker has its own event loop, endpoint and environment sessions and plays a contiguous share of
+            the prompt groups, up to the eval's ``max_concurrent_rollouts`` at once; the results come back in
+            prompt order. For when the trainer's one Python process is the limit (an eval's processor whose model
+            client costs milliseconds per call, with generation on a GPU server); needs a vLLM server backend
+            (docs/benchmarks.md, the bridge's ceiling).
     """
 
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -202,6 +208,7 @@ class RolloutOptions:
     log_home: str | os.PathLike | None = None
     body_timeout_s: float = 300.0
     max_signal_free_calls: int = 3
+    worker_processes: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.chat_template_kwargs, Mapping):
@@ -214,6 +221,7 @@ class RolloutOptions:
             raise ConfigError(f"RolloutOptions(log_home={self.log_home!r}): must be a directory path.")
         _positive_float("RolloutOptions", "body_timeout_s", self.body_timeout_s)
         _positive_int("RolloutOptions", "max_signal_free_calls", self.max_signal_free_calls)
+        _positive_int("RolloutOptions", "worker_processes", self.worker_processes)
 
 
 #: Keywords of earlier releases and where they live now (named in the TypeError a stale call gets).

@@ -265,6 +265,11 @@ def create_openenv_vllm_rollout_func(
     vllm, options = vllm or VLLMOptions(), options or RolloutOptions()
     trl_compat.check_version()
     evalprotocol.check_version()
+    if options.worker_processes > 1:
+        return _sharded(env_path, options, dict(
+            backend=backend, vllm_base_url=vllm_base_url, env_base_url=env_base_url, env_factory=env_factory,
+            max_concurrent_rollouts=max_concurrent_rollouts, max_episode_tokens=max_episode_tokens,
+            log_rollouts=log_rollouts, provider=provider, overrides=overrides, vllm=vllm, options=options))
     merged = (overrides or EvalOverrides()).merged(env_base_url=env_base_url, env_factory=env_factory,
                                                    max_concurrent_rollouts=max_concurrent_rollouts)
     eval_test = evalprotocol.resolve_eval_test(env_path)
@@ -283,6 +288,20 @@ def create_openenv_vllm_rollout_func(
 
 #: The same factory under a name that does not suggest OpenEnv or vLLM: it trains evals with any processor.
 create_rollout_func = create_openenv_vllm_rollout_func
+
+
+def _sharded(env_path: str, options: RolloutOptions, kwargs: dict[str, Any]) -> Any:
+    """The rollout function of ``RolloutOptions(worker_processes=N)`` (``ep_trl.shards``)."""
+    from .shards import ShardedRolloutFunction
+
+    spec = evalprotocol.read_eval_spec(evalprotocol.resolve_eval_test(env_path))
+    if spec.mode == "all":
+        raise ConfigError(f"{spec.qualified_name} scores the whole batch at once (mode='all'), which worker processes "
+                          "would split: use RolloutOptions(worker_processes=1).")
+    if kwargs["backend"] == "trainer":
+        raise ConfigError("RolloutOptions(worker_processes>1) generates on a vLLM server; backend='trainer' samples "
+                          "with the trainer's model in its own process.")
+    return ShardedRolloutFunction(env_path, kwargs, options.worker_processes, f"ep_trl_rollout[{spec.qualified_name}]")
 
 
 def _resolve(eval_test: EvalTest, overrides: EvalOverrides,

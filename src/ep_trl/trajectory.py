@@ -28,8 +28,11 @@ vLLM engine takes a prompt with its images (``generation.PromptImages``).
 """
 
 import logging
+import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages
@@ -41,6 +44,14 @@ _SENTINEL = "\u2063ep_trl:assistant-content\u2063"
 
 #: Decoded images kept per chat template (an episode's screenshots are re-rendered every turn).
 _IMAGE_CACHE_SIZE = 64
+
+#: A run of sampled tokens in a mask written as bytes.
+_SAMPLED_RUN = re.compile(b"[^\x00]+")
+
+#: Encoded conversation prefixes kept per chat template (one or two per running episode are in use).
+_PREFIX_CACHE_SIZE = 512
+#: How many of a text's last cut points are looked up in the prefix cache (a turn adds a few messages).
+_PREFIX_LOOKUPS = 16
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,79 @@ class Encoded:
         return self.ids if self.unexpanded is None else self.unexpanded
 
 
+def cut_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The special tokens a text can be cut before and encoded in two parts with the same ids as in one.
+
+    A fast (``tokenizers``) tokenizer splits its input on added tokens before anything else, and encodes each piece
+    in between on its own. So a text cut just before a special token ``S`` encodes, part by part, to the ids of the
+    whole, provided ``S`` is always matched where it starts: it strips no whitespace (``lstrip``/``rstrip``), is
+    matched on the raw text (not ``normalized``, not ``single_word``), and no added token holds ``S``'s first
+    character after its own first one (so no match can start before the cut and reach into ``S``). None (no cuts,
+    every text encoded whole) for a slow tokenizer or one that splits special tokens as text."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None)
+    if getattr(tokenizer, "backend_tokenizer", None) is None or not isinstance(decoder, Mapping) \
+            or getattr(tokenizer, "split_special_tokens", False):
+        return ()
+    added = [t for t in decoder.values() if isinstance(getattr(t, "content", None), str) and t.content]
+    inner = {c for t in added for c in t.content[1:]}
+    return tuple(sorted(
+        t.content for t in added
+        if getattr(t, "special", False) and not (t.lstrip or t.rstrip or t.normalized or t.single_word)
+        and t.content[0] not in inner))
+
+
+class PrefixEncoder:
+    """Encodes conversations turn after turn in time linear in what a turn adds, with the ids a whole encode gives.
+
+    A multi-turn episode renders its whole conversation every turn (``ChatTemplate.bridge``), and encoding it whole
+    is quadratic in turns. Texts are cut before special tokens (``cut_tokens``), the ids of the part before the last
+    cut are kept (bounded, least recently used first out), and the next text that starts with a kept part encodes
+    only what follows it."""
+
+    def __init__(self, encode: Any, cuts: Sequence[str], size: int = _PREFIX_CACHE_SIZE) -> None:
+        self._encode = encode  # text -> list of ids, the tokenizer's own
+        self._cuts = tuple(cuts)
+        self._size = size
+        self._kept: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def __call__(self, text: str) -> list[int]:
+        points = self._cut_points(text)
+        if not points:
+            return self._encode(text)
+        start, ids = 0, []
+        for at in points:  # newest first: the longest kept prefix wins
+            kept = self._kept.get(text[:at])
+            if kept is not None:
+                self._kept.move_to_end(text[:at])
+                start, ids = at, list(kept)
+                break
+        last = points[0]
+        if last > start:
+            ids += self._encode(text[start:last])
+            self._keep(text[:last], tuple(ids))
+        return ids + self._encode(text[last:])
+
+    def _cut_points(self, text: str) -> list[int]:
+        """Positions > 0 where a cut token starts, last first, at most ``_PREFIX_LOOKUPS``."""
+        found: list[int] = []
+        for cut in self._cuts:
+            end = len(text)
+            for _ in range(_PREFIX_LOOKUPS):
+                at = text.rfind(cut, 0, end)
+                if at <= 0:
+                    break
+                found.append(at)
+                end = at
+        found.sort(reverse=True)
+        return found[:_PREFIX_LOOKUPS]
+
+    def _keep(self, prefix: str, ids: tuple[int, ...]) -> None:
+        self._kept[prefix] = ids
+        self._kept.move_to_end(prefix)
+        while len(self._kept) > self._size:
+            self._kept.popitem(last=False)
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """What TRL receives for one episode; ``images`` are its images in placeholder order, prompt then completion."""
@@ -73,24 +157,22 @@ class Trajectory:
     def sampled_tokens(self) -> int:
         return sum(self.env_mask)
 
+    @cached_property
+    def sampled_runs(self) -> tuple[tuple[int, int], ...]:
+        """``(start, end)`` in ``completion_ids`` of each run of model-sampled ids (``env_mask`` 1), one per turn,
+        found once per trajectory (metrics, output and rows all ask)."""
+        return tuple(found.span() for found in _SAMPLED_RUN.finditer(bytes(map(bool, self.env_mask))))
+
     def turn_numbers(self) -> tuple[int, ...]:
         """For each completion token: 0 if inserted (env_mask 0), else the 1-based turn that sampled it."""
-        numbers: list[int] = []
-        turn = previous = 0
-        for m in self.env_mask:
-            if m and not previous:
-                turn += 1
-            numbers.append(turn if m else 0)
-            previous = m
+        numbers = [0] * len(self.env_mask)
+        for turn, (start, end) in enumerate(self.sampled_runs, 1):
+            numbers[start:end] = [turn] * (end - start)
         return tuple(numbers)
 
     def sampled_segments(self) -> list[tuple[int, ...]]:
         """The runs of model-sampled ids, one per turn, in order."""
-        segments: dict[int, list[int]] = {}
-        for tok, turn in zip(self.completion_ids, self.turn_numbers()):
-            if turn:
-                segments.setdefault(turn, []).append(tok)
-        return [tuple(ids) for ids in segments.values()]
+        return [self.completion_ids[start:end] for start, end in self.sampled_runs]
 
 
 @dataclass(frozen=True)
@@ -185,6 +267,9 @@ class ChatTemplate:
             getattr(processing_class, name) for name in ("image_token_id", "video_token_id")
             if self._images and isinstance(getattr(processing_class, name, None), int))
         self._decoded: dict[Any, Any] = {}
+        source = str(getattr(processing_class, "chat_template", None) or self._tokenizer.chat_template)
+        # cut only before the special tokens the template writes (a text holds few others; any subset is exact)
+        self._prefixes = PrefixEncoder(self._encode_whole, [t for t in cut_tokens(self._tokenizer) if t in source])
         self._warned_dropped_images = False
         if getattr(self._tokenizer, "chat_template", None) is None and getattr(processing_class, "chat_template", None) is None:
             raise ValueError(
@@ -223,6 +308,11 @@ class ChatTemplate:
         return text, image_parts(converted)
 
     def encode(self, text: str) -> list[int]:
+        """``text`` as ids, as the tokenizer encodes it whole; a conversation's earlier turns are not encoded again
+        (``PrefixEncoder``)."""
+        return self._prefixes(text)
+
+    def _encode_whole(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def encode_with_images(self, text: str, parts: Sequence[Mapping[str, Any]]) -> Encoded:

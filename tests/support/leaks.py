@@ -85,12 +85,22 @@ def _pool_threads() -> set[threading.Thread]:
     return threads
 
 
+def _process_wide_children() -> set[int]:
+    """multiprocessing's resource tracker, started once per process by the first spawned process (ep_trl's worker
+    processes, ``RolloutOptions(worker_processes=N)``); it ends with this process (it reads a pipe only this process
+    holds)."""
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    pid = getattr(getattr(tracker, "_resource_tracker", None), "_pid", None)
+    return {pid} if pid else set()
+
+
 def leaked(before: Snapshot) -> tuple[list[threading.Thread], list[psutil.Process]]:
     known = before | _session_owned
     pools = _pool_threads()
     threads = [t for t in threading.enumerate() if t.ident not in known.threads and t.is_alive() and t not in pools
                and not any(name in t.name for name in PROCESS_WIDE_THREADS)]
-    return threads, [p for p in _children() if p.pid not in known.children]
+    process_wide = _process_wide_children()
+    return threads, [p for p in _children() if p.pid not in known.children and p.pid not in process_wide]
 
 
 def settled(before: Snapshot) -> tuple[list[threading.Thread], list[psutil.Process]]:

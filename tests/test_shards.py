@@ -1,0 +1,84 @@
+"""Episodes played by worker processes (``RolloutOptions(worker_processes=N)``): the same output, in prompt order."""
+
+import pytest
+
+from ep_trl import ConfigError, RolloutOptions, create_openenv_vllm_rollout_func, dataset_from_eval
+from ep_trl.shards import join_metrics, join_outputs, shard_bounds
+from tests.support.faulty_vllm import FaultyVLLMServer
+from tests.support.trainers import make_trainer
+
+ARITHMETIC = "tests.evals.eval_arithmetic"
+
+
+def test_shards_are_whole_contiguous_groups():
+    assert shard_bounds(groups=4, group_size=2, total=8, workers=2) == [(0, 4), (4, 8)]
+    assert shard_bounds(groups=3, group_size=2, total=6, workers=2) == [(0, 2), (2, 6)]
+    assert shard_bounds(groups=1, group_size=4, total=4, workers=3) == [(0, 4)]
+    assert shard_bounds(groups=2, group_size=4, total=7, workers=2) == [(0, 4), (4, 7)]
+
+
+def test_outputs_join_in_shard_order_and_metrics_combine():
+    a = {"prompt_ids": [[1], [2]], "eval_score": [1.0, 0.0]}
+    b = {"prompt_ids": [[3]], "eval_score": [None], "images": [["img"]]}
+    assert join_outputs([a, b]) == {"prompt_ids": [[1], [2], [3]], "eval_score": [1.0, 0.0, None],
+                                    "images": [[], [], ["img"]]}
+    joined = join_metrics([{"ep_trl/failed_fraction": 0.5, "ep_trl/mean_turns": 2.0, "ep_trl/errors/generation": 1.0,
+                            "ep_trl/episodes_per_s": 9.0},
+                           {"ep_trl/failed_fraction": 0.0, "ep_trl/mean_turns": 5.0, "ep_trl/errors/generation": 2.0,
+                            "ep_trl/episodes_per_s": 9.0}], [2, 1], seconds=0.5)
+    assert joined == {"ep_trl/failed_fraction": pytest.approx(1 / 3), "ep_trl/mean_turns": pytest.approx(3.0),
+                      "ep_trl/errors/generation": 3.0, "ep_trl/episodes_per_s": 6.0}
+
+
+@pytest.mark.timeout(300)
+def test_two_workers_return_what_one_process_returns(tiny_model_dir, tmp_path):
+    """A processor eval (LiteLLM's SingleTurn-like arithmetic eval) on a server with canned tokens: the rows, ids,
+    masks, logprobs and scores of two workers are those of one process, in prompt order; close() ends the workers."""
+    prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
+    with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
+        one = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False)
+        two = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False,
+                                               options=RolloutOptions(worker_processes=2))
+        trainer = make_trainer(tiny_model_dir, tmp_path, one, num_generations=2, batch_size=4, max_steps=1,
+                               max_completion_length=32, prompts=prompts)
+        try:
+            expected, got = one(prompts, trainer), two(prompts, trainer)
+            again = two(prompts, trainer)  # the settings are sent once; a second call reuses them
+            workers = [process for process, _ in two._workers]
+            assert len(workers) == 2 and all(w.is_alive() for w in workers)
+        finally:
+            one.close()
+            two.close()
+    assert not any(w.is_alive() for w in workers)
+    for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "eval_score", "num_turns", "episode_status"):
+        assert got[key] == expected[key], key
+        assert again[key] == expected[key], key
+    assert sorted(got) == sorted(expected) and len(set(got["rollout_id"])) == len(prompts)
+
+
+def test_workers_need_a_server_and_a_batch_they_can_split():
+    with pytest.raises(ConfigError, match="backend='trainer'"):
+        create_openenv_vllm_rollout_func(ARITHMETIC, backend="trainer", options=RolloutOptions(worker_processes=2))
+    with pytest.raises(ConfigError, match="worker_processes"):
+        RolloutOptions(worker_processes=0)
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir, tmp_path):
+    prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
+    with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
+        two = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False,
+                                               options=RolloutOptions(worker_processes=2))
+        trainer = make_trainer(tiny_model_dir, tmp_path, two, num_generations=2, batch_size=4, max_steps=1,
+                               max_completion_length=32, prompts=prompts)
+        try:
+            two(prompts, trainer)
+            first, _ = two._workers[0]
+            first.kill()
+            first.join(10)
+            with pytest.raises(RuntimeError, match="ep-trl-shard-0.*ended during a rollout call"):
+                two(prompts, trainer)
+            second, pipe = two._workers[1]
+            assert second.is_alive() and not pipe.poll()  # its answer was read: nothing stale for the next call
+        finally:
+            two.close()
