@@ -469,6 +469,14 @@ def test_a_multimodal_processor_is_refused_before_any_episode(tiny_vlm_dir, tmp_
                           processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir))
 
 
+def test_worker_processes_are_refused_by_the_worker(tiny_model_dir, tmp_path):
+    from ep_trl import RolloutOptions
+
+    with pytest.raises(ConfigError, match=r"worker_processes=2.*one continuous stream.*Leave worker_processes at 1"):
+        EvalRolloutWorker(LETTERS, args=config(tmp_path, "http://127.0.0.1:1"), options=RolloutOptions(worker_processes=2),
+                          processing_class=AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
 def test_a_prompt_the_eval_cannot_play_is_refused_at_construction(tiny_model_dir, tmp_path):
     with FaultyVLLMServer() as server:
         with pytest.raises(ConfigError, match=r"prompt 1, message 0 is \{'role': 'user'\}: every message needs"):

@@ -115,6 +115,12 @@ class EvalRolloutWorker:
         if "vllm_base_url" in options or "backend" in options:
             raise ConfigError("EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
                               "trainer keeps on its weights; pass no vllm_base_url or backend.")
+        rollout_options = options.get("options")
+        if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
+            raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
+                              f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
+                              "episodes in this process; worker processes split rollout_func calls. Leave "
+                              "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
         if supports_images(processing_class):
             raise ConfigError(
                 f"EvalRolloutWorker(processing_class={type(processing_class).__name__}) renders images into the "
