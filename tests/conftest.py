@@ -53,6 +53,23 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_template_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with TRL's Qwen 2.5 chat template (a tool-call format TRL parses), weights unchanged: for evals
+    that offer the model tools."""
+    import shutil
+
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    out = tmp_path_factory.mktemp("qwen_template")
+    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = qwen2_5_chat_template
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Idefics3 vision-language model + processor directory (seed 0), built once per session."""
     from ep_trl.devtools.tiny_vlm import build_tiny_vlm

@@ -14,7 +14,6 @@ import os
 import queue
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -245,24 +244,10 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
                    left=tuple(f"{pid}: {cmd[:200]}" for pid, cmd in left), output=text)
 
 
-@pytest.fixture(scope="module")
-def tool_template_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with TRL's Qwen 2.5 chat template, which has a tool-call format (the agent eval offers tools)."""
-    from transformers import AutoTokenizer
-    from trl.chat_template_utils import qwen2_5_chat_template
-
-    out = tmp_path_factory.mktemp("tool_template_model")
-    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tokenizer.chat_template = qwen2_5_chat_template
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sigterm_ends_training_every_time(tiny_model_dir, tool_template_model_dir, stdio_agent_config, tmp_path):
-    models = {"docker": tiny_model_dir, "stdio_mcp": tool_template_model_dir}
+def test_sigterm_ends_training_every_time(tiny_model_dir, qwen_template_model_dir, stdio_agent_config, tmp_path):
+    models = {"docker": tiny_model_dir, "stdio_mcp": qwen_template_model_dir}
     runs = plans(SEED)
     with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: the machine has two cores
         outcomes = list(pool.map(lambda k: sigterm_training(runs[k], models[runs[k].case], tmp_path / f"run{k}",

@@ -500,22 +500,6 @@ def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_mode
             rollout.close()
 
 
-@pytest.fixture(scope="module")
-def qwen_template_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with TRL's Qwen 2.5 chat template (a tool-call format TRL parses), weights unchanged."""
-    import shutil
-
-    from transformers import AutoTokenizer
-    from trl.chat_template_utils import qwen2_5_chat_template
-
-    out = tmp_path_factory.mktemp("qwen_template")
-    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tokenizer.chat_template = qwen2_5_chat_template
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.mark.timeout(300)
 def test_an_mcp_gym_eval_trains_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog,
                                                                  monkeypatch):
