@@ -30,20 +30,32 @@ def test_outputs_join_in_shard_order_and_metrics_combine():
                       "ep_trl/errors/generation": 3.0, "ep_trl/episodes_per_s": 6.0}
 
 
+def group_numbers(log_home, rollout_ids):
+    """The run-wide prompt group of each rollout, as its ep logs row records it."""
+    from ep_trl.evalprotocol.store import StoreLogger
+
+    store = StoreLogger(log_home / ".eval_protocol" / "logs.db")
+    return [store.read(rollout_id)[-1].execution_metadata.extra["ep_trl"]["group"] for rollout_id in rollout_ids]
+
+
 @pytest.mark.timeout(300)
 def test_two_workers_return_what_one_process_returns(tiny_model_dir, tmp_path):
     """A processor eval (LiteLLM's SingleTurn-like arithmetic eval) on a server with canned tokens: the rows, ids,
-    masks, logprobs and scores of two workers are those of one process, in prompt order; close() ends the workers."""
+    masks, logprobs and scores of two workers are those of one process, in prompt order, and so are the run-wide
+    prompt group numbers (task rotation, ep logs), call after call; close() ends the workers."""
     prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
     with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
-        one = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False)
-        two = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False,
-                                               options=RolloutOptions(worker_processes=2))
+        one = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url,
+                                               options=RolloutOptions(log_home=str(tmp_path / "one")))
+        two = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url,
+                                               options=RolloutOptions(worker_processes=2,
+                                                                      log_home=str(tmp_path / "two")))
         trainer = make_trainer(tiny_model_dir, tmp_path, one, num_generations=2, batch_size=4, max_steps=1,
                                max_completion_length=32, prompts=prompts)
         try:
             expected, got = one(prompts, trainer), two(prompts, trainer)
-            again = two(prompts, trainer)  # the settings are sent once; a second call reuses them
+            expected_again, again = one(prompts, trainer), two(prompts, trainer)  # settings sent once, then reused
+            one.flush_logs()
             workers = [process for process, _ in two._workers]
             assert len(workers) == 2 and all(w.is_alive() for w in workers)
         finally:
@@ -54,6 +66,9 @@ def test_two_workers_return_what_one_process_returns(tiny_model_dir, tmp_path):
         assert got[key] == expected[key], key
         assert again[key] == expected[key], key
     assert sorted(got) == sorted(expected) and len(set(got["rollout_id"])) == len(prompts)
+    groups = group_numbers(tmp_path / "one", expected["rollout_id"] + expected_again["rollout_id"])
+    assert groups == [g for g in range(len(prompts)) for _ in range(2)]  # two calls of len(prompts) / 2 groups
+    assert group_numbers(tmp_path / "two", got["rollout_id"] + again["rollout_id"]) == groups
 
 
 def test_workers_need_a_server_and_a_batch_they_can_split():

@@ -71,13 +71,15 @@ class RolloutFunction:
         view.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
         return self.run(prompts, view)
 
-    def run(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
+    def run(self, prompts: list[Any], view: trl_compat.TrainerView,
+            first_group: int | None = None) -> dict[str, list[Any]]:
         """One rollout call for ``prompts`` as ``view`` describes the trainer (what ``__call__`` does with the
-        ``GRPOTrainer`` it is handed)."""
+        ``GRPOTrainer`` it is handed). ``first_group`` is the run-wide number of its first prompt group when another
+        process counts them (a worker process's shard); by default this function counts its own calls."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts
-        return self._runner.run(self._rollout(list(prompts), view))
+        return self._runner.run(self._rollout(list(prompts), view, first_group))
 
     @property
     def backend_name(self) -> str:
@@ -168,7 +170,8 @@ class RolloutFunction:
         """Environment sessions opened by the stream now playing, or by the last one."""
         return self._player.env_sessions if self._player is not None else 0
 
-    async def _rollout(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
+    async def _rollout(self, prompts: list[Any], view: trl_compat.TrainerView,
+                       first_group: int | None) -> dict[str, list[Any]]:
         started = time.perf_counter()
         self.calls += 1
         template, generator = self._setup(view)
@@ -183,7 +186,7 @@ class RolloutFunction:
         limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
         groups = group_indices(prompts, view.num_generations)
         context = RowContext(self.spec, self.invocation_id, generator.name, view)
-        first = self._first_group(view, len(groups))
+        first = self._first_group(view, len(groups)) if first_group is None else first_group
         rollout_ids = [evalprotocol.new_id("rollout") for _ in prompts]
         plans = iter([GroupPlan(group=first + g, prompt=prompts[members[0]], indices=tuple(members),
                                 rollout_ids=tuple(rollout_ids[i] for i in members), context=context)

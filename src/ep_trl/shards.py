@@ -85,6 +85,7 @@ class ShardedRolloutFunction:
         self.__name__ = name
         self._vllm_base_url = factory_kwargs.get("vllm_base_url")
         self._sent: tuple[int, int] | None = None
+        self._groups_started = 0  # run-wide prompt group numbers (task rotation, ep logs) as one process counts them
         self.calls = 0
         context = multiprocessing.get_context("spawn")  # the trainer has threads and an event loop: never fork it
         self._workers = []
@@ -117,10 +118,12 @@ class ShardedRolloutFunction:
         bounds = shard_bounds(groups, size, len(prompts), len(self._workers))
         sent = (id(view.args), id(view.processing_class))
         settings = None if sent == self._sent else (view.args, view.processing_class)
+        first = self._groups_started * view.num_processes + view.process_index * groups
+        self._groups_started += groups
         unsent = set()
         for k, ((start, end), (_, pipe)) in enumerate(zip(bounds, self._workers)):
             try:
-                pipe.send((list(prompts[start:end]), settings, view.global_step, url))
+                pipe.send((list(prompts[start:end]), settings, view.global_step, url, first + start // size))
             except (BrokenPipeError, ConnectionResetError):  # the worker is gone: said below
                 unsent.add(k)
         self._sent = sent
@@ -187,13 +190,13 @@ def _serve(pipe: Any, env_path: str, factory_kwargs: dict[str, Any], parent: int
                 return
             if job is None:
                 return
-            prompts, new_settings, step, url = job
+            prompts, new_settings, step, url, first_group = job
             settings = new_settings or settings
             assert settings is not None, "the first call carries the trainer's settings"
             got: dict[str, float] = {}
             view = trl_compat.TrainerView.for_rollout_worker(settings[0], settings[1], step, url, got.update)
             try:
-                out = rollout.run(prompts, view)
+                out = rollout.run(prompts, view, first_group=first_group)
                 rollout.flush_logs()
                 pipe.send(("ok", out, got))
             except Exception as exc:  # the trainer raises it: as it would have in one process
