@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
-from ep_trl import ConfigError
+from ep_trl import ConfigError, trl_compat
 from ep_trl.trl_compat import TrainerView, view_from_call
 
 
@@ -80,3 +80,35 @@ def test_metrics_reach_the_trainers_metric_store(tiny_model_dir, tmp_path):
     view.record_metrics({"ep_trl/x": 1.5})
     assert trainer._metrics["train"]["ep_trl/x"] == [1.5]
     TrainerView(trainer.args, None, None).record_metrics({"ep_trl/x": 2.0})  # no trainer: nothing to record into
+
+
+def test_every_path_past_trls_stable_api_accepts_the_trl_it_is_tested_with():
+    for path in trl_compat.TESTED_TRL:
+        assert str(trl_compat.require_tested(path, "this path")).startswith("1.16.")
+
+
+def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(monkeypatch):
+    """TRL 1.18 removed the experimental async modules these paths import: a user on it is told at construction which
+    TRL the path is tested with and how to install it, not shown an ImportError from deep inside TRL."""
+    from packaging.version import Version
+
+    from ep_trl.async_cpu import CPUAsyncGRPOTrainer
+    from ep_trl.errors import VersionError
+    from ep_trl.rollout_worker import EvalRolloutWorker
+    from ep_trl.trl_images import RolloutImagesGRPOTrainer
+    from ep_trl.vllm_weight_sync import CPUColocateGRPOTrainer, DiskSyncGRPOTrainer
+
+    monkeypatch.setattr(trl_compat, "installed_version", lambda name: Version("1.18.0"))  # a TRL not installable here
+    builds = {
+        "EvalRolloutWorker": lambda: EvalRolloutWorker("tests.evals.eval_letters", args=None, processing_class=None),
+        "CPUAsyncGRPOTrainer": lambda: CPUAsyncGRPOTrainer("model"),
+        "DiskSyncGRPOTrainer": lambda: DiskSyncGRPOTrainer(None, None, None),
+        "CPUColocateGRPOTrainer": lambda: CPUColocateGRPOTrainer(None, None, None),
+        "RolloutImagesGRPOTrainer": lambda: RolloutImagesGRPOTrainer(),
+    }
+    for who, build in builds.items():
+        with pytest.raises(VersionError, match=rf"{who} is tested with TRL >=1.16,<1.17 only, and TRL 1\.18\.0 is "
+                                               r"installed: .*pip install 'trl>=1.16,<1.17'.*"
+                                               r"GRPOTrainer\(rollout_func=.*works with TRL >=1.16,<2"):
+            build()
+    assert str(trl_compat.check_version()).startswith("1.16.")  # the rollout_func path keeps the declared range

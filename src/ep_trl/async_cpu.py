@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
+from . import trl_compat
 from .errors import ConfigError
 
 
@@ -25,6 +26,7 @@ class CPUAsyncGRPOTrainer(AsyncGRPOTrainer):
     docstring for exactly what differs."""
 
     def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, **kwargs: Any) -> None:
+        trl_compat.require_tested("async", "CPUAsyncGRPOTrainer")
         config = args
         if config is None or not getattr(config, "use_cpu", False):
             raise ConfigError("CPUAsyncGRPOTrainer needs AsyncGRPOConfig(use_cpu=True, bf16=False): it is the CPU "

@@ -106,6 +106,7 @@ class EvalRolloutWorker:
 
     def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
                  buffer_size: int | None = None, **options: Any) -> None:
+        trl_compat.require_tested("async", "EvalRolloutWorker")
         for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
             value = getattr(args, name, None)
             if value is not None and value != off:

@@ -11,11 +11,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .errors import ConfigError, VersionError
 from .generation import SamplingParams
-from .versions import require_supported
+from .versions import installed_version, require_supported, show, supported_range
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +24,31 @@ logger = logging.getLogger(__name__)
 def check_version() -> Version:
     """Raise ``VersionError`` unless the installed TRL is in ep_trl's declared range; return its version."""
     return require_supported("trl")
+
+
+#: The TRL versions each path that reaches past TRL's stable API is tested with (CI installs TRL 1.16.0), and what it
+#: reaches for. Such a path refuses any other TRL when it is built; ``GRPOTrainer(rollout_func=...)`` is TRL's
+#: stable API and accepts ep_trl's whole declared range (``pyproject.toml``).
+TESTED_TRL: dict[str, tuple[str, str]] = {
+    "async": (">=1.16,<1.17", "it imports trl.experimental.async_grpo's internals (RolloutSample, packing, the trainer "
+                              "module), which TRL 1.18 removed when it made AsyncGRPOTrainer stable"),
+    "cpu-trainers": (">=1.16,<1.17", "it replaces GRPOTrainer's weight sync to vLLM (trl.generation.vllm_generation "
+                                     "internals)"),
+    "images": (">=1.16,<1.17", "it overrides GRPOTrainer's internal generation and forward-pass inputs"),
+}
+
+
+def require_tested(path: str, who: str) -> Version:
+    """Raise ``VersionError`` unless the installed TRL is one ``path`` (a key of :data:`TESTED_TRL`) is tested with,
+    naming the versions and the install command; return the installed version."""
+    specifier, reaches = TESTED_TRL[path]
+    version = installed_version("trl")
+    if version not in SpecifierSet(specifier):
+        raise VersionError(
+            f"{who} is tested with TRL {show(SpecifierSet(specifier))} only, and TRL {version} is installed: {reaches}. "
+            f"Install the tested TRL with pip install 'trl{show(SpecifierSet(specifier))}'; "
+            f"GRPOTrainer(rollout_func=ep_trl.create_rollout_func(...)) works with TRL {show(supported_range('trl'))}.")
+    return version
 
 
 @dataclass(frozen=True)

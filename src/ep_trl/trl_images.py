@@ -29,6 +29,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
+from . import trl_compat
 from .errors import VersionError
 from .output import IMAGES_KEY
 from .vision_inputs import VisionInputs, vision_inputs
@@ -50,6 +51,7 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        trl_compat.require_tested("images", "RolloutImagesGRPOTrainer")
         missing = [k for k in FORWARD_KEYWORDS
                    if k not in inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters]
         if missing:

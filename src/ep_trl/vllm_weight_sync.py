@@ -208,6 +208,7 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, *more: Any,
                  vllm_weights_dir: str | Path | None = None, **kwargs: Any) -> None:
+        trl_compat.require_tested("cpu-trainers", "DiskSyncGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "server":
             raise ConfigError("DiskSyncGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='server', "
                               "vllm_server_base_url=...).")
@@ -269,6 +270,7 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, *more: Any, enforce_eager: bool = True,
                  kv_cache_gib: float = 1.0, **kwargs: Any) -> None:
+        trl_compat.require_tested("cpu-trainers", "CPUColocateGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "colocate":
             raise ConfigError("CPUColocateGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='colocate').")
         if getattr(args, "vllm_enable_sleep_mode", False):
