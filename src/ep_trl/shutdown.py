@@ -125,11 +125,6 @@ def handle_sigterm() -> bool:
     return True
 
 
-def terminating() -> bool:
-    """Whether ep_trl's SIGTERM handler has been called in this process."""
-    return _state.received is not None
-
-
 def raise_if_terminating() -> None:
     """Raise :class:`Terminated` in the main thread when a SIGTERM arrived and the process is still going (code
     that catches ``BaseException`` swallowed the first raise): a rollout call never starts after a SIGTERM."""
