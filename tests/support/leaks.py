@@ -163,7 +163,8 @@ def no_leaks_per_module(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the session's own fixtures are torn down, no child process may be left (killed and failed if so)."""
-    children = _children()
+    process_wide = _process_wide_children()  # ends with this process, after this check
+    children = [p for p in _children() if p.pid not in process_wide]
     if children:
         described = "; ".join(map(describe, children))
         kill(children)
