@@ -11,7 +11,7 @@
 
 from ._private import check_version
 from .body import build_row, new_id, run_body, score_of, stamp_row
-from .inputs import ROW_KEY, eval_rows, match_rows, row_key, strip_row_key, training_prompts
+from .inputs import ROW_KEY, check_rows, eval_rows, match_rows, row_key, strip_row_key, training_prompts
 from .resolve import EvalTest, resolve_eval_test
 from .spec import EvalSpec, history_line, read_eval_spec
 from .store import StoreLogger, make_dataset_logger
@@ -27,6 +27,7 @@ __all__ = [
     "eval_rows",
     "history_line",
     "make_dataset_logger",
+    "check_rows",
     "match_rows",
     "new_id",
     "read_eval_spec",

@@ -77,18 +77,27 @@ def match_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_nam
     or a plain string) is matched by the role and text of every message; it must match rows that all hold the
     same data, else the prompt cannot say which ground truth or metadata it stands for.
     """
+    return [row.model_copy(deep=True) for row in _matching_rows(prompts, rows, eval_name)]
+
+
+def check_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_name: str) -> None:
+    """Raise as :func:`match_rows` would for a prompt that stands for no single row, without copying any row."""
+    _matching_rows(prompts, rows, eval_name)
+
+
+def _matching_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"],
+                   eval_name: str) -> list["EvaluationRow"]:
     by_content: dict[tuple[tuple[str, str], ...], list[int]] | None = None
     matched = []
     for n, prompt in enumerate(prompts):
         messages = _prompt_messages(prompt)
         key = messages[0].get(ROW_KEY) if messages else None
         if key is not None:
-            row = _row_by_key(key, rows, eval_name)
+            matched.append(_row_by_key(key, rows, eval_name))
         else:
             if by_content is None:
                 by_content = _content_index(rows)
-            row = _row_by_content(n, messages, rows, by_content.get(_content_key(messages), []), eval_name)
-        matched.append(row.model_copy(deep=True))
+            matched.append(_row_by_content(n, messages, rows, by_content.get(_content_key(messages), []), eval_name))
     return matched
 
 

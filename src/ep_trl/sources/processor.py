@@ -21,7 +21,7 @@ from typing import Any
 
 from ..episode import Episode, EpisodeFailure, EpisodeSpec, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
-from ..evalprotocol import EvalSpec, match_rows, processors
+from ..evalprotocol import EvalSpec, check_rows, match_rows, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
 from ..processors.capture import RolloutCapture
 from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
@@ -60,8 +60,9 @@ class ProcessorSource:
                 "captured by ep_trl")
 
     def check(self, prompts: Sequence[Any]) -> None:
-        """Every prompt stands for one of the eval's rows (``evalprotocol.match_rows`` says which cannot)."""
-        match_rows(prompts, self._rows, self._spec.qualified_name)
+        """Every prompt stands for one of the eval's rows (``evalprotocol.check_rows`` says which cannot; no row is
+        copied: each episode takes its own copy when it starts)."""
+        check_rows(prompts, self._rows, self._spec.qualified_name)
 
     @asynccontextmanager
     async def session(self, shared: Shared) -> AsyncIterator["_ProcessorPlayer"]:
