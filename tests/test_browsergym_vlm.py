@@ -20,7 +20,7 @@ from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func,
 from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
 from ep_trl.processes import ServerProcess, free_port, start_server
 from ep_trl.rewards import eval_score
-from ep_trl.trl_images import RolloutImagesGRPOTrainer
+from ep_trl.trainers.images import RolloutImagesGRPOTrainer
 from tests.support.images import token_logprobs
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 

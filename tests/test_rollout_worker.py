@@ -16,9 +16,9 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
 from ep_trl import rollout_worker as worker_module
-from ep_trl.async_cpu import CPUAsyncGRPOTrainer
+from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
-from ep_trl.vllm_weight_sync import DiskWeightTransfer
+from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, start_letters_server
 from tests.support.references import teacher_forced_logprobs

@@ -27,7 +27,8 @@ from trl import GRPOConfig
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.processes import free_port
 from ep_trl.rewards import eval_score
-from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
+from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
+from ep_trl.trainers.disk_weights import DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.references import sampled_texts, teacher_forced_logprobs
 from tests.support.trainers import PROMPT, WeightSnapshots, make_trainer
