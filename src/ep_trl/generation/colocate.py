@@ -24,18 +24,16 @@ it is checked before it joins a batch, and a batch the engine still rejects is r
 other engine error fails the whole rollout call (``failure``), as a dead server does.
 """
 
-import asyncio
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, GenerationError, VersionError
 from ..options import VLLMOptions
-from ..threads import stop_batch_worker
-from . import Generation, PromptImages, SamplingParams
+from . import CallFailure, Generation, PromptImages, SamplingParams
+from .batching import BatchQueue
 from .vllm import request_seed
 
 logger = logging.getLogger(__name__)
@@ -47,7 +45,6 @@ class _Turn:
     params: SamplingParams
     seed: int | None
     label: str
-    future: asyncio.Future
     images: PromptImages | None = None
 
     def engine_prompt(self) -> dict[str, Any]:
@@ -112,17 +109,15 @@ class ColocateGenerator:
                  sleep: Callable[[], None] | None = None) -> None:
         """``wake``/``sleep``: what ``begin_call``/``end_call`` run for an engine in sleep mode (:func:`trainer_engine`)."""
         self._llm = llm
-        self._max_batch = options.max_in_flight
-        self._window_s = options.batch_window_s
         self._seed = options.seed
         self._wake, self._sleep = wake, sleep
         self._vocab = int(llm.llm_engine.model_config.get_vocab_size())
         self._max_model_len = int(llm.llm_engine.model_config.max_model_len)
         self.max_num_seqs = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-trl-vllm-engine")
-        self._queue: asyncio.Queue[_Turn] | None = None
-        self._worker: asyncio.Task | None = None
-        self._failure: GenerationError | None = None
+        self._engine: BatchQueue[_Turn, Generation] = BatchQueue(
+            self._run, max_batch_size=options.max_in_flight, window_s=options.batch_window_s,
+            thread_name="ep-trl-vllm-engine", task_name="ep-trl-colocate-generation", batch_error=_engine_failed)
+        self._failure = CallFailure("not generated: the engine already failed in this call", spared=(_RejectedTurn,))
         self._numbers = itertools.count(1)
         self.engine_calls = 0
         self.turns = 0
@@ -134,42 +129,29 @@ class ColocateGenerator:
 
     @property
     def failure(self) -> GenerationError | None:
-        return self._failure
+        return self._failure.error
 
     async def begin_call(self) -> None:
-        self._failure = None
+        self._failure.reset()
         if self._wake is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._wake)
+            await self._engine.call(self._wake)
 
     async def end_call(self) -> None:
         if self._sleep is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._sleep)
+            await self._engine.call(self._sleep)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                        images: PromptImages | None = None) -> Generation:
         number = next(self._numbers)
         with_images = f" with {len(images.images)} image(s)" if images is not None else ""
         label = f"turn #{number} on the colocated vLLM engine (prompt of {len(prompt_ids)} tokens{with_images})"
-        if self._failure is not None:
-            raise GenerationError(f"{label} not generated: the engine already failed in this call: {self._failure}")
-        self._check(prompt_ids, label)
-        loop = asyncio.get_running_loop()
-        if self._queue is None or self._worker is None or self._worker.done():
-            self._queue = asyncio.Queue()
-            self._worker = loop.create_task(self._work(), name="ep-trl-colocate-generation")
-        turn = _Turn([int(t) for t in prompt_ids], params, request_seed(self._seed, number), label,
-                     loop.create_future(), images)
-        self._queue.put_nowait(turn)
-        try:
-            return await turn.future
-        except GenerationError as exc:
-            if not isinstance(exc, _RejectedTurn) and self._failure is None:
-                self._failure = exc
-            raise
+        with self._failure.guard(label):
+            self._check(prompt_ids, label)
+            turn = _Turn([int(t) for t in prompt_ids], params, request_seed(self._seed, number), label, images)
+            return await self._engine.submit(turn)
 
     async def aclose(self) -> None:
-        await stop_batch_worker(self._worker, self._executor)
-        self._worker = None
+        await self._engine.aclose()
 
     def _check(self, prompt_ids: Sequence[int], label: str) -> None:
         """What the engine would reject for the whole batch, rejected for this turn alone."""
@@ -182,43 +164,20 @@ class ColocateGenerator:
         if bad:
             raise _RejectedTurn(f"{label}: token ids {bad[:5]} are outside the vocabulary of {self._vocab}")
 
-    async def _work(self) -> None:
-        assert self._queue is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            if self._window_s > 0:
-                await asyncio.sleep(self._window_s)  # let the turns of concurrent episodes join
-            while not self._queue.empty() and len(batch) < self._max_batch:
-                batch.append(self._queue.get_nowait())
-            live = [t for t in batch if not t.future.done()]
-            if not live:
-                continue
-            try:
-                results = await loop.run_in_executor(self._executor, self._run, live)
-            except Exception as exc:  # the engine failed: every turn of the batch fails, and the call with them
-                error = GenerationError(f"the colocated vLLM engine failed on a batch of {len(live)} turns "
-                                        f"({type(exc).__name__}: {exc})")
-                for t in live:
-                    _settle(t, error=error)
-                continue
-            for t, result in zip(live, results):
-                _settle(t, **result)
-
-    def _run(self, turns: list[_Turn]) -> list[dict[str, Any]]:
-        """One engine call for ``turns`` (on the worker thread); a batch the engine rejects is re-run turn by turn,
-        so that only the offending turn fails."""
+    def _run(self, turns: list[_Turn]) -> list[Generation | GenerationError]:
+        """One engine call for ``turns`` (on the worker thread): each turn's generation or the error that fails it
+        alone; a batch the engine rejects is re-run turn by turn, so that only the offending turn fails."""
         from vllm.exceptions import VLLMValidationError
 
         try:
             outputs = self._generate(turns)
         except VLLMValidationError as exc:
             if len(turns) == 1:
-                return [{"error": _RejectedTurn(f"{turns[0].label} was rejected by the engine: {exc}")}]
+                return [_RejectedTurn(f"{turns[0].label} was rejected by the engine: {exc}")]
             logger.warning("the colocated engine rejected a batch of %d turns (%s); running them one by one",
                            len(turns), exc)
             return [self._run([t])[0] for t in turns]
-        settled = []
+        settled: list[Generation | GenerationError] = []
         for turn, output in zip(turns, outputs):
             try:
                 if turn.images is not None and [int(t) for t in output.prompt_token_ids] != turn.prompt_ids:
@@ -226,9 +185,9 @@ class ColocateGenerator:
                         f"{turn.label}: the engine expanded the image placeholders into other prompt ids than the "
                         f"trainer's processor ({len(output.prompt_token_ids)} ids against {len(turn.prompt_ids)}); "
                         "build the engine with the processor settings the trainer uses (image size, tokens per image)")
-                settled.append({"result": _generation(output.outputs[0], turn.label)})
+                settled.append(_generation(output.outputs[0], turn.label))
             except GenerationError as exc:
-                settled.append({"error": exc})
+                settled.append(exc)
         return settled
 
     def _generate(self, turns: list[_Turn]) -> list[Any]:
@@ -260,10 +219,6 @@ def _generation(output: Any, label: str) -> Generation:
                       stop if isinstance(stop, str) else None)
 
 
-def _settle(turn: _Turn, result: Generation | None = None, error: BaseException | None = None) -> None:
-    if turn.future.done():
-        return
-    if error is not None:
-        turn.future.set_exception(error)
-    else:
-        turn.future.set_result(result)
+def _engine_failed(exc: Exception, turns: int) -> GenerationError:
+    """What every turn of a batch receives when the engine call itself raised: the call fails with them."""
+    return GenerationError(f"the colocated vLLM engine failed on a batch of {turns} turns ({type(exc).__name__}: {exc})")

@@ -42,7 +42,7 @@ import httpx
 
 from ..errors import GenerationError
 from ..options import VLLMOptions
-from . import Generation, PromptImages, SamplingParams
+from . import CallFailure, Generation, PromptImages, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ class VLLMServerGenerator:
         self._max_model_len = max_model_len or info.max_model_len
         self._turns = itertools.count(1)
         self._http_numbers = itertools.count(1)
-        self._failure: GenerationError | None = None
+        self._failure = CallFailure("not sent: an earlier request already failed for good")
         self.requests = 0  # HTTP requests sent, retries included
         self.retries = 0
         self.turns = 0
@@ -199,11 +199,11 @@ class VLLMServerGenerator:
     @property
     def failure(self) -> GenerationError | None:
         """The error that ended a turn for good; later turns fail at once until ``begin_call()``."""
-        return self._failure
+        return self._failure.error
 
     async def begin_call(self) -> None:
         """Forget an earlier fatal failure (the server may be back)."""
-        self._failure = None
+        self._failure.reset()
 
     async def end_call(self) -> None:
         """Nothing to release: the server's memory is its own."""
@@ -247,10 +247,8 @@ class VLLMServerGenerator:
         payload = completion_payload(model, prompt_ids, params, seed=request_seed(self.seed, number))
         label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(payload['prompt'])} "
                  f"tokens, max_tokens={payload['max_tokens']})")
-        if self._failure is not None:
-            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self._failure}")
-        _, slots = self._bind()
-        try:
+        with self._failure.guard(label):
+            _, slots = self._bind()
             async with slots:
                 self.turns += 1
                 prompt = payload.pop("prompt")
@@ -259,10 +257,6 @@ class VLLMServerGenerator:
                 else:
                     choice = await self._join_batch(prompt, payload, label)
             return parse_choice(choice, label)  # an answer without token ids fails for good too
-        except GenerationError as exc:
-            if self._failure is None:
-                self._failure = exc
-            raise
 
     async def _generate_with_images(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
                                     images: PromptImages) -> Generation:
@@ -271,18 +265,12 @@ class VLLMServerGenerator:
         label = (f"turn request #{number} to {self._generate_url} (prompt of {len(prompt_ids)} tokens with "
                  f"{len(images.images)} image(s), max_tokens={params.max_tokens}; token ids with images need a vLLM "
                  "server started with --enable-scale-out)")
-        if self._failure is not None:
-            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self._failure}")
-        _, slots = self._bind()
-        try:
+        with self._failure.guard(label):
+            _, slots = self._bind()
             async with slots:
                 self.turns += 1
                 data = await self._post(body, label, self._generate_url)
             return parse_generate_response(data, prompt_ids, label)
-        except GenerationError as exc:
-            if self._failure is None:
-                self._failure = exc
-            raise
 
     async def _join_batch(self, prompt: list[int], fields: dict[str, Any], label: str) -> dict[str, Any]:
         key = json.dumps(fields, sort_keys=True)
