@@ -9,7 +9,6 @@ TRL's internals are the trainers that replace parts of TRL's (``ep_trl.trainers`
 handling (``ep_trl.generation.colocate``).
 """
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +18,6 @@ from packaging.version import Version
 from .caller import SyncedServer, TrainingConfig
 from .errors import VersionError
 from .versions import installed_version, require_supported, show, supported_range
-
-logger = logging.getLogger(__name__)
 
 
 def check_version() -> Version:
