@@ -86,6 +86,13 @@ class RolloutFunction:
     def backend_name(self) -> str:
         return self._generator.name if self._generator is not None else self.backend
 
+    @property
+    def log_writer(self) -> RolloutLogWriter | None:
+        """The writer of this function's rows to eval-protocol's store (its ``queued`` and ``failures`` counts say
+        how many row updates were handed to it and how many could not be written); None with
+        ``log_rollouts=False``. Read only: ``flush_logs()`` and ``close()`` drive it."""
+        return self._log
+
     def flush_logs(self) -> None:
         """Wait until every rollout row so far is in the eval-protocol store."""
         if self._log is not None:
