@@ -237,7 +237,7 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
         time.sleep(0.2)
     for pid, _ in left:
         os.kill(pid, signal.SIGKILL)
-    scored = re.findall(r"SCORED (\S+)", text)
+    scored = re.findall(r"SCORED (rollout-[0-9a-f]{12})", text)
     return Outcome(plan=plan, status=status, exit_s=exit_s,
                    dropped=bool(re.search(r"Exception ignored in[^\n]*\n(.*\n){0,12}?[^\n]*Terminated: 143", text)),
                    scored=tuple(scored), not_final=tuple(final_rows_missing(workdir / "home", scored)),

@@ -31,7 +31,10 @@ GC_WINDOW_S = 0.4
 
 
 def say(line: str) -> None:
-    print(line, flush=True)
+    """One write per line: ``print`` writes the text and its newline separately, and a log line from another thread
+    (stderr goes to the same pipe) could land between them and glue itself to the rollout id."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class Finalized:
