@@ -36,7 +36,7 @@ from functools import cached_property
 from typing import Any
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages
-from .generation import Generation, PromptImages, SamplingParams
+from .generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +197,9 @@ class TrajectoryBuilder:
     realigned: int = 0
     images: list[Any] = field(default_factory=list)
     unexpanded: list[int] = field(default_factory=list)  # prompt + completion, placeholders unexpanded
+    #: The context's JSON array without its brackets, kept as ids are added, and how many ids it holds (-1: none yet).
+    _json: str = field(default="", init=False, repr=False, compare=False)
+    _json_ids: int = field(default=-1, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.unexpanded:
@@ -206,18 +209,32 @@ class TrajectoryBuilder:
     def start(cls, prompt: Encoded) -> "TrajectoryBuilder":
         return cls(prompt.ids, images=list(prompt.images), unexpanded=list(prompt.unexpanded_ids))
 
-    def context(self) -> list[int]:
-        return list(self.prompt_ids) + self.completion_ids
+    def context(self) -> PromptIds:
+        """Prompt and completion ids so far, with their JSON text (a server backend sends it as is)."""
+        n = len(self.prompt_ids) + len(self.completion_ids)
+        if self._json_ids != n:  # not kept yet, or the lists changed other than through add_*: encode them whole
+            self._json, self._json_ids = ids_json(list(self.prompt_ids) + self.completion_ids)[1:-1], n
+        context = PromptIds(self.prompt_ids, f"[{self._json}]")
+        context.extend(self.completion_ids)
+        return context
+
+    def _extend_json(self, ids: Sequence[int], held: int) -> None:
+        """Add ``ids`` (appended after ``held`` ids) to the kept JSON text, if it holds exactly those ``held``."""
+        if ids and self._json_ids == held:
+            part = ids_json(ids)[1:-1]
+            self._json = f"{self._json},{part}" if self._json else part
+            self._json_ids += len(ids)
 
     def held(self) -> Encoded:
         """The context so far, with its images."""
-        return Encoded(tuple(self.context()), tuple(self.images), tuple(self.unexpanded))
+        return Encoded(tuple(self.prompt_ids) + tuple(self.completion_ids), tuple(self.images), tuple(self.unexpanded))
 
     def context_images(self) -> PromptImages | None:
         """What the next turn's generation needs besides the ids: None when the context holds no image."""
         return PromptImages(tuple(self.images), tuple(self.unexpanded)) if self.images else None
 
     def add_sampled(self, generation: Generation) -> None:
+        self._extend_json(generation.token_ids, len(self.prompt_ids) + len(self.completion_ids))
         self.completion_ids.extend(generation.token_ids)
         self.logprobs.extend(generation.logprobs)
         self.env_mask.extend([1] * len(generation.token_ids))
@@ -227,6 +244,7 @@ class TrajectoryBuilder:
         """Template tokens between turns (``env_mask`` 0), with the images they hold."""
         if not isinstance(segment, Encoded):
             segment = Encoded(tuple(segment))
+        self._extend_json(segment.ids, len(self.prompt_ids) + len(self.completion_ids))
         self.completion_ids.extend(segment.ids)
         self.logprobs.extend([0.0] * len(segment.ids))
         self.env_mask.extend([0] * len(segment.ids))
