@@ -359,3 +359,28 @@ def test_a_builders_context_goes_out_as_the_ids_it_holds():
                   if k != "prompt"}
         assert all(f == fields for _, f in sent)
         assert final == [0, 1, 2, 3, 4, 7, 8, 9, 100, 101, 7, 8, 9, 101, 101, 7, 8, 9, 102, 101]
+
+
+@pytest.mark.timeout(30)
+def test_a_request_runs_in_the_turns_own_task(monkeypatch):
+    """The request's deadline is asyncio.timeout's: no task per request (wait_for's), the exchange runs in the turn's
+    task; a hung exchange still times out (test_hung_request_is_retried_then_fails_naming_the_request)."""
+    import ep_trl.generation.vllm as vllm
+
+    seen = []
+
+    async def exchange(client, url, body):
+        seen.append(asyncio.current_task())
+        return 200, '{"choices": [{"index": 0, "token_ids": [5], "logprobs": {"token_logprobs": [-0.1]}}]}'
+
+    monkeypatch.setattr(vllm, "_exchange", exchange)
+
+    async def turn(generator):
+        try:
+            return asyncio.current_task(), await generator.generate([1, 2], SamplingParams(max_tokens=2))
+        finally:
+            await generator.aclose()
+
+    with FaultyVLLMServer() as server:
+        task, result = run(turn(VLLMServerGenerator(server.url, replace(FAST, batch_window_s=0))))
+    assert seen == [task] and result.token_ids == (5,)

@@ -353,8 +353,10 @@ class VLLMServerGenerator:
         for attempt in range(1, attempts + 1):
             self.requests += 1
             try:
-                # bound the whole exchange, reading the body included, not just each socket operation
-                status, text = await asyncio.wait_for(_exchange(client, url or self._url, body), self.request_timeout_s)
+                # bound the whole exchange, reading the body included, not just each socket operation (in this
+                # task: asyncio.timeout, not wait_for, which runs the exchange as one more task)
+                async with asyncio.timeout(self.request_timeout_s):
+                    status, text = await _exchange(client, url or self._url, body)
             except TimeoutError as exc:
                 problem = f"no answer within {self.request_timeout_s:g} s ({type(exc).__name__})"
             except aiohttp.ClientError as exc:  # refused or dropped connections, truncated bodies
