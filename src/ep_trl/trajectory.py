@@ -52,6 +52,9 @@ _SAMPLED_RUN = re.compile(b"[^\x00]+")
 _PREFIX_CACHE_SIZE = 512
 #: How many of a text's last cut points are looked up in the prefix cache (a turn adds a few messages).
 _PREFIX_LOOKUPS = 16
+#: Texts after the last cut (a template's generation prompt, mostly) kept with their ids, and the longest kept.
+_TAIL_CACHE_SIZE = 64
+_TAIL_MAX_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,15 @@ class PrefixEncoder:
     A multi-turn episode renders its whole conversation every turn (``ChatTemplate.bridge``), and encoding it whole
     is quadratic in turns. Texts are cut before special tokens (``cut_tokens``), the ids of the part before the last
     cut are kept (bounded, least recently used first out), and the next text that starts with a kept part encodes
-    only what follows it."""
+    only what follows it. What follows the last cut, the same generation prompt turn after turn, is encoded once
+    (short texts, a few kept)."""
 
     def __init__(self, encode: Any, cuts: Sequence[str], size: int = _PREFIX_CACHE_SIZE) -> None:
         self._encode = encode  # text -> list of ids, the tokenizer's own
         self._cuts = tuple(cuts)
         self._size = size
         self._kept: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._tails: dict[str, tuple[int, ...]] = {}
 
     def __call__(self, text: str) -> list[int]:
         points = self._cut_points(text)
@@ -119,7 +124,19 @@ class PrefixEncoder:
         if last > start:
             ids += self._encode(text[start:last])
             self._keep(text[:last], tuple(ids))
-        return ids + self._encode(text[last:])
+        return ids + self._tail(text[last:])
+
+    def _tail(self, tail: str) -> list[int]:
+        """``tail``'s ids, as its own encode gives them (kept if short; the oldest kept goes first when full)."""
+        ids = self._tails.get(tail)
+        if ids is None:
+            encoded = self._encode(tail)
+            if len(tail) > _TAIL_MAX_CHARS:
+                return encoded
+            if len(self._tails) >= _TAIL_CACHE_SIZE:
+                del self._tails[next(iter(self._tails))]
+            ids = self._tails[tail] = tuple(encoded)
+        return list(ids)
 
     def _cut_points(self, text: str) -> list[int]:
         """Positions > 0 where a cut token starts, last first, at most ``_PREFIX_LOOKUPS``."""
