@@ -384,3 +384,26 @@ def test_a_request_runs_in_the_turns_own_task(monkeypatch):
     with FaultyVLLMServer() as server:
         task, result = run(turn(VLLMServerGenerator(server.url, replace(FAST, batch_window_s=0))))
     assert seen == [task] and result.token_ids == (5,)
+
+
+@pytest.mark.timeout(30)
+def test_request_fields_are_built_once_per_model_and_settings():
+    """Unseeded turns with equal settings reuse one fields dict and its JSON, equal to what completion_fields builds;
+    other settings, another model or a seed build their own; a turn's settings are themselves when its budget is
+    theirs already."""
+    from ep_trl.generation.vllm import completion_fields, fields_json
+
+    with FaultyVLLMServer() as server:
+        generator = VLLMServerGenerator(server.url, FAST)
+    params = SamplingParams(temperature=0.7, max_tokens=9, stop=("\n",))
+    first = generator.request_fields("m", params, None)
+    assert first == (completion_fields("m", params), fields_json(completion_fields("m", params)))
+    assert generator.request_fields("m", SamplingParams(temperature=0.7, max_tokens=9, stop=("\n",)), None) is first
+    assert generator.request_fields("m", params.with_max_tokens(8), None)[0]["max_tokens"] == 8
+    assert generator.request_fields("other", params, None)[0]["model"] == "other"
+    seeded = generator.request_fields("m", params, 17)
+    assert seeded[0] == completion_fields("m", params, 17) and seeded[0]["seed"] == 17
+    assert params.with_max_tokens(9) is params and params.with_max_tokens(3).max_tokens == 3
+    for n in range(300):  # bounded
+        generator.request_fields("m", params.with_max_tokens(n + 1), None)
+    assert len(generator._fields) <= 256

@@ -39,7 +39,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def with_max_tokens(self, max_tokens: int) -> "SamplingParams":
-        return replace(self, max_tokens=max_tokens)
+        """These settings with ``max_tokens`` (themselves when it is theirs already: most turns)."""
+        return self if max_tokens == self.max_tokens else replace(self, max_tokens=max_tokens)
 
 
 @dataclass(frozen=True)

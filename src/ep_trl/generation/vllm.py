@@ -59,6 +59,9 @@ RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 #: Seeds sent to vLLM stay below 2**63 (its sampling params take a 64-bit signed integer).
 _SEED_MODULUS = 2**63 - 1
 
+#: Request fields (and their JSON) kept per model and sampling settings; cleared when this many are kept.
+_FIELDS_CACHE_SIZE = 256
+
 
 @dataclass(frozen=True)
 class ServerInfo:
@@ -183,6 +186,7 @@ class VLLMServerGenerator:
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[str, _Batch] = {}
+        self._fields: dict[tuple[str, SamplingParams], tuple[dict[str, Any], str]] = {}
         self._tasks: set[asyncio.Task] = set()
         info = probe_server(self.base_url, options.connect_timeout_s)
         self.model = model or info.model
@@ -247,7 +251,7 @@ class VLLMServerGenerator:
         if images is not None:
             return await self._generate_with_images(model, prompt_ids, params, images)
         number = next(self._turns)
-        fields = completion_fields(model, params, seed=request_seed(self.seed, number))
+        fields, head = self.request_fields(model, params, request_seed(self.seed, number))
         label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(prompt_ids)} "
                  f"tokens, max_tokens={fields['max_tokens']})")
         if self._failure is not None:
@@ -256,7 +260,7 @@ class VLLMServerGenerator:
         try:
             async with slots:
                 self.turns += 1
-                prompt, head = prompt_json(prompt_ids), fields_json(fields)
+                prompt = prompt_json(prompt_ids)
                 if self.batch_window_s == 0 or "seed" in fields:
                     choice = await self._send_one(prompt, head, label)
                 else:
@@ -266,6 +270,20 @@ class VLLMServerGenerator:
             if self._failure is None:
                 self._failure = exc
             raise
+
+    def request_fields(self, model: str, params: SamplingParams, seed: int | None) -> tuple[dict[str, Any], str]:
+        """``completion_fields`` and their JSON (``fields_json``); built once per model and settings when unseeded
+        (shared: read, never changed)."""
+        if seed is not None:
+            fields = completion_fields(model, params, seed)
+            return fields, fields_json(fields)
+        kept = self._fields.get((model, params))
+        if kept is None:
+            if len(self._fields) >= _FIELDS_CACHE_SIZE:
+                self._fields.clear()
+            fields = completion_fields(model, params)
+            kept = self._fields[(model, params)] = (fields, fields_json(fields))
+        return kept
 
     async def _generate_with_images(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
                                     images: PromptImages) -> Generation:
