@@ -53,4 +53,5 @@ def test_history_line_with_the_label_already_computed_is_the_same_line():
         for step, reward, observation in ((1, 0.5, None), (3, -1.0, Observed())):
             assert history_line(step, action, reward, observation, action_label(action)) == \
                 history_line(step, action, reward, observation)
-    assert action_label(Named()) == "click('7')" and action_label(LettersAction(text="aei")) == str(LettersAction(text="aei"))
+    letters = LettersAction(text="aei")
+    assert action_label(Named()) == "click('7')" and action_label(letters) == str(letters)

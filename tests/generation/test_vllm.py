@@ -320,7 +320,8 @@ def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
         batch = json.loads(body_with_prompt(head, f"[{prompt_json(prompt)},{prompt_json(ids[:3])}]"))
         assert batch == {**want, "prompt": [ids, ids[:3]]}
     # equal settings give equal heads (a batch's key), other settings other heads
-    assert fields_json(completion_fields("m", SamplingParams(top_k=0))) == fields_json(completion_fields("m", SamplingParams()))
+    assert fields_json(completion_fields("m", SamplingParams(top_k=0))) == fields_json(
+        completion_fields("m", SamplingParams()))
     assert fields_json(completion_fields("m", SamplingParams(max_tokens=5))) != fields_json(
         completion_fields("m", SamplingParams()))
 
@@ -329,7 +330,6 @@ def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
 def test_a_builders_context_goes_out_as_the_ids_it_holds():
     """Turns of growing contexts (``TrajectoryBuilder.context()``, JSON kept turn by turn), batched and alone: the
     server receives exactly the ids, with the same fields as ``completion_payload``."""
-    from ep_trl.generation import Generation
     from ep_trl.trajectory import TrajectoryBuilder
 
     async def turns(generator, builders):
