@@ -90,7 +90,7 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
 
     from ep_trl import create_rollout_func, dataset_from_eval
     from ep_trl.rewards import eval_score
-    from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer
+    from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 
     rollout = create_rollout_func(EVAL, log_rollouts=False)
     timed = TimedRollout(rollout)
@@ -152,8 +152,8 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from ep_trl import EvalRolloutWorker, dataset_from_eval
-    from ep_trl.async_cpu import CPUAsyncGRPOTrainer
-    from ep_trl.vllm_weight_sync import DiskWeightTransfer
+    from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
+    from ep_trl.trainers.disk_weights import DiskWeightTransfer
 
     config = AsyncGRPOConfig(output_dir=str(work / arm), use_cpu=True, bf16=False, num_generations=4,
                              per_device_train_batch_size=args.batch, max_completion_length=256, max_steps=args.steps,

@@ -16,11 +16,9 @@ sees it.
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any

@@ -78,7 +78,7 @@ def build_arm(arm: str, concurrency: int, episodes: int, model_dir: Path, work: 
 
     from ep_trl import create_rollout_func
     from ep_trl.rewards import eval_score
-    from ep_trl.vllm_weight_sync import CPUColocateGRPOTrainer
+    from ep_trl.trainers.cpu_colocate import CPUColocateGRPOTrainer
 
     rollout = create_rollout_func(EVAL, max_concurrent_rollouts=concurrency, log_rollouts=False,
                                   vllm_base_url=server_url if arm == "server" else None)

@@ -1,4 +1,4 @@
-"""Session fixtures: a tiny local model and a letters env server.
+"""Session fixtures: a tiny local model, a letters env server and one real CPU vLLM server.
 
 The environment variables below are set at import time, before any test module
 imports eval_protocol/LiteLLM/TRL: the suite runs offline, and eval-protocol's
@@ -127,3 +127,47 @@ def letters_episodes(letters_server: str) -> "LettersEpisodes":
     episodes = LettersEpisodes(letters_server)
     episodes.clear()
     return episodes
+
+
+@pytest.fixture(scope="session")
+def shared_vllm_server(sharp_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator["ServerProcess"]:
+    """The session's real CPU vLLM server (tests/support/vllm_server.py), started once (35-60 s, ~3 GB) by the first
+    test that asks for it and stopped by PID (its whole process group) when the session ends.
+
+    Settings (:data:`tests.support.vllm_server.SHARED_SERVER`): the sharp tiny model, trl vllm-serve's flags and dev
+    mode, ``--max-model-len 1024``. The modules that share it (test_vllm_real, test_rollout_worker,
+    test_train_letters_script) push their own weights before they generate (a weight sync, or ``vllm_url``'s
+    reset); tests take it through :func:`shared_vllm_url`. No test may stop, restart or kill it: fault injection
+    uses ``tests/support/faulty_vllm.py``, and a module whose server needs other flags (``--enable-lora``, a vision
+    model) starts its own.
+    """
+    from tests.support.vllm_server import (SHARED_SERVER, missing_vllm_message, start_vllm_server, stop_vllm_server,
+                                           vllm_installed)
+
+    if not vllm_installed():
+        pytest.fail(missing_vllm_message())
+    server = start_vllm_server(sharp_model_dir, tmp_path_factory.mktemp("shared_vllm_logs"), **SHARED_SERVER)
+    try:
+        yield server
+    finally:
+        stop_vllm_server(server)
+
+
+@pytest.fixture
+def shared_vllm_url(shared_vllm_server: "ServerProcess") -> str:
+    """The shared server's URL, once it is known to be running and not paused: a test that failed between a weight
+    sync's ``/pause`` and ``/resume`` must not make every later test hang (the server is resumed, with a warning)."""
+    import json
+    import urllib.request
+    import warnings
+
+    if shared_vllm_server.proc.poll() is not None:
+        pytest.fail(f"the shared vLLM server (pid {shared_vllm_server.pid}) exited with status "
+                    f"{shared_vllm_server.proc.returncode}:\n{shared_vllm_server.output_tail()}")
+    url = shared_vllm_server.base_url
+    with urllib.request.urlopen(f"{url}/is_paused", timeout=30) as resp:  # noqa: S310 - local test URL
+        paused = json.loads(resp.read())["is_paused"]
+    if paused:
+        warnings.warn(f"the shared vLLM server at {url} was left paused by an earlier test; resuming it")
+        urllib.request.urlopen(urllib.request.Request(f"{url}/resume", method="POST"), timeout=30).close()  # noqa: S310
+    return url

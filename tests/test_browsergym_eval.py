@@ -13,7 +13,8 @@ import pytest
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.envs.browsergym import BrowserGymObservation
 from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
-from ep_trl.processes import ServerProcess, free_port, start_server
+from ep_trl.processes import ServerProcess
+from tests.support.browsergym import browsergym_server as running_browsergym_server
 from tests.support.trainers import make_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,19 +116,8 @@ def test_tasks_rotate_per_environment_unless_pinned(eval_module, monkeypatch):
 @pytest.fixture(scope="module")
 def browsergym_server(tmp_path_factory) -> Iterator[ServerProcess]:
     """A BrowserGym server for this module, exported as BROWSERGYM_ENV_URL the way the training script does."""
-    port = free_port()
-    server: ServerProcess = start_server(
-        "browsergym", [sys.executable, "-m", "ep_trl.envs.browsergym", "--host", "127.0.0.1", "--port", str(port)],
-        port=port, log_dir=tmp_path_factory.mktemp("browsergym-logs"), env={"BROWSERGYM_MAX_SESSIONS": "2"},
-        timeout_s=120,
-    )
-    mp = pytest.MonkeyPatch()
-    mp.setenv("BROWSERGYM_ENV_URL", server.base_url)
-    try:
+    with running_browsergym_server(tmp_path_factory.mktemp("browsergym-logs")) as server:
         yield server
-    finally:
-        mp.undo()
-        server.stop()
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ screenshot changes the logprobs; TRL's own ``sampling/sampling_logp_difference``
 steps. Costs: 8 episodes of 2 steps on one MiniWoB task.
 """
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +17,10 @@ from trl import GRPOTrainer
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
-from ep_trl.processes import ServerProcess, free_port, start_server
+from ep_trl.processes import ServerProcess
 from ep_trl.rewards import eval_score
-from ep_trl.trl_images import RolloutImagesGRPOTrainer
+from ep_trl.trainers.images import RolloutImagesGRPOTrainer
+from tests.support.browsergym import browsergym_server
 from tests.support.images import token_logprobs
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 
@@ -30,19 +30,9 @@ ENV_PATH = f"{ROOT / 'examples' / 'browsergym' / 'eval_miniwob.py'}::test_miniwo
 
 @pytest.fixture(scope="module")
 def screenshot_server(tmp_path_factory) -> Iterator[ServerProcess]:
-    port = free_port()
-    server = start_server(
-        "browsergym", [sys.executable, "-m", "ep_trl.envs.browsergym", "--host", "127.0.0.1", "--port", str(port)],
-        port=port, log_dir=tmp_path_factory.mktemp("browsergym-logs"),
-        env={"BROWSERGYM_MAX_SESSIONS": "2", "BROWSERGYM_SCREENSHOT": "1"}, timeout_s=120,
-    )
-    mp = pytest.MonkeyPatch()
-    mp.setenv("BROWSERGYM_ENV_URL", server.base_url)
-    try:
+    """A BrowserGym server that sends screenshots, exported as BROWSERGYM_ENV_URL."""
+    with browsergym_server(tmp_path_factory.mktemp("browsergym-logs"), env={"BROWSERGYM_SCREENSHOT": "1"}) as server:
         yield server
-    finally:
-        mp.undo()
-        server.stop()
 
 
 def sampled_positions(out, i):

@@ -5,7 +5,7 @@ import logging
 import pytest
 from transformers import AutoTokenizer
 
-from ep_trl.content import supports_images, template_messages
+from ep_trl.content import content_text, supports_images, template_messages
 from ep_trl.trajectory import ChatTemplate
 from tests.support.images import png_data_uri
 
@@ -23,6 +23,21 @@ IMAGE_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def test_content_text_flattens_strings_parts_and_none():
+    assert content_text("Goal: click the button.") == "Goal: click the button."
+    assert content_text(None) == ""
+    assert content_text(PARTS) == "Goal: click the button.\nAnswer with one action."  # the image adds nothing
+    assert content_text(["plain", {"type": "text", "text": ""}, {"type": "text", "text": "parts"}]) == "plain\nparts"
+    assert content_text([{"type": "image_url", "image_url": {"url": SCREENSHOT}}]) == ""
+
+
+def test_content_text_reads_eval_protocols_part_models():
+    from eval_protocol.models import ChatCompletionContentPartTextParam
+
+    parts = [ChatCompletionContentPartTextParam(text="from a"), ChatCompletionContentPartTextParam(text="model")]
+    assert content_text(parts) == "from a\nmodel"
 
 
 def test_text_only_join_text_parts_and_count_dropped_images():

@@ -101,7 +101,7 @@ def test_a_docker_eval_trains_through_env_path_alone(tiny_model_dir, tmp_path, c
     serves the eval's two concurrent episodes; the servers stop when the rollout function closes."""
     caplog.set_level(logging.INFO, logger="ep_trl")
     rollout = create_openenv_vllm_rollout_func(DOCKER_EVAL, log_rollouts=False)
-    servers = rollout.source._servers
+    servers = rollout.source.servers
     pids = [provider.pid for provider in servers.providers]
     assert sorted(servers.urls) == ["digits", "vowels"] and all(pid_alive(pid) for pid in pids) and len(pids) == 2
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=2,
@@ -199,7 +199,7 @@ def test_a_provider_passed_by_the_user_starts_the_server(tiny_model_dir, tmp_pat
     rollout = create_openenv_vllm_rollout_func(HUB_EVAL, provider=provider, log_rollouts=False)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, prompts=[PROMPT] * 4)
     try:
-        assert rollout.source._servers.providers == [provider] and pid_alive(provider.pid)
+        assert rollout.source.servers.providers == [provider] and pid_alive(provider.pid)
         out = rollout([PROMPT] * 2, trainer)
     finally:
         rollout.close()

@@ -61,7 +61,7 @@ def test_rows_are_logged_while_running_and_failures_carry_their_message(tiny_mod
     try:
         out = rollout([PROMPT] * 4, trainer)
         rollout.flush_logs()
-        writer = rollout._log
+        writer = rollout.log_writer
         # started + one update per completed environment step (1 before the crash) + final, per episode
         assert writer.queued == 4 * (1 + 1 + 1) and writer.failures == 0
     finally:

@@ -6,6 +6,7 @@ with a heavy tail (``LETTERS_TAIL_EVERY``) makes stragglers; the fault-injection
 (``tests/support/faulty_vllm.py``) stands in only where a failure or a stall must happen on demand."""
 
 import queue
+import threading
 import time
 
 import numpy as np
@@ -16,13 +17,13 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
 from ep_trl import rollout_worker as worker_module
-from ep_trl.async_cpu import CPUAsyncGRPOTrainer
+from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
-from ep_trl.vllm_weight_sync import DiskWeightTransfer
+from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, start_letters_server
 from tests.support.references import teacher_forced_logprobs
-from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
+from tests.support.vllm_server import vllm_server
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
@@ -35,13 +36,11 @@ def model_dir(sharp_model_dir):
     return sharp_model_dir
 
 
-@pytest.fixture(scope="module")
-def server_url(model_dir, tmp_path_factory):
-    """A real vLLM server (CPU build) for the model, in dev mode (weights reloaded from disk), as trl vllm-serve."""
-    if not vllm_installed():
-        pytest.fail(missing_vllm_message())
-    with vllm_server(model_dir, tmp_path_factory.mktemp("vllm_logs"), max_model_len=1024) as server:
-        yield server.base_url
+@pytest.fixture
+def server_url(shared_vllm_url):
+    """The session's real CPU vLLM server (``shared_vllm_server``: ``model_dir``, dev mode, as trl vllm-serve). The
+    trainer's first weight sync, before the worker starts, puts the policy's weights on it."""
+    return shared_vllm_url
 
 
 def config(tmp_path, url, **overrides):
@@ -185,7 +184,7 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[snapshots], buffer_size=64)
     trainer.add_callback(BeforeStep2(worker, lambda w: trained_policy_sample(w) and spanning_sample(w)))
     trainer.train()
-    assert not worker._thread.is_alive()  # stopped by the trainer at the end of train()
+    assert_stopped(worker)  # stopped by the trainer at the end of train()
     logs = [h for h in trainer.state.log_history if "ratio" in h]
     assert [h["step"] for h in logs] == [1, 2, 3]
     assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["kl"] < 1e-4
@@ -354,7 +353,10 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
     assert trainer._lora_name == worker_module.LORA_NAME  # the name the worker asks the server for
-    assert worker.server_lora and sorted(worker._adapters) == [1, 2, 3]
+    assert worker.server_lora  # the adapters the trainer synced, by policy version, and no other
+    assert [worker.served_model(v) for v in (1, 2, 3)] == [f"{worker_module.LORA_NAME}-v{v}" for v in (1, 2, 3)]
+    with pytest.raises(ConfigError, match="none for policy version 4"):
+        worker.served_model(4)
     assert "trl-policy-v3" in served_models(lora_server_url)
 
     def policy(version):
@@ -381,6 +383,23 @@ def idle_worker(url, tmp_path, **options):
     return EvalRolloutWorker(LETTERS, args=args, processing_class=tokenizer, log_rollouts=False, **options)
 
 
+def health_error(worker, stale_after_s=300.0):
+    """What ``check_health`` (the trainer's view of the worker) raises now, or None while the worker is healthy."""
+    try:
+        worker.check_health(stale_after_s)
+    except RolloutWorkerError as exc:
+        return exc
+    return None
+
+
+def assert_stopped(worker):
+    """The worker's thread is gone and nothing ended it but ``stop()``: ``check_health`` says it is not running,
+    and no thread of the worker's name is left in this process."""
+    error = health_error(worker, stale_after_s=float("inf"))
+    assert error is not None and "is not running" in str(error), error
+    assert not [t for t in threading.enumerate() if t.name == "ep-trl-rollout-worker" and t.is_alive()]
+
+
 def wait_until(condition, timeout_s):
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -404,7 +423,7 @@ def test_the_buffer_bounds_the_worker(tiny_model_dir, letters_server, tmp_path):
             worker.check_health(1.0)  # waiting for room counts as alive
         finally:
             worker.stop()
-    assert not worker._thread.is_alive()
+    assert_stopped(worker)
 
 
 @pytest.mark.timeout(120)
@@ -423,7 +442,8 @@ def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypat
                 started = time.monotonic()
                 worker.stop()
             assert time.monotonic() - started < 15
-            assert not worker._thread.is_alive() and worker.meter.in_flight == 0
+            assert_stopped(worker)
+            assert worker.meter.in_flight == 0
             assert worker.rollout_buffer.qsize() == 0 and not worker.groups
     finally:
         server.stop()
@@ -437,7 +457,7 @@ def test_check_health_raises_what_ended_the_worker(tiny_model_dir, letters_serve
                              vllm=VLLMOptions(max_retries=0, request_timeout_s=5))
         worker.start()
         try:
-            wait_until(lambda: worker._error is not None, 60)
+            wait_until(lambda: health_error(worker) is not None, 60)  # the worker's thread ended with an error
             with pytest.raises(RolloutWorkerError, match=f"stopped: GenerationError: .*{server.url}/v1/completions"):
                 worker.check_health(300.0)
         finally:

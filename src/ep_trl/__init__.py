@@ -14,11 +14,12 @@ The public API is what this docstring lists; every other module is internal (doc
 * ``EvalRolloutWorker(env_path, args=..., processing_class=...)``: the eval as the rollout worker of TRL's
   ``AsyncGRPOTrainer`` (docs/async.md);
 * ``ep_trl.rewards``: ``eval_score``, ``step_reward_sum``, ``step_reward_mean``, ``step_reward_max``;
-* ``ep_trl.vllm_weight_sync``: ``DiskSyncGRPOTrainer`` (a local vLLM server kept on the trainer's weights),
-  ``CPUColocateGRPOTrainer`` (TRL's colocated engine on CPU), ``DiskWeightTransfer`` (``AsyncGRPOTrainer``'s
-  weight sync without NCCL); ``ep_trl.async_cpu.CPUAsyncGRPOTrainer`` (``AsyncGRPOTrainer`` on CPU);
-* ``ep_trl.trl_images.RolloutImagesGRPOTrainer``: a ``GRPOTrainer`` whose forward passes see the images a rollout
-  returns (a vision-language model on an eval's screenshots; docs/browsergym.md);
+* ``ep_trl.trainers``: trainers that stand in for TRL's where TRL's cannot run on CPU or drop what a rollout returns:
+  ``disk_sync.DiskSyncGRPOTrainer`` (a local vLLM server kept on the trainer's weights),
+  ``cpu_colocate.CPUColocateGRPOTrainer`` (TRL's colocated engine on CPU), ``cpu_async.CPUAsyncGRPOTrainer``
+  (``AsyncGRPOTrainer`` on CPU), ``disk_weights.DiskWeightTransfer`` (``AsyncGRPOTrainer``'s weight sync without
+  NCCL), ``images.RolloutImagesGRPOTrainer`` (a ``GRPOTrainer`` whose forward passes see the images a rollout
+  returns: a vision-language model on an eval's screenshots; docs/browsergym.md);
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
   ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``, ``RolloutWorkerError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);

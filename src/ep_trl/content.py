@@ -5,7 +5,7 @@ Prompt builders may return a string or OpenAI-style content parts (``{"type": "t
 Chat templates differ: a text tokenizer's template expects a string (most render a list as its Python repr), while
 a multimodal processor's template (Qwen2-VL, Qwen3-VL, ...) expects Hugging Face parts (``{"type": "image", ...}``)
 and emits its image placeholder tokens for them. This module converts one into the other, so the same eval feeds
-both kinds of model, and gives the image parts' images, in the order the template places them, to the processor
+both kinds of model, flattens any message content to its text (:func:`content_text`), and gives the image parts' images, in the order the template places them, to the processor
 that expands each placeholder (docs/browsergym.md, "Vision-language models").
 """
 
@@ -20,12 +20,31 @@ def supports_images(processing_class: Any) -> bool:
     return getattr(processing_class, "image_processor", None) is not None
 
 
+def content_text(content: Any) -> str:
+    """A message content's text: a string as it is, ``None`` as ``""``, content parts (mappings, eval-protocol's part
+    models or strings) as their texts joined by newlines; parts without text (images) add nothing.
+
+    Newlines, as a text-only chat template receives the parts (:func:`template_messages`): text parts are separate
+    paragraphs of one message, and their words must not run together for a reader (the model, an action parser)
+    or in a comparison of two messages' text.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts = [p if isinstance(p, str) else p.get("text") if isinstance(p, Mapping) else getattr(p, "text", None)
+                 for p in content]
+        return "\n".join(str(t) for t in texts if t)
+    return str(content)
+
+
 def template_messages(messages: Sequence[Mapping[str, Any]], *, images: bool) -> tuple[list[dict[str, Any]], int]:
     """Messages ready for ``apply_chat_template``, and how many image parts were dropped.
 
     String content is left as is. Content parts become Hugging Face parts when ``images`` is true (text stays
     text; an OpenAI ``image_url`` part becomes ``{"type": "image", "url": ...}``), or, for text-only templates,
-    their text parts joined by newlines with the image parts dropped (and counted).
+    their text (:func:`content_text`) with the image parts dropped (and counted).
     """
     out: list[dict[str, Any]] = []
     dropped = 0
@@ -39,7 +58,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]], *, images: bool) ->
             out.append({**message, "content": parts})
         else:
             dropped += sum(p["type"] == "image" for p in parts)
-            out.append({**message, "content": "\n".join(p["text"] for p in parts if p["type"] == "text")})
+            out.append({**message, "content": content_text(parts)})
     return out, dropped
 
 

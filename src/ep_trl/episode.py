@@ -90,6 +90,19 @@ class EpisodeFailure(Exception):
         self.cause = cause
 
 
+def ended_episode(spec: EpisodeSpec, failure: EpisodeFailure | None, stop_reason: str, **fields: Any) -> Episode:
+    """The ``Episode`` of ``spec``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
+    "error", the failure's message and kind. ``fields`` are the rest of :class:`Episode`'s fields."""
+    return Episode(
+        spec=spec,
+        status="error" if failure else "finished",
+        stop_reason="error" if failure else stop_reason,
+        error=str(failure) if failure else None,
+        error_kind=failure.kind if failure else None,
+        **fields,
+    )
+
+
 async def _guarded(kind: str, pending: Awaitable[T]) -> T:
     """Await ``pending``; any ``Exception`` it raises fails the episode as ``kind``, except the configuration
     errors ep_trl raises on purpose (they would fail every episode alike)."""
@@ -149,23 +162,20 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
         clean = True
     except EpisodeFailure as exc:
         failure = exc
-        state.stop_reason = "error"
         logger.warning("%s failed (%s) after %d steps: %s", label, exc.kind, len(state.step_rewards), exc)
     finally:
         if session is not None:
             await envs.release(session, reusable=clean)
     if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
         state.builder = TrajectoryBuilder.start(template.prompt(state.messages or list(spec.initial_messages)))
-    return Episode(
-        spec=spec,
+    return ended_episode(
+        spec,
+        failure,
+        state.stop_reason,
         trajectory=state.builder.build(),
         messages=tuple(state.messages),
         step_rewards=tuple(state.step_rewards),
         actions=tuple(state.actions),
-        status="error" if failure else "finished",
-        stop_reason=state.stop_reason,
-        error=str(failure) if failure else None,
-        error_kind=failure.kind if failure else None,
         duration_s=time.perf_counter() - start,
         prompt_tokens=state.prompt_tokens,
         prompt_builder_failures=state.builder_failures,

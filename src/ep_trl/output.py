@@ -3,7 +3,7 @@
 ``prompt_ids``, ``completion_ids``, ``logprobs`` and ``env_mask`` are what TRL trains on; every other key is
 forwarded by TRL to the reward functions (``ep_trl.rewards``) as a keyword argument, except ``images``: present when
 some episode saw images (a vision-language model's screenshots), each sample's images in placeholder order across
-prompt and completion, for ``ep_trl.trl_images.RolloutImagesGRPOTrainer`` to put into the forward pass.
+prompt and completion, for ``ep_trl.trainers.images.RolloutImagesGRPOTrainer`` to put into the forward pass.
 """
 
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ from typing import Any
 from .episode import Episode
 from .scoring import Scored
 
-#: The key of the per-sample images (what ``ep_trl.trl_images`` reads).
+#: The key of the per-sample images (what ``ep_trl.trainers.images`` reads).
 IMAGES_KEY = "images"
 
 

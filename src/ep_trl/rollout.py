@@ -2,8 +2,9 @@
 
 This module holds the factory, the parts the episode stream runs on (source, backend, loop, log) and the
 ``rollout_func`` adapter: a call's prompt groups played through :func:`ep_trl.stream.play_groups` and collected into
-TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout_worker`). How settings combine is
-:mod:`ep_trl.settings`, which backend generates is :mod:`ep_trl.generation.choice`, one episode is
+TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout_worker`). Who calls is
+:mod:`ep_trl.caller`, how settings combine is :mod:`ep_trl.settings`, which backend generates is
+:mod:`ep_trl.backend_choice`, one episode is
 :mod:`ep_trl.episode`, scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
 """
 
@@ -14,12 +15,13 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from . import env_servers, evalprotocol, settings, shutdown, trl_compat
+from .backend_choice import make_generator
+from .caller import RolloutCaller
 from .env_servers import LaunchedServers
 from .episode import Episode
 from .errors import ConfigError
 from .evalprotocol import EvalSpec, EvalTest
 from .generation import Generator
-from .generation.choice import make_generator
 from .generation.vllm import probe_server
 from .metrics import SignalWatch, budget_warning, call_metrics, summary_line
 from .options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
@@ -67,23 +69,29 @@ class RolloutFunction:
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
         """``rollout_func(prompts, trainer)`` as ``GRPOTrainer`` calls it."""
-        view = trl_compat.view_from_call(trainer_args)
-        view.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
-        return self.run(prompts, view)
+        caller = trl_compat.caller_of(trainer_args)
+        caller.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
+        return self.run(prompts, caller)
 
-    def run(self, prompts: list[Any], view: trl_compat.TrainerView,
-            first_group: int | None = None) -> dict[str, list[Any]]:
-        """One rollout call for ``prompts`` as ``view`` describes the trainer (what ``__call__`` does with the
-        ``GRPOTrainer`` it is handed). ``first_group`` is the run-wide number of its first prompt group when another
-        process counts them (a worker process's shard); by default this function counts its own calls."""
+    def run(self, prompts: list[Any], caller: RolloutCaller, first_group: int | None = None) -> dict[str, list[Any]]:
+        """One rollout call for ``prompts`` from ``caller`` (what ``__call__`` does for the ``GRPOTrainer`` it is
+        handed). ``first_group`` is the run-wide number of its first prompt group when another process counts them (a
+        worker process's shard); by default this function counts its own calls."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts
-        return self._runner.run(self._rollout(list(prompts), view, first_group))
+        return self._runner.run(self._rollout(list(prompts), caller, first_group))
 
     @property
     def backend_name(self) -> str:
         return self._generator.name if self._generator is not None else self.backend
+
+    @property
+    def log_writer(self) -> RolloutLogWriter | None:
+        """The writer of this function's rows to eval-protocol's store (its ``queued`` and ``failures`` counts say
+        how many row updates were handed to it and how many could not be written); None with
+        ``log_rollouts=False``. Read only: ``flush_logs()`` and ``close()`` drive it."""
+        return self._log
 
     def flush_logs(self) -> None:
         """Wait until every rollout row so far is in the eval-protocol store."""
@@ -106,21 +114,21 @@ class RolloutFunction:
             self._runner.close()
             shutdown.unregister(self)
 
-    def _setup(self, view: trl_compat.TrainerView) -> tuple[ChatTemplate, Generator]:
+    def _setup(self, caller: RolloutCaller) -> tuple[ChatTemplate, Generator]:
         if self._template is None:
-            self._template = ChatTemplate(view.processing_class, self.options.chat_template_kwargs)
-            note = settings.sampling_note(self.spec, view)
+            self._template = ChatTemplate(caller.config.processing_class, self.options.chat_template_kwargs)
+            note = settings.sampling_note(self.spec, caller)
             if note:
                 logger.info(note)
         if self._generator is None:
-            self._generator = make_generator(self.backend, self.vllm_base_url, self.vllm, view,
+            self._generator = make_generator(self.backend, self.vllm_base_url, self.vllm, caller,
                                              self.spec.max_concurrent_rollouts)
         return self._template, self._generator
 
-    def _first_group(self, view: trl_compat.TrainerView, groups: int) -> int:
+    def _first_group(self, caller: RolloutCaller, groups: int) -> int:
         """The run-wide number of this call's first prompt group, counted across calls and, under
         ``accelerate launch``, across processes (each process gets its own slice of the step's groups)."""
-        first = self._groups_started * view.num_processes + view.process_index * groups
+        first = self._groups_started * caller.num_processes + caller.process_index * groups
         self._groups_started += groups
         return first
 
@@ -129,20 +137,20 @@ class RolloutFunction:
         wait for it: the rollout worker's stream runs there."""
         return self._runner.run(coro)
 
-    def row_context(self, view: trl_compat.TrainerView) -> RowContext:
-        """The ``ep logs`` row context of episodes started now (its step is ``view.global_step``)."""
-        _, generator = self._setup(view)
-        return RowContext(self.spec, self.invocation_id, generator.name, view)
+    def row_context(self, caller: RolloutCaller) -> RowContext:
+        """The ``ep logs`` row context of episodes started now (its step is ``caller.step``)."""
+        _, generator = self._setup(caller)
+        return RowContext(self.spec, self.invocation_id, generator.name, caller)
 
-    async def groups(self, view: trl_compat.TrainerView, plans: Iterator[GroupPlan], *, slots: int,
+    async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan], *, slots: int,
                      all_scope: str = "group", may_start: Callable[[], bool] | None = None,
                      turn_version: Callable[[], int] | None = None,
                      model_for: Callable[[int], str | None] | None = None,
                      meter: SlotMeter | None = None) -> AsyncIterator[FinishedGroup]:
         """The stream core (``ep_trl.stream.play_groups``) on this eval's source and backend: ``plans`` played with
         at most ``slots`` episodes in flight, each group yielded once complete and scored."""
-        template, generator = self._setup(view)
-        limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
+        template, generator = self._setup(caller)
+        limits = settings.turn_limits(self.spec, caller, generator, self.max_episode_tokens)
         shared = Shared(limits=limits, template=template, generator=generator, log=self._log)
         await generator.begin_call()  # forgets an earlier call's failure (the server may be back), wakes an engine
         try:
@@ -170,30 +178,30 @@ class RolloutFunction:
         """Environment sessions opened by the stream now playing, or by the last one."""
         return self._player.env_sessions if self._player is not None else 0
 
-    async def _rollout(self, prompts: list[Any], view: trl_compat.TrainerView,
+    async def _rollout(self, prompts: list[Any], caller: RolloutCaller,
                        first_group: int | None) -> dict[str, list[Any]]:
         started = time.perf_counter()
         self.calls += 1
-        template, generator = self._setup(view)
-        if supports_images(view.processing_class) and not view.takes_rollout_images:
+        template, generator = self._setup(caller)
+        if supports_images(caller.config.processing_class) and not caller.takes_rollout_images:
             raise ConfigError(
-                f"{type(view.processing_class).__name__} renders images into the episodes of {self.spec.name}, and "
-                f"{type(view.trainer).__name__} would leave them out of its forward passes (TRL's rollout_func path "
-                "drops them): the model would be trained on image tokens without their pixels. Train with "
-                "ep_trl.trl_images.RolloutImagesGRPOTrainer in place of GRPOTrainer, or pass the text tokenizer "
+                f"{type(caller.config.processing_class).__name__} renders images into the episodes of {self.spec.name}, "
+                "and the trainer would leave them out of its forward passes (TRL's rollout_func path drops them): the "
+                "model would be trained on image tokens without their pixels. Train with "
+                "ep_trl.trainers.images.RolloutImagesGRPOTrainer in place of GRPOTrainer, or pass the text tokenizer "
                 "(processing_class.tokenizer) as the processing class (images are then dropped from the prompts).")
         self.source.check(prompts)
-        limits = settings.turn_limits(self.spec, view, generator, self.max_episode_tokens)
-        groups = group_indices(prompts, view.num_generations)
-        context = RowContext(self.spec, self.invocation_id, generator.name, view)
-        first = self._first_group(view, len(groups)) if first_group is None else first_group
+        limits = settings.turn_limits(self.spec, caller, generator, self.max_episode_tokens)
+        groups = group_indices(prompts, caller.config.num_generations)
+        context = RowContext(self.spec, self.invocation_id, generator.name, caller)
+        first = self._first_group(caller, len(groups)) if first_group is None else first_group
         rollout_ids = [evalprotocol.new_id("rollout") for _ in prompts]
         plans = iter([GroupPlan(group=first + g, prompt=prompts[members[0]], indices=tuple(members),
                                 rollout_ids=tuple(rollout_ids[i] for i in members), context=context)
                       for g, members in enumerate(groups)])
         played: dict[int, PlayedEpisode] = {}
         verdicts: dict[int, Scored] = {}
-        async for group in self.groups(view, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream"):
+        async for group in self.groups(caller, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream"):
             for episode, verdict in zip(group.played, group.scored):
                 played[episode.request.index] = episode
                 verdicts[episode.request.index] = verdict
@@ -203,8 +211,8 @@ class RolloutFunction:
         if self._log is not None:
             context.log_final(self._log, episodes, scored, seconds)
         metrics = call_metrics(episodes, scored, seconds, self.env_sessions)
-        view.record_metrics(metrics)
-        logger.info(summary_line(view.global_step, episodes, scored, seconds, metrics))
+        caller.record_metrics(metrics)
+        logger.info(summary_line(caller.step, episodes, scored, seconds, metrics))
         budget = budget_warning(episodes, limits.max_episode_tokens)
         if budget:
             logger.warning(budget)
@@ -304,7 +312,8 @@ def _sharded(env_path: str, options: RolloutOptions, kwargs: dict[str, Any]) -> 
     if kwargs["backend"] == "trainer":
         raise ConfigError("RolloutOptions(worker_processes>1) generates on a vLLM server; backend='trainer' samples "
                           "with the trainer's model in its own process.")
-    return ShardedRolloutFunction(env_path, kwargs, options.worker_processes, f"ep_trl_rollout[{spec.qualified_name}]")
+    return ShardedRolloutFunction(env_path, kwargs, options.worker_processes, f"ep_trl_rollout[{spec.qualified_name}]",
+                                  build=create_openenv_vllm_rollout_func)
 
 
 def _resolve(eval_test: EvalTest, overrides: EvalOverrides,

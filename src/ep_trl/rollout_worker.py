@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import evalprotocol, trl_compat
+from .caller import DetachedCaller, SyncedServer, TrainingConfig
 from .content import supports_images
 from .dataset import dataset_from_eval
 from .errors import ConfigError, RolloutWorkerError
@@ -128,12 +129,11 @@ class EvalRolloutWorker:
                 "episodes, but AsyncGRPOTrainer's samples carry token ids only: the model would be trained on image "
                 "tokens without their pixels. Pass the text tokenizer (processing_class.tokenizer; images are then "
                 "dropped from the prompts), or train a vision-language model with GRPOTrainer and "
-                "ep_trl.trl_images.RolloutImagesGRPOTrainer.")
+                "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
         self.env_path = env_path
-        self._args = args
-        self._processing_class = processing_class
-        self._tokenizer = getattr(processing_class, "tokenizer", processing_class)
-        self._num_generations = int(getattr(args, "num_generations", 1) or 1)
+        self._config = TrainingConfig.of(args, processing_class)
+        self._tokenizer = self._config.tokenizer
+        self._num_generations = self._config.num_generations
         self._max_staleness = int(getattr(args, "max_staleness", 0) or 0)
         self._server_url = str(args.vllm_server_base_url).rstrip("/")
         self._prompts = list((dataset if dataset is not None else dataset_from_eval(env_path))["prompt"])
@@ -253,9 +253,10 @@ class EvalRolloutWorker:
                 logger.error("ep_trl's rollout worker stopped: %s: %s", type(exc).__name__, exc)
                 self._error = exc
 
-    def _view(self) -> trl_compat.TrainerView:
-        return trl_compat.TrainerView.for_rollout_worker(self._args, self._processing_class, self._version,
-                                                         self._server_url, self._put_metrics)
+    def _caller(self) -> DetachedCaller:
+        """The worker as its rollout function's caller: the config, the current policy version, the server the
+        trainer keeps on its weights, the metrics queue."""
+        return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics)
 
     def _plans(self) -> Iterator[GroupPlan]:
         """The prompts of the dataset, in order and over again, one group of ``num_generations`` episodes each; the
@@ -265,7 +266,7 @@ class EvalRolloutWorker:
             yield GroupPlan(group=group, prompt=self._prompts[group % len(self._prompts)],
                             indices=tuple(range(group * n, (group + 1) * n)),
                             rollout_ids=tuple(evalprotocol.new_id("rollout") for _ in range(n)),
-                            context=self._function.row_context(self._view()))
+                            context=self._function.row_context(self._caller()))
 
     def _has_room(self) -> bool:
         """Whether another episode may start: nothing released waits for room and the buffer is not full."""
@@ -276,7 +277,7 @@ class EvalRolloutWorker:
         window: list[tuple[FinishedGroup, ReleasedGroup]] = []
         window_started, sessions_before = time.monotonic(), 0
         try:
-            async for group in self._function.groups(self._view(), self._plans(), slots=self.slots,
+            async for group in self._function.groups(self._caller(), self._plans(), slots=self.slots,
                                                      may_start=self._has_room, turn_version=lambda: self._version,
                                                      model_for=self.served_model, meter=self.meter):
                 window.append((group, self._release(group)))

@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from . import evalprotocol, trl_compat
+from .caller import RolloutCaller
 from .episode import Episode, EpisodeSpec
-from .evalprotocol import EvalSpec
+from .evalprotocol.body import build_row, stamp_row
+from .evalprotocol.spec import EvalSpec
 from .rollout_log import EpisodeTokens, RolloutLogWriter
 from .scoring import Scored
 
@@ -23,16 +24,16 @@ class RowContext:
     progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
     """
 
-    def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, view: trl_compat.TrainerView) -> None:
+    def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, caller: RolloutCaller) -> None:
         self.spec = spec
         self.invocation_id = invocation_id
-        self.step = view.global_step
+        self.step = caller.step
         self._created: dict[str, Any] = {}
         self._pid = os.getpid()
         self._description = (getattr(spec.body, "__doc__", None) or "").strip() or None
-        self._tokenizer = getattr(view.processing_class, "tokenizer", view.processing_class)
-        sampling = view.sampling()
-        model = getattr(getattr(view.trainer, "model", None), "name_or_path", None) if view.trainer else None
+        self._tokenizer = caller.config.tokenizer
+        sampling = caller.config.sampling
+        model = caller.model_name
         self.completion_params = {
             **spec.completion_params,
             "model": str(model or spec.completion_params.get("model", "policy")),
@@ -54,9 +55,9 @@ class RowContext:
                      completion_params=self.completion_params,
                      extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s)
         if source_row is None:
-            row = evalprotocol.build_row(messages=messages, row_id=row_id(prompt), **stamp)
+            row = build_row(messages=messages, row_id=row_id(prompt), **stamp)
         else:
-            row = evalprotocol.stamp_row(source_row, **stamp)
+            row = stamp_row(source_row, **stamp)
         row.created_at = self._created.setdefault(rollout_id, datetime.now(timezone.utc))
         row.pid = self._pid
         row.input_metadata.session_data = {**(row.input_metadata.session_data or {}), "mode": self.spec.mode,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UnsupportedEvalError
-from .evalprotocol import EvalSpec, run_body, score_of
+from .evalprotocol.body import run_body, score_of
+from .evalprotocol.spec import EvalSpec
 
 logger = logging.getLogger(__name__)
 

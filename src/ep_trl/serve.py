@@ -24,8 +24,7 @@ from .generation.trainer import TrainerGenerator
 from .processors.capture import RolloutCapture
 from .processors.endpoint import CaptureEndpoint
 from .processors.parsing import ToolCallParser
-from .trajectory import ChatTemplate, TurnLimits
-from .trl_compat import eos_token_ids
+from .trajectory import ChatTemplate, TurnLimits, eos_token_ids
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,13 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import shutdown, trl_compat
+from .caller import DetachedCaller, RolloutCaller, TrainingConfig
 from .errors import ConfigError
+from .options import RolloutOptions
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +73,12 @@ def join_metrics(metrics: Sequence[Mapping[str, float]], episodes: Sequence[int]
 
 
 class ShardedRolloutFunction:
-    """A ``rollout_func`` whose calls are played by ``workers`` processes; see the module docstring."""
+    """A ``rollout_func`` whose calls are played by ``workers`` processes; see the module docstring. Each worker
+    builds its rollout function with ``build(env_path, **factory_kwargs)`` (the factory, a module-level function:
+    it reaches the worker by name)."""
 
-    def __init__(self, env_path: str, factory_kwargs: Mapping[str, Any], workers: int, name: str) -> None:
+    def __init__(self, env_path: str, factory_kwargs: Mapping[str, Any], workers: int, name: str,
+                 build: Callable[..., Any]) -> None:
         import multiprocessing
 
         try:
@@ -84,14 +89,14 @@ class ShardedRolloutFunction:
                               "provider as module-level names, or use worker_processes=1.") from exc
         self.__name__ = name
         self._vllm_base_url = factory_kwargs.get("vllm_base_url")
-        self._sent: tuple[int, int] | None = None
+        self._sent: TrainingConfig | None = None  # the configuration the workers hold
         self._groups_started = 0  # run-wide prompt group numbers (task rotation, ep logs) as one process counts them
         self.calls = 0
         context = multiprocessing.get_context("spawn")  # the trainer has threads and an event loop: never fork it
         self._workers = []
         for k in range(workers):
             mine, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, env_path, dict(factory_kwargs), os.getpid()),
+            process = context.Process(target=_serve, args=(theirs, build, env_path, dict(factory_kwargs), os.getpid()),
                                       name=f"ep-trl-shard-{k}", daemon=True)
             process.start()
             theirs.close()
@@ -99,34 +104,34 @@ class ShardedRolloutFunction:
         shutdown.register(self)
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
-        view = trl_compat.view_from_call(trainer_args)
-        view.wait_for_weight_sync()
-        return self.run(prompts, view)
+        caller = trl_compat.caller_of(trainer_args)
+        caller.wait_for_weight_sync()
+        return self.run(prompts, caller)
 
-    def run(self, prompts: list[Any], view: trl_compat.TrainerView) -> dict[str, list[Any]]:
+    def run(self, prompts: list[Any], caller: RolloutCaller) -> dict[str, list[Any]]:
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         started = time.perf_counter()
         self.calls += 1
-        url = view.vllm_server_url()  # the trainer's own server, kept on its weights; else vllm_base_url's
-        if url is None and self._vllm_base_url is None:
+        server = caller.synced_server()  # the trainer's own server, kept on its weights; else vllm_base_url's
+        if server is None and self._vllm_base_url is None:
             raise ConfigError("RolloutOptions(worker_processes>1) plays episodes in other processes, which generate "
                               "on a vLLM server: pass vllm_base_url=... or train with GRPOConfig(use_vllm=True, "
                               "vllm_mode='server').")
-        size = view.num_generations
+        size = caller.config.num_generations
         groups = -(-len(prompts) // size)
         bounds = shard_bounds(groups, size, len(prompts), len(self._workers))
-        sent = (id(view.args), id(view.processing_class))
-        settings = None if sent == self._sent else (view.args, view.processing_class)
-        first = self._groups_started * view.num_processes + view.process_index * groups
+        config = None if caller.config == self._sent else caller.config
+        first = self._groups_started * caller.num_processes + caller.process_index * groups
         self._groups_started += groups
         unsent = set()
         for k, ((start, end), (_, pipe)) in enumerate(zip(bounds, self._workers)):
             try:
-                pipe.send((list(prompts[start:end]), settings, view.global_step, url, first + start // size))
+                pipe.send((list(prompts[start:end]), config, caller.step, server, caller.model_name,
+                           first + start // size))
             except (BrokenPipeError, ConnectionResetError):  # the worker is gone: said below
                 unsent.add(k)
-        self._sent = sent
+        self._sent = caller.config
         outputs, metrics, errors = [], [], []
         for k, ((start, end), (process, pipe)) in enumerate(zip(bounds, self._workers)):  # read every answer
             try:
@@ -147,7 +152,7 @@ class ShardedRolloutFunction:
         if errors:
             raise errors[0]
         joined = join_metrics(metrics, [end - start for start, end in bounds], time.perf_counter() - started)
-        view.record_metrics(joined)
+        caller.record_metrics(joined)
         return join_outputs(outputs)
 
     def flush_logs(self) -> None:
@@ -172,16 +177,12 @@ class ShardedRolloutFunction:
         self._workers = []
 
 
-def _serve(pipe: Any, env_path: str, factory_kwargs: dict[str, Any], parent: int) -> None:
+def _serve(pipe: Any, build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any], parent: int) -> None:
     """A worker process: one rollout function, one call at a time from the pipe, until ``None`` or the pipe's end."""
     threading.Thread(target=_end_with_parent, args=(parent,), name="ep-trl-parent-watch", daemon=True).start()
-    from .options import RolloutOptions
-    from .rollout import create_openenv_vllm_rollout_func
-
     options = factory_kwargs.pop("options", None) or RolloutOptions()
-    rollout = create_openenv_vllm_rollout_func(
-        env_path, options=RolloutOptions(**{**vars(options), "worker_processes": 1}), **factory_kwargs)
-    settings: tuple[Any, Any] | None = None
+    rollout = build(env_path, options=RolloutOptions(**{**vars(options), "worker_processes": 1}), **factory_kwargs)
+    config: TrainingConfig | None = None
     try:
         while True:
             try:
@@ -190,13 +191,13 @@ def _serve(pipe: Any, env_path: str, factory_kwargs: dict[str, Any], parent: int
                 return
             if job is None:
                 return
-            prompts, new_settings, step, url, first_group = job
-            settings = new_settings or settings
-            assert settings is not None, "the first call carries the trainer's settings"
+            prompts, new_config, step, server, model_name, first_group = job
+            config = new_config or config
+            assert config is not None, "the first call carries the trainer's configuration"
             got: dict[str, float] = {}
-            view = trl_compat.TrainerView.for_rollout_worker(settings[0], settings[1], step, url, got.update)
+            caller = DetachedCaller(config, step, server, got.update, model_name=model_name)
             try:
-                out = rollout.run(prompts, view, first_group=first_group)
+                out = rollout.run(prompts, caller, first_group=first_group)
                 rollout.flush_logs()
                 pipe.send(("ok", out, got))
             except Exception as exc:  # the trainer raises it: as it would have in one process

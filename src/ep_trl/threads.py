@@ -70,14 +70,3 @@ async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T
                            timeout_s, count)
         raise
 
-
-async def stop_batch_worker(worker: "asyncio.Task[Any] | None", executor: Any) -> None:
-    """End a generator's batching task (cancelled, then awaited until it has unwound) and then the thread pool it
-    hands model calls to, waiting for a call in progress to return."""
-    if worker is not None:
-        worker.cancel()
-        try:
-            await worker
-        except asyncio.CancelledError:  # the cancellation asked for just above
-            pass
-    executor.shutdown(wait=True)

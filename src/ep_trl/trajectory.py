@@ -192,6 +192,20 @@ class Trajectory:
         return [self.completion_ids[start:end] for start, end in self.sampled_runs]
 
 
+def eos_token_ids(processing_class: Any, model: Any | None) -> tuple[int, ...]:
+    """End-of-turn ids: the tokenizer's EOS plus the model's generation-config EOS ids."""
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.append(gen_eos)
+    elif gen_eos:
+        ids.extend(int(t) for t in gen_eos)
+    return tuple(dict.fromkeys(ids))
+
+
 @dataclass(frozen=True)
 class TurnLimits:
     """How far one episode's turns may go: the sampling settings (``max_tokens`` per turn), the completion tokens

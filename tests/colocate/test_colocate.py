@@ -15,7 +15,7 @@ from ep_trl.generation import SamplingParams
 from ep_trl.generation.colocate import ColocateGenerator
 from ep_trl.options import VLLMOptions
 from ep_trl.rewards import eval_score
-from ep_trl.vllm_weight_sync import CPUColocateGRPOTrainer
+from ep_trl.trainers.cpu_colocate import CPUColocateGRPOTrainer
 from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import PROMPT, WeightSnapshots
 

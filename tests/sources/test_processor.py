@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -205,10 +206,14 @@ def stdio_config(path, *args):
 @pytest.mark.timeout(300)
 def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(agent_model_dir, tmp_path, monkeypatch):
     """The processor starts the calculator over stdio from the eval's MCP config, once per row; ep_trl hands each row
-    a copy in which the command runs under its watchdog (tool calls still work, the copies are gone afterwards)."""
+    a copy in which the command runs under its watchdog (tool calls still work, the servers are gone afterwards).
+    Each calculator records, as it starts, its pid and the command line of the process that started it."""
     import psutil
 
-    config = stdio_config(tmp_path / "calc_stdio.json", REPO / "tests/fixtures/calc_mcp_server.py", "stdio")
+    calc = REPO / "tests/fixtures/calc_mcp_server.py"
+    started = tmp_path / "started"
+    started.mkdir()
+    config = stdio_config(tmp_path / "calc_stdio.json", calc, "stdio", started)
     monkeypatch.setenv("CALC_MCP_CONFIG", str(config))
     sys.modules.pop(AGENT, None)
     rollout = create_openenv_vllm_rollout_func(AGENT, log_rollouts=False)
@@ -216,26 +221,23 @@ def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(agent
     trainer = make_trainer(agent_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
                            max_completion_length=400, prompts=prompts, temperature=0.5)
     scored_rows = record_scored_rows(rollout)
-    guarded_servers = []
-    watch = rollout.source._mcp
-    for_rollout = watch.for_rollout
-
-    def recording(rollout_id):  # the copy handed to the processor, read back by the test
-        copy = for_rollout(rollout_id)
-        guarded_servers.append(json.loads(Path(copy.config_path).read_text())["mcpServers"]["calc"])
-        return copy
-
-    watch.for_rollout = recording
     try:
         out = rollout(prompts[:2], trainer)
         assert out["episode_status"] == ["finished"] * 2, out["episode_error"]
         assert out["eval_score"] == [1.0, 1.0]
         assert [[m.content for m in r.messages if m.role == "tool"] for r in scored_rows] == [['{"result": 3}', '{"result": 7}']] * 2
-        for server in guarded_servers:
-            assert server["args"][0].endswith("ep_trl/guard.py") and server["args"][-2:] == [
-                str(REPO / "tests/fixtures/calc_mcp_server.py"), "stdio"]
-        servers = [p for p in psutil.Process().children(recursive=True)
-                   if "calc_mcp_server.py stdio" in " ".join(p.cmdline())]
+        records = [json.loads(path.read_text()) for path in sorted(started.glob("*.json"))]
+        assert len(records) == 2  # one server per row
+        for record in records:  # started by ep_trl's watchdog, which runs the eval's own command
+            parent = record["parent_cmdline"]
+            assert parent[1].endswith("ep_trl/guard.py") and parent[parent.index("--parent") + 1] == str(os.getpid())
+            assert parent[parent.index("--") + 1:][1:] == [str(calc), "stdio", str(started)], parent
+        servers = []
+        for record in records:
+            try:
+                servers.append(psutil.Process(record["pid"]))
+            except psutil.NoSuchProcess:
+                continue
         assert not psutil.wait_procs(servers, timeout=5)[1]  # ended with their rows
         trainer.train()
         assert trainer.state.global_step == 1
@@ -297,19 +299,40 @@ class Outsider:
     """Another local process's probes while training runs (issue 21): it lists models, posts injected prompts to
     every rollout name it can find, a malformed field, a stray model name and a plain-text body."""
 
-    def __init__(self, rollout):
+    def __init__(self):
         import threading
 
-        self.rollout, self.answers, self.done = rollout, [], threading.Event()
+        self.answers, self.found, self.done = [], set(), threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def endpoints(self):
+        """ep_trl's endpoint found as another process would find it: the ports this process listens on that answer
+        ``GET /v1/models`` as an OpenAI-compatible server does (with the list, or 401 asking for a key)."""
+        import httpx
+        import psutil
+
+        found = []
+        for conn in psutil.Process().net_connections(kind="tcp"):
+            if conn.status != psutil.CONN_LISTEN:
+                continue
+            base = f"http://127.0.0.1:{conn.laddr.port}/v1"
+            try:
+                if httpx.get(f"{base}/models", timeout=2).status_code in (200, 401):
+                    found.append(base)
+            except httpx.HTTPError:
+                continue
+        return found
 
     def run(self):
         import httpx
 
         while not self.done.is_set():
-            base = self.rollout.source._endpoint.base_url
-            if base is None:
+            bases = self.endpoints()
+            if not bases:
+                time.sleep(0.05)
                 continue
+            self.found.update(bases)
+            base = bases[0]
             try:
                 listed = httpx.get(f"{base}/models", timeout=2).json().get("data", [])
                 names = [entry["id"] for entry in listed if entry["id"].startswith("ep-trl/")] or ["ep-trl/guess"]
@@ -343,9 +366,10 @@ def test_no_other_local_process_reaches_a_live_rollout(tiny_model_dir, tmp_path)
                            max_completion_length=32, prompts=prompts)
     tokenizer = trainer.processing_class
     try:
-        with Outsider(rollout) as outsider:
+        with Outsider() as outsider:
             outs = [rollout(prompts[:4], trainer) for _ in range(3)]
             trainer.train()
+        assert len(outsider.found) == 1  # the endpoint, found the way another local process would
         assert outsider.answers and set(outsider.answers) == {401, 415}  # no key; a text/plain body
         for out in outs:
             assert out["episode_status"] == ["finished"] * 4

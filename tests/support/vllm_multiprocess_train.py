@@ -35,7 +35,7 @@ def main() -> None:
     from trl import GRPOConfig
 
     from ep_trl import create_openenv_vllm_rollout_func
-    from ep_trl.vllm_weight_sync import DiskSyncGRPOTrainer
+    from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 
     out = Path(cli.out)
     out.mkdir(parents=True, exist_ok=True)

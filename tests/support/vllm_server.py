@@ -57,6 +57,11 @@ BASE_SERVER_ENV: dict[str, str] = {
 #: site-packages (torch/transformers of other versions) or change vLLM's device selection.
 UNSET_SERVER_ENV: tuple[str, ...] = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "CUDA_VISIBLE_DEVICES")
 
+#: The session's shared server (``shared_vllm_server`` in tests/conftest.py), besides its model (the sharp tiny
+#: model): trl vllm-serve's flags, and a context of 1024 tokens (the async worker's episodes of up to 256 completion
+#: tokens after a prompt; test_vllm_real reads the server's own max_model_len).
+SHARED_SERVER: dict[str, Any] = {"max_model_len": 1024, "trl_flags": True}
+
 #: Flags ``trl vllm-serve`` (TRL >= 1.11) adds that change what the sampling API returns.
 TRL_SERVE_FLAGS: tuple[str, ...] = ("--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1")
 
@@ -93,6 +98,12 @@ def generation_tokens_total(base_url: str, timeout_s: float = 10.0) -> float:
     if not values:
         raise RuntimeError(f"{base_url}/metrics has no vllm:generation_tokens_total counter")
     return sum(values)
+
+
+def served_max_model_len(base_url: str, timeout_s: float = 10.0) -> int:
+    """The context length the server reports for its model (``GET /v1/models``, ``max_model_len``)."""
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout_s) as resp:  # noqa: S310 - local test URL
+        return int(json.loads(resp.read())["data"][0]["max_model_len"])
 
 
 def sharpened_model_copy(model_dir: str | Path, out_dir: str | Path, norm_scale: float = 3.0) -> Path:

@@ -15,7 +15,7 @@ from datasets import Dataset
 from transformers import AutoModelForImageTextToText, AutoProcessor
 from trl import GRPOConfig
 
-from ep_trl import trl_compat
+from ep_trl.trainers.disk_sync import attach_vllm_generation, trl_vllm_client_skipped
 
 
 class InProcessGeneration:
@@ -38,12 +38,12 @@ def make_vlm_trainer(trainer_cls: type, model_dir: Path, output_dir: Path, rollo
         logging_steps=1, report_to=[], learning_rate=1e-3, save_strategy="no", seed=0, use_vllm=True,
         vllm_mode="server", **config,
     )
-    with trl_compat.trl_vllm_client_skipped(args):
+    with trl_vllm_client_skipped(args):
         trainer = trainer_cls(model=AutoModelForImageTextToText.from_pretrained(model_dir),
                               processing_class=AutoProcessor.from_pretrained(model_dir), reward_funcs=reward_funcs,
                               args=args, train_dataset=Dataset.from_dict({"prompt": prompts}),
                               rollout_func=rollout_func)
-    trl_compat.attach_vllm_generation(trainer, InProcessGeneration())
+    attach_vllm_generation(trainer, InProcessGeneration())
     return trainer
 
 

@@ -185,13 +185,13 @@ class TrainingMode:
 
         from .. import create_openenv_vllm_rollout_func
         from ..rewards import eval_score
-        from ..trl_images import RolloutImagesGRPOTrainer
+        from ..trainers.images import RolloutImagesGRPOTrainer
 
         explicit_server = None if (self.colocate or self.synced_server) else self.vllm_base_url
         rollout = create_openenv_vllm_rollout_func(env_path, vllm_base_url=explicit_server, **rollout_options)
         try:
             if self.colocate and not self.on_gpu:
-                from ..vllm_weight_sync import CPUColocateGRPOTrainer
+                from ..trainers.cpu_colocate import CPUColocateGRPOTrainer
 
                 trainer_cls = CPUColocateGRPOTrainer  # images and LoRA refused by check_generation_flags
             else:
@@ -222,8 +222,8 @@ class TrainingMode:
                 trainer = AsyncGRPOTrainer(model, args=args, train_dataset=train_dataset, rollout_worker=worker,
                                            callbacks=list(callbacks), peft_config=peft_config)
             else:
-                from ..async_cpu import CPUAsyncGRPOTrainer
-                from ..vllm_weight_sync import DiskWeightTransfer
+                from ..trainers.cpu_async import CPUAsyncGRPOTrainer
+                from ..trainers.disk_weights import DiskWeightTransfer
 
                 # LoRA: to a server with --enable-lora TRL syncs the adapter alone (over HTTP, files on this disk);
                 # to any other, DiskWeightTransfer pushes the weights TRL merged the adapter into

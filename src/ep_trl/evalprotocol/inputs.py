@@ -10,8 +10,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..content import content_text
 from ..errors import ConfigError, UnsupportedEvalError
-from ..processors.wire import content_text
 from ._private import private_name
 from .resolve import EvalTest
 

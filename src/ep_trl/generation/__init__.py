@@ -13,11 +13,12 @@ image's expanded tokens, as the processor expands them, and the backend gives th
 """
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Awaitable, Protocol, Sequence
+from typing import Any, Awaitable, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from ..errors import GenerationError
+from ..errors import GenerationError
 
 
 #: Tokens per turn when the eval sets no ``max_tokens`` (``OpenEnvRolloutProcessor``'s own default).
@@ -116,7 +117,7 @@ class Generator(Protocol):
         ...
 
     @property
-    def failure(self) -> "GenerationError | None": ...
+    def failure(self) -> GenerationError | None: ...
 
     async def begin_call(self) -> None:
         """Before a rollout call's first turn."""
@@ -134,6 +135,37 @@ class Generator(Protocol):
     async def aclose(self) -> None:
         """Release connections, tasks and threads; the backend is not used afterwards."""
         ...
+
+
+class CallFailure:
+    """The first fatal error of a rollout call (a backend's ``failure``): once one turn has failed for good, every
+    later turn is refused with it until ``reset()`` at the next call's ``begin_call``.
+
+    ``refusal`` says why a turn is refused, after its label (``"not sent: an earlier request already failed for
+    good"``); errors of the ``spared`` types fail their own turn without ending the call.
+    """
+
+    def __init__(self, refusal: str, spared: tuple[type[GenerationError], ...] = ()) -> None:
+        self._refusal = refusal
+        self._spared = spared
+        self.error: GenerationError | None = None
+
+    def reset(self) -> None:
+        """Forget the error: a new call begins (the server may be back)."""
+        self.error = None
+
+    @contextmanager
+    def guard(self, label: str) -> Iterator[None]:
+        """Around one turn named ``label``: refused at once if the call already failed; its ``GenerationError``, the
+        first of the call and not spared, is remembered as the call's failure (and raised on)."""
+        if self.error is not None:
+            raise GenerationError(f"{label} {self._refusal}: {self.error}")
+        try:
+            yield
+        except GenerationError as exc:
+            if self.error is None and not isinstance(exc, self._spared):
+                self.error = exc
+            raise
 
 
 def generate_turn(generator: Generator, prompt_ids: Sequence[int], params: SamplingParams,

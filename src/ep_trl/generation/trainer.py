@@ -10,16 +10,14 @@ prompt ids as the TRL seam builds them for the loss (``ep_trl.vision_inputs``); 
 numbers of images, or none.
 """
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..threads import stop_batch_worker
 from ..vision_inputs import vision_inputs
 from . import Generation, PromptImages, SamplingParams
+from .batching import BatchQueue
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +26,6 @@ logger = logging.getLogger(__name__)
 class _Request:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
-    future: asyncio.Future
     images: PromptImages | None = None
 
 
@@ -53,11 +50,10 @@ class TrainerGenerator:
         self._tokenizer = tokenizer
         self._eos = tuple(int(t) for t in eos_token_ids)
         self._pad = int(pad_token_id)
-        self._max_batch = max_batch_size
         self._processor = processor
-        self._queue: asyncio.Queue[_Request] | None = None
-        self._worker: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ep-trl-generate")
+        self._batches: BatchQueue[_Request, Generation] = BatchQueue(
+            self._generate_batch, max_batch_size=max_batch_size, batch_key=_sampling_key,
+            thread_name="ep-trl-generate", task_name="ep-trl-trainer-generation")
         self.batches = 0
         self.requests = 0
 
@@ -84,39 +80,10 @@ class TrainerGenerator:
             raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0")
         if images is not None and self._processor is None:
             raise ValueError("a turn with images reached the trainer backend of a text-only processing class")
-        loop = asyncio.get_running_loop()
-        if self._queue is None or self._worker is None or self._worker.done():
-            self._queue = asyncio.Queue()
-            self._worker = loop.create_task(self._work(), name="ep-trl-trainer-generation")
-        request = _Request(tuple(prompt_ids), params, loop.create_future(), images)
-        self._queue.put_nowait(request)
-        return await request.future
+        return await self._batches.submit(_Request(tuple(prompt_ids), params, images))
 
     async def aclose(self) -> None:
-        await stop_batch_worker(self._worker, self._executor)
-        self._worker = None
-
-    async def _work(self) -> None:
-        assert self._queue is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            while not self._queue.empty() and len(batch) < self._max_batch:
-                batch.append(self._queue.get_nowait())
-            for group in _group_by_sampling(batch):
-                live = [r for r in group if not r.future.cancelled()]
-                if not live:
-                    continue
-                try:
-                    results = await loop.run_in_executor(self._executor, self._generate_batch, live)
-                except Exception as exc:  # handed to every waiting episode; each reports it
-                    for r in live:
-                        if not r.future.done():
-                            r.future.set_exception(exc)
-                    continue
-                for r, result in zip(live, results):
-                    if not r.future.done():
-                        r.future.set_result(result)
+        await self._batches.aclose()
 
     def _generate_batch(self, requests: list[_Request]) -> list[Generation]:
         import torch
@@ -177,14 +144,10 @@ class TrainerGenerator:
         return Generation(tuple(ids[:end]), tuple(logps[:end]), reason, stop_text)
 
 
-def _group_by_sampling(batch: list[_Request]) -> list[list[_Request]]:
+def _sampling_key(request: _Request) -> tuple:
     """Rows of one ``generate`` call must share the sampling distribution (max_tokens and stops may differ)."""
-    groups: dict[tuple, list[_Request]] = {}
-    for r in batch:
-        p = r.params
-        key = (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop_token_ids)
-        groups.setdefault(key, []).append(r)
-    return list(groups.values())
+    p = request.params
+    return p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop_token_ids
 
 
 def _first_stop_string(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:

@@ -42,7 +42,7 @@ import httpx
 
 from ..errors import GenerationError
 from ..options import VLLMOptions
-from . import Generation, PromptIds, PromptImages, SamplingParams, ids_json
+from . import CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class VLLMServerGenerator:
         self._max_model_len = max_model_len or info.max_model_len
         self._turns = itertools.count(1)
         self._http_numbers = itertools.count(1)
-        self._failure: GenerationError | None = None
+        self._failure = CallFailure("not sent: an earlier request already failed for good")
         self.requests = 0  # HTTP requests sent, retries included
         self.retries = 0
         self.turns = 0
@@ -206,11 +206,11 @@ class VLLMServerGenerator:
     @property
     def failure(self) -> GenerationError | None:
         """The error that ended a turn for good; later turns fail at once until ``begin_call()``."""
-        return self._failure
+        return self._failure.error
 
     async def begin_call(self) -> None:
         """Forget an earlier fatal failure (the server may be back)."""
-        self._failure = None
+        self._failure.reset()
 
     async def end_call(self) -> None:
         """Nothing to release: the server's memory is its own."""
@@ -254,10 +254,8 @@ class VLLMServerGenerator:
         fields, head = self.request_fields(model, params, request_seed(self.seed, number))
         label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(prompt_ids)} "
                  f"tokens, max_tokens={fields['max_tokens']})")
-        if self._failure is not None:
-            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self._failure}")
-        _, slots = self._bind()
-        try:
+        with self._failure.guard(label):
+            _, slots = self._bind()
             async with slots:
                 self.turns += 1
                 prompt = prompt_json(prompt_ids)
@@ -266,10 +264,6 @@ class VLLMServerGenerator:
                 else:
                     choice = await self._join_batch(_Member(prompt, len(prompt_ids), label), fields, head)
             return parse_choice(choice, label)  # an answer without token ids fails for good too
-        except GenerationError as exc:
-            if self._failure is None:
-                self._failure = exc
-            raise
 
     def request_fields(self, model: str, params: SamplingParams, seed: int | None) -> tuple[dict[str, Any], str]:
         """``completion_fields`` and their JSON (``fields_json``); built once per model and settings when unseeded
@@ -292,18 +286,12 @@ class VLLMServerGenerator:
         label = (f"turn request #{number} to {self._generate_url} (prompt of {len(prompt_ids)} tokens with "
                  f"{len(images.images)} image(s), max_tokens={params.max_tokens}; token ids with images need a vLLM "
                  "server started with --enable-scale-out)")
-        if self._failure is not None:
-            raise GenerationError(f"{label} not sent: an earlier request already failed for good: {self._failure}")
-        _, slots = self._bind()
-        try:
+        with self._failure.guard(label):
+            _, slots = self._bind()
             async with slots:
                 self.turns += 1
                 data = await self._post(json_bytes(body), label, self._generate_url)
             return parse_generate_response(data, prompt_ids, label)
-        except GenerationError as exc:
-            if self._failure is None:
-                self._failure = exc
-            raise
 
     async def _join_batch(self, member: _Member, fields: dict[str, Any], head: str) -> dict[str, Any]:
         # equal fields, built in one order by completion_fields, have equal JSON: the batch's key is its head

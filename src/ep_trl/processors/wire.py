@@ -12,24 +12,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..content import content_text
+
 #: Message keys a chat template may read; others (litellm's ``function_call: None``, eval-protocol's fields) go.
 _TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 Canonical = tuple[str, str, tuple[tuple[str, str], ...]]
-
-
-def content_text(content: Any) -> str:
-    """A message's text: ``None`` is empty, content parts (mappings, eval-protocol's part models or strings) are
-    their text parts joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts = [p if isinstance(p, str) else p.get("text") if isinstance(p, Mapping) else getattr(p, "text", None)
-                 for p in content]
-        return "".join(str(p) for p in parts if p)
-    return str(content)
 
 
 def _arguments(value: Any) -> Any:

@@ -12,13 +12,15 @@ sessions to reuse, the processor's routing key) and yields an :class:`EpisodePla
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..episode import Episode
 from ..generation import Generator
 from ..rollout_log import RolloutLogWriter
-from ..rows import RowContext
 from ..trajectory import ChatTemplate, TurnLimits
+
+if TYPE_CHECKING:  # the protocols name the row builder's type; the sources that play episodes use it
+    from ..rows import RowContext
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class EpisodeRequest:
     generation: int
     prompt: Any
     rollout_id: str
-    context: RowContext
+    context: "RowContext"
 
 
 class EpisodePlayer(Protocol):

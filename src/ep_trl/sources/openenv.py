@@ -27,6 +27,13 @@ class OpenEnvSource:
         self._notes = ServerNotes()
         self._openenv = check_openenv()  # exactly one supported OpenEnv distribution, or an error naming the fix
 
+    @property
+    def servers(self) -> LaunchedServers | None:
+        """The environment servers ep_trl started for this eval (their ``providers``, ``urls`` by task and whether
+        they are ``running``); None when the eval's environment has a URL or was given one. Read only: they stop
+        with ``aclose()``."""
+        return self._servers
+
     def describe(self) -> str:
         env = self._spec.env
         assert env is not None

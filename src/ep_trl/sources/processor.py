@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..episode import Episode, EpisodeFailure, EpisodeSpec, pytest_outcome
+from ..episode import Episode, EpisodeFailure, EpisodeSpec, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, check_rows, match_rows, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
@@ -147,16 +147,14 @@ class ProcessorSource:
         if failure is not None:
             logger.warning("%s failed (%s): %s", label, failure.kind, failure)
         messages = tuple(_message_dicts(row.messages))
-        episode = Episode(
-            spec=spec,
+        episode = ended_episode(
+            spec,
+            failure,
+            capture.stop_reason,
             trajectory=capture.trajectory(list(spec.initial_messages)),
             messages=messages,
             step_rewards=(),
             actions=tuple(_tool_calls(messages)),
-            status="error" if failure else "finished",
-            stop_reason="error" if failure else capture.stop_reason,
-            error=str(failure) if failure else None,
-            error_kind=failure.kind if failure else None,
             duration_s=time.perf_counter() - start,
             prompt_tokens=capture.prompt_tokens,
             budget_blocked_tokens=capture.budget_blocked_tokens,

@@ -16,10 +16,11 @@ import ast
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ep_trl.content import content_text
 from ep_trl.envs.browsergym.models import BrowserGymAction
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def browsergym_action_parser(text: Any, fallback: str = FALLBACK_ACTION) -> Brow
     ``fallback`` is sent when nothing parses; ``"noop(0)"`` skips ``noop()``'s
     1 s wait, which matters when an untrained model rarely writes an action.
     """
-    content = _content_text(text)
+    content = content_text(text)
     parsed = parse_action(content, fallback=fallback)
     if parsed.fell_back:
         logger.debug("No valid action in model output (%s); sending %s", parsed.reason, parsed.action_str)
@@ -186,23 +187,6 @@ def browsergym_action_parser(text: Any, fallback: str = FALLBACK_ACTION) -> Brow
             "raw_output": content[:_MAX_RAW_IN_METADATA],
         },
     )
-
-
-def _content_text(content: Any) -> str:
-    """Text of an OpenAI-style message content (string, None or list of parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-            elif isinstance(part, str):
-                parts.append(part)
-        return "\n".join(parts)
-    return str(content)
 
 
 def _regions(text: str) -> list[str]:

@@ -9,16 +9,19 @@
   public ``AttentionInterface`` after construction (the constructor registers TRL's own first).
 
 Everything else (packing, the loss, staleness, the weight-sync cadence) is TRL's own. Use it for development and CI;
-on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/async_grpo`` pins both workarounds against the installed TRL.
+on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/trainers/test_cpu_async.py`` pins both workarounds against the installed TRL.
 """
 
 from typing import Any
 
 import torch
-from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import trl_compat
-from .errors import ConfigError
+from .. import trl_compat
+from ..errors import ConfigError
+
+trl_compat.require_tested("async", "ep_trl.trainers.cpu_async")  # before TRL's experimental module is imported
+
+from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: E402  (the version is checked first)
 
 
 class CPUAsyncGRPOTrainer(AsyncGRPOTrainer):
@@ -26,7 +29,6 @@ class CPUAsyncGRPOTrainer(AsyncGRPOTrainer):
     docstring for exactly what differs."""
 
     def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, **kwargs: Any) -> None:
-        trl_compat.require_tested("async", "CPUAsyncGRPOTrainer")
         config = args
         if config is None or not getattr(config, "use_cpu", False):
             raise ConfigError("CPUAsyncGRPOTrainer needs AsyncGRPOConfig(use_cpu=True, bf16=False): it is the CPU "

@@ -1,10 +1,10 @@
-"""The TRL seam for images (ep_trl.trl_images), pinned against the installed TRL.
+"""The TRL seam for images (ep_trl.trainers.images), pinned against the installed TRL.
 
 A rollout function samples turns with screenshots in-process and returns them under ``images``. TRL's own check,
 ``sampling/sampling_logp_difference`` (its recomputed logprobs against the sampled ones), is ~0 only when the
 trainer's forward passes see the pixels: with ``RolloutImagesGRPOTrainer`` it is; with plain ``GRPOTrainer`` it is
 not, because TRL 1.16 drops images returned by ``rollout_func``. When that second test fails, TRL has grown the
-feature and ``ep_trl.trl_images`` should go.
+feature and ``ep_trl.trainers.images`` should go.
 """
 
 import asyncio
@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.trainer import TrainerGenerator
 from ep_trl.trajectory import ChatTemplate
-from ep_trl.trl_images import RolloutImagesGRPOTrainer
+from ep_trl.trainers.images import RolloutImagesGRPOTrainer
 from tests.support.images import png_data_uri, user_with_image
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 
@@ -79,7 +79,7 @@ def test_seam_puts_the_rollouts_images_into_every_forward(tiny_vlm_dir, tmp_path
 
 def test_plain_grpo_trainer_still_drops_rollout_images(tiny_vlm_dir, tmp_path):
     """Pins TRL 1.16's behaviour the seam exists for: without it the pixels are missing from the recomputed
-    logprobs. If this fails, TRL takes images from rollout_func now: remove ep_trl.trl_images."""
+    logprobs. If this fails, TRL takes images from rollout_func now: remove ep_trl.trainers.images."""
     trainer = train_one_step(GRPOTrainer, tiny_vlm_dir, tmp_path)
     difference = logged(trainer, "sampling/sampling_logp_difference/max")
     assert len(difference) == 1 and difference[0] > 0.1

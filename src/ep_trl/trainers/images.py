@@ -19,9 +19,9 @@ methods of ``GRPOTrainer``, each calling TRL's own:
   ``mm_token_type_ids`` as the model needs) with ``num_images`` to the batch it returns, which TRL's loss passes to
   the same forward and its batch splitting/shuffling already handles.
 
-``tests/test_trl_images.py`` pins this against the installed TRL, including that plain ``GRPOTrainer`` still drops
-the images: when a TRL release takes images from ``rollout_func`` that test fails, and this module and
-``trl_compat.takes_rollout_images``' special case go.
+``tests/trainers/test_images.py`` pins this against the installed TRL, including that plain ``GRPOTrainer`` still
+drops the images: when a TRL release takes images from ``rollout_func`` that test fails, and this module and the
+``takes_rollout_images`` class attribute go.
 """
 
 import inspect
@@ -29,10 +29,10 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from . import trl_compat
-from .errors import VersionError
-from .output import IMAGES_KEY
-from .vision_inputs import VisionInputs, vision_inputs
+from .. import trl_compat
+from ..errors import VersionError
+from ..output import IMAGES_KEY
+from ..vision_inputs import VisionInputs, vision_inputs
 
 #: The forward keywords of ``GRPOTrainer._get_per_token_logps_and_entropies`` the vision inputs go through.
 FORWARD_KEYWORDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "mm_token_type_ids")
@@ -50,6 +50,10 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
     everything else is TRL's. Without images in the rollout output it behaves exactly like ``GRPOTrainer``.
     """
 
+    #: Read by ep_trl's rollout function (``trl_compat.GRPOTrainerCaller.takes_rollout_images``): images it renders
+    #: into episodes reach this trainer's forward passes.
+    takes_rollout_images = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         trl_compat.require_tested("images", "RolloutImagesGRPOTrainer")
         missing = [k for k in FORWARD_KEYWORDS
@@ -57,7 +61,7 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
         if missing:
             raise VersionError(
                 f"GRPOTrainer._get_per_token_logps_and_entropies in this TRL takes no {missing}; ep_trl's image seam "
-                "(ep_trl.trl_images) cannot attach. Use the TRL versions pyproject.toml names."
+                "(ep_trl.trainers.images) cannot attach. Use the TRL versions pyproject.toml names."
             )
         super().__init__(*args, **kwargs)
         self._rollout_images: list[list[Any]] | None = None
@@ -67,7 +71,7 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
         result = super()._generate(prompts)
         if len(result) != _GENERATE_RESULT_SIZE or not isinstance(result[_EXTRA_FIELDS_AT], dict):
             raise VersionError("GRPOTrainer._generate in this TRL returns another shape than TRL 1.16's; ep_trl's "
-                               "image seam (ep_trl.trl_images) cannot find the rollout's images.")
+                               "image seam (ep_trl.trainers.images) cannot find the rollout's images.")
         images = result[_EXTRA_FIELDS_AT].pop(IMAGES_KEY, None)
         if images is not None:
             if len(images) != len(result[0]):

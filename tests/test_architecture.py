@@ -1,0 +1,34 @@
+"""The shape of the package: the import graph's layers and direction (scripts/import_layers.py measures them)."""
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "import_layers.py"
+spec = importlib.util.spec_from_file_location("import_layers", SCRIPT)
+import_layers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_layers)
+
+
+def test_the_import_graph_has_at_most_12_layers_and_no_import_points_up():
+    graph = import_layers.imports(import_layers.modules())
+    assert len(graph) > 40 and "ep_trl.rollout" in graph["ep_trl"]  # the graph was read, not empty
+    chain = import_layers.longest_chain(graph)
+    assert chain[0] == "ep_trl" and chain[-1] == "ep_trl.errors", chain
+    assert len(chain) <= 12, " -> ".join(chain)
+    assert import_layers.upward(graph) == []
+
+
+def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(tmp_path):
+    package = tmp_path / "ep_trl"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from .a import f\n")
+    (package / "a.py").write_text("def f():\n    from .sub import b\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import f\n"
+                                          "from .. import c\n")
+    (package / "c.py").write_text("def g():\n    import ep_trl.a\n")
+    graph = import_layers.imports(import_layers.modules(package))
+    assert graph["ep_trl"] == {"ep_trl.a"} and graph["ep_trl.a"] == {"ep_trl.sub.b"}
+    assert graph["ep_trl.sub.b"] == {"ep_trl.c"}  # the TYPE_CHECKING import is not counted
+    assert import_layers.upward(graph) == [("ep_trl.a", "ep_trl.sub.b"), ("ep_trl.c", "ep_trl.a"),
+                                           ("ep_trl.sub.b", "ep_trl.c")]

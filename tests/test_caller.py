@@ -1,0 +1,31 @@
+"""Who calls a rollout: the trainer's configuration read once, and the caller without a trainer in reach."""
+
+from transformers import AutoTokenizer
+from trl import GRPOConfig
+
+from ep_trl.caller import DetachedCaller, SyncedServer, TrainingConfig
+
+
+def test_the_configuration_is_read_from_the_grpo_config(tiny_model_dir, tmp_path):
+    """TRL's loss assumes samples at the config's temperature, top-p and top-k: those are what rollouts sample with."""
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=0.7, top_p=0.9, top_k=5, num_generations=4,
+                      max_completion_length=96, per_device_train_batch_size=4, use_vllm=True, vllm_mode="colocate",
+                      report_to=[])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = TrainingConfig.of(args, tok)
+    assert (config.sampling.temperature, config.sampling.top_p, config.sampling.top_k) == (0.7, 0.9, 5)
+    assert (config.num_generations, config.max_completion_length, config.vllm_mode) == (4, 96, "colocate")
+    assert config.tokenizer is tok
+    assert TrainingConfig.of(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]), tok).vllm_mode is None
+
+
+def test_a_detached_caller_generates_on_its_server_and_hands_metrics_to_its_sink(tiny_model_dir, tmp_path):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = TrainingConfig.of(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]), tok)
+    got: dict[str, float] = {}
+    caller = DetachedCaller(config, 7, SyncedServer("http://127.0.0.1:8011"), got.update)
+    assert caller.step == 7 and caller.synced_server() == SyncedServer("http://127.0.0.1:8011")
+    assert caller.colocated_trainer() is None and caller.model_provider() is None
+    assert caller.takes_rollout_images is False
+    caller.record_metrics({"ep_trl/x": 1.0})
+    assert got == {"ep_trl/x": 1.0}
