@@ -184,3 +184,47 @@ def test_pool_without_reuse_opens_and_closes_one_session_per_episode(letters_ser
     assert play_pooled(pool, ["vowels"] * 4, concurrency=2) == [[1.0, 1.0, 1.0]] * 4
     assert pool.opened == 4
     assert [c.events for c in TrackedLettersEnv.clients] == [["reset", "close"]] * 4
+
+
+class LoopClient:
+    """An async client that records the task its calls run in; ``hang`` makes step never answer."""
+
+    def __init__(self, hang=False):
+        self.hang, self.tasks = hang, []
+
+    async def reset(self, **kwargs):
+        self.tasks.append(asyncio.current_task())
+        return StepResult()
+
+    async def step(self, action):
+        self.tasks.append(asyncio.current_task())
+        if self.hang:
+            await asyncio.sleep(30)
+        return StepResult(reward=1.0, done=True)
+
+    async def close(self):
+        pass
+
+
+class StepResult:
+    def __init__(self, reward=None, done=False):
+        self.observation, self.reward, self.done = "obs", reward, done
+
+
+def test_an_async_clients_calls_run_in_the_episodes_own_task_under_the_timeout():
+    """No task per environment call (the deadline is asyncio.timeout's, in the caller's task), and a hanging step
+    still ends at the timeout with the message naming the episode."""
+    client = LoopClient()
+
+    async def main(settings):
+        session = await open_env(settings, "episode 3")
+        await session.reset()
+        outcome = await session.step("a")
+        return asyncio.current_task(), outcome
+
+    task, outcome = asyncio.run(main(EnvSettings(factory=lambda: client, request_timeout_s=5.0)))
+    assert client.tasks == [task, task] and outcome.reward == 1.0 and outcome.done
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"episode 3: step\(\) did not answer within 0.3 s"):
+        asyncio.run(main(EnvSettings(factory=lambda: LoopClient(hang=True), request_timeout_s=0.3)))
+    assert time.monotonic() - started < 5

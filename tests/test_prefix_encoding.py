@@ -63,8 +63,28 @@ def test_a_turn_encodes_only_what_it_adds(chatml):
     assert encoder(first) == chatml.encode(first, add_special_tokens=False)
     seen.clear()
     assert encoder(second) == chatml.encode(second, add_special_tokens=False)
-    assert all(not first.startswith(part) or part == "" for part in seen) and "".join(seen) == second[len(first) -
-                                                                                                       len("<|im_start|>assistant\n"):]
+    prompt = "<|im_start|>assistant\n"  # after the last cut, the same both times: encoded once, with the first text
+    assert seen == [second[len(first) - len(prompt):len(second) - len(prompt)]]
+
+
+def test_what_follows_the_last_cut_is_encoded_once_and_long_or_many_tails_stay_exact(chatml):
+    """The tail after the last cut (the generation prompt) is kept with its ids: each distinct short tail goes to the
+    tokenizer once; a long one every time; with more tails than are kept, the oldest is encoded again; the ids are
+    always the whole encode's."""
+    seen = []
+    encoder = PrefixEncoder(lambda text: seen.append(text) or chatml.encode(text, add_special_tokens=False),
+                            cut_tokens(chatml))
+    whole = lambda text: chatml.encode(text, add_special_tokens=False)  # noqa: E731
+    texts = [f"<|im_start|>user\nturn {i}<|im_end|>\n<|im_start|>assistant\n" for i in range(5)]
+    assert [encoder(t) for t in texts] == [whole(t) for t in texts]
+    assert seen.count("<|im_start|>assistant\n") == 1
+    long_tail = "<|im_start|>assistant\n" + "x y " * 100
+    assert encoder(texts[0] + long_tail) == whole(texts[0] + long_tail)
+    assert encoder(texts[1] + long_tail) == whole(texts[1] + long_tail)
+    assert seen.count(long_tail) == 2
+    tails = [f"<|im_start|>assistant {i}\n" for i in range(70)]  # more than are kept
+    assert [encoder(texts[0] + t) for t in tails + tails[:3]] == [whole(texts[0] + t) for t in tails + tails[:3]]
+    assert seen.count(tails[0]) == 2 and seen.count(tails[-1]) == 1
 
 
 def test_tokens_that_strip_whitespace_or_hide_inside_others_are_no_cuts():

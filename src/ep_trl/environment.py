@@ -189,8 +189,9 @@ class EnvSession:
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self._client, method)
         try:
-            if self._on_loop:
-                return await asyncio.wait_for(_settle(fn(*args, **kwargs)), timeout=self._timeout_s)
+            if self._on_loop:  # awaited in this task under a deadline: no task of its own per call (wait_for's)
+                async with asyncio.timeout(self._timeout_s):
+                    return await _settle(fn(*args, **kwargs))
             return await run_blocking(lambda: _call_sync(fn, args, kwargs), timeout_s=self._timeout_s,
                                       what=f"environment {self.label}: {method}()")
         except TimeoutError as exc:

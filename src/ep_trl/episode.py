@@ -17,7 +17,7 @@ from .env_pool import EnvPool
 from .environment import EnvSession, EnvSettings, StepOutcome
 from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.inputs import strip_row_key
-from .evalprotocol.spec import history_line
+from .evalprotocol.spec import action_label, history_line
 from .generation import Generation, Generator, generate_turn
 from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 
@@ -209,11 +209,12 @@ async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: E
             text = text[: text.find(last.stop_text)] if last.stop_text in text else text
         action = await _guarded("eval_code", _parse(cfg, text))
         state.messages.append({"role": "assistant", "content": text})
-        state.actions.append(getattr(action, "action_str", None) or str(action))
+        label = action_label(action)  # once: for a pydantic action, a missing action_str is a slow lookup
+        state.actions.append(label)
         outcome = await _guarded("environment", session.step(action))
         reward = float(outcome.reward or 0.0)
         state.step_rewards.append(reward)
-        state.history.append(history_line(step, action, reward, outcome.observation))
+        state.history.append(history_line(step, action, reward, outcome.observation, label))
         if on_step is not None:
             on_step(state.messages, state.step_rewards)
     state.stop_reason = "done" if outcome.done else "max_steps"

@@ -36,7 +36,7 @@ from functools import cached_property
 from typing import Any
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages
-from .generation import Generation, PromptImages, SamplingParams
+from .generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ _SAMPLED_RUN = re.compile(b"[^\x00]+")
 _PREFIX_CACHE_SIZE = 512
 #: How many of a text's last cut points are looked up in the prefix cache (a turn adds a few messages).
 _PREFIX_LOOKUPS = 16
+#: Texts after the last cut (a template's generation prompt, mostly) kept with their ids, and the longest kept.
+_TAIL_CACHE_SIZE = 64
+_TAIL_MAX_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,15 @@ class PrefixEncoder:
     A multi-turn episode renders its whole conversation every turn (``ChatTemplate.bridge``), and encoding it whole
     is quadratic in turns. Texts are cut before special tokens (``cut_tokens``), the ids of the part before the last
     cut are kept (bounded, least recently used first out), and the next text that starts with a kept part encodes
-    only what follows it."""
+    only what follows it. What follows the last cut, the same generation prompt turn after turn, is encoded once
+    (short texts, a few kept)."""
 
     def __init__(self, encode: Any, cuts: Sequence[str], size: int = _PREFIX_CACHE_SIZE) -> None:
         self._encode = encode  # text -> list of ids, the tokenizer's own
         self._cuts = tuple(cuts)
         self._size = size
         self._kept: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._tails: dict[str, tuple[int, ...]] = {}
 
     def __call__(self, text: str) -> list[int]:
         points = self._cut_points(text)
@@ -119,7 +124,19 @@ class PrefixEncoder:
         if last > start:
             ids += self._encode(text[start:last])
             self._keep(text[:last], tuple(ids))
-        return ids + self._encode(text[last:])
+        return ids + self._tail(text[last:])
+
+    def _tail(self, tail: str) -> list[int]:
+        """``tail``'s ids, as its own encode gives them (kept if short; the oldest kept goes first when full)."""
+        ids = self._tails.get(tail)
+        if ids is None:
+            encoded = self._encode(tail)
+            if len(tail) > _TAIL_MAX_CHARS:
+                return encoded
+            if len(self._tails) >= _TAIL_CACHE_SIZE:
+                del self._tails[next(iter(self._tails))]
+            ids = self._tails[tail] = tuple(encoded)
+        return list(ids)
 
     def _cut_points(self, text: str) -> list[int]:
         """Positions > 0 where a cut token starts, last first, at most ``_PREFIX_LOOKUPS``."""
@@ -211,6 +228,9 @@ class TrajectoryBuilder:
     realigned: int = 0
     images: list[Any] = field(default_factory=list)
     unexpanded: list[int] = field(default_factory=list)  # prompt + completion, placeholders unexpanded
+    #: The context's JSON array without its brackets, kept as ids are added, and how many ids it holds (-1: none yet).
+    _json: str = field(default="", init=False, repr=False, compare=False)
+    _json_ids: int = field(default=-1, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.unexpanded:
@@ -220,18 +240,32 @@ class TrajectoryBuilder:
     def start(cls, prompt: Encoded) -> "TrajectoryBuilder":
         return cls(prompt.ids, images=list(prompt.images), unexpanded=list(prompt.unexpanded_ids))
 
-    def context(self) -> list[int]:
-        return list(self.prompt_ids) + self.completion_ids
+    def context(self) -> PromptIds:
+        """Prompt and completion ids so far, with their JSON text (a server backend sends it as is)."""
+        n = len(self.prompt_ids) + len(self.completion_ids)
+        if self._json_ids != n:  # not kept yet, or the lists changed other than through add_*: encode them whole
+            self._json, self._json_ids = ids_json(list(self.prompt_ids) + self.completion_ids)[1:-1], n
+        context = PromptIds(self.prompt_ids, f"[{self._json}]")
+        context.extend(self.completion_ids)
+        return context
+
+    def _extend_json(self, ids: Sequence[int], held: int) -> None:
+        """Add ``ids`` (appended after ``held`` ids) to the kept JSON text, if it holds exactly those ``held``."""
+        if ids and self._json_ids == held:
+            part = ids_json(ids)[1:-1]
+            self._json = f"{self._json},{part}" if self._json else part
+            self._json_ids += len(ids)
 
     def held(self) -> Encoded:
         """The context so far, with its images."""
-        return Encoded(tuple(self.context()), tuple(self.images), tuple(self.unexpanded))
+        return Encoded(tuple(self.prompt_ids) + tuple(self.completion_ids), tuple(self.images), tuple(self.unexpanded))
 
     def context_images(self) -> PromptImages | None:
         """What the next turn's generation needs besides the ids: None when the context holds no image."""
         return PromptImages(tuple(self.images), tuple(self.unexpanded)) if self.images else None
 
     def add_sampled(self, generation: Generation) -> None:
+        self._extend_json(generation.token_ids, len(self.prompt_ids) + len(self.completion_ids))
         self.completion_ids.extend(generation.token_ids)
         self.logprobs.extend(generation.logprobs)
         self.env_mask.extend([1] * len(generation.token_ids))
@@ -241,6 +275,7 @@ class TrajectoryBuilder:
         """Template tokens between turns (``env_mask`` 0), with the images they hold."""
         if not isinstance(segment, Encoded):
             segment = Encoded(tuple(segment))
+        self._extend_json(segment.ids, len(self.prompt_ids) + len(self.completion_ids))
         self.completion_ids.extend(segment.ids)
         self.logprobs.extend([0.0] * len(segment.ids))
         self.env_mask.extend([0] * len(segment.ids))

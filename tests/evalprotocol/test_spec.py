@@ -35,3 +35,23 @@ def test_an_eval_whose_guarded_import_failed_is_named_as_such(monkeypatch):
             read_eval_spec(resolve_eval_test("tests.evals.eval_guess_hub"))
     finally:
         sys.modules.pop(module.__name__, None)
+
+
+def test_history_line_with_the_label_already_computed_is_the_same_line():
+    """The episode loop names each action once (``action_label``) for its actions and its history line; the line is
+    the one ``history_line`` builds from the action itself, for actions with and without ``action_str``."""
+    from ep_trl.envs.letters import LettersAction
+    from ep_trl.evalprotocol.spec import action_label, history_line
+
+    class Named:
+        action_str = "click('7')"
+
+    class Observed:
+        last_action_error = True
+
+    for action in (LettersAction(text="aei"), Named(), "plain", 42):
+        for step, reward, observation in ((1, 0.5, None), (3, -1.0, Observed())):
+            assert history_line(step, action, reward, observation, action_label(action)) == \
+                history_line(step, action, reward, observation)
+    letters = LettersAction(text="aei")
+    assert action_label(Named()) == "click('7')" and action_label(letters) == str(letters)

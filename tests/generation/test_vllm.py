@@ -291,3 +291,119 @@ def test_server_dying_mid_training_raises_from_the_rollout_call(letters_server, 
         server.set_plan([], default="ok")
         out = rollout([PROMPT] * 4, trainer)
     assert out["episode_status"] == ["finished"] * 4
+
+
+def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
+    """What goes out (``body_with_prompt``) decodes to ``completion_payload``'s body, for any sampling settings and
+    prompts given as ``PromptIds`` (their kept JSON), lists, tuples or numpy ids."""
+    import json
+    import random
+
+    import numpy as np
+
+    from ep_trl.generation import PromptIds
+    from ep_trl.generation.vllm import body_with_prompt, completion_fields, fields_json, prompt_json
+
+    rng = random.Random(3)
+    for case in range(200):
+        params = SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0, 1.3]), top_p=rng.random(),
+                                top_k=rng.randrange(-1, 50), max_tokens=rng.randrange(1, 4096),
+                                stop=tuple(rng.choice(["\n", "\"}", "é"]) for _ in range(rng.randrange(3))),
+                                stop_token_ids=tuple(rng.randrange(10) for _ in range(rng.randrange(3))))
+        ids = [rng.randrange(300_000) for _ in range(rng.randrange(0, 60))]
+        seed = rng.choice([None, rng.randrange(2**62)])
+        prompt = [PromptIds(ids, json.dumps(ids, separators=(",", ":"))), list(ids), tuple(ids),
+                  [np.int64(t) for t in ids]][case % 4]
+        want = completion_payload("m\"odel", ids, params, seed)
+        head = fields_json(completion_fields("m\"odel", params, seed))
+        assert json.loads(body_with_prompt(head, prompt_json(prompt))) == want
+        batch = json.loads(body_with_prompt(head, f"[{prompt_json(prompt)},{prompt_json(ids[:3])}]"))
+        assert batch == {**want, "prompt": [ids, ids[:3]]}
+    # equal settings give equal heads (a batch's key), other settings other heads
+    assert fields_json(completion_fields("m", SamplingParams(top_k=0))) == fields_json(
+        completion_fields("m", SamplingParams()))
+    assert fields_json(completion_fields("m", SamplingParams(max_tokens=5))) != fields_json(
+        completion_fields("m", SamplingParams()))
+
+
+@pytest.mark.timeout(60)
+def test_a_builders_context_goes_out_as_the_ids_it_holds():
+    """Turns of growing contexts (``TrajectoryBuilder.context()``, JSON kept turn by turn), batched and alone: the
+    server receives exactly the ids, with the same fields as ``completion_payload``."""
+    from ep_trl.trajectory import TrajectoryBuilder
+
+    async def turns(generator, builders):
+        try:
+            for turn in range(3):
+                contexts = [b.context() for b in builders]
+                results = await asyncio.gather(*(generator.generate(c, SamplingParams(max_tokens=3))
+                                                 for c in contexts))
+                for b, r in zip(builders, results):
+                    b.add_sampled(r)
+                    b.add_inserted([100 + turn, 101])
+            return builders[0].context()
+        finally:
+            await generator.aclose()
+
+    for window in (0.05, 0):
+        with FaultyVLLMServer(ok_token_ids=(7, 8, 9)) as server:
+            generator = VLLMServerGenerator(server.url, replace(FAST, batch_window_s=window))
+            builders = [TrajectoryBuilder(tuple(range(i, i + 5))) for i in range(4)]
+            final = run(turns(generator, builders))
+            sent = server.prompts
+        assert len(sent) == 12
+        for turn in range(3):
+            expected = sorted(list(b.prompt_ids) + b.completion_ids[:turn * 5] for b in builders)
+            assert sorted(p for p, _ in sent[turn * 4:turn * 4 + 4]) == expected
+        fields = {k: v for k, v in completion_payload(generator.model, [], SamplingParams(max_tokens=3)).items()
+                  if k != "prompt"}
+        assert all(f == fields for _, f in sent)
+        assert final == [0, 1, 2, 3, 4, 7, 8, 9, 100, 101, 7, 8, 9, 101, 101, 7, 8, 9, 102, 101]
+
+
+@pytest.mark.timeout(30)
+def test_a_request_runs_in_the_turns_own_task(monkeypatch):
+    """The request's deadline is asyncio.timeout's: no task per request (wait_for's), the exchange runs in the turn's
+    task; a hung exchange still times out (test_hung_request_is_retried_then_fails_naming_the_request)."""
+    import ep_trl.generation.vllm as vllm
+
+    seen = []
+
+    async def exchange(client, url, body):
+        seen.append(asyncio.current_task())
+        return 200, '{"choices": [{"index": 0, "token_ids": [5], "logprobs": {"token_logprobs": [-0.1]}}]}'
+
+    monkeypatch.setattr(vllm, "_exchange", exchange)
+
+    async def turn(generator):
+        try:
+            return asyncio.current_task(), await generator.generate([1, 2], SamplingParams(max_tokens=2))
+        finally:
+            await generator.aclose()
+
+    with FaultyVLLMServer() as server:
+        task, result = run(turn(VLLMServerGenerator(server.url, replace(FAST, batch_window_s=0))))
+    assert seen == [task] and result.token_ids == (5,)
+
+
+@pytest.mark.timeout(30)
+def test_request_fields_are_built_once_per_model_and_settings():
+    """Unseeded turns with equal settings reuse one fields dict and its JSON, equal to what completion_fields builds;
+    other settings, another model or a seed build their own; a turn's settings are themselves when its budget is
+    theirs already."""
+    from ep_trl.generation.vllm import completion_fields, fields_json
+
+    with FaultyVLLMServer() as server:
+        generator = VLLMServerGenerator(server.url, FAST)
+    params = SamplingParams(temperature=0.7, max_tokens=9, stop=("\n",))
+    first = generator.request_fields("m", params, None)
+    assert first == (completion_fields("m", params), fields_json(completion_fields("m", params)))
+    assert generator.request_fields("m", SamplingParams(temperature=0.7, max_tokens=9, stop=("\n",)), None) is first
+    assert generator.request_fields("m", params.with_max_tokens(8), None)[0]["max_tokens"] == 8
+    assert generator.request_fields("other", params, None)[0]["model"] == "other"
+    seeded = generator.request_fields("m", params, 17)
+    assert seeded[0] == completion_fields("m", params, 17) and seeded[0]["seed"] == 17
+    assert params.with_max_tokens(9) is params and params.with_max_tokens(3).max_tokens == 3
+    for n in range(300):  # bounded
+        generator.request_fields("m", params.with_max_tokens(n + 1), None)
+    assert len(generator._fields) <= 256

@@ -159,8 +159,14 @@ def _first_setting(values: Any, what: str, eval_test: EvalTest, notes: list[str]
     return entries[0] if entries else {}
 
 
-def history_line(step: int, action: Any, reward: float, observation: Any) -> str:
-    """The history entry OpenEnvRolloutProcessor gives prompt builders, reproduced so prompts match the eval."""
-    label = getattr(action, "action_str", None) or str(action)
+def action_label(action: Any) -> str:
+    """How OpenEnvRolloutProcessor names an action: its ``action_str``, else ``str(action)``."""
+    return getattr(action, "action_str", None) or str(action)
+
+
+def history_line(step: int, action: Any, reward: float, observation: Any, label: str | None = None) -> str:
+    """The history entry OpenEnvRolloutProcessor gives prompt builders, reproduced so prompts match the eval;
+    ``label``: ``action_label(action)`` when the caller has it already."""
+    label = action_label(action) if label is None else label
     error_flag = getattr(observation, "last_action_error", False)
     return f"Step {step}: {label} -> reward {reward:+.2f}{' ERROR' if error_flag else ''}"

@@ -12,6 +12,7 @@ For a vision-language model a turn also carries its images (:class:`PromptImages
 image's expanded tokens, as the processor expands them, and the backend gives the model the images' pixels.
 """
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -39,7 +40,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def with_max_tokens(self, max_tokens: int) -> "SamplingParams":
-        return replace(self, max_tokens=max_tokens)
+        """These settings with ``max_tokens`` (themselves when it is theirs already: most turns)."""
+        return self if max_tokens == self.max_tokens else replace(self, max_tokens=max_tokens)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,24 @@ class PromptImages:
 
     images: tuple[Any, ...]
     unexpanded_ids: tuple[int, ...]
+
+
+class PromptIds(list):
+    """Prompt ids (a plain list to every backend) that also carry their JSON text, ``json``: what
+    ``json.dumps([int(t) for t in ids], separators=(",", ":"))`` gives. ``TrajectoryBuilder.context()`` returns one,
+    keeping the text as the context grows, so a server backend sends a turn's prompt without converting and encoding
+    every id of the conversation again (``generation.vllm``)."""
+
+    __slots__ = ("json",)
+
+    def __init__(self, ids: Sequence[int], json_text: str) -> None:
+        super().__init__(ids)
+        self.json = json_text
+
+
+def ids_json(ids: Sequence[int]) -> str:
+    """``ids`` as a compact JSON array of integers (each converted with ``int``, as a request body takes them)."""
+    return json.dumps([int(t) for t in ids], separators=(",", ":"))
 
 
 class Generator(Protocol):

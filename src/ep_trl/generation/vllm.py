@@ -42,7 +42,7 @@ import httpx
 
 from ..errors import GenerationError
 from ..options import VLLMOptions
-from . import CallFailure, Generation, PromptImages, SamplingParams
+from . import CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,9 @@ RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 #: Seeds sent to vLLM stay below 2**63 (its sampling params take a 64-bit signed integer).
 _SEED_MODULUS = 2**63 - 1
+
+#: Request fields (and their JSON) kept per model and sampling settings; cleared when this many are kept.
+_FIELDS_CACHE_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -136,19 +139,22 @@ class RejectedRequest(GenerationError):
 
 @dataclass
 class _Member:
-    """One episode turn waiting in a batch."""
+    """One episode turn waiting in a batch: its prompt as JSON text (``prompt_json``) and its length in ids."""
 
-    prompt: list[int]
+    prompt: str
+    tokens: int
     label: str
-    future: asyncio.Future
+    future: asyncio.Future = field(init=False)
 
 
 @dataclass
 class _Batch:
-    """Turns with identical sampling fields, sent as one request carrying a list of prompts."""
+    """Turns with identical sampling fields (``head``: their JSON, see :func:`body_with_prompt`), sent as one request
+    carrying a list of prompts."""
 
     number: int
     fields: dict[str, Any]
+    head: str
     members: list[_Member] = field(default_factory=list)
 
 
@@ -180,6 +186,7 @@ class VLLMServerGenerator:
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[str, _Batch] = {}
+        self._fields: dict[tuple[str, SamplingParams], tuple[dict[str, Any], str]] = {}
         self._tasks: set[asyncio.Task] = set()
         info = probe_server(self.base_url, options.connect_timeout_s)
         self.model = model or info.model
@@ -244,19 +251,33 @@ class VLLMServerGenerator:
         if images is not None:
             return await self._generate_with_images(model, prompt_ids, params, images)
         number = next(self._turns)
-        payload = completion_payload(model, prompt_ids, params, seed=request_seed(self.seed, number))
-        label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(payload['prompt'])} "
-                 f"tokens, max_tokens={payload['max_tokens']})")
+        fields, head = self.request_fields(model, params, request_seed(self.seed, number))
+        label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(prompt_ids)} "
+                 f"tokens, max_tokens={fields['max_tokens']})")
         with self._failure.guard(label):
             _, slots = self._bind()
             async with slots:
                 self.turns += 1
-                prompt = payload.pop("prompt")
-                if self.batch_window_s == 0 or "seed" in payload:
-                    choice = await self._send_one(prompt, payload, label)
+                prompt = prompt_json(prompt_ids)
+                if self.batch_window_s == 0 or "seed" in fields:
+                    choice = await self._send_one(prompt, head, label)
                 else:
-                    choice = await self._join_batch(prompt, payload, label)
+                    choice = await self._join_batch(_Member(prompt, len(prompt_ids), label), fields, head)
             return parse_choice(choice, label)  # an answer without token ids fails for good too
+
+    def request_fields(self, model: str, params: SamplingParams, seed: int | None) -> tuple[dict[str, Any], str]:
+        """``completion_fields`` and their JSON (``fields_json``); built once per model and settings when unseeded
+        (shared: read, never changed)."""
+        if seed is not None:
+            fields = completion_fields(model, params, seed)
+            return fields, fields_json(fields)
+        kept = self._fields.get((model, params))
+        if kept is None:
+            if len(self._fields) >= _FIELDS_CACHE_SIZE:
+                self._fields.clear()
+            fields = completion_fields(model, params)
+            kept = self._fields[(model, params)] = (fields, fields_json(fields))
+        return kept
 
     async def _generate_with_images(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
                                     images: PromptImages) -> Generation:
@@ -269,18 +290,18 @@ class VLLMServerGenerator:
             _, slots = self._bind()
             async with slots:
                 self.turns += 1
-                data = await self._post(body, label, self._generate_url)
+                data = await self._post(json_bytes(body), label, self._generate_url)
             return parse_generate_response(data, prompt_ids, label)
 
-    async def _join_batch(self, prompt: list[int], fields: dict[str, Any], label: str) -> dict[str, Any]:
-        key = json.dumps(fields, sort_keys=True)
-        batch = self._open.get(key)
+    async def _join_batch(self, member: _Member, fields: dict[str, Any], head: str) -> dict[str, Any]:
+        # equal fields, built in one order by completion_fields, have equal JSON: the batch's key is its head
+        batch = self._open.get(head)
         loop = asyncio.get_running_loop()
         if batch is None:
-            batch = _Batch(next(self._http_numbers), fields)
-            self._open[key] = batch
-            loop.call_later(self.batch_window_s, self._dispatch, key, batch)
-        member = _Member(prompt, label, loop.create_future())
+            batch = _Batch(next(self._http_numbers), fields, head)
+            self._open[head] = batch
+            loop.call_later(self.batch_window_s, self._dispatch, head, batch)
+        member.future = loop.create_future()
         batch.members.append(member)
         return await member.future
 
@@ -296,18 +317,18 @@ class VLLMServerGenerator:
         if not members:
             return
         if len(members) == 1:
-            await self._resend_alone(members[0], batch.fields)
+            await self._resend_alone(members[0], batch.head)
             return
         what = (f"batch request #{batch.number} to {self.base_url}/v1/completions ({len(members)} prompts of "
-                f"{min(len(m.prompt) for m in members)}-{max(len(m.prompt) for m in members)} tokens, "
+                f"{min(m.tokens for m in members)}-{max(m.tokens for m in members)} tokens, "
                 f"max_tokens={batch.fields['max_tokens']})")
         try:
-            data = await self._post({**batch.fields, "prompt": [m.prompt for m in members]}, what)
+            data = await self._post(body_with_prompt(batch.head, f"[{','.join(m.prompt for m in members)}]"), what)
             choices = batch_choices(data, len(members), what)
         except RejectedRequest as exc:
             # one prompt spoils the whole batch: send each alone, so only the offending turn fails, naming itself
             logger.warning("%s was rejected (%s); sending its %d prompts one by one", what, exc, len(members))
-            await asyncio.gather(*(self._resend_alone(m, batch.fields) for m in members))
+            await asyncio.gather(*(self._resend_alone(m, batch.head) for m in members))
             return
         except GenerationError as exc:
             for m in members:
@@ -320,26 +341,28 @@ class VLLMServerGenerator:
         for m, choice in zip(members, choices):
             _settle(m, result=choice)
 
-    async def _resend_alone(self, member: _Member, fields: dict[str, Any]) -> None:
+    async def _resend_alone(self, member: _Member, head: str) -> None:
         try:
-            _settle(member, result=await self._send_one(member.prompt, fields, member.label))
+            _settle(member, result=await self._send_one(member.prompt, head, member.label))
         except GenerationError as exc:
             _settle(member, error=exc)
 
-    async def _send_one(self, prompt: list[int], fields: dict[str, Any], label: str) -> dict[str, Any]:
-        data = await self._post({**fields, "prompt": prompt}, label)
+    async def _send_one(self, prompt: str, head: str, label: str) -> dict[str, Any]:
+        data = await self._post(body_with_prompt(head, prompt), label)
         return batch_choices(data, 1, label)[0]
 
-    async def _post(self, body: dict[str, Any], what: str, url: str | None = None) -> dict[str, Any]:
-        """POST ``body`` to ``url`` (default ``/v1/completions``) with the retry policy; ``what`` names the request
-        in errors and logs."""
+    async def _post(self, body: bytes, what: str, url: str | None = None) -> dict[str, Any]:
+        """POST ``body`` (JSON) to ``url`` (default ``/v1/completions``) with the retry policy; ``what`` names the
+        request in errors and logs."""
         client, _ = self._bind()
         attempts = self.retry.max_retries + 1
         for attempt in range(1, attempts + 1):
             self.requests += 1
             try:
-                # bound the whole exchange, reading the body included, not just each socket operation
-                status, text = await asyncio.wait_for(_exchange(client, url or self._url, body), self.request_timeout_s)
+                # bound the whole exchange, reading the body included, not just each socket operation (in this
+                # task: asyncio.timeout, not wait_for, which runs the exchange as one more task)
+                async with asyncio.timeout(self.request_timeout_s):
+                    status, text = await _exchange(client, url or self._url, body)
             except TimeoutError as exc:
                 problem = f"no answer within {self.request_timeout_s:g} s ({type(exc).__name__})"
             except aiohttp.ClientError as exc:  # refused or dropped connections, truncated bodies
@@ -370,10 +393,35 @@ class VLLMServerGenerator:
         raise AssertionError("unreachable")
 
 
-async def _exchange(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
-    """POST one completion request; its status and body text."""
-    async with client.post(url, json=body) as response:
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+async def _exchange(client: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, str]:
+    """POST one completion request (its JSON body already encoded); its status and body text."""
+    async with client.post(url, data=body, headers=_JSON_HEADERS) as response:
         return response.status, await response.text()
+
+
+def json_bytes(body: Any) -> bytes:
+    """A request body as compact JSON (what ``aiohttp``'s ``json=`` sends, less the spaces)."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def prompt_json(prompt_ids: Sequence[int]) -> str:
+    """The prompt as a JSON array of ids: the text a ``PromptIds`` already carries, else each id converted and
+    encoded."""
+    return prompt_ids.json if isinstance(prompt_ids, PromptIds) else ids_json(prompt_ids)
+
+
+def fields_json(fields: dict[str, Any]) -> str:
+    """A request's fields other than the prompt as compact JSON, the body's head for :func:`body_with_prompt`."""
+    return json.dumps(fields, separators=(",", ":"))
+
+
+def body_with_prompt(head: str, prompt: str) -> bytes:
+    """The ``/v1/completions`` body: the fields of ``head`` (:func:`fields_json`) and ``"prompt"``, whose value is the
+    JSON text ``prompt`` (one array of ids, or an array of them), spliced in without decoding it again."""
+    return f'{head[:-1]},"prompt":{prompt}}}'.encode()
 
 
 def _settle(member: _Member, result: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
@@ -399,10 +447,15 @@ def request_seed(base_seed: int | None, request_number: int) -> int | None:
 
 def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingParams,
                        seed: int | None = None) -> dict[str, Any]:
-    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs."""
+    """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs (sent as
+    ``body_with_prompt(fields_json(completion_fields(...)), prompt_json(prompt_ids))``)."""
+    return {"model": model, "prompt": [int(t) for t in prompt_ids], **completion_fields(model, params, seed)}
+
+
+def completion_fields(model: str, params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+    """:func:`completion_payload` but its prompt, always with the same keys in the same order for equal settings."""
     return {
         "model": model,
-        "prompt": [int(t) for t in prompt_ids],
         **sampling_fields(params, seed),
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,  # logprob entries keyed by id: no detokenizing them on the server
