@@ -5,8 +5,9 @@ Prompt builders may return a string or OpenAI-style content parts (``{"type": "t
 Chat templates differ: a text tokenizer's template expects a string (most render a list as its Python repr), while
 a multimodal processor's template (Qwen2-VL, Qwen3-VL, ...) expects Hugging Face parts (``{"type": "image", ...}``)
 and emits its image placeholder tokens for them. This module converts one into the other, so the same eval feeds
-both kinds of model, flattens any message content to its text (:func:`content_text`), and gives the image parts' images, in the order the template places them, to the processor
-that expands each placeholder (docs/browsergym.md, "Vision-language models").
+both kinds of model, flattens any message content to its text (:func:`content_text`), and gives the image parts'
+images, in the order the template places them, to the processor that expands each placeholder (docs/browsergym.md,
+"Vision-language models").
 """
 
 from collections.abc import Mapping, Sequence
