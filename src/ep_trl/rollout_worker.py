@@ -132,8 +132,6 @@ class EvalRolloutWorker:
                 "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
         self.env_path = env_path
         self._config = TrainingConfig.of(args, processing_class)
-        self._tokenizer = self._config.tokenizer
-        self._num_generations = self._config.num_generations
         self._max_staleness = int(getattr(args, "max_staleness", 0) or 0)
         self._server_url = str(args.vllm_server_base_url).rstrip("/")
         self._prompts = list((dataset if dataset is not None else dataset_from_eval(env_path))["prompt"])
@@ -154,7 +152,7 @@ class EvalRolloutWorker:
         per_step = int(getattr(args, "per_device_train_batch_size", 1) or 1) * int(
             getattr(args, "gradient_accumulation_steps", 1) or 1)
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
-        self.groups_per_report = max(1, per_step // self._num_generations)
+        self.groups_per_report = max(1, per_step // self._config.num_generations)
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=buffer_size or max(2 * per_step, self.slots))
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
         self.metrics_dropped = 0
@@ -231,8 +229,8 @@ class EvalRolloutWorker:
         if quiet > stale_after_s:
             raise RolloutWorkerError(
                 f"ep_trl's rollout worker for {self.env_path} produced nothing for {quiet:.0f} s (more than "
-                f"{stale_after_s:g} s): no prompt group of {self._num_generations} episodes completed in that time. "
-                "Raise AsyncGRPOConfig(heartbeat_stale_after_s=...) if episodes are that slow.")
+                f"{stale_after_s:g} s): no prompt group of {self._config.num_generations} episodes completed in that "
+                "time. Raise AsyncGRPOConfig(heartbeat_stale_after_s=...) if episodes are that slow.")
 
     # --- what the worker measured ---------------------------------------------------------------------------------
 
@@ -261,7 +259,7 @@ class EvalRolloutWorker:
     def _plans(self) -> Iterator[GroupPlan]:
         """The prompts of the dataset, in order and over again, one group of ``num_generations`` episodes each; the
         rows of each group are logged under the version current when it starts."""
-        n = self._num_generations
+        n = self._config.num_generations
         for group in itertools.count():
             yield GroupPlan(group=group, prompt=self._prompts[group % len(self._prompts)],
                             indices=tuple(range(group * n, (group + 1) * n)),
@@ -292,7 +290,7 @@ class EvalRolloutWorker:
     def _release(self, group: FinishedGroup) -> ReleasedGroup:
         """Turn a finished group into samples, waiting for room in the buffer (``_pump``)."""
         self._function.log_final(group)
-        samples, turns, left_out = group_samples(group, self._tokenizer)
+        samples, turns, left_out = group_samples(group, self._config.tokenizer)
         self._pending.extend(samples)
         self._heartbeat = time.monotonic()
         self.left_out += left_out

@@ -449,7 +449,7 @@ def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingPa
                        seed: int | None = None) -> dict[str, Any]:
     """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs (sent as
     ``body_with_prompt(fields_json(completion_fields(...)), prompt_json(prompt_ids))``)."""
-    return {"model": model, "prompt": [int(t) for t in prompt_ids], **completion_fields(model, params, seed)}
+    return {**completion_fields(model, params, seed), "prompt": [int(t) for t in prompt_ids]}
 
 
 def completion_fields(model: str, params: SamplingParams, seed: int | None = None) -> dict[str, Any]:

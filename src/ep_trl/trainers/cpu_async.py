@@ -9,7 +9,8 @@
   public ``AttentionInterface`` after construction (the constructor registers TRL's own first).
 
 Everything else (packing, the loss, staleness, the weight-sync cadence) is TRL's own. Use it for development and CI;
-on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/trainers/test_cpu_async.py`` pins both workarounds against the installed TRL.
+on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/test_rollout_worker.py`` trains with it against the installed TRL,
+which pins both workarounds.
 """
 
 from typing import Any
