@@ -1,17 +1,23 @@
 """Blocking calls (synchronous environment clients, ``env_factory``, synchronous eval bodies) run off the event
-loop, each in a thread of its own.
+loop, each in a worker thread that runs nothing else meanwhile.
 
 Why not asyncio's default executor: it is shared with everything else in the process and small (min(32, cpus + 4)
 threads, 6 on a 2-core machine), and a call that timed out keeps its thread. A client whose ``step`` blocks
 forever used it up: the first call returned after its timeout, the next one waited forever for a free thread.
-Here every call gets a fresh daemon thread (the cost, ~0.1 ms, is nothing beside an environment round trip, and
-concurrency is already bounded by ``max_concurrent_rollouts``), so an abandoned call can never block the next
-one. A call still running past its timeout is abandoned, counted (``stuck_threads()``, the
-``ep_trl/stuck_threads`` metric) and named in the log.
+Here a call never waits for a thread: it takes an idle worker, or starts a new one when none is idle
+(concurrency is already bounded by ``max_concurrent_rollouts``), so an abandoned call can never block the next
+one. A worker goes back to the idle ones when its call returns, and ends after ``IDLE_EXIT_S`` without work
+(named ``IDLE_NAME`` meanwhile).
+Reusing workers rather than starting a thread per call halves a call's CPU (about 0.2 ms with a fresh thread on the
+benchmark machine: docs/benchmarks.md), which a synchronous environment client pays every step. A call still
+running past its timeout is abandoned, counted (``stuck_threads()``, the ``ep_trl/stuck_threads`` metric) and named
+in the log; its worker is reused once the call returns.
 """
 
 import asyncio
 import logging
+import os
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,8 +26,61 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_stuck: set[threading.Thread] = set()
+#: How long an idle worker thread waits for a call before it ends (a training step's episodes keep theirs busy).
+IDLE_EXIT_S = 10.0
+#: The name of a worker thread while it waits for a call (while it runs one: ``ep-trl <what the call is>``).
+IDLE_NAME = "ep-trl idle worker"
+
+_Outcome = tuple[Any, BaseException | None]
+
+
+class _Worker:
+    """A daemon thread that runs one call at a time, handed to it through its own queue."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], str, Callable[[_Outcome], None]]] = queue.SimpleQueue()
+        #: A token of the call it runs now, None while idle.
+        self.running: object | None = None
+        self.thread = threading.Thread(target=self._serve, name=IDLE_NAME, daemon=True)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                fn, what, finish = self.jobs.get(timeout=IDLE_EXIT_S)
+            except queue.Empty:
+                with _lock:
+                    if self in _idle:  # nobody took it meanwhile: end
+                        _idle.remove(self)
+                        return
+                continue  # taken just now: its call is on the way
+            self.thread.name = f"ep-trl {what}"
+            try:
+                outcome: _Outcome = (fn(), None)
+            except BaseException as exc:  # handed to the waiting coroutine, whatever it is
+                outcome = (None, exc)
+            self.thread.name = IDLE_NAME
+            with _lock:  # idle before the caller hears back, so that its next call finds this worker
+                _stuck.discard(self)
+                self.running = None
+                _idle.append(self)
+            finish(outcome)
+            del fn, finish, outcome  # hold nothing of the call while idle
+
+
 _lock = threading.Lock()
+_idle: list[_Worker] = []
+_stuck: set[_Worker] = set()
+
+
+def _forget_workers() -> None:
+    """In a forked child the parent's worker threads do not exist: start afresh."""
+    global _lock
+    _lock = threading.Lock()
+    _idle.clear()
+    _stuck.clear()
+
+
+os.register_at_fork(after_in_child=_forget_workers)
 
 
 def stuck_threads() -> int:
@@ -30,8 +89,21 @@ def stuck_threads() -> int:
         return len(_stuck)
 
 
+def _take_worker(call: object) -> _Worker:
+    """An idle worker, or a new one; marked as running ``call``."""
+    with _lock:
+        worker = _idle.pop() if _idle else None
+        if worker is not None:
+            worker.running = call
+    if worker is None:
+        worker = _Worker()
+        worker.running = call
+        worker.thread.start()
+    return worker
+
+
 async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T:
-    """``fn()`` in a thread of its own, awaited for at most ``timeout_s`` (then ``TimeoutError``, the thread is
+    """``fn()`` in a worker thread of its own, awaited for at most ``timeout_s`` (then ``TimeoutError``, the call is
     abandoned and counted until it returns)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
@@ -44,29 +116,25 @@ async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T
         else:
             future.set_result(result)
 
-    def work() -> None:
-        try:
-            outcome: tuple[Any, BaseException | None] = (fn(), None)
-        except BaseException as exc:  # handed to the waiting coroutine, whatever it is
-            outcome = (None, exc)
-        finally:
-            with _lock:
-                _stuck.discard(thread)
+    def finish(outcome: _Outcome) -> None:
         try:
             loop.call_soon_threadsafe(settle, *outcome)
         except RuntimeError:  # the loop closed while this call was abandoned: nobody waits for the result
             logger.debug("%s returned after its event loop closed", what)
 
-    thread = threading.Thread(target=work, name=f"ep-trl {what}", daemon=True)
-    thread.start()
+    call = object()
+    worker = _take_worker(call)
+    worker.jobs.put((fn, what, finish))
     try:
-        return await asyncio.wait_for(future, timeout_s)
+        async with asyncio.timeout(timeout_s):  # in this task: no task of its own per call (wait_for's)
+            return await future
     except TimeoutError:
-        if thread.is_alive():
-            with _lock:
-                _stuck.add(thread)
-                count = len(_stuck)
+        with _lock:
+            abandoned = worker.running is call
+            if abandoned:
+                _stuck.add(worker)
+            count = len(_stuck)
+        if abandoned:
             logger.warning("%s is still running after %g s; its thread is abandoned (%d stuck in all)", what,
                            timeout_s, count)
         raise
-
