@@ -17,7 +17,12 @@ Arms (``create_openenv_vllm_rollout_func(EVAL, vllm_base_url=<stand-in>)`` calle
 * ``single_turn``: ``tests/evals/eval_single_turn.py`` (eval-protocol's ``SingleTurnRolloutProcessor``: LiteLLM);
 * ``agent``: ``tests/evals/eval_calculator_agent.py`` (``AgentRolloutProcessor`` with the calculator MCP server over
   HTTP, no latency): two tool calls and the answer, 3 turns;
-* ``chat``: ``benchmarks/fixtures/eval_chat_turns.py``, a user LiteLLM processor that chats ``--turns`` turns.
+* ``chat``: ``benchmarks/fixtures/eval_chat_turns.py``, a user LiteLLM processor that chats ``--turns`` turns;
+* ``openenv_client``: no ep_trl and no generation: the letters eval's own environment client (its ``env_factory``'s
+  OpenEnv client, driven asynchronously as ep_trl drives it, one connected client per slot) and its action parser,
+  playing the same episodes (a reset, then ``--turns`` steps with the texts the stand-in server samples) at the same
+  concurrency. Its CPU per turn is the part of the ``openenv`` arm's that belongs to the environment's client, not to
+  ep_trl; the difference between the two is ep_trl's own.
 
 Each (arm, turns, concurrency, logs) runs one warm-up call, then ``--repeats`` timed calls of ``--episodes`` episodes
 (at least 2 x concurrency), interleaved across configurations. Printed per configuration: episodes/s, turns/s and
@@ -51,13 +56,15 @@ EVALS = {
     "agent": "tests.evals.eval_calculator_agent::test_calculator_agent",
     "chat": "benchmarks.fixtures.eval_chat_turns::test_chat_turns",
 }
+#: The environment client alone (no rollout function): see the module docstring.
+CLIENT_ARM = "openenv_client"
 #: Arms whose number of turns --turns sets; the others play their eval's own turns.
-TURNED = {"openenv", "chat"}
+TURNED = {"openenv", "chat", CLIENT_ARM}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arms", nargs="+", default=list(EVALS), choices=list(EVALS))
+    parser.add_argument("--arms", nargs="+", default=list(EVALS), choices=[*EVALS, CLIENT_ARM])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--turns", type=int, nargs="+", default=[3], help="turns per episode (openenv, chat)")
     parser.add_argument("--logs", nargs="+", default=["on", "off"], choices=["on", "off"], help="ep logs rows")
@@ -86,14 +93,20 @@ def tool_model_dir(work: Path) -> Path:
     return out
 
 
+def scripted_replies() -> list[str]:
+    """What the stand-in server samples, turn by turn (the last one repeats): two calculator tool calls, the answer."""
+    from tests.support.tool_model import ANSWER, CALLS, tool_call_text
+
+    return [tool_call_text(CALLS[0]), tool_call_text(CALLS[1]), ANSWER]
+
+
 def start_servers(stack: ExitStack, work: Path, model_dir: Path) -> dict[str, str]:
     """The stand-in generation server, a letters server and a calculator MCP server, each stopped by PID at exit."""
     from ep_trl.processes import free_port, start_server
     from tests.support.letters import start_letters_server
-    from tests.support.tool_model import ANSWER, CALLS, tool_call_text
 
     port = free_port()
-    replies = [tool_call_text(CALLS[0]), tool_call_text(CALLS[1]), ANSWER]
+    replies = scripted_replies()
     cmd = [sys.executable, str(REPO / "benchmarks/fixtures/instant_vllm.py"), "--model-dir", str(model_dir),
            "--port", str(port)] + [a for r in replies for a in ("--reply", r)]
     instant = start_server("instant-vllm", cmd, port=port, log_dir=work, cwd=REPO)
@@ -112,7 +125,7 @@ def start_servers(stack: ExitStack, work: Path, model_dir: Path) -> dict[str, st
 def prompts_for(arm: str, episodes: int) -> list[Any]:
     from ep_trl import dataset_from_eval
 
-    if arm == "openenv":
+    if arm in ("openenv", CLIENT_ARM):
         return ["Play the letters game."] * episodes
     base = list(dataset_from_eval(EVALS[arm])["prompt"])
     return (base * episodes)[:episodes]
@@ -122,8 +135,59 @@ def expected_turns(arm: str, turns: int) -> int:
     return turns if arm in TURNED else {"single_turn": 1, "agent": 3}[arm]
 
 
+class EnvClientAlone:
+    """The ``openenv_client`` arm: the letters eval's environment client and action parser playing the episodes of a
+    call, ``concurrency`` connected clients at once, without ep_trl; called like a rollout function."""
+
+    def __init__(self, turns: int, concurrency: int) -> None:
+        from tests.evals import letters_parts
+
+        self.turns, self.concurrency, self.parts = turns, concurrency, letters_parts
+        self.clients: list[Any] = []
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        import asyncio
+
+        return asyncio.run(self._play(len(prompts)))
+
+    async def _play(self, episodes: int) -> dict[str, list[Any]]:
+        import asyncio
+
+        if not self.clients:  # a client per slot, kept across calls as ep_trl keeps its sessions
+            factory = self.parts.make_env_factory()
+            self.clients = [getattr(c, "async_client", c) for c in (factory() for _ in range(self.concurrency))]
+        else:
+            for client in self.clients:  # a connection is bound to the event loop of the call that opened it
+                await client.close()
+        replies = scripted_replies()
+        texts = [replies[min(k, len(replies) - 1)] for k in range(self.turns)]
+        left = iter(range(episodes))
+        played: list[int] = []
+
+        async def slot(client: Any) -> None:
+            for _ in left:
+                await client.reset()
+                for text in texts:
+                    await client.step(self.parts.action_parser(text))
+                played.append(len(texts))
+
+        await asyncio.gather(*(slot(c) for c in self.clients))
+        for client in self.clients:
+            await client.close()
+        return {"episode_status": ["finished"] * len(played), "num_turns": played}
+
+    def flush_logs(self) -> None:
+        """No rows: there is no rollout function."""
+
+    def close(self) -> None:
+        """The clients are closed at the end of each call."""
+
+
 def build(arm: str, turns: int, concurrency: int, logs: str, url: str, workers: int = 1) -> Any:
     from ep_trl import EvalOverrides, RolloutOptions, create_openenv_vllm_rollout_func
+
+    if arm == CLIENT_ARM:
+        return EnvClientAlone(turns, concurrency)
 
     overrides = EvalOverrides(max_concurrent_rollouts=concurrency,
                               max_steps=turns if arm == "openenv" else None)
@@ -142,20 +206,31 @@ def cpu_seconds(rollout: Any) -> float:
     return total
 
 
-def timed_call(rollout: Any, trainer: Any, arm: str, turns: int, prompts: list[Any]) -> dict[str, float]:
+def served(url: str) -> dict[str, int]:
+    """The stand-in server's counts so far: prompts answered and requests that carried them."""
+    import httpx
+
+    return httpx.get(f"{url}/stats").json()
+
+
+def timed_call(rollout: Any, trainer: Any, arm: str, turns: int, prompts: list[Any], url: str) -> dict[str, float]:
     if arm == "chat":
         os.environ["BRIDGE_TURNS"] = str(turns)
+    before = served(url)
     cpu0, wall0 = cpu_seconds(rollout), time.perf_counter()
     out = rollout(prompts, trainer)
     rollout.flush_logs()
     wall, cpu = time.perf_counter() - wall0, cpu_seconds(rollout) - cpu0
+    after = served(url)
+    requests = after["requests"] - before["requests"]
     played = sum(out["num_turns"])
     want = expected_turns(arm, turns) * len(prompts)
     if out["episode_status"] != ["finished"] * len(prompts) or played != want:
         raise RuntimeError(f"{arm}: episodes did not play as scripted: {played} turns (want {want}), "
                            f"{sorted(set(out['episode_status']))}")
     return {"wall_s": wall, "cpu_s": cpu, "episodes_per_s": len(prompts) / wall, "turns_per_s": played / wall,
-            "cpu_ms_per_turn": cpu * 1000 / played, "cpu_ms_per_episode": cpu * 1000 / len(prompts)}
+            "cpu_ms_per_turn": cpu * 1000 / played, "cpu_ms_per_episode": cpu * 1000 / len(prompts),
+            "turns_per_request": (after["prompts"] - before["prompts"]) / requests if requests else 0.0}
 
 
 def main() -> None:
@@ -177,7 +252,7 @@ def main() -> None:
         for arm in args.arms:
             for turns in (args.turns if arm in TURNED else [expected_turns(arm, 0)]):
                 for c, workers in ((c, w) for c in args.concurrency for w in args.workers):
-                    for logs in args.logs:
+                    for logs in (["off"] if arm == CLIENT_ARM else args.logs):
                         rollout = build(arm, turns, c, logs, urls["vllm"], workers)
                         stack.callback(rollout.close)
                         if trainer is None:
@@ -185,7 +260,7 @@ def main() -> None:
                                                    max_completion_length=4096, temperature=1.0)
                         episodes = max(args.episodes, 2 * c)
                         prompts = prompts_for(arm, episodes)
-                        timed_call(rollout, trainer, arm, turns, prompts[: min(8, episodes)])  # warm-up
+                        timed_call(rollout, trainer, arm, turns, prompts[: min(8, episodes)], urls["vllm"])  # warm-up
                         configs.append((arm, turns, c, workers, logs, rollout, prompts))
         if args.profile:
             print(f"profile: pid {os.getpid()}", flush=True)
@@ -194,7 +269,7 @@ def main() -> None:
             for arm, turns, c, workers, logs, rollout, prompts in configs:
                 row = {"arm": arm, "turns": turns, "concurrency": c, "workers": workers, "logs": logs,
                        "episodes": len(prompts),
-                       "repeat": repeat, **timed_call(rollout, trainer, arm, turns, prompts),
+                       "repeat": repeat, **timed_call(rollout, trainer, arm, turns, prompts, urls["vllm"]),
                        "loadavg_1min": os.getloadavg()[0]}
                 runs.append(row)
                 print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
@@ -219,15 +294,15 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = [r for r in runs if key(r) == (arm, turns, c, workers, logs)]
         rows.append({"arm": arm, "turns": turns, "concurrency": c, "workers": workers, "logs": logs, **{
             field: statistics.median(r[field] for r in mine)
-            for field in ("episodes_per_s", "turns_per_s", "cpu_ms_per_turn")}})
+            for field in ("episodes_per_s", "turns_per_s", "cpu_ms_per_turn", "turns_per_request") if field in mine[0]}})
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| arm | turns | concurrency | workers | ep logs | episodes/s | turns/s | CPU ms/turn |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | turns | concurrency | workers | ep logs | episodes/s | turns/s | CPU ms/turn | turns/request |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['arm']} | {r['turns']} | {r['concurrency']} | {r['workers']} | {r['logs']} | {r['episodes_per_s']:.1f} | "
-              f"{r['turns_per_s']:.1f} | {r['cpu_ms_per_turn']:.2f} |" for r in rows]
+              f"{r['turns_per_s']:.1f} | {r['cpu_ms_per_turn']:.2f} | {r.get('turns_per_request', 0):.1f} |" for r in rows]
     return "\n".join(lines)
 
 
