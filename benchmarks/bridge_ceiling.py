@@ -19,7 +19,7 @@ Arms (``create_openenv_vllm_rollout_func(EVAL, vllm_base_url=<stand-in>)`` calle
   HTTP, no latency): two tool calls and the answer, 3 turns;
 * ``chat``: ``benchmarks/fixtures/eval_chat_turns.py``, a user LiteLLM processor that chats ``--turns`` turns;
 * ``openenv_client``: no ep_trl and no generation: the letters eval's own environment client (its ``env_factory``'s
-  OpenEnv client, driven asynchronously as ep_trl drives it, one connected client per slot) and its action parser,
+  OpenEnv client, driven asynchronously as ep_trl drives it, one client per slot, made per call) and its action parser,
   playing the same episodes (a reset, then ``--turns`` steps with the texts the stand-in server samples) at the same
   concurrency. Its CPU per turn is the part of the ``openenv`` arm's that belongs to the environment's client, not to
   ep_trl; the difference between the two is ep_trl's own.
@@ -137,13 +137,13 @@ def expected_turns(arm: str, turns: int) -> int:
 
 class EnvClientAlone:
     """The ``openenv_client`` arm: the letters eval's environment client and action parser playing the episodes of a
-    call, ``concurrency`` connected clients at once, without ep_trl; called like a rollout function."""
+    call, ``concurrency`` clients at once, without ep_trl; called like a rollout function. As ep_trl's sessions, the
+    clients are made and connected per call, reused across the call's episodes and closed at its end."""
 
     def __init__(self, turns: int, concurrency: int) -> None:
         from tests.evals import letters_parts
 
         self.turns, self.concurrency, self.parts = turns, concurrency, letters_parts
-        self.clients: list[Any] = []
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         import asyncio
@@ -153,12 +153,8 @@ class EnvClientAlone:
     async def _play(self, episodes: int) -> dict[str, list[Any]]:
         import asyncio
 
-        if not self.clients:  # a client per slot, kept across calls as ep_trl keeps its sessions
-            factory = self.parts.make_env_factory()
-            self.clients = [getattr(c, "async_client", c) for c in (factory() for _ in range(self.concurrency))]
-        else:
-            for client in self.clients:  # a connection is bound to the event loop of the call that opened it
-                await client.close()
+        factory = self.parts.make_env_factory()
+        clients = [getattr(c, "async_client", c) for c in (factory() for _ in range(min(self.concurrency, episodes)))]
         replies = scripted_replies()
         texts = [replies[min(k, len(replies) - 1)] for k in range(self.turns)]
         left = iter(range(episodes))
@@ -171,16 +167,18 @@ class EnvClientAlone:
                     await client.step(self.parts.action_parser(text))
                 played.append(len(texts))
 
-        await asyncio.gather(*(slot(c) for c in self.clients))
-        for client in self.clients:
-            await client.close()
+        try:
+            await asyncio.gather(*(slot(c) for c in clients))
+        finally:
+            for client in clients:
+                await client.close()
         return {"episode_status": ["finished"] * len(played), "num_turns": played}
 
     def flush_logs(self) -> None:
         """No rows: there is no rollout function."""
 
     def close(self) -> None:
-        """The clients are closed at the end of each call."""
+        """Nothing is kept between calls."""
 
 
 def build(arm: str, turns: int, concurrency: int, logs: str, url: str, workers: int = 1) -> Any:
