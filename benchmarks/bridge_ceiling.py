@@ -226,9 +226,11 @@ def timed_call(rollout: Any, trainer: Any, arm: str, turns: int, prompts: list[A
     if out["episode_status"] != ["finished"] * len(prompts) or played != want:
         raise RuntimeError(f"{arm}: episodes did not play as scripted: {played} turns (want {want}), "
                            f"{sorted(set(out['episode_status']))}")
-    return {"wall_s": wall, "cpu_s": cpu, "episodes_per_s": len(prompts) / wall, "turns_per_s": played / wall,
-            "cpu_ms_per_turn": cpu * 1000 / played, "cpu_ms_per_episode": cpu * 1000 / len(prompts),
-            "turns_per_request": (after["prompts"] - before["prompts"]) / requests if requests else 0.0}
+    result = {"wall_s": wall, "cpu_s": cpu, "episodes_per_s": len(prompts) / wall, "turns_per_s": played / wall,
+              "cpu_ms_per_turn": cpu * 1000 / played, "cpu_ms_per_episode": cpu * 1000 / len(prompts)}
+    if requests:  # the openenv_client arm sends none
+        result["turns_per_request"] = (after["prompts"] - before["prompts"]) / requests
+    return result
 
 
 def main() -> None:
@@ -300,7 +302,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| arm | turns | concurrency | workers | ep logs | episodes/s | turns/s | CPU ms/turn | turns/request |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['arm']} | {r['turns']} | {r['concurrency']} | {r['workers']} | {r['logs']} | {r['episodes_per_s']:.1f} | "
-              f"{r['turns_per_s']:.1f} | {r['cpu_ms_per_turn']:.2f} | {r.get('turns_per_request', 0):.1f} |" for r in rows]
+              f"{r['turns_per_s']:.1f} | {r['cpu_ms_per_turn']:.2f} | "
+              f"{format(r['turns_per_request'], '.1f') if 'turns_per_request' in r else '-'} |" for r in rows]
     return "\n".join(lines)
 
 
