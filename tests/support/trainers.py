@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from ep_trl.rewards import eval_score
+from tests.support.device import trainer_on_cpu
 
 PROMPT = "Play the letters game."
 
@@ -20,7 +21,7 @@ def make_trainer(model_dir: Path, output_dir: Path, rollout_func: Any, *, reward
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dataset = Dataset.from_dict({"prompt": prompts or [PROMPT] * 8})
     args = GRPOConfig(
-        output_dir=str(output_dir), use_cpu=True, bf16=False, per_device_train_batch_size=batch_size,
+        output_dir=str(output_dir), use_cpu=trainer_on_cpu(), bf16=False, per_device_train_batch_size=batch_size,
         num_generations=num_generations, max_completion_length=max_completion_length, max_steps=max_steps,
         logging_steps=1, report_to=[], learning_rate=1e-3, save_strategy="no", seed=0, **config,
     )

@@ -16,6 +16,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from trl import GRPOConfig
 
 from ep_trl.trainers.disk_sync import attach_vllm_generation, trl_vllm_client_skipped
+from tests.support.device import trainer_on_cpu
 
 
 class InProcessGeneration:
@@ -33,7 +34,7 @@ def make_vlm_trainer(trainer_cls: type, model_dir: Path, output_dir: Path, rollo
     """A CPU ``trainer_cls`` (a GRPOTrainer) on the VLM in ``model_dir`` that checks sampled against recomputed
     logprobs at every step."""
     args = GRPOConfig(
-        output_dir=str(output_dir), use_cpu=True, bf16=False, per_device_train_batch_size=batch_size,
+        output_dir=str(output_dir), use_cpu=trainer_on_cpu(), bf16=False, per_device_train_batch_size=batch_size,
         num_generations=num_generations, max_completion_length=max_completion_length, max_steps=max_steps,
         logging_steps=1, report_to=[], learning_rate=1e-3, save_strategy="no", seed=0, use_vllm=True,
         vllm_mode="server", **config,

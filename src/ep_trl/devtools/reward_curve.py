@@ -60,9 +60,11 @@ def progress(scores: Sequence[StepScore]) -> Progress:
     return Progress(first=first, last=last, window=window, steps=len(scores))
 
 
-def plot_scores(scores: Sequence[StepScore], path: str | Path, *, title: str, note: str = "") -> Path:
+def plot_scores(scores: Sequence[StepScore], path: str | Path, *, title: str, note: str = "",
+                marks: Sequence[tuple[int, float, str]] = ()) -> Path:
     """Write a PNG of the mean score per step with a band of one standard deviation (clipped to [0, 1]) to
-    ``path``; ``note`` is printed under the plot (e.g. the command that made it)."""
+    ``path``; ``note`` is printed under the plot (e.g. the command that made it); ``marks`` are single scores drawn
+    as labelled points, ``(step, score, label)`` (a held-out score before and after training, say)."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -88,6 +90,10 @@ def plot_scores(scores: Sequence[StepScore], path: str | Path, *, title: str, no
             axes.hlines(value, at[0].step, at[-1].step, colors="black", linestyles="dashed", linewidth=1)
             axes.annotate(f"{name} {value:.2f}", (at[0].step, value), textcoords="offset points", xytext=(0, 6),
                           fontsize=8)
+        for step, value, label in marks:
+            axes.plot([step], [value], marker="D", color="tab:red", linestyle="none")
+            axes.annotate(f"{label} {value:.2f}", (step, value), textcoords="offset points", xytext=(4, -12),
+                          fontsize=8, color="tab:red")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_xlabel("optimizer step")
         axes.set_ylabel("eval score")

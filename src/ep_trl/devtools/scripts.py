@@ -71,16 +71,17 @@ class ProgressPrinter(TrainerCallback):
 
 
 def report_training(log_history: Sequence[Mapping[str, Any]], plot_path: Path, *, episodes_per_step: int,
-                    started: float, title: str, argv: Sequence[str] | None = None) -> Progress:
+                    started: float, title: str, argv: Sequence[str] | None = None,
+                    marks: Sequence[tuple[int, float, str]] = ()) -> Progress:
     """Print the closing line (steps, episodes, the mean eval score of the first and last steps, wall time since
     ``started``), write the plot of the score per step to ``plot_path`` with the command that made it (the running
-    script with ``argv``, default its command line) and print its path."""
+    script with ``argv``, default its command line) and ``marks`` (``plot_scores``), and print its path."""
     scores = step_scores(log_history)
     summary = progress(scores)
     command = " ".join(["python", Path(sys.argv[0]).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     print(f"done: {len(scores)} steps, {len(scores) * episodes_per_step} episodes, {summary.describe()}, "
           f"wall {time.monotonic() - started:.0f}s", flush=True)
-    path = plot_scores(scores, plot_path, title=title, note=command)
+    path = plot_scores(scores, plot_path, title=title, note=command, marks=marks)
     print(f"reward curve: {path}", flush=True)
     return summary
 

@@ -74,7 +74,8 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
     Before every ``rollout_func`` call in which the global step changed (and before the first), the main
     process writes the policy's weights to ``vllm_weights_dir`` (default: a temporary directory, deleted when
     training ends) and the server reloads them, so rollouts are on-policy and TRL's importance-sampling
-    correction compares like with like. Single process or DDP only (weights are written from the main
+    correction compares like with like. When ``train()`` returns, the server holds the trained weights (the last
+    step's are pushed then), so the same server can score the trained model. Single process or DDP only (weights are written from the main
     process's replica).
     """
 
@@ -108,8 +109,15 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
             self.weight_sync.directory)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's training loop; when it ends normally the server gets the last optimizer step's weights too (TRL
+        pushes before each rollout call, so the last step's would otherwise never reach it), so that what the server
+        serves after ``train()`` is the trained model."""
         try:
-            return super().train(*args, **kwargs)
+            result = super().train(*args, **kwargs)
+            if self._last_loaded_step != self.state.global_step:
+                self.vllm_generation.sync_weights()
+                self._last_loaded_step = self.state.global_step
+            return result
         finally:
             self.weight_sync.close()
 
