@@ -1,9 +1,11 @@
 """Who calls a rollout: the trainer's configuration read once, and the caller without a trainer in reach."""
 
+import pytest
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl.caller import DetachedCaller, SyncedServer, TrainingConfig
+from ep_trl.errors import ConfigError
 
 
 def test_the_configuration_is_read_from_the_grpo_config(tiny_model_dir, tmp_path):
@@ -29,3 +31,11 @@ def test_a_detached_caller_generates_on_its_server_and_hands_metrics_to_its_sink
     assert caller.takes_rollout_images is False
     caller.record_metrics({"ep_trl/x": 1.0})
     assert got == {"ep_trl/x": 1.0}
+
+
+@pytest.mark.parametrize("temperature", [0.0, -0.5])
+def test_a_non_positive_temperature_is_refused_not_sampled_at_1(tiny_model_dir, tmp_path, temperature):
+    """Issue 33: temperature=0 was read as 1.0, so a config that asked for greedy samples trained on T=1 ones."""
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=temperature, report_to=[])
+    with pytest.raises(ConfigError, match=rf"GRPOConfig\(temperature={temperature}\).*must be a finite number > 0"):
+        TrainingConfig.of(args, AutoTokenizer.from_pretrained(tiny_model_dir))

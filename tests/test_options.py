@@ -65,6 +65,10 @@ def test_rollout_options_refuse_bad_values():
         RolloutOptions(body_timeout_s=0)
     with pytest.raises(ConfigError, match=r"max_signal_free_calls=0.*integer >= 1"):
         RolloutOptions(max_signal_free_calls=0)
+    with pytest.raises(ConfigError, match=r"stop_grace_s=0.*> 0"):
+        RolloutOptions(stop_grace_s=0)
+    with pytest.raises(ConfigError, match=r"stop_grace_s='30'.*> 0"):
+        RolloutOptions(stop_grace_s="30")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

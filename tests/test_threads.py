@@ -43,6 +43,13 @@ def test_concurrent_calls_each_get_a_thread_and_results_and_errors_reach_their_c
     assert isinstance(results[3], ValueError) and str(results[3]) == "three"
 
 
+async def _no_stuck_threads_within(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while stuck_threads() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return stuck_threads() == 0
+
+
 def test_a_stuck_call_is_counted_never_blocks_the_next_and_its_worker_returns_when_it_does() -> None:
     release = threading.Event()
 
@@ -52,10 +59,7 @@ def test_a_stuck_call_is_counted_never_blocks_the_next_and_its_worker_returns_wh
         assert stuck_threads() == 1
         assert await run_blocking(lambda: 7, timeout_s=2, what="next step") == 7  # not held up by the stuck one
         release.set()
-        deadline = time.monotonic() + 5
-        while stuck_threads() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert stuck_threads() == 0
+        assert await _no_stuck_threads_within(5)
 
     asyncio.run(main())
 
@@ -95,3 +99,21 @@ def test_a_forked_child_does_not_wait_on_its_parents_idle_workers() -> None:
         if child.is_alive():
             child.kill()
     assert child.exitcode == 0
+
+
+def test_a_call_whose_task_is_cancelled_is_counted_as_stuck_until_it_returns() -> None:
+    """Issue 33: only a timed-out call was counted; one whose task was cancelled (Ctrl-C, a stream closed early) ran
+    on in its thread uncounted."""
+    release = threading.Event()
+
+    async def main() -> None:
+        call = asyncio.ensure_future(run_blocking(lambda: release.wait(10), timeout_s=60, what="cancelled step"))
+        await asyncio.sleep(0.1)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert stuck_threads() == 1  # its thread still runs the call
+        release.set()
+        assert await _no_stuck_threads_within(5)
+
+    asyncio.run(main())

@@ -21,7 +21,7 @@ The public API is what this docstring lists; every other module is internal (doc
   NCCL), ``images.RolloutImagesGRPOTrainer`` (a ``GRPOTrainer`` whose forward passes see the images a rollout
   returns: a vision-language model on an eval's screenshots; docs/browsergym.md);
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
-  ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``, ``RolloutWorkerError``;
+  ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``, ``RolloutWorkerError``, ``ProcessExitingError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);
 * ``python -m ep_trl.serve MODEL_DIR``: a local model behind the endpoint training uses, to run the same eval
   file under ``pytest`` (docs/processors.md);
@@ -35,6 +35,7 @@ from .errors import (
     EpTrlError,
     GenerationError,
     NoTrainingSignalError,
+    ProcessExitingError,
     RolloutWorkerError,
     UnsupportedEvalError,
     VersionError,
@@ -51,6 +52,7 @@ __all__ = [
     "EvalOverrides",
     "GenerationError",
     "NoTrainingSignalError",
+    "ProcessExitingError",
     "RolloutFunction",
     "RolloutOptions",
     "RolloutWorkerError",

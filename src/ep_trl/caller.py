@@ -10,10 +10,12 @@ Two callers implement :class:`RolloutCaller`, and a rollout call never asks whic
   policy version, the server the trainer keeps on its weights and where the call's metrics go.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .errors import ConfigError
 from .generation import SamplingParams
 
 
@@ -39,7 +41,7 @@ class TrainingConfig:
             num_generations=int(getattr(args, "num_generations", None) or 1),
             max_completion_length=int(max_length) if max_length else None,
             sampling=SamplingParams(
-                temperature=float(getattr(args, "temperature", 1.0) or 1.0),
+                temperature=_temperature(args),
                 top_p=float(getattr(args, "top_p", 1.0) or 1.0),
                 top_k=int(getattr(args, "top_k", 0) or 0),
                 min_p=float(getattr(args, "min_p", None) or 0.0),
@@ -52,6 +54,19 @@ class TrainingConfig:
     def tokenizer(self) -> Any:
         """The text tokenizer (a multimodal processor's ``.tokenizer``, else the processing class itself)."""
         return getattr(self.processing_class, "tokenizer", self.processing_class)
+
+
+def _temperature(args: Any) -> float:
+    """The config's sampling temperature (TRL's default 1.0 when it has none). A non-positive one is refused, as the
+    trainer backend refuses it: GRPO samples its completions at this temperature and its loss assumes it."""
+    value = getattr(args, "temperature", None)
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{type(args).__name__}(temperature={value!r}): GRPO samples each completion at the "
+                          "config's temperature, and its loss assumes it, so it must be a finite number > 0 (TRL's "
+                          "default is 1.0; for nearly greedy samples use a small one such as 0.1).")
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,11 @@ Provider = Any  # an OpenEnv RuntimeProvider or ContainerProvider, or a zero-arg
 
 class LaunchedServers:
     """The environment servers started for one rollout function; ``close()`` (also run at exit and on SIGTERM,
-    ``ep_trl.shutdown``) stops them all."""
+    ``ep_trl.shutdown``) stops them all. They are the starting process's: in a forked child ``close()`` stops none
+    (there ``Popen.poll()`` cannot see them and would take them for gone, and their process groups be killed)."""
 
     def __init__(self) -> None:
+        self._owner = os.getpid()
         self._stops: list[Callable[[], None]] = []
         self.urls: dict[str | None, str] = {}
         self.providers: list[Any] = []
@@ -114,6 +116,10 @@ class LaunchedServers:
 
     def close(self) -> None:
         stops, self._stops = self._stops, []
+        if os.getpid() != self._owner:
+            logger.debug("not stopping %d environment servers of process %d from its child %d", len(stops),
+                         self._owner, os.getpid())
+            return
         for stop in stops:
             stop()
         shutdown.unregister(self)

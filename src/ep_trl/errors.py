@@ -31,3 +31,8 @@ class NoTrainingSignalError(EpTrlError, RuntimeError):
 
 class RolloutWorkerError(EpTrlError, RuntimeError):
     """The rollout worker of ``AsyncGRPOTrainer`` stopped (the cause is chained) or produced nothing for too long."""
+
+
+class ProcessExitingError(EpTrlError, RuntimeError):
+    """A rollout call started after ep_trl closed what it opened for the process's exit (a SIGTERM's stop grace
+    ran out, or the interpreter is exiting)."""

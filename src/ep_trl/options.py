@@ -201,6 +201,12 @@ class RolloutOptions:
             prompt order. For when the trainer's one Python process is the limit (an eval's processor whose model
             client costs milliseconds per call, with generation on a GPU server); needs a vLLM server backend
             (docs/benchmarks.md, the bridge's ceiling).
+        stop_grace_s: the process's stop grace: how long after a SIGTERM it may take to end by itself (its own
+            ``finally`` blocks, a checkpoint saved there, then ep_trl's close at exit) before ep_trl writes the
+            ``ep logs`` rows still queued, closes what it opened and ends it with status 143. ``None``: the
+            ``EP_TRL_STOP_GRACE_S`` environment variable, else 25 s (Kubernetes and Slurm send SIGKILL 30 s after
+            SIGTERM by default). Set it below your scheduler's wait (``docker stop`` waits 10 s). One per process:
+            the newest rollout function's (docs/failures.md).
     """
 
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -209,6 +215,7 @@ class RolloutOptions:
     body_timeout_s: float = 300.0
     max_signal_free_calls: int = 3
     worker_processes: int = 1
+    stop_grace_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.chat_template_kwargs, Mapping):
@@ -222,6 +229,7 @@ class RolloutOptions:
         _positive_float("RolloutOptions", "body_timeout_s", self.body_timeout_s)
         _positive_int("RolloutOptions", "max_signal_free_calls", self.max_signal_free_calls)
         _positive_int("RolloutOptions", "worker_processes", self.worker_processes)
+        _positive_float("RolloutOptions", "stop_grace_s", self.stop_grace_s)
 
 
 #: Keywords of earlier releases and where they live now (named in the TypeError a stale call gets).

@@ -65,7 +65,7 @@ class RolloutFunction:
         self.calls = 0
         self.invocation_id = evalprotocol.new_id("ep-trl")
         self.__name__ = f"ep_trl_rollout[{spec.qualified_name}]"
-        shutdown.register(self)  # closed at exit, on SIGTERM too, if the program does not close it
+        shutdown.register(self, self.options.stop_grace_s)  # closed at exit, on SIGTERM too, unless closed before
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
         """``rollout_func(prompts, trainer)`` as ``GRPOTrainer`` calls it."""

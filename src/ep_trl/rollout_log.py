@@ -14,6 +14,7 @@ per-token text). Building it (detokenization included) happens on the writer thr
 
 import atexit
 import logging
+import os
 import queue
 import threading
 import time
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import shutdown
 from .trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -120,7 +122,9 @@ class RolloutLogWriter:
         self.enqueue_s += time.perf_counter() - started
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until every queued row is written."""
+        """Wait until every queued row is written, for at most ``timeout_s``."""
+        if not self._thread.is_alive():  # closed, or a forked child's copy: the parent's thread writes its rows
+            return
         done = threading.Event()
         self._queue.put(done)
         self._hurry.set()
@@ -218,3 +222,15 @@ def _close_open_writers() -> None:
     """At interpreter exit, before daemon threads stop: write what training queued but never flushed."""
     for writer in list(_open_writers):
         writer.close()
+
+
+def _flush_open_writers(timeout_s: float) -> None:
+    """Before a forced exit (``ep_trl.shutdown``): write what is queued, all within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    for writer in list(_open_writers):
+        writer.flush(max(0.0, deadline - time.monotonic()))
+
+
+shutdown.before_forced_exit(_flush_open_writers)
+# a forked child's writers are its parent's: their rows are the parent's to write, at the parent's exit
+os.register_at_fork(after_in_child=_open_writers.clear)

@@ -9,9 +9,12 @@ the trainer thread submits a coroutine and blocks on its result.
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from . import shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +32,25 @@ class LoopRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # whose loop it is: a forked child has no thread running its parent's
+        self._closed = False
+
+    def _forget_parents_loop(self) -> None:
+        """In a forked child: the loop is its parent's, run by a thread the child does not have; start afresh."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._loop = self._thread = None
+            self._pid = os.getpid()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop, started on first use."""
+        """The loop, started on first use; after ``close()`` a fresh one, unless ep_trl has closed for the process's
+        exit (then ``ProcessExitingError``)."""
+        self._forget_parents_loop()
         with self._lock:
             if self._loop is None or self._thread is None or not self._thread.is_alive():
+                if self._closed:
+                    shutdown.refuse_if_closed()
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
 
@@ -78,6 +94,7 @@ class LoopRunner:
 
     def cancel_pending(self) -> None:
         """Cancel every task on the loop (a call still in flight, from another thread) and wait until they ended."""
+        self._forget_parents_loop()
         with self._lock:
             loop = self._loop
         if loop is None or not loop.is_running():
@@ -88,10 +105,13 @@ class LoopRunner:
             logger.warning("tasks on the ep_trl loop did not end within %.0f s of being cancelled", CANCEL_WAIT_S)
 
     def close(self) -> None:
-        """Stop the loop and join its thread; a later ``run`` starts a fresh one."""
+        """Stop the loop and join its thread; a later ``run`` starts a fresh one (unless ep_trl has closed for the
+        process's exit). In a forked child there is nothing to stop: the loop is the parent's."""
+        self._forget_parents_loop()
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+            self._closed = True
         if loop is None or thread is None:
             return
         try:  # libraries start background tasks on the loop they run on (litellm's logging worker): end them first

@@ -101,7 +101,7 @@ class ShardedRolloutFunction:
             process.start()
             theirs.close()
             self._workers.append((process, mine))
-        shutdown.register(self)
+        shutdown.register(self, getattr(factory_kwargs.get("options"), "stop_grace_s", None))
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
         caller = trl_compat.caller_of(trainer_args)

@@ -8,10 +8,15 @@ servers ep_trl started are registered here when they are made and closed, newest
 * **SIGTERM** (how ``timeout``, Slurm, ``docker stop`` and Kubernetes end a job): unless the program set a SIGTERM
   handler of its own, ep_trl's raises :class:`Terminated` in the main thread, a ``SystemExit`` with status 143
   (128 + SIGTERM). Training unwinds as it does on Ctrl-C: the rollout call in flight is cancelled and its sessions
-  closed, ``finally`` blocks run, then the exit closes the rest. A program with its own handler keeps it, and
-  ep_trl still closes at exit;
+  closed, ``finally`` blocks run (a checkpoint saved there included), then the exit closes the rest. A program with
+  its own handler keeps it, and ep_trl still closes at exit;
 * **SIGKILL** (or a crash): nothing runs in the process, so every process ep_trl starts runs under
   ``ep_trl/guard.py``, which stops it within a second of its parent's death (``ep_trl.processes.guarded``).
+
+The **stop grace** (:func:`current_grace_s`) is how long a SIGTERM'd process may take to end by itself: its own cleanup,
+then ep_trl's close at exit. ``RolloutOptions(stop_grace_s=...)`` sets it, else the ``EP_TRL_STOP_GRACE_S``
+environment variable, else :data:`DEFAULT_STOP_GRACE_S` (25 s: Kubernetes and Slurm send SIGKILL 30 s after
+SIGTERM by default). Only a process that has not ended by then is ended by ep_trl.
 
 Why a raise alone is not enough: Python runs a signal handler in the main thread between two bytecodes, wherever
 that thread is, a weakref callback, a ``__del__`` or library code that catches ``BaseException`` included. There
@@ -23,12 +28,20 @@ raises, and three more paths make the exit certain, each for a way the raise can
    once, where it lands in ordinary code;
 2. **caught by code that swallows it**: the next rollout call raises :class:`Terminated` before it starts
    (:func:`raise_if_terminating`);
-3. **neither, or a cleanup that hangs**: :data:`CLOSE_AFTER_S` after the signal, if nothing has begun closing,
-   ep_trl closes everything registered itself; :data:`EXIT_WITHIN_S` after it the process exits with status 143
-   (``os._exit``), closed or not, unless it is in the interpreter's teardown already.
+3. **neither, or a cleanup that hangs**: :data:`CLOSE_RESERVE_S` before the grace ends (halfway through a grace
+   under twice that), if the exit has not closed yet, ep_trl writes the ``ep logs`` rows still queued
+   (:func:`before_forced_exit`) and closes everything registered itself; when the grace ends the process exits with
+   status 143 (``os._exit``), closed or not, unless it is in the interpreter's teardown already. From then on a
+   rollout call that starts anyway raises :class:`~ep_trl.errors.ProcessExitingError`.
 
 Once the exit has closed what ep_trl registered, SIGTERM gets its default action back: a second one (a scheduler's)
-during the other exit handlers or the teardown ends the process at once.
+during the other exit handlers or the teardown ends the process at once. Once everything registered was closed
+without a SIGTERM (a notebook cell that trained and closed), the SIGTERM handler and the unraisable hook are removed
+too: the next training starts as the first did.
+
+Registrations belong to the process that made them: a forked child (``os.fork``, a ``multiprocessing`` fork-context
+worker) starts with none, no handler and no watcher, so its exit never closes its parent's rollout functions or
+stops its parent's servers.
 
 The last two paths run on one idle daemon thread (``ep-trl-signals``), started with the handler: a signal handler
 only writes a byte to a pipe (what is safe there), never starts a thread or takes a lock.
@@ -40,22 +53,29 @@ that Python dropped is raised again at once (path 1), and nothing forces an exit
 import atexit
 import itertools
 import logging
+import math
 import os
 import signal
 import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
+
+from .errors import ConfigError, ProcessExitingError
 
 logger = logging.getLogger(__name__)
 
-#: Seconds after the first SIGTERM by which ep_trl ends the process with status 143 unless it has reached the
-#: interpreter's own teardown, where no thread runs (about 2 s for a torch process). Docker's ``stop`` waits 10 s
-#: before SIGKILL, Kubernetes and Slurm 30 s by default.
-EXIT_WITHIN_S = 9.0
-#: Seconds after the first SIGTERM at which ep_trl closes what is registered itself, if nothing has begun to.
-CLOSE_AFTER_S = 4.0
+#: The stop grace when neither ``RolloutOptions(stop_grace_s=...)`` nor ``EP_TRL_STOP_GRACE_S`` sets one: seconds
+#: from the first SIGTERM until ep_trl ends a process that has not ended by itself. Kubernetes
+#: (``terminationGracePeriodSeconds``) and Slurm (``KillWait``) send SIGKILL 30 s after SIGTERM by default; the rest
+#: is left to the interpreter's own teardown (about 2 s for a torch process, which no thread can cut short).
+DEFAULT_STOP_GRACE_S = 25.0
+#: The environment variable that sets the stop grace (seconds) for rollout functions whose options do not.
+GRACE_ENV = "EP_TRL_STOP_GRACE_S"
+#: How long before the grace ends ep_trl closes what it opened itself, if the exit has not (at most half the grace).
+CLOSE_RESERVE_S = 5.0
 #: How many times a dropped signal is delivered again before the deadline alone is left to end the process.
 MAX_REDELIVERIES = 50
 
@@ -74,10 +94,36 @@ class Terminated(SystemExit):
 _registered: "weakref.WeakValueDictionary[int, Closable]" = weakref.WeakValueDictionary()
 _order = itertools.count()
 _lock = threading.Lock()
+#: Called with the seconds left before a forced exit, first thing when ep_trl closes for it (the ep logs rows).
+_before_forced_exit: list[Callable[[float], None]] = []
 
 
-def register(resource: Closable) -> None:
-    """Close ``resource`` when the process ends, unless it was closed (``unregister``) or collected before."""
+def current_grace_s() -> float:
+    """The stop grace in force: the newest ``RolloutOptions(stop_grace_s=...)`` registered, else
+    ``EP_TRL_STOP_GRACE_S``, else :data:`DEFAULT_STOP_GRACE_S`. Raises ``ConfigError`` for a bad variable."""
+    if _state.grace_option is not None:
+        return _state.grace_option
+    raw = os.environ.get(GRACE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_STOP_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{GRACE_ENV}={raw!r}: the stop grace must be a finite number of seconds > 0, e.g. "
+                          f"{GRACE_ENV}=25: how long a process may take to end by itself after SIGTERM (keep it "
+                          "below your scheduler's wait before SIGKILL, 30 s for Kubernetes and Slurm).")
+    return value
+
+
+def register(resource: Closable, stop_grace_s: float | None = None) -> None:
+    """Close ``resource`` when the process ends, unless it was closed (``unregister``) or collected before.
+    ``stop_grace_s`` (a rollout function's ``RolloutOptions.stop_grace_s``) sets the process's stop grace; without it
+    ``EP_TRL_STOP_GRACE_S`` is read here, so a bad value fails when the resource is made."""
+    if stop_grace_s is not None:
+        _state.grace_option = stop_grace_s
+    _state.grace_s = current_grace_s()
     with _lock:
         _registered[next(_order)] = resource
     handle_sigterm()
@@ -88,26 +134,46 @@ def unregister(resource: Closable) -> None:
         for key, value in list(_registered.items()):
             if value is resource:
                 del _registered[key]
+    _release_if_idle()
+
+
+def before_forced_exit(flush: Callable[[float], None]) -> None:
+    """Call ``flush(seconds_left)`` when ep_trl closes for a forced exit, before anything else is closed (the
+    ``ep logs`` rows still queued); it must return within ``seconds_left``."""
+    _before_forced_exit.append(flush)
 
 
 def close_all() -> None:
     """Close every registered resource, newest first (a rollout function before the servers it plays on).
 
-    Every one is closed even when an earlier one fails; the failures are logged, then raised together."""
+    A resource stays registered until its own close has run, and every one is closed even when an earlier one fails
+    or is interrupted (``KeyboardInterrupt``); the failures are logged, then raised: an interruption first, else the
+    errors together."""
     with _lock:
-        resources = [_registered[key] for key in sorted(_registered, reverse=True) if key in _registered]
-        _registered.clear()
-    failures = []
-    for resource in resources:
+        keys = sorted(_registered, reverse=True)
+    failures: list[BaseException] = []
+    for key in keys:
+        with _lock:
+            resource = _registered.get(key)
+        if resource is None:  # closed (unregistered) or collected meanwhile
+            continue
         try:
             resource.close()
-        except Exception as error:  # one failed close must not leave the rest open
+        except BaseException as error:  # one failed or interrupted close must not leave the rest open
             logger.error("ep_trl: closing %r failed", resource, exc_info=True)
             failures.append(error)
+        finally:
+            with _lock:
+                _registered.pop(key, None)
+            del resource
+    _release_if_idle()
+    interrupted = [error for error in failures if not isinstance(error, Exception)]
+    if interrupted:
+        raise interrupted[0]
     if len(failures) == 1:
         raise failures[0]
     if failures:
-        raise ExceptionGroup("ep_trl: several resources failed to close", failures)
+        raise ExceptionGroup("ep_trl: several resources failed to close", failures)  # type: ignore[type-var]
 
 
 def handle_sigterm() -> bool:
@@ -121,17 +187,51 @@ def handle_sigterm() -> bool:
     if current not in (signal.SIG_DFL, None):
         return False
     _state.start_watcher()
+    if sys.unraisablehook is not _on_unraisable:
+        _state.previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _on_unraisable
     signal.signal(signal.SIGTERM, _on_sigterm)
     return True
 
 
+def _release_if_idle() -> None:
+    """Nothing registered and no SIGTERM being handled: the process gets its SIGTERM disposition and unraisable hook
+    back, and the stop grace its default (only the main thread can set a signal handler; elsewhere they stay)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with _lock:
+        if len(_registered) or _state.received is not None:
+            return
+        _state.grace_option = None
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.unraisablehook is _on_unraisable:
+        sys.unraisablehook = _state.previous_unraisablehook
+
+
 def raise_if_terminating() -> None:
-    """Raise :class:`Terminated` in the main thread when a SIGTERM arrived and the process is still going (code
-    that catches ``BaseException`` swallowed the first raise): a rollout call never starts after a SIGTERM."""
-    if (_state.received is not None and not _state.closing.is_set()
-            and threading.current_thread() is threading.main_thread()):
+    """What every rollout call does first. Once ep_trl has closed (or is closing) what it opened for the process's
+    exit, :class:`~ep_trl.errors.ProcessExitingError`, in any thread; before that, :class:`Terminated` in the main
+    thread when a SIGTERM arrived and the process is still going (code that catches ``BaseException`` swallowed the
+    first raise): a rollout call never starts after a SIGTERM."""
+    refuse_if_closed()
+    if _state.received is not None and threading.current_thread() is threading.main_thread():
         _state.in_flight = True
         raise Terminated()
+
+
+def refuse_if_closed() -> None:
+    """:class:`~ep_trl.errors.ProcessExitingError` once ep_trl has closed (or is closing) for the process's exit."""
+    if not _state.closing.is_set():
+        return
+    if _state.received is None:
+        why = "the interpreter is exiting"
+    else:
+        why = (f"a SIGTERM arrived {time.monotonic() - _state.received:.0f} s ago (stop grace "
+               f"{_state.grace_s:g} s, RolloutOptions(stop_grace_s=...) or {GRACE_ENV})")
+    raise ProcessExitingError(f"ep_trl has closed its rollout functions and the environment servers it started "
+                              f"because the process is exiting: {why}. No rollout call can start now; let the "
+                              "process end.")
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -141,7 +241,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
         _state.received = time.monotonic()
         _state.notify(_RECEIVED)
     if _state.closing.is_set() or _state.in_flight:
-        return  # an exit is under way (closing, or a Terminated unwinding): let it finish within the deadline
+        return  # an exit is under way (closing, or a Terminated unwinding): let it finish within the grace
     _state.in_flight = True
     raise Terminated()
 
@@ -182,6 +282,8 @@ class _SignalState:
         self.closed = threading.Event()
         self._claim = threading.Lock()
         self.previous_unraisablehook = sys.unraisablehook
+        self.grace_option: float | None = None  # the newest RolloutOptions(stop_grace_s=...) registered
+        self.grace_s = DEFAULT_STOP_GRACE_S  # the grace in force, as the last registration read it
         self._pipe: tuple[int, int] | None = None
         self._watcher: threading.Thread | None = None
 
@@ -198,9 +300,6 @@ class _SignalState:
         read, write = os.pipe()
         os.set_blocking(write, False)
         self._pipe = (read, write)
-        if sys.unraisablehook is not _on_unraisable:
-            self.previous_unraisablehook = sys.unraisablehook
-            sys.unraisablehook = _on_unraisable
         self._watcher = threading.Thread(target=self._watch, args=(read,), name="ep-trl-signals", daemon=True)
         self._watcher.start()
 
@@ -226,8 +325,8 @@ class _SignalState:
             if what == _RECEIVED and not deadline_started:
                 deadline_started = True
                 logger.warning("ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl "
-                               "started, then exiting with status 143 (ending it %.0f s from now at the latest)",
-                               EXIT_WITHIN_S)
+                               "started, then exiting with status 143 (ending it %g s from now at the latest: the "
+                               "stop grace, RolloutOptions(stop_grace_s=...) or %s)", self.grace_s, GRACE_ENV)
                 threading.Thread(target=self._deadline, name="ep-trl-exit-deadline", daemon=True).start()
             elif what in (_DROPPED_TERM, _DROPPED_INT) and redelivered < MAX_REDELIVERIES:
                 redelivered += 1
@@ -263,18 +362,28 @@ class _SignalState:
             self.closed.set()
 
     def seconds_left(self) -> float | None:
-        """Until the deadline, once a SIGTERM arrived."""
-        return None if self.received is None else max(0.0, self.received + EXIT_WITHIN_S - time.monotonic())
+        """Until the grace ends, once a SIGTERM arrived."""
+        return None if self.received is None else max(0.0, self.received + self.grace_s - time.monotonic())
 
     def _deadline(self) -> None:
         received = self.received if self.received is not None else time.monotonic()
-        if not self.closed.wait(max(0.0, received + CLOSE_AFTER_S - time.monotonic())) and self.claim_close():
-            logger.warning("ep_trl: %.0f s after SIGTERM the process is still running; closing what ep_trl "
-                           "opened and exiting with status 143", CLOSE_AFTER_S)
-            threading.Thread(target=self._close_logged, name="ep-trl-exit-close", daemon=True).start()
-        time.sleep(max(0.0, received + EXIT_WITHIN_S - time.monotonic()))
-        logger.error("ep_trl: the process did not exit within %.0f s of SIGTERM; exiting with status 143 now",
-                     EXIT_WITHIN_S)
+        grace = self.grace_s
+        exit_at = received + grace
+        close_at = exit_at - min(CLOSE_RESERVE_S, grace / 2)
+        if not self.closed.wait(max(0.0, close_at - time.monotonic())):
+            logger.warning("ep_trl: %.0f s after SIGTERM the process is still running; writing the ep logs rows, "
+                           "closing what ep_trl opened and exiting with status 143 when the stop grace of %g s ends",
+                           close_at - received, grace)
+            if self.claim_close():
+                threading.Thread(target=self._close_logged, name="ep-trl-exit-close", daemon=True).start()
+            for flush in list(_before_forced_exit):  # the rows, whoever closes and wherever that close hangs
+                try:
+                    flush(max(0.0, exit_at - time.monotonic() - 0.2))
+                except Exception:  # logged; the forced exit must come whatever a flush does
+                    logger.error("ep_trl: %r failed before the forced exit", flush, exc_info=True)
+        time.sleep(max(0.0, exit_at - time.monotonic()))
+        logger.error("ep_trl: the process did not exit within %g s of SIGTERM (the stop grace); exiting with status "
+                     "143 now", grace)
         _flush_output()
         os._exit(128 + signal.SIGTERM)
 
@@ -299,7 +408,7 @@ def _flush_output() -> None:
 
 
 def _close_at_exit() -> None:
-    """At interpreter exit: close what is registered, or wait (within the deadline) for the deadline's close."""
+    """At interpreter exit: close what is registered, or wait (within the grace) for the deadline's close."""
     if _state.claim_close():
         _state.close_for_exit()
     else:
@@ -310,6 +419,14 @@ def _close_at_exit() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _forget_in_child() -> None:
+    """After ``fork``: the child owns nothing its parent registered, and has none of its parent's threads."""
+    global _lock
+    _lock = threading.Lock()
+    _registered.clear()
+    _state.forget_in_child()
+
+
 _state = _SignalState()
-os.register_at_fork(after_in_child=_state.forget_in_child)
+os.register_at_fork(after_in_child=_forget_in_child)
 atexit.register(_close_at_exit)

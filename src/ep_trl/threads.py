@@ -8,7 +8,8 @@ Here a call never waits for a thread: it takes an idle worker, or starts a new o
 (concurrency is already bounded by ``max_concurrent_rollouts``), so an abandoned call can never block the next
 one. A worker goes back to the idle ones when its call returns, and ends after ``IDLE_EXIT_S`` without work
 (named ``IDLE_NAME`` meanwhile). A call still running past its timeout is abandoned, counted (``stuck_threads()``,
-the ``ep_trl/stuck_threads`` metric) and named in the log; its worker is reused once the call returns.
+the ``ep_trl/stuck_threads`` metric) and named in the log, as is one still running when its task is cancelled (Ctrl-C,
+a stream closed early); its worker is reused once the call returns.
 
 Why reuse workers rather than start a thread per call: an empty call costs about 0.07 ms of CPU instead of about
 0.2 ms on the benchmark machine, and a synchronous environment client pays it every step, a synchronous eval body
@@ -105,7 +106,7 @@ def _take_worker(call: object) -> _Worker:
 
 async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T:
     """``fn()`` in a worker thread of its own, awaited for at most ``timeout_s`` (then ``TimeoutError``, the call is
-    abandoned and counted until it returns)."""
+    abandoned and counted until it returns; likewise when the awaiting task is cancelled)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -129,13 +130,16 @@ async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T
     try:
         async with asyncio.timeout(timeout_s):  # in this task: no task of its own per call (wait_for's)
             return await future
-    except TimeoutError:
+    except (TimeoutError, asyncio.CancelledError) as stopped:  # nobody waits for the call any more; it runs on
         with _lock:
             abandoned = worker.running is call
             if abandoned:
                 _stuck.add(worker)
             count = len(_stuck)
-        if abandoned:
+        if abandoned and isinstance(stopped, TimeoutError):
             logger.warning("%s is still running after %g s; its thread is abandoned (%d stuck in all)", what,
                            timeout_s, count)
+        elif abandoned:  # cancelled: the episode is being stopped on purpose (Ctrl-C, a stream closed early)
+            logger.info("%s is still running after its task was cancelled; its thread is abandoned (%d stuck in "
+                        "all)", what, count)
         raise

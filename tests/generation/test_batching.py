@@ -140,6 +140,54 @@ def test_a_cancelled_request_is_left_out_of_the_call():
     assert model.batches == [["a"], ["kept"]]
 
 
+def test_the_waiters_of_a_batching_task_that_died_get_its_error_and_a_fresh_task_serves_the_next():
+    """Issue 33: a batching task that died (here its batch_key raised) left every request it held or had queued
+    waiting forever, and the next submit started a fresh queue beside them."""
+    model = Model()
+
+    def key(request: str) -> str:
+        if request == "unkeyable":
+            raise KeyError(request)
+        return "same"
+
+    queue = BatchQueue(model, max_batch_size=2, batch_key=key, thread_name="test-batch", task_name="test-batches")
+
+    async def main():
+        model.release.clear()  # "a" holds the thread while the others queue behind it
+        first = asyncio.ensure_future(queue.submit("a"))
+        await asyncio.sleep(0.05)
+        stranded = [asyncio.ensure_future(queue.submit(r)) for r in ("unkeyable", "b", "c")]  # "c" still queued
+        await asyncio.sleep(0.05)
+        model.release.set()
+        done, pending = await asyncio.wait(stranded, timeout=5)
+        for task in pending:
+            task.cancel()
+        return await first, [t.exception() if t in done else "waited" for t in stranded], await queue.submit("d")
+
+    first, stranded, after = serve(queue, main)
+    assert first == "A" and after == "D"
+    assert [type(e).__name__ for e in stranded] == ["KeyError"] * 3, stranded
+
+
+def test_requests_queued_when_the_queue_closes_get_an_error():
+    model = Model()
+    queue = BatchQueue(model, max_batch_size=1, thread_name="test-batch", task_name="test-batches")
+
+    async def main():
+        model.release.clear()
+        first = asyncio.ensure_future(queue.submit("a"))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(queue.submit("b"))
+        await asyncio.sleep(0.05)
+        threading.Timer(0.3, model.release.set).start()  # "a"'s call returns while aclose waits for the thread
+        await queue.aclose()
+        return await asyncio.wait_for(asyncio.gather(first, queued, return_exceptions=True), 5)
+
+    first, queued = asyncio.run(main())
+    assert isinstance(first, RuntimeError) and isinstance(queued, RuntimeError), (first, queued)
+    assert "test-batches was stopped before this request was served" in str(queued)
+
+
 def test_call_runs_on_the_worker_thread():
     model = Model()
     queue = BatchQueue(model, max_batch_size=8, thread_name="test-batch", task_name="test-batches")

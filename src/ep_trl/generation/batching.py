@@ -8,6 +8,7 @@ within a batch window of the first) are served together, in one call per batch.
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Any, Generic, TypeVar
 Request = TypeVar("Request")
 Result = TypeVar("Result")
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,7 +56,9 @@ class BatchQueue(Generic[Request, Result]):
         self._task: asyncio.Task | None = None
 
     async def submit(self, request: Request) -> Result:
-        """Queue ``request`` for the next batch and wait for its result (or its error, raised)."""
+        """Queue ``request`` for the next batch and wait for its result (or its error, raised). A batching task that
+        ended (cancelled with its loop's tasks, or broken) has handed its error to every request it held; a fresh
+        one serves from here on."""
         loop = asyncio.get_running_loop()
         if self._queue is None or self._task is None or self._task.done():
             self._queue = asyncio.Queue()
@@ -78,9 +83,21 @@ class BatchQueue(Generic[Request, Result]):
         self._executor.shutdown(wait=True)
 
     async def _serve(self, queue: "asyncio.Queue[_Waiting[Request]]") -> None:
+        held: list[_Waiting[Request]] = []  # the batch taken off the queue, until each of its requests is settled
+        try:
+            await self._serve_batches(queue, held)
+        except Exception as exc:  # a batch's own code broke (batch_key, batch_error): no request may wait forever
+            logger.error("%s ended: %s: %s", self._task_name, type(exc).__name__, exc, exc_info=True)
+            _settle_all(queue, held, exc)
+        except BaseException:  # cancelled (with its loop's other tasks) or interrupted
+            _settle_all(queue, held, RuntimeError(f"{self._task_name} was stopped before this request was served"))
+            raise
+
+    async def _serve_batches(self, queue: "asyncio.Queue[_Waiting[Request]]", batch: list[_Waiting[Request]]) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await queue.get()]
+            batch.clear()
+            batch.append(await queue.get())
             if self._window_s > 0:
                 await asyncio.sleep(self._window_s)  # let the requests of concurrent episodes join
             while not queue.empty() and len(batch) < self._max_batch:
@@ -106,6 +123,14 @@ class BatchQueue(Generic[Request, Result]):
         for waiting in batch:
             groups.setdefault(self._key(waiting.request), []).append(waiting)
         return list(groups.values())
+
+
+def _settle_all(queue: "asyncio.Queue[_Waiting[Any]]", held: list[_Waiting[Any]], error: BaseException) -> None:
+    """Hand ``error`` to every request the batching task held or had queued: it serves them no more."""
+    while not queue.empty():
+        held.append(queue.get_nowait())
+    for waiting in held:
+        _settle(waiting.future, error)
 
 
 def _settle(future: asyncio.Future, outcome: Any) -> None:
