@@ -84,6 +84,9 @@ def parse_args() -> argparse.Namespace:
                         help="generation: a CPU vLLM server, or a stand-in sleeping --per-token-s per token")
     parser.add_argument("--per-token-s", type=float, default=0.01, help="--server sleep: seconds per sampled token")
     parser.add_argument("--reply-tokens", type=int, default=12, help="--server sleep: tokens per scripted reply")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="episodes in flight in every arm (EvalOverrides(max_concurrent_rollouts)); default: the "
+                             "eval's own, 4")
     parser.add_argument("--smoke", action="store_true", help="the smallest run: --steps 2 --batch 4, no latency")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "async_overlap.json")
     args = parser.parse_args()
@@ -110,6 +113,13 @@ def sleeping_server(model_dir: Path, log_dir: Path, per_token_s: float, reply_to
         server.stop()
 
 
+def overrides(args: argparse.Namespace) -> Any:
+    """``--slots`` as the eval's ``max_concurrent_rollouts``, the same in every arm (None: the eval's own)."""
+    from ep_trl import EvalOverrides
+
+    return EvalOverrides(max_concurrent_rollouts=args.slots) if args.slots else None
+
+
 class TimedRollout:
     """The rollout function, timing each call (the synchronous arm's rollout time)."""
 
@@ -133,7 +143,7 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
     from ep_trl.rewards import eval_score
     from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 
-    rollout = create_rollout_func(EVAL, log_rollouts=False)
+    rollout = create_rollout_func(EVAL, log_rollouts=False, overrides=overrides(args))
     timed = TimedRollout(rollout)
     config = GRPOConfig(output_dir=str(work / "sync"), use_cpu=True, bf16=False, per_device_train_batch_size=args.batch,
                         num_generations=4, max_completion_length=256, max_steps=args.steps, logging_steps=1,
@@ -151,7 +161,7 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
     finally:
         rollout.close()
     rollout_s = sum(timed.seconds)
-    return {"arm": "sync", "wall_s": wall, "rollout_s": rollout_s, "train_s": wall - rollout_s, "waiting_s": None,
+    return {"arm": "sync", "slots": rollout.spec.max_concurrent_rollouts, "wall_s": wall, "rollout_s": rollout_s, "train_s": wall - rollout_s, "waiting_s": None,
             "samples": args.steps * args.batch, "calls": len(timed.seconds)}
 
 
@@ -202,7 +212,7 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
                              save_strategy="no", vllm_server_base_url=url, max_staleness=args.max_staleness)
     worker_class = EvalRolloutWorker if arm == "async" else per_call_worker_class()
     worker = worker_class(EVAL, args=config, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                          log_rollouts=False)
+                          log_rollouts=False, overrides=overrides(args))
     trainer = CPUAsyncGRPOTrainer(str(model_dir), args=config, train_dataset=dataset_from_eval(EVAL, repeat=8),
                                   rollout_worker=worker, weight_transfer=DiskWeightTransfer(url, model_dir))
     occupancy: list[float] = []

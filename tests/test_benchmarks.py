@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: script -> its smallest run (``{out}``: the result file, ``{vllm}``: the shared vLLM server's URL).
 SMALLEST: dict[str, list[str]] = {
     "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--out", "{out}"],
+    "ceiling_table.py": ["--out", "{out}"],
     "bridge_ceiling.py": ["--arms", "openenv", "openenv_client", "single_turn", "agent", "chat", "--concurrency", "1",
                           "--turns", "1", "--logs", "on", "--episodes", "2", "--repeats", "1", "--out", "{out}"],
     "compare_code.py": ["--before", "HEAD", "--rounds", "1", "--field", "cpu_ms", "--out", "{out}", "--",
@@ -56,7 +57,8 @@ def check(done: subprocess.CompletedProcess, name: str, out: Path) -> None:
     run = result["run"]
     assert f"benchmarks/{name}" in run["command"] and str(out) in run["command"]
     assert len(run["commit"]) == 40 and len(run["load_start"]) == 3 and len(run["load_end"]) == 3
-    rows = next(result[k] for k in ("runs", "results", "batches", "cpu_ms_wall_ms_per_request") if k in result)
+    rows = next(result[k] for k in ("runs", "results", "batches", "cpu_ms_wall_ms_per_request", "table")
+                if k in result)
     assert rows, f"{name} wrote no rows"
 
 
