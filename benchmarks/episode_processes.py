@@ -134,10 +134,10 @@ def main() -> None:
                                            max_completion_length=4096)
                 episodes = args.episodes if concurrency > 1 else min(8, args.episodes)
                 prompts = ceiling.prompts_for("agent", episodes)
-                ceiling.timed_call(rollout, trainer, "agent", 3, prompts[:4])  # warm-up
+                ceiling.timed_call(rollout, trainer, "agent", 3, prompts[:4], urls["vllm"])  # warm-up
                 children0 = os.times()
                 with Sampler(args.sample_s) as sampler:
-                    timing = ceiling.timed_call(rollout, trainer, "agent", 3, prompts)
+                    timing = ceiling.timed_call(rollout, trainer, "agent", 3, prompts, urls["vllm"])
                 children1 = os.times()
                 child_cpu = (children1.children_user + children1.children_system
                              - children0.children_user - children0.children_system)
