@@ -40,6 +40,10 @@ no CPU, as a server on its own GPU looks to the trainer's CPU; its weight reload
 writes the weights). The sampled text does not depend on the weights there, which changes nothing the wall clock
 measures: every episode plays its 3 steps whatever the text.
 
+``--trainer-width H --trainer-layers L`` (with ``--server sleep``) trains a wider model of the same architecture and
+tokenizer instead of the tiny one: the tiny model's training step is a fraction of a step's rollouts, while a real
+model's, on its own device, is not.
+
 Every process runs with one OpenMP thread (the trainer on one core, the server on the other). ``--smoke`` runs
 the smallest configuration (2 steps of 4 episodes, no environment latency) to check that every arm still runs.
 """
@@ -87,9 +91,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=None,
                         help="episodes in flight in every arm (EvalOverrides(max_concurrent_rollouts)); default: the "
                              "eval's own, 4")
+    parser.add_argument("--trainer-width", type=int, default=0,
+                        help="--server sleep: train a wider model than the tiny one (hidden size; 0: the tiny model)")
+    parser.add_argument("--trainer-layers", type=int, default=2, help="--server sleep: its number of layers")
     parser.add_argument("--smoke", action="store_true", help="the smallest run: --steps 2 --batch 4, no latency")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "async_overlap.json")
     args = parser.parse_args()
+    if args.trainer_width and args.server != "sleep":
+        parser.error("--trainer-width needs --server sleep: the CPU vLLM server serves the tiny model")
     if args.smoke:
         args.steps, args.batch, args.env_latency_s, args.tail_latency_s = 2, 4, 0.0, 0.0
     return args
@@ -118,6 +127,24 @@ def overrides(args: argparse.Namespace) -> Any:
     from ep_trl import EvalOverrides
 
     return EvalOverrides(max_concurrent_rollouts=args.slots) if args.slots else None
+
+
+def wider_model(tiny_dir: Path, out: Path, width: int, layers: int) -> Path:
+    """The tiny model's architecture and tokenizer at ``width`` hidden units (heads of 64, 1 KV head, MLP 2 x width)
+    and ``layers`` layers, random weights (seed 0): a training step that takes time, as a real model's does on its
+    own device, for the sleeping server (which samples from no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_dir)
+    config.update({"hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
+                   "num_attention_heads": width // 64, "num_key_value_heads": 1, "head_dim": 64})
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [config.layer_types[0]] * layers
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
+    return out
 
 
 class TimedRollout:
@@ -244,6 +271,8 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ep-trl-bench-async-"))
     model_dir = sharpened_model_copy(build_tiny_model(work / "tiny", seed=0), work / "model")
+    if args.trainer_width:
+        model_dir = wider_model(model_dir, work / "wider", args.trainer_width, args.trainer_layers)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     unknown = set(arms) - {"sync", "async", "per-call"}
     if unknown:
