@@ -25,19 +25,22 @@ from benchmarks.fixtures import run_record  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results"
 #: path -> (result file of one process, its configuration, result file with 1 and 2 workers, its configuration)
 PATHS: dict[str, tuple[str, dict[str, Any], str | None, dict[str, Any]]] = {
-    "OpenEnv loop (letters, 10 turns, ep logs off)": (
+    "OpenEnv loop (letters, 10 turns, ep logs off; CPU at concurrency 64, workers at 8)": (
         "bridge_ceiling_openenv_floor.json", {"arm": "openenv", "turns": 10, "concurrency": 64, "logs": "off"},
         "bridge_ceiling_workers_idle_openenv.json", {"arm": "openenv", "turns": 10, "concurrency": 8, "logs": "off"}),
-    "OpenEnv loop (letters, 10 turns, ep logs on)": (
+    "OpenEnv loop (letters, 10 turns, ep logs on; CPU at concurrency 64, workers at 8)": (
         "bridge_ceiling_openenv_floor.json", {"arm": "openenv", "turns": 10, "concurrency": 64, "logs": "on"},
         "bridge_ceiling_workers_idle_openenv.json", {"arm": "openenv", "turns": 10, "concurrency": 8, "logs": "on"}),
-    "processor: SingleTurnRolloutProcessor (LiteLLM)": (
-        "bridge_ceiling_workers_idle_single_turn8.json", {"arm": "single_turn", "concurrency": 8, "workers": 1},
-        "bridge_ceiling_workers_idle_single_turn8.json", {"arm": "single_turn", "concurrency": 8}),
-    "processor: a multi-turn LiteLLM processor (chat, 3 turns)": (
+    "processor: SingleTurnRolloutProcessor (LiteLLM; concurrency 8)": (
+        "bridge_ceiling_workers_idle.json", {"arm": "single_turn", "concurrency": 8, "workers": 1},
+        "bridge_ceiling_workers_idle.json", {"arm": "single_turn", "concurrency": 8}),
+    "processor: SingleTurnRolloutProcessor (LiteLLM; concurrency 64)": (
+        "bridge_ceiling_workers_idle.json", {"arm": "single_turn", "concurrency": 64, "workers": 1},
+        "bridge_ceiling_workers_idle.json", {"arm": "single_turn", "concurrency": 64}),
+    "processor: a multi-turn LiteLLM processor (chat, 3 turns; concurrency 8)": (
         "bridge_ceiling_workers_idle.json", {"arm": "chat", "concurrency": 8, "workers": 1},
         "bridge_ceiling_workers_idle.json", {"arm": "chat", "concurrency": 8}),
-    "processor: AgentRolloutProcessor with an MCP tool (3 turns)": (
+    "processor: AgentRolloutProcessor with an MCP tool (3 turns; concurrency 8)": (
         "bridge_ceiling.json", {"arm": "agent", "concurrency": 8, "logs": "off"}, None, {}),
 }
 
