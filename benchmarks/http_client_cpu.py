@@ -91,8 +91,9 @@ def main() -> None:
         print(f"| {name} | {statistics.median(cpu):.2f} | {min(cpu):.2f}-{max(cpu):.2f} | "
               f"{statistics.median(w for _, w in runs):.1f} |")
     if args.out:
-        args.out.write_text(json.dumps({"run": run_record.finish(record), "requests_per_repeat": args.requests,
-                                        "cpu_ms_wall_ms_per_request": results}, indent=1) + "\n")
+        runs = [{"client": name, "repeat": repeat, "requests": args.requests, "cpu_ms": cpu, "wall_ms": wall}
+                for name, measured in results.items() for repeat, (cpu, wall) in enumerate(measured)]
+        args.out.write_text(json.dumps({"run": run_record.finish(record), "runs": runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from benchmarks.compare_code import export_src  # noqa: E402
 from benchmarks.fixtures import run_record  # noqa: E402
 
 HEAVY = ("openenv", "gradio", "fastmcp", "IPython")
@@ -87,14 +88,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--measures", nargs="+", choices=list(CODE), default=list(CODE))
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args()
-
-
-def export_src(rev: str, into: Path) -> Path:
-    """``rev``'s ``src/`` under ``into``."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src"], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
 
 
 def measure(name: str, src: Path, args: list[str]) -> dict[str, Any]:

@@ -57,8 +57,7 @@ def check(done: subprocess.CompletedProcess, name: str, out: Path) -> None:
     run = result["run"]
     assert f"benchmarks/{name}" in run["command"] and str(out) in run["command"]
     assert len(run["commit"]) == 40 and len(run["load_start"]) == 3 and len(run["load_end"]) == 3
-    rows = next(result[k] for k in ("runs", "results", "batches", "cpu_ms_wall_ms_per_request", "table")
-                if k in result)
+    rows = next(result[k] for k in ("runs", "results", "batches", "table") if k in result)
     assert rows, f"{name} wrote no rows"
 
 
