@@ -66,6 +66,7 @@ def test_every_script_has_a_smallest_run():
     assert sorted(p.name for p in (REPO / "benchmarks").glob("*.py")) == sorted(SMALLEST)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", STANDALONE)
 def test_script_runs_at_its_smallest_size(name, tmp_path):
@@ -73,6 +74,7 @@ def test_script_runs_at_its_smallest_size(name, tmp_path):
     check(run_script(name, out), name, out)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", NEEDS_VLLM)
 def test_script_runs_at_its_smallest_size_on_the_shared_vllm_server(name, shared_vllm_url, tmp_path):
