@@ -8,6 +8,9 @@ same eval, the same number of samples trained, the wall clock of each and where 
     # (b) heavy-tailed: one episode in 10 a straggler; the worker against the per-call worker it replaced
     python benchmarks/async_overlap.py --arms async,per-call --steps 12 --batch 8 --env-latency-s 0.1 \
         --tail-every 10 --tail-latency-s 2.0 --out benchmarks/results/async_stragglers.json
+    # (c) generation on its own device: the same, with a stand-in server that sleeps per token instead of computing
+    python benchmarks/async_overlap.py --server sleep --per-token-s 0.01 --steps 12 --batch 8 --env-latency-s 0.3 \
+        --out benchmarks/results/async_overlap_sleep.json
 
 Both arms train the tiny model on the letters eval (``tests.evals.eval_letters``: 3 environment steps per episode, 12
 tokens per turn, ``--env-latency-s`` per step) with generation on one CPU vLLM server kept on the trainer's weights
@@ -29,17 +32,31 @@ For the worker arms: ``slot_occupancy`` (the share of the slots' time with an ep
 start to its stop), samples produced per second, and the episode durations' p50 and p99. ``--tail-every k`` makes
 the letters server's 1st, (k+1)-th, ... episode a straggler stepping with ``--tail-latency-s`` per step.
 
-Every process runs with one OpenMP thread (the trainer on one core, the server on the other).
+``--server vllm`` (the default) generates on one CPU vLLM server, which competes with the trainer and the rollout
+loop for this machine's cores. ``--server sleep`` generates on ``benchmarks/fixtures/instant_vllm.py`` with
+``--per-token-s``: a stand-in that answers in vLLM's shape (token ids and logprobs of a scripted reply,
+``--reply-tokens`` tokens, cut at the eval's 12) after sleeping that long per token, so generation takes time but
+no CPU, as a server on its own GPU looks to the trainer's CPU; its weight reloads answer at once (the trainer still
+writes the weights). The sampled text does not depend on the weights there, which changes nothing the wall clock
+measures: every episode plays its 3 steps whatever the text.
+
+``--trainer-width H --trainer-layers L`` (with ``--server sleep``) trains a wider model of the same architecture and
+tokenizer instead of the tiny one: the tiny model's training step is a fraction of a step's rollouts, while a real
+model's, on its own device, is not.
+
+Every process runs with one OpenMP thread (the trainer on one core, the server on the other). ``--smoke`` runs
+the smallest configuration (2 steps of 4 episodes, no environment latency) to check that every arm still runs.
 """
 
 import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +68,8 @@ os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.fixtures import run_record  # noqa: E402
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 TEMPERATURE = 1.0
@@ -65,8 +84,67 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tail-every", type=int, default=0, help="one episode in k is a straggler (0: none)")
     parser.add_argument("--tail-latency-s", type=float, default=0.0, help="a straggler's env latency per step")
     parser.add_argument("--arms", default="sync,async", help="comma-separated: sync, async, per-call")
+    parser.add_argument("--server", choices=["vllm", "sleep"], default="vllm",
+                        help="generation: a CPU vLLM server, or a stand-in sleeping --per-token-s per token")
+    parser.add_argument("--per-token-s", type=float, default=0.01, help="--server sleep: seconds per sampled token")
+    parser.add_argument("--reply-tokens", type=int, default=12, help="--server sleep: tokens per scripted reply")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="episodes in flight in every arm (EvalOverrides(max_concurrent_rollouts)); default: the "
+                             "eval's own, 4")
+    parser.add_argument("--trainer-width", type=int, default=0,
+                        help="--server sleep: train a wider model than the tiny one (hidden size; 0: the tiny model)")
+    parser.add_argument("--trainer-layers", type=int, default=2, help="--server sleep: its number of layers")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: --steps 2 --batch 4, no latency")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "async_overlap.json")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.trainer_width and args.server != "sleep":
+        parser.error("--trainer-width needs --server sleep: the CPU vLLM server serves the tiny model")
+    if args.smoke:
+        args.steps, args.batch, args.env_latency_s, args.tail_latency_s = 2, 4, 0.0, 0.0
+    return args
+
+
+@contextmanager
+def sleeping_server(model_dir: Path, log_dir: Path, per_token_s: float, reply_tokens: int) -> Iterator[Any]:
+    """``benchmarks/fixtures/instant_vllm.py`` answering with ``reply_tokens`` tokens after ``per_token_s`` per token,
+    serving the model under its directory's name (as vLLM does), stopped by PID."""
+    from ep_trl.processes import free_port, start_server
+
+    port = free_port()
+    reply = " ".join("abcdefghijklmnopqrstuvwxyz"[k % 26] for k in range(reply_tokens))
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks/fixtures/instant_vllm.py"), "--model-dir", str(model_dir),
+           "--port", str(port), "--reply", reply, "--model", str(model_dir), "--max-model-len", "1024",
+           "--per-token-s", str(per_token_s)]
+    server = start_server("sleeping-vllm", cmd, port=port, log_dir=log_dir, cwd=REPO_ROOT)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def overrides(args: argparse.Namespace) -> Any:
+    """``--slots`` as the eval's ``max_concurrent_rollouts``, the same in every arm (None: the eval's own)."""
+    from ep_trl import EvalOverrides
+
+    return EvalOverrides(max_concurrent_rollouts=args.slots) if args.slots else None
+
+
+def wider_model(tiny_dir: Path, out: Path, width: int, layers: int) -> Path:
+    """The tiny model's architecture and tokenizer at ``width`` hidden units (heads of 64, 1 KV head, MLP 2 x width)
+    and ``layers`` layers, random weights (seed 0): a training step that takes time, as a real model's does on its
+    own device, for the sleeping server (which samples from no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_dir)
+    config.update({"hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
+                   "num_attention_heads": width // 64, "num_key_value_heads": 1, "head_dim": 64})
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [config.layer_types[0]] * layers
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
+    return out
 
 
 class TimedRollout:
@@ -92,7 +170,7 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
     from ep_trl.rewards import eval_score
     from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 
-    rollout = create_rollout_func(EVAL, log_rollouts=False)
+    rollout = create_rollout_func(EVAL, log_rollouts=False, overrides=overrides(args))
     timed = TimedRollout(rollout)
     config = GRPOConfig(output_dir=str(work / "sync"), use_cpu=True, bf16=False, per_device_train_batch_size=args.batch,
                         num_generations=4, max_completion_length=256, max_steps=args.steps, logging_steps=1,
@@ -110,7 +188,7 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
     finally:
         rollout.close()
     rollout_s = sum(timed.seconds)
-    return {"arm": "sync", "wall_s": wall, "rollout_s": rollout_s, "train_s": wall - rollout_s, "waiting_s": None,
+    return {"arm": "sync", "slots": rollout.spec.max_concurrent_rollouts, "wall_s": wall, "rollout_s": rollout_s, "train_s": wall - rollout_s, "waiting_s": None,
             "samples": args.steps * args.batch, "calls": len(timed.seconds)}
 
 
@@ -131,8 +209,8 @@ def per_call_worker_class() -> type:
                         await asyncio.sleep(BUFFER_POLL_S)
                     call = [next(plans) for _ in range(self.groups_per_report)]
                     finished = [group async for group in self._function.groups(
-                        self._view(), iter(call), slots=self.slots, turn_version=lambda: self._version,
-                        meter=self.meter)]
+                        self._caller(), iter(call), slots=self.slots, turn_version=lambda: self._version,
+                        model_for=self.served_model, meter=self.meter)]
                     for group in finished:
                         self._release(group)
             finally:
@@ -161,7 +239,7 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
                              save_strategy="no", vllm_server_base_url=url, max_staleness=args.max_staleness)
     worker_class = EvalRolloutWorker if arm == "async" else per_call_worker_class()
     worker = worker_class(EVAL, args=config, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                          log_rollouts=False)
+                          log_rollouts=False, overrides=overrides(args))
     trainer = CPUAsyncGRPOTrainer(str(model_dir), args=config, train_dataset=dataset_from_eval(EVAL, repeat=8),
                                   rollout_worker=worker, weight_transfer=DiskWeightTransfer(url, model_dir))
     occupancy: list[float] = []
@@ -186,12 +264,15 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
 
 def main() -> None:
     args = parse_args()
+    record = run_record.start()
     from ep_trl.devtools.tiny_model import build_tiny_model
     from tests.support.letters import start_letters_server
     from tests.support.vllm_server import sharpened_model_copy, vllm_server
 
     work = Path(tempfile.mkdtemp(prefix="ep-trl-bench-async-"))
     model_dir = sharpened_model_copy(build_tiny_model(work / "tiny", seed=0), work / "model")
+    if args.trainer_width:
+        model_dir = wider_model(model_dir, work / "wider", args.trainer_width, args.trainer_layers)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     unknown = set(arms) - {"sync", "async", "per-call"}
     if unknown:
@@ -200,13 +281,17 @@ def main() -> None:
     if args.tail_every:
         letters_env.update(LETTERS_TAIL_EVERY=str(args.tail_every), LETTERS_TAIL_LATENCY_S=str(args.tail_latency_s))
     results = []
-    with vllm_server(model_dir, work / "logs", max_model_len=1024) as server:
+    serve = (vllm_server(model_dir, work / "logs", max_model_len=1024) if args.server == "vllm" else
+             sleeping_server(model_dir, work / "logs", args.per_token_s, args.reply_tokens))
+    with serve as server:
         for arm in arms:  # a fresh letters server per arm: each sees the same stragglers
             letters = start_letters_server(work / "logs" / arm, env=letters_env)
             os.environ["LETTERS_ENV_URL"] = letters.base_url
             try:
+                load_before = os.getloadavg()[0]
                 results.append(sync_arm(args, model_dir, server.base_url, work) if arm == "sync" else
                                async_arm(args, model_dir, server.base_url, work, arm))
+                results[-1]["load_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
             finally:
                 letters.stop()
     for row in results:
@@ -224,10 +309,9 @@ def main() -> None:
         print(f"async wall / sync wall: {walls['async'] / walls['sync']:.2f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
+        "run": run_record.finish(record),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
-        "results": results}, indent=1))
+        "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -32,10 +32,8 @@ CPU ms per turn (medians); ``--out`` writes every run as JSON.
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +43,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.fixtures import run_record  # noqa: E402
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -235,6 +234,7 @@ def timed_call(rollout: Any, trainer: Any, arm: str, turns: int, prompts: list[A
 
 def main() -> None:
     args = parse_args()
+    record = run_record.start()
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -277,12 +277,8 @@ def main() -> None:
     print(markdown(summary))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                        "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                                 capture_output=True, text=True).stdout.strip()},
-            "summary": summary, "runs": runs}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"run": run_record.finish(record), "summary": summary, "runs": runs},
+                                       indent=1) + "\n")
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,7 +18,9 @@ import json
 import os
 import sys
 import tempfile
+import statistics
 import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bridge_ceiling as ceiling  # noqa: E402  (sets HOME and the repo path first)
 
 import psutil  # noqa: E402
+
+from benchmarks.fixtures import run_record  # noqa: E402
 
 KINDS = {"watchdog": "guard.py", "mcp server": "calc_mcp_server.py"}
 
@@ -71,16 +75,42 @@ class Sampler:
             self._stop.wait(self.every_s)
 
 
+def guard_cost(runs: int) -> dict[str, float]:
+    """What the watchdog adds to a process start: ``true`` run ``runs`` times alone and under ``guard.py`` (as
+    ``ep_trl.processes.guarded`` wraps a command), children's CPU (user + sys) and wall per run, medians."""
+    import subprocess
+
+    from ep_trl.processes import guarded
+
+    def per_run(cmd: list[str]) -> tuple[float, float]:
+        cpu, wall = [], []
+        for _ in range(runs):
+            before, started = os.times(), time.perf_counter()
+            subprocess.run(cmd, check=True)
+            after = os.times()
+            wall.append(time.perf_counter() - started)
+            cpu.append(after.children_user + after.children_system - before.children_user - before.children_system)
+        return statistics.median(cpu) * 1000, statistics.median(wall) * 1000
+
+    bare_cpu, bare_wall = per_run(["true"])
+    guard_cpu, guard_wall = per_run(guarded(["true"]))
+    return {"runs": runs, "true_cpu_ms": bare_cpu, "true_wall_ms": bare_wall, "guarded_cpu_ms": guard_cpu,
+            "guarded_wall_ms": guard_wall, "guard_cpu_ms": guard_cpu - bare_cpu, "guard_wall_ms": guard_wall - bare_wall}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--sample-s", type=float, default=0.1)
+    parser.add_argument("--guard-runs", type=int, default=20, help="runs of `true` with and without the watchdog")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    record = run_record.start()
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
 
-    results: dict[str, Any] = {"command": " ".join([Path(sys.executable).name, *sys.argv])}
+    results: dict[str, Any] = {"guard": guard_cost(args.guard_runs)}
+    print(json.dumps({"guard": results["guard"]}), flush=True)
     with tempfile.TemporaryDirectory(prefix="ep-trl-procs-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         model_dir = ceiling.tool_model_dir(work)
@@ -102,12 +132,12 @@ def main() -> None:
                 if trainer is None:
                     trainer = make_trainer(model_dir, work / "trainer", rollout, num_generations=4,
                                            max_completion_length=4096)
-                episodes = args.episodes if concurrency > 1 else 8
+                episodes = args.episodes if concurrency > 1 else min(8, args.episodes)
                 prompts = ceiling.prompts_for("agent", episodes)
-                ceiling.timed_call(rollout, trainer, "agent", 3, prompts[:4])  # warm-up
+                ceiling.timed_call(rollout, trainer, "agent", 3, prompts[:4], urls["vllm"])  # warm-up
                 children0 = os.times()
                 with Sampler(args.sample_s) as sampler:
-                    timing = ceiling.timed_call(rollout, trainer, "agent", 3, prompts)
+                    timing = ceiling.timed_call(rollout, trainer, "agent", 3, prompts, urls["vllm"])
                 children1 = os.times()
                 child_cpu = (children1.children_user + children1.children_system
                              - children0.children_user - children0.children_system)
@@ -125,7 +155,7 @@ def main() -> None:
               f"trainer CPU {row['trainer_cpu_ms_per_episode']:6.1f} ms/episode, children CPU "
               f"{row['children_cpu_ms_per_episode']:7.1f} ms/episode; peak {peaks}")
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        args.out.write_text(json.dumps({"run": run_record.finish(record), **results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ server too), as the tests do: with two on two cores, any second busy process sta
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # rollout ro
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+from benchmarks.fixtures import run_record  # noqa: E402
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 PROMPT = "Play the letters game."
@@ -111,6 +111,7 @@ def measure(run: Callable[[list[str]], dict[str, Any]], episodes: int) -> dict[s
 
 def main() -> None:
     args = parse_args()
+    record = run_record.start()
     from ep_trl.devtools.tiny_model import build_tiny_model
     from tests.support.letters import start_letters_server
     from tests.support.vllm_server import sharpened_model_copy, vllm_server
@@ -148,10 +149,9 @@ def main() -> None:
               f"{row['tokens_per_s']:7.1f} tokens/s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
+        "run": run_record.finish(record),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
-        "summary": summary, "batches": results}, indent=1))
+        "summary": summary, "batches": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.fixtures import run_record  # noqa: E402
+
 
 def body(model: str) -> dict:
     return {"model": model, "prompt": list(range(60)), "max_tokens": 2, "logprobs": 0, "return_token_ids": True}
@@ -58,7 +60,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--vllm-url", help="a running server with the tiny model (default: start one)")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
+    record = run_record.start()
     with tempfile.TemporaryDirectory(prefix="ep-trl-http-") as tmp:
         server = None
         if args.vllm_url:
@@ -86,6 +90,10 @@ def main() -> None:
         cpu = [c for c, _ in runs]
         print(f"| {name} | {statistics.median(cpu):.2f} | {min(cpu):.2f}-{max(cpu):.2f} | "
               f"{statistics.median(w for _, w in runs):.1f} |")
+    if args.out:
+        runs = [{"client": name, "repeat": repeat, "requests": args.requests, "cpu_ms": cpu, "wall_ms": wall}
+                for name, measured in results.items() for repeat, (cpu, wall) in enumerate(measured)]
+        args.out.write_text(json.dumps({"run": run_record.finish(record), "runs": runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("DISABLE_EP_SQLITE_LOG", "1")
 
+from benchmarks.fixtures import run_record  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
+    record = run_record.start()
 
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
     from ep_trl.devtools.tiny_model import build_tiny_model
@@ -87,8 +90,9 @@ def main() -> None:
         bound = f"{r['tool_bound_episodes_per_s']:.2f}" if r["tool_bound_episodes_per_s"] else "-"
         print(f"{r['concurrency']:>11} {r['episodes_per_s']:>10.2f} {r['episodes_per_s'] / base:>7.2f}x {bound:>10}")
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                       indent=2))
+        args.out.write_text(json.dumps({"run": run_record.finish(record),
+                                        "args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                       indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ changed in what they do.
 
 import argparse
 import collections
+import json
 import os
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ import rollout_throughput as bench  # noqa: E402  (sets HOME and the repo path f
 
 from ep_trl import env_pool, environment  # noqa: E402
 from ep_trl.generation import vllm  # noqa: E402
+from benchmarks.fixtures import run_record  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PHASES: dict[str, list[float]] = collections.defaultdict(list)
@@ -61,10 +63,12 @@ def timed(owner: Any, name: str, phase: str) -> None:
 def count_prompts() -> None:
     original: Callable = vllm.VLLMServerGenerator._post
 
-    async def post(self: Any, body: dict[str, Any], what: str) -> Any:
-        prompt = body["prompt"]
-        BATCH_SIZES.append(len(prompt) if prompt and isinstance(prompt[0], list) else 1)
-        return await original(self, body, what)
+    async def post(self: Any, body: bytes, what: str, url: str | None = None) -> Any:
+        # the body is the request's JSON; only "prompt" holds lists of lists (ids), so "],[" separates its prompts
+        # (counted in C: no parse added to the CPU this process measures)
+        start = body.find(b'"prompt":')
+        BATCH_SIZES.append(body.count(b"],[", start) + 1 if body[start + 9:start + 11] == b"[[" else 1)
+        return await original(self, body, what, url)
 
     vllm.VLLMServerGenerator._post = post
 
@@ -113,7 +117,10 @@ def main() -> None:
     parser.add_argument("--batch-window-s", type=float, default=0.005)
     parser.add_argument("--no-env-reuse", action="store_true")
     parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
+    parser.add_argument("--out", type=Path, default=None, help="write every batch's figures as JSON here")
     args = parser.parse_args()
+    record = run_record.start()
+    batches: list[dict[str, Any]] = []
     timed(env_pool.EnvPool, "start", "start")
     timed(environment.EnvSession, "reset", "reset")
     timed(environment.EnvSession, "step", "step")
@@ -137,11 +144,22 @@ def main() -> None:
                 for phase, values in PHASES.items():
                     print(f"  {phase:9s} n={len(values):3d}  median {statistics.median(values) * 1000:6.1f} ms  "
                           f"mean {statistics.mean(values) * 1000:6.1f} ms  max {max(values) * 1000:6.1f} ms")
-                print("  prompts per request:", dict(sorted(collections.Counter(BATCH_SIZES).items())))
-                print("  CPU ms per episode:", {k: round((after[k] - before.get(k, 0.0)) * 1000 / args.episodes, 1)
-                                                for k in after if after[k] - before.get(k, 0.0) > 0})
+                per_request = dict(sorted(collections.Counter(BATCH_SIZES).items()))
+                cpu_ms = {k: round((after[k] - before.get(k, 0.0)) * 1000 / args.episodes, 1)
+                          for k in after if after[k] - before.get(k, 0.0) > 0}
+                print("  prompts per request:", per_request)
+                print("  CPU ms per episode:", cpu_ms)
+                batches.append({"batch": number, **result, "prompts_per_request": per_request,
+                                "cpu_ms_per_episode": cpu_ms, "phases_ms": {
+                                    phase: {"n": len(v), "median": statistics.median(v) * 1000,
+                                            "max": max(v) * 1000} for phase, v in PHASES.items()},
+                                "loadavg_1min": os.getloadavg()[0]})
         finally:
             close()
+    if args.out:
+        args.out.write_text(json.dumps({"run": run_record.finish(record), "settings": {
+            k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "batches": batches},
+            indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ mean episode wall time (each episode's ``rollout_duration_seconds`` in the eval-
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from typing import Any, Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+from benchmarks.fixtures import run_record  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -231,6 +231,7 @@ ARMS = {"ep_trl": ep_trl_arm, "eval_protocol": eval_protocol_arm, "sequential": 
 
 def main() -> None:
     args = parse_args()
+    record = run_record.start()
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -256,8 +257,7 @@ def main() -> None:
             for _, _, _, close in runners:
                 close()
     summary = summarize(results)
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "settings": vars(args) | {"out": str(args.out)},
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+    report = {"run": run_record.finish(record), "settings": vars(args) | {"out": str(args.out)},
               "versions": versions(), "summary": summary, "runs": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -25,6 +25,7 @@ TESTS=(
   tests/test_training.py
   tests/test_episode.py
   tests/test_env_servers.py
+  tests/test_import.py::test_import_ep_trl_loads_no_openenv
   tests/test_failures.py
   tests/test_soak.py
   tests/sources/test_processor.py

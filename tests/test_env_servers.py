@@ -10,7 +10,8 @@ from collections import Counter
 import pytest
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func
-from ep_trl.env_servers import LocalAppProvider, launch, server_app
+from ep_trl.env_servers import launch, server_app
+from ep_trl.local_provider import LocalAppProvider
 from ep_trl.processes import ServerStartError
 from ep_trl.env_pool import EnvPool
 from ep_trl.environment import EnvSettings, client_kwargs, constructor_parameters

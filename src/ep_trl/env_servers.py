@@ -10,72 +10,38 @@ processor starts one container per task.
 
 Servers are started through OpenEnv's own provider interface, so any provider can stand in (``provider=``):
 OpenEnv's ``LocalDockerProvider``, ``KubernetesProvider`` (container providers, given the eval's image) or a
-runtime provider such as ``UVProvider``. Without one, :class:`LocalAppProvider` is used. Why not ``UVProvider``
+runtime provider such as ``UVProvider``. Without one, ``local_provider.LocalAppProvider`` is used. Why not ``UVProvider``
 by default: it re-installs the environment's project into an isolated environment with ``uv`` on every start,
 which needs ``uv`` and the network; the package is already importable in the training environment.
 """
 
 import importlib.util
 import logging
-import os
-import sys
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from . import shutdown
 from .environment import EnvSettings
 from .errors import ConfigError
 from .options import EvalOverrides
-from .processes import ServerProcess, ServerStartError, free_port, start_server
+from .processes import ServerStartError
 
 logger = logging.getLogger(__name__)
 
 #: How long a started environment server may take to answer ``/health``.
 START_TIMEOUT_S = 120.0
 
-try:  # the same interface in openenv-core 0.3 and openenv 0.10
-    from openenv.core.containers.runtime import ContainerProvider, RuntimeProvider
-except ImportError:  # pragma: no cover - checked at construction: ep_trl needs an OpenEnv distribution
-    ContainerProvider = RuntimeProvider = object  # type: ignore[assignment,misc]
 
-
-class LocalAppProvider(RuntimeProvider):  # type: ignore[misc,valid-type]
-    """An OpenEnv runtime provider that serves ``app`` (``"pkg.server.app:app"``) with this Python and uvicorn."""
-
-    def __init__(self, app: str, *, host: str = "127.0.0.1", env_vars: Mapping[str, str] | None = None) -> None:
-        self.app = app
-        self.host = host
-        self.env_vars = dict(env_vars or {})
-        self._server: ServerProcess | None = None
-        self._log_dir = Path(tempfile.mkdtemp(prefix="ep-trl-env-server-"))
-
-    def start(self, port: int | None = None, env_vars: Mapping[str, str] | None = None, **_: Any) -> str:
-        port = port or free_port(self.host)
-        env = {**self.env_vars, **(env_vars or {}),
-               # the server imports the package as this process does (a file-path eval's folder is on sys.path)
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        cmd = [sys.executable, "-m", "uvicorn", self.app, "--host", self.host, "--port", str(port)]
-        self._server = start_server(self.app.split(":")[0], cmd, port=port, log_dir=self._log_dir, env=env,
-                                    host=self.host, timeout_s=START_TIMEOUT_S)
-        return self._server.base_url
-
-    def wait_for_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """``start`` already waited for ``/health``; fail if the server died since."""
-        if self._server is None or self._server.proc.poll() is not None:
-            raise RuntimeError(f"the environment server for {self.app} is not running")
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._server.pid if self._server is not None else None
-
+def _provider_types() -> tuple[type, ...]:
+    """OpenEnv's ``RuntimeProvider`` and ``ContainerProvider`` (the same interface in openenv-core 0.3 and openenv
+    0.10), imported only when a server is launched: ``openenv.core`` imports gradio, seconds that an eval without a
+    launched environment never pays. Empty when no OpenEnv is installed (then nothing is a provider instance)."""
+    try:
+        from openenv.core.containers.runtime import ContainerProvider, RuntimeProvider
+    except ImportError:  # pragma: no cover - the eval's client class already needs an OpenEnv distribution
+        return ()
+    return (RuntimeProvider, ContainerProvider)
 
 def server_app(client_cls: type) -> str | None:
     """``"<env>.server.app:app"`` for the package that holds ``client_cls`` in OpenEnv's layout, if importable."""
@@ -188,7 +154,7 @@ def substitution(settings: EnvSettings) -> str | None:
 
 
 def _is_factory(provider: Provider) -> bool:
-    return callable(provider) and not isinstance(provider, (RuntimeProvider, ContainerProvider))
+    return callable(provider) and not isinstance(provider, _provider_types())
 
 
 def _provider_maker(settings: EnvSettings, provider: Provider | None) -> Callable[[], Any]:
@@ -204,12 +170,15 @@ def _provider_maker(settings: EnvSettings, provider: Provider | None) -> Callabl
             "server yourself and pass env_base_url=..., or pass provider=... (an OpenEnv runtime or container "
             "provider)."
         )
-    return lambda: LocalAppProvider(app)
+    from .local_provider import LocalAppProvider  # OpenEnv's provider interface: imported only to launch
+
+    return lambda: LocalAppProvider(app, start_timeout_s=START_TIMEOUT_S)
 
 
 def _start(provider: Any, settings: EnvSettings, env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
     """Start one server with an OpenEnv provider of either kind; its URL and how to stop it."""
-    if isinstance(provider, ContainerProvider) and ContainerProvider is not object:
+    container = _provider_types()[1:]
+    if container and isinstance(provider, container):
         if not settings.docker_image:
             raise ConfigError(f"{type(provider).__name__} starts containers, but the eval names no docker_image.")
         url = provider.start_container(settings.docker_image, env_vars=env_vars)

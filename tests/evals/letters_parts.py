@@ -1,14 +1,23 @@
-"""Pieces shared by the letters eval modules (not an eval module itself)."""
+"""Pieces shared by the letters eval modules (not an eval module itself).
+
+OpenEnv (and through it gradio) is imported only when an environment is made or an action parsed, so an eval that
+takes only the prompt and settings from here (``eval_single_turn``) imports no OpenEnv, as a user's processor eval
+would not (pinned by ``tests/test_import.py``).
+"""
+
+from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Optional
-
-from openenv.core.sync_client import SyncEnvClient
+from typing import TYPE_CHECKING, Any, Optional
 
 from eval_protocol.models import EvaluationRow, Message
-from ep_trl.envs.letters import LettersAction, LettersEnv, LettersObservation
 from tests.support.letters import LETTERS_ENV_URL_VAR
+
+if TYPE_CHECKING:
+    from openenv.core.sync_client import SyncEnvClient
+
+    from ep_trl.envs.letters import LettersAction, LettersObservation
 
 INPUT_MESSAGES = [[[Message(role="user", content="Play the letters game.")]]]
 COMPLETION_PARAMS = [{"model": "tiny-letters", "temperature": 0.0, "max_tokens": 12}]
@@ -28,6 +37,8 @@ def make_env_factory(task_name: Optional[str] = None) -> Callable[[], SyncEnvCli
     """
 
     def make_letters_env() -> SyncEnvClient:
+        from ep_trl.envs.letters import LettersEnv
+
         url = os.environ[LETTERS_ENV_URL_VAR]
         return LettersEnv(base_url=url, task_name=task_name).sync()
 
@@ -41,6 +52,8 @@ def prompt_builder(obs: LettersObservation, step: int, history: list[str]) -> st
 
 def action_parser(text: str) -> LettersAction:
     """Send the model's text unchanged (tests compare it with sampled tokens)."""
+    from ep_trl.envs.letters import LettersAction
+
     return LettersAction(text=text)
 
 

@@ -1,0 +1,82 @@
+"""Every script in ``benchmarks/`` runs at its smallest size, so none can rot unnoticed (docs/benchmarks.md names
+them as the commands behind its figures).
+
+Each runs in its own interpreter, as a user runs it; a script that writes a result file must record its command
+line, commit and machine load in it (``benchmarks/fixtures/run_record.py``). The scripts that need a vLLM server
+share the session's (``shared_vllm_url``), through their ``--vllm-url``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: script -> its smallest run (``{out}``: the result file, ``{vllm}``: the shared vLLM server's URL).
+SMALLEST: dict[str, list[str]] = {
+    "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--out", "{out}"],
+    "ceiling_table.py": ["--out", "{out}"],
+    "bridge_ceiling.py": ["--arms", "openenv", "openenv_client", "single_turn", "agent", "chat", "--concurrency", "1",
+                          "--turns", "1", "--logs", "on", "--episodes", "2", "--repeats", "1", "--out", "{out}"],
+    "compare_code.py": ["--before", "HEAD", "--rounds", "1", "--field", "cpu_ms", "--out", "{out}", "--",
+                        "benchmarks/http_client_cpu.py", "--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1"],
+    "episode_processes.py": ["--concurrency", "1", "--episodes", "1", "--guard-runs", "2", "--out", "{out}"],
+    "generation_backends.py": ["--arms", "trainer", "--episodes", "4", "--concurrency", "1", "--repeats", "1",
+                               "--out", "{out}"],
+    "http_client_cpu.py": ["--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1", "--out", "{out}"],
+    "import_time.py": ["--before", "HEAD", "--repeats", "1", "--episodes", "2", "--out", "{out}"],
+    "logging_overhead.py": ["--repeats", "1", "--episodes", "4", "--max-steps", "1", "--max-tokens", "2"],
+    "processor_overlap.py": ["--episodes", "2", "--concurrency", "2", "--repeats", "1", "--tool-latency-s", "0",
+                             "--out", "{out}"],
+    "rollout_phases.py": ["--vllm-url", "{vllm}", "--concurrency", "2", "--episodes", "2", "--batches", "1",
+                          "--env-latency-s", "0", "--out", "{out}"],
+    "rollout_throughput.py": ["--vllm-url", "{vllm}", "--episodes", "2", "--concurrency", "2", "--repeats", "1",
+                              "--env-latency-s", "0", "--out", "{out}"],
+    "soak.py": ["--calls", "2", "--episodes", "4"],
+}
+NEEDS_VLLM = sorted(name for name, args in SMALLEST.items() if "{vllm}" in args)
+STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)
+
+
+def run_script(name: str, out: Path, vllm: str = "") -> subprocess.CompletedProcess:
+    args = [a.format(out=out, vllm=vllm) for a in SMALLEST[name]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=540)
+
+
+def check(done: subprocess.CompletedProcess, name: str, out: Path) -> None:
+    assert done.returncode == 0, f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    if "{out}" not in SMALLEST[name]:
+        return
+    result = json.loads(out.read_text())
+    run = result["run"]
+    assert f"benchmarks/{name}" in run["command"] and str(out) in run["command"]
+    assert len(run["commit"]) == 40 and len(run["load_start"]) == 3 and len(run["load_end"]) == 3
+    rows = next(result[k] for k in ("runs", "results", "batches", "table") if k in result)
+    assert rows, f"{name} wrote no rows"
+
+
+def test_every_script_has_a_smallest_run():
+    """A new script in benchmarks/ must be added here."""
+    assert sorted(p.name for p in (REPO / "benchmarks").glob("*.py")) == sorted(SMALLEST)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", STANDALONE)
+def test_script_runs_at_its_smallest_size(name, tmp_path):
+    out = tmp_path / "result.json"
+    check(run_script(name, out), name, out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", NEEDS_VLLM)
+def test_script_runs_at_its_smallest_size_on_the_shared_vllm_server(name, shared_vllm_url, tmp_path):
+    out = tmp_path / "result.json"
+    check(run_script(name, out, shared_vllm_url), name, out)

@@ -1,0 +1,89 @@
+"""What ``import ep_trl`` loads, and what a processor eval's run loads: OpenEnv only for an OpenEnv environment.
+
+``openenv.core`` imports gradio, fastmcp and IPython (seconds). ``import ep_trl`` used to load it through
+``env_servers``; every worker process and user script paid for it, including those whose eval has no OpenEnv
+environment. Each check runs in a fresh interpreter, since this test process has OpenEnv loaded by other tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ep_trl.processes import free_port, start_server
+
+REPO = Path(__file__).resolve().parents[1]
+#: Top-level packages that only an OpenEnv environment may bring in.
+HEAVY = ("openenv", "gradio", "fastmcp", "IPython")
+
+LOADED = f"sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))"
+
+#: Plays two episodes of each processor eval through ep_trl's rollout function (in-process generation, a real CPU
+#: GRPOTrainer as the caller), then prints their statuses and which of HEAVY were imported.
+PROCESSOR_RUN = f"""
+import json, sys
+from pathlib import Path
+from ep_trl import create_openenv_vllm_rollout_func, dataset_from_eval
+from tests.support.trainers import make_trainer
+
+model_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
+statuses = {{}}
+for name, env_path in [("single_turn", "tests/evals/eval_arithmetic.py::test_arithmetic"),
+                       ("agent", "tests.evals.eval_calculator_agent")]:
+    rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
+    prompts = dataset_from_eval(env_path, repeat=2)["prompt"][:2]
+    trainer = make_trainer(model_dir, work / name, rollout, num_generations=2, batch_size=2, max_steps=1,
+                           max_completion_length=24, prompts=prompts)
+    try:
+        out = rollout(prompts, trainer)
+    finally:
+        rollout.close()
+    statuses[name] = [out["episode_status"], out["num_turns"]]
+print(json.dumps({{"statuses": statuses, "loaded": {LOADED}}}))
+"""
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> dict:
+    """``python -c code args`` from the repository root with this worktree's ``src`` first; its last stdout line
+    as JSON."""
+    full_env = {**os.environ, **(env or {}),
+                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_ep_trl_loads_no_openenv():
+    """``import ep_trl`` (every public name) imports neither OpenEnv nor gradio; the launcher of environment
+    servers imports OpenEnv's provider interface when it starts one."""
+    loaded = run_python(f"import json, sys, ep_trl; from ep_trl import *; import ep_trl.env_servers; "
+                        f"print(json.dumps({LOADED}))")
+    assert loaded == []
+    provider = run_python(f"import json, sys; from ep_trl.local_provider import LocalAppProvider; "
+                          f"from openenv.core.containers.runtime import RuntimeProvider; "
+                          f"print(json.dumps(issubclass(LocalAppProvider, RuntimeProvider)))")
+    assert provider is True
+
+
+@pytest.mark.timeout(300)
+def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir, tmp_path):
+    """A single-turn eval (``SingleTurnRolloutProcessor``) and an MCP agent eval (``AgentRolloutProcessor``, its
+    tools from a real MCP server) play their episodes without OpenEnv, gradio, fastmcp or IPython being imported."""
+    port = free_port()
+    calc = start_server("calc-mcp", [sys.executable, str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
+                        port=port, log_dir=tmp_path / "calc_logs", cwd=REPO)
+    try:
+        config = tmp_path / "calc_mcp.json"
+        config.write_text(json.dumps({"mcpServers": {"calc": {"url": f"{calc.base_url}/mcp"}}}))
+        result = run_python(PROCESSOR_RUN, str(qwen_template_model_dir), str(tmp_path / "work"),
+                            env={"CALC_MCP_CONFIG": str(config)}, timeout=240)
+    finally:
+        calc.stop()
+    assert result["statuses"]["single_turn"] == [["finished", "finished"], [1, 1]]
+    agent_statuses, agent_turns = result["statuses"]["agent"]
+    assert agent_statuses == ["finished", "finished"] and min(agent_turns) >= 1
+    assert result["loaded"] == []
