@@ -19,17 +19,16 @@ its body), the eval ``train_smollm2_trl.py`` trains on, sampled at temperature 1
 * memory: peak resident memory of this process (the trainer, after the training steps) and the server's process group
   (API server, engine core, worker) at the end.
 
-The result file records the command line, the commit, the machine load before and after each measurement, and the
-machine (cores, memory).
+The result file records the run (``benchmarks/fixtures/run_record.py``: command line, commit, machine, load at start
+and end) and the load before and after each measurement. ``--vllm-url`` uses a running server instead (its model is the
+trainer's unless ``--model`` says otherwise; the test suite's smoke run uses the tiny model's server that way).
 """
 
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.fixtures import run_record  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -54,15 +55,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--episodes", type=int, default=32, help="episodes per measured rollout call")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--train-steps", type=int, default=3, help="DiskSyncGRPOTrainer steps timed (0: none)")
-    p.add_argument("--model", default=None, help="model directory (default: the SmolLM2 checkpoint, built offline)")
+    p.add_argument("--model", default=None, help="model directory (default: the SmolLM2 checkpoint, built offline, or "
+                                                 "the model of --vllm-url)")
+    p.add_argument("--vllm-url", default=None, help="use this running CPU vLLM server (dev mode) instead of starting one")
     p.add_argument("--out", default=None, help="write the result JSON here")
     return p.parse_args(argv)
 
 
-def process_group_stats(pid: int) -> tuple[float, float]:
-    """CPU seconds (user + system) and resident GiB of ``pid`` and its descendants."""
+def process_group_stats(pid: int | None) -> tuple[float, float]:
+    """CPU seconds (user + system) and resident GiB of ``pid`` and its descendants (0, 0 for a server not started
+    here, which may run anywhere)."""
     import psutil
 
+    if pid is None:
+        return 0.0, 0.0
     root = psutil.Process(pid)
     cpu = rss = 0.0
     for proc in [root, *root.children(recursive=True)]:
@@ -93,15 +99,16 @@ def rollouts(model_dir: Path, server: Any, concurrency: int, episodes: int, work
         out = rollout(batch, trainer)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         tokens = generation_tokens_total(server.base_url) - tokens0
-        server_cpu = process_group_stats(server.pid)[0] - server_cpu0
+        server_cpu = process_group_stats(server.pid)[0] - server_cpu0 if server.pid is not None else None
     finally:
         rollout.close()
     failed = sum(status != "finished" for status in out["episode_status"])
     return {"concurrency": concurrency, "episodes": episodes, "failed": failed, "wall_s": round(wall, 3),
             "episodes_per_s": round(episodes / wall, 3), "tokens_generated": int(tokens),
             "tokens_per_s": round(tokens / wall, 1), "bridge_cpu_s": round(cpu, 3),
-            "bridge_cpu_s_per_episode": round(cpu / episodes, 4), "server_cpu_s": round(server_cpu, 3),
-            "bridge_cpu_share": round(cpu / (cpu + server_cpu), 3) if cpu + server_cpu else None,
+            "bridge_cpu_s_per_episode": round(cpu / episodes, 4),
+            "server_cpu_s": None if server_cpu is None else round(server_cpu, 3),
+            "bridge_cpu_share": None if server_cpu is None else round(cpu / (cpu + server_cpu), 3),
             "mean_score": round(statistics.fmean(s for s in out["eval_score"] if s is not None), 4),
             "loadavg_1min_before": load, "loadavg_1min_after": os.getloadavg()[0]}
 
@@ -166,33 +173,45 @@ def _timed(rollout: Any, calls: list[float], pushes: list[float]) -> Any:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    record = run_record.start()
     from ep_trl.devtools.cpu_vllm import vllm_server
     from ep_trl.devtools.real_model import build_smollm2
+    from ep_trl.generation.vllm import probe_server
 
-    model_dir = Path(args.model) if args.model else build_smollm2()
     work = Path(tempfile.mkdtemp(prefix="ep-trl-bench-real-"))
-    result: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/real_model.py", *(sys.argv[1:] if argv is None else argv)]),
-        "commit": subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
-        "model": str(model_dir), "eval": EVAL, "temperature": TEMPERATURE, "rollouts": []}
-    with vllm_server(model_dir, work / "logs", max_model_len=1024) as server:
+    result: dict[str, Any] = {"eval": EVAL, "temperature": TEMPERATURE, "runs": []}
+    with (_Running(args.vllm_url) if args.vllm_url else vllm_server(
+            args.model or build_smollm2(), work / "logs", max_model_len=1024)) as server:
+        model_dir = Path(args.model or probe_server(server.base_url, 10.0).model)
+        result["model"] = str(model_dir)
         for concurrency in args.concurrency:
             for _ in range(args.repeats):
                 row = rollouts(model_dir, server, concurrency, args.episodes, work)
                 print(json.dumps(row), flush=True)
-                result["rollouts"].append(row)
+                result["runs"].append(row)
         if args.train_steps:
             result["training"] = training_steps(model_dir, server, args.train_steps, work)
             print(json.dumps(result["training"]), flush=True)
-        result["server_rss_gib"] = round(process_group_stats(server.pid)[1], 2)
+        result["server_rss_gib"] = round(process_group_stats(server.pid)[1], 2) if server.pid is not None else None
     print(f"server resident memory: {result['server_rss_gib']} GiB", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"run": run_record.finish(record), "settings": vars(args), **result},
+                                             indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
+
+
+class _Running:
+    """A server started elsewhere (``--vllm-url``), in the shape of a started one."""
+
+    def __init__(self, url: str) -> None:
+        self.base_url, self.pid = url.rstrip("/"), None
+
+    def __enter__(self) -> "_Running":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 if __name__ == "__main__":

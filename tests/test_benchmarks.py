@@ -30,6 +30,8 @@ SMALLEST: dict[str, list[str]] = {
     "http_client_cpu.py": ["--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1", "--out", "{out}"],
     "import_time.py": ["--before", "HEAD", "--repeats", "1", "--episodes", "2", "--out", "{out}"],
     "logging_overhead.py": ["--repeats", "1", "--episodes", "4", "--max-steps", "1", "--max-tokens", "2"],
+    "real_model.py": ["--vllm-url", "{vllm}", "--concurrency", "1", "--episodes", "2", "--repeats", "1",
+                      "--train-steps", "1", "--out", "{out}"],
     "processor_overlap.py": ["--episodes", "2", "--concurrency", "2", "--repeats", "1", "--tool-latency-s", "0",
                              "--out", "{out}"],
     "rollout_phases.py": ["--vllm-url", "{vllm}", "--concurrency", "2", "--episodes", "2", "--batches", "1",
