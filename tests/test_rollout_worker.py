@@ -21,7 +21,7 @@ from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from tests.support.faulty_vllm import FaultyVLLMServer
-from tests.support.letters import LETTERS_ENV_URL_VAR, start_letters_server
+from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_letters_server
 from tests.support.references import teacher_forced_logprobs
 from tests.support.vllm_server import vllm_server
 
@@ -445,6 +445,78 @@ def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypat
             assert_stopped(worker)
             assert worker.meter.in_flight == 0
             assert worker.rollout_buffer.qsize() == 0 and not worker.groups
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(tiny_model_dir, tmp_path, monkeypatch,
+                                                                              caplog):
+    """32 slots on a letters server that admits 8 sessions (the eval's env_factory builds the clients): 8 episodes
+    are inside a 30 s step and 24 wait for a free session. stop() ends all 32 within 5 s (a busy server's close
+    handshake is not waited for); they are counted as cancelled, none as an environment failure, and the capacity
+    notice names the env_factory, not a server "None"."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_MAX_SESSIONS="8", LETTERS_STEP_LATENCY_S="30")
+    try:
+        with FaultyVLLMServer() as vllm:
+            worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir, max_concurrent_rollouts=32)
+            worker.start()
+            try:
+                wait_until(lambda: worker.meter.in_flight == 32 and " admits " in caplog.text
+                           and len(LettersEpisodes(server.base_url)()) == 8, 60)
+                time.sleep(0.5)  # the 8 played their first turn and are inside an environment step
+            finally:
+                started = time.monotonic()
+                worker.stop()
+                seconds = time.monotonic() - started
+            assert seconds < 5, seconds
+            assert_stopped(worker)
+            assert worker.meter.in_flight == 0 and worker.meter.cancelled == 32
+            assert "failed (environment)" not in caplog.text and "Lock is not acquired" not in caplog.text
+            notice = next(r.getMessage() for r in caplog.records if " admits " in r.getMessage())
+            assert "at None" not in notice and "env_factory tests.evals.letters_parts" in notice, notice
+            assert not worker.groups and worker.rollout_buffer.qsize() == 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_dir, tmp_path, monkeypatch):
+    """Building a released group's samples raises (a fault injected into ``group_samples``) while other episodes
+    play: when the error leaves the worker's stream, every episode in flight was already cancelled and its session
+    closed (not later, whenever the abandoned stream is collected), and the letters server sees no step after it."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.2")
+    real = worker_module.group_samples
+
+    def faulty_group_samples(group, tokenizer):  # fault injection: the consumer fails while episodes are in flight
+        if worker.meter.in_flight:
+            raise RuntimeError("injected: building the group's samples failed")
+        return real(group, tokenizer)
+
+    monkeypatch.setattr(worker_module, "group_samples", faulty_group_samples)
+    try:
+        with FaultyVLLMServer() as vllm:
+            worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir, max_concurrent_rollouts=8)
+            stream, in_flight_at_error = worker._stream, []
+
+            async def observed_stream():  # what is still running the moment the error leaves the stream
+                try:
+                    await stream()
+                except RuntimeError:
+                    in_flight_at_error.append(worker.meter.in_flight)
+                    raise
+
+            worker._stream = observed_stream
+            worker.start()
+            try:
+                wait_until(lambda: health_error(worker) is not None, 60)
+                assert "injected: building the group's samples failed" in str(health_error(worker))
+                assert in_flight_at_error == [0] and worker.meter.cancelled > 0
+                steps = sum(len(ep["actions"]) for ep in LettersEpisodes(server.base_url)())
+                time.sleep(1.0)  # an episode left running would take several 0.2 s steps meanwhile
+                assert sum(len(ep["actions"]) for ep in LettersEpisodes(server.base_url)()) == steps
+            finally:
+                worker.stop()
     finally:
         server.stop()
 

@@ -41,6 +41,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,15 +275,17 @@ class EvalRolloutWorker:
         pump = asyncio.ensure_future(self._pump())
         window: list[tuple[FinishedGroup, ReleasedGroup]] = []
         window_started, sessions_before = time.monotonic(), 0
+        stream = self._function.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
+                                       turn_version=lambda: self._version, model_for=self.served_model,
+                                       meter=self.meter)
         try:
-            async for group in self._function.groups(self._caller(), self._plans(), slots=self.slots,
-                                                     may_start=self._has_room, turn_version=lambda: self._version,
-                                                     model_for=self.served_model, meter=self.meter):
-                window.append((group, self._release(group)))
-                if len(window) >= self.groups_per_report:
-                    sessions = self._function.env_sessions
-                    self._report(window, time.monotonic() - window_started, sessions - sessions_before)
-                    window, window_started, sessions_before = [], time.monotonic(), sessions
+            async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
+                async for group in stream:
+                    window.append((group, self._release(group)))
+                    if len(window) >= self.groups_per_report:
+                        sessions = self._function.env_sessions
+                        self._report(window, time.monotonic() - window_started, sessions - sessions_before)
+                        window, window_started, sessions_before = [], time.monotonic(), sessions
         finally:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
