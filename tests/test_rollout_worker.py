@@ -17,6 +17,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
 from ep_trl import rollout_worker as worker_module
+from ep_trl import trl_compat
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
@@ -352,9 +353,9 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
     assert trainer._lora_sync and trainer.weight_transfer is None  # TRL's adapter-only sync, nothing merged
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
-    assert trainer._lora_name == worker_module.LORA_NAME  # the name the worker asks the server for
+    assert f"{trainer._lora_name}-v1" == trl_compat.async_lora_adapter(1)  # the name the worker asks the server for
     assert worker.server_lora  # the adapters the trainer synced, by policy version, and no other
-    assert [worker.served_model(v) for v in (1, 2, 3)] == [f"{worker_module.LORA_NAME}-v{v}" for v in (1, 2, 3)]
+    assert [worker.served_model(v) for v in (1, 2, 3)] == [f"trl-policy-v{v}" for v in (1, 2, 3)]
     with pytest.raises(ConfigError, match="none for policy version 4"):
         worker.served_model(4)
     assert "trl-policy-v3" in served_models(lora_server_url)
@@ -375,6 +376,48 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
             assert sampled_gap(model, sample) < TOLERANCE, version
     trained = checked[max(checked)][0]
     assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), trained) > 10 * TOLERANCE
+
+
+def lora_adapters(url, action, names, path=None):
+    """Load (``path``) or unload LoRA adapters on a server with runtime adapter loading, as TRL does."""
+    import httpx
+
+    for name in names:
+        body = {"lora_name": name, **({"lora_path": str(path)} if action == "load" else {})}
+        response = httpx.post(f"{url}/v1/{action}_lora_adapter", json=body, timeout=120)
+        assert action == "unload" or response.status_code == 200, response.text
+
+
+@pytest.mark.timeout(600)
+def test_a_stale_adapter_on_the_lora_server_is_never_used(model_dir, lora_server_url, letters_server, tmp_path):
+    """An earlier run left trl-policy-v1 and -v2 loaded on a long-lived --enable-lora server. This run's worker uses
+    neither: while its trainer syncs merged weights, turns of version 1 go to the server's own weights (not the old
+    run's v1); once its trainer loads its own adapter for version 3, turns of version 3 use it, and version 2 (only
+    the old run's) is the clear error."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter = tmp_path / "earlier-run-adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
+                   LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+                   ).save_pretrained(adapter)
+    stale, ours = ["trl-policy-v1", "trl-policy-v2"], "trl-policy-v3"
+    lora_adapters(lora_server_url, "unload", stale + [ours])  # whatever an earlier test of this module left
+    lora_adapters(lora_server_url, "load", stale, adapter)
+    try:
+        worker = idle_worker(lora_server_url, tmp_path, model_dir=model_dir)
+        try:
+            assert worker.server_lora
+            worker.update_model_version(1)  # this run's trainer pushed merged weights: no adapter of its own
+            assert worker.served_model(1) is None and set(stale) <= worker.foreign_adapters
+            lora_adapters(lora_server_url, "load", [ours], adapter)  # this run's trainer syncs an adapter
+            worker.update_model_version(3)
+            assert worker.served_model(3) == ours
+            with pytest.raises(ConfigError, match="none for policy version 2"):
+                worker.served_model(2)
+        finally:
+            worker.stop()
+    finally:
+        lora_adapters(lora_server_url, "unload", stale + [ours])
 
 
 def idle_worker(url, tmp_path, **options):
