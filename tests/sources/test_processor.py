@@ -292,6 +292,7 @@ def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_
         assert "does not continue the conversation" in caplog.text
         trainer.train()
         assert trainer.state.log_history[0]["ep_trl/forked_segments"] == 2.0
+        assert_trained(trainer)
     finally:
         rollout.close()
 
