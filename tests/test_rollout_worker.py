@@ -190,6 +190,7 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     logs = [h for h in trainer.state.log_history if "ratio" in h]
     assert [h["step"] for h in logs] == [1, 2, 3]
     assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["kl"] < 1e-4
+    assert_trained(trainer)
     models = {}
 
     def policy(version):
@@ -305,6 +306,7 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
                                                          task_type="CAUSAL_LM"))
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
+    assert_trained(trainer)
     base = load_file(str(model_dir / "model.safetensors"))
     assert len(transfer.sent) == 3 and set(transfer.sent[-1]) == set(base)  # the checkpoint's names, no lora_*
     name = "model.layers.0.self_attn.q_proj.weight"
