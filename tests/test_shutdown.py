@@ -31,6 +31,8 @@ import pytest
 from ep_trl import shutdown
 
 REPO = Path(__file__).resolve().parents[1]
+#: The programs these tests start import this checkout's ep_trl (and tests), not whichever one is installed.
+CHILD_PYTHONPATH = os.pathsep.join([str(REPO / "src"), str(REPO)])
 GONE_WITHIN_S = 10.0
 #: A SIGTERM'd process is gone this long after the signal: ep_trl's deadline, then the interpreter's own teardown of
 #: torch's modules (about 2 s on an idle 2-core machine, up to 4 s more under a load of 8), which no thread can cut
@@ -92,7 +94,7 @@ CASES = {  # the eval, and what marks its servers in their command lines
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_dir, tmp_path, stdio_agent_config):
     env_path, marker = CASES[case]
-    env = {**os.environ, "CALC_MCP_CONFIG": str(stdio_agent_config), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "CALC_MCP_CONFIG": str(stdio_agent_config), "PYTHONPATH": CHILD_PYTHONPATH}
     trainer = subprocess.Popen([sys.executable, "-m", "tests.support.killable_training", env_path,
                                 str(tiny_model_dir), str(tmp_path / "out")], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -190,7 +192,7 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
     env_path, _ = CASES[plan.case]
     tag = uuid.uuid4().hex
     workdir.mkdir(parents=True)
-    env = {**os.environ, "CALC_MCP_CONFIG": str(mcp_config), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, "CALC_MCP_CONFIG": str(mcp_config), "PYTHONPATH": CHILD_PYTHONPATH, "PYTHONUNBUFFERED": "1",
            "EP_TRL_TEST_RUN": tag}
     trainer = subprocess.Popen([sys.executable, "-m", "tests.support.sigterm_training", env_path, str(model_dir),
                                 str(workdir / "out"), str(workdir / "home")], cwd=REPO, env=env,
@@ -292,7 +294,7 @@ class SignalsInFinalizer:
 def run_program(body: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], cwd=REPO, capture_output=True,
-                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+                            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": CHILD_PYTHONPATH})
     return result, time.monotonic() - started
 
 
