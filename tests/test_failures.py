@@ -271,7 +271,8 @@ def test_a_prompt_message_without_content_names_the_row_and_the_shape(tiny_model
 
 
 EXIT_SCRIPT = textwrap.dedent("""
-    import os, sys, threading, _thread
+    import os, signal, sys, threading, _thread
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # interrupt_main raises even where SIGINT was ignored
     os.environ["LETTERS_ENV_URL"] = sys.argv[2]
     from ep_trl import create_openenv_vllm_rollout_func
     from tests.support.trainers import PROMPT, make_trainer

@@ -17,12 +17,14 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
 from ep_trl import rollout_worker as worker_module
+from ep_trl import trl_compat
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from tests.support.faulty_vllm import FaultyVLLMServer
-from tests.support.letters import LETTERS_ENV_URL_VAR, start_letters_server
+from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_letters_server
 from tests.support.references import teacher_forced_logprobs
+from tests.support.trainers import assert_trained
 from tests.support.vllm_server import vllm_server
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
@@ -188,6 +190,7 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     logs = [h for h in trainer.state.log_history if "ratio" in h]
     assert [h["step"] for h in logs] == [1, 2, 3]
     assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["kl"] < 1e-4
+    assert_trained(trainer)
     models = {}
 
     def policy(version):
@@ -201,15 +204,19 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
         assert np.all(sample.old_log_probs[sample.completion_mask == 0] == 0.0)
     exact, spanning = {}, []
     for sample, versions in samples_with_turn_versions(worker):
-        assert sample.model_version == min(versions)
         if max(versions) + 1 not in snapshots.states:
             continue  # played on weights of a step whose snapshot the run ended before taking
         gaps = {v: turn_gaps(policy(v), sample) for v in set(versions) | {v + 1 for v in versions}}
         assert len(gaps[versions[0]]) == len(versions)  # one recorded version per sampled turn
+        sampled_by = []  # the policy whose logprobs each turn carries: its recorded version, or the next one
         for turn, version in enumerate(versions):
-            assert min(gaps[version][turn], gaps[version + 1][turn]) < TOLERANCE, (versions, turn, gaps)
-            if gaps[version][turn] < TOLERANCE:
+            recorded, next_one = gaps[version][turn] < TOLERANCE, gaps[version + 1][turn] < TOLERANCE
+            assert recorded != next_one, (versions, turn, gaps)  # exactly one: adjacent policies tell apart
+            sampled_by.append(version if recorded else version + 1)
+            if recorded:
                 exact[version] = sample
+        # the tag the trainer sees: its oldest turn's version, never newer than the weights that sampled that turn
+        assert min(sampled_by) - 1 <= sample.model_version <= min(sampled_by), (sample.model_version, sampled_by)
         if len(set(versions)) > 1:
             spanning.append((sample, versions))
     assert 1 in exact and max(exact) >= 2, sorted(exact)  # turns of the first policy and of a trained one
@@ -245,6 +252,7 @@ def test_a_processor_eval_trains_asynchronously(model_dir, server_url, tmp_path)
     assert [h["step"] for h in logs] == [1, 2] and abs(logs[0]["ratio"] - 1.0) < 1e-4
     assert all(s.completion_mask[-1] == 1 for s in worker.rollout_buffer.samples)  # single turns: all sampled
     assert {h.get("ep_trl/failed_fraction") for h in trainer.state.log_history} <= {0.0, None}
+    assert_trained(trainer)
 
 
 class SlowSteps(TrainerCallback):
@@ -261,8 +269,8 @@ def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(model_
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[SlowSteps()], buffer_size=8)
     trainer.train()
     dropped = sum(h.get("ep_trl/worker/dropped_stale_total", 0.0) for h in trainer.state.log_history)
-    dropped_by_trl = sum(h.get("sample/dropped_stale_total", 0.0) for h in trainer.state.log_history)
-    assert dropped + dropped_by_trl > 0 and dropped <= worker.dropped_stale  # deltas logged up to the last step
+    assert worker.dropped_stale > 0  # the worker's own drop, before the buffer (TRL's drop would hide its absence)
+    assert 0 < dropped <= worker.dropped_stale  # deltas logged up to the last step
     assert all(g.version_at_release >= max(g.versions, default=0) for g in worker.groups)
 
 
@@ -298,6 +306,7 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
                                                          task_type="CAUSAL_LM"))
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
+    assert_trained(trainer)
     base = load_file(str(model_dir / "model.safetensors"))
     assert len(transfer.sent) == 3 and set(transfer.sent[-1]) == set(base)  # the checkpoint's names, no lora_*
     name = "model.layers.0.self_attn.q_proj.weight"
@@ -352,9 +361,9 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
     assert trainer._lora_sync and trainer.weight_transfer is None  # TRL's adapter-only sync, nothing merged
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
-    assert trainer._lora_name == worker_module.LORA_NAME  # the name the worker asks the server for
+    assert f"{trainer._lora_name}-v1" == trl_compat.async_lora_adapter(1)  # the name the worker asks the server for
     assert worker.server_lora  # the adapters the trainer synced, by policy version, and no other
-    assert [worker.served_model(v) for v in (1, 2, 3)] == [f"{worker_module.LORA_NAME}-v{v}" for v in (1, 2, 3)]
+    assert [worker.served_model(v) for v in (1, 2, 3)] == [f"trl-policy-v{v}" for v in (1, 2, 3)]
     with pytest.raises(ConfigError, match="none for policy version 4"):
         worker.served_model(4)
     assert "trl-policy-v3" in served_models(lora_server_url)
@@ -375,6 +384,48 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
             assert sampled_gap(model, sample) < TOLERANCE, version
     trained = checked[max(checked)][0]
     assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), trained) > 10 * TOLERANCE
+
+
+def lora_adapters(url, action, names, path=None):
+    """Load (``path``) or unload LoRA adapters on a server with runtime adapter loading, as TRL does."""
+    import httpx
+
+    for name in names:
+        body = {"lora_name": name, **({"lora_path": str(path)} if action == "load" else {})}
+        response = httpx.post(f"{url}/v1/{action}_lora_adapter", json=body, timeout=120)
+        assert action == "unload" or response.status_code == 200, response.text
+
+
+@pytest.mark.timeout(600)
+def test_a_stale_adapter_on_the_lora_server_is_never_used(model_dir, lora_server_url, letters_server, tmp_path):
+    """An earlier run left trl-policy-v1 and -v2 loaded on a long-lived --enable-lora server. This run's worker uses
+    neither: while its trainer syncs merged weights, turns of version 1 go to the server's own weights (not the old
+    run's v1); once its trainer loads its own adapter for version 3, turns of version 3 use it, and version 2 (only
+    the old run's) is the clear error."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter = tmp_path / "earlier-run-adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
+                   LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+                   ).save_pretrained(adapter)
+    stale, ours = ["trl-policy-v1", "trl-policy-v2"], "trl-policy-v3"
+    lora_adapters(lora_server_url, "unload", stale + [ours])  # whatever an earlier test of this module left
+    lora_adapters(lora_server_url, "load", stale, adapter)
+    try:
+        worker = idle_worker(lora_server_url, tmp_path, model_dir=model_dir)
+        try:
+            assert worker.server_lora
+            worker.update_model_version(1)  # this run's trainer pushed merged weights: no adapter of its own
+            assert worker.served_model(1) is None and set(stale) <= worker.foreign_adapters
+            lora_adapters(lora_server_url, "load", [ours], adapter)  # this run's trainer syncs an adapter
+            worker.update_model_version(3)
+            assert worker.served_model(3) == ours
+            with pytest.raises(ConfigError, match="none for policy version 2"):
+                worker.served_model(2)
+        finally:
+            worker.stop()
+    finally:
+        lora_adapters(lora_server_url, "unload", stale + [ours])
 
 
 def idle_worker(url, tmp_path, **options):
@@ -445,6 +496,78 @@ def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypat
             assert_stopped(worker)
             assert worker.meter.in_flight == 0
             assert worker.rollout_buffer.qsize() == 0 and not worker.groups
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(tiny_model_dir, tmp_path, monkeypatch,
+                                                                              caplog):
+    """32 slots on a letters server that admits 8 sessions (the eval's env_factory builds the clients): 8 episodes
+    are inside a 30 s step and 24 wait for a free session. stop() ends all 32 within 5 s (a busy server's close
+    handshake is not waited for); they are counted as cancelled, none as an environment failure, and the capacity
+    notice names the env_factory, not a server "None"."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_MAX_SESSIONS="8", LETTERS_STEP_LATENCY_S="30")
+    try:
+        with FaultyVLLMServer() as vllm:
+            worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir, max_concurrent_rollouts=32)
+            worker.start()
+            try:
+                wait_until(lambda: worker.meter.in_flight == 32 and " admits " in caplog.text
+                           and len(LettersEpisodes(server.base_url)()) == 8, 60)
+                time.sleep(0.5)  # the 8 played their first turn and are inside an environment step
+            finally:
+                started = time.monotonic()
+                worker.stop()
+                seconds = time.monotonic() - started
+            assert seconds < 5, seconds
+            assert_stopped(worker)
+            assert worker.meter.in_flight == 0 and worker.meter.cancelled == 32
+            assert "failed (environment)" not in caplog.text and "Lock is not acquired" not in caplog.text
+            notice = next(r.getMessage() for r in caplog.records if " admits " in r.getMessage())
+            assert "at None" not in notice and "env_factory tests.evals.letters_parts" in notice, notice
+            assert not worker.groups and worker.rollout_buffer.qsize() == 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_dir, tmp_path, monkeypatch):
+    """Building a released group's samples raises (a fault injected into ``group_samples``) while other episodes
+    play: when the error leaves the worker's stream, every episode in flight was already cancelled and its session
+    closed (not later, whenever the abandoned stream is collected), and the letters server sees no step after it."""
+    server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.2")
+    real = worker_module.group_samples
+
+    def faulty_group_samples(group, tokenizer):  # fault injection: the consumer fails while episodes are in flight
+        if worker.meter.in_flight:
+            raise RuntimeError("injected: building the group's samples failed")
+        return real(group, tokenizer)
+
+    monkeypatch.setattr(worker_module, "group_samples", faulty_group_samples)
+    try:
+        with FaultyVLLMServer() as vllm:
+            worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir, max_concurrent_rollouts=8)
+            stream, in_flight_at_error = worker._stream, []
+
+            async def observed_stream():  # what is still running the moment the error leaves the stream
+                try:
+                    await stream()
+                except RuntimeError:
+                    in_flight_at_error.append(worker.meter.in_flight)
+                    raise
+
+            worker._stream = observed_stream
+            worker.start()
+            try:
+                wait_until(lambda: health_error(worker) is not None, 60)
+                assert "injected: building the group's samples failed" in str(health_error(worker))
+                assert in_flight_at_error == [0] and worker.meter.cancelled > 0
+                steps = sum(len(ep["actions"]) for ep in LettersEpisodes(server.base_url)())
+                time.sleep(1.0)  # an episode left running would take several 0.2 s steps meanwhile
+                assert sum(len(ep["actions"]) for ep in LettersEpisodes(server.base_url)()) == steps
+            finally:
+                worker.stop()
     finally:
         server.stop()
 

@@ -4,7 +4,7 @@ import torch
 
 from ep_trl import create_openenv_vllm_rollout_func
 from ep_trl.rewards import eval_score, step_reward_sum
-from tests.support.trainers import make_trainer
+from tests.support.trainers import assert_trained, make_trainer
 
 
 def test_grpo_trains_two_steps_through_the_eval(tiny_model_dir, letters_server, letters_episodes, tmp_path):
@@ -28,3 +28,4 @@ def test_grpo_trains_two_steps_through_the_eval(tiny_model_dir, letters_server, 
     assert len(letters_episodes()) == 8  # 2 steps x 4 rollouts reached the environment
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
     assert changed, "no parameter changed after two GRPO steps"
+    assert_trained(trainer)

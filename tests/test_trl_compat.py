@@ -1,5 +1,6 @@
 """The TRL seam: the rollout_func signature, what is read off a GRPOTrainer, and the TRL versions each path takes."""
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -99,3 +100,20 @@ def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(mo
                                                r"GRPOTrainer\(rollout_func=.*works with TRL >=1.16,<2"):
             build()
     assert str(trl_compat.check_version()).startswith("1.16.")  # the rollout_func path keeps the declared range
+
+
+def test_the_lora_adapter_names_are_async_grpo_trainers_own_and_only_for_the_tested_trl(monkeypatch):
+    """AsyncGRPOTrainer loads each synced adapter as f"{self._lora_name}-v{version}", a private name set in its
+    constructor; ep_trl knows it for the TRL its async path is tested with, and refuses to guess for another."""
+    from packaging.version import Version
+    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
+
+    from ep_trl.errors import VersionError
+
+    source = inspect.getsource(AsyncGRPOTrainer)
+    assert f'self._lora_name = "{trl_compat._ASYNC_LORA_NAME}"' in source, "TRL renamed its LoRA adapters"
+    assert 'load_lora_adapter(f"{self._lora_name}-v{version}"' in source
+    assert trl_compat.async_lora_adapter(3) == "trl-policy-v3"
+    monkeypatch.setattr(trl_compat, "installed_version", lambda name: Version("1.18.0"))
+    with pytest.raises(VersionError, match=r"LoRA adapter names.*TRL 1\.18\.0 is installed"):
+        trl_compat.async_lora_adapter(3)

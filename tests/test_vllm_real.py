@@ -31,7 +31,7 @@ from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.references import sampled_texts, teacher_forced_logprobs
-from tests.support.trainers import PROMPT, WeightSnapshots, make_trainer
+from tests.support.trainers import PROMPT, WeightSnapshots, assert_trained, make_trainer
 from tests.support.vllm_server import (
     REPO_ROOT,
     generation_tokens_total,
@@ -200,6 +200,7 @@ def test_a_single_turn_eval_trains_unchanged_on_policy_through_the_server(vllm_u
     assert [h["step"] for h in steps] == [1, 2]
     assert all(h["sampling/sampling_logp_difference/max"] < LOGPROB_TOL and h["ep_trl/failed_fraction"] == 0.0
                for h in steps)
+    assert_trained(trainer)
 
 
 def test_two_processes_each_run_their_own_slice(vllm_url, model_dir, letters_server, tmp_path):

@@ -119,7 +119,8 @@ class EnvPool:
             try:
                 outcome = await session.reset(**reset_kwargs(self._settings, task))
             except BaseException as exc:
-                await self._close(session)  # also when the episode is cancelled: no session outlives the call
+                # also when the episode is cancelled: no session outlives the call
+                await self._close(session, cancelled=isinstance(exc, asyncio.CancelledError))
                 if not isinstance(exc, Exception) or time.monotonic() > deadline:
                     raise
                 limit = capacity_of(exc)
@@ -143,13 +144,14 @@ class EnvPool:
                 raise RuntimeError(problem)
             return session, outcome
 
-    async def release(self, session: EnvSession, reusable: bool) -> None:
-        """Keep ``session`` for the next episode when it may be reused, else close it."""
+    async def release(self, session: EnvSession, reusable: bool, cancelled: bool = False) -> None:
+        """Keep ``session`` for the next episode when it may be reused, else close it (not waiting long for the
+        server when its episode was ``cancelled``)."""
         if self._reuse and reusable:
             self._idle.setdefault(session.server, []).append(session)
             await self._notify()
         else:
-            await self._close(session)
+            await self._close(session, cancelled)
 
     async def aclose(self) -> None:
         """Close every idle session (concurrently: closing is one round trip each)."""
@@ -164,10 +166,11 @@ class EnvPool:
             while not self._idle.get(url) and self._open.get(url, 0) >= self._notes.capacity.get(url, 1 << 30):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"environment {label}: the server at {url} stayed at capacity "
+                    raise TimeoutError(f"environment {label}: {self._server(url)} stayed at capacity "
                                        f"({self._notes.capacity[url]} sessions) for {CAPACITY_WAIT_S:g} s")
-                try:
-                    await asyncio.wait_for(self._freed.wait(), remaining)
+                try:  # in this task, not wait_for's: a cancelled wait gets the lock back before it leaves
+                    async with asyncio.timeout(remaining):
+                        await self._freed.wait()
                 except TimeoutError:
                     continue
             idle = self._idle.get(url)
@@ -186,8 +189,8 @@ class EnvPool:
         self.opened += 1
         return session
 
-    async def _close(self, session: EnvSession) -> None:
-        await session.close()
+    async def _close(self, session: EnvSession, cancelled: bool = False) -> None:
+        await session.close(cancelled)
         self._open[session.server] = self._open.get(session.server, 1) - 1
         await self._notify()
 
@@ -196,11 +199,20 @@ class EnvPool:
             async with self._freed:
                 self._freed.notify_all()
 
+    def _server(self, url: str | None) -> str:
+        """The server in a message: its URL, or the ``env_factory`` whose clients reach it."""
+        if url is not None:
+            return f"the environment server at {url}"
+        factory = self._settings.factory
+        name = getattr(factory, "__qualname__", None) or type(factory).__name__
+        return f"the environment server behind env_factory {getattr(factory, '__module__', '?')}.{name}"
+
     def _learn_capacity(self, url: str | None, limit: int) -> None:
         if self._notes.capacity.get(url) != limit:
             self._notes.capacity[url] = limit
+            server = self._server(url)
             self._notes.say_once(f"capacity {url}", (
-                f"The environment server at {url} admits {limit} session(s) at a time (CAPACITY_REACHED); episodes "
+                f"{server[0].upper()}{server[1:]} admits {limit} session(s) at a time (CAPACITY_REACHED); episodes "
                 f"wait for a free session, so at most {limit} run at once on it. Raise the server's "
                 "max_concurrent_envs (create_app(..., max_concurrent_envs=N)) to run more."))
 

@@ -37,6 +37,10 @@ STOCK_CONNECT_TIMEOUT_S = 10.0
 #: How long an ``env_factory`` call may go on after its episode stopped waiting (to close a client built late)
 #: before its thread is abandoned and counted as stuck.
 FACTORY_ABANDON_S = 300.0
+#: How long the close of a cancelled episode's session is waited for. The close is sent at once, but a server busy
+#: in a step confirms it only when the step ends (a websocket close handshake waits up to 10 s for that): the
+#: server ends the session then, and the cancelled call does not wait for it.
+CANCELLED_CLOSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -172,31 +176,41 @@ class EnvSession:
         self.fresh = True
 
     async def reset(self, **kwargs: Any) -> StepOutcome:
-        return _outcome(await self._call("reset", **kwargs))
+        return _outcome(await self._call("reset", kwargs=kwargs))
 
     async def step(self, action: Any) -> StepOutcome:
-        return _outcome(await self._call("step", action))
+        return _outcome(await self._call("step", (action,)))
 
-    async def close(self) -> None:
+    async def close(self, cancelled: bool = False) -> None:
+        """Close the client; the session of a ``cancelled`` episode is waited for ``CANCELLED_CLOSE_S`` at most."""
         close = getattr(self._client, "close", None)
         if close is None:
             return
         try:
-            await self._call("close")
+            await self._call("close", timeout_s=CANCELLED_CLOSE_S if cancelled else None)
+        except TimeoutError as exc:
+            if not cancelled:
+                logger.warning("closing environment %s failed: %s", self.label, exc)
+                return
+            logger.info("environment %s: its episode was cancelled and the server did not confirm the close within "
+                        "%g s (busy in a step); it ends the session when it does", self.label, CANCELLED_CLOSE_S)
         except Exception as exc:  # the episode result stands; a leak is worth a warning, not a failure
             logger.warning("closing environment %s failed: %s: %s", self.label, type(exc).__name__, exc)
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None,
+                    timeout_s: float | None = None) -> Any:
         fn = getattr(self._client, method)
+        kwargs = kwargs or {}
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         try:
             if self._on_loop:  # awaited in this task under a deadline: no task of its own per call (wait_for's)
-                async with asyncio.timeout(self._timeout_s):
+                async with asyncio.timeout(timeout_s):
                     return await _settle(fn(*args, **kwargs))
-            return await run_blocking(lambda: _call_sync(fn, args, kwargs), timeout_s=self._timeout_s,
+            return await run_blocking(lambda: _call_sync(fn, args, kwargs), timeout_s=timeout_s,
                                       what=f"environment {self.label}: {method}()")
         except TimeoutError as exc:
             raise TimeoutError(
-                f"environment {self.label}: {method}() did not answer within {self._timeout_s:g} s; if the "
+                f"environment {self.label}: {method}() did not answer within {timeout_s:g} s; if the "
                 "environment is just slow, raise EvalOverrides(request_timeout_s=...)"
             ) from exc
 

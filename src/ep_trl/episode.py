@@ -7,6 +7,7 @@ its kind and its message; it never raises into the batch. Any other error (ep_tr
 cannot render) raises out of the rollout call: it would fail every episode alike.
 """
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -155,7 +156,7 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
     state = _State(messages=[dict(m) for m in spec.initial_messages])
     failure: EpisodeFailure | None = None
     session = None
-    clean = False
+    clean = cancelled = False
     try:
         session, outcome = await _guarded("environment", envs.start(label, spec.task))
         await _play(state, session, outcome, cfg, template, generator, on_step, label)
@@ -163,9 +164,12 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
     except EpisodeFailure as exc:
         failure = exc
         logger.warning("%s failed (%s) after %d steps: %s", label, exc.kind, len(state.step_rewards), exc)
+    except asyncio.CancelledError:  # the call is ending: neither played nor failed
+        cancelled = True
+        raise
     finally:
         if session is not None:
-            await envs.release(session, reusable=clean)
+            await envs.release(session, reusable=clean, cancelled=cancelled)
     if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
         state.builder = TrajectoryBuilder.start(template.prompt(state.messages or list(spec.initial_messages)))
     return ended_episode(

@@ -11,6 +11,7 @@ TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -156,11 +157,12 @@ class RolloutFunction:
         try:
             async with self.source.session(shared) as player:
                 self._player = player
-                async for group in play_groups(player, self.spec, plans, generator, slots=slots,
-                                               body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
-                                               may_start=may_start, turn_version=turn_version, model_for=model_for,
-                                               meter=meter):
-                    yield group
+                stream = play_groups(player, self.spec, plans, generator, slots=slots,
+                                     body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
+                                     may_start=may_start, turn_version=turn_version, model_for=model_for, meter=meter)
+                async with aclosing(stream):  # closed (its episodes cancelled) before the sessions are
+                    async for group in stream:
+                        yield group
         finally:
             await generator.end_call()
 
@@ -201,10 +203,12 @@ class RolloutFunction:
                       for g, members in enumerate(groups)])
         played: dict[int, PlayedEpisode] = {}
         verdicts: dict[int, Scored] = {}
-        async for group in self.groups(caller, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream"):
-            for episode, verdict in zip(group.played, group.scored):
-                played[episode.request.index] = episode
-                verdicts[episode.request.index] = verdict
+        stream = self.groups(caller, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream")
+        async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
+            async for group in stream:
+                for episode, verdict in zip(group.played, group.scored):
+                    played[episode.request.index] = episode
+                    verdicts[episode.request.index] = verdict
         episodes = [played[i].episode for i in range(len(prompts))]
         scored = [verdicts[i] for i in range(len(prompts))]
         seconds = time.perf_counter() - started

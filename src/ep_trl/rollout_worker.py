@@ -41,6 +41,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,9 +63,6 @@ BUFFER_POLL_S = 0.02
 METRICS_QUEUE_SIZE = 256
 #: Released groups ``EvalRolloutWorker.groups`` remembers (the most recent).
 GROUP_RECORDS = 10_000
-#: The name ``AsyncGRPOTrainer`` loads each synced LoRA adapter under, ``f"{LORA_NAME}-v{version}"`` (TRL 1.14+,
-#: ``AsyncGRPOTrainer._lora_name``; pinned by tests/test_rollout_worker.py).
-LORA_NAME = "trl-policy"
 
 
 @dataclass(frozen=True)
@@ -137,10 +135,19 @@ class EvalRolloutWorker:
         self._prompts = list((dataset if dataset is not None else dataset_from_eval(env_path))["prompt"])
         if not self._prompts:
             raise ConfigError(f"EvalRolloutWorker({env_path!r}): the dataset has no prompts to play.")
-        probe_server(self._server_url)  # a server that is not there fails now, not when training starts
+        served = probe_server(self._server_url)  # a server that is not there fails now, not when training starts
         #: Whether the server runs with --enable-lora: the trainer may then sync a LoRA policy as an adapter alone.
         self.server_lora = lora_enabled(self._server_url)
-        self._adapters: dict[int, str] = {}  # policy version -> the adapter the trainer loaded for it
+        self._adapters: dict[int, str] = {}  # policy version -> the adapter this run's trainer loaded for it
+        #: Adapters the server already served before this run's trainer synced anything (an earlier run's): never
+        #: used, whatever their names.
+        self.foreign_adapters = frozenset(set(served_models(self._server_url)) - {served.model}
+                                          if self.server_lora else ())
+        if self.foreign_adapters:
+            logger.warning("The vLLM server at %s already serves the LoRA adapters %s, loaded before this run: the "
+                           "worker never generates with them. If this run syncs a LoRA adapter under one of these "
+                           "names, the server refuses it: restart the server between runs.", self._server_url,
+                           sorted(self.foreign_adapters))
         self._function: RolloutFunction = create_rollout_func(env_path, backend="vllm", **options)
         try:
             self._function.source.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
@@ -193,19 +200,20 @@ class EvalRolloutWorker:
 
     def update_model_version(self, model_version: int) -> None:
         """The policy version the server now holds (the trainer calls it after each weight sync, once the server's
-        weights, or the adapter of that version, have changed). On a server with ``--enable-lora`` the adapters the
-        trainer loaded are looked up first, so that no turn asks for a version's adapter before it is known."""
+        weights, or the adapter of that version, have changed). On a server with ``--enable-lora`` the adapter the
+        trainer loaded for this version is looked up first (``GET /v1/models``, retried if the server is briefly
+        busy), so that no turn asks for a version's adapter before it is known; an adapter of that name the server
+        served before this run (``foreign_adapters``) is not this run's and is never used."""
         version = int(model_version)
         if self.server_lora:
-            prefix = f"{LORA_NAME}-v"
-            for name in served_models(self._server_url):
-                if name.startswith(prefix) and name[len(prefix):].isdigit():
-                    self._adapters[int(name[len(prefix):])] = name
+            name = trl_compat.async_lora_adapter(version)
+            if name not in self.foreign_adapters and name in served_models(self._server_url):
+                self._adapters[version] = name  # loaded by this run's trainer, just before this call
         self._version = version
 
     def served_model(self, version: int) -> str | None:
-        """The model a turn of policy ``version`` is generated with: the adapter the trainer synced for it, when it
-        syncs adapters; None (the server's own weights, which the trainer overwrites) otherwise."""
+        """The model a turn of policy ``version`` is generated with: the adapter this run's trainer synced for it,
+        when it syncs adapters; None (the server's own weights, which the trainer overwrites) otherwise."""
         if not self._adapters:
             return None
         name = self._adapters.get(version)
@@ -274,15 +282,17 @@ class EvalRolloutWorker:
         pump = asyncio.ensure_future(self._pump())
         window: list[tuple[FinishedGroup, ReleasedGroup]] = []
         window_started, sessions_before = time.monotonic(), 0
+        stream = self._function.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
+                                       turn_version=lambda: self._version, model_for=self.served_model,
+                                       meter=self.meter)
         try:
-            async for group in self._function.groups(self._caller(), self._plans(), slots=self.slots,
-                                                     may_start=self._has_room, turn_version=lambda: self._version,
-                                                     model_for=self.served_model, meter=self.meter):
-                window.append((group, self._release(group)))
-                if len(window) >= self.groups_per_report:
-                    sessions = self._function.env_sessions
-                    self._report(window, time.monotonic() - window_started, sessions - sessions_before)
-                    window, window_started, sessions_before = [], time.monotonic(), sessions
+            async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
+                async for group in stream:
+                    window.append((group, self._release(group)))
+                    if len(window) >= self.groups_per_report:
+                        sessions = self._function.env_sessions
+                        self._report(window, time.monotonic() - window_started, sessions - sessions_before)
+                        window, window_started, sessions_before = [], time.monotonic(), sessions
         finally:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)

@@ -127,12 +127,14 @@ class VersionedTurns:
 
 class SlotMeter:
     """How busy a stream's episode slots are: the time integral of episodes in flight (``busy_s``), to divide by
-    ``slots x`` the wall time for the occupancy."""
+    ``slots x`` the wall time for the occupancy; and how many episodes started, and were cancelled in flight when
+    the stream ended early (``cancelled``: neither played nor failed)."""
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.busy_s = 0.0
         self.episodes = 0
+        self.cancelled = 0
         self._since = time.monotonic()
 
     def _advance(self) -> None:
@@ -283,6 +285,7 @@ async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[Gro
         if meter is not None:
             for _ in episodes:
                 meter.ended()
+            meter.cancelled += len(episodes)
         pending = [*episodes, *scoring]
         for task in pending:
             task.cancel()

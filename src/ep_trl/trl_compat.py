@@ -50,6 +50,19 @@ def require_tested(path: str, who: str) -> Version:
     return version
 
 
+#: The name ``AsyncGRPOTrainer`` loads each synced LoRA adapter under, ``f"{name}-v{version}"``: its private
+#: ``_lora_name``, set in its constructor (no public way to read it before a trainer exists). Known for the TRL of
+#: the "async" path only; pinned by tests/test_trl_compat.py and tests/test_rollout_worker.py.
+_ASYNC_LORA_NAME = "trl-policy"
+
+
+def async_lora_adapter(version: int) -> str:
+    """The name ``AsyncGRPOTrainer`` loads policy ``version``'s LoRA adapter under on the vLLM server; raises
+    ``VersionError`` for a TRL the async path is not tested with (the private name may differ there)."""
+    require_tested("async", "EvalRolloutWorker (the LoRA adapter names AsyncGRPOTrainer loads)")
+    return f"{_ASYNC_LORA_NAME}-v{version}"
+
+
 class GRPOTrainerCaller:
     """``GRPOTrainer`` as the caller of ``rollout_func(prompts, trainer)`` (``ep_trl.caller.RolloutCaller``): the
     configuration read from ``trainer.args``, the rest read off the trainer when asked."""

@@ -39,6 +39,9 @@ class DraftThenReviseProcessor(RolloutProcessor):
     mode="pointwise",
 )
 def test_draft_then_revise(row: EvaluationRow) -> EvaluationRow:
-    """1.0 for any non-empty final answer."""
-    row.evaluation_result = EvaluateResult(score=float(bool(row.messages[-1].content)), reason="answered")
+    """Brief is better: ``1 / (1 + characters)`` for a non-empty final answer, 0.0 for none (answers of different
+    lengths score differently, so a group's rewards give GRPO something to learn from)."""
+    answer = row.messages[-1].content or ""
+    row.evaluation_result = EvaluateResult(score=1.0 / (1 + len(answer)) if answer else 0.0,
+                                           reason=f"answered in {len(answer)} characters")
     return row

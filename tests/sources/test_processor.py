@@ -21,7 +21,7 @@ from ep_trl.evalprotocol import StoreLogger
 from ep_trl.processes import free_port, start_server
 from tests.support import tool_model
 from tests.support.references import teacher_forced_logprobs
-from tests.support.trainers import make_trainer
+from tests.support.trainers import assert_trained, make_trainer
 
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
 AGENT = "tests.evals.eval_calculator_agent"
@@ -89,6 +89,7 @@ def test_a_single_turn_eval_trains_unchanged(tiny_model_dir, tmp_path):
         assert out["eval_score"] == [float(r.evaluation_result.score) for r in scored_rows]
         trainer.train()
         assert trainer.state.global_step == 1
+        assert_trained(trainer)
     finally:
         rollout.close()
     assert "HOSTED_VLLM_API_BASE" not in os.environ
@@ -291,6 +292,7 @@ def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_
         assert "does not continue the conversation" in caplog.text
         trainer.train()
         assert trainer.state.log_history[0]["ep_trl/forked_segments"] == 2.0
+        assert_trained(trainer)
     finally:
         rollout.close()
 

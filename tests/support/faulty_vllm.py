@@ -17,6 +17,9 @@ Each completion request takes the next action from ``plan`` (then ``default``):
 * ``"no_token_ids"``: HTTP 200 with choices that carry text but no ``token_ids`` (a server that ignores
   ``return_token_ids``, e.g. an older vLLM or another OpenAI-compatible server).
 
+``models_plan`` does the same for ``GET /v1/models`` (``"ok"``, ``("status", code)``, ``"drop"``, ``"hang"``), and
+``adapters`` are listed there after the model, as a server with ``--enable-lora`` lists loaded LoRA adapters.
+
 ``reject_longer_than`` answers any request holding a prompt longer than that with vLLM's HTTP 400, as a real
 server does for a prompt over its ``max_model_len``.
 """
@@ -56,12 +59,17 @@ class FaultyVLLMServer:
     max_model_len: int | None = 512
     model: str = "faulty-model"
     hang_models: bool = False
+    models_plan: Iterable[Action] = ()
+    adapters: Sequence[str] = ()
     reject_longer_than: int | None = None
     requests: list[Recorded] = field(default_factory=list)
     max_concurrent_prompts: int = 0
 
     def __post_init__(self) -> None:
         self._plan: deque[Action] = deque(self.plan)
+        self._models_plan: deque[Action] = deque(self.models_plan)
+        #: How many times ``GET /v1/models`` was asked.
+        self.models_requests = 0
         self._lock = threading.Lock()
         self._in_flight = 0
         self._closing = threading.Event()
@@ -147,13 +155,19 @@ def _handler_for(server: FaultyVLLMServer) -> type[BaseHTTPRequestHandler]:
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/v1/models":
+                with server._lock:
+                    server.models_requests += 1
+                    action = server._models_plan.popleft() if server._models_plan else "ok"
                 if server.hang_models:
-                    server._closing.wait(120)
+                    action = "hang"
+                if action != "ok":
+                    self._act(action, {}, [])
                     return
                 entry = {"id": server.model, "object": "model"}
                 if server.max_model_len is not None:
                     entry["max_model_len"] = server.max_model_len
-                self._send(200, {"object": "list", "data": [entry]})
+                adapters = [{"id": name, "object": "model", "parent": server.model} for name in server.adapters]
+                self._send(200, {"object": "list", "data": [entry, *adapters]})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}", "code": 404}})
 

@@ -13,7 +13,7 @@ from ep_trl.processes import ServerProcess, free_port, start_server
 #: ep_trl.envs.letters.environment; spelled out so importing this helper does
 #: not import openenv-core, which takes seconds because it pulls in gradio).
 SERVER_SETTING_VARS = ("LETTERS_TASK", "LETTERS_MAX_STEPS", "LETTERS_STEP_LATENCY_S", "LETTERS_TAIL_EVERY",
-                       "LETTERS_TAIL_LATENCY_S")
+                       "LETTERS_TAIL_LATENCY_S", "LETTERS_MAX_SESSIONS")
 
 #: Env var through which eval modules find the letters server (read at call time).
 LETTERS_ENV_URL_VAR = "LETTERS_ENV_URL"

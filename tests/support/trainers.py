@@ -37,3 +37,10 @@ class WeightSnapshots(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.states[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_trained(trainer: Any) -> None:
+    """Some step of ``trainer`` had a gradient. GRPO's advantage is a sample's reward against its group's: a reward
+    that is the same for every sample of a group gives a loss and a grad_norm of 0, and nothing is trained."""
+    norms = [entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry]
+    assert norms and max(norms) > 0, f"no step had a gradient (grad_norm per step: {norms})"

@@ -108,15 +108,36 @@ def probe_server(base_url: str, timeout_s: float = 10.0) -> ServerInfo:
     return ServerInfo(model=str(entry["id"]), max_model_len=int(max_len) if max_len else None)
 
 
-def served_models(base_url: str, timeout_s: float = 10.0) -> list[str]:
-    """The model ids ``GET /v1/models`` lists: the base model, then every LoRA adapter loaded at run time."""
+#: How often ``served_models`` asks again after a transient failure (a connection refused or dropped, no answer
+#: within its timeout, a 429 or 5xx), with backoff: a weight sync then survives a server briefly busy.
+MODELS_RETRIES = 3
+
+
+def served_models(base_url: str, timeout_s: float = 10.0, retries: int = MODELS_RETRIES) -> list[str]:
+    """The model ids ``GET /v1/models`` lists: the base model, then every LoRA adapter loaded at run time. Each try is
+    bounded by ``timeout_s``; a transient failure is retried ``retries`` times, anything else raises at once."""
     url = f"{base_url.rstrip('/')}/v1/models"
-    try:
-        response = httpx.get(url, timeout=httpx.Timeout(timeout_s))
-        response.raise_for_status()
-        return [str(entry["id"]) for entry in response.json()["data"]]
-    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-        raise GenerationError(f"GET {url} gave no list of models ({type(exc).__name__}: {exc})") from exc
+    policy = RetryPolicy(max_retries=retries, backoff_s=0.5)
+    for attempt in range(1, retries + 2):
+        try:
+            response = httpx.get(url, timeout=httpx.Timeout(timeout_s))
+        except httpx.TransportError as exc:  # refused, dropped, or no answer within timeout_s
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            if response.status_code not in RETRYABLE_STATUS:
+                try:
+                    response.raise_for_status()
+                    return [str(entry["id"]) for entry in response.json()["data"]]
+                except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                    raise GenerationError(f"GET {url} gave no list of models ({type(exc).__name__}: {exc})") from exc
+            problem = f"HTTP {response.status_code}: {_error_message(response.text)}"
+        if attempt > retries:
+            raise GenerationError(f"GET {url} failed {attempt} times (timeout {timeout_s:g} s each); last error: "
+                                  f"{problem}. Is the vLLM server still up? If not, {START_HINT}.")
+        delay = policy.delay(attempt)
+        logger.warning("GET %s failed (%s); retry %d/%d in %.1f s", url, problem, attempt, retries, delay)
+        time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def lora_enabled(base_url: str, timeout_s: float = 10.0) -> bool:

@@ -7,6 +7,7 @@ exposing the server-wide episode record for tests.
 """
 
 import logging
+import os
 from typing import Any
 
 from fastapi import FastAPI
@@ -22,6 +23,8 @@ logger = logging.getLogger(__name__)
 #: Above openenv's default of 1 so batched rollouts (up to 32 at once) and
 #: benchmarks never hit CAPACITY_REACHED.
 MAX_CONCURRENT_ENVS = 64
+#: Sets the session limit in place of ``MAX_CONCURRENT_ENVS`` (tests make a server at capacity with it).
+MAX_SESSIONS_ENV_VAR = "LETTERS_MAX_SESSIONS"
 
 
 def build_app() -> FastAPI:
@@ -31,7 +34,7 @@ def build_app() -> FastAPI:
         LettersAction,
         LettersObservation,
         env_name="letters",
-        max_concurrent_envs=MAX_CONCURRENT_ENVS,
+        max_concurrent_envs=int(os.environ.get(MAX_SESSIONS_ENV_VAR) or MAX_CONCURRENT_ENVS),
     )
 
     @application.get("/episodes", tags=["Letters"], summary="Every episode this server has seen")
