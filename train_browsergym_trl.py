@@ -22,7 +22,6 @@ Rollouts overlapping training steps (docs/async.md): --async --vllm-base-url URL
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -186,12 +185,9 @@ def print_answers(when: str, tasks: list[str], demonstrations: "Sequence[Demonst
 def main(argv: list[str] | None = None) -> int:
     """Start the environment server unless one is given, train, print a line per step; 0 on success."""
     args = parse_args(argv)
-    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, quiet_library_output, report_training
+    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, report_training, script_logging
 
-    quiet_library_output()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "LiteLLM", "litellm"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    script_logging()
 
     from transformers import PrinterCallback
 

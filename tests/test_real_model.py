@@ -10,20 +10,19 @@ start of the prompt. Then a short run that trains the real model through the bre
 with the held-out score read through the eval's own processor and body.
 """
 
+import importlib.util
+import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from ep_trl import EvalRolloutWorker, create_openenv_vllm_rollout_func, create_rollout_func, dataset_from_eval
-from ep_trl.devtools.heldout import score_held_out
+from ep_trl import EvalRolloutWorker, create_openenv_vllm_rollout_func, create_rollout_func
 from ep_trl.devtools.real_model import build_smollm2
-from ep_trl.rewards import eval_score
-from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightSync
 from tests.support.real_model import (TEMPERATURE, TOLERANCE, check_rollout_output, sampled_runs_and_logprob_gap,
                                       sampled_texts)
@@ -32,7 +31,15 @@ from tests.support.trainers import PROMPT, make_trainer
 from tests.support.vllm_server import start_vllm_server, stop_vllm_server
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
-BREVITY = "examples/brevity/eval_brevity.py::test_brevity"
+
+def _load_script(path: Path):
+    spec = importlib.util.spec_from_file_location("train_smollm2_trl", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_smollm2 = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_trl.py")
 
 
 @pytest.fixture(scope="module")
@@ -68,27 +75,24 @@ def real_url(real_server, real_model):
     return real_server.base_url
 
 
+@pytest.fixture(params=["vllm", "trainer"])
+def backend(request):
+    """The two rollout-function backends: the CPU vLLM server, and the trainer's own model in-process."""
+    return request.param
+
+
 @pytest.mark.timeout(600)
-def test_the_server_path_is_token_exact_on_the_real_model(real_url, real_model_dir, real_model, letters_server,
-                                                          letters_episodes, tmp_path):
-    rollout = create_openenv_vllm_rollout_func(LETTERS, vllm_base_url=real_url, log_rollouts=False)
+def test_the_rollout_function_is_token_exact_on_the_real_model(backend, real_model_dir, real_model,
+                                                               letters_server, letters_episodes, tmp_path, request):
+    if backend == "vllm":
+        rollout = create_openenv_vllm_rollout_func(LETTERS, vllm_base_url=request.getfixturevalue("real_url"),
+                                                   log_rollouts=False)
+    else:
+        rollout = create_rollout_func(LETTERS, backend="trainer", log_rollouts=False)
     trainer = make_trainer(real_model_dir, tmp_path, rollout, temperature=TEMPERATURE)
     try:
         out = rollout([PROMPT] * 4, trainer)
-        assert rollout.backend_name == "vllm"
-    finally:
-        rollout.close()
-    check_rollout_output(real_model, trainer.processing_class, out, letters_episodes())
-
-
-@pytest.mark.timeout(600)
-def test_the_trainer_backend_is_token_exact_on_the_real_model(real_model_dir, real_model, letters_server,
-                                                              letters_episodes, tmp_path):
-    rollout = create_rollout_func(LETTERS, backend="trainer", log_rollouts=False)
-    trainer = make_trainer(real_model_dir, tmp_path, rollout, temperature=TEMPERATURE)
-    try:
-        out = rollout([PROMPT] * 2, trainer)
-        assert rollout.backend_name == "trainer"
+        assert rollout.backend_name == backend
     finally:
         rollout.close()
     check_rollout_output(real_model, trainer.processing_class, out, letters_episodes())
@@ -127,39 +131,28 @@ def test_the_async_worker_is_token_exact_on_the_real_model(real_url, real_model_
 
 @pytest.mark.timeout(900)
 def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, real_model_dir, real_model, tmp_path):
-    """Two DiskSyncGRPOTrainer steps on the brevity eval: on-policy (TRL's own sampling/logp check at rounding
-    level), a non-zero gradient, and afterwards the server serves the trained weights, which the held-out score is
-    read from through the eval's own processor and body."""
-    split = dataset_from_eval(BREVITY).train_test_split(test_size=0.3, seed=0)
-    held_out = split["test"]["prompt"][:8]
-    served = real_model_dir.as_posix()
-    before = score_held_out(BREVITY, held_out, base_url=real_url, model=served)
-    assert before.unscored == 0 and all(reply for reply in before.replies)
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, seed=0, use_vllm=True, vllm_mode="server",
-                      vllm_server_base_url=real_url, per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=24, temperature=TEMPERATURE, learning_rate=1e-4, max_steps=2,
-                      logging_steps=1, save_strategy="no", gradient_checkpointing=False, report_to=[])
-    rollout = create_rollout_func(BREVITY, log_rollouts=False)
-    try:
-        trainer = DiskSyncGRPOTrainer(model=str(real_model_dir), reward_funcs=[eval_score], args=args,
-                                      train_dataset=split["train"], rollout_func=rollout)
-        trainer.train()
-    finally:
-        rollout.close()
-    steps = [h for h in trainer.state.log_history if "sampling/sampling_logp_difference/max" in h]
-    assert [h["step"] for h in steps] == [1, 2]
-    assert all(h["sampling/sampling_logp_difference/max"] < TOLERANCE for h in steps)
-    assert any(h["grad_norm"] > 0 for h in steps) and all(h["ep_trl/failed_fraction"] == 0.0 for h in steps)
-    # the server now serves the trained weights: what it samples has the trained model's logprobs
-    tokenizer = trainer.processing_class
+    """The README's real-model command (``train_smollm2_trl.py``), two steps on the module's server: the held-out
+    rows scored through the eval's own processor and body before and after, DiskSyncGRPOTrainer steps on-policy (TRL's
+    own sampling/logp check at rounding level) with a non-zero gradient, the plot and the result written, and the
+    server left on the trained weights."""
+    out = tmp_path / "run"
+    assert train_smollm2.main(["--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "8",
+                               "--num-generations", "4", "--held-out", "0.05", "--output-dir", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 2 and result["held_out_rows"] == 7 and len(result["replies_after"]) == 7
+    assert 0.0 <= result["held_out_before"] <= 1.0 and 0.0 <= result["held_out_after"] <= 1.0
+    steps = result["steps_logged"]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["sampling/sampling_logp_difference/max"] < TOLERANCE for s in steps)
+    assert any(s["grad_norm"] > 0 for s in steps) and all(s["ep_trl/failed_fraction"] == 0.0 for s in steps)
+    assert (out / "reward_curve.png").stat().st_size > 0
+    # the server serves the trained weights now: what it samples is not what the checkpoint would give those logprobs
+    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe apple in at most five words."}],
                                            add_generation_prompt=True)
     reply = httpx.post(f"{real_url}/v1/completions", timeout=120, json={
-        "model": served, "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
+        "model": str(real_model_dir), "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
         "return_token_ids": True}).json()["choices"][0]
-    ids, logprobs = reply["token_ids"], reply["logprobs"]["token_logprobs"]
-    trained = trainer.model.eval()
-    assert max(abs(a - b) for a, b in zip(logprobs, teacher_forced_logprobs(trained, prompt, ids))) < TOLERANCE
-    assert max(abs(a - b) for a, b in zip(logprobs, teacher_forced_logprobs(real_model, prompt, ids))) > TOLERANCE
-    after = score_held_out(BREVITY, held_out, base_url=real_url, model=served)
-    assert after.unscored == 0
+    gaps = [abs(a - b) for a, b in zip(reply["logprobs"]["token_logprobs"],
+                                       teacher_forced_logprobs(real_model, prompt, reply["token_ids"]))]
+    assert max(gaps) > TOLERANCE

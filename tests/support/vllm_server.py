@@ -7,21 +7,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ep_trl.devtools.cpu_vllm import (  # noqa: F401 - re-exported for the tests
-    BASE_SERVER_ENV,
-    DEFAULT_START_TIMEOUT_S,
-    TRL_SERVE_FLAGS,
-    UNSET_SERVER_ENV,
-    VLLM_VENV_VAR,
+from ep_trl.devtools.cpu_vllm import (  # noqa: F401 - the launcher, re-exported for the tests
     missing_vllm_message,
     start_vllm_server,
     stop_vllm_server,
     vllm_installed,
-    vllm_python,
     vllm_server,
-    vllm_server_command,
-    vllm_venv,
-    warm_up,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -4,6 +4,7 @@ This is command-line output, so it prints; the library itself only logs.
 """
 
 import contextlib
+import logging
 import shlex
 import sys
 import tempfile
@@ -37,6 +38,15 @@ def quiet_library_output() -> None:
     warnings.filterwarnings("ignore", category=PydanticDeprecatedSince20, module=r"eval_protocol\.",
                             message="Support for class-based `config` is deprecated")
     transformers_logging.disable_progress_bar()
+
+
+def script_logging() -> None:
+    """The training scripts' output: :func:`quiet_library_output`, INFO log lines with their time and logger, the
+    HTTP clients' and LiteLLM's per-request lines left out."""
+    quiet_library_output()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "LiteLLM", "litellm"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 class ProgressPrinter(TrainerCallback):
