@@ -24,6 +24,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # Playwright finds its browsers under the real home, so pin that first.
 os.environ.setdefault("PLAYWRIGHT_BROWSERS_PATH", os.path.join(os.path.expanduser("~"), ".cache", "ms-playwright"))
 TEST_HOME = tempfile.mkdtemp(prefix="ep-trl-test-home-")
+# ...but the real model's checkpoint stays where scripts/install.sh built it (the user's cache), not rebuilt per session
+os.environ.setdefault("EP_TRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ep_trl"))
 os.environ["HOME"] = TEST_HOME
 atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
 

@@ -149,7 +149,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     # the server serves the trained weights now: what it samples is not what the checkpoint would give those logprobs
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe apple in at most five words."}],
-                                           add_generation_prompt=True)
+                                           add_generation_prompt=True, return_dict=False)
     reply = httpx.post(f"{real_url}/v1/completions", timeout=120, json={
         "model": str(real_model_dir), "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
         "return_token_ids": True}).json()["choices"][0]
