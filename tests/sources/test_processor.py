@@ -556,11 +556,15 @@ def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_mode
 
 
 @pytest.mark.timeout(300)
-def test_an_mcp_gym_eval_trains_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog,
-                                                                 monkeypatch):
+def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog,
+                                                                monkeypatch):
     """eval-protocol's FrozenLake MCP-gym server, started by its processor: in the eval's default per_run mode the
     processor starts a server per processor call on one port, and ep_trl calls it once per row, so every row after
-    the first failed ("Port 9700 is already in use"); training runs it in shared mode and says so."""
+    the first failed ("Port 9700 is already in use"); training runs it in shared mode and says so.
+
+    It plays rollout calls and claims no training: the eval scores 1.0 for reaching the goal, six moves from the
+    start on a 4x4 lake, in the eval's four steps, so every reward is 0 and a GRPO step would have no gradient.
+    (Training through processor evals is asserted by the single-turn, agent and rewriting tests above.)"""
     caplog.set_level(logging.INFO, logger="ep_trl")
     monkeypatch.chdir(tmp_path)  # the processor writes its server's log to the working directory
     env_path = "tests.evals.eval_frozen_lake"
