@@ -56,6 +56,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed batches per arm and concurrency")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "generation_backends.json")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
     return parser.parse_args()
 
 
@@ -131,7 +133,8 @@ def main() -> None:
             for concurrency in args.concurrency:
                 run, rollout = build_arm(arm, concurrency, args.episodes, model_dir, work, server_url)
                 stack.callback(rollout.close)
-                run([PROMPT] * 4)  # warm-up
+                if args.warm_up:
+                    run([PROMPT] * 4)  # warm-up
                 arms[(arm, concurrency)] = run
         for repeat in range(args.repeats):
             for (arm, concurrency), run in arms.items():

@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--tool-latency-s", type=float, default=0.2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
     args = parser.parse_args()
     record = run_record.start()
 
@@ -68,7 +70,8 @@ def main() -> None:
                                    batch_size=args.episodes, max_completion_length=400, prompts=prompts,
                                    temperature=0.5)
             try:
-                rollout(prompts, trainer)  # warm-up: MCP connections, first generate
+                if args.warm_up:
+                    rollout(prompts, trainer)  # warm-up: MCP connections, first generate
                 times = []
                 for _ in range(args.repeats):
                     started = time.perf_counter()

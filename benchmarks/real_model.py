@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                  "the model of --vllm-url)")
     p.add_argument("--vllm-url", default=None, help="use this running CPU vLLM server (dev mode) instead of starting one")
     p.add_argument("--out", default=None, help="write the result JSON here")
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
     return p.parse_args(argv)
 
 
@@ -81,7 +83,8 @@ def process_group_stats(pid: int | None) -> tuple[float, float]:
     return cpu, rss / 2**30
 
 
-def rollouts(model_dir: Path, server: Any, concurrency: int, episodes: int, work: Path) -> dict[str, Any]:
+def rollouts(model_dir: Path, server: Any, concurrency: int, episodes: int, work: Path,
+             warm_up: bool = True) -> dict[str, Any]:
     from ep_trl import create_rollout_func, dataset_from_eval
     from tests.support.trainers import make_trainer
     from tests.support.vllm_server import generation_tokens_total
@@ -92,7 +95,8 @@ def rollouts(model_dir: Path, server: Any, concurrency: int, episodes: int, work
     trainer = make_trainer(model_dir, work, rollout, num_generations=4, batch_size=4, temperature=TEMPERATURE,
                            prompts=batch)
     try:
-        rollout(batch[:4], trainer)  # warm: the endpoint, LiteLLM's first import-time work, the server's first call
+        if warm_up:
+            rollout(batch[:4], trainer)  # warm: the endpoint, LiteLLM's first import-time work, the server's first call
         load = os.getloadavg()[0]
         tokens0, server_cpu0 = generation_tokens_total(server.base_url), process_group_stats(server.pid)[0]
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -186,7 +190,7 @@ def main(argv=None) -> int:
         result["model"] = str(model_dir)
         for concurrency in args.concurrency:
             for _ in range(args.repeats):
-                row = rollouts(model_dir, server, concurrency, args.episodes, work)
+                row = rollouts(model_dir, server, concurrency, args.episodes, work, args.warm_up)
                 print(json.dumps(row), flush=True)
                 result["runs"].append(row)
         if args.train_steps:

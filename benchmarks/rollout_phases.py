@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--no-env-reuse", action="store_true")
     parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
     parser.add_argument("--out", type=Path, default=None, help="write every batch's figures as JSON here")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
     args = parser.parse_args()
     record = run_record.start()
     batches: list[dict[str, Any]] = []
@@ -132,7 +134,8 @@ def main() -> None:
         run, close = bench.ep_trl_arm(url, model, Path(tmp), args.concurrency, args)
         pids = process_ids()
         try:
-            run([bench.PROMPT] * min(4, args.episodes))  # warm-up
+            if args.warm_up:
+                run([bench.PROMPT] * min(4, args.episodes))  # warm-up
             for number in range(1, args.batches + 1):
                 PHASES.clear()
                 BATCH_SIZES.clear()

@@ -70,6 +70,8 @@ def parse_args() -> argparse.Namespace:
                         help="ep_trl opens one environment session per episode (reuse_env_sessions=False)")
     parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "rollout_throughput.json")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
     return parser.parse_args()
 
 
@@ -244,7 +246,8 @@ def main() -> None:
                 for c in ([1] if arm == "sequential" else args.concurrency):
                     run, close = ARMS[arm](url, model, Path(tmp), c, args)
                     runners.append((arm, c, run, close))
-                    run([PROMPT] * min(4, args.episodes))  # warm-up: imports, connections, first compile
+                    if args.warm_up:
+                        run([PROMPT] * min(4, args.episodes))  # warm-up: imports, connections, first compile
             # repeats interleave the arms, so a burst of load from elsewhere hits all of them alike
             for repeat in range(args.repeats):
                 for arm, c, run, _ in runners:

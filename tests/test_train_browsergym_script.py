@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.trainers import assert_script_trained
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train_browsergym_trl.py"
 pytestmark = pytest.mark.slow
@@ -163,6 +165,7 @@ def test_lora_trains_and_ctrl_c_stops_the_env_server(tmp_path):
     lora = re.search(r"^LoRA r=4 alpha=8: (\d+) of (\d+) parameters trainable$", run.stdout, flags=re.M)
     assert lora and 0 < int(lora.group(1)) < int(lora.group(2)), run.stdout
     assert re.search(r"^step 1/20 \| reward [0-9.]+", run.stdout, flags=re.M)
+    assert_script_trained(run.stdout)  # the adapter had a gradient in step 1
     assert run.returncode == 130 and "interrupted: environment server stopped" in run.stdout, run.stderr_tail
     assert run.seconds_after_interrupt < 60
     assert "chromium" in run.seen_names

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.trainers import assert_script_trained
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,6 +22,7 @@ def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path):
     steps = re.findall(r"^step (\d)/2 \| reward ([0-9.]+)", proc.stdout, flags=re.M)
     assert [s for s, _ in steps] == ["1", "2"], proc.stdout
     assert all(0.0 <= float(r) <= 1.0 for _, r in steps)
+    assert_script_trained(proc.stdout)
     assert re.search(r"^done: 2 steps, 32 episodes, reward first [0-9.]+ last [0-9.]+ \(mean eval score of steps 1 "
                      r"and 2\)", proc.stdout, flags=re.M), proc.stdout
     assert (tmp_path / "tiny-model" / "config.json").exists()
@@ -56,6 +59,7 @@ def test_async_trains_on_a_vllm_server_and_prints_a_reward_line_per_step(vllm_se
     assert [s for s, _, _ in steps] == ["1", "2"], proc.stdout
     assert all(0.0 <= float(r) <= 1.0 for _, r, _ in steps)
     assert re.match(r" episodes/s [0-9.]+ \| failed", steps[0][2]), proc.stdout
+    assert_script_trained(proc.stdout)
     assert re.search(r"^done: 2 steps, 32 episodes, reward first [0-9.]+ last [0-9.]+", proc.stdout, flags=re.M)
     assert (tmp_path / "reward_curve.png").exists()
     assert "pushed version-000001" in proc.stderr and "pushed version-000003" in proc.stderr  # the first sync (the

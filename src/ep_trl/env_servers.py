@@ -17,6 +17,7 @@ which needs ``uv`` and the network; the package is already importable in the tra
 
 import importlib.util
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any

@@ -17,7 +17,7 @@ from ep_trl.options import VLLMOptions
 from ep_trl.rewards import eval_score
 from ep_trl.trainers.cpu_colocate import CPUColocateGRPOTrainer
 from tests.support.references import teacher_forced_logprobs
-from tests.support.trainers import PROMPT, WeightSnapshots
+from tests.support.trainers import PROMPT, WeightSnapshots, assert_trained
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
@@ -75,6 +75,7 @@ def test_the_letters_eval_trains_on_policy_with_the_colocated_engine(model_dir, 
         assert [h["step"] for h in steps] == [1, 2, 3]
         assert all(h["sampling/sampling_logp_difference/max"] < TOLERANCE for h in steps)
         assert all(h["ep_trl/failed_fraction"] == 0.0 for h in steps)
+        assert_trained(trainer)
         out = rollout([PROMPT] * 4, trainer)
     finally:
         rollout.close()
@@ -101,6 +102,7 @@ def test_a_processor_eval_trains_with_the_colocated_engine(model_dir, tmp_path):
     assert [h["step"] for h in steps] == [1, 2]
     assert all(h["sampling/sampling_logp_difference/max"] < TOLERANCE and h["ep_trl/failed_fraction"] == 0.0
                for h in steps)
+    assert_trained(trainer)
 
 
 @pytest.fixture(scope="module")

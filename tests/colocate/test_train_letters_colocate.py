@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.trainers import assert_script_trained
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,5 +26,6 @@ def test_the_letters_script_trains_with_the_colocated_engine(tmp_path):
     steps = re.findall(r"^step (\d)/2 \| reward ([0-9.]+) .*\| eval_score ([0-9.]+)", proc.stdout, flags=re.M)
     assert [s for s, _, _ in steps] == ["1", "2"], proc.stdout
     assert all(0.0 <= float(r) <= 1.0 for _, r, _ in steps)
+    assert_script_trained(proc.stdout)
     assert re.search(r"^done: 2 steps, 32 episodes, reward first [0-9.]+ last [0-9.]+", proc.stdout, flags=re.M)
     assert (tmp_path / "reward_curve.png").exists()

@@ -25,10 +25,11 @@ SYSTEM = "Use the calculator tools, then answer with the number only."
     passed_threshold=0.0,
 )
 def test_calculator_agent(row: EvaluationRow) -> EvaluationRow:
-    """1.0 for the right final answer; the tool results the agent saw are in the row."""
+    """1.0 for the right final answer alone; 0.5 for the right number among other words (the system prompt asks for
+    the number only); 0.0 otherwise. The tool results the agent saw are in the row."""
     final = row.messages[-1]
     answer = (final.content or "").strip() if final.role == "assistant" else ""
     tools_used = sum(1 for m in row.messages if m.role == "tool")
-    row.evaluation_result = EvaluateResult(score=1.0 if answer == row.ground_truth else 0.0,
-                                           reason=f"answered {answer!r} after {tools_used} tool results")
+    score = 1.0 if answer == row.ground_truth else 0.5 if row.ground_truth in answer.split() else 0.0
+    row.evaluation_result = EvaluateResult(score=score, reason=f"answered {answer!r} after {tools_used} tool results")
     return row

@@ -120,32 +120,56 @@ def agent_eval(calc_server, tmp_path, monkeypatch):
     sys.modules.pop(AGENT, None)
 
 
-@pytest.fixture(scope="module")
-def agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
+def calculator_tool_model(tiny_model_dir, calc_server, out_dir, answers=(tool_model.ANSWER,)):
     from tests.evals.eval_calculator_agent import SYSTEM
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is (1 + 2) + (3 + 4)?"}]
-    return tool_model.build_tool_model(tiny_model_dir, tmp_path_factory.mktemp("tool_model"), messages,
-                                       tool_model.mcp_tools(calc_server.base_url),
-                                       tool_result=lambda r: json.dumps({"result": int(r)}))
+    return tool_model.build_tool_model(tiny_model_dir, out_dir, messages, tool_model.mcp_tools(calc_server.base_url),
+                                       tool_result=lambda r: json.dumps({"result": int(r)}), answers=answers)
+
+
+@pytest.fixture(scope="module")
+def agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
+    """The tool model that plays the calculator script and answers "10"."""
+    return calculator_tool_model(tiny_model_dir, calc_server, tmp_path_factory.mktemp("tool_model"))
+
+
+@pytest.fixture(scope="module")
+def varied_agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
+    """The tool model that plays the calculator script and ends with one of ``VARIED_ANSWERS``, evenly: the episodes
+    of a group score differently, so a training step has a gradient (with one answer every reward is 1.0)."""
+    return calculator_tool_model(tiny_model_dir, calc_server, tmp_path_factory.mktemp("varied_tool_model"),
+                                 answers=tool_model.VARIED_ANSWERS)
+
+
+#: What the calculator eval scores each of the varied tool model's answers.
+ANSWER_SCORES = dict(zip(tool_model.VARIED_ANSWERS, (1.0, 0.5, 0.0)))
+#: Episodes per group when the agent trains: all eight end with the same answer with probability 3 ** -7.
+AGENT_GROUP = 8
 
 
 @pytest.mark.timeout(600)
-def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_eval, agent_model_dir, tmp_path):
+def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_eval, varied_agent_model_dir,
+                                                                         tmp_path):
     """Two tool round trips per episode through a real MCP server: each sampled run decodes to the assistant
     message the processor received (its tool call), the tool results are masked, logprobs are the model's; the
-    rollouts reach the store ``ep logs`` reads as the eval's own rows, with their token view."""
+    rollouts reach the store ``ep logs`` reads as the eval's own rows, with their token view; the eval's scores of
+    the answers differ within a group, so the training step has a gradient."""
     store = tmp_path / "store"
     rollout = create_openenv_vllm_rollout_func(agent_eval, options=RolloutOptions(log_home=store))
-    prompts = dataset_from_eval(agent_eval, repeat=2)["prompt"]
-    trainer = make_trainer(agent_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           max_completion_length=400, prompts=prompts, temperature=0.5)
+    prompts = dataset_from_eval(agent_eval, repeat=AGENT_GROUP)["prompt"]
+    trainer = make_trainer(varied_agent_model_dir, tmp_path, rollout, num_generations=AGENT_GROUP,
+                           batch_size=AGENT_GROUP, max_steps=1, max_completion_length=400, prompts=prompts,
+                           temperature=0.5)
     scored_rows = record_scored_rows(rollout)
     tokenizer = trainer.processing_class
     try:
         out = rollout(prompts[:2], trainer)
         assert out["episode_status"] == ["finished"] * 2, out["episode_error"]
-        assert out["num_turns"] == [3, 3] and out["eval_score"] == [1.0, 1.0]
+        assert out["num_turns"] == [3, 3]
+        scored_rows = in_prompt_order(scored_rows, out)
+        answers = [row.messages[-1].content for row in scored_rows]
+        assert out["eval_score"] == [ANSWER_SCORES[answer] for answer in answers]
         for row, ids, mask in zip(in_prompt_order(scored_rows, out), out["completion_ids"], out["env_mask"]):
             tool_results = [m.content for m in row.messages if m.role == "tool"]
             assert tool_results == ['{"result": 3}', '{"result": 7}']  # computed by the MCP server
@@ -158,22 +182,23 @@ def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_e
                 [call] = reply.tool_calls
                 assert text == tool_model.tool_call_text(json.loads(call.function.arguments))
                 assert call.function.name == "add"
-            assert sampled[2] == replies[2].content == tool_model.ANSWER
+            assert sampled[2] == replies[2].content and sampled[2] in tool_model.VARIED_ANSWERS
             assert all("<tool_response>" in text for text in inserted)  # results are context, never trained on
             assert all(result in text for result, text in zip(tool_results, inserted))
         assert_logprobs_are_the_models(trainer, out)
         assert out["template_realigned"] == [0, 0]  # the Qwen 2.5 template re-renders the calls to the same ids
         rollout.flush_logs()
         stored = {r.execution_metadata.rollout_id: r for r in StoreLogger(store / ".eval_protocol" / "logs.db").read()}
-        for rollout_id, row in zip(out["rollout_id"], scored_rows):
+        for rollout_id, row, score in zip(out["rollout_id"], scored_rows, out["eval_score"]):
             logged = stored[rollout_id]
-            assert logged.rollout_status.code == Status.Code.FINISHED and logged.evaluation_result.score == 1.0
+            assert logged.rollout_status.code == Status.Code.FINISHED and logged.evaluation_result.score == score
             assert logged.ground_truth == "10" and logged.input_metadata.row_id == row.input_metadata.row_id
             assert [m.role for m in logged.messages] == ["system", "user"] + ["assistant", "tool"] * 2 + ["assistant"]
             view = logged.execution_metadata.extra["full_episode"]
             assert view["num_turns"] == 3 and max(view["mask"]) == 3  # sampled tokens marked by turn
         trainer.train()
         assert trainer.state.global_step == 1
+        assert_trained(trainer)
     finally:
         rollout.close()
 
@@ -205,7 +230,8 @@ def stdio_config(path, *args):
 
 
 @pytest.mark.timeout(300)
-def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(agent_model_dir, tmp_path, monkeypatch):
+def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(varied_agent_model_dir, tmp_path,
+                                                                           monkeypatch):
     """The processor starts the calculator over stdio from the eval's MCP config, once per row; ep_trl hands each row
     a copy in which the command runs under its watchdog (tool calls still work, the servers are gone afterwards).
     Each calculator records, as it starts, its pid and the command line of the process that started it."""
@@ -218,14 +244,16 @@ def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(agent
     monkeypatch.setenv("CALC_MCP_CONFIG", str(config))
     sys.modules.pop(AGENT, None)
     rollout = create_openenv_vllm_rollout_func(AGENT, log_rollouts=False)
-    prompts = dataset_from_eval(AGENT, repeat=2)["prompt"]
-    trainer = make_trainer(agent_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           max_completion_length=400, prompts=prompts, temperature=0.5)
+    prompts = dataset_from_eval(AGENT, repeat=AGENT_GROUP)["prompt"]
+    trainer = make_trainer(varied_agent_model_dir, tmp_path, rollout, num_generations=AGENT_GROUP,
+                           batch_size=AGENT_GROUP, max_steps=1, max_completion_length=400, prompts=prompts,
+                           temperature=0.5)
     scored_rows = record_scored_rows(rollout)
     try:
         out = rollout(prompts[:2], trainer)
         assert out["episode_status"] == ["finished"] * 2, out["episode_error"]
-        assert out["eval_score"] == [1.0, 1.0]
+        answers = [row.messages[-1].content for row in in_prompt_order(scored_rows, out)]
+        assert out["eval_score"] == [ANSWER_SCORES[answer] for answer in answers]
         assert [[m.content for m in r.messages if m.role == "tool"] for r in scored_rows] == [['{"result": 3}', '{"result": 7}']] * 2
         records = [json.loads(path.read_text()) for path in sorted(started.glob("*.json"))]
         assert len(records) == 2  # one server per row
@@ -242,6 +270,7 @@ def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(agent
         assert not psutil.wait_procs(servers, timeout=5)[1]  # ended with their rows
         trainer.train()
         assert trainer.state.global_step == 1
+        assert_trained(trainer)
     finally:
         rollout.close()
         sys.modules.pop(AGENT, None)
@@ -527,11 +556,15 @@ def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_mode
 
 
 @pytest.mark.timeout(300)
-def test_an_mcp_gym_eval_trains_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog,
-                                                                 monkeypatch):
+def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog,
+                                                                monkeypatch):
     """eval-protocol's FrozenLake MCP-gym server, started by its processor: in the eval's default per_run mode the
     processor starts a server per processor call on one port, and ep_trl calls it once per row, so every row after
-    the first failed ("Port 9700 is already in use"); training runs it in shared mode and says so."""
+    the first failed ("Port 9700 is already in use"); training runs it in shared mode and says so.
+
+    It plays rollout calls and claims no training: the eval scores 1.0 for reaching the goal, six moves from the
+    start on a 4x4 lake, in the eval's four steps, so every reward is 0 and a GRPO step would have no gradient.
+    (Training through processor evals is asserted by the single-turn, agent and rewriting tests above.)"""
     caplog.set_level(logging.INFO, logger="ep_trl")
     monkeypatch.chdir(tmp_path)  # the processor writes its server's log to the working directory
     env_path = "tests.evals.eval_frozen_lake"

@@ -1,5 +1,6 @@
 """Real GRPOTrainer instances on the tiny model, for driving rollout functions as TRL does."""
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,9 @@ def assert_trained(trainer: Any) -> None:
     that is the same for every sample of a group gives a loss and a grad_norm of 0, and nothing is trained."""
     norms = [entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry]
     assert norms and max(norms) > 0, f"no step had a gradient (grad_norm per step: {norms})"
+
+
+def assert_script_trained(stdout: str) -> None:
+    """Some step line a training script printed (``ProgressPrinter``) has a grad_norm > 0 (see ``assert_trained``)."""
+    norms = [float(n) for n in re.findall(r"^step \d+/\d+ \|.*\| grad_norm ([0-9.e+-]+) \|", stdout, flags=re.M)]
+    assert norms and max(norms) > 0, f"no step had a gradient (grad_norm per step: {norms}):\n{stdout[-3000:]}"

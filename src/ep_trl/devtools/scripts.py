@@ -50,7 +50,8 @@ def script_logging() -> None:
 
 
 class ProgressPrinter(TrainerCallback):
-    """One line per optimizer step: reward, eval score, episodes/s and the time left. (``AsyncGRPOTrainer`` logs the
+    """One line per optimizer step: reward, eval score, episodes/s, the gradient's norm (0 when every reward of a group
+    is the same: nothing was learned) and the time left. (``AsyncGRPOTrainer`` logs the
     eval score as ``reward`` only: no eval_score field then; and it logs the rollout worker's numbers with the step
     during which they arrived, so a step in which no rollout call ended has no episodes/s, failed or turns.)"""
 
@@ -75,6 +76,7 @@ class ProgressPrinter(TrainerCallback):
             f"episodes/s {logs['ep_trl/episodes_per_s']:.2f}" if "ep_trl/episodes_per_s" in logs else None,
             f"failed {logs['ep_trl/failed_fraction']:.0%}" if "ep_trl/failed_fraction" in logs else None,
             f"turns {logs['ep_trl/mean_turns']:.1f}" if "ep_trl/mean_turns" in logs else None,
+            f"grad_norm {logs['grad_norm']:.4g}" if "grad_norm" in logs else None,
             f"ETA {eta:.0f}s",
         ]
         print(" | ".join(p for p in parts if p), file=self._stream, flush=True)
