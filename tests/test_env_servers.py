@@ -97,9 +97,11 @@ def test_a_start_up_error_names_the_image_it_stood_in_for():
 
 
 @pytest.mark.timeout(600)
-def test_a_docker_eval_trains_through_env_path_alone(tiny_model_dir, tmp_path, caplog):
+def test_a_docker_eval_plays_through_env_path_alone_inside_train(tiny_model_dir, tmp_path, caplog):
     """One local server per task (GUESS_GAME set), with the eval's env_vars; a server admitting one session
-    serves the eval's two concurrent episodes; the servers stop when the rollout function closes."""
+    serves the eval's two concurrent episodes, also inside ``train()``; the servers stop when the rollout function
+    closes. (What the servers are tested for is playing: the tiny model's guesses score about 0 in this game, so its
+    groups carry no gradient; the tests that train assert one, ``assert_trained``.)"""
     caplog.set_level(logging.INFO, logger="ep_trl")
     rollout = create_openenv_vllm_rollout_func(DOCKER_EVAL, log_rollouts=False)
     servers = rollout.source.servers
@@ -144,7 +146,7 @@ def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_a_hub_eval_trains_through_env_path_alone(tiny_model_dir, tmp_path):
+def test_a_hub_eval_plays_through_env_path_alone(tiny_model_dir, tmp_path):
     rollout = create_openenv_vllm_rollout_func(HUB_EVAL, log_rollouts=False)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
                            prompts=[PROMPT] * 4)
@@ -156,7 +158,7 @@ def test_a_hub_eval_trains_through_env_path_alone(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_a_docker_eval_trains_with_env_base_url_only(tiny_model_dir, tmp_path, caplog):
+def test_a_docker_eval_plays_with_env_base_url_only(tiny_model_dir, tmp_path, caplog):
     """Given a URL, the server's own GUESS_GAME decides; the eval's env_vars are named as the server's
     responsibility, and rotation that cannot be confirmed is said once, not played silently."""
     caplog.set_level(logging.INFO, logger="ep_trl")
