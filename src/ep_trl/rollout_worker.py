@@ -366,8 +366,8 @@ def group_samples(group: FinishedGroup, tokenizer: Any) -> tuple[list[Any], tupl
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under), each one's turn versions, and how many episodes were left out."""
     import numpy as np
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+    RolloutSample = trl_compat.rollout_sample()
     valid = [s.score for s in group.scored if s.score is not None]
     mean = sum(valid) / len(valid) if valid else 0.0
     std = math.sqrt(sum((s - mean) ** 2 for s in valid) / len(valid)) if valid else 0.0

@@ -33,7 +33,7 @@ from typing import Any
 
 from .episode import Episode
 from .evalprotocol import EvalSpec
-from .generation import Generation, Generator, PromptImages, SamplingParams, generate_turn
+from .generation import Generation, Generator, PromptImages, SamplingParams
 from .rows import RowContext
 from .scoring import Scored, score_rows
 from .sources import EpisodePlayer, EpisodeRequest
@@ -118,7 +118,7 @@ class VersionedTurns:
         self.versions.append(version)
         model = self._model_for(version) if self._model_for is not None else None
         if model is None:
-            return await generate_turn(self._generator, prompt_ids, params, images)
+            return await self._generator.generate(prompt_ids, params, images)
         generate_as = getattr(self._generator, "generate_as", None)
         if generate_as is None:
             raise TypeError(f"the {self._generator.name} backend cannot generate with a named model ({model!r})")
