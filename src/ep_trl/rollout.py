@@ -34,7 +34,7 @@ from .runner import LoopRunner
 from .scoring import Scored, group_indices
 from .sources import EpisodePlayer, EpisodeSource, Shared
 from .sources.choice import make_source
-from .stream import FinishedGroup, GroupPlan, PlayedEpisode, SlotMeter, play_groups
+from .stream import GroupPlan, PlayedEpisode, ScoredGroup, SlotMeter, play_groups
 from .trajectory import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class RolloutFunction:
                      all_scope: str = "group", may_start: Callable[[], bool] | None = None,
                      turn_version: Callable[[], int] | None = None,
                      model_for: Callable[[int], str | None] | None = None,
-                     meter: SlotMeter | None = None) -> AsyncIterator[FinishedGroup]:
+                     meter: SlotMeter | None = None) -> AsyncIterator[ScoredGroup]:
         """The stream core (``ep_trl.stream.play_groups``) on this eval's source and backend: ``plans`` played with
         at most ``slots`` episodes in flight, each group yielded once complete and scored."""
         template, generator = self._setup(caller)
@@ -166,7 +166,7 @@ class RolloutFunction:
         finally:
             await generator.end_call()
 
-    def log_final(self, group: FinishedGroup) -> None:
+    def log_final(self, group: ScoredGroup) -> None:
         """Log a released group's scored rows with their token views (nothing when logging is off)."""
         if self._log is not None:
             group.plan.context.log_final(self._log, group.episodes, list(group.scored), group.seconds)

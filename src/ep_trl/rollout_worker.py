@@ -53,7 +53,7 @@ from .errors import ConfigError, RolloutWorkerError
 from .generation.vllm import lora_enabled, probe_server, served_models
 from .metrics import call_metrics, summary_line
 from .rollout import RolloutFunction, create_rollout_func
-from .stream import FinishedGroup, GroupPlan, SlotMeter
+from .stream import ScoredGroup, GroupPlan, SlotMeter
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,9 @@ GROUP_RECORDS = 10_000
 
 
 @dataclass(frozen=True)
-class ReleasedGroup:
-    """One prompt group the worker released: what it played, how it ended, the version of each sample."""
+class ReleaseRecord:
+    """What the worker recorded when it released one prompt group: its episodes and samples, each sample's version,
+    the version then, and how long it took."""
 
     group: int
     episodes: int
@@ -172,7 +173,7 @@ class EvalRolloutWorker:
         self._heartbeat = time.monotonic()
         self._started_at: float | None = None
         #: The most recent released groups (``GROUP_RECORDS``), oldest first.
-        self.groups: deque[ReleasedGroup] = deque(maxlen=GROUP_RECORDS)
+        self.groups: deque[ReleaseRecord] = deque(maxlen=GROUP_RECORDS)
         self.left_out = 0
         self.samples_put = 0
         self.dropped_stale = 0
@@ -280,7 +281,7 @@ class EvalRolloutWorker:
 
     async def _stream(self) -> None:
         pump = asyncio.ensure_future(self._pump())
-        window: list[tuple[FinishedGroup, ReleasedGroup]] = []
+        window: list[tuple[ScoredGroup, ReleaseRecord]] = []
         window_started, sessions_before = time.monotonic(), 0
         stream = self._function.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
                                        turn_version=lambda: self._version, model_for=self.served_model,
@@ -297,14 +298,14 @@ class EvalRolloutWorker:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
 
-    def _release(self, group: FinishedGroup) -> ReleasedGroup:
+    def _release(self, group: ScoredGroup) -> ReleaseRecord:
         """Turn a finished group into samples, waiting for room in the buffer (``_pump``)."""
         self._function.log_final(group)
         samples, turns, left_out = group_samples(group, self._config.tokenizer)
         self._pending.extend(samples)
         self._heartbeat = time.monotonic()
         self.left_out += left_out
-        record = ReleasedGroup(group.plan.group, len(group.played), len(samples), left_out,
+        record = ReleaseRecord(group.plan.group, len(group.played), len(samples), left_out,
                                tuple(s.model_version for s in samples), turns, self._version,
                                tuple(ep.duration_s for ep in group.episodes), group.seconds, time.monotonic())
         self.groups.append(record)
@@ -330,7 +331,7 @@ class EvalRolloutWorker:
                 self._heartbeat = time.monotonic()  # waiting for the trainer counts as alive
             await asyncio.sleep(BUFFER_POLL_S)
 
-    def _report(self, window: Sequence[tuple[FinishedGroup, ReleasedGroup]], seconds: float,
+    def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
         """One step's worth of groups: the rollout function's ``ep_trl/*`` numbers and the worker's own."""
         episodes = [ep for g, _ in window for ep in g.episodes]
@@ -362,7 +363,7 @@ class EvalRolloutWorker:
                     continue
 
 
-def group_samples(group: FinishedGroup, tokenizer: Any) -> tuple[list[Any], tuple[tuple[int, ...], ...], int]:
+def group_samples(group: ScoredGroup, tokenizer: Any) -> tuple[list[Any], tuple[tuple[int, ...], ...], int]:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under), each one's turn versions, and how many episodes were left out."""
     import numpy as np
