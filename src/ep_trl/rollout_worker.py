@@ -107,28 +107,7 @@ class EvalRolloutWorker:
     def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
                  buffer_size: int | None = None, **options: Any) -> None:
         trl_compat.require_tested("async", "EvalRolloutWorker")
-        for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
-            value = getattr(args, name, None)
-            if value is not None and value != off:
-                raise ConfigError(f"AsyncGRPOConfig({name}={value!r}): AsyncGRPOTrainer computes the policy's logprobs "
-                                  "at the temperature over the whole vocabulary, so samples must come from that "
-                                  f"distribution; leave {name} at {off!r}.")
-        if "vllm_base_url" in options or "backend" in options:
-            raise ConfigError("EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
-                              "trainer keeps on its weights; pass no vllm_base_url or backend.")
-        rollout_options = options.get("options")
-        if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
-            raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
-                              f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
-                              "episodes in this process; worker processes split rollout_func calls. Leave "
-                              "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
-        if supports_images(processing_class):
-            raise ConfigError(
-                f"EvalRolloutWorker(processing_class={type(processing_class).__name__}) renders images into the "
-                "episodes, but AsyncGRPOTrainer's samples carry token ids only: the model would be trained on image "
-                "tokens without their pixels. Pass the text tokenizer (processing_class.tokenizer; images are then "
-                "dropped from the prompts), or train a vision-language model with GRPOTrainer and "
-                "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
+        _check_arguments(args, processing_class, options)
         self.env_path = env_path
         self._config = TrainingConfig.of(args, processing_class)
         self._max_staleness = int(getattr(args, "max_staleness", 0) or 0)
@@ -273,7 +252,7 @@ class EvalRolloutWorker:
             yield GroupPlan(group=group, prompt=self._prompts[group % len(self._prompts)],
                             indices=tuple(range(group * n, (group + 1) * n)),
                             rollout_ids=tuple(evalprotocol.new_id("rollout") for _ in range(n)),
-                            context=self._function.row_context(self._caller()))
+                            context=self._function.setup(self._caller()).context)
 
     def _has_room(self) -> bool:
         """Whether another episode may start: nothing released waits for room and the buffer is not full."""
@@ -361,6 +340,34 @@ class EvalRolloutWorker:
                     self.metrics_dropped += 1
                 except queue.Empty:
                     continue
+
+
+
+def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any]) -> None:
+    """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
+    trainer's, worker processes, a processing class that renders images."""
+    for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+        value = getattr(args, name, None)
+        if value is not None and value != off:
+            raise ConfigError(f"AsyncGRPOConfig({name}={value!r}): AsyncGRPOTrainer computes the policy's logprobs "
+                              "at the temperature over the whole vocabulary, so samples must come from that "
+                              f"distribution; leave {name} at {off!r}.")
+    if "vllm_base_url" in options or "backend" in options:
+        raise ConfigError("EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
+                          "trainer keeps on its weights; pass no vllm_base_url or backend.")
+    rollout_options = options.get("options")
+    if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
+        raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
+                          f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
+                          "episodes in this process; worker processes split rollout_func calls. Leave "
+                          "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
+    if supports_images(processing_class):
+        raise ConfigError(
+            f"EvalRolloutWorker(processing_class={type(processing_class).__name__}) renders images into the "
+            "episodes, but AsyncGRPOTrainer's samples carry token ids only: the model would be trained on image "
+            "tokens without their pixels. Pass the text tokenizer (processing_class.tokenizer; images are then "
+            "dropped from the prompts), or train a vision-language model with GRPOTrainer and "
+            "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
 
 
 def group_samples(group: ScoredGroup, tokenizer: Any) -> tuple[list[Any], tuple[tuple[int, ...], ...], int]:
