@@ -7,6 +7,7 @@ TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout
 """
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import aclosing
@@ -59,6 +60,7 @@ class RolloutFunction:
         self._signal = SignalWatch(self.options.max_signal_free_calls, spec.qualified_name)
         self.calls = 0
         self.__name__ = f"ep_trl_rollout[{spec.qualified_name}]"
+        self._owner = os.getpid()  # what it holds is this process's: a forked child owns none of it
         shutdown.register(self, self.options.stop_grace_s)  # closed at exit, on SIGTERM too, unless closed before
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
@@ -96,7 +98,11 @@ class RolloutFunction:
     def close(self) -> None:
         """Cancel a call still in flight in another thread (a rollout worker stopping), write the remaining log rows,
         release the generation backend and the episode source (environment servers ep_trl started, the
-        processor's endpoint) and the background loop."""
+        processor's endpoint) and the background loop. In a forked child it releases nothing: all of it is the
+        parent's."""
+        if os.getpid() != self._owner:
+            logger.debug("not closing process %d's rollout function from its child %d", self._owner, os.getpid())
+            return
         self._runner.cancel_pending()
         if self._log is not None:
             self._log.close()
