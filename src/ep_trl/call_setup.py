@@ -76,8 +76,9 @@ class CallReader:
                 server=caller.synced_server() if reach else None,
                 model_provider=provider, processing_class=config.processing_class)
         _check_images(caller, self._spec)
-        limits = settings.turn_limits(self._spec, config.sampling, self._max_episode_tokens or config.max_completion_length,
-                                      config.processing_class, provider, self.generator.max_model_len)
+        budget = self._max_episode_tokens or config.max_completion_length
+        limits = settings.turn_limits(self._spec, config.sampling, budget, config.processing_class, provider,
+                                      self.generator.max_model_len)
         context = RowContext(self._spec, self._invocation_id, self.generator.name, step=caller.step,
                              tokenizer=config.tokenizer, sampling=config.sampling, model_name=caller.model_name)
         return CallSetup(self._template, self.generator, limits, context, self._log)

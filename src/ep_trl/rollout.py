@@ -3,7 +3,8 @@
 This module holds the factory, the parts the episode stream runs on (source, backend, loop, log) and the
 ``rollout_func`` adapter: a call's prompt groups played through :func:`ep_trl.stream.play_groups` and collected into
 TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout_worker`). Who calls is
-:mod:`ep_trl.caller`, what a call reads from it is :mod:`ep_trl.call_setup`, one episode is :mod:`ep_trl.episode`, scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
+:mod:`ep_trl.caller`, what a call reads from it is :mod:`ep_trl.call_setup`, one episode is :mod:`ep_trl.episode`,
+scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
 """
 
 import logging
@@ -122,7 +123,8 @@ class RolloutFunction:
         wait for it: the rollout worker's stream runs there."""
         return self._runner.run(coro)
 
-    async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan], **stream: Any) -> AsyncIterator[ScoredGroup]:
+    async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan],
+                     **stream: Any) -> AsyncIterator[ScoredGroup]:
         """:meth:`play` with what ``caller`` offers, read once as the stream starts."""
         async with aclosing(self.play(self.setup(caller), plans, **stream)) as played:
             async for group in played:

@@ -19,9 +19,9 @@ class RowContext:
     """Builds the eval-protocol rows of one rollout call, shaped for the ``ep logs`` UI.
 
     One invocation id per rollout function (training run), one experiment id and run id ``step-N`` per training
-    step (the policy's ``step`` the rows are made under; ``sampling`` and ``model_name`` are the trainer's), one row id per dataset prompt, one rollout id per episode. ``created_at`` is the episode's start and
-    stays fixed across its updates, so the UI's default newest-first order does not reshuffle rows as they
-    progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
+    step (the policy's ``step`` the rows are made under; ``sampling`` and ``model_name`` are the trainer's), one row
+    id per dataset prompt, one rollout id per episode. ``created_at`` is the episode's start and stays fixed across
+    its updates, so the UI's default newest-first order does not reshuffle rows as they progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
     """
 
     def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, *, step: int, tokenizer: Any,
