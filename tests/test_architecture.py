@@ -1,5 +1,6 @@
 """The shape of the package: the import graph's layers and direction (scripts/import_layers.py measures them)."""
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -32,3 +33,20 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
     assert graph["ep_trl.sub.b"] == {"ep_trl.c"}  # the TYPE_CHECKING import is not counted
     assert import_layers.upward(graph) == [("ep_trl.a", "ep_trl.sub.b"), ("ep_trl.c", "ep_trl.a"),
                                            ("ep_trl.sub.b", "ep_trl.c")]
+
+
+def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
+    """Issue 34: the caller went into settings, backend_choice and rows, each asking it again. Now
+    ``call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the adapters that
+    receive a caller (``rollout``, ``shards``) name the caller protocol."""
+    naming = set()
+    for name, path in import_layers.modules().items():
+        tree = ast.parse(path.read_text())
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        names |= {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+        names |= {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                  and isinstance(node.value, str) and node.value == "RolloutCaller"}  # a quoted annotation
+        if "RolloutCaller" in names:
+            naming.add(name)
+    assert naming == {"ep_trl.caller", "ep_trl.call_setup", "ep_trl.rollout", "ep_trl.shards"}, sorted(naming)

@@ -1,6 +1,11 @@
 """The rollout function called directly, as GRPOTrainer calls it, against the real letters env server."""
 
+import json
+import os
+import sys
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +176,34 @@ def test_env_sessions_are_reused_within_a_call_and_all_closed(tiny_model_dir, le
     assert opened == [float(len(clients))]
     # 4 crashed sessions are replaced, the rest reused: at most 4 + 2 sessions, against one per episode without reuse
     assert len(clients) <= 6 if reuse else len(clients) == 8
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_that_closes_its_parents_rollout_function_releases_nothing(tmp_path, monkeypatch):
+    """Issue 33: ``close()`` called in a forked child released its parent's resources; here the per-rollout copy of
+    the eval's MCP config that the parent's episode in flight reads (the processor source's) was deleted. What a
+    rollout function holds belongs to the process that made it, as ``ep_trl.shutdown`` and ``ep_trl.runner`` have it."""
+    agent = "tests.evals.eval_calculator_agent"
+    config = tmp_path / "calc_stdio.json"  # a stdio server: ep_trl keeps per-rollout copies of the config
+    config.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": ["-c", "pass"]}}}))
+    monkeypatch.setenv("CALC_MCP_CONFIG", str(config))
+    sys.modules.pop(agent, None)
+    rollout = create_openenv_vllm_rollout_func(agent, log_rollouts=False)
+    try:
+        copy = Path(rollout.source._mcp.for_rollout("rollout-in-flight").config_path)
+        forked = time.monotonic()
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                rollout.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and time.monotonic() - forked < 30
+        assert copy.is_file()  # the parent's episode still has its config
+    finally:
+        rollout.close()
+        sys.modules.pop(agent, None)
+    assert not copy.exists()  # the parent's own close() removes it

@@ -7,9 +7,11 @@ process (``ep_trl.generation.trainer``).
 """
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
-from .caller import RolloutCaller, SyncedServer
+from .caller import SyncedServer
 from .content import supports_images
 from .errors import ConfigError
 from .generation import Generator
@@ -25,18 +27,20 @@ OFF_POLICY_WARNING = (
     "ep_trl.trainers.disk_sync.DiskSyncGRPOTrainer on CPU; on one GPU, vllm_mode='colocate' (docs/vllm.md).")
 
 
-def make_generator(backend: Backend, vllm_base_url: str | None, options: VLLMOptions, caller: RolloutCaller,
-                   max_concurrent_rollouts: int) -> Generator:
-    """The generation backend for ``caller``'s rollout calls (see the module docstring)."""
+def make_generator(backend: Backend, vllm_base_url: str | None, options: VLLMOptions, max_concurrent_rollouts: int, *,
+                   colocated_trainer: Any | None, server: SyncedServer | None,
+                   model_provider: Callable[[], Any] | None, processing_class: Any) -> Generator:
+    """The generation backend for a caller's rollout calls (see the module docstring), from what the caller offers: the
+    trainer whose colocated engine generates, the server it keeps on its weights, its model in this process."""
     if max_concurrent_rollouts <= 1:
         options = replace(options, batch_window_s=0.0)  # one episode at a time: no other turn will join a batch
-    trainer = caller.colocated_trainer() if backend != "trainer" else None
-    if trainer is not None:
-        generator = _colocate(trainer, vllm_base_url, options, max_concurrent_rollouts)
+    if colocated_trainer is not None and backend != "trainer":
+        generator = _colocate(colocated_trainer, vllm_base_url, options, max_concurrent_rollouts)
     else:
-        server = caller.synced_server() if backend != "trainer" else None
+        server = server if backend != "trainer" else None
         choice = backend if backend != "auto" else ("vllm" if (vllm_base_url or server) else "trainer")
-        generator = _vllm(vllm_base_url, server, options) if choice == "vllm" else _trainer(caller)
+        generator = (_vllm(vllm_base_url, server, options) if choice == "vllm"
+                     else _trainer(model_provider, processing_class))
     logger.info("ep_trl: %s generates", generator.name)
     return generator
 
@@ -71,16 +75,14 @@ def _vllm(explicit: str | None, server: SyncedServer | None, options: VLLMOption
     return VLLMServerGenerator(url, options, model=server.model if server is not None else None)
 
 
-def _trainer(caller: RolloutCaller) -> Generator:
+def _trainer(provider: Callable[[], Any] | None, processing_class: Any) -> Generator:
     from .generation.trainer import TrainerGenerator
 
-    provider = caller.model_provider()
     if provider is None:
         raise ConfigError("backend='trainer' samples with the trainer's model in this process, and this caller has "
                           "none in reach; generate on a vLLM server (vllm_base_url=...).")
-    config = caller.config
-    tokenizer = config.tokenizer
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    processor = config.processing_class if supports_images(config.processing_class) else None
-    return TrainerGenerator(provider, tokenizer, eos_token_ids(config.processing_class, provider()), pad,
+    processor = processing_class if supports_images(processing_class) else None
+    return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,
                             processor=processor)

@@ -150,3 +150,17 @@ class DetachedCaller:
 
     def record_metrics(self, metrics: dict[str, float]) -> None:
         self.metrics_sink(metrics)
+
+
+class GroupNumbers:
+    """Run-wide prompt group numbers (task rotation, ``ep logs``) as one process counts them: ``first(caller, n)`` is
+    the number of a call's first of ``n`` groups, counted across calls and, under ``accelerate launch``, across
+    processes (each process gets its own slice of the step's groups)."""
+
+    def __init__(self) -> None:
+        self._started = 0
+
+    def first(self, caller: RolloutCaller, groups: int) -> int:
+        first = self._started * caller.num_processes + caller.process_index * groups
+        self._started += groups
+        return first

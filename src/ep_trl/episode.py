@@ -19,7 +19,7 @@ from .environment import EnvSession, EnvSettings, StepOutcome
 from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.inputs import strip_row_key
 from .evalprotocol.spec import action_label, history_line
-from .generation import Generation, Generator, generate_turn
+from .generation import Generation, Generator
 from .trajectory import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 
 logger = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: E
         state.prompt_tokens += len(context)
         params = cfg.limits.sampling.with_max_tokens(builder.turn_budget(cfg.limits))
         last = template.sampled_turn(
-            await _guarded("generation", generate_turn(generator, context, params, builder.context_images())))
+            await _guarded("generation", generator.generate(context, params, builder.context_images())))
         builder.add_sampled(last)
         text = template.decode(last.token_ids)
         if last.stop_text:

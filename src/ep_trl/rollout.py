@@ -3,12 +3,12 @@
 This module holds the factory, the parts the episode stream runs on (source, backend, loop, log) and the
 ``rollout_func`` adapter: a call's prompt groups played through :func:`ep_trl.stream.play_groups` and collected into
 TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.rollout_worker`). Who calls is
-:mod:`ep_trl.caller`, how settings combine is :mod:`ep_trl.settings`, which backend generates is
-:mod:`ep_trl.backend_choice`, one episode is
-:mod:`ep_trl.episode`, scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
+:mod:`ep_trl.caller`, what a call reads from it is :mod:`ep_trl.call_setup`, one episode is :mod:`ep_trl.episode`,
+scoring is :mod:`ep_trl.scoring`, the returned dict is :mod:`ep_trl.output`.
 """
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import aclosing
@@ -16,26 +16,22 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from . import env_servers, evalprotocol, settings, shutdown, trl_compat
-from .backend_choice import make_generator
-from .caller import RolloutCaller
+from .call_setup import CallReader, CallSetup
+from .caller import GroupNumbers, RolloutCaller
 from .env_servers import LaunchedServers
 from .episode import Episode
 from .errors import ConfigError
 from .evalprotocol import EvalSpec, EvalTest
-from .generation import Generator
 from .generation.vllm import probe_server
 from .metrics import SignalWatch, budget_warning, call_metrics, summary_line
 from .options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
-from .content import supports_images
 from .output import trl_output
 from .rollout_log import RolloutLogWriter
-from .rows import RowContext
 from .runner import LoopRunner
 from .scoring import Scored, group_indices
-from .sources import EpisodePlayer, EpisodeSource, Shared
+from .sources import EpisodePlayer, EpisodeSource
 from .sources.choice import make_source
-from .stream import FinishedGroup, GroupPlan, PlayedEpisode, SlotMeter, play_groups
-from .trajectory import ChatTemplate
+from .stream import GroupPlan, PlayedEpisode, ScoredGroup, SlotMeter, play_groups
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +48,20 @@ class RolloutFunction:
         self.spec = spec
         self.source = source
         self.backend = backend
-        self.vllm_base_url = vllm_base_url
-        self.max_episode_tokens = max_episode_tokens
-        self.vllm = vllm or VLLMOptions()
         self.options = options or RolloutOptions()
         self._runner = LoopRunner()
         self._log = log_writer
-        self._generator: Generator | None = None
-        self._template: ChatTemplate | None = None
+        self.invocation_id = evalprotocol.new_id("ep-trl")
+        self._reader = CallReader(spec, backend=backend, vllm_base_url=vllm_base_url, vllm=vllm or VLLMOptions(),
+                                  chat_template_kwargs=self.options.chat_template_kwargs,
+                                  max_episode_tokens=max_episode_tokens, invocation_id=self.invocation_id,
+                                  log=log_writer)
         self._player: EpisodePlayer | None = None
-        self._groups_started = 0
+        self._group_numbers = GroupNumbers()
         self._signal = SignalWatch(self.options.max_signal_free_calls, spec.qualified_name)
         self.calls = 0
-        self.invocation_id = evalprotocol.new_id("ep-trl")
         self.__name__ = f"ep_trl_rollout[{spec.qualified_name}]"
+        self._owner = os.getpid()  # what it holds is this process's: a forked child owns none of it
         shutdown.register(self, self.options.stop_grace_s)  # closed at exit, on SIGTERM too, unless closed before
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
@@ -85,7 +81,8 @@ class RolloutFunction:
 
     @property
     def backend_name(self) -> str:
-        return self._generator.name if self._generator is not None else self.backend
+        generator = self._reader.generator
+        return generator.name if generator is not None else self.backend
 
     @property
     def log_writer(self) -> RolloutLogWriter | None:
@@ -102,60 +99,47 @@ class RolloutFunction:
     def close(self) -> None:
         """Cancel a call still in flight in another thread (a rollout worker stopping), write the remaining log rows,
         release the generation backend and the episode source (environment servers ep_trl started, the
-        processor's endpoint) and the background loop."""
+        processor's endpoint) and the background loop. In a forked child it releases nothing: all of it is the
+        parent's."""
+        if os.getpid() != self._owner:
+            logger.debug("not closing process %d's rollout function from its child %d", self._owner, os.getpid())
+            return
         self._runner.cancel_pending()
         if self._log is not None:
             self._log.close()
         try:
-            if self._generator is not None:
-                self._runner.run(self._generator.aclose())
-                self._generator = None
+            self._runner.run(self._reader.aclose())
             self._runner.run(self.source.aclose())
         finally:
             self._runner.close()
             shutdown.unregister(self)
 
-    def _setup(self, caller: RolloutCaller) -> tuple[ChatTemplate, Generator]:
-        if self._template is None:
-            self._template = ChatTemplate(caller.config.processing_class, self.options.chat_template_kwargs)
-            note = settings.sampling_note(self.spec, caller)
-            if note:
-                logger.info(note)
-        if self._generator is None:
-            self._generator = make_generator(self.backend, self.vllm_base_url, self.vllm, caller,
-                                             self.spec.max_concurrent_rollouts)
-        return self._template, self._generator
-
-    def _first_group(self, caller: RolloutCaller, groups: int) -> int:
-        """The run-wide number of this call's first prompt group, counted across calls and, under
-        ``accelerate launch``, across processes (each process gets its own slice of the step's groups)."""
-        first = self._groups_started * caller.num_processes + caller.process_index * groups
-        self._groups_started += groups
-        return first
+    def setup(self, caller: RolloutCaller) -> CallSetup:
+        """What a call (or a stream) started now needs from ``caller``, read once (``ep_trl.call_setup``)."""
+        return self._reader.read(caller)
 
     def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the rollout function's event loop (where its generator, sessions and endpoint live) and
         wait for it: the rollout worker's stream runs there."""
         return self._runner.run(coro)
 
-    def row_context(self, caller: RolloutCaller) -> RowContext:
-        """The ``ep logs`` row context of episodes started now (its step is ``caller.step``)."""
-        _, generator = self._setup(caller)
-        return RowContext(self.spec, self.invocation_id, generator.name, caller)
+    async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan],
+                     **stream: Any) -> AsyncIterator[ScoredGroup]:
+        """:meth:`play` with what ``caller`` offers, read once as the stream starts."""
+        async with aclosing(self.play(self.setup(caller), plans, **stream)) as played:
+            async for group in played:
+                yield group
 
-    async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan], *, slots: int,
-                     all_scope: str = "group", may_start: Callable[[], bool] | None = None,
-                     turn_version: Callable[[], int] | None = None,
-                     model_for: Callable[[int], str | None] | None = None,
-                     meter: SlotMeter | None = None) -> AsyncIterator[FinishedGroup]:
-        """The stream core (``ep_trl.stream.play_groups``) on this eval's source and backend: ``plans`` played with
+    async def play(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
+                   may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
+                   model_for: Callable[[int], str | None] | None = None,
+                   meter: SlotMeter | None = None) -> AsyncIterator[ScoredGroup]:
+        """The stream core (``ep_trl.stream.play_groups``) on this eval's source and ``setup``: ``plans`` played with
         at most ``slots`` episodes in flight, each group yielded once complete and scored."""
-        template, generator = self._setup(caller)
-        limits = settings.turn_limits(self.spec, caller, generator, self.max_episode_tokens)
-        shared = Shared(limits=limits, template=template, generator=generator, log=self._log)
+        generator = setup.generator
         await generator.begin_call()  # forgets an earlier call's failure (the server may be back), wakes an engine
         try:
-            async with self.source.session(shared) as player:
+            async with self.source.session(setup) as player:
                 self._player = player
                 stream = play_groups(player, self.spec, plans, generator, slots=slots,
                                      body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
@@ -166,7 +150,7 @@ class RolloutFunction:
         finally:
             await generator.end_call()
 
-    def log_final(self, group: FinishedGroup) -> None:
+    def log_final(self, group: ScoredGroup) -> None:
         """Log a released group's scored rows with their token views (nothing when logging is off)."""
         if self._log is not None:
             group.plan.context.log_final(self._log, group.episodes, list(group.scored), group.seconds)
@@ -184,26 +168,17 @@ class RolloutFunction:
                        first_group: int | None) -> dict[str, list[Any]]:
         started = time.perf_counter()
         self.calls += 1
-        template, generator = self._setup(caller)
-        if supports_images(caller.config.processing_class) and not caller.takes_rollout_images:
-            raise ConfigError(
-                f"{type(caller.config.processing_class).__name__} renders images into the episodes of {self.spec.name}, "
-                "and the trainer would leave them out of its forward passes (TRL's rollout_func path drops them): the "
-                "model would be trained on image tokens without their pixels. Train with "
-                "ep_trl.trainers.images.RolloutImagesGRPOTrainer in place of GRPOTrainer, or pass the text tokenizer "
-                "(processing_class.tokenizer) as the processing class (images are then dropped from the prompts).")
+        setup = self.setup(caller)
         self.source.check(prompts)
-        limits = settings.turn_limits(self.spec, caller, generator, self.max_episode_tokens)
         groups = group_indices(prompts, caller.config.num_generations)
-        context = RowContext(self.spec, self.invocation_id, generator.name, caller)
-        first = self._first_group(caller, len(groups)) if first_group is None else first_group
+        first = self._group_numbers.first(caller, len(groups)) if first_group is None else first_group
         rollout_ids = [evalprotocol.new_id("rollout") for _ in prompts]
         plans = iter([GroupPlan(group=first + g, prompt=prompts[members[0]], indices=tuple(members),
-                                rollout_ids=tuple(rollout_ids[i] for i in members), context=context)
+                                rollout_ids=tuple(rollout_ids[i] for i in members), context=setup.context)
                       for g, members in enumerate(groups)])
         played: dict[int, PlayedEpisode] = {}
         verdicts: dict[int, Scored] = {}
-        stream = self.groups(caller, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream")
+        stream = self.play(setup, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream")
         async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
             async for group in stream:
                 for episode, verdict in zip(group.played, group.scored):
@@ -213,15 +188,15 @@ class RolloutFunction:
         scored = [verdicts[i] for i in range(len(prompts))]
         seconds = time.perf_counter() - started
         if self._log is not None:
-            context.log_final(self._log, episodes, scored, seconds)
+            setup.context.log_final(self._log, episodes, scored, seconds)
         metrics = call_metrics(episodes, scored, seconds, self.env_sessions)
         caller.record_metrics(metrics)
-        logger.info(summary_line(caller.step, episodes, scored, seconds, metrics))
-        budget = budget_warning(episodes, limits.max_episode_tokens)
+        logger.info(summary_line(setup.context.step, episodes, scored, seconds, metrics))
+        budget = budget_warning(episodes, setup.limits.max_episode_tokens)
         if budget:
             logger.warning(budget)
         self._signal.observe(episodes, scored)
-        return trl_output(episodes, scored, rollout_ids, limits.stop_token_ids[0])
+        return trl_output(episodes, scored, rollout_ids, setup.limits.stop_token_ids[0])
 
 
 def create_openenv_vllm_rollout_func(
@@ -281,7 +256,9 @@ def create_openenv_vllm_rollout_func(
     trl_compat.check_version()
     evalprotocol.check_version()
     if options.worker_processes > 1:
-        return _sharded(env_path, options, dict(
+        from .shards import sharded_rollout_func
+
+        return sharded_rollout_func(env_path, options.worker_processes, create_openenv_vllm_rollout_func, dict(
             backend=backend, vllm_base_url=vllm_base_url, env_base_url=env_base_url, env_factory=env_factory,
             max_concurrent_rollouts=max_concurrent_rollouts, max_episode_tokens=max_episode_tokens,
             log_rollouts=log_rollouts, provider=provider, overrides=overrides, vllm=vllm, options=options))
@@ -303,21 +280,6 @@ def create_openenv_vllm_rollout_func(
 
 #: The same factory under a name that does not suggest OpenEnv or vLLM: it trains evals with any processor.
 create_rollout_func = create_openenv_vllm_rollout_func
-
-
-def _sharded(env_path: str, options: RolloutOptions, kwargs: dict[str, Any]) -> Any:
-    """The rollout function of ``RolloutOptions(worker_processes=N)`` (``ep_trl.shards``)."""
-    from .shards import ShardedRolloutFunction
-
-    spec = evalprotocol.read_eval_spec(evalprotocol.resolve_eval_test(env_path))
-    if spec.mode == "all":
-        raise ConfigError(f"{spec.qualified_name} scores the whole batch at once (mode='all'), which worker processes "
-                          "would split: use RolloutOptions(worker_processes=1).")
-    if kwargs["backend"] == "trainer":
-        raise ConfigError("RolloutOptions(worker_processes>1) generates on a vLLM server; backend='trainer' samples "
-                          "with the trainer's model in its own process.")
-    return ShardedRolloutFunction(env_path, kwargs, options.worker_processes, f"ep_trl_rollout[{spec.qualified_name}]",
-                                  build=create_openenv_vllm_rollout_func)
 
 
 def _resolve(eval_test: EvalTest, overrides: EvalOverrides,

@@ -53,7 +53,7 @@ from .errors import ConfigError, RolloutWorkerError
 from .generation.vllm import lora_enabled, probe_server, served_models
 from .metrics import call_metrics, summary_line
 from .rollout import RolloutFunction, create_rollout_func
-from .stream import FinishedGroup, GroupPlan, SlotMeter
+from .stream import ScoredGroup, GroupPlan, SlotMeter
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,9 @@ GROUP_RECORDS = 10_000
 
 
 @dataclass(frozen=True)
-class ReleasedGroup:
-    """One prompt group the worker released: what it played, how it ended, the version of each sample."""
+class ReleaseRecord:
+    """What the worker recorded when it released one prompt group: its episodes and samples, each sample's version,
+    the version then, and how long it took."""
 
     group: int
     episodes: int
@@ -106,28 +107,7 @@ class EvalRolloutWorker:
     def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
                  buffer_size: int | None = None, **options: Any) -> None:
         trl_compat.require_tested("async", "EvalRolloutWorker")
-        for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
-            value = getattr(args, name, None)
-            if value is not None and value != off:
-                raise ConfigError(f"AsyncGRPOConfig({name}={value!r}): AsyncGRPOTrainer computes the policy's logprobs "
-                                  "at the temperature over the whole vocabulary, so samples must come from that "
-                                  f"distribution; leave {name} at {off!r}.")
-        if "vllm_base_url" in options or "backend" in options:
-            raise ConfigError("EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
-                              "trainer keeps on its weights; pass no vllm_base_url or backend.")
-        rollout_options = options.get("options")
-        if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
-            raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
-                              f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
-                              "episodes in this process; worker processes split rollout_func calls. Leave "
-                              "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
-        if supports_images(processing_class):
-            raise ConfigError(
-                f"EvalRolloutWorker(processing_class={type(processing_class).__name__}) renders images into the "
-                "episodes, but AsyncGRPOTrainer's samples carry token ids only: the model would be trained on image "
-                "tokens without their pixels. Pass the text tokenizer (processing_class.tokenizer; images are then "
-                "dropped from the prompts), or train a vision-language model with GRPOTrainer and "
-                "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
+        _check_arguments(args, processing_class, options)
         self.env_path = env_path
         self._config = TrainingConfig.of(args, processing_class)
         self._max_staleness = int(getattr(args, "max_staleness", 0) or 0)
@@ -172,7 +152,7 @@ class EvalRolloutWorker:
         self._heartbeat = time.monotonic()
         self._started_at: float | None = None
         #: The most recent released groups (``GROUP_RECORDS``), oldest first.
-        self.groups: deque[ReleasedGroup] = deque(maxlen=GROUP_RECORDS)
+        self.groups: deque[ReleaseRecord] = deque(maxlen=GROUP_RECORDS)
         self.left_out = 0
         self.samples_put = 0
         self.dropped_stale = 0
@@ -272,7 +252,7 @@ class EvalRolloutWorker:
             yield GroupPlan(group=group, prompt=self._prompts[group % len(self._prompts)],
                             indices=tuple(range(group * n, (group + 1) * n)),
                             rollout_ids=tuple(evalprotocol.new_id("rollout") for _ in range(n)),
-                            context=self._function.row_context(self._caller()))
+                            context=self._function.setup(self._caller()).context)
 
     def _has_room(self) -> bool:
         """Whether another episode may start: nothing released waits for room and the buffer is not full."""
@@ -280,7 +260,7 @@ class EvalRolloutWorker:
 
     async def _stream(self) -> None:
         pump = asyncio.ensure_future(self._pump())
-        window: list[tuple[FinishedGroup, ReleasedGroup]] = []
+        window: list[tuple[ScoredGroup, ReleaseRecord]] = []
         window_started, sessions_before = time.monotonic(), 0
         stream = self._function.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
                                        turn_version=lambda: self._version, model_for=self.served_model,
@@ -297,14 +277,14 @@ class EvalRolloutWorker:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
 
-    def _release(self, group: FinishedGroup) -> ReleasedGroup:
+    def _release(self, group: ScoredGroup) -> ReleaseRecord:
         """Turn a finished group into samples, waiting for room in the buffer (``_pump``)."""
         self._function.log_final(group)
         samples, turns, left_out = group_samples(group, self._config.tokenizer)
         self._pending.extend(samples)
         self._heartbeat = time.monotonic()
         self.left_out += left_out
-        record = ReleasedGroup(group.plan.group, len(group.played), len(samples), left_out,
+        record = ReleaseRecord(group.plan.group, len(group.played), len(samples), left_out,
                                tuple(s.model_version for s in samples), turns, self._version,
                                tuple(ep.duration_s for ep in group.episodes), group.seconds, time.monotonic())
         self.groups.append(record)
@@ -330,7 +310,7 @@ class EvalRolloutWorker:
                 self._heartbeat = time.monotonic()  # waiting for the trainer counts as alive
             await asyncio.sleep(BUFFER_POLL_S)
 
-    def _report(self, window: Sequence[tuple[FinishedGroup, ReleasedGroup]], seconds: float,
+    def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
         """One step's worth of groups: the rollout function's ``ep_trl/*`` numbers and the worker's own."""
         episodes = [ep for g, _ in window for ep in g.episodes]
@@ -362,12 +342,40 @@ class EvalRolloutWorker:
                     continue
 
 
-def group_samples(group: FinishedGroup, tokenizer: Any) -> tuple[list[Any], tuple[tuple[int, ...], ...], int]:
+
+def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any]) -> None:
+    """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
+    trainer's, worker processes, a processing class that renders images."""
+    for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+        value = getattr(args, name, None)
+        if value is not None and value != off:
+            raise ConfigError(f"AsyncGRPOConfig({name}={value!r}): AsyncGRPOTrainer computes the policy's logprobs "
+                              "at the temperature over the whole vocabulary, so samples must come from that "
+                              f"distribution; leave {name} at {off!r}.")
+    if "vllm_base_url" in options or "backend" in options:
+        raise ConfigError("EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
+                          "trainer keeps on its weights; pass no vllm_base_url or backend.")
+    rollout_options = options.get("options")
+    if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
+        raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
+                          f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
+                          "episodes in this process; worker processes split rollout_func calls. Leave "
+                          "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
+    if supports_images(processing_class):
+        raise ConfigError(
+            f"EvalRolloutWorker(processing_class={type(processing_class).__name__}) renders images into the "
+            "episodes, but AsyncGRPOTrainer's samples carry token ids only: the model would be trained on image "
+            "tokens without their pixels. Pass the text tokenizer (processing_class.tokenizer; images are then "
+            "dropped from the prompts), or train a vision-language model with GRPOTrainer and "
+            "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
+
+
+def group_samples(group: ScoredGroup, tokenizer: Any) -> tuple[list[Any], tuple[tuple[int, ...], ...], int]:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under), each one's turn versions, and how many episodes were left out."""
     import numpy as np
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+    RolloutSample = trl_compat.rollout_sample()
     valid = [s.score for s in group.scored if s.score is not None]
     mean = sum(valid) / len(valid) if valid else 0.0
     std = math.sqrt(sum((s - mean) ** 2 for s in valid) / len(valid)) if valid else 0.0

@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from .caller import RolloutCaller
 from .episode import Episode, EpisodeSpec
 from .evalprotocol.body import build_row, stamp_row
 from .evalprotocol.spec import EvalSpec
+from .generation import SamplingParams
 from .rollout_log import EpisodeTokens, RolloutLogWriter
 from .scoring import Scored
 
@@ -19,24 +19,23 @@ class RowContext:
     """Builds the eval-protocol rows of one rollout call, shaped for the ``ep logs`` UI.
 
     One invocation id per rollout function (training run), one experiment id and run id ``step-N`` per training
-    step, one row id per dataset prompt, one rollout id per episode. ``created_at`` is the episode's start and
-    stays fixed across its updates, so the UI's default newest-first order does not reshuffle rows as they
-    progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
+    step (the policy's ``step`` the rows are made under; ``sampling`` and ``model_name`` are the trainer's), one row
+    id per dataset prompt, one rollout id per episode. ``created_at`` is the episode's start and stays fixed across
+    its updates, so the UI's default newest-first order does not reshuffle rows as they progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
     """
 
-    def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, caller: RolloutCaller) -> None:
+    def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, *, step: int, tokenizer: Any,
+                 sampling: SamplingParams, model_name: str | None) -> None:
         self.spec = spec
         self.invocation_id = invocation_id
-        self.step = caller.step
+        self.step = step
         self._created: dict[str, Any] = {}
         self._pid = os.getpid()
         self._description = (getattr(spec.body, "__doc__", None) or "").strip() or None
-        self._tokenizer = caller.config.tokenizer
-        sampling = caller.config.sampling
-        model = caller.model_name
+        self._tokenizer = tokenizer
         self.completion_params = {
             **spec.completion_params,
-            "model": str(model or spec.completion_params.get("model", "policy")),
+            "model": str(model_name or spec.completion_params.get("model", "policy")),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
             "policy_step": self.step, "generation_backend": backend_name,
         }

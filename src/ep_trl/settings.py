@@ -27,17 +27,16 @@ Environment calls are bounded by ``EvalOverrides.request_timeout_s`` when given,
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .caller import RolloutCaller
 from .environment import STOCK_MESSAGE_TIMEOUT_S
 from .episode import EpisodeConfig, EpisodeSpec, initial_messages
 from .errors import ConfigError, UnsupportedEvalError
 from .evalprotocol.processors import ROUTING_KEYS
 from .evalprotocol.spec import EvalSpec
-from .generation import DEFAULT_MAX_TOKENS, Generator
+from .generation import DEFAULT_MAX_TOKENS, SamplingParams
 from .options import EvalOverrides
 from .trajectory import TurnLimits, eos_token_ids
 
@@ -160,9 +159,8 @@ def notes(spec: EvalSpec) -> list[str]:
     return found
 
 
-def sampling_note(spec: EvalSpec, caller: RolloutCaller) -> str | None:
-    """Say when the eval asks for sampling settings that training replaces with the GRPOConfig's."""
-    used = caller.config.sampling
+def sampling_note(spec: EvalSpec, used: SamplingParams) -> str | None:
+    """Say when the eval asks for sampling settings that training replaces with the GRPOConfig's (``used``)."""
     trainer_values = {"temperature": used.temperature, "top_p": used.top_p, "top_k": used.top_k}
     asked = {k: spec.completion_params[k] for k in trainer_values if spec.completion_params.get(k) is not None}
     differing = {k: v for k, v in asked.items() if float(v) != float(trainer_values[k])}
@@ -172,25 +170,25 @@ def sampling_note(spec: EvalSpec, caller: RolloutCaller) -> str | None:
             f"{ {k: trainer_values[k] for k in differing} } because TRL's loss and importance ratio assume them.")
 
 
-def turn_limits(spec: EvalSpec, caller: RolloutCaller, generator: Generator,
-                max_episode_tokens: int | None) -> TurnLimits:
-    """Sampling, token budget, end-of-turn ids and context length every episode of a rollout call shares."""
+def turn_limits(spec: EvalSpec, sampling: SamplingParams, budget: int | None, processing_class: Any,
+                model_provider: Callable[[], Any] | None, max_model_len: int | None) -> TurnLimits:
+    """Sampling, token budget, end-of-turn ids and context length every episode of a rollout call shares: the
+    trainer's ``sampling`` with the eval's turn settings, the episode token ``budget``, the end-of-turn ids of the
+    processing class and of the model ``model_provider`` gives (when the model is in reach)."""
     params = spec.completion_params
-    budget = max_episode_tokens or caller.config.max_completion_length
     if not budget:
         raise ConfigError("No episode token budget: set GRPOConfig(max_completion_length=...) or max_episode_tokens=...")
     stop_ids = tuple(int(t) for t in params.get("stop_token_ids") or ())
     stop = params.get("stop") or ()
     sampling = replace(
-        caller.config.sampling,
+        sampling,
         max_tokens=int(params.get("max_tokens") or DEFAULT_MAX_TOKENS),
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stop_token_ids=stop_ids,
     )
-    provider = caller.model_provider()
-    eos = eos_token_ids(caller.config.processing_class, provider() if provider is not None else None)
+    eos = eos_token_ids(processing_class, model_provider() if model_provider is not None else None)
     return TurnLimits(sampling=sampling, max_episode_tokens=int(budget),
-                      stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)), max_model_len=generator.max_model_len)
+                      stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)), max_model_len=max_model_len)
 
 
 def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:

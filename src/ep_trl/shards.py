@@ -21,8 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import shutdown, trl_compat
-from .caller import DetachedCaller, RolloutCaller, TrainingConfig
+from .caller import DetachedCaller, GroupNumbers, RolloutCaller, TrainingConfig
 from .errors import ConfigError
+from .evalprotocol.resolve import resolve_eval_test
+from .evalprotocol.spec import read_eval_spec
 from .options import RolloutOptions
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,20 @@ def join_metrics(metrics: Sequence[Mapping[str, float]], episodes: Sequence[int]
     return joined
 
 
+def sharded_rollout_func(env_path: str, workers: int, build: Callable[..., Any],
+                         kwargs: dict[str, Any]) -> "ShardedRolloutFunction":
+    """The rollout function of ``RolloutOptions(worker_processes=N)``: ``build(env_path, **kwargs)`` (the factory)
+    run in each of ``workers`` processes."""
+    spec = read_eval_spec(resolve_eval_test(env_path))
+    if spec.mode == "all":
+        raise ConfigError(f"{spec.qualified_name} scores the whole batch at once (mode='all'), which worker processes "
+                          "would split: use RolloutOptions(worker_processes=1).")
+    if kwargs["backend"] == "trainer":
+        raise ConfigError("RolloutOptions(worker_processes>1) generates on a vLLM server; backend='trainer' samples "
+                          "with the trainer's model in its own process.")
+    return ShardedRolloutFunction(env_path, kwargs, workers, f"ep_trl_rollout[{spec.qualified_name}]", build=build)
+
+
 class ShardedRolloutFunction:
     """A ``rollout_func`` whose calls are played by ``workers`` processes; see the module docstring. Each worker
     builds its rollout function with ``build(env_path, **factory_kwargs)`` (the factory, a module-level function:
@@ -90,7 +106,7 @@ class ShardedRolloutFunction:
         self.__name__ = name
         self._vllm_base_url = factory_kwargs.get("vllm_base_url")
         self._sent: TrainingConfig | None = None  # the configuration the workers hold
-        self._groups_started = 0  # run-wide prompt group numbers (task rotation, ep logs) as one process counts them
+        self._group_numbers = GroupNumbers()
         self.calls = 0
         context = multiprocessing.get_context("spawn")  # the trainer has threads and an event loop: never fork it
         self._workers = []
@@ -122,8 +138,7 @@ class ShardedRolloutFunction:
         groups = -(-len(prompts) // size)
         bounds = shard_bounds(groups, size, len(prompts), len(self._workers))
         config = None if caller.config == self._sent else caller.config
-        first = self._groups_started * caller.num_processes + caller.process_index * groups
-        self._groups_started += groups
+        first = self._group_numbers.first(caller, groups)
         unsent = set()
         for k, ((start, end), (_, pipe)) in enumerate(zip(bounds, self._workers)):
             try:

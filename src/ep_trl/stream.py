@@ -33,7 +33,7 @@ from typing import Any
 
 from .episode import Episode
 from .evalprotocol import EvalSpec
-from .generation import Generation, Generator, PromptImages, SamplingParams, generate_turn
+from .generation import Generation, Generator, PromptImages, SamplingParams
 from .rows import RowContext
 from .scoring import Scored, score_rows
 from .sources import EpisodePlayer, EpisodeRequest
@@ -66,8 +66,9 @@ class PlayedEpisode:
 
 
 @dataclass(frozen=True)
-class FinishedGroup:
-    """A released prompt group: its episodes in generation order and the body's verdict on each."""
+class ScoredGroup:
+    """A prompt group played and scored, as the stream releases it: its episodes in generation order and the body's
+    verdict on each."""
 
     plan: GroupPlan
     played: tuple[PlayedEpisode, ...]
@@ -118,7 +119,7 @@ class VersionedTurns:
         self.versions.append(version)
         model = self._model_for(version) if self._model_for is not None else None
         if model is None:
-            return await generate_turn(self._generator, prompt_ids, params, images)
+            return await self._generator.generate(prompt_ids, params, images)
         generate_as = getattr(self._generator, "generate_as", None)
         if generate_as is None:
             raise TypeError(f"the {self._generator.name} backend cannot generate with a named model ({model!r})")
@@ -158,8 +159,9 @@ class SlotMeter:
 
 
 @dataclass(eq=False)
-class _Progress:
-    """A group in flight (mutable while it plays)."""
+class _GroupInPlay:
+    """A prompt group while it plays: its ended episodes and their verdicts by generation, the next generation to
+    start, and when its first episode started (mutable until it is released)."""
 
     plan: GroupPlan
     started: float
@@ -174,135 +176,174 @@ class _Progress:
     def all_played(self) -> bool:
         return len(self.played) == self.size
 
-    def release(self) -> FinishedGroup:
+    def complete(self) -> bool:
+        return self.all_played() and len(self.scored) == self.size
+
+    def release(self) -> ScoredGroup:
         order = range(self.size)
-        return FinishedGroup(self.plan, tuple(self.played[k] for k in order), tuple(self.scored[k] for k in order),
-                             time.monotonic() - self.started)
+        return ScoredGroup(self.plan, tuple(self.played[k] for k in order), tuple(self.scored[k] for k in order),
+                           time.monotonic() - self.started)
 
 
 async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
                       slots: int, body_timeout_s: float, all_scope: str = "group",
                       may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                       model_for: Callable[[int], str | None] | None = None,
-                      meter: SlotMeter | None = None) -> AsyncIterator[FinishedGroup]:
+                      meter: SlotMeter | None = None) -> AsyncIterator[ScoredGroup]:
     """Play ``plans`` with at most ``slots`` episodes in flight and yield each group once it is complete and scored
     (see the module docstring); ``meter`` counts how busy the slots are."""
     if slots < 1:
         raise ValueError(f"play_groups needs at least one slot, got {slots}")
     if all_scope not in ("group", "stream"):
         raise ValueError(f"all_scope must be 'group' or 'stream', got {all_scope!r}")
-    episodes: dict[asyncio.Task, tuple[_Progress, EpisodeRequest, VersionedTurns | None]] = {}
-    scoring: dict[asyncio.Task, tuple[_Progress, list[int]]] = {}
-    held: list[_Progress] = []  # all_scope "stream": complete groups waiting for the end of the plan
-    current: _Progress | None = None
-    exhausted = False
-
-    def next_episode() -> tuple[_Progress, int] | None:
-        nonlocal current, exhausted
-        if current is None or current.next_generation >= current.size:
-            if exhausted:
-                return None
-            plan = next(plans, None)
-            if plan is None:
-                exhausted = True
-                return None
-            current = _Progress(plan, time.monotonic())
-        k = current.next_generation
-        current.next_generation += 1
-        return current, k
-
-    def start(progress: _Progress, k: int) -> None:
-        plan = progress.plan
-        request = EpisodeRequest(index=plan.indices[k], group=plan.group, generation=k, prompt=plan.prompt,
-                                 rollout_id=plan.rollout_ids[k], context=plan.context)
-        turns = VersionedTurns(generator, turn_version, model_for) if turn_version is not None else None
-        episodes[asyncio.ensure_future(player.play(request, turns or generator))] = (progress, request, turns)
-        if meter is not None:
-            meter.started()
-
-    def score(progress: _Progress, members: list[int]) -> None:
-        eligible = [k for k in members if progress.played[k].episode.status == "finished"]
-        for k in members:
-            if k not in eligible:
-                progress.scored[k] = Scored(None, progress.played[k].row, "episode failed; not scored")
-        if not eligible:
-            return
-        rows = [progress.played[k].row for k in eligible]
-        task = asyncio.ensure_future(score_rows(spec, rows, [True] * len(rows), [list(range(len(rows)))],
-                                                body_timeout_s))
-        scoring[task] = (progress, eligible)
-
-    def complete(progress: _Progress) -> bool:
-        return progress.all_played() and len(progress.scored) == progress.size
-
+    play = _Play(player, spec, plans, generator, slots=slots, body_timeout_s=body_timeout_s,
+                 hold_all=spec.mode == "all" and all_scope == "stream", may_start=may_start,
+                 turn_version=turn_version, model_for=model_for, meter=meter)
     try:
         while True:
-            while len(episodes) < slots and (may_start is None or may_start()):
-                planned = next_episode()
-                if planned is None:
-                    break
-                start(*planned)
-            if held and exhausted and not episodes and not scoring:  # all_scope "stream": the plan is played
-                for progress in await _score_together(spec, held, body_timeout_s):
-                    yield progress.release()
-                held.clear()
-            if not episodes and not scoring:
-                if exhausted:
+            play.fill_slots()
+            if play.held and play.exhausted and play.idle:  # all_scope "stream": the plan is played
+                for group in await play.score_held():
+                    yield group.release()
+            if play.idle:
+                if play.exhausted:
                     break
                 await asyncio.sleep(IDLE_POLL_S)  # may_start() said no: look again shortly
                 continue
-            waiting = may_start is not None and len(episodes) < slots
-            done, _ = await asyncio.wait([*episodes, *scoring], timeout=IDLE_POLL_S if waiting else None,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            released: list[_Progress] = []
-            for task in done:
-                if task in episodes:
-                    progress, request, turns = episodes.pop(task)
-                    if meter is not None:
-                        meter.ended()
-                    k = request.generation
-                    episode, row = task.result()  # an error that is not the episode's own raises here
-                    progress.played[k] = PlayedEpisode(request, episode, row,
-                                                       tuple(turns.versions) if turns is not None else ())
-                    if generator.failure is not None:  # the backend failed for good: do not train on the rest
-                        raise generator.failure
-                    if spec.mode == "pointwise":
-                        score(progress, [k])
-                    elif progress.all_played():
-                        if spec.mode == "all" and all_scope == "stream":
-                            held.append(progress)
-                        else:
-                            score(progress, list(range(progress.size)))
-                else:
-                    progress, members = scoring.pop(task)
-                    for k, verdict in zip(members, task.result()):
-                        progress.scored[k] = verdict
-                if complete(progress):
-                    released.append(progress)
-            for progress in dict.fromkeys(released):  # identity: one release per group
-                yield progress.release()
+            for group in await play.next_completed():
+                yield group.release()
     finally:
-        if meter is not None:
-            for _ in episodes:
-                meter.ended()
-            meter.cancelled += len(episodes)
-        pending = [*episodes, *scoring]
+        await play.cancel()
+
+
+class _Play:
+    """One run of :func:`play_groups`: where the plan stands, the episodes and body calls in flight and the groups
+    they belong to, and the steps that start, end and score them."""
+
+    def __init__(self, player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
+                 slots: int, body_timeout_s: float, hold_all: bool, may_start: Callable[[], bool] | None,
+                 turn_version: Callable[[], int] | None, model_for: Callable[[int], str | None] | None,
+                 meter: SlotMeter | None) -> None:
+        self._player, self._spec, self._plans, self._generator = player, spec, plans, generator
+        self._slots, self._body_timeout_s, self._hold_all = slots, body_timeout_s, hold_all
+        self._may_start, self._turn_version, self._model_for, self._meter = may_start, turn_version, model_for, meter
+        self._episodes: dict[asyncio.Task, tuple[_GroupInPlay, EpisodeRequest, VersionedTurns | None]] = {}
+        self._scoring: dict[asyncio.Task, tuple[_GroupInPlay, list[int]]] = {}
+        self._starting: _GroupInPlay | None = None  # the group whose episodes are being started
+        #: hold_all (an ``all`` eval over a whole call): complete groups waiting for the end of the plan.
+        self.held: list[_GroupInPlay] = []
+        #: Whether the plan has no group left to start.
+        self.exhausted = False
+
+    @property
+    def idle(self) -> bool:
+        """No episode and no body call in flight."""
+        return not self._episodes and not self._scoring
+
+    def fill_slots(self) -> None:
+        """Start episodes while a slot is free, the consumer allows it and the plan has one."""
+        while len(self._episodes) < self._slots and (self._may_start is None or self._may_start()):
+            planned = self._next_episode()
+            if planned is None:
+                return
+            self._start(*planned)
+
+    def _next_episode(self) -> tuple[_GroupInPlay, int] | None:
+        """The next episode to start: of the group being started, else of the next planned group."""
+        group = self._starting
+        if group is None or group.next_generation >= group.size:
+            plan = None if self.exhausted else next(self._plans, None)
+            if plan is None:
+                self.exhausted = True
+                return None
+            group = self._starting = _GroupInPlay(plan, time.monotonic())
+        group.next_generation += 1
+        return group, group.next_generation - 1
+
+    def _start(self, group: _GroupInPlay, k: int) -> None:
+        plan = group.plan
+        request = EpisodeRequest(index=plan.indices[k], group=plan.group, generation=k, prompt=plan.prompt,
+                                 rollout_id=plan.rollout_ids[k], context=plan.context)
+        turns = (VersionedTurns(self._generator, self._turn_version, self._model_for)
+                 if self._turn_version is not None else None)
+        task = asyncio.ensure_future(self._player.play(request, turns or self._generator))
+        self._episodes[task] = (group, request, turns)
+        if self._meter is not None:
+            self._meter.started()
+
+    async def next_completed(self) -> list[_GroupInPlay]:
+        """Wait until an episode or a body call ends (or, with ``may_start`` and a free slot, a poll's time); the
+        groups that completed, once each."""
+        waiting = self._may_start is not None and len(self._episodes) < self._slots
+        done, _ = await asyncio.wait([*self._episodes, *self._scoring], timeout=IDLE_POLL_S if waiting else None,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        completed = []
+        for task in done:
+            group = self._episode_ended(task) if task in self._episodes else self._body_returned(task)
+            if group.complete():
+                completed.append(group)
+        return list(dict.fromkeys(completed))  # identity: one release per group
+
+    def _episode_ended(self, task: asyncio.Task) -> _GroupInPlay:
+        group, request, turns = self._episodes.pop(task)
+        if self._meter is not None:
+            self._meter.ended()
+        k = request.generation
+        episode, row = task.result()  # an error that is not the episode's own raises here
+        group.played[k] = PlayedEpisode(request, episode, row, tuple(turns.versions) if turns is not None else ())
+        if self._generator.failure is not None:  # the backend failed for good: do not train on the rest
+            raise self._generator.failure
+        if self._spec.mode == "pointwise":
+            self._score(group, [k])
+        elif group.all_played():
+            if self._hold_all:
+                self.held.append(group)
+            else:
+                self._score(group, list(range(group.size)))
+        return group
+
+    def _body_returned(self, task: asyncio.Task) -> _GroupInPlay:
+        group, members = self._scoring.pop(task)
+        for k, verdict in zip(members, task.result()):
+            group.scored[k] = verdict
+        return group
+
+    def _score(self, group: _GroupInPlay, members: list[int]) -> None:
+        """Start the body on the finished episodes of ``members``; the failed ones are unscored at once."""
+        eligible = [k for k in members if group.played[k].episode.status == "finished"]
+        for k in members:
+            if k not in eligible:
+                group.scored[k] = Scored(None, group.played[k].row, "episode failed; not scored")
+        if not eligible:
+            return
+        rows = [group.played[k].row for k in eligible]
+        task = asyncio.ensure_future(score_rows(self._spec, rows, [True] * len(rows), [list(range(len(rows)))],
+                                                self._body_timeout_s))
+        self._scoring[task] = (group, eligible)
+
+    async def score_held(self) -> list[_GroupInPlay]:
+        """Score the finished episodes of every held group in one body call (an ``all`` eval over a whole rollout
+        call); the groups, no longer held."""
+        groups, self.held = self.held, []
+        everyone = [(g, k) for g in groups for k in range(g.size)]
+        eligible = [(g, k) for g, k in everyone if g.played[k].episode.status == "finished"]
+        for g, k in everyone:
+            g.scored[k] = Scored(None, g.played[k].row, "episode failed; not scored")
+        if eligible:
+            verdicts = await score_rows(self._spec, [g.played[k].row for g, k in eligible], [True] * len(eligible),
+                                        [list(range(len(eligible)))], self._body_timeout_s)
+            for (g, k), verdict in zip(eligible, verdicts):
+                g.scored[k] = verdict
+        return groups
+
+    async def cancel(self) -> None:
+        """Cancel the episodes and body calls still in flight (the stream ended early, or raised) and wait for them."""
+        if self._meter is not None:
+            for _ in self._episodes:
+                self._meter.ended()
+            self._meter.cancelled += len(self._episodes)
+        pending = [*self._episodes, *self._scoring]
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-
-async def _score_together(spec: EvalSpec, groups: list[_Progress], body_timeout_s: float) -> list[_Progress]:
-    """Score the finished episodes of ``groups`` in one body call (an ``all`` eval over a whole rollout call)."""
-    everyone = [(p, k) for p in groups for k in range(p.size)]
-    eligible = [(p, k) for p, k in everyone if p.played[k].episode.status == "finished"]
-    for p, k in everyone:
-        p.scored[k] = Scored(None, p.played[k].row, "episode failed; not scored")
-    if eligible:
-        verdicts = await score_rows(spec, [p.played[k].row for p, k in eligible], [True] * len(eligible),
-                                    [list(range(len(eligible)))], body_timeout_s)
-        for (p, k), verdict in zip(eligible, verdicts):
-            p.scored[k] = verdict
-    return groups

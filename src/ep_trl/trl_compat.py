@@ -63,6 +63,14 @@ def async_lora_adapter(version: int) -> str:
     return f"{_ASYNC_LORA_NAME}-v{version}"
 
 
+def rollout_sample() -> type:
+    """TRL's ``RolloutSample``, what ``AsyncGRPOTrainer`` trains from (``trl.experimental.async_grpo``'s, in the TRL
+    of the "async" path: :data:`TESTED_TRL`)."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    return RolloutSample
+
+
 class GRPOTrainerCaller:
     """``GRPOTrainer`` as the caller of ``rollout_func(prompts, trainer)`` (``ep_trl.caller.RolloutCaller``): the
     configuration read from ``trainer.args``, the rest read off the trainer when asked."""

@@ -37,7 +37,7 @@ class ScriptedGenerator:
     async def end_call(self):
         pass
 
-    async def generate(self, prompt_ids, params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids, params: SamplingParams, images=None) -> Generation:
         self.contexts.append(list(prompt_ids))
         ids = self._ids.pop(0)[: params.max_tokens]
         return Generation(tuple(ids), (-1.0,) * len(ids), "stop")

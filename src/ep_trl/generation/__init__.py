@@ -2,21 +2,22 @@
 
 One module per backend, each implementing :class:`Generator`: ``trainer`` (in-process, with ``trainer.model``),
 ``vllm`` (a vLLM server) and ``colocate`` (TRL's vLLM engine inside the trainer's process,
-``vllm_mode="colocate"``). ``choice`` picks and builds one from the settings and the trainer.
+``vllm_mode="colocate"``). ``ep_trl.backend_choice`` picks and builds one for a rollout call.
 
 A backend receives the exact token ids the model must condition on and returns the ids it sampled with the
 log-probability of each sampled token at the trainer's temperature, the quantity TRL's loss and
 importance-sampling ratio compare against. Nothing is decoded and re-encoded on the way.
 
 For a vision-language model a turn also carries its images (:class:`PromptImages`): the prompt ids then hold every
-image's expanded tokens, as the processor expands them, and the backend gives the model the images' pixels.
+image's expanded tokens, as the processor expands them, and the backend gives the model the images' pixels. A
+text-only turn carries ``images=None``.
 """
 
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from ..errors import GenerationError
 
@@ -129,7 +130,8 @@ class Generator(Protocol):
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                        images: PromptImages | None = None) -> Generation:
-        """Sample one continuation of exactly ``prompt_ids`` (which, with ``images``, hold their expanded tokens)."""
+        """Sample one continuation of exactly ``prompt_ids`` (which, with ``images``, hold their expanded tokens;
+        ``images`` is None for a text-only turn)."""
         ...
 
     async def aclose(self) -> None:
@@ -167,11 +169,3 @@ class CallFailure:
                 self.error = exc
             raise
 
-
-def generate_turn(generator: Generator, prompt_ids: Sequence[int], params: SamplingParams,
-                  images: PromptImages | None) -> Awaitable[Generation]:
-    """``generator.generate`` for one turn; a turn without images is asked for as ``generate(ids, params)``, exactly
-    as before backends took images, so a text-only run needs nothing new of a backend."""
-    if images is None:
-        return generator.generate(prompt_ids, params)
-    return generator.generate(prompt_ids, params, images=images)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..episode import EpisodeFailure, check_first_prompt
-from ..generation import Generation, Generator, generate_turn
+from ..generation import Generation, Generator
 from ..trajectory import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 from .parsing import ToolCallParser
 from .wire import Canonical, canonical, reply_message, template_form, tool_names
@@ -116,7 +116,7 @@ class RolloutCapture:
         params = replace(self._limits.sampling, max_tokens=segment.builder.turn_budget(self._limits, request.max_tokens),
                          stop=request.stop or self._limits.sampling.stop)
         try:
-            sampled = await generate_turn(self._generator, context, params, segment.builder.context_images())
+            sampled = await self._generator.generate(context, params, segment.builder.context_images())
         except Exception as exc:
             raise EpisodeFailure("generation", exc) from exc
         generation = self._template.sampled_turn(sampled)

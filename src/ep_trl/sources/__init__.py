@@ -5,8 +5,9 @@ One module per source, each implementing :class:`EpisodeSource`: ``openenv`` (ep
 runs unchanged while ep_trl captures its model calls). ``choice`` picks one for an eval.
 
 A source plays one episode at a time for :mod:`ep_trl.stream`, which decides how many run at once, when the next
-one starts and when a prompt group is complete: ``session(shared)`` opens what a run of episodes shares (environment
-sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`.
+one starts and when a prompt group is complete: ``session(setup)`` opens what a run of episodes shares (environment
+sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`. ``setup`` is the call's
+:class:`~ep_trl.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller once.
 """
 
 from collections.abc import Sequence
@@ -16,22 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..episode import Episode
 from ..generation import Generator
-from ..rollout_log import RolloutLogWriter
-from ..trajectory import ChatTemplate, TurnLimits
 
-if TYPE_CHECKING:  # the protocols name the row builder's type; the sources that play episodes use it
+if TYPE_CHECKING:  # the protocols name the types they pass along; the sources that play episodes use them
+    from ..call_setup import CallSetup
     from ..rows import RowContext
-
-
-@dataclass(frozen=True)
-class Shared:
-    """What every episode of a stream shares: the turn limits, the chat template, the generation backend and
-    the ``ep logs`` writer (None when logging is off)."""
-
-    limits: TurnLimits
-    template: ChatTemplate
-    generator: Generator
-    log: RolloutLogWriter | None
 
 
 @dataclass(frozen=True)
@@ -74,7 +63,7 @@ class EpisodeSource(Protocol):
         before any episode starts: a bad prompt would fail every call it is in)."""
         ...
 
-    def session(self, shared: Shared) -> AbstractAsyncContextManager[EpisodePlayer]:
+    def session(self, setup: "CallSetup") -> AbstractAsyncContextManager[EpisodePlayer]:
         """What a run of episodes shares (a rollout call's, or a rollout worker's whole stream); closed on exit,
         every environment session with it."""
         ...

@@ -3,7 +3,7 @@ action parser in ep_trl's token-exact loop (``ep_trl.episode``), on sessions fro
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import settings
 from ..env_pool import EnvPool, ServerNotes
@@ -13,7 +13,10 @@ from ..episode import Episode, EpisodeConfig, EpisodeSpec, initial_messages, run
 from ..evalprotocol import EvalSpec
 from ..generation import Generator
 from ..options import RolloutOptions
-from . import EpisodeRequest, Shared
+from . import EpisodeRequest
+
+if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.call_setup)
+    from ..call_setup import CallSetup
 
 
 class OpenEnvSource:
@@ -46,14 +49,14 @@ class OpenEnvSource:
             initial_messages(prompt, index)
 
     @asynccontextmanager
-    async def session(self, shared: Shared) -> AsyncIterator["_OpenEnvPlayer"]:
+    async def session(self, setup: "CallSetup") -> AsyncIterator["_OpenEnvPlayer"]:
         """Environment sessions from one pool (reused between episodes when the options say so), all closed on
         exit."""
         spec = self._spec
         assert spec.env is not None
         envs = EnvPool(spec.env, reuse=self._options.reuse_env_sessions, notes=self._notes)
         try:
-            yield _OpenEnvPlayer(spec, settings.episode_config(spec, shared.limits), shared, envs)
+            yield _OpenEnvPlayer(spec, settings.episode_config(spec, setup.limits), setup, envs)
         finally:
             await envs.aclose()
 
@@ -63,8 +66,8 @@ class OpenEnvSource:
 
 
 class _OpenEnvPlayer:
-    def __init__(self, spec: EvalSpec, cfg: EpisodeConfig, shared: Shared, envs: EnvPool) -> None:
-        self._spec, self._cfg, self._shared, self._envs = spec, cfg, shared, envs
+    def __init__(self, spec: EvalSpec, cfg: EpisodeConfig, setup: "CallSetup", envs: EnvPool) -> None:
+        self._spec, self._cfg, self._setup, self._envs = spec, cfg, setup, envs
 
     @property
     def env_sessions(self) -> int:
@@ -74,14 +77,14 @@ class _OpenEnvPlayer:
         assert self._spec.env is not None
         spec = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
                                      self._spec.env.tasks, self._spec.completion_params.get("system_prompt"))
-        episode = await run_episode(spec, self._cfg, self._shared.template, generator, self._envs,
-                                    _step_logger(self._shared, request, spec))
+        episode = await run_episode(spec, self._cfg, self._setup.template, generator, self._envs,
+                                    _step_logger(self._setup, request, spec))
         return episode, request.context.episode_row(episode, request.rollout_id, request.prompt)
 
 
-def _step_logger(shared: Shared, request: EpisodeRequest, spec: EpisodeSpec) -> Callable[..., None] | None:
+def _step_logger(setup: "CallSetup", request: EpisodeRequest, spec: EpisodeSpec) -> Callable[..., None] | None:
     """Log the episode's row as it starts, and return a callback that logs it after every step (None when off)."""
-    log, context = shared.log, request.context
+    log, context = setup.log, request.context
     if log is None:
         return None
     rollout_id, prompt = request.rollout_id, request.prompt

@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..episode import Episode, EpisodeFailure, EpisodeSpec, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
@@ -30,7 +30,10 @@ from ..processors.parsing import ToolCallParser
 from ..generation import Generator
 from ..rollout_log import RolloutLogWriter
 from ..rows import RowContext
-from . import EpisodeRequest, Shared
+from . import EpisodeRequest
+
+if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.call_setup)
+    from ..call_setup import CallSetup
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ class ProcessorSource:
         check_rows(prompts, self._rows, self._spec.qualified_name)
 
     @asynccontextmanager
-    async def session(self, shared: Shared) -> AsyncIterator["_ProcessorPlayer"]:
+    async def session(self, setup: "CallSetup") -> AsyncIterator["_ProcessorPlayer"]:
         """The endpoint (started on first use) with a routing key of this session: a processor's calls with
         an earlier session's key are refused."""
         spec = self._spec
@@ -76,8 +79,8 @@ class ProcessorSource:
         key = self._endpoint.new_call()
         self._variables.point_at(self._endpoint.base_url, key)
         if self._parser is None:
-            self._parser = ToolCallParser(shared.template.tokenizer)
-        yield _ProcessorPlayer(self, shared, asyncio.Semaphore(spec.max_concurrent_rollouts), key)
+            self._parser = ToolCallParser(setup.template.tokenizer)
+        yield _ProcessorPlayer(self, setup, asyncio.Semaphore(spec.max_concurrent_rollouts), key)
 
     async def aclose(self) -> None:
         try:
@@ -88,7 +91,7 @@ class ProcessorSource:
             self._variables.restore()
             self._mcp.close()
 
-    async def _episode(self, shared: Shared, request: EpisodeRequest, generator: Generator,
+    async def _episode(self, setup: "CallSetup", request: EpisodeRequest, generator: Generator,
                        semaphore: asyncio.Semaphore, key: str) -> tuple[Episode, Any]:
         """One row through the processor; the episode and the row for the body."""
         assert self._parser is not None and self._endpoint.base_url is not None
@@ -97,8 +100,8 @@ class ProcessorSource:
         spec = EpisodeSpec(index=request.index, group=request.group, generation=request.generation, task=None,
                            initial_messages=tuple(_message_dicts(row.messages)))
         label = f"episode {spec.index} (row {row.input_metadata.row_id})"
-        capture = RolloutCapture(new_token(), label, shared.limits, shared.template, generator, self._parser)
-        live = _LiveLog(shared.log, context, spec, rollout_id, prompt)
+        capture = RolloutCapture(new_token(), label, setup.limits, setup.template, generator, self._parser)
+        live = _LiveLog(setup.log, context, spec, rollout_id, prompt)
         params = processors.routed_params(self._spec.completion_params, MODEL_PREFIX + capture.token,
                                           self._endpoint.base_url, key)
         context.row(spec, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
@@ -124,19 +127,7 @@ class ProcessorSource:
             self._mcp.discard(mcp)
         if capture.fatal is not None:
             raise capture.fatal
-        if capture.calls == 0 and capture.unauthorized:
-            raise UnsupportedEvalError(
-                f"{self._spec.qualified_name}: {self._spec.processor_name} called the model ep_trl gave the row "
-                "without the key ep_trl gave it with (answered 401): build the model client from the row's or the "
-                "config's completion_params, api_key included (LiteLLM does; an OpenAI client needs "
-                "api_key=completion_params['api_key']). The key keeps other local processes out of the rollout "
-                "(docs/processors.md).")
-        if capture.calls == 0 and self._endpoint.unknown_models:
-            raise UnsupportedEvalError(
-                f"{self._spec.qualified_name}: {self._spec.processor_name} called ep_trl's endpoint with the model "
-                f"{sorted(set(self._endpoint.unknown_models))} instead of the one ep_trl gave the row "
-                f"('{processors.model_alias(MODEL_PREFIX + '<token>')}', with api_base): build the model client "
-                "from the row's or the config's completion_params (docs/processors.md).")
+        self._check_routed(capture)
         failure = failure or capture.failure or _reported_failure(row)
         if failure is None and capture.calls == 0:
             raise UnsupportedEvalError(
@@ -162,17 +153,34 @@ class ProcessorSource:
         )
         return episode, context.episode_row(episode, rollout_id, prompt, source_row=row)
 
+    def _check_routed(self, capture: RolloutCapture) -> None:
+        """Raise when the processor called no model through ep_trl because its client ignored the row's key or
+        model (every row would fail alike)."""
+        if capture.calls == 0 and capture.unauthorized:
+            raise UnsupportedEvalError(
+                f"{self._spec.qualified_name}: {self._spec.processor_name} called the model ep_trl gave the row "
+                "without the key ep_trl gave it with (answered 401): build the model client from the row's or the "
+                "config's completion_params, api_key included (LiteLLM does; an OpenAI client needs "
+                "api_key=completion_params['api_key']). The key keeps other local processes out of the rollout "
+                "(docs/processors.md).")
+        if capture.calls == 0 and self._endpoint.unknown_models:
+            raise UnsupportedEvalError(
+                f"{self._spec.qualified_name}: {self._spec.processor_name} called ep_trl's endpoint with the model "
+                f"{sorted(set(self._endpoint.unknown_models))} instead of the one ep_trl gave the row "
+                f"('{processors.model_alias(MODEL_PREFIX + '<token>')}', with api_base): build the model client "
+                "from the row's or the config's completion_params (docs/processors.md).")
+
 
 class _ProcessorPlayer:
-    def __init__(self, source: ProcessorSource, shared: Shared, semaphore: asyncio.Semaphore, key: str) -> None:
-        self._source, self._shared, self._semaphore, self._key = source, shared, semaphore, key
+    def __init__(self, source: ProcessorSource, setup: "CallSetup", semaphore: asyncio.Semaphore, key: str) -> None:
+        self._source, self._setup, self._semaphore, self._key = source, setup, semaphore, key
 
     @property
     def env_sessions(self) -> int:
         return 0  # the processor's environment is its own
 
     async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
-        return await self._source._episode(self._shared, request, generator, self._semaphore, self._key)
+        return await self._source._episode(self._setup, request, generator, self._semaphore, self._key)
 
 
 class _LiveLog:
