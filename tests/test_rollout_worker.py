@@ -202,7 +202,7 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     for sample in worker.rollout_buffer.samples:
         assert len(sample.input_ids) == len(sample.completion_mask) == len(sample.old_log_probs)
         assert np.all(sample.old_log_probs[sample.completion_mask == 0] == 0.0)
-    exact, spanning = {}, []
+    exact, spanning, told_apart, turns = {}, [], 0, 0
     for sample, versions in samples_with_turn_versions(worker):
         if max(versions) + 1 not in snapshots.states:
             continue  # played on weights of a step whose snapshot the run ended before taking
@@ -211,7 +211,8 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
         sampled_by = []  # the policy whose logprobs each turn carries: its recorded version, or the next one
         for turn, version in enumerate(versions):
             recorded, next_one = gaps[version][turn] < TOLERANCE, gaps[version + 1][turn] < TOLERANCE
-            assert recorded != next_one, (versions, turn, gaps)  # exactly one: adjacent policies tell apart
+            assert recorded or next_one, (versions, turn, gaps)
+            turns, told_apart = turns + 1, told_apart + (recorded != next_one)
             sampled_by.append(version if recorded else version + 1)
             if recorded:
                 exact[version] = sample
@@ -219,6 +220,8 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
         assert min(sampled_by) - 1 <= sample.model_version <= min(sampled_by), (sample.model_version, sampled_by)
         if len(set(versions)) > 1:
             spanning.append((sample, versions))
+    # adjacent policies tell a turn apart (a turn of near-certain tokens can match both; most do not)
+    assert told_apart > turns / 2, (told_apart, turns)
     assert 1 in exact and max(exact) >= 2, sorted(exact)  # turns of the first policy and of a trained one
     assert spanning, "no sample spanned a weight sync"
     assert all(sample.model_version == min(versions) < max(versions) for sample, versions in spanning)
@@ -563,8 +566,11 @@ def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_
                 wait_until(lambda: health_error(worker) is not None, 60)
                 assert "injected: building the group's samples failed" in str(health_error(worker))
                 assert in_flight_at_error == [0] and worker.meter.cancelled > 0
+                # a step the server had already received when its episode was cancelled still lands (0.2 s each):
+                # let those settle, then an episode left running would take several more steps meanwhile
+                time.sleep(1.0)
                 steps = sum(len(ep["actions"]) for ep in LettersEpisodes(server.base_url)())
-                time.sleep(1.0)  # an episode left running would take several 0.2 s steps meanwhile
+                time.sleep(1.5)
                 assert sum(len(ep["actions"]) for ep in LettersEpisodes(server.base_url)()) == steps
             finally:
                 worker.stop()

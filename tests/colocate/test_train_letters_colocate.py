@@ -1,6 +1,7 @@
 """The letters training script with TRL's colocated engine, as a user runs it on CPU:
 ``.venv-colocate/bin/python train_letters_trl.py --vllm-mode colocate`` (CPUColocateGRPOTrainer)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -11,14 +12,18 @@ import pytest
 from tests.support.trainers import assert_script_trained
 
 ROOT = Path(__file__).resolve().parents[2]
+DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.mark.timeout(660)
 def test_the_letters_script_trains_with_the_colocated_engine(tmp_path):
+    # a user's shell, not this test process's: TRL and accelerate set the rendezvous variables here when an earlier
+    # test built a colocated trainer, and that trainer's process group may still hold the port they name
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train_letters_trl.py"), "--vllm-mode", "colocate", "--max-steps", "2",
          "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "generation: TRL's colocated vLLM engine, in the training process (CPUColocateGRPOTrainer, CPU)" in \
