@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ep_trl.processes import free_port
 from tests.support.trainers import assert_script_trained
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,9 +18,10 @@ DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
 
 @pytest.mark.timeout(660)
 def test_the_letters_script_trains_with_the_colocated_engine(tmp_path):
-    # a user's shell, not this test process's: TRL and accelerate set the rendezvous variables here when an earlier
-    # test built a colocated trainer, and that trainer's process group may still hold the port they name
+    # a user's shell, not this test process's: TRL sets the rendezvous variables here when an earlier test builds a
+    # colocated trainer (MASTER_PORT 29500 by default), and that trainer's process group still holds the port
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    env["MASTER_PORT"] = str(free_port())
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train_letters_trl.py"), "--vllm-mode", "colocate", "--max-steps", "2",
          "--output-dir", str(tmp_path)],
