@@ -564,7 +564,8 @@ def test_the_signal_handler_and_unraisable_hook_are_given_back_once_everything_i
 
 SERVER_PRELUDE = """
 import urllib.request
-from ep_trl.env_servers import LaunchedServers, LocalAppProvider
+from ep_trl.env_servers import LaunchedServers
+from ep_trl.local_provider import LocalAppProvider
 
 provider = LocalAppProvider("tests.fixtures.guess_env.server.app:app")  # a real environment server, as ep_trl starts
 servers = LaunchedServers()
