@@ -167,16 +167,16 @@ def test_grpo_trainer_with_use_vllm_steps_on_policy_on_cpu(vllm_url, model_dir, 
     for h in steps:
         assert h["sampling/sampling_logp_difference/max"] < LOGPROB_TOL
         assert h["ep_trl/failed_fraction"] == 0.0
-    assert trainer.weight_sync.pushes == 2
-    # the server now samples from the weights after step 1, not the initial ones
-    step1 = AutoModelForCausalLM.from_pretrained(model_dir)
-    step1.load_state_dict(snapshots.states[1])
+    assert trainer.weight_sync.pushes == 3  # before each step's rollouts, and the trained weights when train() ends
+    # the server now samples from the trained weights (after step 2), not the initial ones
+    trained = AutoModelForCausalLM.from_pretrained(model_dir)
+    trained.load_state_dict(snapshots.states[2])
     rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False)
     try:
         out = rollout([PROMPT] * 4, make_trainer(model_dir, tmp_path / "probe", rollout, temperature=TEMPERATURE))
     finally:
         rollout.close()
-    assert max_sampled_logprob_gap(step1.eval(), out, TEMPERATURE) < LOGPROB_TOL
+    assert max_sampled_logprob_gap(trained.eval(), out, TEMPERATURE) < LOGPROB_TOL
     assert max_sampled_logprob_gap(initial, out, TEMPERATURE) > 10 * LOGPROB_TOL  # control: training moved them
 
 
@@ -225,7 +225,7 @@ def test_two_processes_each_run_their_own_slice(vllm_url, model_dir, letters_ser
     history = json.loads((tmp_path / "log_history.json").read_text())
     diffs = [h["sampling/sampling_logp_difference/max"] for h in history if "sampling/sampling_logp_difference/max" in h]
     assert len(diffs) == 2 and max(diffs) < LOGPROB_TOL  # both processes generated from synced weights
-    assert json.loads((tmp_path / "pushes.json").read_text())["pushes"] == 2
+    assert json.loads((tmp_path / "pushes.json").read_text())["pushes"] == 3  # 2 steps, then the trained weights
 
 
 def test_throughput_benchmark_runs_every_arm_against_the_server(vllm_url, tmp_path):
