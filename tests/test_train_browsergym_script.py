@@ -160,12 +160,15 @@ def test_the_main_job_learns_the_eval_and_plots_it(tmp_path):
 
 
 def test_lora_trains_and_ctrl_c_stops_the_env_server(tmp_path):
-    run = run_script(["--lora-r", "4", "--max-steps", "20", "--tasks", "click-test,enter-text", "--no-warm-start",
-                      "--output-dir", str(tmp_path)], cwd=tmp_path, interrupt_after="step 1/20")
+    # The warm-started policy (cached by the main job's test) gets a right answer one time in three, so a group of 4
+    # scores alike with p ~ 0.2 and all 4 groups of two steps with p < 0.002; the random policy scores 0 everywhere,
+    # and GRPO gives it no gradient at all.
+    run = run_script(["--lora-r", "4", "--max-steps", "20", "--output-dir", str(tmp_path)], cwd=tmp_path,
+                     interrupt_after="step 2/20")
     lora = re.search(r"^LoRA r=4 alpha=8: (\d+) of (\d+) parameters trainable$", run.stdout, flags=re.M)
     assert lora and 0 < int(lora.group(1)) < int(lora.group(2)), run.stdout
-    assert re.search(r"^step 1/20 \| reward [0-9.]+", run.stdout, flags=re.M)
-    assert_script_trained(run.stdout)  # the adapter had a gradient in step 1
+    assert re.search(r"^step 2/20 \| reward [0-9.]+", run.stdout, flags=re.M)
+    assert_script_trained(run.stdout)  # the adapter had a gradient in step 1 or 2
     assert run.returncode == 130 and "interrupted: environment server stopped" in run.stdout, run.stderr_tail
     assert run.seconds_after_interrupt < 60
     assert "chromium" in run.seen_names
