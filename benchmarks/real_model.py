@@ -43,6 +43,8 @@ from benchmarks.fixtures import run_record  # noqa: E402
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the user's cached checkpoint (ep_trl.devtools.real_model), read before HOME moves
+os.environ.setdefault("EP_TRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ep_trl"))
 os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # rollout rows stay out of the user's ep logs
 
 EVAL = str(REPO_ROOT / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment"
