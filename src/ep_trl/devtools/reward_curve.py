@@ -92,8 +92,10 @@ def plot_scores(scores: Sequence[StepScore], path: str | Path, *, title: str, no
                           fontsize=8)
         for step, value, label in marks:
             axes.plot([step], [value], marker="D", color="tab:red", linestyle="none")
-            axes.annotate(f"{label} {value:.2f}", (step, value), textcoords="offset points", xytext=(4, -12),
-                          fontsize=8, color="tab:red")
+            left = step > steps[-1] / 2  # a label past the middle is written leftwards, inside the axes
+            axes.annotate(f"{label} {value:.2f}", (step, value), textcoords="offset points",
+                          xytext=(-4 if left else 4, -12), ha="right" if left else "left", fontsize=8,
+                          color="tab:red")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_xlabel("optimizer step")
         axes.set_ylabel("eval score")
