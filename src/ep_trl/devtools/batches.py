@@ -22,8 +22,8 @@ def interleave_by_ground_truth(dataset: Any, env_path: str, *, seed: int = 0) ->
 
     Rows of each ground truth are shuffled with ``seed``, then taken one of each in turn (ground truths in order of
     first appearance), so any window of as many rows as there are ground truths holds one of each while every value
-    has rows left. Rows of a value that runs out first follow at the end. A dataset with a single ground truth (or
-    none) is a ``ConfigError``: there is nothing to balance.
+    has rows left. Once a value runs out, the values with rows left go on in turn without it. A dataset with a single
+    ground truth (or none) is a ``ConfigError``: there is nothing to balance.
     """
     rows = evalprotocol.match_rows(dataset["prompt"], evalprotocol.eval_rows(evalprotocol.resolve_eval_test(env_path)),
                                    env_path)
