@@ -139,7 +139,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     assert train_smollm2.main(["--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "8",
                                "--num-generations", "4", "--held-out", "0.05", "--output-dir", str(out)]) == 0
     result = json.loads((out / "result.json").read_text())
-    assert result["steps"] == 2 and result["held_out_rows"] == 6 and len(result["replies_after"]) == 6
+    assert result["steps"] == 2 and result["held_out_rows"] == 6 and len(result["held_out_after_rows"]) == 6
     assert 0.0 <= result["held_out_before"] <= 1.0 and 0.0 <= result["held_out_after"] <= 1.0
     steps = result["steps_logged"]
     assert [s["step"] for s in steps] == [1, 2]
@@ -160,11 +160,12 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
 
 
 def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
-    """What the real model is trained on: the right label in one word 1.0, in a sentence 0.5; a wrong label, both
-    labels or none 0 (so one label everywhere scores 0.5 on the eval's half-positive rows, no gain)."""
+    """What the real model is trained on: the right label scores one over the reply's words (1.0 alone, 0.25 in a
+    four-word sentence, so a shorter sentence beats a longer one); a wrong label, both labels or none 0."""
     sentiment = _load_script(Path(__file__).resolve().parents[1] / "examples" / "sentiment" / "eval_sentiment.py")
     assert sentiment.label_score("Negative.", "negative")[0] == 1.0
-    assert sentiment.label_score("This review is negative.", "negative")[0] == 0.5
+    assert sentiment.label_score("This review is negative.", "negative")[0] == 0.25
+    assert sentiment.label_score("This review is negative. It criticizes the soup.", "negative")[0] == 1 / 8
     assert sentiment.label_score("Positive", "negative")[0] == 0.0
     assert sentiment.label_score("It is positive, not negative.", "negative")[0] == 0.0
     assert sentiment.label_score("I cannot tell.", "negative")[0] == 0.0

@@ -3,12 +3,15 @@
 
 Each row (``reviews.jsonl``: 120 short reviews, half of them positive) asks the question as the only message (the
 model's chat template adds its own system message) and tells the model to answer with one word. The body scores the
-reply against the review's label: 1.0 for the right label as the whole reply ("Negative."), 0.5 for the right label
-inside a longer reply ("This review is negative."), 0 for the wrong label, for both labels, or for neither.
+reply against the review's label: the right label, and no other, scores one over the reply's number of words (1.0 for
+"Negative.", 0.25 for "This review is negative."); the wrong label, both labels or neither score 0.
 
-SmolLM2-135M-Instruct tells the labels apart in a sentence ("This review is negative.") but rarely answers with the
-label alone, so it has room to improve from the eval's reward alone. Answering one label everywhere scores 0.5, no more than it starts with: a gain
-above that needs the right label in the asked-for form, on reviews it never trained on.
+SmolLM2-135M-Instruct tells the labels apart in a sentence ("This review is negative. It criticizes ...") but rarely
+answers with the label alone, so it has room to improve from the eval's reward alone. Why one over the words, not a
+flat score for any right reply that is too long: with a flat score every sentence ties, so a policy that answers in
+sentences has no reward pulling it towards the asked-for word (measured: one seed of two rested there). Answering one
+label everywhere in one word scores 0.5, so the held-out replies and the body's reasons are kept with every run
+(``result.json``) to tell that apart from a policy that learned the labels.
 
 Run it as an eval against any OpenAI-compatible server (a ``vllm serve`` of the model, or ``python -m ep_trl.serve
 DIR``)::
@@ -53,7 +56,7 @@ def label_score(reply: str, label: str) -> tuple[float, str]:
         return 0.0, f"wrong label (the review is {label})"
     if len(words) == 1:
         return 1.0, "the right label, in one word"
-    return 0.5, f"the right label, in {len(words)} words rather than one"
+    return 1.0 / len(words), f"the right label, in {len(words)} words rather than one"
 
 
 @evaluation_test(
@@ -65,7 +68,7 @@ def label_score(reply: str, label: str) -> tuple[float, str]:
     passed_threshold=0.0,
 )
 def test_sentiment(row: EvaluationRow) -> EvaluationRow:
-    """1.0 for the right label in one word, 0.5 for the right label in a longer reply, else 0."""
+    """The right label scores one over the reply's words (1.0 in one word); the wrong label, both or neither 0."""
     last = row.messages[-1]
     reply = str(last.content or "") if last.role == "assistant" else ""
     score, why = label_score(reply, str(row.ground_truth))

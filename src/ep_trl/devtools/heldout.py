@@ -26,10 +26,12 @@ ROW_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class HeldOutScore:
-    """The eval's scores on the held-out rows (None for a row its body left unscored) and their mean."""
+    """The eval's scores on the held-out rows (None for a row its body left unscored), the model's replies, the
+    body's reasons, and their mean."""
 
     scores: tuple[float | None, ...]
     replies: tuple[str, ...]
+    reasons: tuple[str, ...]
 
     @property
     def mean(self) -> float:
@@ -72,17 +74,20 @@ async def _score(spec: Any, rows: list[Any], params: dict[str, Any], concurrency
     else:
         scored = await run_body(spec, done, ROW_TIMEOUT_S) if done else []
     by_row = iter(scored)
-    scores, replies = [], []
+    scores, replies, reasons = [], [], []
     for row in finished:
         if isinstance(row, BaseException):
             scores.append(None)
             replies.append(f"{type(row).__name__}: {row}")
+            reasons.append("the processor raised")
         else:
             out = next(by_row)
             scores.append(score_of(out))
             last = out.messages[-1] if out.messages else None
             replies.append(str(last.content or "") if last is not None and last.role == "assistant" else "")
-    return HeldOutScore(tuple(scores), tuple(replies))
+            result = out.evaluation_result
+            reasons.append(str(result.reason or "") if result is not None else "the body left it unscored")
+    return HeldOutScore(tuple(scores), tuple(replies), tuple(reasons))
 
 
 async def _run(spec: Any, row: Any, params: dict[str, Any], semaphore: asyncio.Semaphore) -> Any:

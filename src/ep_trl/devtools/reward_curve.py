@@ -99,7 +99,7 @@ def plot_scores(scores: Sequence[StepScore], path: str | Path, *, title: str, no
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_xlabel("optimizer step")
         axes.set_ylabel("eval score")
-        axes.set_ylim(-0.02, 1.02)
+        axes.set_ylim(-0.02, 1.1)  # room above a score of 1.0 for its label
         axes.set_title(title, fontsize=10)
         axes.grid(alpha=0.3)
         axes.legend(loc="lower right", fontsize=8)
