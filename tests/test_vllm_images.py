@@ -7,17 +7,25 @@ processor's. One server for the module (~40-60 s to start); the vLLM venv comes 
 """
 
 import asyncio
+import queue
+import time
 
 import pytest
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+from trl.experimental.async_grpo import AsyncGRPOConfig
 
+from ep_trl import EvalRolloutWorker, dataset_from_eval
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.vllm import VLLMServerGenerator
 from ep_trl.options import VLLMOptions
+from ep_trl.sample_images import images_of
+from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
+from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory import ChatTemplate
 from tests.support.images import png_data_uri, token_logprobs, user_with_image
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
+IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
 LOGPROB_TOL = 1e-3  # measured ~7e-6 (vLLM CPU kernels against eager transformers, float32)
 
 
@@ -53,3 +61,115 @@ def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server, t
     assert len(turn.token_ids) >= 1
     assert max(abs(a - b) for a, b in zip(with_pixels, turn.logprobs)) < LOGPROB_TOL
     assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * LOGPROB_TOL
+
+
+class Recorded(queue.Queue):
+    """The worker's buffer, keeping every sample put on it (the trainer drains it as usual)."""
+
+    def __init__(self, maxsize):
+        super().__init__(maxsize)
+        self.samples = []
+
+    def put(self, item, block=True, timeout=None):
+        super().put(item, block, timeout)
+        self.samples.append(item)
+
+
+class VersionSnapshots(TrainerCallback):
+    """The policy of each version (1: the initial weights, the first sync; k+1: after step k). Before step 3, waits
+    (up to 120 s) until a sample played wholly on version 2 was released, so the run holds turns of a trained
+    policy however episodes and steps interleave on a loaded machine."""
+
+    def __init__(self, model_dir, worker):
+        self.states = {1: AutoModelForImageTextToText.from_pretrained(model_dir).state_dict()}
+        self.worker = worker
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            deadline = time.monotonic() + 120
+            while not any(set(t) == {2} for g in self.worker.groups for t in g.turn_versions):
+                assert time.monotonic() < deadline, "no sample of the trained policy within 120 s"
+                time.sleep(0.2)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def sampled_turns(sample):
+    """(position in input_ids of each sampled token, its logprob), one list per turn (run of completion_mask 1)."""
+    turns, previous = [], 0
+    for at, (m, logprob) in enumerate(zip(sample.completion_mask.tolist(), sample.old_log_probs.tolist())):
+        if m and not previous:
+            turns.append([])
+        if m:
+            turns[-1].append((at, logprob))
+        previous = m
+    return turns
+
+
+@pytest.mark.timeout(400)
+def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vlm_dir, letters_server, tmp_path):
+    """EvalRolloutWorker on the processor, CPUAsyncImagesGRPOTrainer, weights through disk to the real server: every
+    sampled turn's logprobs equal the teacher-forced logprobs WITH the pixels of the version the turn recorded (or
+    the next one, the sync race docs/async.md describes) and differ from them without the pixels; turns of the
+    trained policy match it, so the vision weights reached the server; the steps move the vision tower; the trainer's
+    sampling_logp_difference (|its logprobs - sampled|, from the forward with pixels) is < 1e-3 at step 1."""
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
+                           per_device_train_batch_size=4, max_completion_length=256, max_steps=3, logging_steps=1,
+                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no",
+                           vllm_server_base_url=vlm_server.base_url)
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=4)
+    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
+    snapshots = VersionSnapshots(tiny_vlm_dir, worker)
+    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
+                                        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=8), rollout_worker=worker,
+                                        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir),
+                                        callbacks=[snapshots])
+    started = time.monotonic()
+    trainer.train()
+    seconds = time.monotonic() - started
+    logs = [h for h in trainer.state.log_history if "ratio" in h]
+    assert [h["step"] for h in logs] == [1, 2, 3]
+    assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["sampling/sampling_logp_difference/max"] < LOGPROB_TOL
+    vision = [k for k in snapshots.states[1] if ".vision_model." in k]
+    assert max((snapshots.states[4][k] - snapshots.states[1][k]).abs().max().item() for k in vision) > 0
+    models = {}
+
+    def policy(version):
+        if version not in models:
+            models[version] = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
+            models[version].load_state_dict(snapshots.states[version])
+        return models[version]
+
+    by_group = {}
+    for sample in worker.rollout_buffer.samples:
+        by_group.setdefault(sample.group_id, []).append(sample)
+    exact, checked, text_only_gap = set(), 0, float("inf")
+    for released in worker.groups:
+        samples = by_group.get(released.group, [])
+        assert len(samples) == released.samples
+        for sample, versions in zip(samples, released.turn_versions):
+            images = list(images_of(sample.input_ids))
+            ids = sample.input_ids.tolist()
+            assert len(images) == len(versions) >= 1  # one picture per observation, each turn after one
+            turns = sampled_turns(sample)
+            assert len(turns) == len(versions)
+            if max(versions) + 1 not in snapshots.states:
+                continue  # played on weights of a step whose snapshot the run ended before taking
+            for turn, version in zip(turns, versions):
+                gaps = {}
+                for v in (version, version + 1):
+                    reference = token_logprobs(policy(v), processor, ids, images)
+                    gaps[v] = max(abs(reference[at - 1] - logprob) for at, logprob in turn)
+                assert min(gaps.values()) < LOGPROB_TOL, (versions, gaps)
+                if gaps[version] < LOGPROB_TOL:
+                    exact.add(version)
+            without = token_logprobs(policy(versions[0]), processor, ids, images, pixels=False)
+            text_only_gap = min(text_only_gap, max(abs(without[at - 1] - lp) for at, lp in turns[0]))
+            checked += 1
+    assert checked >= 8 and 1 in exact and max(exact) >= 2, (checked, sorted(exact))
+    assert text_only_gap > 0.1  # scored without the pixels, every checked sample moves
+    print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, versions exact {sorted(exact)}, "
+          f"text-only gap >= {text_only_gap:.3f}, sampling_logp_difference/max per step "
+          f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
