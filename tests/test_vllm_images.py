@@ -173,3 +173,46 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, versions exact {sorted(exact)}, "
           f"text-only gap >= {text_only_gap:.3f}, sampling_logp_difference/max per step "
           f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
+
+
+@pytest.mark.timeout(300)
+def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sample(vlm_server, tiny_vlm_dir,
+                                                                                   letters_server, tmp_path,
+                                                                                   monkeypatch):
+    """Fault injection: every second episode's trajectory loses its last image (``losing_an_image``). Such an episode
+    is left out by the worker and counted (ep_trl/worker/image_mismatch_total), never put in the buffer; the trainer
+    trains a real step on the others without an error."""
+    import dataclasses
+
+    from ep_trl import trajectory as trajectory_module
+    from ep_trl.sample_images import placeholder_mismatch
+
+    real_build, built = trajectory_module.TrajectoryBuilder.build, []
+
+    def losing_an_image(builder):  # the fault: an episode whose images no longer match its image tokens
+        made = real_build(builder)
+        built.append(made)
+        return dataclasses.replace(made, images=made.images[:-1]) if len(built) % 2 == 0 and made.images else made
+
+    monkeypatch.setattr(trajectory_module.TrajectoryBuilder, "build", losing_an_image)
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
+                           per_device_train_batch_size=2, max_completion_length=256, max_steps=1, logging_steps=1,
+                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no",
+                           vllm_server_base_url=vlm_server.base_url)
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
+    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
+    reported = []
+    put_metrics = worker._put_metrics
+    worker._put_metrics = lambda metrics: (reported.append(metrics), put_metrics(metrics))
+    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
+                                        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=4), rollout_worker=worker,
+                                        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir))
+    trainer.train()
+    assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1]
+    assert worker.image_mismatches >= 1 and worker.left_out >= worker.image_mismatches
+    assert sum(r.image_mismatches for r in worker.groups) == worker.image_mismatches
+    assert sum(m.get("ep_trl/worker/image_mismatch_total", 0.0) for m in reported) >= 1
+    assert worker.rollout_buffer.samples and all(
+        placeholder_mismatch(processor, s.input_ids.tolist(), images_of(s.input_ids)) is None
+        for s in worker.rollout_buffer.samples)

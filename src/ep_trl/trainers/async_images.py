@@ -143,6 +143,10 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
                               "sample count: pass AsyncGRPOConfig(token_budget=0) and size "
                               "per_device_train_batch_size to the memory you have.")
         worker = kwargs.get("rollout_worker")
+        if worker is not None and getattr(worker, "renders_images", None) is False:
+            raise ConfigError(f"{name}: the rollout worker renders no images (its processing class is a text "
+                              "tokenizer), so the model would never see a pixel. Pass the same processor to "
+                              "EvalRolloutWorker(processing_class=...).")
         if worker is not None and hasattr(worker, "take_images"):
             worker.take_images(name)  # before TRL reads its rollout_buffer
         super().__init__(model, reward_funcs, args, processing_class=processing_class.tokenizer, **kwargs)
