@@ -628,6 +628,39 @@ def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_th
             worker.stop()
 
 
+def test_max_buffered_images_bounds_the_images_waiting_for_the_trainer(tiny_vlm_dir, tmp_path):
+    """The bound counts the images of the samples in the buffer and of those released, waiting for room: no episode
+    starts at the bound, a sample that would cross it waits (unless the buffer is empty), and a text tokenizer with
+    the bound set is refused."""
+    from transformers import AutoProcessor
+
+    from ep_trl.sample_images import ids_with_images
+
+    def sample(images):
+        return trl_compat.rollout_sample()(
+            prompt=[], completion=[], input_ids=ids_with_images([1, 2, 3], images), completion_mask=np.ones(3),
+            old_log_probs=np.zeros(3), advantage=0.0, model_version=0, group_id=0, metrics={}, enqueued_at=None)
+
+    args = config(tmp_path, "http://127.0.0.1:1")
+    with FaultyVLLMServer() as server:
+        args.vllm_server_base_url = server.url
+        worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+                                   log_rollouts=False, buffer_size=8, max_buffered_images=4)
+        try:
+            worker.take_images("test")
+            assert worker._images_fit(sample(["a"] * 6))  # into an empty buffer, whatever its images
+            worker.rollout_buffer.put(sample(["a"] * 3))
+            assert worker._has_room() and worker.buffered_images() == 3
+            assert not worker._images_fit(sample(["b"] * 2)) and worker._images_fit(sample(["b"]))
+            worker.rollout_buffer.put(sample(["b"]))
+            assert not worker._has_room() and worker.buffered_images() == 4  # at the bound: no episode starts
+            with pytest.raises(ConfigError, match=r"max_buffered_images=4\) bounds the images.*renders none"):
+                EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_vlm_dir),
+                                  max_buffered_images=4)
+        finally:
+            worker.stop()
+
+
 def test_worker_processes_are_refused_by_the_worker(tiny_model_dir, tmp_path):
     from ep_trl import RolloutOptions
 
