@@ -43,8 +43,6 @@ import dataclasses
 import functools
 from typing import Any
 
-import torch
-
 from .. import trl_compat
 from ..content import supports_images
 from ..errors import ConfigError
@@ -89,10 +87,10 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
         images = [[image for sample in row.samples for image in images_of(sample["input_ids"])] for row in rows]
         if not any(images):
             return super().torch_call(examples)
-        rows = [_unshared(row) if row_images else row for row, row_images in zip(rows, images)]
-        batch = super().torch_call([rows])
         if len(rows) != 1:
             raise ConfigError("AsyncImagesGRPOTrainer builds the vision inputs of a micro-batch for one process.")
+        rows = [_unshared(rows[0])]
+        batch = super().torch_call([rows])
         ids = batch["input_ids"][0][batch["attention_mask"][0].bool()]
         token = image_token_id(self.processor)
         expected = sum(expected_image_tokens(self.processor, images_of(s["input_ids"])) for s in rows[0].samples)
