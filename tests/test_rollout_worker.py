@@ -628,6 +628,18 @@ def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_th
             worker.stop()
 
 
+def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(tiny_vlm_dir, model_dir, server_url,
+                                                                          tmp_path):
+    """The session's server serves the text-only tiny model: a vision-language processor's images cannot reach it,
+    so the worker refuses at construction, naming the fix."""
+    from transformers import AutoProcessor
+
+    with pytest.raises(ConfigError, match=r"serves .*a text-only model \(qwen2\): it cannot take the images "
+                                          r"Idefics3Processor renders\. Start the server on the vision-language model"):
+        EvalRolloutWorker(LETTERS, args=config(tmp_path, server_url), log_rollouts=False,
+                          processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir))
+
+
 def test_max_buffered_images_bounds_the_images_waiting_for_the_trainer(tiny_vlm_dir, tmp_path):
     """The bound counts the images of the samples in the buffer and of those released, waiting for room: no episode
     starts at the bound, a sample that would cross it waits (unless the buffer is empty), and a text tokenizer with

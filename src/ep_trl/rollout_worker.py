@@ -133,6 +133,8 @@ class EvalRolloutWorker:
         if not self._prompts:
             raise ConfigError(f"EvalRolloutWorker({env_path!r}): the dataset has no prompts to play.")
         served = probe_server(self._server_url)  # a server that is not there fails now, not when training starts
+        if self.renders_images:
+            _check_served_model_takes_images(self._server_url, served.model, processing_class)
         #: Whether the server runs with --enable-lora: the trainer may then sync a LoRA policy as an adapter alone.
         self.server_lora = lora_enabled(self._server_url)
         self._adapters: dict[int, str] = {}  # policy version -> the adapter this run's trainer loaded for it
@@ -442,6 +444,32 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
     elif max_buffered_images is not None:
         raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) bounds the images of samples, "
                           f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
+
+
+def _check_served_model_takes_images(url: str, model: str, processor: Any) -> None:
+    """Refuse a server whose model cannot take the images ``processor`` renders (a text-only model, or another
+    vision-language model's image token), read from the served model's local directory; a model served under a
+    name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
+    from pathlib import Path
+
+    if not Path(model).is_dir():
+        logger.info("The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
+                    "checked here (a text-only model fails every episode).", url, model, type(processor).__name__)
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    kind = type(processor).__name__
+    if config.get_text_config() is config:
+        raise ConfigError(f"The vLLM server at {url} serves {model}, a text-only model ({config.model_type}): it "
+                          f"cannot take the images {kind} renders. Start the server on the vision-language model the "
+                          "processor belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
+                          "this model without images.")
+    served_token = getattr(config, "image_token_id", getattr(config, "image_token_index", None))
+    if served_token is not None and int(served_token) != image_token_id(processor):
+        raise ConfigError(f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
+                          f"{kind}'s is id {image_token_id(processor)}: the processor is not this model's. Pass "
+                          f"AutoProcessor.from_pretrained({model!r}).")
 
 
 @dataclass(frozen=True)
