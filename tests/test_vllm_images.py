@@ -76,20 +76,10 @@ class Recorded(queue.Queue):
 
 
 class VersionSnapshots(TrainerCallback):
-    """The policy of each version (1: the initial weights, the first sync; k+1: after step k). Before step 3, waits
-    (up to 120 s) until a sample played wholly on version 2 was released, so the run holds turns of a trained
-    policy however episodes and steps interleave on a loaded machine."""
+    """The policy of each version: 1 is the initial weights (the first sync), k+1 the weights after step k."""
 
-    def __init__(self, model_dir, worker):
+    def __init__(self, model_dir):
         self.states = {1: AutoModelForImageTextToText.from_pretrained(model_dir).state_dict()}
-        self.worker = worker
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step == 2:
-            deadline = time.monotonic() + 120
-            while not any(set(t) == {2} for g in self.worker.groups for t in g.turn_versions):
-                assert time.monotonic() < deadline, "no sample of the trained policy within 120 s"
-                time.sleep(0.2)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -116,12 +106,12 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     sampling_logp_difference (|its logprobs - sampled|, from the forward with pixels) is < 1e-3 at step 1."""
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
                            per_device_train_batch_size=4, max_completion_length=256, max_steps=3, logging_steps=1,
-                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no",
-                           vllm_server_base_url=vlm_server.base_url)
+                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no", max_staleness=0,
+                           vllm_server_base_url=vlm_server.base_url)  # max_staleness 0: later steps need new turns
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=4)
-    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
-    snapshots = VersionSnapshots(tiny_vlm_dir, worker)
+    worker.rollout_buffer = Recorded(4)
+    snapshots = VersionSnapshots(tiny_vlm_dir)
     trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
                                         train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=8), rollout_worker=worker,
                                         weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir),
@@ -148,7 +138,8 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     exact, checked, text_only_gap = set(), 0, float("inf")
     for released in worker.groups:
         samples = by_group.get(released.group, [])
-        assert len(samples) == released.samples
+        if len(samples) != released.samples:
+            continue  # released while training ended: still waiting for room, never put in the buffer
         for sample, versions in zip(samples, released.turn_versions):
             images = list(images_of(sample.input_ids))
             ids = sample.input_ids.tolist()
@@ -170,7 +161,9 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
             checked += 1
     assert checked >= 8 and 1 in exact and max(exact) >= 2, (checked, sorted(exact))
     assert text_only_gap > 0.1  # scored without the pixels, every checked sample moves
-    print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, versions exact {sorted(exact)}, "
+    assert worker.dropped_stale + sum(h.get("sample/dropped_stale_total", 0) for h in trainer.state.log_history) > 0
+    print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, {worker.dropped_stale} dropped "
+          f"stale by the worker, versions exact {sorted(exact)}, "
           f"text-only gap >= {text_only_gap:.3f}, sampling_logp_difference/max per step "
           f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
 
@@ -201,7 +194,7 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
                            vllm_server_base_url=vlm_server.base_url)
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
-    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
+    worker.rollout_buffer = Recorded(2)
     reported = []
     put_metrics = worker._put_metrics
     worker._put_metrics = lambda metrics: (reported.append(metrics), put_metrics(metrics))
