@@ -172,3 +172,20 @@ def test_a_text_tokenizer_or_a_model_that_cannot_take_the_images_is_refused(tiny
 def test_the_async_image_path_is_gated_on_the_tested_trl():
     assert "async" in trl_compat.TESTED_TRL
     assert trl_compat.require_tested("async", "AsyncImagesGRPOTrainer") is not None
+
+
+def test_a_batch_with_image_tokens_and_no_pixels_is_refused_not_trained(tiny_vlm_dir, tmp_path, monkeypatch):
+    """Should a TRL build its batches without ep_trl's collator (simulated: TRL's own data loader, the fault), the
+    images never reach the batch; the loss refuses it instead of training on image tokens without their pixels."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from ep_trl.errors import VersionError
+
+    samples, processor, _ = image_samples(tiny_vlm_dir, groups=4)
+    worker = QueuedSamples()
+    for sample in samples:
+        worker.rollout_buffer.put(sample)
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker)
+    monkeypatch.setattr(type(trainer), "get_train_dataloader", AsyncGRPOTrainer.get_train_dataloader)
+    with pytest.raises(VersionError, match=r"image tokens and no vision inputs.*ImagesRolloutCollator"):
+        trainer.train()

@@ -45,7 +45,7 @@ from typing import Any
 
 from .. import trl_compat
 from ..content import supports_images
-from ..errors import ConfigError
+from ..errors import ConfigError, VersionError
 from ..sample_images import expected_image_tokens, image_token_id, images_of
 from ..vision_inputs import vision_inputs
 
@@ -149,6 +149,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
             worker.take_images(name)  # before TRL reads its rollout_buffer
         super().__init__(model, reward_funcs, args, processing_class=processing_class.tokenizer, **kwargs)
         self.processor = processing_class
+        self._image_token = image_token_id(processing_class)
         self._check_model(name)
         if self.accelerator.num_processes != 1:
             raise ConfigError(f"{name} trains in one process ({self.accelerator.num_processes} were launched): the "
@@ -201,6 +202,10 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
         vision = {key[len(VISION_PREFIX):]: inputs.pop(key)[0] for key in list(inputs) if key.startswith(VISION_PREFIX)}
+        if not vision and bool((inputs["input_ids"] == self._image_token).any()):
+            raise VersionError("A packed batch holds image tokens and no vision inputs: TRL's data loader did not "
+                               "build its batches with ep_trl's collator (ImagesRolloutCollator), so this TRL builds "
+                               "them another way than the one AsyncImagesGRPOTrainer is tested with.")
         forward: dict[str, Any] = {}
 
         def add_pixels(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
