@@ -60,7 +60,6 @@ from .errors import ConfigError, RolloutWorkerError
 from .generation.vllm import lora_enabled, probe_server, served_models
 from .metrics import call_metrics, summary_line
 from .rollout import RolloutFunction, create_rollout_func
-from .sample_images import ids_with_images, image_token_id, images_of, placeholder_mismatch
 from .stream import ScoredGroup, GroupPlan, SlotMeter
 
 logger = logging.getLogger(__name__)
@@ -307,6 +306,8 @@ class EvalRolloutWorker:
 
     def buffered_images(self) -> int:
         """Images held by the samples in the buffer and by those released, waiting for room."""
+        from .sample_images import images_of
+
         with self._buffer.mutex:
             waiting = list(self._buffer.queue)
         return sum(len(images_of(s.input_ids)) for s in [*waiting, *self._pending])
@@ -373,6 +374,8 @@ class EvalRolloutWorker:
         """Whether ``sample``'s images fit in the buffer under ``max_buffered_images`` (always, into an empty one)."""
         if self.max_buffered_images is None or self._buffer.empty():
             return True
+        from .sample_images import images_of
+
         with self._buffer.mutex:
             held = sum(len(images_of(s.input_ids)) for s in self._buffer.queue)
         return held + len(images_of(sample.input_ids)) <= self.max_buffered_images
@@ -437,6 +440,8 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
         raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
                           "(None: no bound beyond buffer_size).")
     if supports_images(processing_class):
+        from .sample_images import image_token_id
+
         try:
             image_token_id(processing_class)
         except ValueError as exc:
@@ -451,6 +456,8 @@ def _check_served_model_takes_images(url: str, model: str, processor: Any) -> No
     vision-language model's image token), read from the served model's local directory; a model served under a
     name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
     from pathlib import Path
+
+    from .sample_images import image_token_id
 
     if not Path(model).is_dir():
         logger.info("The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
@@ -490,6 +497,8 @@ def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> 
     carry its episode's images (``ep_trl.sample_images``), and an episode whose images do not match its image tokens
     is left out (logged, counted in ``image_mismatches``)."""
     import numpy as np
+
+    from .sample_images import ids_with_images, placeholder_mismatch
 
     RolloutSample = trl_compat.rollout_sample()
     valid = [s.score for s in group.scored if s.score is not None]
