@@ -9,6 +9,7 @@ logprobs came from, so TRL's ``ratio`` is 1 and the trainer's ``sampling/samplin
 every forward saw each sample's own pixels. The real-server run is in tests/test_vllm_images.py.
 """
 
+import dataclasses
 import gc
 import queue
 import weakref
@@ -121,11 +122,14 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     start = int(np.argmax(first.completion_mask))
     assert max(abs(a - b) for a, b in zip(text_only[start - 1:], first.old_log_probs[start:])) > 0.1  # pixels matter
     assert samples[0].input_ids[:start].tolist() == samples[1].input_ids[:start].tolist()  # same tokens, other pixels
+    stale, _, _ = image_samples(tiny_vlm_dir, groups=1)  # sampled by a policy 10 versions older: TRL drops them
+    stale = [dataclasses.replace(sample, model_version=-9, group_id=100) for sample in stale]
+    dropped = [weakref.ref(image) for s in stale for image in images_of(s.input_ids)]
     watched = [weakref.ref(image) for s in samples for image in images_of(s.input_ids)]
     worker, sent = QueuedSamples(), SentWeights()
-    for sample in samples:
+    for sample in [*stale, *samples]:
         worker.rollout_buffer.put(sample)
-    del samples, first
+    del samples, first, stale, sample
     trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent)
     vision = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".vision_model." in k}
     assert vision and all(p.requires_grad for k, p in trainer.model.named_parameters() if ".vision_model." in k)
@@ -138,8 +142,9 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     assert any(".vision_model." in name for name in sent.names[-1])  # the vision weights reach the server too
     del trainer, worker
     gc.collect()
+    assert log["sample/dropped_stale_total"] == 2
     trained = watched[:4]  # the first micro-batch (TRL had fetched the second, untrained, when training ended)
-    assert [r() for r in trained] == [None] * 4  # trained samples' images are freed
+    assert [r() for r in trained + dropped] == [None] * 6  # images of trained and of dropped samples are freed
 
 
 def test_unshared_rows_keep_every_sample_whole_and_in_order():
