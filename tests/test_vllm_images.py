@@ -123,7 +123,9 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     seconds = time.monotonic() - started
     logs = [h for h in trainer.state.log_history if "ratio" in h]
     assert [h["step"] for h in logs] == [1, 2, 3]
-    assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["sampling/sampling_logp_difference/max"] < LOGPROB_TOL
+    # step 1 trains samples of the weights being trained: TRL's ratio and kl, and the logprob difference, read ~0
+    assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["kl"] < 1e-4, logs[0]
+    assert logs[0]["sampling/sampling_logp_difference/max"] < LOGPROB_TOL, logs[0]
     vision = [k for k in snapshots.states[1] if ".vision_model." in k]
     assert max((snapshots.states[4][k] - snapshots.states[1][k]).abs().max().item() for k in vision) > 0
     models = {}
@@ -166,7 +168,8 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     assert worker.dropped_stale + sum(h.get("sample/dropped_stale_total", 0) for h in trainer.state.log_history) > 0
     print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, {worker.dropped_stale} dropped "
           f"stale by the worker, versions exact {sorted(exact)}, "
-          f"text-only gap >= {text_only_gap:.3f}, sampling_logp_difference/max per step "
+          f"text-only gap >= {text_only_gap:.3f}, step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
+          f"sampling_logp_difference/max per step "
           f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
 
 
