@@ -214,3 +214,24 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     assert worker.rollout_buffer.samples and all(
         placeholder_mismatch(processor, s.input_ids.tolist(), images_of(s.input_ids)) is None
         for s in worker.rollout_buffer.samples)
+
+
+@pytest.mark.timeout(300)
+def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server, tiny_vlm_dir, letters_server,
+                                                                    tmp_path):
+    """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.devtools.training_modes, what
+    train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
+    model's processor and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
+    from ep_trl.devtools.training_modes import TrainingMode
+
+    mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
+                        gpu_memory_utilization=0.3, on_gpu=False, images=True)
+    args = mode.config(output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=2, num_generations=2,
+                       max_completion_length=256, max_steps=1, logging_steps=1, learning_rate=1e-2, temperature=1.0,
+                       report_to=[], save_strategy="no")
+    with mode.trainer(IMAGE_EVAL, model=str(tiny_vlm_dir), args=args, images=True, log_rollouts=False,
+                      train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=2)) as trainer:
+        assert isinstance(trainer, CPUAsyncImagesGRPOTrainer) and trainer.rollout_worker.renders_images
+        trainer.train()
+    log = next(h for h in trainer.state.log_history if "ratio" in h)
+    assert log["sampling/sampling_logp_difference/max"] < LOGPROB_TOL, log
