@@ -18,6 +18,8 @@ Two-GPU recipe (docs/browsergym.md):
 
 One GPU (docs/vllm.md): python train_browsergym_trl.py --vllm-mode colocate --model Qwen/Qwen2.5-0.5B-Instruct ...
 Rollouts overlapping training steps (docs/async.md): --async --vllm-base-url URL --model M (the server's model).
+A vision-language model on the screenshots, asynchronously: --screenshots --async --vllm-base-url URL --model VLM
+(a server started with --enable-scale-out; docs/browsergym.md, "Vision-language models").
 """
 
 import argparse

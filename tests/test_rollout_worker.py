@@ -542,10 +542,10 @@ def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_
     server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.2")
     real = worker_module.group_samples
 
-    def faulty_group_samples(group, tokenizer):  # fault injection: the consumer fails while episodes are in flight
+    def faulty_group_samples(group, *args):  # fault injection: the consumer fails while episodes are in flight
         if worker.meter.in_flight:
             raise RuntimeError("injected: building the group's samples failed")
-        return real(group, tokenizer)
+        return real(group, *args)
 
     monkeypatch.setattr(worker_module, "group_samples", faulty_group_samples)
     try:
@@ -608,14 +608,69 @@ def test_check_health_raises_when_the_worker_produces_nothing(tiny_model_dir, le
             assert time.monotonic() - started < 30  # the hanging call is cancelled, not waited for
 
 
-def test_a_multimodal_processor_is_refused_before_any_episode(tiny_vlm_dir, tmp_path):
-    """AsyncGRPOTrainer's samples carry token ids only: the worker says so at construction, naming what to pass."""
+def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_the_pixels(tiny_vlm_dir, tmp_path):
+    """With a vision-language processor the worker's samples carry images; plain AsyncGRPOTrainer would train on the
+    image tokens without them, so building it on such a worker fails at construction, naming the trainer to use."""
     from transformers import AutoProcessor
 
-    with pytest.raises(ConfigError, match=r"Idefics3Processor.*AsyncGRPOTrainer's samples carry token ids only.*"
-                                          r"processing_class\.tokenizer"):
-        EvalRolloutWorker(LETTERS, args=config(tmp_path, "http://127.0.0.1:1"),
+    args = config(tmp_path, "http://127.0.0.1:1")
+    with FaultyVLLMServer() as server:
+        args.vllm_server_base_url = server.url
+        worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+                                   log_rollouts=False)
+        try:
+            assert worker.renders_images
+            with pytest.raises(ConfigError, match=r"renders images into its samples \(Idefics3Processor\).*without "
+                                                  r"their pixels.*AsyncImagesGRPOTrainer \(CPUAsyncImagesGRPOTrainer"):
+                CPUAsyncGRPOTrainer(str(tiny_vlm_dir), args=args, train_dataset=dataset_from_eval(LETTERS),
+                                    rollout_worker=worker, weight_transfer=DiskWeightTransfer(server.url, tiny_vlm_dir))
+        finally:
+            worker.stop()
+
+
+def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(tiny_vlm_dir, model_dir, server_url,
+                                                                          tmp_path):
+    """The session's server serves the text-only tiny model: a vision-language processor's images cannot reach it,
+    so the worker refuses at construction, naming the fix."""
+    from transformers import AutoProcessor
+
+    with pytest.raises(ConfigError, match=r"serves .*a text-only model \(qwen2\): it cannot take the images "
+                                          r"Idefics3Processor renders\. Start the server on the vision-language model"):
+        EvalRolloutWorker(LETTERS, args=config(tmp_path, server_url), log_rollouts=False,
                           processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir))
+
+
+def test_max_buffered_images_bounds_the_images_waiting_for_the_trainer(tiny_vlm_dir, tmp_path):
+    """The bound counts the images of the samples in the buffer and of those released, waiting for room: no episode
+    starts at the bound, a sample that would cross it waits (unless the buffer is empty), and a text tokenizer with
+    the bound set is refused."""
+    from transformers import AutoProcessor
+
+    from ep_trl.sample_images import ids_with_images
+
+    def sample(images):
+        return trl_compat.rollout_sample()(
+            prompt=[], completion=[], input_ids=ids_with_images([1, 2, 3], images), completion_mask=np.ones(3),
+            old_log_probs=np.zeros(3), advantage=0.0, model_version=0, group_id=0, metrics={}, enqueued_at=None)
+
+    args = config(tmp_path, "http://127.0.0.1:1")
+    with FaultyVLLMServer() as server:
+        args.vllm_server_base_url = server.url
+        worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+                                   log_rollouts=False, buffer_size=8, max_buffered_images=4)
+        try:
+            worker.take_images("test")
+            assert worker._images_fit(sample(["a"] * 6))  # into an empty buffer, whatever its images
+            worker.rollout_buffer.put(sample(["a"] * 3))
+            assert worker._has_room() and worker.buffered_images() == 3
+            assert not worker._images_fit(sample(["b"] * 2)) and worker._images_fit(sample(["b"]))
+            worker.rollout_buffer.put(sample(["b"]))
+            assert not worker._has_room() and worker.buffered_images() == 4  # at the bound: no episode starts
+            with pytest.raises(ConfigError, match=r"max_buffered_images=4\) bounds the images.*renders none"):
+                EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_vlm_dir),
+                                  max_buffered_images=4)
+        finally:
+            worker.stop()
 
 
 def test_worker_processes_are_refused_by_the_worker(tiny_model_dir, tmp_path):

@@ -86,9 +86,23 @@ def test_colocate_with_screenshots_on_cpu_is_refused(browsergym, cpu_with_vllm, 
     assert "does not put rollout images into the loss: drop --screenshots" in err
 
 
-def test_async_with_screenshots_is_refused(browsergym, cpu_with_vllm, capsys):
-    err = refused(browsergym, ["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots"], capsys)
-    assert "AsyncGRPOTrainer's samples carry no images" in err and "Drop --screenshots" in err
+def test_async_with_screenshots_and_lora_is_refused(browsergym, cpu_with_vllm, capsys):
+    err = refused(browsergym, ["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots", "--lora-r", "4"],
+                  capsys)
+    assert "AsyncImagesGRPOTrainer was not tested with a LoRA policy; drop --lora-r" in err
+
+
+def test_async_with_screenshots_trains_with_the_images_trainer(browsergym, monkeypatch, tmp_path):
+    """On a GPU too, rows with images are planned by sample count (token_budget=0), as AsyncImagesGRPOTrainer
+    requires; the mode names the images trainer."""
+    monkeypatch.setattr(training_modes, "cuda_available", lambda: True)
+    args = browsergym.parse_args(["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots"])
+    mode = training_modes.TrainingMode.from_args(args)
+    assert mode.images and "AsyncImagesGRPOTrainer, NCCL weight transfer" in mode.describe()
+    monkeypatch.setattr(training_modes, "cuda_available", lambda: False)
+    mode = training_modes.TrainingMode.from_args(args)
+    assert "CPUAsyncImagesGRPOTrainer" in mode.describe()
+    assert mode.config(output_dir=str(tmp_path), bf16=False, report_to=[]).token_budget == 0
 
 
 def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tmp_path):

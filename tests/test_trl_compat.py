@@ -78,6 +78,7 @@ def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(mo
 
     from packaging.version import Version
 
+    import ep_trl.trainers.async_images
     import ep_trl.trainers.cpu_async
     from ep_trl.errors import VersionError
     from ep_trl.rollout_worker import EvalRolloutWorker
@@ -93,6 +94,9 @@ def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(mo
         "DiskSyncGRPOTrainer": lambda: DiskSyncGRPOTrainer(None, None, None),
         "CPUColocateGRPOTrainer": lambda: CPUColocateGRPOTrainer(None, None, None),
         "RolloutImagesGRPOTrainer": lambda: RolloutImagesGRPOTrainer(),
+        "ep_trl.trainers.async_images": lambda: importlib.reload(ep_trl.trainers.async_images),
+        "AsyncImagesGRPOTrainer": lambda: ep_trl.trainers.async_images.AsyncImagesGRPOTrainer(None,
+                                                                                             processing_class=None),
     }
     for who, build in builds.items():
         with pytest.raises(VersionError, match=rf"{who} is tested with TRL >=1.16,<1.17 only, and TRL 1\.18\.0 is "

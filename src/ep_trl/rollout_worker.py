@@ -26,6 +26,13 @@ by kind), from the same stream (``ep_trl.stream``):
   metrics queue are bounded, and no episode starts while the buffer is full, so nothing grows without bound;
 * **LoRA**: when the trainer syncs only its adapter (a server started with ``--enable-lora``; TRL loads each version
   as ``trl-policy-v{N}``), each turn is generated with the adapter of the version it records;
+* **images**: with a vision-language model's processor as ``processing_class``, episodes render the eval's images
+  (screenshots) and each sample carries its episode's images on its ``input_ids`` (``ep_trl.sample_images``), for
+  ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` to put into its forward passes; an episode whose images do
+  not match its image tokens is left out (counted, ``ep_trl/worker/image_mismatch_total``). Such a worker is refused
+  by any other trainer (it would train on image tokens without their pixels): reading ``rollout_buffer`` before an
+  images trainer took the worker (``take_images``) raises ``ConfigError``; ``max_buffered_images`` bounds the images
+  the buffer and the released samples hold;
 * **failure**: an episode's failure costs that episode; an error that ends the worker (a server gone for good,
   rounds without a score, a bug) is kept and raised by ``check_health`` in the trainer's thread, as is a worker that
   released nothing for ``stale_after_s``. ``stop`` cancels the episodes in flight and closes every session, server
@@ -80,6 +87,7 @@ class ReleaseRecord:
     episode_seconds: tuple[float, ...]  # each episode's own duration, in generation order
     seconds: float  # from its first episode's start to its release
     released_at: float  # time.monotonic()
+    image_mismatches: int = 0  # episodes left out because their images did not match their image tokens
 
 
 class EvalRolloutWorker:
@@ -95,20 +103,28 @@ class EvalRolloutWorker:
         args: the trainer's ``AsyncGRPOConfig``: ``num_generations``, ``temperature``, ``max_completion_length``
             (the episode token budget), ``max_staleness``, ``vllm_server_base_url`` (the server the trainer keeps on
             its weights, where episodes are generated).
-        processing_class: the model's tokenizer, which renders the eval's chat turns (samples carry token ids
-            only, so a multimodal processor is refused).
+        processing_class: the model's tokenizer, which renders the eval's chat turns; or a vision-language model's
+            processor, which renders the eval's images too (each sample then carries its episode's images, and only
+            ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` trains on such a worker).
         dataset: the prompts to play (``dataset_from_eval(env_path)`` by default).
         buffer_size: most samples waiting for the trainer (default: two training steps' worth, at least the
             episode slots).
+        max_buffered_images: most images the samples waiting for the trainer (and those released, waiting for
+            room) hold (default: no bound beyond ``buffer_size``); a sample with more images than this still enters an
+            empty buffer.
         **options: the keywords of ``create_rollout_func`` (``max_concurrent_rollouts``: the episode slots,
             ``overrides``, ``vllm``, ``options``, ``log_rollouts``, ...).
     """
 
     def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
-                 buffer_size: int | None = None, **options: Any) -> None:
+                 buffer_size: int | None = None, max_buffered_images: int | None = None, **options: Any) -> None:
         trl_compat.require_tested("async", "EvalRolloutWorker")
-        _check_arguments(args, processing_class, options)
+        _check_arguments(args, processing_class, options, max_buffered_images)
         self.env_path = env_path
+        #: Whether episodes render images (a vision-language model's processor): samples then carry them.
+        self.renders_images = supports_images(processing_class)
+        self.max_buffered_images = max_buffered_images
+        self._images_taken_by: str | None = None
         self._config = TrainingConfig.of(args, processing_class)
         self._max_staleness = int(getattr(args, "max_staleness", 0) or 0)
         self._server_url = str(args.vllm_server_base_url).rstrip("/")
@@ -116,6 +132,8 @@ class EvalRolloutWorker:
         if not self._prompts:
             raise ConfigError(f"EvalRolloutWorker({env_path!r}): the dataset has no prompts to play.")
         served = probe_server(self._server_url)  # a server that is not there fails now, not when training starts
+        if self.renders_images:
+            _check_served_model_takes_images(self._server_url, served.model, processing_class)
         #: Whether the server runs with --enable-lora: the trainer may then sync a LoRA policy as an adapter alone.
         self.server_lora = lora_enabled(self._server_url)
         self._adapters: dict[int, str] = {}  # policy version -> the adapter this run's trainer loaded for it
@@ -140,7 +158,7 @@ class EvalRolloutWorker:
             getattr(args, "gradient_accumulation_steps", 1) or 1)
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
         self.groups_per_report = max(1, per_step // self._config.num_generations)
-        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=buffer_size or max(2 * per_step, self.slots))
+        self._buffer: queue.Queue = queue.Queue(maxsize=buffer_size or max(2 * per_step, self.slots))
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
         self.metrics_dropped = 0
         self.meter = SlotMeter()
@@ -154,11 +172,36 @@ class EvalRolloutWorker:
         #: The most recent released groups (``GROUP_RECORDS``), oldest first.
         self.groups: deque[ReleaseRecord] = deque(maxlen=GROUP_RECORDS)
         self.left_out = 0
+        #: Episodes left out because their images did not match their image tokens (part of ``left_out``).
+        self.image_mismatches = 0
         self.samples_put = 0
         self.dropped_stale = 0
         self._reported: dict[str, int] = {}
 
     # --- RolloutWorkerProtocol ---------------------------------------------------------------------------------
+
+    @property
+    def rollout_buffer(self) -> queue.Queue:
+        """The samples for the trainer (TRL's ``RolloutWorkerProtocol``). A worker that renders images serves only a
+        trainer that took them (:meth:`take_images`): any other would train on image tokens without their pixels."""
+        if self.renders_images and self._images_taken_by is None:
+            raise ConfigError(
+                f"EvalRolloutWorker({self.env_path!r}) renders images into its samples "
+                f"({type(self._config.processing_class).__name__}), and this trainer would leave them out of its "
+                "forward passes: the model would be trained on image tokens without their pixels. Train with "
+                "ep_trl.trainers.async_images.AsyncImagesGRPOTrainer (CPUAsyncImagesGRPOTrainer on CPU) in place of "
+                "AsyncGRPOTrainer, or pass the text tokenizer (processing_class.tokenizer) to the worker (images are "
+                "then dropped from the prompts).")
+        return self._buffer
+
+    @rollout_buffer.setter
+    def rollout_buffer(self, buffer: queue.Queue) -> None:
+        self._buffer = buffer
+
+    def take_images(self, trainer: str) -> None:
+        """Called by a trainer that puts each sample's images into its forward passes (``trainer`` names it), before
+        it reads ``rollout_buffer``."""
+        self._images_taken_by = trainer
 
     def start(self) -> None:
         """Begin producing (the trainer calls it once, after its first weight sync)."""
@@ -242,7 +285,8 @@ class EvalRolloutWorker:
     def _caller(self) -> DetachedCaller:
         """The worker as its rollout function's caller: the config, the current policy version, the server the
         trainer keeps on its weights, the metrics queue."""
-        return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics)
+        return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics,
+                              takes_rollout_images=self.renders_images)
 
     def _plans(self) -> Iterator[GroupPlan]:
         """The prompts of the dataset, in order and over again, one group of ``num_generations`` episodes each; the
@@ -255,8 +299,18 @@ class EvalRolloutWorker:
                             context=self._function.setup(self._caller()).context)
 
     def _has_room(self) -> bool:
-        """Whether another episode may start: nothing released waits for room and the buffer is not full."""
-        return not self._stopping.is_set() and not self._pending and not self.rollout_buffer.full()
+        """Whether another episode may start: nothing released waits for room and the buffer is not full (nor holds
+        ``max_buffered_images`` images)."""
+        return (not self._stopping.is_set() and not self._pending and not self._buffer.full()
+                and (self.max_buffered_images is None or self.buffered_images() < self.max_buffered_images))
+
+    def buffered_images(self) -> int:
+        """Images held by the samples in the buffer and by those released, waiting for room."""
+        from .sample_images import images_of
+
+        with self._buffer.mutex:
+            waiting = list(self._buffer.queue)
+        return sum(len(images_of(s.input_ids)) for s in [*waiting, *self._pending])
 
     async def _stream(self) -> None:
         pump = asyncio.ensure_future(self._pump())
@@ -280,13 +334,17 @@ class EvalRolloutWorker:
     def _release(self, group: ScoredGroup) -> ReleaseRecord:
         """Turn a finished group into samples, waiting for room in the buffer (``_pump``)."""
         self._function.log_final(group)
-        samples, turns, left_out = group_samples(group, self._config.tokenizer)
+        processor = self._config.processing_class if self.renders_images else None
+        made = group_samples(group, self._config.tokenizer, processor)
+        samples = made.samples
         self._pending.extend(samples)
         self._heartbeat = time.monotonic()
-        self.left_out += left_out
-        record = ReleaseRecord(group.plan.group, len(group.played), len(samples), left_out,
-                               tuple(s.model_version for s in samples), turns, self._version,
-                               tuple(ep.duration_s for ep in group.episodes), group.seconds, time.monotonic())
+        self.left_out += made.left_out
+        self.image_mismatches += made.image_mismatches
+        record = ReleaseRecord(group.plan.group, len(group.played), len(samples), made.left_out,
+                               tuple(s.model_version for s in samples), made.turn_versions, self._version,
+                               tuple(ep.duration_s for ep in group.episodes), group.seconds, time.monotonic(),
+                               made.image_mismatches)
         self.groups.append(record)
         return record
 
@@ -299,16 +357,28 @@ class EvalRolloutWorker:
                     self._pending.popleft()
                     self.dropped_stale += 1  # the trainer would drop it too: no room is spent on it
                     continue
+                if not self._images_fit(sample):
+                    break
                 sample.enqueued_at = time.time()
                 try:
-                    self.rollout_buffer.put_nowait(sample)
+                    self._buffer.put_nowait(sample)
                 except queue.Full:
                     break
                 self._pending.popleft()
                 self.samples_put += 1
-            if self._pending or self.rollout_buffer.full():
+            if self._pending or self._buffer.full():
                 self._heartbeat = time.monotonic()  # waiting for the trainer counts as alive
             await asyncio.sleep(BUFFER_POLL_S)
+
+    def _images_fit(self, sample: Any) -> bool:
+        """Whether ``sample``'s images fit in the buffer under ``max_buffered_images`` (always, into an empty one)."""
+        if self.max_buffered_images is None or self._buffer.empty():
+            return True
+        from .sample_images import images_of
+
+        with self._buffer.mutex:
+            held = sum(len(images_of(s.input_ids)) for s in self._buffer.queue)
+        return held + len(images_of(sample.input_ids)) <= self.max_buffered_images
 
     def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
@@ -318,12 +388,16 @@ class EvalRolloutWorker:
         metrics = call_metrics(episodes, scored, seconds, env_sessions)
         lags = [r.version_at_release - v for _, r in window for v in r.versions]
         totals = {"samples": self.samples_put, "left_out": self.left_out, "dropped_stale": self.dropped_stale}
+        if self.renders_images:
+            totals["image_mismatch"] = self.image_mismatches
         metrics.update({f"ep_trl/worker/{name}_total": float(value - self._reported.get(name, 0))  # TRL sums deltas
                         for name, value in totals.items()})
         self._reported = totals
         metrics.update({"ep_trl/worker/group_s": sum(g.seconds for g, _ in window) / len(window),
                         "ep_trl/worker/version_lag": sum(lags) / len(lags) if lags else 0.0,
                         "ep_trl/worker/slot_occupancy": self.slot_occupancy()})
+        if self.renders_images:
+            metrics["ep_trl/worker/buffered_images"] = float(self.buffered_images())
         self._put_metrics(metrics)
         logger.info(summary_line(self._version, episodes, scored, seconds, metrics))
         self._function.observe_signal(episodes, scored)
@@ -343,9 +417,10 @@ class EvalRolloutWorker:
 
 
 
-def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any]) -> None:
+def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
+                     max_buffered_images: int | None) -> None:
     """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
-    trainer's, worker processes, a processing class that renders images."""
+    trainer's, worker processes, a processor whose images cannot be matched to its placeholders."""
     for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
         value = getattr(args, name, None)
         if value is not None and value != off:
@@ -361,19 +436,69 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any]) 
                           f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
                           "episodes in this process; worker processes split rollout_func calls. Leave "
                           "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
+    if max_buffered_images is not None and max_buffered_images < 1:
+        raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
+                          "(None: no bound beyond buffer_size).")
     if supports_images(processing_class):
-        raise ConfigError(
-            f"EvalRolloutWorker(processing_class={type(processing_class).__name__}) renders images into the "
-            "episodes, but AsyncGRPOTrainer's samples carry token ids only: the model would be trained on image "
-            "tokens without their pixels. Pass the text tokenizer (processing_class.tokenizer; images are then "
-            "dropped from the prompts), or train a vision-language model with GRPOTrainer and "
-            "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
+        from .sample_images import image_token_id
+
+        try:
+            image_token_id(processing_class)
+        except ValueError as exc:
+            raise ConfigError(f"EvalRolloutWorker(processing_class={type(processing_class).__name__}): {exc}") from exc
+    elif max_buffered_images is not None:
+        raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) bounds the images of samples, "
+                          f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
 
 
-def group_samples(group: ScoredGroup, tokenizer: Any) -> tuple[list[Any], tuple[tuple[int, ...], ...], int]:
+def _check_served_model_takes_images(url: str, model: str, processor: Any) -> None:
+    """Refuse a server whose model cannot take the images ``processor`` renders (a text-only model, or another
+    vision-language model's image token), read from the served model's local directory; a model served under a
+    name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
+    from pathlib import Path
+
+    from .sample_images import image_token_id
+
+    if not Path(model).is_dir():
+        logger.info("The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
+                    "checked here (a text-only model fails every episode).", url, model, type(processor).__name__)
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    kind = type(processor).__name__
+    if config.get_text_config() is config:
+        raise ConfigError(f"The vLLM server at {url} serves {model}, a text-only model ({config.model_type}): it "
+                          f"cannot take the images {kind} renders. Start the server on the vision-language model the "
+                          "processor belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
+                          "this model without images.")
+    served_token = getattr(config, "image_token_id", getattr(config, "image_token_index", None))
+    if served_token is not None and int(served_token) != image_token_id(processor):
+        raise ConfigError(f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
+                          f"{kind}'s is id {image_token_id(processor)}: the processor is not this model's. Pass "
+                          f"AutoProcessor.from_pretrained({model!r}).")
+
+
+@dataclass(frozen=True)
+class GroupSamples:
+    """The samples of a released group: one per scored, finished episode that sampled a token (and whose images
+    match its image tokens), each one's turn versions, how many episodes were left out, and how many of those for
+    their images."""
+
+    samples: tuple[Any, ...]
+    turn_versions: tuple[tuple[int, ...], ...]
+    left_out: int
+    image_mismatches: int = 0
+
+
+def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
-    the oldest version its turns were sent under), each one's turn versions, and how many episodes were left out."""
+    the oldest version its turns were sent under). With a vision-language ``processor``, each sample's ``input_ids``
+    carry its episode's images (``ep_trl.sample_images``), and an episode whose images do not match its image tokens
+    is left out (logged, counted in ``image_mismatches``)."""
     import numpy as np
+
+    from .sample_images import ids_with_images, placeholder_mismatch
 
     RolloutSample = trl_compat.rollout_sample()
     valid = [s.score for s in group.scored if s.score is not None]
@@ -383,15 +508,24 @@ def group_samples(group: ScoredGroup, tokenizer: Any) -> tuple[list[Any], tuple[
     messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     samples: list[Any] = []
     turns: list[tuple[int, ...]] = []
+    mismatches = 0
     for played, verdict in zip(group.played, group.scored):
         trajectory = played.episode.trajectory
         if verdict.score is None or played.episode.status != "finished" or not any(trajectory.env_mask):
             continue
         prompt_ids, completion_ids = trajectory.prompt_ids, trajectory.completion_ids
+        ids = prompt_ids + completion_ids
+        if processor is not None:
+            mismatch = placeholder_mismatch(processor, ids, trajectory.images)
+            if mismatch is not None:
+                logger.warning("Episode %d of prompt group %d is left out: its images do not match its image tokens "
+                               "(%s).", played.episode.spec.generation, group.plan.group, mismatch)
+                mismatches += 1
+                continue
         samples.append(RolloutSample(
             prompt=messages,
             completion=[{"role": "assistant", "content": tokenizer.decode(completion_ids)}],
-            input_ids=np.asarray(prompt_ids + completion_ids, dtype=np.int64),
+            input_ids=ids_with_images(ids, trajectory.images if processor is not None else ()),
             completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
             old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),
             advantage=float((verdict.score - mean) / (std + 1e-8)),
@@ -401,4 +535,4 @@ def group_samples(group: ScoredGroup, tokenizer: Any) -> tuple[list[Any], tuple[
             enqueued_at=None,
         ))
         turns.append(played.versions)
-    return samples, tuple(turns), len(group.played) - len(samples)
+    return GroupSamples(tuple(samples), tuple(turns), len(group.played) - len(samples), mismatches)

