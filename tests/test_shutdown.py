@@ -367,6 +367,24 @@ def test_a_swallowed_sigterm_stops_the_next_rollout_call():
     assert since_sent(result) < 10
 
 
+def test_a_sigterm_whose_exit_a_failing_cleanup_replaced_still_exits_with_143():
+    """Seen in the SIGTERM test: the signal landed while tqdm took its lock, tqdm's ``finally`` then released a lock
+    it never took, and that ``RuntimeError`` replaced ``Terminated``: status 1, not 143."""
+    result, _ = run_program(f"""
+        try:
+            {SEND}
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(20)
+            print("SURVIVED", flush=True)
+        finally:  # a library's cleanup that fails while the signal's exit unwinds through it
+            raise RuntimeError("cannot release un-acquired lock")
+    """)
+    assert "SURVIVED" not in result.stdout and "CLOSED" in result.stdout, result.stderr[-3000:]
+    assert "RuntimeError: cannot release un-acquired lock" in result.stderr  # the program's own error is shown
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert since_sent(result) < 10
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_12_s_cleanup_in_finally_finishes_within_the_default_grace():

@@ -34,6 +34,13 @@ raises, and three more paths make the exit certain, each for a way the raise can
    status 143 (``os._exit``), closed or not, unless it is in the interpreter's teardown already. From then on a
    rollout call that starts anyway raises :class:`~ep_trl.errors.ProcessExitingError`.
 
+A fourth way the status is lost: library code whose own cleanup fails while :class:`Terminated` unwinds through it
+(tqdm releasing a lock the signal kept it from taking) replaces it with its own error, which ends the program with
+status 1. When the exception that ended the main thread (``sys.last_value``) was raised while handling ep_trl's
+:class:`Terminated`, ep_trl's close at exit, once it has closed, flushes the output and exits with status 143
+(``os._exit``: the exit handlers registered before ``ep_trl`` was imported and the interpreter's teardown are
+skipped, as for the forced exit).
+
 Once the exit has closed what ep_trl registered, SIGTERM gets its default action back: a second one (a scheduler's)
 during the other exit handlers or the teardown ends the process at once. Once everything registered was closed
 without a SIGTERM (a notebook cell that trained and closed), the SIGTERM handler and the unraisable hook are removed
@@ -417,6 +424,26 @@ def _close_at_exit() -> None:
         # what ep_trl opened is closed: past here (the other exit handlers, the interpreter's teardown) a further
         # SIGTERM, a scheduler's second, ends the process at once
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    ended_by = getattr(sys, "last_value", None)  # what ended the main thread, when an exception did
+    if _state.received is not None and _replaced_terminated(ended_by):
+        logger.warning("ep_trl: the SIGTERM's exit was replaced on its way out by %s (raised while it unwound); "
+                       "exiting with status 143", type(ended_by).__name__)
+        _flush_output()
+        os._exit(128 + signal.SIGTERM)
+
+
+def _replaced_terminated(error: BaseException | None) -> bool:
+    """Whether ``error`` is not :class:`Terminated` but was raised while one was being handled."""
+    if error is None or isinstance(error, Terminated):
+        return False
+    seen: set[int] = set()
+    cause = error.__context__ or error.__cause__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, Terminated):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__ or cause.__cause__
+    return False
 
 
 def _forget_in_child() -> None:
