@@ -5,7 +5,6 @@ per-turn versions, groups released past a straggler, staleness, back-pressure, h
 with a heavy tail (``LETTERS_TAIL_EVERY``) makes stragglers; the fault-injection server
 (``tests/support/faulty_vllm.py``) stands in only where a failure or a stall must happen on demand."""
 
-import queue
 import threading
 import time
 
@@ -21,6 +20,7 @@ from ep_trl import trl_compat
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
+from tests.support.async_training import Recorded, VersionSnapshots
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_letters_server
 from tests.support.references import teacher_forced_logprobs
@@ -51,29 +51,6 @@ def config(tmp_path, url, **overrides):
                   learning_rate=3e-3, temperature=TEMPERATURE, report_to=[], token_budget=0, save_strategy="no",
                   vllm_server_base_url=url)
     return AsyncGRPOConfig(**{**values, **overrides})
-
-
-class Recorded(queue.Queue):
-    """The worker's buffer, keeping a copy of every sample put on it (the trainer drains it as usual)."""
-
-    def __init__(self, maxsize):
-        super().__init__(maxsize)
-        self.samples = []
-
-    def put(self, item, block=True, timeout=None):
-        super().put(item, block, timeout)
-        self.samples.append(item)
-
-
-class VersionSnapshots(TrainerCallback):
-    """The policy of each version: version 1 is the initial weights (the first sync), version k+1 the weights after
-    step k."""
-
-    def __init__(self, model_dir):
-        self.states = {1: AutoModelForCausalLM.from_pretrained(model_dir).state_dict()}
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class BeforeStep2(TrainerCallback):
@@ -140,24 +117,24 @@ def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options
 
 
 def turn_gaps(model, sample):
-    """Per sampled turn (each run of completion_mask 1), the largest difference between the sample's old_log_probs
-    and the model's teacher-forced logprobs."""
+    """Per sampled turn (each run of completion_mask 1), the difference between the sample's old_log_probs and the
+    model's teacher-forced logprobs at each of its tokens."""
     ids, mask = sample.input_ids.tolist(), sample.completion_mask.tolist()
     start = mask.index(1)
     reference = teacher_forced_logprobs(model.eval(), ids[:start], ids[start:], TEMPERATURE)
     gaps, previous = [], 0
     for old, ref, m in zip(sample.old_log_probs[start:], reference, mask[start:]):
         if m and not previous:
-            gaps.append(0.0)
+            gaps.append([])
         if m:
-            gaps[-1] = max(gaps[-1], abs(float(old) - ref))
+            gaps[-1].append(abs(float(old) - ref))
         previous = m
     return gaps
 
 
 def sampled_gap(model, sample):
     """The largest difference over every sampled token of the sample."""
-    return max(turn_gaps(model, sample))
+    return max(max(turn) for turn in turn_gaps(model, sample))
 
 
 def samples_with_turn_versions(worker):
@@ -179,9 +156,11 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     """Samples carry the ids the server sampled, masks and logprobs aligned on them, and every sampled turn's
     old_log_probs are the teacher-forced logprobs of the policy version the worker recorded for it (or of the next
     one: the server's weights change before the trainer calls update_model_version, the race the tag is
-    conservative about). A sample whose turns span a weight sync is tagged with its oldest turn's version. TRL's own
+    conservative about), except a turn in flight when a sync paused the server, which finishes on the new weights
+    over the old ones' cache (its first token is one policy's; at most one such turn per slot and sync). A sample
+    whose turns span a weight sync is tagged with its oldest turn's version. TRL's own
     ratio is 1 at step 1, and the server's weights change with training."""
-    snapshots = VersionSnapshots(model_dir)
+    snapshots = VersionSnapshots(model_dir, AutoModelForCausalLM)
     args = config(tmp_path, server_url)
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[snapshots], buffer_size=64)
     trainer.add_callback(BeforeStep2(worker, lambda w: trained_policy_sample(w) and spanning_sample(w)))
@@ -202,7 +181,7 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     for sample in worker.rollout_buffer.samples:
         assert len(sample.input_ids) == len(sample.completion_mask) == len(sample.old_log_probs)
         assert np.all(sample.old_log_probs[sample.completion_mask == 0] == 0.0)
-    exact, spanning, told_apart, turns = {}, [], 0, 0
+    exact, spanning, told_apart, turns, held_across_sync = {}, [], 0, 0, 0
     for sample, versions in samples_with_turn_versions(worker):
         if max(versions) + 1 not in snapshots.states:
             continue  # played on weights of a step whose snapshot the run ended before taking
@@ -210,8 +189,16 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
         assert len(gaps[versions[0]]) == len(versions)  # one recorded version per sampled turn
         sampled_by = []  # the policy whose logprobs each turn carries: its recorded version, or the next one
         for turn, version in enumerate(versions):
-            recorded, next_one = gaps[version][turn] < TOLERANCE, gaps[version + 1][turn] < TOLERANCE
-            assert recorded or next_one, (versions, turn, gaps)
+            recorded, next_one = max(gaps[version][turn]) < TOLERANCE, max(gaps[version + 1][turn]) < TOLERANCE
+            if not (recorded or next_one):
+                # in flight when the trainer synced: held (pause mode "keep", as TRL's own client pauses) and
+                # finished on the new weights over the cache the old ones computed, so from the sync on its
+                # logprobs (the ones sampled) are neither policy's alone; its first token is one policy's
+                first_by = [v for v in (version, version + 1) if gaps[v][turn][0] < TOLERANCE]
+                assert first_by, (versions, turn, gaps)
+                held_across_sync += 1
+                sampled_by.append(first_by[0])
+                continue
             turns, told_apart = turns + 1, told_apart + (recorded != next_one)
             sampled_by.append(version if recorded else version + 1)
             if recorded:
@@ -222,6 +209,8 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
             spanning.append((sample, versions))
     # adjacent policies tell a turn apart (a turn of near-certain tokens can match both; most do not)
     assert told_apart > turns / 2, (told_apart, turns)
+    # a sync holds at most the turns then in flight, one per episode slot
+    assert held_across_sync <= trainer.weight_transfer.syncs * worker.slots, (held_across_sync, turns)
     assert 1 in exact and max(exact) >= 2, sorted(exact)  # turns of the first policy and of a trained one
     assert spanning, "no sample spanned a weight sync"
     assert all(sample.model_version == min(versions) < max(versions) for sample, versions in spanning)

@@ -9,11 +9,10 @@ module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm
 """
 
 import asyncio
-import queue
 import time
 
 import pytest
-from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
+from transformers import AutoModelForImageTextToText, AutoProcessor
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import EvalRolloutWorker, dataset_from_eval
@@ -24,6 +23,7 @@ from ep_trl.sample_images import images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory import ChatTemplate
+from tests.support.async_training import Recorded, VersionSnapshots
 from tests.support.images import png_data_uri, token_logprobs, user_with_image
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
@@ -65,28 +65,6 @@ def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server, t
     assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * LOGPROB_TOL
 
 
-class Recorded(queue.Queue):
-    """The worker's buffer, keeping every sample put on it (the trainer drains it as usual)."""
-
-    def __init__(self, maxsize):
-        super().__init__(maxsize)
-        self.samples = []
-
-    def put(self, item, block=True, timeout=None):
-        super().put(item, block, timeout)
-        self.samples.append(item)
-
-
-class VersionSnapshots(TrainerCallback):
-    """The policy of each version: 1 is the initial weights (the first sync), k+1 the weights after step k."""
-
-    def __init__(self, model_dir):
-        self.states = {1: AutoModelForImageTextToText.from_pretrained(model_dir).state_dict()}
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 def sampled_turns(sample):
     """(position in input_ids of each sampled token, its logprob), one list per turn (run of completion_mask 1)."""
     turns, previous = [], 0
@@ -113,7 +91,7 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=4)
     worker.rollout_buffer = Recorded(4)
-    snapshots = VersionSnapshots(tiny_vlm_dir)
+    snapshots = VersionSnapshots(tiny_vlm_dir, AutoModelForImageTextToText)
     trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
                                         train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=8), rollout_worker=worker,
                                         weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir),
