@@ -308,11 +308,11 @@ class EvalRolloutWorker:
 
     def buffered_images(self) -> int:
         """Images held by the samples in the buffer and by those released, waiting for room."""
-        from .sample_images import images_of
+        return self._images_in_buffer() + _images_in(self._pending)
 
+    def _images_in_buffer(self) -> int:
         with self._buffer.mutex:
-            waiting = list(self._buffer.queue)
-        return sum(len(images_of(s.input_ids)) for s in [*waiting, *self._pending])
+            return _images_in(self._buffer.queue)
 
     async def _stream(self) -> None:
         pump = asyncio.ensure_future(self._pump())
@@ -376,11 +376,7 @@ class EvalRolloutWorker:
         """Whether ``sample``'s images fit in the buffer under ``max_buffered_images`` (always, into an empty one)."""
         if self.max_buffered_images is None or self._buffer.empty():
             return True
-        from .sample_images import images_of
-
-        with self._buffer.mutex:
-            held = sum(len(images_of(s.input_ids)) for s in self._buffer.queue)
-        return held + len(images_of(sample.input_ids)) <= self.max_buffered_images
+        return self._images_in_buffer() + _images_in([sample]) <= self.max_buffered_images
 
     def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
@@ -417,6 +413,13 @@ class EvalRolloutWorker:
                 except queue.Empty:
                     continue
 
+
+
+def _images_in(samples: Any) -> int:
+    """How many images ``samples`` carry on their ``input_ids``."""
+    from .sample_images import images_of
+
+    return sum(len(images_of(sample.input_ids)) for sample in samples)
 
 
 def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
@@ -459,7 +462,7 @@ def _check_served_model_takes_images(url: str, model: str, processor: Any) -> No
     name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
     from pathlib import Path
 
-    from .sample_images import image_token_id
+    from .sample_images import config_image_token, image_token_id
 
     if not Path(model).is_dir():
         logger.info("The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
@@ -474,7 +477,7 @@ def _check_served_model_takes_images(url: str, model: str, processor: Any) -> No
                           f"cannot take the images {kind} renders. Start the server on the vision-language model the "
                           "processor belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
                           "this model without images.")
-    served_token = getattr(config, "image_token_id", getattr(config, "image_token_index", None))
+    served_token = config_image_token(config)
     if served_token is not None and int(served_token) != image_token_id(processor):
         raise ConfigError(f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
                           f"{kind}'s is id {image_token_id(processor)}: the processor is not this model's. Pass "

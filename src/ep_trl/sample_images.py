@@ -65,6 +65,12 @@ def image_token_id(processor: Any) -> int:
     return int(processor.tokenizer.convert_tokens_to_ids(token))
 
 
+def config_image_token(config: Any) -> int | None:
+    """The token id a model's config puts image features at (``image_token_id``, else ``image_token_index``), or
+    None when it names none."""
+    return getattr(config, "image_token_id", getattr(config, "image_token_index", None))
+
+
 def expected_image_tokens(processor: Any, images: Sequence[Any]) -> int:
     """How many image tokens the processor expands ``images`` into (one placeholder each)."""
     if not images:

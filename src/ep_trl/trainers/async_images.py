@@ -46,7 +46,7 @@ from typing import Any
 from .. import trl_compat
 from ..content import supports_images
 from ..errors import ConfigError, VersionError
-from ..sample_images import expected_image_tokens, image_token_id, images_of
+from ..sample_images import config_image_token, expected_image_tokens, image_token_id, images_of
 from ..vision_inputs import vision_inputs
 
 trl_compat.require_tested("async", "ep_trl.trainers.async_images")  # before TRL's experimental modules are imported
@@ -166,7 +166,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
                               f"{type(self.processor).__name__} renders. Pass a vision-language model with its own "
                               "processor, or train the text model with AsyncGRPOTrainer and the processor's "
                               "tokenizer (processing_class.tokenizer) in the worker.")
-        model_token = getattr(model.config, "image_token_id", getattr(model.config, "image_token_index", None))
+        model_token = config_image_token(model.config)
         processor_token = image_token_id(self.processor)
         if model_token is not None and int(model_token) != processor_token:
             raise ConfigError(f"{name}: {type(self.processor).__name__}'s image token is id {processor_token}, and "
