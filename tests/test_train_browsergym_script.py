@@ -126,13 +126,13 @@ def first_turn_answers(stdout: str, when: str) -> dict[str, dict[str, float]]:
 @pytest.mark.timeout(900)  # 3-5 minutes on a loaded 2-core machine, 1-2 more where the warm start is not cached yet
 def test_the_main_job_learns_the_eval_and_plots_it(tmp_path):
     """The README's quick start, shortened from 15 steps to 10 (seed 0, as by default): the warm-started tiny model
-    starts at one right answer in three on both tasks and GRPO through the eval raises its score.
+    starts at one right answer in three on both tasks and GRPO through the eval raises it.
 
-    The margins, and why a policy that does not learn would not reach them: the untrained policy completes an
-    episode with probability 1/3, so the mean score of the last 2 steps (16 episodes) reaches 0.6 with probability
-    P(Binomial(16, 1/3) >= 10) < 0.01, and the closing line's rise (last 2 steps minus first 2) of 0.2 is a further
-    condition. The policy's exact (teacher-forced) probability of the right first action must go from about 1/3 to
-    at least 0.6 on both tasks. Measured on this machine: 0.54 -> 0.92 over 15 steps, right-action probability 0.91.
+    What is asserted is measured exactly: the policy's teacher-forced probability of the right first action, which
+    the script prints before and after training, goes from about 1/3 to at least 0.6 on both tasks (measured: 0.33 ->
+    0.88 on both). The mean sampled score per step is printed and checked for consistency with the closing line, but
+    its rise is not asserted: 16 sampled episodes at each end make it noisy (a policy whose right-action probability
+    went from 0.33 to 0.88 once showed a rise of 0.19 there, steps 1-2 happening to sample 0.5 and 0.75).
     """
     run = run_script(["--max-steps", "10", "--output-dir", str(tmp_path)], cwd=tmp_path, timeout_s=840)
     assert run.returncode == 0, run.stderr_tail
@@ -145,7 +145,6 @@ def test_the_main_job_learns_the_eval_and_plots_it(tmp_path):
     assert summary, run.stdout
     first, last = float(summary.group(1)), float(summary.group(2))
     assert abs(first - sum(scores[:2]) / 2) < 1e-4 and abs(last - sum(scores[-2:]) / 2) < 1e-4
-    assert last >= 0.6 and last - first >= 0.2, run.stdout
     before, after = first_turn_answers(run.stdout, "before training"), first_turn_answers(run.stdout, "after training")
     right = {"click-test": "click('13')", "focus-text": "click('12')"}
     for task, answer in right.items():
