@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     from trl import GRPOConfig
 
     from ep_trl import create_rollout_func, dataset_from_eval
+    from ep_trl.devtools import run_record
     from ep_trl.devtools.batches import interleave_by_ground_truth
     from ep_trl.devtools.cpu_vllm import vllm_server
     from ep_trl.devtools.heldout import score_held_out
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
     from ep_trl.rewards import eval_score
     from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 
-    started, load_start = time.monotonic(), os.getloadavg()
+    started = time.monotonic()
+    record = run_record.start(HERE, [__file__, *(sys.argv[1:] if argv is None else argv)])
     output = Path(args.output_dir)
     model = args.model or str(build_smollm2())
     split = dataset_from_eval(args.env_path).train_test_split(test_size=args.held_out, seed=args.split_seed)
@@ -120,9 +122,8 @@ def main(argv=None) -> int:
                               title=f"{Path(__file__).name}: SmolLM2-135M-Instruct on "
                                     f"{args.env_path.rsplit('::', 1)[-1]}", argv=argv,
                               marks=[(0, before.mean, "held-out before"), (steps, after.mean, "held-out after")])
-    result = {"command": " ".join(["python", Path(__file__).name, *(sys.argv[1:] if argv is None else argv)]),
-              "commit": _commit(), "load_start": [round(x, 2) for x in load_start],
-              "load_end": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "seed": args.seed, "steps": steps, "held_out_rows": len(held_out), "held_out_before": before.mean,
+    result = {"run": run_record.finish(record), "seed": args.seed, "steps": steps, "held_out_rows": len(held_out),
+              "held_out_before": before.mean,
               "held_out_after": after.mean, "train_first": summary.first, "train_last": summary.last,
               "wall_s": round(time.monotonic() - started, 1), "train_s": round(train_s, 1),
               "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
@@ -138,13 +139,6 @@ def _rows(score) -> list[dict]:
     """Each held-out row's reply, score and the eval body's reason, so a run's result shows what the score counted."""
     return [{"reply": reply, "score": value, "reason": reason}
             for reply, value, reason in zip(score.replies, score.scores, score.reasons)]
-
-
-def _commit() -> str:
-    import subprocess
-
-    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def _served_model(base_url: str) -> str:

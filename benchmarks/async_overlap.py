@@ -69,7 +69,7 @@ os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 TEMPERATURE = 1.0
@@ -264,7 +264,7 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
 
 def main() -> None:
     args = parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO_ROOT)
     from ep_trl.devtools.tiny_model import build_tiny_model
     from tests.support.letters import start_letters_server
     from tests.support.vllm_server import sharpened_model_copy, vllm_server

@@ -20,7 +20,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 #: path -> (result file of one process, its configuration, result file with 1 and 2 workers, its configuration)
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO)
     table = []
     for path, (file, where, scaling_file, scaling_where) in PATHS.items():
         one = row(file, where)

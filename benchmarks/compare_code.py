@@ -27,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 ROW_LISTS = ("runs", "batches", "results")
 NOT_CONFIG = {"repeat", "round", "code", "batch"}
@@ -79,7 +79,7 @@ def rows_of(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def main() -> None:
     args = parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ep-trl-compare-") as tmp:
         work = Path(tmp)

@@ -30,7 +30,7 @@ import bridge_ceiling as ceiling  # noqa: E402  (sets HOME and the repo path fir
 
 import psutil  # noqa: E402
 
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 KINDS = {"watchdog": "guard.py", "mcp server": "calc_mcp_server.py"}
 
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--guard-runs", type=int, default=20, help="runs of `true` with and without the watchdog")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    record = run_record.start()
+    record = run_record.start(ceiling.REPO)
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
 
     results: dict[str, Any] = {"guard": guard_cost(args.guard_runs)}

@@ -40,7 +40,7 @@ os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # rollout ro
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 PROMPT = "Play the letters game."
@@ -113,7 +113,7 @@ def measure(run: Callable[[list[str]], dict[str, Any]], episodes: int) -> dict[s
 
 def main() -> None:
     args = parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO_ROOT)
     from ep_trl.devtools.tiny_model import build_tiny_model
     from tests.support.letters import start_letters_server
     from tests.support.vllm_server import sharpened_model_copy, vllm_server

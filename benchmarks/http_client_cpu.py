@@ -25,7 +25,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 
 def body(model: str) -> dict:
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--vllm-url", help="a running server with the tiny model (default: start one)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO_ROOT)
     with tempfile.TemporaryDirectory(prefix="ep-trl-http-") as tmp:
         server = None
         if args.vllm_url:

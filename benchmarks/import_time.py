@@ -39,7 +39,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks.compare_code import export_src  # noqa: E402
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 HEAVY = ("openenv", "gradio", "fastmcp", "IPython")
 EVAL = "tests/evals/eval_arithmetic.py::test_arithmetic"
@@ -103,7 +103,7 @@ def measure(name: str, src: Path, args: list[str]) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO)
     from ep_trl.devtools.tiny_model import build_tiny_model
     from ep_trl.processes import free_port, start_server
 

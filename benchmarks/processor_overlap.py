@@ -25,7 +25,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("DISABLE_EP_SQLITE_LOG", "1")
 
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
         help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
     args = parser.parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO)
 
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
     from ep_trl.devtools.tiny_model import build_tiny_model

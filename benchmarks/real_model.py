@@ -19,7 +19,7 @@ scored by its body), the eval ``train_smollm2_trl.py`` trains on, sampled at tem
 * memory: peak resident memory of this process (the trainer, after the training steps) and the server's process group
   (API server, engine core, worker) at the end.
 
-The result file records the run (``benchmarks/fixtures/run_record.py``: command line, commit, machine, load at start
+The result file records the run (``ep_trl.devtools.run_record``: command line, commit, machine, load at start
 and end) and the load before and after each measurement. ``--vllm-url`` uses a running server instead (its model is the
 trainer's unless ``--model`` says otherwise; the test suite's smoke run uses the tiny model's server that way).
 """
@@ -38,7 +38,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -179,7 +179,7 @@ def _timed(rollout: Any, calls: list[float], pushes: list[float]) -> Any:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    record = run_record.start()
+    record = run_record.start(REPO_ROOT)
     from ep_trl.devtools.cpu_vllm import vllm_server
     from ep_trl.devtools.real_model import build_smollm2
     from ep_trl.generation.vllm import probe_server

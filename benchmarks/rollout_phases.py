@@ -39,7 +39,7 @@ import rollout_throughput as bench  # noqa: E402  (sets HOME and the repo path f
 
 from ep_trl import env_pool, environment  # noqa: E402
 from ep_trl.generation import vllm  # noqa: E402
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PHASES: dict[str, list[float]] = collections.defaultdict(list)
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
         help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
     args = parser.parse_args()
-    record = run_record.start()
+    record = run_record.start(bench.REPO_ROOT)
     batches: list[dict[str, Any]] = []
     timed(env_pool.EnvPool, "start", "start")
     timed(environment.EnvSession, "reset", "reset")

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-from benchmarks.fixtures import run_record  # noqa: E402
+from ep_trl.devtools import run_record  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -233,7 +233,7 @@ ARMS = {"ep_trl": ep_trl_arm, "eval_protocol": eval_protocol_arm, "sequential": 
 
 def main() -> None:
     args = parse_args()
-    record = run_record.start()
+    record = run_record.start(REPO_ROOT)
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -2,7 +2,7 @@
 them as the commands behind its figures).
 
 Each runs in its own interpreter, as a user runs it; a script that writes a result file must record its command
-line, commit and machine load in it (``benchmarks/fixtures/run_record.py``). The scripts that need a vLLM server
+line, commit and machine load in it (``ep_trl.devtools.run_record``). The scripts that need a vLLM server
 share the session's (``shared_vllm_url``), through their ``--vllm-url``.
 """
 
@@ -59,7 +59,7 @@ def check(done: subprocess.CompletedProcess, name: str, out: Path) -> None:
         return
     result = json.loads(out.read_text())
     run = result["run"]
-    assert f"benchmarks/{name}" in run["command"] and str(out) in run["command"]
+    assert run["command"].split()[1] == f"benchmarks/{name}" and str(out) in run["command"]  # the script relative
     assert len(run["commit"]) == 40 and len(run["load_start"]) == 3 and len(run["load_end"]) == 3
     rows = next(result[k] for k in ("runs", "results", "batches", "table") if k in result)
     assert rows, f"{name} wrote no rows"

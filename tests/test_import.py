@@ -69,6 +69,31 @@ def test_import_ep_trl_loads_no_openenv():
     assert provider is True
 
 
+def test_import_ep_trl_alone_loads_only_the_errors_and_options():
+    """``import ep_trl`` costs what its errors and options cost (issue 40: it loaded the whole bridge, eval-protocol,
+    aiohttp and transformers); each public name is imported at first use and is the object its module defines."""
+    loaded = run_python("import json, sys, ep_trl; print(json.dumps({"
+                        "'ep_trl': sorted(m for m in sys.modules if m.startswith('ep_trl')), "
+                        "'libraries': sorted({m.split('.')[0] for m in sys.modules} & "
+                        "{'aiohttp', 'eval_protocol', 'litellm', 'transformers', 'torch', 'numpy', 'trl'})}))")
+    assert loaded == {"ep_trl": ["ep_trl", "ep_trl.errors", "ep_trl.options"], "libraries": []}
+    public = run_python("""
+import json, ep_trl, ep_trl.dataset, ep_trl.rollout, ep_trl.rollout_worker, ep_trl.errors, ep_trl.options
+from ep_trl import *
+homes = (ep_trl.dataset, ep_trl.rollout, ep_trl.rollout_worker, ep_trl.errors, ep_trl.options)
+same = {name: any(getattr(home, name, None) is globals()[name] is getattr(ep_trl, name) for home in homes)
+        for name in ep_trl.__all__}
+try:
+    ep_trl.no_such_name
+    missing = "no error"
+except AttributeError as error:
+    missing = str(error)
+print(json.dumps({"same": same, "missing": missing, "listed": sorted(set(ep_trl.__all__) - set(dir(ep_trl)))}))
+""")
+    assert public["same"] and all(public["same"].values()), public["same"]
+    assert public["missing"] == "module 'ep_trl' has no attribute 'no_such_name'" and public["listed"] == []
+
+
 @pytest.mark.timeout(300)
 def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir, tmp_path):
     """A single-turn eval (``SingleTurnRolloutProcessor``) and an MCP agent eval (``AgentRolloutProcessor``, its

@@ -139,6 +139,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     assert train_smollm2.main(["--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "8",
                                "--num-generations", "4", "--held-out", "0.05", "--output-dir", str(out)]) == 0
     result = json.loads((out / "result.json").read_text())
+    assert result["run"]["command"].split()[1] == "train_smollm2_trl.py" and len(result["run"]["commit"]) == 40
     assert result["steps"] == 2 and result["held_out_rows"] == 6 and len(result["held_out_after_rows"]) == 6
     assert 0.0 <= result["held_out_before"] <= 1.0 and 0.0 <= result["held_out_after"] <= 1.0
     steps = result["steps_logged"]

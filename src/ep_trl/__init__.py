@@ -28,7 +28,8 @@ The public API is what this docstring lists; every other module is internal (doc
 * ``ep_trl.devtools``: development tooling for scripts and tests (tiny model, local servers, progress lines).
 """
 
-from .dataset import dataset_from_eval
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ConfigError,
     EnvPathError,
@@ -41,8 +42,37 @@ from .errors import (
     VersionError,
 )
 from .options import EvalOverrides, RolloutOptions, VLLMOptions
-from .rollout import RolloutFunction, create_openenv_vllm_rollout_func, create_rollout_func
-from .rollout_worker import EvalRolloutWorker
+
+if TYPE_CHECKING:
+    from .dataset import dataset_from_eval
+    from .rollout import RolloutFunction, create_openenv_vllm_rollout_func, create_rollout_func
+    from .rollout_worker import EvalRolloutWorker
+
+#: The public names whose modules import eval-protocol, aiohttp, transformers and the rest of the bridge: imported
+#: at their first use (``from ep_trl import X`` or ``ep_trl.X``), so that ``import ep_trl`` alone (a worker process,
+#: a script's ``--help``, the errors and options) costs no more than the errors and options (tests/test_import.py).
+_LAZY = {"dataset_from_eval": "dataset", "RolloutFunction": "rollout", "create_openenv_vllm_rollout_func": "rollout",
+         "create_rollout_func": "rollout", "EvalRolloutWorker": "rollout_worker"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _LAZY.get(name)
+    if home == "dataset":
+        from . import dataset as module
+    elif home == "rollout":
+        from . import rollout as module
+    elif home == "rollout_worker":
+        from . import rollout_worker as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value  # the next lookup finds it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ConfigError",

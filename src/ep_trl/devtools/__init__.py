@@ -5,6 +5,8 @@
 * ``cpu_vllm``: a CPU vLLM server started and stopped by PID; ``heldout``: an eval scored on held-out rows;
 * ``batches``: training rows interleaved by ground truth (``interleave_by_ground_truth``);
 * ``scripts``: the training scripts' progress printer and local environment server context manager;
+* ``run_record``: what a result file records about its run (command, commit, clean tree or not, machine, load),
+  written by the benchmarks and the training scripts;
 * ``training_modes``: the training scripts' generation flags (``--vllm-base-url``, ``--vllm-mode colocate``,
   ``--async``), the combinations they refuse, and the config and trainer of each mode.
 """
