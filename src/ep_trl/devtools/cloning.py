@@ -55,6 +55,9 @@ class CloningRecipe:
     fair_share: float = 0.9
     max_steps: int = 400
     seed: int = 0
+    #: torch threads while cloning: 1 suits the tiny model beside a 2-core machine's other work; a real model wants
+    #: every core.
+    threads: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
@@ -63,6 +66,8 @@ class CloningRecipe:
             raise ValueError(f"CloningRecipe(fair_share={self.fair_share!r}): must be between 0 and 1 (exclusive)")
         if self.max_steps < 1:
             raise ValueError(f"CloningRecipe(max_steps={self.max_steps!r}): must be >= 1")
+        if self.threads < 1:
+            raise ValueError(f"CloningRecipe(threads={self.threads!r}): must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -148,25 +153,31 @@ def _pad_id(model: Any) -> int:
 
 
 def _batch(examples: list[tuple[list[int], list[list[int]]]], pad: int) -> tuple[torch.Tensor, ...]:
-    """One row per (prompt, answer): ids, attention mask, and the answer's ids as targets at the positions that
-    predict them (-100 elsewhere)."""
+    """One row per (prompt, answer), padded on the left so every answer ends the row: ids, attention mask, and the
+    answer's ids as targets at the positions that predict them, among the last ``targets.shape[1]`` positions (-100
+    elsewhere). Only those positions need logits: a real model's vocabulary makes logits over whole prompts the
+    largest cost of a step."""
     rows = [(prompt, answer) for prompt, answers in examples for answer in answers]
     width = max(len(p) + len(a) for p, a in rows)
+    keep = max(len(a) for _, a in rows) + 1
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    targets = torch.full((len(rows), width), -100, dtype=torch.long)
+    targets = torch.full((len(rows), keep), -100, dtype=torch.long)
     for r, (prompt, answer) in enumerate(rows):
         n = len(prompt) + len(answer)
-        ids[r, :n] = torch.tensor(prompt + answer)
-        mask[r, :n] = 1
-        targets[r, len(prompt) - 1: n - 1] = torch.tensor(answer)
+        ids[r, width - n:] = torch.tensor(prompt + answer)
+        mask[r, width - n:] = 1
+        # kept position j (absolute width - keep + j) predicts the id at absolute width - keep + j + 1
+        targets[r, keep - len(answer) - 1: keep - 1] = torch.tensor(answer)
     return ids, mask, targets
 
 
 def _answer_log_probs(model: Any, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """Each row's answer log-probability after its prompt."""
     ids, mask, targets = batch
-    logits = model(input_ids=ids, attention_mask=mask).logits
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # left padding: each row's positions start at 0
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                   logits_to_keep=targets.shape[1]).logits
     token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100,
                                                    reduction="none")
     return -token_loss.sum(dim=1)
@@ -186,7 +197,7 @@ def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], r
     batch = _batch(examples, _pad_id(model))
     fair = [1.0 / len(answers) for _, answers in examples for _ in answers]
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(recipe.threads)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.seed)

@@ -7,12 +7,15 @@ and the body scores what came back. ``train_smollm2_trl.py`` calls it before and
 rollout function: training samples at the trainer's temperature and captures token ids; a held-out score is what the
 eval itself reports.
 
-Evals with an ``OpenEnvRolloutProcessor`` are refused: their loop needs an environment and the rollout function.
+Evals with an ``OpenEnvRolloutProcessor`` are refused there: their loop needs an environment and the rollout
+function. :func:`play_held_out` plays those: held-out episodes through ep_trl's own loop (the eval's prompt builder,
+action parser and body), greedily, on instances the caller's environment factory holds out (for MiniWoB:
+``ep_trl.devtools.miniwob_instances``), with each episode's turns, whether each turn's action parsed, and its score.
 """
 
 import asyncio
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,3 +109,92 @@ class _NoLog:
 
     def read(self, *args: Any, **kwargs: Any) -> list[Any]:
         return []
+
+
+@dataclass(frozen=True)
+class HeldOutEpisode:
+    """One held-out episode of an environment eval: its task, the model's turns (the text it sampled), whether
+    each turn's action parsed (False: the eval's action parser fell back), the eval body's score (None: unscored)
+    and the episode's status (``"finished"`` or ``"error"``)."""
+
+    task: str | None
+    turns: tuple[str, ...]
+    parsed: tuple[bool, ...]
+    score: float | None
+    status: str
+
+    @property
+    def well_formed(self) -> bool:
+        """Every turn's action parsed (an episode with no turn is not well formed)."""
+        return bool(self.parsed) and all(self.parsed)
+
+
+@dataclass(frozen=True)
+class HeldOutEpisodes:
+    """Held-out episodes and the three figures a run reports: task success, the rate of well-formed actions, and
+    success among episodes whose actions all parsed (the part of success that the format alone cannot carry)."""
+
+    episodes: tuple[HeldOutEpisode, ...]
+
+    @property
+    def success(self) -> float:
+        """Mean score, an unscored episode counting 0."""
+        return statistics.fmean(e.score or 0.0 for e in self.episodes) if self.episodes else 0.0
+
+    @property
+    def well_formed_rate(self) -> float:
+        """Share of all model turns whose action parsed."""
+        parsed = [p for e in self.episodes for p in e.parsed]
+        return sum(parsed) / len(parsed) if parsed else 0.0
+
+    @property
+    def success_when_well_formed(self) -> float | None:
+        """Mean score of the episodes whose actions all parsed; None when there is none."""
+        formed = [e.score or 0.0 for e in self.episodes if e.well_formed]
+        return statistics.fmean(formed) if formed else None
+
+    def per_task(self) -> dict[str, float]:
+        """Success per task."""
+        tasks = sorted({e.task or "" for e in self.episodes})
+        return {t: statistics.fmean(e.score or 0.0 for e in self.episodes if (e.task or "") == t) for t in tasks}
+
+    def figures(self) -> dict[str, Any]:
+        return {"success": self.success, "well_formed_rate": self.well_formed_rate,
+                "success_when_well_formed": self.success_when_well_formed, "per_task": self.per_task(),
+                "episodes": len(self.episodes)}
+
+
+def play_held_out(rollout: Any, prompt: Any, *, tasks: Sequence[str], episodes: int, tokenizer: Any,
+                  base_url: str, parsed: Callable[[str], bool], max_episode_tokens: int) -> HeldOutEpisodes:
+    """Play ``episodes`` greedy episodes of an environment eval with ``rollout`` (a rollout function built on the
+    eval, with ``backend="vllm"``, whose environment factory hands out the held-out instances) on the vLLM server at
+    ``base_url``, and score them with the eval's body, as training plays them: the same loop, prompt builder, action
+    parser and body, at temperature 0. Episode ``i`` plays ``tasks[i % len(tasks)]`` (ep_trl's task rotation, one
+    episode per group). ``parsed(text)`` says whether the eval's action parser found an action in a turn's text."""
+    from ..caller import DetachedCaller, SyncedServer, TrainingConfig
+    from ..generation import SamplingParams
+
+    config = TrainingConfig(processing_class=tokenizer, num_generations=1, max_completion_length=max_episode_tokens,
+                            sampling=SamplingParams(temperature=0.0), vllm_mode="server")
+    caller = DetachedCaller(config, step=0, server=SyncedServer(base_url), metrics_sink=lambda metrics: None)
+    out = rollout.run([prompt] * episodes, caller, first_group=0)
+    played = []
+    for i, (ids, mask, score, status) in enumerate(zip(out["completion_ids"], out["env_mask"], out["eval_score"],
+                                                       out["episode_status"])):
+        turns = tuple(tokenizer.decode(turn, skip_special_tokens=True).strip() for turn in _sampled_turns(ids, mask))
+        played.append(HeldOutEpisode(task=tasks[i % len(tasks)] if tasks else None, turns=turns,
+                                     parsed=tuple(parsed(t) for t in turns), score=score, status=status))
+    return HeldOutEpisodes(tuple(played))
+
+
+def _sampled_turns(ids: Sequence[int], mask: Sequence[int]) -> list[list[int]]:
+    """The runs of sampled ids (``env_mask`` 1) of a completion: one per model turn."""
+    turns: list[list[int]] = []
+    previous = 0
+    for token, sampled in zip(ids, mask):
+        if sampled and not previous:
+            turns.append([])
+        if sampled:
+            turns[-1].append(token)
+        previous = sampled
+    return turns

@@ -9,6 +9,7 @@ but does not know which one completes the task: on click-test (one button) and o
 """
 
 import asyncio
+import re
 from collections.abc import Sequence
 
 from ..evalprotocol import read_eval_spec, resolve_eval_test, strip_row_key, training_prompts
@@ -34,7 +35,7 @@ def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str],
                          "built from environment observations, so there is no first page to demonstrate on")
     first = tuple(strip_row_key(training_prompts(eval_test)[0]))
     demonstrations = []
-    for task, observation in zip(tasks, asyncio.run(_first_observations(env_url, tasks, seed))):
+    for task, observation in zip(tasks, asyncio.run(_first_observations(env_url, [(t, seed) for t in tasks]))):
         if not observation.clickable_bids:
             raise ValueError(f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
                              "actions on; train without the warm start or on other tasks")
@@ -45,9 +46,42 @@ def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str],
     return tuple(demonstrations)
 
 
-async def _first_observations(env_url: str, tasks: Sequence[str], seed: int) -> list[BrowserGymObservation]:
+def format_demonstrations(env_path: str, env_url: str, instances: Sequence[tuple[str, int]]
+                          ) -> tuple[Demonstration, ...]:
+    """One demonstration per ``(task, reset seed)`` in ``instances``: the eval's first prompt for that page, answered
+    with every action of the format that page allows, equally often: ``click`` on each clickable element, and
+    ``fill`` of each text box with each text the goal quotes. A real model cloned on them writes well-formed actions
+    without being shown which one the task wants; the pages should be training instances
+    (``ep_trl.devtools.miniwob_instances``), never held-out ones."""
+    eval_test = resolve_eval_test(env_path)
+    spec = read_eval_spec(eval_test)
+    if spec.prompt_builder is None:
+        raise ValueError(f"{env_path} runs {spec.processor_name}, not OpenEnvRolloutProcessor: its prompts are not "
+                         "built from environment observations, so there is no first page to demonstrate on")
+    first = tuple(strip_row_key(training_prompts(eval_test)[0]))
+    demonstrations = []
+    for (task, _), observation in zip(instances, asyncio.run(_first_observations(env_url, instances))):
+        answers = page_actions_of(observation)
+        if not answers:
+            raise ValueError(f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
+                             "actions on; train on other tasks")
+        user = {"role": "user", "content": spec.prompt_builder(observation, 1, [])}
+        demonstrations.append(Demonstration(messages=(*first, user), answers=answers))
+    return tuple(demonstrations)
+
+
+def page_actions_of(observation: BrowserGymObservation) -> tuple[str, ...]:
+    """Every well-formed action on a page that the goal does not pick out: ``click`` on each clickable element and
+    ``fill`` of each text box (an element the accessibility tree calls ``textbox``) with each text the goal quotes."""
+    clicks = [f"click('{bid}')" for bid in observation.clickable_bids]
+    boxes = re.findall(r"\[(\w+)\] textbox\b", observation.axtree_txt or "")
+    quoted = list(dict.fromkeys(re.findall(r'"([^"\']+)"', observation.goal or "")))
+    return tuple(dict.fromkeys([*clicks, *(f"fill('{bid}', '{text}')" for bid in boxes for text in quoted)]))
+
+
+async def _first_observations(env_url: str, instances: Sequence[tuple[str, int]]) -> list[BrowserGymObservation]:
     env = BrowserGymEnv(base_url=env_url)
     try:
-        return [(await env.reset(task_name=task, seed=seed)).observation for task in tasks]
+        return [(await env.reset(task_name=task, seed=seed)).observation for task, seed in instances]
     finally:
         await env.close()

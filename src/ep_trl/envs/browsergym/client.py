@@ -7,7 +7,7 @@ Each client is one WebSocket session, i.e. one browser on the server.
 """
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from openenv.core.client_types import StepResult
@@ -38,6 +38,7 @@ class BrowserGymEnv(EnvClient[BrowserGymAction, BrowserGymObservation, BrowserGy
         screenshot: Optional[bool] = None,
         request_timeout_s: Optional[float] = None,
         default_headers: Optional[Mapping[str, str]] = None,
+        seeds: Optional[Callable[[Optional[str]], int]] = None,
         **kwargs: Any,
     ) -> None:
         """Create the client (no connection is made until the first call).
@@ -49,6 +50,10 @@ class BrowserGymEnv(EnvClient[BrowserGymAction, BrowserGymObservation, BrowserGy
         are sent with the WebSocket handshake. ``task_name``/``screenshot`` are
         defaults for every ``reset`` that does not name its own, so callers that
         reset without arguments (eval-protocol does) still pick a task per client.
+        ``seeds``, called with the reset's task name at each reset that names no
+        ``seed``, picks the MiniWoB instance (e.g. a
+        ``ep_trl.devtools.miniwob_instances.SeedSource``: training and held-out
+        instances kept apart); without it the server draws one at random.
         Other keyword arguments go to ``EnvClient``.
         """
         timeout = DEFAULT_REQUEST_TIMEOUT_S if request_timeout_s is None else float(request_timeout_s)
@@ -60,6 +65,7 @@ class BrowserGymEnv(EnvClient[BrowserGymAction, BrowserGymObservation, BrowserGy
             self._reset_defaults["task_name"] = task_name
         if screenshot is not None:
             self._reset_defaults["screenshot"] = bool(screenshot)
+        self._seeds = seeds
 
     async def connect(self) -> "BrowserGymEnv":
         """Open the WebSocket, sending ``default_headers`` when there are any.
@@ -88,7 +94,10 @@ class BrowserGymEnv(EnvClient[BrowserGymAction, BrowserGymObservation, BrowserGy
 
     async def reset(self, **kwargs: Any) -> StepResult[BrowserGymObservation]:
         """Start an episode; explicit kwargs override the constructor's defaults."""
-        return await super().reset(**{**self._reset_defaults, **kwargs})
+        arguments = {**self._reset_defaults, **kwargs}
+        if self._seeds is not None and arguments.get("seed") is None:
+            arguments["seed"] = self._seeds(arguments.get("task_name"))
+        return await super().reset(**arguments)
 
     def _step_payload(self, action: BrowserGymAction | str) -> dict[str, Any]:
         """Serialize the action (a bare string is wrapped) with its metadata."""
