@@ -1,5 +1,9 @@
 """Who calls a rollout: the trainer's configuration read once, and the caller without a trainer in reach."""
 
+import math
+from fractions import Fraction
+
+import numpy
 import pytest
 from transformers import AutoTokenizer
 from trl import GRPOConfig
@@ -39,3 +43,22 @@ def test_a_non_positive_temperature_is_refused_not_sampled_at_1(tiny_model_dir, 
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=temperature, report_to=[])
     with pytest.raises(ConfigError, match=rf"GRPOConfig\(temperature={temperature}\).*must be a finite number > 0"):
         TrainingConfig.of(args, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def config_with_temperature(tmp_path, temperature) -> GRPOConfig:
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    args.temperature = temperature  # set as a sweep would, after GRPOConfig's own checks
+    return args
+
+
+@pytest.mark.parametrize("temperature", [numpy.float32(0.7), numpy.float64(0.7), Fraction(7, 10), 2], ids=repr)
+def test_a_temperature_of_any_real_number_type_is_read_as_a_float(tmp_path, temperature):
+    """Issue 40: numpy.float32(0.7) (a config filled from a numpy sweep) was refused as not a number."""
+    sampled_at = TrainingConfig.of(config_with_temperature(tmp_path, temperature), None).sampling.temperature
+    assert type(sampled_at) is float and sampled_at == pytest.approx(float(temperature))
+
+
+@pytest.mark.parametrize("temperature", ["0.7", True, numpy.bool_(True), math.nan, math.inf, 0.7j], ids=repr)
+def test_a_temperature_that_is_no_finite_real_number_is_refused_with_what_to_set(tmp_path, temperature):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\(temperature=.*\).*must be a finite number > 0 \(TRL's default"):
+        TrainingConfig.of(config_with_temperature(tmp_path, temperature), None)

@@ -1,7 +1,9 @@
 """The rollout log writer on its own: collapsing updates, surviving bad rows, the token view, live events."""
 
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +68,69 @@ def test_rows_still_queued_at_interpreter_exit_are_written(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     rows = StoreLogger(tmp_path / "logs.db").read()
     assert [r.execution_metadata.rollout_id for r in rows] == ["last"]
+
+
+class KillsTheWriterThread(BaseException):
+    """Fault injection: what the writer thread does not expect (it catches ``Exception`` only), so it dies of it."""
+
+
+def test_rows_queued_after_the_writer_thread_died_are_written_by_flush_in_the_owning_process_only(
+        tmp_path, monkeypatch, caplog):
+    """Issue 40: flush() returned at once when the writer thread had died, and the queued rows were never written."""
+    died: list[type] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: died.append(hook.exc_type))  # the thread's death, seen
+    store = StoreLogger(tmp_path / "logs.db")
+    writer = RolloutLogWriter(store, min_interval_s=0.0)
+
+    def kill():
+        raise KillsTheWriterThread()
+
+    try:
+        writer.log("kills-the-thread", kill)
+        writer._thread.join(10)
+        assert died == [KillsTheWriterThread] and not writer._thread.is_alive()
+        for rollout_id in ("r1", "r2"):
+            writer.log(rollout_id, lambda rollout_id=rollout_id: make_row(rollout_id, [1.0]))
+        child = os.fork()
+        if child == 0:  # a forked child's copy: the rows are its parent's to write
+            writer.flush()
+            os._exit(0)
+        assert os.waitpid(child, 0)[1] == 0
+        assert store.read() == []
+        writer.flush()
+        assert sorted(r.execution_metadata.rollout_id for r in store.read()) == ["r1", "r2"]
+        assert (writer.queued, writer.written, writer.failures) == (3, 2, 0)
+        assert "the rollout log writer thread has ended" in caplog.text and "writing the 2 row updates" in caplog.text
+        writer.log("r3", lambda: make_row("r3", [2.0]))
+    finally:
+        writer.close()  # writes r3 the same way
+    assert sorted(r.execution_metadata.rollout_id for r in store.read()) == ["r1", "r2", "r3"]
+
+
+def test_a_flush_waiting_when_the_writer_thread_dies_writes_the_rows_itself_at_once(tmp_path, monkeypatch):
+    died: list[type] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: died.append(hook.exc_type))
+    store = StoreLogger(tmp_path / "logs.db")
+    writer = RolloutLogWriter(store, min_interval_s=0.0)
+    building, release = threading.Event(), threading.Event()
+
+    def kill_when_released():
+        building.set()
+        release.wait(10)
+        raise KillsTheWriterThread()
+
+    try:
+        writer.log("kills-the-thread", kill_when_released)
+        assert building.wait(10)  # the thread holds that update alone; the next ones stay queued
+        writer.log("r1", lambda: make_row("r1", [1.0]))
+        threading.Timer(0.3, release.set).start()
+        started = time.monotonic()
+        writer.flush(timeout_s=30)
+        assert time.monotonic() - started < 5  # not the 30 s timeout: it saw the thread die
+        assert died == [KillsTheWriterThread]
+        assert [r.execution_metadata.rollout_id for r in store.read()] == ["r1"]
+    finally:
+        writer.close()
 
 
 def test_token_view_marks_sampled_tokens_by_turn_and_masks_the_rest():

@@ -1,11 +1,14 @@
 """Episodes played by worker processes (``RolloutOptions(worker_processes=N)``): the same output, in prompt order."""
 
+import textwrap
+
 import pytest
 
 from ep_trl import ConfigError, RolloutOptions, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.shards import join_metrics, join_outputs, shard_bounds
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import make_trainer
+from tests.test_shutdown import lines, run_program
 
 ARITHMETIC = "tests.evals.eval_arithmetic"
 
@@ -104,3 +107,59 @@ def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir, 
             assert second.is_alive() and shard_processes() == [second]  # the other worker lives on
         finally:
             two.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_terminating_one_refuses_calls(
+        tiny_model_dir):
+    """Issue 40: a forked child's close() sent the stop message down the pipes it shares with the parent (and its
+    exit had multiprocessing terminate the parent's workers); a call after close() returned {} (TRL failed far
+    away); a call after a swallowed SIGTERM started anyway."""
+    prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"][:2] for _ in range(2)]
+    with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
+        result, _ = run_program(textwrap.dedent(f"""
+            from transformers import AutoTokenizer
+            from ep_trl import create_openenv_vllm_rollout_func
+            from ep_trl.caller import DetachedCaller, TrainingConfig
+            from ep_trl.generation import SamplingParams
+            from ep_trl.shards import ShardedRolloutFunction
+
+            prompts = {prompts!r}
+            config = TrainingConfig(AutoTokenizer.from_pretrained({str(tiny_model_dir)!r}), num_generations=2,
+                                    max_completion_length=32, sampling=SamplingParams(), vllm_mode="server")
+            # one worker process (what worker_processes=N makes, N times): the test's cost is the worker's start-up
+            factory_kwargs = dict(vllm_base_url={server.url!r}, log_rollouts=False)
+            sharded = ShardedRolloutFunction({ARITHMETIC!r}, factory_kwargs, 1, "sharded",
+                                             build=create_openenv_vllm_rollout_func)
+
+            def call(what):
+                try:
+                    out = sharded.run(prompts, DetachedCaller(config, 0, None, {{}}.update))
+                    print(what, "ANSWERED", len(out.get("prompt_ids", [])), flush=True)
+                except BaseException as error:
+                    print(what, "REFUSED", f"{{type(error).__name__}}: {{error}}", flush=True)
+
+            call("FIRST")
+            child = os.fork()
+            if child == 0:
+                call("IN THE CHILD")
+                sharded.close()
+                sys.exit(0)  # a normal exit: the child's exit handlers run
+            os.waitpid(child, 0)
+            call("AFTER THE CHILD")
+            sharded.close()
+            call("AFTER CLOSE")
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except BaseException:  # library code that swallows everything
+                print("SWALLOWED", flush=True)
+            call("AFTER SIGTERM")
+        """), timeout=240)
+    out = lines(result.stdout)
+    assert [line.split(":")[0] for line in out] == [
+        "FIRST ANSWERED 4", "IN THE CHILD REFUSED RuntimeError", "AFTER THE CHILD ANSWERED 4",
+        "AFTER CLOSE REFUSED RuntimeError", "SWALLOWED", "AFTER SIGTERM REFUSED Terminated", "CLOSED"], (
+        result.stdout, result.stderr[-3000:])
+    assert "was forked from it and cannot use them" in out[1] and "was closed (close())" in out[3], out
+    assert result.returncode == 0, result.stderr[-3000:]

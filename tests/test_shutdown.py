@@ -385,6 +385,37 @@ def test_a_sigterm_whose_exit_a_failing_cleanup_replaced_still_exits_with_143():
     assert since_sent(result) < 10
 
 
+@pytest.mark.parametrize("cleanup", ["replaces it", "lets it through"])
+def test_a_close_that_fails_at_a_sigterms_exit_is_reported_and_the_status_stays_143(cleanup):
+    """Issue 40: a registered resource whose close raised at the exit made the close re-raise before the status was
+    restored: with a cleanup that replaced ``Terminated`` the process ended with status 1."""
+    replace = 'raise RuntimeError("cannot release un-acquired lock")' if cleanup == "replaces it" else "pass"
+    result, _ = run_program(f"""
+        class FailsToClose:  # a resource whose close fails at the exit
+            def close(self):
+                raise OSError("the disk is gone")
+
+            def __repr__(self):
+                return "FailsToClose"
+
+        fails = FailsToClose()
+        shutdown.register(fails)  # registered after the prelude's resource: closed first
+        try:
+            {SEND}
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(20)
+            print("SURVIVED", flush=True)
+        finally:
+            {replace}
+    """)
+    assert lines(result.stdout) == ["CLOSED"], (result.stdout, result.stderr[-3000:])  # the others closed still
+    assert "ep_trl: closing FailsToClose failed" in result.stderr, result.stderr[-3000:]
+    assert "OSError: the disk is gone" in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "did not exit within" not in result.stderr
+    assert since_sent(result) < 10
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_12_s_cleanup_in_finally_finishes_within_the_default_grace():

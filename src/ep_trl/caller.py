@@ -11,6 +11,7 @@ Two callers implement :class:`RolloutCaller`, and a rollout call never asks whic
 """
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,12 +58,13 @@ class TrainingConfig:
 
 
 def _temperature(args: Any) -> float:
-    """The config's sampling temperature (TRL's default 1.0 when it has none). A non-positive one is refused, as the
-    trainer backend refuses it: GRPO samples its completions at this temperature and its loss assumes it."""
+    """The config's sampling temperature (TRL's default 1.0 when it has none), any real number (a ``numpy.float32``
+    from a sweep too) as a float. A non-positive one is refused, as the trainer backend refuses it: GRPO samples its
+    completions at this temperature and its loss assumes it."""
     value = getattr(args, "temperature", None)
     if value is None:
         return 1.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{type(args).__name__}(temperature={value!r}): GRPO samples each completion at the "
                           "config's temperature, and its loss assumes it, so it must be a finite number > 0 (TRL's "
                           "default is 1.0; for nearly greedy samples use a small one such as 0.1).")

@@ -5,7 +5,8 @@ after each step, scored) that are still queued when the writer gets to them coll
 only that one is built and written. The writer waits ``min_interval_s`` after the first update it sees before
 draining (``ep logs`` polls for new rows once a second anyway), so rows reach the store within about that
 time, and an episode costs one write per second it runs plus its final one, not one per step. Training never
-waits on row building or SQLite, except in ``flush()``/``close()`` (which cut the wait short).
+waits on row building or SQLite, except in ``flush()``/``close()`` (which cut the wait short). Should the writer
+thread die (an error it does not expect), ``flush()``/``close()`` write what is still queued themselves.
 
 The final row of an episode also carries the token view that the ``ep logs`` UI draws in its "Token Debug"
 panel (``execution_metadata.extra["full_episode"]``: token ids, the loss mask by turn, sampled-token logprobs,
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 #: Episodes longer than this (prompt + completion tokens) are logged without the per-token view: the UI parses
 #: every row of the store on load, and ``ep logs`` re-reads the whole store every 2 s, so store size matters.
 TOKEN_VIEW_MAX_TOKENS = 2048
+#: How often ``flush()`` checks, while it waits, that the writer thread is still alive to write what it waits for.
+LIVENESS_CHECK_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,10 @@ class RolloutLogWriter:
         self._texts: dict[int, _TokenTexts] = {}
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._drain, name="ep-trl-rollout-log", daemon=True)
+        self._owner = os.getpid()  # a forked child's copy has no writer thread: its rows are the parent's to write
+        self._here = threading.Lock()  # one caller at a time writes here once the thread has ended
         self._closed = False
+        self._told_thread_ended = False
         self.queued = 0
         self.written = 0
         self.failures = 0
@@ -122,14 +128,36 @@ class RolloutLogWriter:
         self.enqueue_s += time.perf_counter() - started
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until every queued row is written, for at most ``timeout_s``."""
-        if not self._thread.is_alive():  # closed, or a forked child's copy: the parent's thread writes its rows
+        """Wait until every queued row is written, for at most ``timeout_s``. When the writer thread has ended (closed,
+        or killed by an error it did not expect, which threading printed) the rows still queued are written here, in
+        the calling thread, not dropped. A forked child's copy writes nothing: its rows are the parent's."""
+        if os.getpid() != self._owner:
             return
-        done = threading.Event()
-        self._queue.put(done)
-        self._hurry.set()
-        if not done.wait(timeout_s):
-            logger.warning("rollout log writer did not drain within %.0f s", timeout_s)
+        if self._thread.is_alive():
+            done = threading.Event()
+            self._queue.put(done)
+            self._hurry.set()
+            deadline = time.monotonic() + timeout_s
+            while not done.wait(max(0.0, min(LIVENESS_CHECK_S, deadline - time.monotonic()))):
+                if not self._thread.is_alive():  # ended while this waited: what it left is written below
+                    break
+                if time.monotonic() >= deadline:
+                    logger.warning("rollout log writer did not drain within %.0f s", timeout_s)
+                    return
+            else:
+                return
+        self._write_here()
+
+    def _write_here(self) -> None:
+        """Write what is queued in the calling thread: the writer thread has ended."""
+        with self._here:
+            batch = self._take_queued()
+            updates = sum(isinstance(item, tuple) for item in batch)
+            if updates and not self._closed and not self._told_thread_ended:
+                self._told_thread_ended = True
+                logger.warning("the rollout log writer thread has ended (its error is above); writing the %d row "
+                               "updates queued in the calling thread, at each flush() and at close()", updates)
+            self._write_batch(batch)
 
     def close(self) -> None:
         """Write what is queued and stop the writer thread."""
@@ -148,32 +176,39 @@ class RolloutLogWriter:
             if isinstance(first, tuple):  # an update: give the episode's next ones a moment to supersede it
                 self._hurry.wait(self._min_interval_s)
             self._hurry.clear()
-            batch = [first]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            newest: dict[str, tuple[Callable[[], Any], EpisodeTokens | None]] = {}
-            markers: list[threading.Event] = []
-            stop = False
-            for item in batch:
-                if item is None:
-                    stop = True
-                elif isinstance(item, threading.Event):
-                    markers.append(item)
-                else:
-                    rollout_id, build, tokens = item
-                    newest.pop(rollout_id, None)  # re-insert: rows are written in the order of their last update
-                    newest[rollout_id] = (build, tokens)
-            for rollout_id, (build, tokens) in newest.items():
-                started = time.perf_counter()
-                self._write(rollout_id, build, tokens)
-                self.write_s += time.perf_counter() - started
-            for marker in markers:
-                marker.set()
-            if stop:
+            if self._write_batch([first, *self._take_queued()]):
                 return
+
+    def _take_queued(self) -> list[Any]:
+        batch = []
+        while True:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                return batch
+
+    def _write_batch(self, batch: list[Any]) -> bool:
+        """Write the newest update of each rollout in ``batch``, then release the flushes waiting on it; whether it
+        held the stop sentinel."""
+        newest: dict[str, tuple[Callable[[], Any], EpisodeTokens | None]] = {}
+        markers: list[threading.Event] = []
+        stop = False
+        for item in batch:
+            if item is None:
+                stop = True
+            elif isinstance(item, threading.Event):
+                markers.append(item)
+            else:
+                rollout_id, build, tokens = item
+                newest.pop(rollout_id, None)  # re-insert: rows are written in the order of their last update
+                newest[rollout_id] = (build, tokens)
+        for rollout_id, (build, tokens) in newest.items():
+            started = time.perf_counter()
+            self._write(rollout_id, build, tokens)
+            self.write_s += time.perf_counter() - started
+        for marker in markers:
+            marker.set()
+        return stop
 
     def _write(self, rollout_id: str, build: Callable[[], Any], tokens: EpisodeTokens | None) -> None:
         try:

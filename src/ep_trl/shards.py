@@ -10,13 +10,21 @@ metrics are combined (counts summed, fractions and means weighted by episodes, e
 Nothing outlives the trainer: a worker ends when its pipe to the trainer closes (``close()``, or the trainer's
 death), and a thread in it ends it when its parent process is gone; the servers a worker starts run under the
 watchdog, which ends them with the worker.
+
+The workers are the trainer's: a process forked from it (``os.fork``, a fork-context data-loader worker) shares
+their pipes but owns none of them. Its ``close()`` stops none, its rollout calls are refused, and its exit leaves
+them alone (``multiprocessing``, which would terminate the daemon processes it believes are its children when a
+forked child exits, is told they are not the child's).
 """
 
 import logging
+import multiprocessing
+import multiprocessing.process
 import os
 import pickle
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -95,8 +103,6 @@ class ShardedRolloutFunction:
 
     def __init__(self, env_path: str, factory_kwargs: Mapping[str, Any], workers: int, name: str,
                  build: Callable[..., Any]) -> None:
-        import multiprocessing
-
         try:
             pickle.dumps(dict(factory_kwargs))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -108,6 +114,8 @@ class ShardedRolloutFunction:
         self._sent: TrainingConfig | None = None  # the configuration the workers hold
         self._group_numbers = GroupNumbers()
         self.calls = 0
+        self._owner = os.getpid()  # the workers are this process's: a forked child owns none of them
+        self._closed = False
         context = multiprocessing.get_context("spawn")  # the trainer has threads and an event loop: never fork it
         self._workers = []
         for k in range(workers):
@@ -117,6 +125,7 @@ class ShardedRolloutFunction:
             process.start()
             theirs.close()
             self._workers.append((process, mine))
+        _live.add(self)
         shutdown.register(self, getattr(factory_kwargs.get("options"), "stop_grace_s", None))
 
     def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
@@ -127,6 +136,8 @@ class ShardedRolloutFunction:
     def run(self, prompts: list[Any], caller: RolloutCaller) -> dict[str, list[Any]]:
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
+        shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts
+        self._refuse_unusable()
         started = time.perf_counter()
         self.calls += 1
         server = caller.synced_server()  # the trainer's own server, kept on its weights; else vllm_base_url's
@@ -170,11 +181,28 @@ class ShardedRolloutFunction:
         caller.record_metrics(joined)
         return join_outputs(outputs)
 
+    def _refuse_unusable(self) -> None:
+        """A call in a forked child (the workers' pipes are its parent's) or after ``close()`` (no worker left) is
+        refused here, not answered with an output TRL would fail on far from the cause. (Once ep_trl has closed for
+        the process's exit, ``raise_if_terminating`` refused it before, with ``ProcessExitingError``.)"""
+        if os.getpid() != self._owner:
+            raise RuntimeError(f"{self.__name__}'s worker processes belong to process {self._owner}; this process "
+                               f"({os.getpid()}) was forked from it and cannot use them. Make a rollout function in "
+                               "this process instead.")
+        if self._closed:
+            raise RuntimeError(f"{self.__name__} was closed (close()): its worker processes have ended. Make a new "
+                               "rollout function to play more episodes.")
+
     def flush_logs(self) -> None:
         """Rows are written by each worker before it answers a call (its log writer is flushed)."""
 
     def close(self) -> None:
-        """End the workers (each closes its rollout function: servers, endpoint, log rows)."""
+        """End the workers (each closes its rollout function: servers, endpoint, log rows). In a forked child it
+        ends none: they are the parent's, and the stop message would go down the pipes the child shares with it."""
+        if os.getpid() != self._owner:
+            logger.debug("not stopping process %d's worker processes from its child %d", self._owner, os.getpid())
+            return
+        self._closed = True
         shutdown.unregister(self)
         for process, pipe in self._workers:
             try:
@@ -190,6 +218,21 @@ class ShardedRolloutFunction:
                 process.join(5)
             pipe.close()
         self._workers = []
+
+
+_live: "weakref.WeakSet[ShardedRolloutFunction]" = weakref.WeakSet()
+
+
+def _disown_parents_workers() -> None:
+    """After ``fork``, in the child: the workers are the parent's. A child that ``os.fork`` made (not
+    ``multiprocessing``, which starts its children with none) still lists them among its own children, and
+    ``multiprocessing``'s exit handler would terminate them (they are daemons) when the child exits."""
+    for function in list(_live):
+        for process, _ in function._workers:
+            multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=_disown_parents_workers)
 
 
 def _serve(pipe: Any, build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any], parent: int) -> None:

@@ -39,7 +39,8 @@ A fourth way the status is lost: library code whose own cleanup fails while :cla
 status 1. When the exception that ended the main thread (``sys.last_value``) was raised while handling ep_trl's
 :class:`Terminated`, ep_trl's close at exit, once it has closed, flushes the output and exits with status 143
 (``os._exit``: the exit handlers registered before ``ep_trl`` was imported and the interpreter's teardown are
-skipped, as for the forced exit).
+skipped, as for the forced exit). A close of ep_trl's that fails at that exit changes nothing of it either: the
+failure is logged (the resource and its error) and the exit goes on as it would have.
 
 Once the exit has closed what ep_trl registered, SIGTERM gets its default action back: a second one (a scheduler's)
 during the other exit handlers or the teardown ends the process at once. Once everything registered was closed
@@ -415,9 +416,17 @@ def _flush_output() -> None:
 
 
 def _close_at_exit() -> None:
-    """At interpreter exit: close what is registered, or wait (within the grace) for the deadline's close."""
+    """At interpreter exit: close what is registered, or wait (within the grace) for the deadline's close.
+
+    A close that fails (logged by :func:`close_all`, with the resource and its error) does not change how a SIGTERM's
+    exit ends: the status stays 143. Without a SIGTERM the failure is raised again, as Python reports an exit
+    handler's error."""
+    failed: BaseException | None = None
     if _state.claim_close():
-        _state.close_for_exit()
+        try:
+            _state.close_for_exit()
+        except BaseException as error:  # logged by close_all; the exit below must still run (a SIGTERM's status)
+            failed = error
     else:
         _state.closed.wait(_state.seconds_left())
     if _state.received is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
@@ -430,6 +439,11 @@ def _close_at_exit() -> None:
                        "exiting with status 143", type(ended_by).__name__)
         _flush_output()
         os._exit(128 + signal.SIGTERM)
+    if failed is not None and _state.received is None:
+        raise failed
+    if failed is not None:  # raised here, it could not change the status; an interruption would be delivered again
+        logger.warning("ep_trl: closing for the SIGTERM's exit failed (%s: %s, logged above); the exit goes on",
+                       type(failed).__name__, failed)
 
 
 def _replaced_terminated(error: BaseException | None) -> bool:

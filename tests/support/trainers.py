@@ -1,5 +1,6 @@
 """Real GRPOTrainer instances on the tiny model, for driving rollout functions as TRL does."""
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,19 @@ class WeightSnapshots(TrainerCallback):
 
 
 def assert_trained(trainer: Any) -> None:
-    """Some step of ``trainer`` had a gradient. GRPO's advantage is a sample's reward against its group's: a reward
-    that is the same for every sample of a group gives a loss and a grad_norm of 0, and nothing is trained."""
-    norms = [entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry]
-    assert norms and max(norms) > 0, f"no step had a gradient (grad_norm per step: {norms})"
+    """Some step of ``trainer`` had a gradient, and none a NaN or infinite one. GRPO's advantage is a sample's reward
+    against its group's: a reward that is the same for every sample of a group gives a loss and a grad_norm of 0,
+    and nothing is trained; a NaN one means the weights are NaN from that step on."""
+    _assert_gradients([float(entry["grad_norm"]) for entry in trainer.state.log_history if "grad_norm" in entry])
 
 
 def assert_script_trained(stdout: str) -> None:
-    """Some step line a training script printed (``ProgressPrinter``) has a grad_norm > 0 (see ``assert_trained``)."""
-    norms = [float(n) for n in re.findall(r"^step \d+/\d+ \|.*\| grad_norm ([0-9.e+-]+) \|", stdout, flags=re.M)]
-    assert norms and max(norms) > 0, f"no step had a gradient (grad_norm per step: {norms}):\n{stdout[-3000:]}"
+    """The step lines a training script printed (``ProgressPrinter``) pass ``assert_trained``'s check."""
+    norms = [float(n) for n in re.findall(r"^step \d+/\d+ \|.*\| grad_norm ([0-9.e+-]+|nan|-?inf) \|", stdout,
+                                          flags=re.M)]
+    _assert_gradients(norms, stdout[-3000:])
+
+
+def _assert_gradients(norms: list[float], output: str = "") -> None:
+    assert all(math.isfinite(n) for n in norms), f"a step's grad_norm is not finite (per step: {norms})\n{output}"
+    assert norms and max(norms) > 0, f"no step had a gradient (grad_norm per step: {norms})\n{output}"
