@@ -9,6 +9,7 @@ module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm
 """
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -24,7 +25,7 @@ from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory import ChatTemplate
 from tests.support.async_training import Recorded, VersionSnapshots
-from tests.support.images import png_data_uri, token_logprobs, user_with_image
+from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
@@ -190,8 +191,48 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     assert sum(r.image_mismatches for r in worker.groups) == worker.image_mismatches
     assert sum(m.get("ep_trl/worker/image_mismatch_total", 0.0) for m in reported) >= 1
     assert worker.rollout_buffer.samples and all(
-        placeholder_mismatch(processor, s.input_ids.tolist(), images_of(s.input_ids)) is None
+        placeholder_mismatch(processor, s.input_ids.tolist(), s.input_ids.processed) is None
         for s in worker.rollout_buffer.samples)
+
+
+@pytest.mark.timeout(200)
+def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_server, tiny_vlm_dir, letters_server,
+                                                                          tmp_path):
+    """The worker alone (no trainer) until its buffer is full: an instrument around the processor's image processor
+    records the thread of every call. Each released sample's images are processed once, in the worker's thread for
+    its group's samples ("ep-trl samples of prompt group N"), never on the event loop that plays the episodes (which
+    runs the processor only to render turns, ep_trl.trajectory)."""
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
+                           per_device_train_batch_size=2, max_completion_length=256, temperature=1.0, report_to=[],
+                           vllm_server_base_url=vlm_server.base_url)
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    calls = ImageProcessorCalls(processor)
+    worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
+    worker.rollout_buffer = Recorded(2)
+    worker.take_images("this test")
+    stream, loop_threads = worker._stream, []
+
+    async def observed_stream():  # the event loop's thread: the one the stream runs on
+        loop_threads.append(threading.get_ident())
+        await stream()
+
+    worker._stream = observed_stream
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(worker.groups) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+    assert len(worker.groups) >= 2, "the worker released fewer than 2 groups in 120 s"
+    samples = [*worker.rollout_buffer.samples, *worker._pending]
+    for released in worker.groups:
+        images = [len(images_of(s.input_ids)) for s in samples if s.group_id == released.group]
+        made = [c for c in calls.calls if c.thread_name == f"ep-trl samples of prompt group {released.group}"]
+        assert len(images) == released.samples >= 1
+        assert sorted(c.images for c in made) == sorted(images), (released.group, made, images)  # once per sample
+        assert loop_threads and all(c.thread_id != loop_threads[0] for c in made)
+    assert all(s.input_ids.processed is not None for s in samples)  # carried to the trainer
 
 
 @pytest.mark.timeout(300)
