@@ -1,8 +1,10 @@
 """What the asynchronous training tests record (every sample the worker put on its buffer, the policy of each version
-the trainer synced), and released groups built as the stream releases them."""
+the trainer synced), the rule that tells which policy sampled a turn, and released groups built as the stream
+releases them."""
 
 import queue
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import TrainerCallback
@@ -29,6 +31,35 @@ class VersionSnapshots(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class TurnSource:
+    """Which policy sampled a turn the worker recorded under version ``v``: ``policy`` is ``v`` or ``v + 1`` (for a
+    held turn, the one its first token matches); ``held``: in flight when a sync paused the server, so its tokens
+    from the sync on match neither policy alone; ``told_apart``: exactly one of the two policies matches it."""
+
+    policy: int
+    held: bool
+    told_apart: bool
+
+
+def turn_source(recorded: Sequence[float], next_one: Sequence[float], version: int, tolerance: float) -> TurnSource:
+    """The policy that sampled a turn recorded under ``version``, from its tokens' gaps to the teacher-forced
+    logprobs of ``version`` (``recorded``) and of ``version + 1`` (``next_one``), in token order.
+
+    Every token within ``tolerance`` of one policy: that one (the recorded one when both match). The server's
+    weights change before the trainer calls ``update_model_version``, so a turn recorded under ``v`` may be
+    ``v + 1``'s. A turn in flight when the trainer synced is held (pause mode "keep", as TRL's own client pauses)
+    and finished on the new weights over the cache the old ones computed: from the sync on its logprobs are neither
+    policy's alone, and only its first token must be one policy's (callers bound such turns: one per slot and
+    sync). A turn whose first token matches neither fails the assertion."""
+    if max(recorded) < tolerance or max(next_one) < tolerance:
+        policy = version if max(recorded) < tolerance else version + 1
+        return TurnSource(policy, held=False, told_apart=(max(recorded) < tolerance) != (max(next_one) < tolerance))
+    first_by = [v for v, gaps in ((version, recorded), (version + 1, next_one)) if gaps[0] < tolerance]
+    assert first_by, (version, list(recorded), list(next_one))
+    return TurnSource(first_by[0], held=True, told_apart=False)
 
 
 def released_group(group: int, prompt: str, trajectories: Sequence[Any], scores: Sequence[float],

@@ -6,8 +6,8 @@ prompt with a screenshot rendered by the tiny VLM's processor, a sampled complet
 the pixels on the initial weights. The two samples of a group have the same ids and different screenshots: TRL's
 prefix sharing would show one the other's pixels. At step 1 the trainer's weights are the ones the logprobs came
 from, so TRL's ``ratio`` is 1 and the trainer's ``sampling/sampling_logp_difference`` is ~0 only if every forward saw
-each sample's own pixels. An instrument around the image processor counts each image processed once from the
-worker's samples to the forward. The real-server run is in
+each sample's own pixels; with the two samples' pixels traded (fault injection) it is not. An instrument around the
+image processor counts each image processed once from the worker's samples to the forward. The real-server run is in
 tests/test_vllm_images.py.
 """
 
@@ -136,12 +136,13 @@ def step_log(trainer):
 
 def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(tiny_vlm_dir, tmp_path):
     samples, processor, reference = image_samples(tiny_vlm_dir, groups=4)  # two micro-batches: TRL fetches one ahead
-    first = samples[0]
+    first, second = samples[0], samples[1]  # one group: the same tokens, two screenshots
     ids = first.input_ids.tolist()
     text_only = token_logprobs(reference, processor, ids, list(images_of(first.input_ids)), pixels=False)
     start = int(np.argmax(first.completion_mask))
     assert max(abs(a - b) for a, b in zip(text_only[start - 1:], first.old_log_probs[start:])) > 0.1  # pixels matter
-    assert samples[0].input_ids[:start].tolist() == samples[1].input_ids[:start].tolist()  # same tokens, other pixels
+    assert first.input_ids.tolist() == second.input_ids.tolist()  # only the pixels tell the two apart
+    assert max(abs(first.old_log_probs - second.old_log_probs)) > 0.1  # and each one's pixels move its logprobs
     samples[2] = carrying_images_alone(samples[2])  # a custom worker's sample: processed by the collator
     stale, _, _ = image_samples(tiny_vlm_dir, groups=1)  # sampled by a policy 10 versions older: TRL drops them
     stale = [dataclasses.replace(sample, model_version=-9, group_id=100) for sample in stale]
@@ -151,7 +152,7 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     worker, sent = QueuedSamples(), SentWeights()
     for sample in [*stale, *samples]:
         worker.rollout_buffer.put(sample)
-    del samples, first, stale, sample
+    del samples, first, second, stale, sample
     trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent)
     vision = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".vision_model." in k}
     assert vision and all(p.requires_grad for k, p in trainer.model.named_parameters() if ".vision_model." in k)
@@ -167,6 +168,28 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     assert log["sample/dropped_stale_total"] == 2
     trained = watched[:4]  # the first micro-batch (TRL had fetched the second, untrained, when training ended)
     assert [r() for r in trained + dropped] == [None] * 8  # images (and pixels) of trained and dropped samples freed
+
+
+def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir, tmp_path):
+    """Fault injection (``swapped``): the two samples of each group trade pixels, each keeping its own tokens and
+    sampled logprobs. The forward then computes the other screenshot's logprobs, and the trainer's
+    sampling_logp_difference (from that same forward) reports it, where it reads < 1e-3 with each sample's own pixels
+    (the test above): its own pixels, not any pixels, are what reach each sample's tokens."""
+    samples, processor, _ = image_samples(tiny_vlm_dir, groups=2)
+
+    def swapped(sample, other):  # the fault: another sample's images (and their processed pixels) on these ids
+        return dataclasses.replace(sample, input_ids=ids_with_images(
+            sample.input_ids.tolist(), images_of(other.input_ids), other.input_ids.processed))
+
+    worker = QueuedSamples()
+    for k in range(0, len(samples), 2):
+        worker.rollout_buffer.put(swapped(samples[k], samples[k + 1]))
+        worker.rollout_buffer.put(swapped(samples[k + 1], samples[k]))
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, per_device_train_batch_size=2)
+    trainer.train()
+    log = step_log(trainer)
+    assert log["sampling/sampling_logp_difference/max"] > 0.1, log
+    assert abs(log["ratio"] - 1.0) > 1e-3, log
 
 
 def test_each_image_is_processed_once_from_the_worker_to_the_forward(tiny_vlm_dir, tmp_path):
