@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: script -> its smallest run (``{out}``: the result file, ``{vllm}``: the shared vLLM server's URL).
 SMALLEST: dict[str, list[str]] = {
+    "async_image_processing.py": ["--processors", "tiny", "--repeats", "1", "--groups", "1", "--screenshots", "1",
+                                  "--out", "{out}"],
     "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--out", "{out}"],
     "ceiling_table.py": ["--out", "{out}"],
     "bridge_ceiling.py": ["--arms", "openenv", "openenv_client", "single_turn", "agent", "chat", "--concurrency", "1",

@@ -20,7 +20,7 @@ from ep_trl import trl_compat
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
-from tests.support.async_training import Recorded, VersionSnapshots
+from tests.support.async_training import Recorded, VersionSnapshots, turn_source
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_letters_server
 from tests.support.references import teacher_forced_logprobs
@@ -189,19 +189,13 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
         assert len(gaps[versions[0]]) == len(versions)  # one recorded version per sampled turn
         sampled_by = []  # the policy whose logprobs each turn carries: its recorded version, or the next one
         for turn, version in enumerate(versions):
-            recorded, next_one = max(gaps[version][turn]) < TOLERANCE, max(gaps[version + 1][turn]) < TOLERANCE
-            if not (recorded or next_one):
-                # in flight when the trainer synced: held (pause mode "keep", as TRL's own client pauses) and
-                # finished on the new weights over the cache the old ones computed, so from the sync on its
-                # logprobs (the ones sampled) are neither policy's alone; its first token is one policy's
-                first_by = [v for v in (version, version + 1) if gaps[v][turn][0] < TOLERANCE]
-                assert first_by, (versions, turn, gaps)
+            source = turn_source(gaps[version][turn], gaps[version + 1][turn], version, TOLERANCE)
+            sampled_by.append(source.policy)
+            if source.held:  # in flight when the trainer synced: its first token is one policy's
                 held_across_sync += 1
-                sampled_by.append(first_by[0])
                 continue
-            turns, told_apart = turns + 1, told_apart + (recorded != next_one)
-            sampled_by.append(version if recorded else version + 1)
-            if recorded:
+            turns, told_apart = turns + 1, told_apart + source.told_apart
+            if source.policy == version:
                 exact[version] = sample
         # the tag the trainer sees: its oldest turn's version, never newer than the weights that sampled that turn
         assert min(sampled_by) - 1 <= sample.model_version <= min(sampled_by), (sample.model_version, sampled_by)

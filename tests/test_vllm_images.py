@@ -9,6 +9,7 @@ module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm
 """
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -23,8 +24,8 @@ from ep_trl.sample_images import images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory import ChatTemplate
-from tests.support.async_training import Recorded, VersionSnapshots
-from tests.support.images import png_data_uri, token_logprobs, user_with_image
+from tests.support.async_training import Recorded, VersionSnapshots, turn_source
+from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
@@ -65,6 +66,17 @@ def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server, t
     assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * LOGPROB_TOL
 
 
+def other_pictures(sample, samples):
+    """The images of another sample with as many images as ``sample``, not all the same pictures (a group's episodes
+    see the same ones; other tasks see others), or None."""
+    own = [image.tobytes() for image in images_of(sample.input_ids)]
+    for other in samples:
+        images = images_of(other.input_ids)
+        if len(images) == len(own) and [image.tobytes() for image in images] != own:
+            return list(images)
+    return None
+
+
 def sampled_turns(sample):
     """(position in input_ids of each sampled token, its logprob), one list per turn (run of completion_mask 1)."""
     turns, previous = [], 0
@@ -81,9 +93,12 @@ def sampled_turns(sample):
 def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vlm_dir, letters_server, tmp_path):
     """EvalRolloutWorker on the processor, CPUAsyncImagesGRPOTrainer, weights through disk to the real server: every
     sampled turn's logprobs equal the teacher-forced logprobs WITH the pixels of the version the turn recorded (or
-    the next one, the sync race docs/async.md describes) and differ from them without the pixels; turns of the
-    trained policy match it, so the vision weights reached the server; the steps move the vision tower; the trainer's
-    sampling_logp_difference (|its logprobs - sampled|, from the forward with pixels) is < 1e-3 at step 1."""
+    the next one, the sync race docs/async.md describes), except a turn in flight when a sync paused the server,
+    whose first token is one policy's (at most one such turn per slot and sync: the rule of the text test,
+    tests.support.async_training.turn_source); they differ from the logprobs without the pixels and from those with
+    another sample's screenshots; turns of the trained policy match it, so the vision weights reached the server; the
+    steps move the vision tower; the trainer's sampling_logp_difference (|its logprobs - sampled|, from the forward
+    with pixels) is < 1e-3 at step 1."""
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
                            per_device_train_batch_size=4, max_completion_length=256, max_steps=3, logging_steps=1,
                            learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no", max_staleness=0,
@@ -117,7 +132,7 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     by_group = {}
     for sample in worker.rollout_buffer.samples:
         by_group.setdefault(sample.group_id, []).append(sample)
-    exact, checked, text_only_gap = set(), 0, float("inf")
+    exact, checked, held_across_sync, text_only_gap, swapped_gap = set(), 0, 0, float("inf"), float("inf")
     for released in worker.groups:
         samples = by_group.get(released.group, [])
         if len(samples) != released.samples:
@@ -134,19 +149,28 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
                 gaps = {}
                 for v in (version, version + 1):
                     reference = token_logprobs(policy(v), processor, ids, images)
-                    gaps[v] = max(abs(reference[at - 1] - logprob) for at, logprob in turn)
-                assert min(gaps.values()) < LOGPROB_TOL, (versions, gaps)
-                if gaps[version] < LOGPROB_TOL:
+                    gaps[v] = [abs(reference[at - 1] - logprob) for at, logprob in turn]
+                source = turn_source(gaps[version], gaps[version + 1], version, LOGPROB_TOL)
+                held_across_sync += source.held
+                if not source.held and source.policy == version:
                     exact.add(version)
             without = token_logprobs(policy(versions[0]), processor, ids, images, pixels=False)
             text_only_gap = min(text_only_gap, max(abs(without[at - 1] - lp) for at, lp in turns[0]))
+            other = other_pictures(sample, worker.rollout_buffer.samples)  # another sample's screenshots, as many
+            if other is not None:
+                swapped = token_logprobs(policy(versions[0]), processor, ids, other)
+                swapped_gap = min(swapped_gap, max(abs(swapped[at - 1] - lp) for at, lp in turns[0]))
             checked += 1
     assert checked >= 8 and 1 in exact and max(exact) >= 2, (checked, sorted(exact))
+    # a sync holds at most the turns then in flight, one per episode slot
+    assert held_across_sync <= trainer.weight_transfer.syncs * worker.slots, (held_across_sync, checked)
     assert text_only_gap > 0.1  # scored without the pixels, every checked sample moves
+    assert swapped_gap > 0.1  # scored with another sample's screenshots, every checked sample moves
     assert worker.dropped_stale + sum(h.get("sample/dropped_stale_total", 0) for h in trainer.state.log_history) > 0
     print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, {worker.dropped_stale} dropped "
           f"stale by the worker, versions exact {sorted(exact)}, "
-          f"text-only gap >= {text_only_gap:.3f}, step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
+          f"text-only gap >= {text_only_gap:.3f}, swapped-pictures gap >= {swapped_gap:.3f}, "
+          f"{held_across_sync} turns held across a sync, step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
           f"sampling_logp_difference/max per step "
           f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
 
@@ -190,8 +214,48 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     assert sum(r.image_mismatches for r in worker.groups) == worker.image_mismatches
     assert sum(m.get("ep_trl/worker/image_mismatch_total", 0.0) for m in reported) >= 1
     assert worker.rollout_buffer.samples and all(
-        placeholder_mismatch(processor, s.input_ids.tolist(), images_of(s.input_ids)) is None
+        placeholder_mismatch(processor, s.input_ids.tolist(), s.input_ids.processed) is None
         for s in worker.rollout_buffer.samples)
+
+
+@pytest.mark.timeout(200)
+def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_server, tiny_vlm_dir, letters_server,
+                                                                          tmp_path):
+    """The worker alone (no trainer) until its buffer is full: an instrument around the processor's image processor
+    records the thread of every call. Each released sample's images are processed once, in the worker's thread for
+    its group's samples ("ep-trl samples of prompt group N"), never on the event loop that plays the episodes (which
+    runs the processor only to render turns, ep_trl.trajectory)."""
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
+                           per_device_train_batch_size=2, max_completion_length=256, temperature=1.0, report_to=[],
+                           vllm_server_base_url=vlm_server.base_url)
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    calls = ImageProcessorCalls(processor)
+    worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
+    worker.rollout_buffer = Recorded(2)
+    worker.take_images("this test")
+    stream, loop_threads = worker._stream, []
+
+    async def observed_stream():  # the event loop's thread: the one the stream runs on
+        loop_threads.append(threading.get_ident())
+        await stream()
+
+    worker._stream = observed_stream
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(worker.groups) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+    assert len(worker.groups) >= 2, "the worker released fewer than 2 groups in 120 s"
+    samples = [*worker.rollout_buffer.samples, *worker._pending]
+    for released in worker.groups:
+        images = [len(images_of(s.input_ids)) for s in samples if s.group_id == released.group]
+        made = [c for c in calls.calls if c.thread_name == f"ep-trl samples of prompt group {released.group}"]
+        assert len(images) == released.samples >= 1
+        assert sorted(c.images for c in made) == sorted(images), (released.group, made, images)  # once per sample
+        assert loop_threads and all(c.thread_id != loop_threads[0] for c in made)
+    assert all(s.input_ids.processed is not None for s in samples)  # carried to the trainer
 
 
 @pytest.mark.timeout(300)

@@ -29,9 +29,11 @@ by kind), from the same stream (``ep_trl.stream``):
 * **LoRA**: when the trainer syncs only its adapter (a server started with ``--enable-lora``; TRL loads each version
   as ``trl-policy-v{N}``), each turn is generated with the adapter of the version it records;
 * **images**: with a vision-language model's processor as ``processing_class``, episodes render the eval's images
-  (screenshots) and each sample carries its episode's images on its ``input_ids`` (``ep_trl.sample_images``), for
-  ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` to put into its forward passes; an episode whose images do
-  not match its image tokens is left out (counted, ``ep_trl/worker/image_mismatch_total``). Such a worker is refused
+  (screenshots) and each sample carries its episode's images on its ``input_ids``, with the pixel tensors the
+  processor makes of them (``ep_trl.sample_images``), for ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` to
+  put into its forward passes. A released group's samples are made in a thread, off the event loop that plays the
+  episodes in flight, and each image is processed there once; an episode whose images do not match its image tokens
+  is left out (counted, ``ep_trl/worker/image_mismatch_total``). Such a worker is refused
   by any other trainer (it would train on image tokens without their pixels): reading ``rollout_buffer`` before an
   images trainer took the worker (``take_images``) raises ``ConfigError``; ``max_buffered_images`` bounds the images
   the buffer and the released samples hold;
@@ -42,6 +44,7 @@ by kind), from the same stream (``ep_trl.stream``):
 """
 
 import asyncio
+import functools
 import itertools
 import logging
 import math
@@ -63,6 +66,7 @@ from .generation.vllm import lora_enabled, probe_server, served_models
 from .metrics import call_metrics, summary_line
 from .rollout import RolloutFunction, create_rollout_func
 from .stream import ScoredGroup, GroupPlan, SlotMeter
+from .threads import run_blocking
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ BUFFER_POLL_S = 0.02
 METRICS_QUEUE_SIZE = 256
 #: Released groups ``EvalRolloutWorker.groups`` remembers (the most recent).
 GROUP_RECORDS = 10_000
+#: Longest a released group's samples may take to make (its images processed, in a thread) before the worker stops.
+SAMPLES_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -324,7 +330,7 @@ class EvalRolloutWorker:
         try:
             async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
                 async for group in stream:
-                    window.append((group, self._release(group)))
+                    window.append((group, self._release(group, await self._samples(group))))
                     if len(window) >= self.groups_per_report:
                         sessions = self._function.env_sessions
                         self._report(window, time.monotonic() - window_started, sessions - sessions_before)
@@ -333,11 +339,21 @@ class EvalRolloutWorker:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
 
-    def _release(self, group: ScoredGroup) -> ReleaseRecord:
-        """Turn a finished group into samples, waiting for room in the buffer (``_pump``)."""
-        self._function.log_final(group)
+    async def _samples(self, group: ScoredGroup) -> "GroupSamples":
+        """The group's samples, made in a thread of their own (``group_samples``): processing the images of its
+        episodes takes CPU time the event loop must not spend, since it plays every episode in flight."""
         processor = self._config.processing_class if self.renders_images else None
-        made = group_samples(group, self._config.tokenizer, processor)
+        what = f"samples of prompt group {group.plan.group}"
+        try:
+            return await run_blocking(functools.partial(group_samples, group, self._config.tokenizer, processor),
+                                      timeout_s=SAMPLES_TIMEOUT_S, what=what)
+        except TimeoutError as exc:
+            raise RolloutWorkerError(f"Making the {what} took more than {SAMPLES_TIMEOUT_S:g} s (processing the images "
+                                     "of its episodes, decoding their completions); the worker stops.") from exc
+
+    def _release(self, group: ScoredGroup, made: "GroupSamples") -> ReleaseRecord:
+        """Hand a finished group's samples on, waiting for room in the buffer (``_pump``)."""
+        self._function.log_final(group)
         samples = made.samples
         self._pending.extend(samples)
         self._heartbeat = time.monotonic()
@@ -499,11 +515,12 @@ class GroupSamples:
 def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under). With a vision-language ``processor``, each sample's ``input_ids``
-    carry its episode's images (``ep_trl.sample_images``), and an episode whose images do not match its image tokens
-    is left out (logged, counted in ``image_mismatches``)."""
+    carry its episode's images and what the processor made of them, processed here once (``ep_trl.sample_images``),
+    and an episode whose images do not match its image tokens is left out (logged, counted in ``image_mismatches``).
+    The worker calls it in a thread, off its event loop (``EvalRolloutWorker._samples``)."""
     import numpy as np
 
-    from .sample_images import ids_with_images, placeholder_mismatch
+    from .sample_images import ids_with_images, placeholder_mismatch, process_images
 
     RolloutSample = trl_compat.rollout_sample()
     valid = [s.score for s in group.scored if s.score is not None]
@@ -520,8 +537,10 @@ def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> 
             continue
         prompt_ids, completion_ids = trajectory.prompt_ids, trajectory.completion_ids
         ids = prompt_ids + completion_ids
+        processed = None
         if processor is not None:
-            mismatch = placeholder_mismatch(processor, ids, trajectory.images)
+            processed = process_images(processor, trajectory.images) if trajectory.images else None
+            mismatch = placeholder_mismatch(processor, ids, processed)
             if mismatch is not None:
                 logger.warning("Episode %d of prompt group %d is left out: its images do not match its image tokens "
                                "(%s).", played.episode.spec.generation, group.plan.group, mismatch)
@@ -530,7 +549,7 @@ def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> 
         samples.append(RolloutSample(
             prompt=messages,
             completion=[{"role": "assistant", "content": tokenizer.decode(completion_ids)}],
-            input_ids=ids_with_images(ids, trajectory.images if processor is not None else ()),
+            input_ids=ids_with_images(ids, trajectory.images if processor is not None else (), processed),
             completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
             old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),
             advantage=float((verdict.score - mean) / (std + 1e-8)),

@@ -1,12 +1,14 @@
 """The async image seam (ep_trl.trainers.async_images), pinned against the installed TRL, without a vLLM server.
 
 A stand-in rollout worker (``QueuedSamples``: TRL's worker protocol over a queue the test fills) hands the real
-``CPUAsyncImagesGRPOTrainer`` samples made as ``EvalRolloutWorker`` makes them: a prompt with a screenshot rendered
-by the tiny VLM's processor, a sampled completion, its logprobs teacher-forced WITH the pixels on the initial weights.
-The two samples of a group have the same prompt text and different screenshots, so their ids are equal up to the
-completion: TRL's prefix sharing would show one the other's pixels. At step 1 the trainer's weights are the ones the
-logprobs came from, so TRL's ``ratio`` is 1 and the trainer's ``sampling/sampling_logp_difference`` is ~0 only if
-every forward saw each sample's own pixels. The real-server run is in tests/test_vllm_images.py.
+``CPUAsyncImagesGRPOTrainer`` samples made by ``EvalRolloutWorker``'s own ``group_samples`` from released groups: a
+prompt with a screenshot rendered by the tiny VLM's processor, a sampled completion, its logprobs teacher-forced WITH
+the pixels on the initial weights. The two samples of a group have the same ids and different screenshots: TRL's
+prefix sharing would show one the other's pixels. At step 1 the trainer's weights are the ones the logprobs came
+from, so TRL's ``ratio`` is 1 and the trainer's ``sampling/sampling_logp_difference`` is ~0 only if every forward saw
+each sample's own pixels; with the two samples' pixels traded (fault injection) it is not. An instrument around the
+image processor counts each image processed once from the worker's samples to the forward. The real-server run is in
+tests/test_vllm_images.py.
 """
 
 import dataclasses
@@ -22,10 +24,12 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError
 from ep_trl import trl_compat
+from ep_trl.rollout_worker import group_samples
 from ep_trl.sample_images import ids_with_images, images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer, UnsharedTreeRow
-from ep_trl.trajectory import ChatTemplate
-from tests.support.images import png_data_uri, token_logprobs, user_with_image
+from ep_trl.trajectory import ChatTemplate, Trajectory
+from tests.support.async_training import released_group
+from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 
 TOLERANCE = 1e-3
 
@@ -88,53 +92,72 @@ def make_trainer(model_dir, tmp_path, processing_class, worker=None, weight_tran
                                      train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}))
 
 
-def image_samples(model_dir, groups):
-    """``2 * groups`` samples as EvalRolloutWorker makes them: per group one prompt text, two screenshots."""
-    from ep_trl.rollout_worker import trl_compat as worker_compat
-
-    RolloutSample = worker_compat.rollout_sample()
+def played_groups(model_dir, groups):
+    """``groups`` prompt groups of two episodes as the stream releases them (per group one prompt text, two
+    screenshots; a sampled completion whose logprobs are teacher-forced WITH the pixels on the initial weights), the
+    processor and the model."""
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     template = ChatTemplate(processor)
-    completion = processor.tokenizer.encode("click('13')")
-    samples = []
+    completion = tuple(processor.tokenizer.encode("click('13')"))
+    released = []
     for group in range(groups):
+        trajectories = []
         for generation in range(2):
-            color = (40 * group, 255 - 40 * group, 120 * generation)  # no two samples share a screenshot
+            color = (40 * group, 255 - 40 * group, 120 * generation)  # no two episodes share a screenshot
             prompt = template.prompt([user_with_image(f"Task {group}", png_data_uri(color))])
-            ids = list(prompt.ids) + completion
-            logprobs = token_logprobs(model, processor, ids, list(prompt.images))[len(prompt.ids) - 1:]
-            samples.append(RolloutSample(
-                prompt=[{"role": "user", "content": f"Task {group}"}], completion=[{"role": "assistant", "content": ""}],
-                input_ids=ids_with_images(ids, prompt.images),
-                completion_mask=np.asarray([0] * len(prompt.ids) + [1] * len(completion), dtype=np.int64),
-                old_log_probs=np.asarray([0.0] * len(prompt.ids) + logprobs, dtype=np.float32),
-                advantage=1.0 if generation == 0 else -1.0, model_version=1, group_id=group,
-                metrics={"reward": float(generation)}, enqueued_at=None))
-    return samples, processor, model
+            logprobs = token_logprobs(model, processor, list(prompt.ids) + list(completion), list(prompt.images))
+            trajectories.append(Trajectory(prompt.ids, completion, tuple(logprobs[len(prompt.ids) - 1:]),
+                                           (1,) * len(completion), images=prompt.images))
+        released.append(released_group(group, f"Task {group}", trajectories, scores=(1.0, 0.0)))
+    return released, processor, model
+
+
+def worker_samples(released, processor):
+    """The samples EvalRolloutWorker makes of released groups (its ``group_samples``: images processed once)."""
+    return [sample for group in released for sample in group_samples(group, processor.tokenizer, processor).samples]
+
+
+def image_samples(model_dir, groups):
+    """``2 * groups`` samples as EvalRolloutWorker makes them, the processor and the model."""
+    released, processor, model = played_groups(model_dir, groups)
+    return worker_samples(released, processor), processor, model
+
+
+def carrying_images_alone(sample):
+    """``sample`` as a custom worker makes it: its ids carry its images, nothing processed."""
+    ids = sample.input_ids
+    return dataclasses.replace(sample, input_ids=ids_with_images(ids.tolist(), images_of(ids)))
+
+
+def step_log(trainer):
+    return next(h for h in trainer.state.log_history if "ratio" in h)
 
 
 def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(tiny_vlm_dir, tmp_path):
     samples, processor, reference = image_samples(tiny_vlm_dir, groups=4)  # two micro-batches: TRL fetches one ahead
-    first = samples[0]
+    first, second = samples[0], samples[1]  # one group: the same tokens, two screenshots
     ids = first.input_ids.tolist()
     text_only = token_logprobs(reference, processor, ids, list(images_of(first.input_ids)), pixels=False)
     start = int(np.argmax(first.completion_mask))
     assert max(abs(a - b) for a, b in zip(text_only[start - 1:], first.old_log_probs[start:])) > 0.1  # pixels matter
-    assert samples[0].input_ids[:start].tolist() == samples[1].input_ids[:start].tolist()  # same tokens, other pixels
+    assert first.input_ids.tolist() == second.input_ids.tolist()  # only the pixels tell the two apart
+    assert max(abs(first.old_log_probs - second.old_log_probs)) > 0.1  # and each one's pixels move its logprobs
+    samples[2] = carrying_images_alone(samples[2])  # a custom worker's sample: processed by the collator
     stale, _, _ = image_samples(tiny_vlm_dir, groups=1)  # sampled by a policy 10 versions older: TRL drops them
     stale = [dataclasses.replace(sample, model_version=-9, group_id=100) for sample in stale]
     dropped = [weakref.ref(image) for s in stale for image in images_of(s.input_ids)]
+    dropped += [weakref.ref(s.input_ids.processed.pixels["pixel_values"]) for s in stale]
     watched = [weakref.ref(image) for s in samples for image in images_of(s.input_ids)]
     worker, sent = QueuedSamples(), SentWeights()
     for sample in [*stale, *samples]:
         worker.rollout_buffer.put(sample)
-    del samples, first, stale, sample
+    del samples, first, second, stale, sample
     trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent)
     vision = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".vision_model." in k}
     assert vision and all(p.requires_grad for k, p in trainer.model.named_parameters() if ".vision_model." in k)
     trainer.train()
-    log = next(h for h in trainer.state.log_history if "ratio" in h)
+    log = step_log(trainer)
     assert abs(log["ratio"] - 1.0) < 1e-4 and log["kl"] < 1e-6, log
     assert log["sampling/sampling_logp_difference/max"] < TOLERANCE, log
     moved = {k: (trainer.model.get_parameter(k) - v).abs().max().item() for k, v in vision.items()}
@@ -144,7 +167,47 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     gc.collect()
     assert log["sample/dropped_stale_total"] == 2
     trained = watched[:4]  # the first micro-batch (TRL had fetched the second, untrained, when training ended)
-    assert [r() for r in trained + dropped] == [None] * 6  # images of trained and of dropped samples are freed
+    assert [r() for r in trained + dropped] == [None] * 8  # images (and pixels) of trained and dropped samples freed
+
+
+def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir, tmp_path):
+    """Fault injection (``swapped``): the two samples of each group trade pixels, each keeping its own tokens and
+    sampled logprobs. The forward then computes the other screenshot's logprobs, and the trainer's
+    sampling_logp_difference (from that same forward) reports it, where it reads < 1e-3 with each sample's own pixels
+    (the test above): its own pixels, not any pixels, are what reach each sample's tokens."""
+    samples, processor, _ = image_samples(tiny_vlm_dir, groups=2)
+
+    def swapped(sample, other):  # the fault: another sample's images (and their processed pixels) on these ids
+        return dataclasses.replace(sample, input_ids=ids_with_images(
+            sample.input_ids.tolist(), images_of(other.input_ids), other.input_ids.processed))
+
+    worker = QueuedSamples()
+    for k in range(0, len(samples), 2):
+        worker.rollout_buffer.put(swapped(samples[k], samples[k + 1]))
+        worker.rollout_buffer.put(swapped(samples[k + 1], samples[k]))
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, per_device_train_batch_size=2)
+    trainer.train()
+    log = step_log(trainer)
+    assert log["sampling/sampling_logp_difference/max"] > 0.1, log
+    assert abs(log["ratio"] - 1.0) > 1e-3, log
+
+
+def test_each_image_is_processed_once_from_the_worker_to_the_forward(tiny_vlm_dir, tmp_path):
+    """An instrument around the real image processor counts the images processed from the moment the worker makes
+    its samples (``group_samples``) through the trainer's collator and forward passes: each image once. A custom
+    worker's sample that carries its images alone is processed once too, by the collator."""
+    released, processor, _ = played_groups(tiny_vlm_dir, groups=4)
+    custom = [carrying_images_alone(sample) for sample in worker_samples(released[:1], processor)]
+    calls = ImageProcessorCalls(processor)  # what rendered and made the samples above is not counted
+    samples = custom + worker_samples(released[1:], processor)  # custom ones in the first, trained micro-batch
+    images = sum(len(images_of(sample.input_ids)) for sample in samples)
+    worker = QueuedSamples()
+    for sample in samples:
+        worker.rollout_buffer.put(sample)
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker)
+    trainer.train()
+    assert step_log(trainer)["sampling/sampling_logp_difference/max"] < TOLERANCE  # the forward saw the pixels
+    assert calls.images == images, (calls.images, images, calls.calls)
 
 
 def test_unshared_rows_keep_every_sample_whole_and_in_order():

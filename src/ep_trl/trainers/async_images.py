@@ -13,9 +13,11 @@ places of TRL's trainer and calling TRL's own code in each:
   whose screenshots differ have the same image tokens: sharing them would show one sample the other's pixels. Rows
   that hold an image sample are therefore packed **unshared**: each sample is its own chain (``UnsharedTreeRow``,
   a ``TreeRow`` whose samples never meet in the trie), which is TRL's padding-free packing without prefix sharing. The
-  collator (``ImagesRolloutCollator``, a ``DataCollatorForRollout``) then adds the row's vision inputs, built from the
-  packed ids and the samples' images in row order (``ep_trl.vision_inputs``). Text-only rows are packed as TRL packs
-  them. Because the unshared rows forward every token, batches are planned by sample count: ``token_budget=0``;
+  collator (``ImagesRolloutCollator``, a ``DataCollatorForRollout``) then adds the row's vision inputs: the pixel
+  tensors each sample carries (its images processed once, by the worker: ``ep_trl.sample_images``), joined in row
+  order (``ep_trl.vision_inputs``); a sample that carries its images unprocessed (a custom worker's) is processed
+  here, once. Text-only rows are packed as TRL packs them. Because the unshared rows forward every token, batches
+  are planned by sample count: ``token_budget=0``;
 * **the forward**: ``compute_loss`` is TRL's; the vision inputs reach the model through a forward pre-hook held for
   that call, so the loss, the importance ratio (``ratio``), ``kl``, entropy and clipping metrics are all computed
   with the pixels. ``AsyncGRPOTrainer`` does not recompute old logprobs (it uses the sampled ones), so there is no
@@ -46,8 +48,8 @@ from typing import Any
 from .. import trl_compat
 from ..content import supports_images
 from ..errors import ConfigError, VersionError
-from ..sample_images import config_image_token, expected_image_tokens, image_token_id, images_of
-from ..vision_inputs import vision_inputs
+from ..sample_images import config_image_token, image_token_id, images_of, processed_images_of
+from ..vision_inputs import joined_vision_inputs
 
 trl_compat.require_tested("async", "ep_trl.trainers.async_images")  # before TRL's experimental modules are imported
 
@@ -84,23 +86,23 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
 
     def torch_call(self, examples: list[Any]) -> dict[str, Any]:
         (rows,) = examples
-        images = [[image for sample in row.samples for image in images_of(sample["input_ids"])] for row in rows]
-        if not any(images):
+        if not any(images_of(sample["input_ids"]) for row in rows for sample in row.samples):
             return super().torch_call(examples)
         if len(rows) != 1:
             raise ConfigError("AsyncImagesGRPOTrainer builds the vision inputs of a micro-batch for one process.")
         rows = [_unshared(rows[0])]
         batch = super().torch_call([rows])
         ids = batch["input_ids"][0][batch["attention_mask"][0].bool()]
-        token = image_token_id(self.processor)
-        expected = sum(expected_image_tokens(self.processor, images_of(s["input_ids"])) for s in rows[0].samples)
-        held = int((ids == token).sum())
+        carried = [sample["input_ids"] for sample in rows[0].samples if images_of(sample["input_ids"])]
+        processed = [processed_images_of(self.processor, sample_ids) for sample_ids in carried]  # in row order
+        expected = sum(p.image_tokens for p in processed)
+        held = int((ids == image_token_id(self.processor)).sum())
         if held != expected:  # the worker leaves such episodes out; a sample from elsewhere must not reach the model
             raise ValueError(f"A packed row holds {held} image tokens and its samples' images expand into {expected}: "
                              "a sample's images do not match its image tokens (EvalRolloutWorker leaves such "
                              "episodes out; a custom worker must too).")
-        vision = vision_inputs(self.processor, ids.unsqueeze(0), [images[0]])
-        assert vision is not None  # the row holds images
+        vision = joined_vision_inputs(self.processor, ids.unsqueeze(0), [p.pixels for p in processed],
+                                      sum(len(images_of(sample_ids)) for sample_ids in carried))
         for key, value in vision.model_kwargs.items():
             batch[VISION_PREFIX + key] = value.unsqueeze(0)
         return batch

@@ -1,0 +1,177 @@
+"""Async image path: the CPU time one training step spends processing its screenshots, from the worker's samples to
+the trainer's packed rows, and how many times each image is processed.
+
+A step's episodes are released groups of synthesized full-size BrowserGym screenshots (``--width`` x ``--height``,
+default 1280x720: BrowserGym's default viewport; its MiniWoB pages are 332x214), ``--screenshots`` per episode
+(one per observation). Their samples are made as ``EvalRolloutWorker`` makes them (``group_samples``, which the
+worker runs on its event loop before this change and in a thread after it) and collated as
+``AsyncImagesGRPOTrainer`` collates them (``ImagesRolloutCollator`` over TRL ``TreeRow`` micro-batches of
+``--batch-size``). An instrument around the real image processor (tests/support/images.py) counts the images it
+processes. The forward pass is not timed: no version processes images there. ``--render`` also times how episodes
+render their turns (``ep_trl.trajectory.ChatTemplate.prompt`` over each turn's conversation so far, as an episode
+does on its event loop), which the one-processing change does not touch.
+
+Processors (``--processors``): ``tiny``, the tiny VLM's (64-pixel frames, what CI trains); ``smolvlm``, SmolVLM's
+image settings (splitting into 512-pixel frames, 64 image tokens each) over the tiny VLM's tokenizer, built locally.
+
+    python benchmarks/async_image_processing.py --out benchmarks/results/async_image_processing.json
+
+``benchmarks/compare_code.py --before REV ... -- benchmarks/async_image_processing.py ...`` runs it on two versions
+of ``src/`` (rows tagged ``before``/``after``).
+"""
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from ep_trl.devtools import run_record  # noqa: E402
+
+
+def screenshot_uri(width: int, height: int, seed: int) -> str:
+    """A page-like PNG data URI (bands and boxes on white, different per seed), the form BrowserGym sends."""
+    import base64
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    page = np.full((height, width, 3), 255, dtype=np.uint8)
+    page[: height // 12] = rng.integers(0, 255, 3)
+    for _ in range(12):
+        x, y = int(rng.integers(0, width - 40)), int(rng.integers(height // 12, height - 20))
+        page[y:y + int(rng.integers(10, 80)), x:x + int(rng.integers(20, 300))] = rng.integers(0, 255, 3)
+    buffer = io.BytesIO()
+    Image.fromarray(page).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def processor_of(name: str, tiny_dir: Path) -> Any:
+    from transformers import AutoProcessor, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tiny = AutoProcessor.from_pretrained(tiny_dir)
+    if name == "tiny":
+        return tiny
+    if name == "smolvlm":  # SmolVLM's processor_config.json image settings
+        image_processor = Idefics3ImageProcessorPil(do_image_splitting=True, size={"longest_edge": 2048},
+                                                    max_image_size={"longest_edge": 512})
+        return Idefics3Processor(image_processor=image_processor, tokenizer=tiny.tokenizer, image_seq_len=64,
+                                 chat_template=tiny.chat_template)
+    raise SystemExit(f"unknown processor {name!r} (tiny, smolvlm)")
+
+
+def conversation(uris: list[str], turns: int) -> list[dict[str, Any]]:
+    """An episode's conversation up to its ``turns``-th observation: each observation a screenshot, each answer an
+    action."""
+    messages: list[dict[str, Any]] = []
+    for step, uri in enumerate(uris[:turns]):
+        if step:
+            messages.append({"role": "assistant", "content": "click('13')"})
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"Step {step + 1}: the page."},
+                                                     {"type": "image_url", "image_url": {"url": uri}}]})
+    return messages
+
+
+def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) -> dict[str, Any]:
+    from trl.experimental.async_grpo.packing import TreeRow
+
+    from ep_trl.rollout_worker import group_samples
+    from ep_trl.sample_images import images_of
+    from ep_trl.trainers.async_images import ImagesRolloutCollator
+    from ep_trl.trajectory import ChatTemplate, Trajectory
+    from tests.support.async_training import released_group
+    from tests.support.images import ImageProcessorCalls
+
+    template = ChatTemplate(processor)
+    completion = tuple(processor.tokenizer.encode("click('13')"))
+    render_cpu = time.process_time()
+    prompts = []
+    for episode in uris:  # each turn renders the conversation so far, every screenshot in it through the processor
+        turns = range(1, args.screenshots + 1) if args.render else [args.screenshots]
+        prompts.append([template.prompt(conversation(episode, k)) for k in turns][-1])
+    render_cpu = time.process_time() - render_cpu
+    groups = []
+    for g in range(args.groups):
+        trajectories = [Trajectory(p.ids, completion, (-0.5,) * len(completion), (1,) * len(completion),
+                                   images=p.images) for p in prompts[g * args.generations:(g + 1) * args.generations]]
+        groups.append(released_group(g, f"Task {g}", trajectories, scores=[float(k) for k in range(len(trajectories))]))
+    calls = ImageProcessorCalls(processor)
+    worker_cpu, worker_wall = time.process_time(), time.perf_counter()
+    samples = [s for group in groups for s in group_samples(group, processor.tokenizer, processor).samples]
+    worker_cpu, worker_wall = time.process_time() - worker_cpu, time.perf_counter() - worker_wall
+    carried = sum(t.numel() * t.element_size() for s in samples if getattr(s.input_ids, "processed", None)
+                  for t in s.input_ids.processed.pixels.values())
+    collator = ImagesRolloutCollator(pad_token_id=processor.tokenizer.pad_token_id or 0, processor=processor)
+    collate_cpu, collate_wall = time.process_time(), time.perf_counter()
+    for start in range(0, len(samples), args.batch_size):
+        row = TreeRow()
+        for s in samples[start:start + args.batch_size]:  # as TRL's RolloutQueueDataset hands samples on
+            row.add({"input_ids": s.input_ids, "completion_mask": s.completion_mask, "old_log_probs": s.old_log_probs,
+                     "advantage": s.advantage, "group_id": s.group_id, "metrics": s.metrics})
+        collator.torch_call([[row]])
+    collate_cpu, collate_wall = time.process_time() - collate_cpu, time.perf_counter() - collate_wall
+    images = sum(len(images_of(s.input_ids)) for s in samples)
+    calls.remove()  # the next step counts afresh
+    return {"images": images, "worker_cpu_ms": round(worker_cpu * 1e3, 1),
+            "worker_wall_ms": round(worker_wall * 1e3, 1),
+            "collate_cpu_ms": round(collate_cpu * 1e3, 1), "collate_wall_ms": round(collate_wall * 1e3, 1),
+            "step_cpu_ms": round((worker_cpu + collate_cpu) * 1e3, 1),
+            "images_processed": calls.images, "processings_per_image": round(calls.images / images, 2),
+            "carried_mb": round(carried / 1e6, 1), "carried_mb_per_image": round(carried / images / 1e6, 2),
+            "render_cpu_ms": round(render_cpu * 1e3, 1) if args.render else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processors", nargs="+", default=["tiny", "smolvlm"])
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--generations", type=int, default=2)
+    parser.add_argument("--screenshots", type=int, default=5, help="screenshots per episode (one per observation)")
+    parser.add_argument("--batch-size", type=int, default=4, help="samples per micro-batch (one packed row)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--render", action="store_true", help="also time the episodes' turn rendering")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    record = run_record.start(REPO)
+
+    from ep_trl.devtools.tiny_vlm import build_tiny_vlm
+
+    tiny_dir = build_tiny_vlm(Path(tempfile.gettempdir()) / "ep_trl_bench_tiny_vlm", seed=0)
+    episodes = args.groups * args.generations
+    uris = [[screenshot_uri(args.width, args.height, seed=e * args.screenshots + k) for k in range(args.screenshots)]
+            for e in range(episodes)]
+    runs = []
+    for name in args.processors:
+        processor = processor_of(name, tiny_dir)
+        for repeat in range(args.repeats):
+            row = {"processor": name, "width": args.width, "height": args.height, "episodes": episodes,
+                   "screenshots": args.screenshots, "repeat": repeat, **one_step(args, processor, uris)}
+            runs.append(row)
+            print(json.dumps(row), flush=True)
+        rows = [r for r in runs if r["processor"] == name]
+        median = {key: statistics.median(r[key] for r in rows) for key in ("step_cpu_ms", "worker_cpu_ms",
+                                                                             "collate_cpu_ms")}
+        print(f"{name}: {rows[0]['images']} images, step CPU {median['step_cpu_ms']:.0f} ms (worker "
+              f"{median['worker_cpu_ms']:.0f}, collator {median['collate_cpu_ms']:.0f}), "
+              f"{rows[0]['processings_per_image']} processings per image, carried {rows[0]['carried_mb']} MB",
+              flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"run": run_record.finish(record), "runs": runs}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
