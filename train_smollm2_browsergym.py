@@ -53,17 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated MiniWoB tasks, one per prompt group")
     p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")
     p.add_argument("--held-out", type=int, default=16, help="held-out instances per task, played greedily")
-    p.add_argument("--warm-start-pages", type=int, default=2, help="training pages per task the warm start shows")
-    p.add_argument("--warm-start-lr", type=float, default=1e-4)
+    p.add_argument("--warm-start-pages", type=int, default=3, help="training pages per task the warm start shows")
+    p.add_argument("--warm-start-lr", type=float, default=3e-4)
     p.add_argument("--no-warm-start", action="store_true", help="train the model as it is")
-    p.add_argument("--env-steps", type=int, default=3, help="environment steps per episode")
+    p.add_argument("--env-steps", type=int, default=2,
+                   help="environment steps per episode (enter-text takes two: fill, then Submit)")
     p.add_argument("--max-concurrent", type=int, default=2, help="episodes at once = browsers (2 suits 2 cores)")
     p.add_argument("--max-steps", type=int, default=20, help="optimizer steps")
     p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
-    p.add_argument("--max-completion-length", type=int, default=512,
+    p.add_argument("--max-completion-length", type=int, default=384,
                    help="token budget of a whole episode: sampled turns plus the observations between them")
     p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, instance split")
     p.add_argument("--output-dir", default="outputs/smollm2-browsergym")
@@ -168,7 +169,7 @@ def _warm_start(args: argparse.Namespace, base: str, env_url: str, training_seed
     began = time.monotonic()
     pages = [(task, training_seeds(task)) for task in args.tasks for _ in range(args.warm_start_pages)]
     demonstrations = format_demonstrations(args.env_path, env_url, pages)
-    recipe = CloningRecipe(learning_rate=args.warm_start_lr, fair_share=0.5, max_steps=60, seed=args.seed,
+    recipe = CloningRecipe(learning_rate=args.warm_start_lr, fair_share=0.3, max_steps=40, seed=args.seed,
                            threads=os.cpu_count() or 1)
     cloned = clone_on_demonstrations(base, output / "warm-start", demonstrations, recipe)
     took = time.monotonic() - began

@@ -14,10 +14,13 @@ the torch and transformers versions), so a machine builds each warm start once.
 """
 
 import hashlib
+import inspect
 import json
+import logging
 import math
 import os
 import shutil
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +28,8 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+logger = logging.getLogger(__name__)
 
 #: The record written next to a cloned model: its measured answer probabilities and the steps it took.
 RESULT_FILE = "ep_trl_cloning.json"
@@ -152,35 +157,41 @@ def _pad_id(model: Any) -> int:
     return model.config.pad_token_id if model.config.pad_token_id is not None else 0
 
 
-def _batch(examples: list[tuple[list[int], list[list[int]]]], pad: int) -> tuple[torch.Tensor, ...]:
-    """One row per (prompt, answer), padded on the left so every answer ends the row: ids, attention mask, and the
-    answer's ids as targets at the positions that predict them, among the last ``targets.shape[1]`` positions (-100
-    elsewhere). Only those positions need logits: a real model's vocabulary makes logits over whole prompts the
-    largest cost of a step."""
-    rows = [(prompt, answer) for prompt, answers in examples for answer in answers]
-    width = max(len(p) + len(a) for p, a in rows)
-    keep = max(len(a) for _, a in rows) + 1
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    targets = torch.full((len(rows), keep), -100, dtype=torch.long)
-    for r, (prompt, answer) in enumerate(rows):
-        n = len(prompt) + len(answer)
-        ids[r, width - n:] = torch.tensor(prompt + answer)
-        mask[r, width - n:] = 1
-        # kept position j (absolute width - keep + j) predicts the id at absolute width - keep + j + 1
-        targets[r, keep - len(answer) - 1: keep - 1] = torch.tensor(answer)
-    return ids, mask, targets
+def _batch(examples: list[tuple[list[int], list[list[int]]]], pad: int) -> list[tuple[torch.Tensor, ...]]:
+    """Per demonstration: its prompt's ids (one row) and its answers' ids, padded on the right, with their mask.
+    Every answer of a demonstration follows the same prompt, so the prompt is run once and the answers branch off its
+    cache (:func:`_answer_log_probs`): a real model's prompts are hundreds of tokens and its answers a few."""
+    batches = []
+    for prompt, answers in examples:
+        width = max(len(a) for a in answers)
+        ids = torch.full((len(answers), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(answers), width), dtype=torch.long)
+        for r, answer in enumerate(answers):
+            ids[r, :len(answer)] = torch.tensor(answer)
+            mask[r, :len(answer)] = 1
+        batches.append((torch.tensor([prompt]), ids, mask))
+    return batches
 
 
-def _answer_log_probs(model: Any, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Each row's answer log-probability after its prompt."""
-    ids, mask, targets = batch
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # left padding: each row's positions start at 0
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                   logits_to_keep=targets.shape[1]).logits
-    token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100,
-                                                   reduction="none")
-    return -token_loss.sum(dim=1)
+def _answer_log_probs(model: Any, batches: list[tuple[torch.Tensor, ...]]) -> torch.Tensor:
+    """Each answer's log-probability after its prompt, every demonstration's answers in order: the prompt run once,
+    its cache repeated for the answers (gradients flow through both)."""
+    found = []
+    # transformers 5.2x names the cache ``cache`` (``past_key_values`` is deprecated); earlier 5.x ``past_key_values``
+    cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    for prompt, ids, mask in batches:
+        head = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
+        cache = getattr(head, cache_name)
+        cache.batch_repeat_interleave(ids.shape[0])
+        length = prompt.shape[1]
+        positions = torch.arange(length, length + ids.shape[1]).expand(ids.shape[0], -1)
+        full_mask = torch.cat([torch.ones((ids.shape[0], length), dtype=mask.dtype), mask], dim=1)
+        tail = model(input_ids=ids, attention_mask=full_mask, position_ids=positions, **{cache_name: cache}).logits
+        # the prompt's last position predicts each answer's first id, answer position j predicts id j + 1
+        logits = torch.cat([head.logits[:, -1:].expand(ids.shape[0], -1, -1), tail[:, :-1]], dim=1)
+        token_log_probs = torch.log_softmax(logits, dim=-1).gather(2, ids.unsqueeze(2)).squeeze(2)
+        found.append((token_log_probs * mask).sum(dim=1))
+    return torch.cat(found)
 
 
 def _grouped(values: list[float], sizes: list[int]) -> tuple[tuple[float, ...], ...]:
@@ -203,9 +214,13 @@ def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], r
             torch.manual_seed(recipe.seed)
             optimizer = torch.optim.Adam(model.parameters(), lr=recipe.learning_rate)
             model.train()
+            began = time.monotonic()
             for step in range(recipe.max_steps + 1):
                 log_probs = _answer_log_probs(model, batch)
                 probabilities = log_probs.detach().exp().tolist()
+                logger.info("cloning step %d (%.0f s): the least likely answer has %.2f of its fair share, wanted %.2f",
+                            step, time.monotonic() - began, min(p / f for p, f in zip(probabilities, fair)),
+                            recipe.fair_share)
                 if all(p >= recipe.fair_share * f for p, f in zip(probabilities, fair)):
                     break
                 if step == recipe.max_steps:

@@ -6,6 +6,11 @@ the clickable element ids). Its answers are every action of :data:`ELEMENT_ACTIO
 that page and every action of :data:`PAGE_ACTIONS`, equally often. So a model cloned on them writes a valid action
 but does not know which one completes the task: on click-test (one button) and on focus-text (one text box) only
 ``click`` of them scores, one answer in three.
+
+:func:`format_demonstrations` does the same for a real model (``train_smollm2_browsergym.py``) on several pages of
+each task, answered with every action a page allows (each click, and each fill of a text box with the goal's text):
+the base model answers the eval's prompt with code, and after cloning it writes well-formed actions on unseen pages
+without knowing which one the task wants.
 """
 
 import asyncio
