@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="token budget of a whole episode: sampled turns plus the observations between them")
     p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, instance split")
     p.add_argument("--output-dir", default="outputs/smollm2-browsergym")
+    p.add_argument("--result", default=None,
+                   help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in "
+                        "--output-dir)")
     args = p.parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not args.tasks:
@@ -151,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_before_episodes": _episodes(before), "held_out_after_episodes": _episodes(after),
     }
     (output / "result.json").write_text(json.dumps(result, indent=1))
+    if args.result:
+        Path(args.result).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result).write_text(json.dumps(result, indent=1))
     print(f"held-out task success {before.success:.3f} -> {after.success:.3f}; among well-formed episodes "
           f"{_fmt(before.success_when_well_formed)} -> {_fmt(after.success_when_well_formed)}; training "
           f"{warm_s + rl_s:.0f} s (warm start {warm_s:.0f} s); result: {output / 'result.json'}", flush=True)
