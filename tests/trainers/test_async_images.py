@@ -210,6 +210,15 @@ def test_each_image_is_processed_once_from_the_worker_to_the_forward(tiny_vlm_di
     assert calls.images == images, (calls.images, images, calls.calls)
 
 
+def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir, tmp_path):
+    """Without a worker, TRL builds its own, which renders text prompts only: refused at construction."""
+    with pytest.raises(ConfigError, match=r"needs rollout_worker=.*without a pixel\. Pass rollout_worker="
+                                          r"EvalRolloutWorker\(env_path, args=args, processing_class=processor\)"):
+        CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=config(tmp_path),
+                                  processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+                                  weight_transfer=SentWeights(), train_dataset=Dataset.from_dict({"prompt": ["Task"]}))
+
+
 def test_unshared_rows_keep_every_sample_whole_and_in_order():
     shared = {"input_ids": np.asarray([5, 6, 7, 8]), "completion_mask": np.asarray([0, 0, 1, 1]),
               "old_log_probs": np.zeros(4, dtype=np.float32), "advantage": 1.0, "group_id": 0}
