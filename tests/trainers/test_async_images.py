@@ -210,6 +210,68 @@ def test_each_image_is_processed_once_from_the_worker_to_the_forward(tiny_vlm_di
     assert calls.images == images, (calls.images, images, calls.calls)
 
 
+class FakeWeightTransferClient:
+    """A fake of TRL's NCCL ``WeightTransferClient``, named as such: built as TRL builds it (the client, the manifest
+    the server sizes its receive buffers from, the timeout), it keeps the manifest and records the name, dtype and
+    shape of every tensor each sync sends. No NCCL, no server."""
+
+    built = []
+
+    def __init__(self, vllm_client, weight_update_info, weight_sync_timeout):
+        self.manifest = weight_update_info
+        self.sent = []
+        FakeWeightTransferClient.built.append(self)
+
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, iterator):
+        self.sent.append([(name, str(tensor.dtype).split(".")[-1], list(tensor.shape)) for name, tensor in iterator])
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkpoints_names(tiny_vlm_dir, tmp_path,
+                                                                                            monkeypatch):
+    """With TRL's own NCCL transfer (no weight_transfer given; its client a fake), the manifest TRL built over the
+    text model alone is rebuilt once the vision tower is unfrozen: each sync sends exactly the manifest, in its order,
+    dtypes and shapes, and its names are every trainable weight, vision tower included, under the checkpoint's
+    names (what the vLLM server loads)."""
+    import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
+    from safetensors import safe_open
+
+    monkeypatch.setattr(trainer_module, "WeightTransferClient", FakeWeightTransferClient)
+    monkeypatch.setattr(FakeWeightTransferClient, "built", [])
+    samples, processor, _ = image_samples(tiny_vlm_dir, groups=4)  # one step, and the micro-batch TRL fetches ahead
+    worker = QueuedSamples()
+    for sample in samples:
+        worker.rollout_buffer.put(sample)
+    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=config(tmp_path), processing_class=processor,
+                                        rollout_worker=worker,
+                                        train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}))
+    trls, rebuilt = FakeWeightTransferClient.built
+    assert trainer.weight_transfer is rebuilt
+    assert not any(".vision_model." in name for name in trls.manifest["names"])  # TRL froze the vision tower
+    trainer.train()
+    manifest = rebuilt.manifest
+    assert len(rebuilt.sent) == 2  # the first sync, then one after the step
+    for sent in rebuilt.sent:
+        assert sent == list(zip(manifest["names"], manifest["dtype_names"], manifest["shapes"]))
+    trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    with safe_open(str(tiny_vlm_dir / "model.safetensors"), "pt") as checkpoint:
+        stored = set(checkpoint.keys())
+    assert set(manifest["names"]) == trainable == stored, (set(manifest["names"]) ^ stored)
+    assert any(".vision_model." in name for name in manifest["names"])
+    assert any(".connector." in name for name in manifest["names"])
+
+
 def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir, tmp_path):
     """Without a worker, TRL builds its own, which renders text prompts only: refused at construction."""
     with pytest.raises(ConfigError, match=r"needs rollout_worker=.*without a pixel\. Pass rollout_worker="
