@@ -28,6 +28,7 @@ from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory import ChatTemplate
 from tests.support.async_training import Recorded, VersionSnapshots, turn_source, wait_until
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
+from tests.support.trainers import assert_trained
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
@@ -271,15 +272,21 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server,
 
     mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
                         gpu_memory_utilization=0.3, on_gpu=False, images=True)
-    args = mode.config(output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=2, num_generations=2,
+    args = mode.config(output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=4, num_generations=2,
                        max_completion_length=256, max_steps=1, logging_steps=1, learning_rate=1e-2, temperature=1.0,
                        report_to=[], save_strategy="no")
     with mode.trainer(IMAGE_EVAL, model=str(tiny_vlm_dir), args=args, images=True, log_rollouts=False,
                       train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=2)) as trainer:
         assert isinstance(trainer, CPUAsyncImagesGRPOTrainer) and trainer.rollout_worker.renders_images
+        before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
         trainer.train()
     log = next(h for h in trainer.state.log_history if "ratio" in h)
     assert log["sampling/sampling_logp_difference/max"] < LOGPROB_TOL, log
+    assert_trained(trainer)  # two groups: a gradient unless every group's rewards tie
+    moved = {name: (trainer.model.get_parameter(name) - p).abs().max().item() for name, p in before.items()}
+    assert max(moved.values()) > 0, "the step left every weight unchanged"
+    assert max(v for name, v in moved.items() if ".vision_model." in name) > 0, "the vision tower did not train"
+
 
 def worker_config(tmp_path, url):
     """The worker's AsyncGRPOConfig: groups of two episodes on ``url``."""

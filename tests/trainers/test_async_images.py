@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 import pytest
 from datasets import Dataset
-from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer, TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError
@@ -134,8 +134,20 @@ def step_log(trainer):
     return next(h for h in trainer.state.log_history if "ratio" in h)
 
 
+class FreedBefore(TrainerCallback):
+    """At the start of step ``step``, which of ``watched`` (weak references to images, pixels) are already freed."""
+
+    def __init__(self, step, watched):
+        self.step, self.watched, self.freed = step, watched, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            self.freed = [ref() is None for ref in self.watched]
+
+
 def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(tiny_vlm_dir, tmp_path):
-    samples, processor, reference = image_samples(tiny_vlm_dir, groups=4)  # two micro-batches: TRL fetches one ahead
+    samples, processor, reference = image_samples(tiny_vlm_dir, groups=6)  # 2 steps, and the micro-batch TRL fetches
+    # ahead of step 2
     first, second = samples[0], samples[1]  # one group: the same tokens, two screenshots
     ids = first.input_ids.tolist()
     text_only = token_logprobs(reference, processor, ids, list(images_of(first.input_ids)), pixels=False)
@@ -153,7 +165,9 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     for sample in [*stale, *samples]:
         worker.rollout_buffer.put(sample)
     del samples, first, second, stale, sample
-    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent)
+    at_step_2 = FreedBefore(2, watched[:4] + dropped)  # step 1's micro-batch, and the samples TRL dropped as stale
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent, max_steps=2)
+    trainer.add_callback(at_step_2)
     vision = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".vision_model." in k}
     assert vision and all(p.requires_grad for k, p in trainer.model.named_parameters() if ".vision_model." in k)
     trainer.train()
@@ -163,11 +177,14 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     moved = {k: (trainer.model.get_parameter(k) - v).abs().max().item() for k, v in vision.items()}
     assert max(moved.values()) > 0, "the step left the vision tower's weights unchanged"
     assert any(".vision_model." in name for name in sent.names[-1])  # the vision weights reach the server too
+    assert log["sample/dropped_stale_total"] == 2
+    # during training, without a collection: the images of step 1's samples, and the images and pixels of the stale
+    # ones, are freed by then
+    assert at_step_2.freed == [True] * 8, at_step_2.freed
     del trainer, worker
     gc.collect()
-    assert log["sample/dropped_stale_total"] == 2
-    trained = watched[:4]  # the first micro-batch (TRL had fetched the second, untrained, when training ended)
-    assert [r() for r in trained + dropped] == [None] * 8  # images (and pixels) of trained and dropped samples freed
+    trained = watched[:8]  # steps 1 and 2 (TRL had fetched the third micro-batch, untrained, when training ended)
+    assert [r() for r in trained] == [None] * 8
 
 
 def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir, tmp_path):
