@@ -20,7 +20,7 @@ from ep_trl import trl_compat
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.vllm import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
-from tests.support.async_training import Recorded, VersionSnapshots, turn_source
+from tests.support.async_training import Recorded, VersionSnapshots, turn_source, wait_until
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_letters_server
 from tests.support.references import teacher_forced_logprobs
@@ -28,6 +28,7 @@ from tests.support.trainers import assert_trained
 from tests.support.vllm_server import vllm_server
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
+IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
 TOLERANCE = 1e-3
 TEMPERATURE = 0.8
@@ -437,13 +438,6 @@ def assert_stopped(worker):
     assert not [t for t in threading.enumerate() if t.name == "ep-trl-rollout-worker" and t.is_alive()]
 
 
-def wait_until(condition, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 @pytest.mark.timeout(120)
 def test_the_buffer_bounds_the_worker(tiny_model_dir, letters_server, tmp_path):
     """No trainer drains the buffer: the worker fills it and waits (no unbounded growth), and stays healthy."""
@@ -623,10 +617,13 @@ def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(tiny_v
                           processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir))
 
 
-def test_max_buffered_images_bounds_the_images_waiting_for_the_trainer(tiny_vlm_dir, tmp_path):
-    """The bound counts the images of the samples in the buffer and of those released, waiting for room: no episode
-    starts at the bound, a sample that would cross it waits (unless the buffer is empty), and a text tokenizer with
-    the bound set is refused."""
+def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound_below_a_group(tiny_vlm_dir,
+                                                                                                tmp_path):
+    """The bound counts the images of the samples in the buffer and waiting for room, plus max_episode_images for each
+    episode started and not released (the image eval: a picture per step, 2 steps); an episode starts only if its
+    reservation fits. A bound below one group's reservations (num_generations=4 x 2) could never release a group and
+    is refused, as are a processor eval without max_episode_images and a text tokenizer with either bound. (The
+    bound measured on images alive, on a real server: tests/test_vllm_images.py.)"""
     from transformers import AutoProcessor
 
     from ep_trl.sample_images import ids_with_images
@@ -637,21 +634,34 @@ def test_max_buffered_images_bounds_the_images_waiting_for_the_trainer(tiny_vlm_
             old_log_probs=np.zeros(3), advantage=0.0, model_version=0, group_id=0, metrics={}, enqueued_at=None)
 
     args = config(tmp_path, "http://127.0.0.1:1")
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     with FaultyVLLMServer() as server:
         args.vllm_server_base_url = server.url
-        worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
-                                   log_rollouts=False, buffer_size=8, max_buffered_images=4)
+        with pytest.raises(ConfigError, match=r"max_buffered_images=7\) is below one prompt group's worst case: "
+                                              r"num_generations=4 episodes of up to 2 images each \(its prompt's 0 "
+                                              r"plus one per environment step, steps=2.*Pass max_buffered_images >= 8"):
+            EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False,
+                              max_buffered_images=7)
+        with pytest.raises(ConfigError, match=r"max_buffered_images=8\).*runs SingleTurnRolloutProcessor.*Pass "
+                                              r"max_episode_images="):
+            EvalRolloutWorker(ARITHMETIC, args=args, processing_class=processor, log_rollouts=False,
+                              max_buffered_images=8)
+        for bound in ("max_buffered_images", "max_episode_images"):
+            with pytest.raises(ConfigError, match=rf"{bound}=8\) bounds the images.*renders none"):
+                EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_vlm_dir),
+                                  log_rollouts=False, **{bound: 8})
+        worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False,
+                                   buffer_size=8, max_buffered_images=8)
         try:
             worker.take_images("test")
-            assert worker._images_fit(sample(["a"] * 6))  # into an empty buffer, whatever its images
+            assert worker.max_episode_images == 2 and worker.held_images() == 0 and worker._has_room()
             worker.rollout_buffer.put(sample(["a"] * 3))
-            assert worker._has_room() and worker.buffered_images() == 3
-            assert not worker._images_fit(sample(["b"] * 2)) and worker._images_fit(sample(["b"]))
-            worker.rollout_buffer.put(sample(["b"]))
-            assert not worker._has_room() and worker.buffered_images() == 4  # at the bound: no episode starts
-            with pytest.raises(ConfigError, match=r"max_buffered_images=4\) bounds the images.*renders none"):
-                EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_vlm_dir),
-                                  max_buffered_images=4)
+            worker.meter.started()  # an episode in flight: 2 images reserved
+            assert worker.held_images() == 5 and worker._has_room()  # 5 + 2 <= 8
+            worker.meter.started()
+            assert worker.held_images() == 7 and not worker._has_room()  # 7 + 2 > 8: no episode starts
+            worker.rollout_buffer.get_nowait()  # the trainer takes the sample
+            assert worker.held_images() == 4 and worker._has_room()
         finally:
             worker.stop()
 

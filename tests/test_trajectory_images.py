@@ -90,3 +90,19 @@ def test_sampled_text_that_reads_as_a_placeholder_is_realigned_not_counted_as_an
     turn = [i for ch in "<image>" for i in template.encode(ch)] + [end]  # the characters, not the special token
     builder, realigned = play(template, "<image>", turn)
     assert realigned and [im.getpixel((0, 0)) for im in builder.build().images] == [RED, BLUE]
+
+
+def test_the_decode_cache_keeps_no_image_alive_and_finds_those_an_episode_holds(processor):
+    """A screenshot re-rendered while the episode holds it is the same decoded image; once nothing else holds it,
+    the template's cache does not keep it alive (a rollout worker bounds the images it holds)."""
+    import gc
+    import weakref
+
+    template = ChatTemplate(processor)
+    prompt = template.prompt(conversation("a")[:1])
+    again = template.prompt(conversation("b")[:1])
+    assert again.images[0] is prompt.images[0]  # decoded once while held
+    freed = weakref.ref(prompt.images[0])
+    del prompt, again
+    gc.collect()
+    assert freed() is None

@@ -9,8 +9,10 @@ module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm
 """
 
 import asyncio
+import re
 import threading
 import time
+import weakref
 
 import pytest
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -24,11 +26,13 @@ from ep_trl.sample_images import images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory import ChatTemplate
-from tests.support.async_training import Recorded, VersionSnapshots, turn_source
+from tests.support.async_training import Recorded, VersionSnapshots, turn_source, wait_until
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
+from tests.support.trainers import assert_trained
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
+NEW_PICTURES_EVAL = "tests.evals.eval_letters_new_pictures::test_letters_new_pictures"
 LOGPROB_TOL = 1e-3  # measured ~7e-6 (vLLM CPU kernels against eager transformers, float32)
 
 
@@ -268,12 +272,102 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server,
 
     mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
                         gpu_memory_utilization=0.3, on_gpu=False, images=True)
-    args = mode.config(output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=2, num_generations=2,
+    args = mode.config(output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=4, num_generations=2,
                        max_completion_length=256, max_steps=1, logging_steps=1, learning_rate=1e-2, temperature=1.0,
                        report_to=[], save_strategy="no")
     with mode.trainer(IMAGE_EVAL, model=str(tiny_vlm_dir), args=args, images=True, log_rollouts=False,
                       train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=2)) as trainer:
         assert isinstance(trainer, CPUAsyncImagesGRPOTrainer) and trainer.rollout_worker.renders_images
+        before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
         trainer.train()
     log = next(h for h in trainer.state.log_history if "ratio" in h)
     assert log["sampling/sampling_logp_difference/max"] < LOGPROB_TOL, log
+    assert_trained(trainer)  # two groups: a gradient unless every group's rewards tie
+    moved = {name: (trainer.model.get_parameter(name) - p).abs().max().item() for name, p in before.items()}
+    assert max(moved.values()) > 0, "the step left every weight unchanged"
+    assert max(v for name, v in moved.items() if ".vision_model." in name) > 0, "the vision tower did not train"
+
+
+def worker_config(tmp_path, url):
+    """The worker's AsyncGRPOConfig: groups of two episodes on ``url``."""
+    return AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0,
+                           num_generations=2, per_device_train_batch_size=2, max_completion_length=256,
+                           temperature=1.0, report_to=[], vllm_server_base_url=url)
+
+
+@pytest.mark.timeout(300)
+def test_max_buffered_images_bounds_every_image_the_worker_holds(vlm_server, tiny_vlm_dir, letters_server, tmp_path,
+                                                                  monkeypatch):
+    """8 episode slots, groups of two episodes holding one picture each (a picture no other observation shares, so
+    each is its own decoded image), max_buffered_images=2. Every image the chat template decodes is watched (a weak
+    reference): while nobody drains the buffer, and then as the test takes one group's samples at a time, the images
+    alive, and the worker's own count (held_images), never exceed 2; the worker starts one group per group taken.
+    Before, only the buffer's images were bounded: all 8 slots started at once, 8 images in flight."""
+    from ep_trl import trajectory as trajectory_module
+
+    decoded, real_load = [], trajectory_module.load_image
+
+    def watched_load(source):
+        image = real_load(source)
+        decoded.append(weakref.ref(image))
+        return image
+
+    monkeypatch.setattr(trajectory_module, "load_image", watched_load)
+    worker = EvalRolloutWorker(NEW_PICTURES_EVAL, args=worker_config(tmp_path, vlm_server.base_url),
+                               processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir), log_rollouts=False,
+                               max_buffered_images=2)
+    worker.take_images("test")
+    assert (worker.slots, worker.max_episode_images) == (8, 1)  # one picture per episode: its one environment step
+    alive, held, polling = [], [], threading.Event()
+
+    def poll():
+        while not polling.is_set():
+            alive.append(sum(ref() is not None for ref in list(decoded)))
+            held.append(worker.held_images())
+            time.sleep(0.005)
+
+    poller = threading.Thread(target=poll, name="images-poller")
+    poller.start()
+    worker.start()
+    try:
+        for taken in range(3):
+            wait_until(lambda: worker.rollout_buffer.qsize() == 2, 120)
+            time.sleep(1.0)  # nobody drains the buffer: no episode starts meanwhile
+            assert worker.meter.episodes == 2 * (taken + 1)
+            for _ in range(2):  # as a trainer takes them: the samples, and their images, leave the worker
+                worker.rollout_buffer.get_nowait()
+    finally:
+        polling.set()
+        poller.join()
+        worker.stop()
+    assert len(decoded) >= 6 and max(alive) >= 2, (len(decoded), max(alive))  # the watch sees the worker's images
+    assert max(alive) <= 2 and max(held) <= 2, (max(alive), max(held))
+
+
+@pytest.mark.timeout(300)
+def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(vlm_server, tiny_vlm_dir,
+                                                                               letters_server, tmp_path):
+    """The image eval shows a picture at each of its 2 steps; with max_episode_images=1 the second turn would hold 2:
+    the worker stops with the error naming the fix (that the turn is not sent: tests/test_stream.py)."""
+    from ep_trl import RolloutWorkerError
+
+    worker = EvalRolloutWorker(IMAGE_EVAL, args=worker_config(tmp_path, vlm_server.base_url),
+                               processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir), log_rollouts=False,
+                               max_episode_images=1)
+    worker.take_images("test")
+
+    def health():
+        try:
+            worker.check_health(300.0)
+        except RolloutWorkerError as exc:
+            return str(exc)
+        return None
+
+    worker.start()
+    try:
+        wait_until(lambda: health() is not None, 120)
+        assert re.search(r"stopped: ConfigError: An episode's turn would hold 2 images, more than max_episode_images=1"
+                         r".*Pass EvalRolloutWorker\(max_episode_images=", health()), health()
+        assert not worker.groups  # no episode got past its first turn
+    finally:
+        worker.stop()

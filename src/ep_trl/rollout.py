@@ -129,11 +129,12 @@ class RolloutFunction:
         async with aclosing(self.play(self.setup(caller), plans, **stream)) as played:
             async for group in played:
                 yield group
+                del group  # not kept (its episodes' images) while the next group plays
 
     async def play(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
                    may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
-                   model_for: Callable[[int], str | None] | None = None,
-                   meter: SlotMeter | None = None) -> AsyncIterator[ScoredGroup]:
+                   model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
+                   max_episode_images: int | None = None) -> AsyncIterator[ScoredGroup]:
         """The stream core (``ep_trl.stream.play_groups``) on this eval's source and ``setup``: ``plans`` played with
         at most ``slots`` episodes in flight, each group yielded once complete and scored."""
         generator = setup.generator
@@ -143,10 +144,12 @@ class RolloutFunction:
                 self._player = player
                 stream = play_groups(player, self.spec, plans, generator, slots=slots,
                                      body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
-                                     may_start=may_start, turn_version=turn_version, model_for=model_for, meter=meter)
+                                     may_start=may_start, turn_version=turn_version, model_for=model_for, meter=meter,
+                                     max_episode_images=max_episode_images)
                 async with aclosing(stream):  # closed (its episodes cancelled) before the sessions are
                     async for group in stream:
                         yield group
+                        del group  # not kept (its episodes' images) while the next group plays
         finally:
             await generator.end_call()
 

@@ -35,8 +35,8 @@ by kind), from the same stream (``ep_trl.stream``):
   episodes in flight, and each image is processed there once; an episode whose images do not match its image tokens
   is left out (counted, ``ep_trl/worker/image_mismatch_total``). Such a worker is refused
   by any other trainer (it would train on image tokens without their pixels): reading ``rollout_buffer`` before an
-  images trainer took the worker (``take_images``) raises ``ConfigError``; ``max_buffered_images`` bounds the images
-  the buffer and the released samples hold;
+  images trainer took the worker (``take_images``) raises ``ConfigError``; ``max_buffered_images`` bounds every
+  image the worker holds (see :meth:`EvalRolloutWorker.held_images`);
 * **failure**: an episode's failure costs that episode; an error that ends the worker (a server gone for good,
   rounds without a score, a bug) is kept and raised by ``check_health`` in the trainer's thread, as is a worker that
   released nothing for ``stale_after_s``. ``stop`` cancels the episodes in flight and closes every session, server
@@ -44,6 +44,7 @@ by kind), from the same stream (``ep_trl.stream``):
 """
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import logging
@@ -117,17 +118,26 @@ class EvalRolloutWorker:
         dataset: the prompts to play (``dataset_from_eval(env_path)`` by default).
         buffer_size: most samples waiting for the trainer (default: two training steps' worth, at least the
             episode slots).
-        max_buffered_images: most images the samples waiting for the trainer (and those released, waiting for
-            room) hold (default: no bound beyond ``buffer_size``); a sample with more images than this still enters an
-            empty buffer.
+        max_buffered_images: most decoded images the worker holds at once (default: no bound beyond
+            ``buffer_size``): those of the samples in the buffer and of those released, waiting for room, plus
+            ``max_episode_images`` reserved for each episode started and not yet released (playing, or ended in a
+            group still playing). An episode starts only if its reservation fits, so the bound holds at all times; it
+            must be at least ``num_generations * max_episode_images`` (a group is released whole), and
+            ``slots * max_episode_images`` keeps every slot busy. Not counted: the samples the trainer took.
+        max_episode_images: the most images one episode may hold, what ``max_buffered_images`` reserves per
+            episode; a turn that would pass it is not sent and stops the worker (``ConfigError``). Default, with
+            ``max_buffered_images`` on an OpenEnv eval: its prompt's images plus one per environment step (the
+            eval's ``steps``: a screenshot per observation); a processor eval (whose turns its processor decides)
+            must pass it.
         **options: the keywords of ``create_rollout_func`` (``max_concurrent_rollouts``: the episode slots,
             ``overrides``, ``vllm``, ``options``, ``log_rollouts``, ...).
     """
 
     def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
-                 buffer_size: int | None = None, max_buffered_images: int | None = None, **options: Any) -> None:
+                 buffer_size: int | None = None, max_buffered_images: int | None = None,
+                 max_episode_images: int | None = None, **options: Any) -> None:
         trl_compat.require_tested("async", "EvalRolloutWorker")
-        _check_arguments(args, processing_class, options, max_buffered_images)
+        _check_arguments(args, processing_class, options, max_buffered_images, max_episode_images)
         self.env_path = env_path
         #: Whether episodes render images (a vision-language model's processor): samples then carry them.
         self.renders_images = supports_images(processing_class)
@@ -157,6 +167,9 @@ class EvalRolloutWorker:
         self._function: RolloutFunction = create_rollout_func(env_path, backend="vllm", **options)
         try:
             self._function.source.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
+            #: The images reserved per episode in flight (None: episodes' images are not bounded).
+            self.max_episode_images = _episode_images(self._function.spec, self._prompts, self._config.num_generations,
+                                                      max_buffered_images, max_episode_images)
         except BaseException:
             self._function.close()  # the servers ep_trl may have started for the eval
             raise
@@ -172,6 +185,7 @@ class EvalRolloutWorker:
         self.meter = SlotMeter()
         self._version = 0
         self._pending: deque[Any] = deque()  # released samples waiting for room in the buffer
+        self._released_episodes = 0  # episodes of released groups (the rest of meter.episodes is in flight)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -307,18 +321,35 @@ class EvalRolloutWorker:
                             context=self._function.setup(self._caller()).context)
 
     def _has_room(self) -> bool:
-        """Whether another episode may start: nothing released waits for room and the buffer is not full (nor holds
-        ``max_buffered_images`` images)."""
-        return (not self._stopping.is_set() and not self._pending and not self._buffer.full()
-                and (self.max_buffered_images is None or self.buffered_images() < self.max_buffered_images))
+        """Whether another episode may start: nothing released waits for room, the buffer is not full, and under
+        ``max_buffered_images`` the images held stay within it with one more episode's reservation."""
+        if self._stopping.is_set() or self._pending or self._buffer.full():
+            return False
+        if self.max_buffered_images is None:
+            return True
+        held = self.held_images()
+        assert held is not None and self.max_episode_images is not None  # both set whenever max_buffered_images is
+        return held + self.max_episode_images <= self.max_buffered_images
 
     def buffered_images(self) -> int:
-        """Images held by the samples in the buffer and by those released, waiting for room."""
-        return self._images_in_buffer() + _images_in(self._pending)
-
-    def _images_in_buffer(self) -> int:
+        """Images held by the samples in the buffer and by those released, waiting for room (read in that order
+        from another thread, a sample moving into the buffer is counted twice, never missed)."""
+        pending = tuple(self._pending)
         with self._buffer.mutex:
-            return _images_in(self._buffer.queue)
+            buffered = tuple(self._buffer.queue)
+        return _images_in(pending) + _images_in(buffered)
+
+    def held_images(self) -> int | None:
+        """An upper bound on the decoded images the worker holds now, what ``max_buffered_images`` bounds: the
+        images of the samples in the buffer and of the released ones waiting for room (each sample's own), plus
+        ``max_episode_images`` for each episode started and not yet released (an episode never holds more: a turn
+        that would is not sent). Released groups keep no image past their samples (the metrics window keeps their
+        episodes without images), and the chat template's decode cache holds images weakly. Not counted: samples
+        the trainer took, transient copies while a turn is rendered. None without ``max_episode_images``."""
+        if self.max_episode_images is None:
+            return None
+        unreleased = self.meter.episodes - self._released_episodes  # before the samples: a release is never missed
+        return self.buffered_images() + self.max_episode_images * unreleased
 
     async def _stream(self) -> None:
         pump = asyncio.ensure_future(self._pump())
@@ -326,11 +357,12 @@ class EvalRolloutWorker:
         window_started, sessions_before = time.monotonic(), 0
         stream = self._function.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
                                        turn_version=lambda: self._version, model_for=self.served_model,
-                                       meter=self.meter)
+                                       meter=self.meter, max_episode_images=self.max_episode_images)
         try:
             async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
                 async for group in stream:
-                    window.append((group, self._release(group, await self._samples(group))))
+                    window.append((_without_images(group), self._release(group, await self._samples(group))))
+                    del group  # its images live on in its samples only
                     if len(window) >= self.groups_per_report:
                         sessions = self._function.env_sessions
                         self._report(window, time.monotonic() - window_started, sessions - sessions_before)
@@ -356,6 +388,7 @@ class EvalRolloutWorker:
         self._function.log_final(group)
         samples = made.samples
         self._pending.extend(samples)
+        self._released_episodes += len(group.played)  # after the samples are counted: held_images never undercounts
         self._heartbeat = time.monotonic()
         self.left_out += made.left_out
         self.image_mismatches += made.image_mismatches
@@ -367,19 +400,17 @@ class EvalRolloutWorker:
         return record
 
     async def _pump(self) -> None:
-        """Move released samples into the buffer as it has room, dropping those already too stale to train on."""
+        """Move released samples into the buffer as it has room, dropping those already too stale to train on. No
+        local name keeps a sample (and its images) once it left the worker: the pump sleeps between rounds."""
         while True:
             while self._pending:
-                sample = self._pending[0]
-                if self._version - sample.model_version > self._max_staleness:
+                if self._version - self._pending[0].model_version > self._max_staleness:
                     self._pending.popleft()
                     self.dropped_stale += 1  # the trainer would drop it too: no room is spent on it
                     continue
-                if not self._images_fit(sample):
-                    break
-                sample.enqueued_at = time.time()
+                self._pending[0].enqueued_at = time.time()
                 try:
-                    self._buffer.put_nowait(sample)
+                    self._buffer.put_nowait(self._pending[0])
                 except queue.Full:
                     break
                 self._pending.popleft()
@@ -387,12 +418,6 @@ class EvalRolloutWorker:
             if self._pending or self._buffer.full():
                 self._heartbeat = time.monotonic()  # waiting for the trainer counts as alive
             await asyncio.sleep(BUFFER_POLL_S)
-
-    def _images_fit(self, sample: Any) -> bool:
-        """Whether ``sample``'s images fit in the buffer under ``max_buffered_images`` (always, into an empty one)."""
-        if self.max_buffered_images is None or self._buffer.empty():
-            return True
-        return self._images_in_buffer() + _images_in([sample]) <= self.max_buffered_images
 
     def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
@@ -412,6 +437,9 @@ class EvalRolloutWorker:
                         "ep_trl/worker/slot_occupancy": self.slot_occupancy()})
         if self.renders_images:
             metrics["ep_trl/worker/buffered_images"] = float(self.buffered_images())
+        held = self.held_images()
+        if held is not None:
+            metrics["ep_trl/worker/held_images"] = float(held)
         self._put_metrics(metrics)
         logger.info(summary_line(self._version, episodes, scored, seconds, metrics))
         self._function.observe_signal(episodes, scored)
@@ -438,8 +466,51 @@ def _images_in(samples: Any) -> int:
     return sum(len(images_of(sample.input_ids)) for sample in samples)
 
 
+def _without_images(group: ScoredGroup) -> ScoredGroup:
+    """``group`` with its episodes' trajectories stripped of their images (kept for the metrics report; the images
+    live on in the group's samples only)."""
+    played = tuple(dataclasses.replace(p, episode=dataclasses.replace(
+        p.episode, trajectory=p.episode.trajectory.without_images())) for p in group.played)
+    return dataclasses.replace(group, played=played)
+
+
+def _episode_images(spec: Any, prompts: Sequence[Any], num_generations: int, max_buffered_images: int | None,
+                    max_episode_images: int | None) -> int | None:
+    """The images reserved per episode in flight: ``max_episode_images``, or with ``max_buffered_images`` on an
+    OpenEnv eval the most its episodes render at one image per observation (the prompt's images plus one per step);
+    a bound smaller than one group's reservations is refused (a group is released whole: it could never be)."""
+    from .content import image_parts, template_messages
+    from .episode import initial_messages
+
+    if max_buffered_images is None:
+        return max_episode_images
+    if max_episode_images is None:
+        if spec.prompt_builder is None:
+            raise ConfigError(
+                f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) reserves the most images an episode "
+                f"can hold for each episode in flight, and {spec.qualified_name} runs {spec.processor_name}, whose "
+                "turns (and their images) its processor decides. Pass max_episode_images=..., the most images one "
+                "episode holds (its prompt's and every turn's).")
+        prompt_images = max(len(image_parts(template_messages(initial_messages(prompt, k), images=True)[0]))
+                            for k, prompt in enumerate(prompts))
+        max_episode_images = prompt_images + spec.max_steps
+        how = (f"its prompt's {prompt_images} plus one per environment step, steps={spec.max_steps}; pass "
+               "max_episode_images=... if its observations hold another number")
+    else:
+        how = "max_episode_images"
+    group = num_generations * max_episode_images
+    if max_buffered_images < group:
+        raise ConfigError(
+            f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) is below one prompt group's worst case: "
+            f"num_generations={num_generations} episodes of up to {max_episode_images} images each ({how}) = {group}. "
+            "A group is released whole, so the worker could never release one. Pass max_buffered_images >= "
+            f"{group} (slots x {max_episode_images} keeps every episode slot busy), or fewer num_generations or "
+            "environment steps.")
+    return max_episode_images
+
+
 def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
-                     max_buffered_images: int | None) -> None:
+                     max_buffered_images: int | None, max_episode_images: int | None) -> None:
     """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
     trainer's, worker processes, a processor whose images cannot be matched to its placeholders."""
     for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
@@ -460,6 +531,9 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
     if max_buffered_images is not None and max_buffered_images < 1:
         raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
                           "(None: no bound beyond buffer_size).")
+    if max_episode_images is not None and max_episode_images < 1:
+        raise ConfigError(f"EvalRolloutWorker(max_episode_images={max_episode_images}): an episode holds at least one "
+                          "image where images are bounded (None: ep_trl derives it, see max_buffered_images).")
     if supports_images(processing_class):
         from .sample_images import image_token_id
 
@@ -467,8 +541,10 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
             image_token_id(processing_class)
         except ValueError as exc:
             raise ConfigError(f"EvalRolloutWorker(processing_class={type(processing_class).__name__}): {exc}") from exc
-    elif max_buffered_images is not None:
-        raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) bounds the images of samples, "
+    elif max_buffered_images is not None or max_episode_images is not None:
+        name, value = (("max_buffered_images", max_buffered_images) if max_buffered_images is not None
+                       else ("max_episode_images", max_episode_images))
+        raise ConfigError(f"EvalRolloutWorker({name}={value}) bounds the images of samples, "
                           f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
 
 

@@ -104,7 +104,7 @@ class RowContext:
         for ep, s in zip(episodes, scored):
             row = final_row(ep, s, agg_score)
             row.execution_metadata.experiment_duration_seconds = seconds
-            tokens = EpisodeTokens(self._tokenizer, ep.trajectory)
+            tokens = EpisodeTokens(self._tokenizer, ep.trajectory.without_images())  # the view needs no pixels
             log.log(row.execution_metadata.rollout_id, lambda row=row: row, tokens)  # handed over, not copied
 
 

@@ -22,7 +22,9 @@ With ``turn_version``, each episode's turns are generated through a :class:`Vers
 version when the turn is sent; :attr:`PlayedEpisode.versions` lists them. The version a turn is sent under is never
 newer than the weights that generate it, because a trainer changes the server's weights before it announces the new
 version (``update_model_version``), and a turn that is queued, retried or held by a paused server is only
-generated later.
+generated later. With ``max_episode_images`` a turn whose episode would then hold more images than that is not sent
+(``ConfigError``, which ends the stream): a consumer that reserves that many images per episode in flight
+(``EvalRolloutWorker(max_buffered_images=...)``) can rely on it.
 """
 
 import asyncio
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .episode import Episode
+from .errors import ConfigError
 from .evalprotocol import EvalSpec
 from .generation import Generation, Generator, PromptImages, SamplingParams
 from .rows import RowContext
@@ -83,13 +86,19 @@ class ScoredGroup:
 class VersionedTurns:
     """The stream's generator as one episode sees it: every turn goes to ``generator``, and the policy version read
     from ``version()`` just before the turn is sent is recorded. ``model_for(version)`` may name the served model
-    (a LoRA adapter of that version) the turn must be generated with; None keeps the generator's own."""
+    (a LoRA adapter of that version) the turn must be generated with; None keeps the generator's own.
+    ``max_images``: the most images the episode may hold (every image its turns were sent with, each once); a turn
+    that would pass it is not sent and raises ``ConfigError``."""
 
     def __init__(self, generator: Generator, version: Callable[[], int],
-                 model_for: Callable[[int], str | None] | None = None) -> None:
+                 model_for: Callable[[int], str | None] | None = None, max_images: int | None = None) -> None:
         self._generator = generator
         self._version = version
         self._model_for = model_for
+        self._max_images = max_images
+        #: The images the episode's turns were sent with, by identity (its trajectory holds them anyway; a
+        #: processor's conversation that starts over keeps the earlier one's too).
+        self._images: dict[int, Any] = {}
         self.versions: list[int] = []
 
     @property
@@ -115,6 +124,15 @@ class VersionedTurns:
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                        images: PromptImages | None = None) -> Generation:
+        if self._max_images is not None and images is not None:
+            self._images.update((id(image), image) for image in images.images)
+            if len(self._images) > self._max_images:
+                raise ConfigError(
+                    f"An episode's turn would hold {len(self._images)} images, more than max_episode_images="
+                    f"{self._max_images}, the most one episode may hold (the images reserved for it while it plays): "
+                    "the turn is not sent. Pass EvalRolloutWorker(max_episode_images=...) at least the most images "
+                    "one episode of this eval holds (its prompt's and every turn's), and max_buffered_images at "
+                    "least num_generations times that.")
         version = self._version()
         self.versions.append(version)
         model = self._model_for(version) if self._model_for is not None else None
@@ -188,30 +206,33 @@ class _GroupInPlay:
 async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
                       slots: int, body_timeout_s: float, all_scope: str = "group",
                       may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
-                      model_for: Callable[[int], str | None] | None = None,
-                      meter: SlotMeter | None = None) -> AsyncIterator[ScoredGroup]:
+                      model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
+                      max_episode_images: int | None = None) -> AsyncIterator[ScoredGroup]:
     """Play ``plans`` with at most ``slots`` episodes in flight and yield each group once it is complete and scored
-    (see the module docstring); ``meter`` counts how busy the slots are."""
+    (see the module docstring); ``meter`` counts how busy the slots are. A released group is referenced nowhere in
+    the stream once the consumer asks for the next one (its episodes' images are freed with the consumer's copy)."""
     if slots < 1:
         raise ValueError(f"play_groups needs at least one slot, got {slots}")
     if all_scope not in ("group", "stream"):
         raise ValueError(f"all_scope must be 'group' or 'stream', got {all_scope!r}")
     play = _Play(player, spec, plans, generator, slots=slots, body_timeout_s=body_timeout_s,
                  hold_all=spec.mode == "all" and all_scope == "stream", may_start=may_start,
-                 turn_version=turn_version, model_for=model_for, meter=meter)
+                 turn_version=turn_version, model_for=model_for, meter=meter, max_episode_images=max_episode_images)
     try:
         while True:
             play.fill_slots()
             if play.held and play.exhausted and play.idle:  # all_scope "stream": the plan is played
-                for group in await play.score_held():
-                    yield group.release()
+                held = await play.score_held()
+                while held:  # no loop variable: a yielded group is not kept past its release
+                    yield held.pop(0).release()
             if play.idle:
                 if play.exhausted:
                     break
                 await asyncio.sleep(IDLE_POLL_S)  # may_start() said no: look again shortly
                 continue
-            for group in await play.next_completed():
-                yield group.release()
+            completed = await play.next_completed()
+            while completed:
+                yield completed.pop(0).release()
     finally:
         await play.cancel()
 
@@ -223,10 +244,11 @@ class _Play:
     def __init__(self, player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
                  slots: int, body_timeout_s: float, hold_all: bool, may_start: Callable[[], bool] | None,
                  turn_version: Callable[[], int] | None, model_for: Callable[[int], str | None] | None,
-                 meter: SlotMeter | None) -> None:
+                 meter: SlotMeter | None, max_episode_images: int | None) -> None:
         self._player, self._spec, self._plans, self._generator = player, spec, plans, generator
         self._slots, self._body_timeout_s, self._hold_all = slots, body_timeout_s, hold_all
         self._may_start, self._turn_version, self._model_for, self._meter = may_start, turn_version, model_for, meter
+        self._max_episode_images = max_episode_images
         self._episodes: dict[asyncio.Task, tuple[_GroupInPlay, EpisodeRequest, VersionedTurns | None]] = {}
         self._scoring: dict[asyncio.Task, tuple[_GroupInPlay, list[int]]] = {}
         self._starting: _GroupInPlay | None = None  # the group whose episodes are being started
@@ -264,7 +286,7 @@ class _Play:
         plan = group.plan
         request = EpisodeRequest(index=plan.indices[k], group=plan.group, generation=k, prompt=plan.prompt,
                                  rollout_id=plan.rollout_ids[k], context=plan.context)
-        turns = (VersionedTurns(self._generator, self._turn_version, self._model_for)
+        turns = (VersionedTurns(self._generator, self._turn_version, self._model_for, self._max_episode_images)
                  if self._turn_version is not None else None)
         task = asyncio.ensure_future(self._player.play(request, turns or self._generator))
         self._episodes[task] = (group, request, turns)
@@ -282,6 +304,8 @@ class _Play:
             group = self._episode_ended(task) if task in self._episodes else self._body_returned(task)
             if group.complete():
                 completed.append(group)
+                if group is self._starting:  # all its episodes started: the next one starts a new group
+                    self._starting = None
         return list(dict.fromkeys(completed))  # identity: one release per group
 
     def _episode_ended(self, task: asyncio.Task) -> _GroupInPlay:

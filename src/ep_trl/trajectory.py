@@ -29,9 +29,10 @@ vLLM engine takes a prompt with its images (``generation.PromptImages``).
 
 import logging
 import re
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -41,9 +42,6 @@ from .generation import Generation, PromptIds, PromptImages, SamplingParams, ids
 logger = logging.getLogger(__name__)
 
 _SENTINEL = "\u2063ep_trl:assistant-content\u2063"
-
-#: Decoded images kept per chat template (an episode's screenshots are re-rendered every turn).
-_IMAGE_CACHE_SIZE = 64
 
 #: A run of sampled tokens in a mask written as bytes.
 _SAMPLED_RUN = re.compile(b"[^\x00]+")
@@ -191,6 +189,11 @@ class Trajectory:
         """The runs of model-sampled ids, one per turn, in order."""
         return [self.completion_ids[start:end] for start, end in self.sampled_runs]
 
+    def without_images(self) -> "Trajectory":
+        """The same tokens without the images, for what keeps an episode after its images are handed on (metrics,
+        the rollout log): they are freed with the samples that carry them."""
+        return replace(self, images=()) if self.images else self
+
 
 def eos_token_ids(processing_class: Any, model: Any | None) -> tuple[int, ...]:
     """End-of-turn ids: the tokenizer's EOS plus the model's generation-config EOS ids."""
@@ -315,7 +318,9 @@ class ChatTemplate:
         self._placeholder_ids = frozenset(
             getattr(processing_class, name) for name in ("image_token_id", "video_token_id")
             if self._images and isinstance(getattr(processing_class, name, None), int))
-        self._decoded: dict[Any, Any] = {}
+        #: Decoded images by source, held weakly: an episode re-renders its screenshots every turn and finds them
+        #: here while it holds them, and the cache keeps none alive (the images a rollout worker holds are bounded).
+        self._decoded: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
         source = str(getattr(processing_class, "chat_template", None) or self._tokenizer.chat_template)
         # cut only before the special tokens the template writes (a text holds few others; any subset is exact)
         self._prefixes = PrefixEncoder(self._encode_whole, [t for t in cut_tokens(self._tokenizer) if t in source])
@@ -384,16 +389,14 @@ class ChatTemplate:
         return Encoded(tuple(int(t) for t in expanded), images, tuple(ids))
 
     def _image(self, part: Mapping[str, Any]) -> Any:
-        """The part's image, decoded once per source (an episode re-renders its screenshots every turn)."""
+        """The part's image, decoded once per source while something holds it (an episode re-renders its screenshots
+        every turn)."""
         source = image_source(part)
         if not isinstance(source, str):  # an image object already
             return load_image(source)
         image = self._decoded.get(source)
         if image is None:
-            image = load_image(source)
-            if len(self._decoded) >= _IMAGE_CACHE_SIZE:
-                self._decoded.pop(next(iter(self._decoded)))
-            self._decoded[source] = image
+            image = self._decoded[source] = load_image(source)
         return image
 
     def sampled_turn(self, generation: Generation) -> Generation:

@@ -28,21 +28,25 @@ def prompt_builder(obs, step: int, history: list[str]):
             {"type": "image_url", "image_url": {"url": picture(step, getattr(obs, "task_name", None))}}]
 
 
-@evaluation_test(
-    input_messages=parts.INPUT_MESSAGES,
-    completion_params=parts.COMPLETION_PARAMS,
-    rollout_processor=OpenEnvRolloutProcessor(
-        env_factory=parts.make_env_factory(),
-        prompt_builder=prompt_builder,
-        action_parser=parts.action_parser,
-        tasks=TASKS,
-        task_var=parts.TASK_VAR,
-    ),
-    steps=2,
-    max_concurrent_rollouts=parts.MAX_CONCURRENT_ROLLOUTS,
-    mode="pointwise",
-)
-def test_letters_images(row: EvaluationRow) -> EvaluationRow:
+def image_letters_test(builder, *, steps: int, max_concurrent_rollouts: int = parts.MAX_CONCURRENT_ROLLOUTS):
+    """The ``@evaluation_test`` of an image letters eval whose observations ``builder`` renders (pointwise)."""
+    return evaluation_test(
+        input_messages=parts.INPUT_MESSAGES,
+        completion_params=parts.COMPLETION_PARAMS,
+        rollout_processor=OpenEnvRolloutProcessor(
+            env_factory=parts.make_env_factory(),
+            prompt_builder=builder,
+            action_parser=parts.action_parser,
+            tasks=TASKS,
+            task_var=parts.TASK_VAR,
+        ),
+        steps=steps,
+        max_concurrent_rollouts=max_concurrent_rollouts,
+        mode="pointwise",
+    )
+
+
+def mean_step_reward(row: EvaluationRow) -> EvaluationRow:
     """Mean of the per-step rewards; an episode with no steps is an error."""
     rewards = parts.step_rewards(row)
     if not rewards:
@@ -50,3 +54,9 @@ def test_letters_images(row: EvaluationRow) -> EvaluationRow:
     row.evaluation_result = EvaluateResult(score=sum(rewards) / len(rewards), is_score_valid=True,
                                            reason=f"mean of {len(rewards)} step rewards {rewards}")
     return row
+
+
+@image_letters_test(prompt_builder, steps=2)
+def test_letters_images(row: EvaluationRow) -> EvaluationRow:
+    """The mean step reward (``mean_step_reward``)."""
+    return mean_step_reward(row)

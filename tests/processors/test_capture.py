@@ -8,6 +8,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
+from ep_trl import ConfigError
 from ep_trl.generation import Generation, SamplingParams
 from ep_trl.processors.capture import RolloutCapture, TurnRequest
 from ep_trl.processors.parsing import ToolCallParser
@@ -156,3 +157,22 @@ def test_sampled_ids_that_re_tokenize_differently_are_kept_and_the_bridge_realig
     assert list(trajectory.completion_ids[: len(letters) + 1]) == letters + [end]  # kept as sampled
     inserted = [t for t, m in zip(trajectory.completion_ids, trajectory.env_mask) if not m]
     assert tokenizer.decode(inserted) == "\n<|im_start|>user\nand?<|im_end|>\n<|im_start|>assistant\n"
+
+
+class ConfigErrorGenerator(ScriptedGenerator):
+    """Fault injection: the backend raises ep_trl's ConfigError (a turn past max_episode_images does)."""
+
+    async def generate(self, prompt_ids, params: SamplingParams, images=None) -> Generation:
+        raise ConfigError("An episode's turn would hold 3 images, more than max_episode_images=2")
+
+
+def test_a_configuration_error_of_a_turn_ends_the_call_not_only_the_episode(tokenizer):
+    """A ConfigError fails every episode alike: it is kept as fatal (raised by the driver), not as this episode's
+    generation failure."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    limits = TurnLimits(SamplingParams(max_tokens=20), 2000, (end,))
+    rollout = RolloutCapture("t", "test", limits, ChatTemplate(tokenizer), ConfigErrorGenerator(tokenizer, []),
+                             ToolCallParser(tokenizer))
+    with pytest.raises(ConfigError, match="max_episode_images=2"):
+        asyncio.run(rollout.turn(TurnRequest(tuple(USER))))
+    assert isinstance(rollout.fatal, ConfigError) and rollout.failure is None

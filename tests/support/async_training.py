@@ -1,8 +1,9 @@
 """What the asynchronous training tests record (every sample the worker put on its buffer, the policy of each version
-the trainer synced), the rule that tells which policy sampled a turn, and released groups built as the stream
-releases them."""
+the trainer synced), the rule that tells which policy sampled a turn, released groups built as the stream releases
+them, and a wait for a condition."""
 
 import queue
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,3 +81,11 @@ def released_group(group: int, prompt: str, trajectories: Sequence[Any], scores:
     plan = GroupPlan(group=group, prompt=prompt, indices=tuple(range(len(trajectories))),
                      rollout_ids=tuple(f"rollout-{group}-{k}" for k in range(len(trajectories))), context=None)
     return ScoredGroup(plan, tuple(played), tuple(Scored(score, None) for score in scores), seconds=0.0)
+
+
+def wait_until(condition, timeout_s):
+    """Return once ``condition()`` holds; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)

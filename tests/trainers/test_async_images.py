@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 import pytest
 from datasets import Dataset
-from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer, TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError
@@ -134,8 +134,20 @@ def step_log(trainer):
     return next(h for h in trainer.state.log_history if "ratio" in h)
 
 
+class FreedBefore(TrainerCallback):
+    """At the start of step ``step``, which of ``watched`` (weak references to images, pixels) are already freed."""
+
+    def __init__(self, step, watched):
+        self.step, self.watched, self.freed = step, watched, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            self.freed = [ref() is None for ref in self.watched]
+
+
 def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(tiny_vlm_dir, tmp_path):
-    samples, processor, reference = image_samples(tiny_vlm_dir, groups=4)  # two micro-batches: TRL fetches one ahead
+    samples, processor, reference = image_samples(tiny_vlm_dir, groups=6)  # 2 steps, and the micro-batch TRL fetches
+    # ahead of step 2
     first, second = samples[0], samples[1]  # one group: the same tokens, two screenshots
     ids = first.input_ids.tolist()
     text_only = token_logprobs(reference, processor, ids, list(images_of(first.input_ids)), pixels=False)
@@ -153,7 +165,9 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     for sample in [*stale, *samples]:
         worker.rollout_buffer.put(sample)
     del samples, first, second, stale, sample
-    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent)
+    at_step_2 = FreedBefore(2, watched[:4] + dropped)  # step 1's micro-batch, and the samples TRL dropped as stale
+    trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent, max_steps=2)
+    trainer.add_callback(at_step_2)
     vision = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".vision_model." in k}
     assert vision and all(p.requires_grad for k, p in trainer.model.named_parameters() if ".vision_model." in k)
     trainer.train()
@@ -163,11 +177,14 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     moved = {k: (trainer.model.get_parameter(k) - v).abs().max().item() for k, v in vision.items()}
     assert max(moved.values()) > 0, "the step left the vision tower's weights unchanged"
     assert any(".vision_model." in name for name in sent.names[-1])  # the vision weights reach the server too
+    assert log["sample/dropped_stale_total"] == 2
+    # during training, without a collection: the images of step 1's samples, and the images and pixels of the stale
+    # ones, are freed by then
+    assert at_step_2.freed == [True] * 8, at_step_2.freed
     del trainer, worker
     gc.collect()
-    assert log["sample/dropped_stale_total"] == 2
-    trained = watched[:4]  # the first micro-batch (TRL had fetched the second, untrained, when training ended)
-    assert [r() for r in trained + dropped] == [None] * 8  # images (and pixels) of trained and dropped samples freed
+    trained = watched[:8]  # steps 1 and 2 (TRL had fetched the third micro-batch, untrained, when training ended)
+    assert [r() for r in trained] == [None] * 8
 
 
 def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir, tmp_path):
@@ -208,6 +225,77 @@ def test_each_image_is_processed_once_from_the_worker_to_the_forward(tiny_vlm_di
     trainer.train()
     assert step_log(trainer)["sampling/sampling_logp_difference/max"] < TOLERANCE  # the forward saw the pixels
     assert calls.images == images, (calls.images, images, calls.calls)
+
+
+class FakeWeightTransferClient:
+    """A fake of TRL's NCCL ``WeightTransferClient``, named as such: built as TRL builds it (the client, the manifest
+    the server sizes its receive buffers from, the timeout), it keeps the manifest and records the name, dtype and
+    shape of every tensor each sync sends. No NCCL, no server."""
+
+    built = []
+
+    def __init__(self, vllm_client, weight_update_info, weight_sync_timeout):
+        self.manifest = weight_update_info
+        self.sent = []
+        FakeWeightTransferClient.built.append(self)
+
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, iterator):
+        self.sent.append([(name, str(tensor.dtype).split(".")[-1], list(tensor.shape)) for name, tensor in iterator])
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkpoints_names(tiny_vlm_dir, tmp_path,
+                                                                                            monkeypatch):
+    """With TRL's own NCCL transfer (no weight_transfer given; its client a fake), the manifest TRL built over the
+    text model alone is rebuilt once the vision tower is unfrozen: each sync sends exactly the manifest, in its order,
+    dtypes and shapes, and its names are every trainable weight, vision tower included, under the checkpoint's
+    names (what the vLLM server loads)."""
+    import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
+    from safetensors import safe_open
+
+    monkeypatch.setattr(trainer_module, "WeightTransferClient", FakeWeightTransferClient)
+    monkeypatch.setattr(FakeWeightTransferClient, "built", [])
+    samples, processor, _ = image_samples(tiny_vlm_dir, groups=4)  # one step, and the micro-batch TRL fetches ahead
+    worker = QueuedSamples()
+    for sample in samples:
+        worker.rollout_buffer.put(sample)
+    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=config(tmp_path), processing_class=processor,
+                                        rollout_worker=worker,
+                                        train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}))
+    trls, rebuilt = FakeWeightTransferClient.built
+    assert trainer.weight_transfer is rebuilt
+    assert not any(".vision_model." in name for name in trls.manifest["names"])  # TRL froze the vision tower
+    trainer.train()
+    manifest = rebuilt.manifest
+    assert len(rebuilt.sent) == 2  # the first sync, then one after the step
+    for sent in rebuilt.sent:
+        assert sent == list(zip(manifest["names"], manifest["dtype_names"], manifest["shapes"]))
+    trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    with safe_open(str(tiny_vlm_dir / "model.safetensors"), "pt") as checkpoint:
+        stored = set(checkpoint.keys())
+    assert set(manifest["names"]) == trainable == stored, (set(manifest["names"]) ^ stored)
+    assert any(".vision_model." in name for name in manifest["names"])
+    assert any(".connector." in name for name in manifest["names"])
+
+
+def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir, tmp_path):
+    """Without a worker, TRL builds its own, which renders text prompts only: refused at construction."""
+    with pytest.raises(ConfigError, match=r"needs rollout_worker=.*without a pixel\. Pass rollout_worker="
+                                          r"EvalRolloutWorker\(env_path, args=args, processing_class=processor\)"):
+        CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=config(tmp_path),
+                                  processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+                                  weight_transfer=SentWeights(), train_dataset=Dataset.from_dict({"prompt": ["Task"]}))
 
 
 def test_unshared_rows_keep_every_sample_whole_and_in_order():

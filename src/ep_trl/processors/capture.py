@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..episode import EpisodeFailure, check_first_prompt
+from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
 from ..trajectory import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 from .parsing import ToolCallParser
@@ -117,6 +118,8 @@ class RolloutCapture:
                          stop=request.stop or self._limits.sampling.stop)
         try:
             sampled = await self._generator.generate(context, params, segment.builder.context_images())
+        except (ConfigError, UnsupportedEvalError):
+            raise  # ep_trl's configuration errors (a turn past max_episode_images) fail every episode alike
         except Exception as exc:
             raise EpisodeFailure("generation", exc) from exc
         generation = self._template.sampled_turn(sampled)

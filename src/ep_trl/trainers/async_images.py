@@ -29,11 +29,12 @@ places of TRL's trainer and calling TRL's own code in each:
   with each sync (for TRL's NCCL transfer the manifest is rebuilt over the trainable parameters). Its attention runs
   on ``sdpa`` (TRL loads every sub-model with its tree attention, which only the text model's packed rows need).
 
-Refused at construction, each naming the fix: a processing class without images, a model that cannot take them
-(text-only, or whose image token is not the processor's), models whose positions depend on the images (M-RoPE, as
-Qwen-VL: the packed rows carry 1-D positions), ``token_budget`` other than 0, several training processes (the vision
-inputs of a micro-batch are built for one), and a TRL this is not tested with. ``CPUAsyncImagesGRPOTrainer`` is the
-CPU stand-in (``ep_trl.trainers.cpu_async``), for development and CI against the CPU vLLM server.
+Refused at construction, each naming the fix: a processing class without images, no ``rollout_worker`` (TRL's own
+worker renders no images), a model that cannot take them (text-only, or whose image token is not the processor's),
+models whose positions depend on the images (M-RoPE, as Qwen-VL: the packed rows carry 1-D positions),
+``token_budget`` other than 0, several training processes (the vision inputs of a micro-batch are built for one), and
+a TRL this is not tested with. ``CPUAsyncImagesGRPOTrainer`` is the CPU stand-in (``ep_trl.trainers.cpu_async``), for
+development and CI against the CPU vLLM server.
 
 This is the one module that knows the TRL internals of the image path: ``DataCollatorForRollout`` (built by
 ``get_train_dataloader`` under that module-level name, and called with one micro-batch of ``TreeRow`` s), ``TreeRow``'s
@@ -124,7 +125,8 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
         processing_class: the model's multimodal processor (the one the rollout worker renders with).
         train_vision: whether the vision tower and its connector train too (default True, as in ``GRPOTrainer``;
             TRL's async trainer freezes them).
-        **kwargs: the rest of ``AsyncGRPOTrainer``'s arguments (``rollout_worker``, ``weight_transfer``, ...).
+        **kwargs: the rest of ``AsyncGRPOTrainer``'s arguments: ``rollout_worker`` is required (an
+            ``ep_trl.EvalRolloutWorker`` on the same processor), ``weight_transfer``, ...
     """
 
     #: Samples' images reach the forward passes (``EvalRolloutWorker.take_images``).
@@ -143,11 +145,16 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
                               "sample count: pass AsyncGRPOConfig(token_budget=0) and size "
                               "per_device_train_batch_size to the memory you have.")
         worker = kwargs.get("rollout_worker")
-        if worker is not None and getattr(worker, "renders_images", None) is False:
+        if worker is None:
+            raise ConfigError(f"{name} needs rollout_worker=: without one, AsyncGRPOTrainer builds its own worker, "
+                              "which renders text prompts only, so the model would be trained without a pixel. Pass "
+                              "rollout_worker=EvalRolloutWorker(env_path, args=args, processing_class=processor) "
+                              "built with this model's processor.")
+        if getattr(worker, "renders_images", None) is False:
             raise ConfigError(f"{name}: the rollout worker renders no images (its processing class is a text "
                               "tokenizer), so the model would never see a pixel. Pass the same processor to "
                               "EvalRolloutWorker(processing_class=...).")
-        if worker is not None and hasattr(worker, "take_images"):
+        if hasattr(worker, "take_images"):
             worker.take_images(name)  # before TRL reads its rollout_buffer
         super().__init__(model, reward_funcs, args, processing_class=processing_class.tokenizer, **kwargs)
         self.processor = processing_class

@@ -1,0 +1,27 @@
+"""The image letters eval with a picture no other observation shares: its colour counts the observations of the
+process, so every image an episode holds is its own decoded image (in ``eval_letters_images`` the episodes of a task
+see the same pictures, which the chat template decodes once). A test can then count the images alive to check what
+the rollout worker holds. One environment step per episode, so one image each; 8 episodes at once.
+"""
+
+import itertools
+
+from eval_protocol.models import EvaluationRow
+
+from tests.evals.eval_letters_images import image_letters_test, mean_step_reward
+from tests.support.images import png_data_uri
+
+_OBSERVATIONS = itertools.count()
+
+
+def prompt_builder(obs, step: int, history: list[str]):
+    """The env's prompt, then a picture of a colour no earlier observation had."""
+    n = next(_OBSERVATIONS)
+    return [{"type": "text", "text": obs.prompt},
+            {"type": "image_url", "image_url": {"url": png_data_uri((n % 256, n // 256 % 256, 77))}}]
+
+
+@image_letters_test(prompt_builder, steps=1, max_concurrent_rollouts=8)
+def test_letters_new_pictures(row: EvaluationRow) -> EvaluationRow:
+    """Scored as ``eval_letters_images`` scores (the mean step reward)."""
+    return mean_step_reward(row)
