@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: script -> its smallest run (``{out}``: the result file, ``{vllm}``: the shared vLLM server's URL).
 SMALLEST: dict[str, list[str]] = {
     "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--out", "{out}"],
-    "ceiling_table.py": ["--out", "{out}"],
+    "ceiling_table.py": ["--results", "benchmarks/results/history", "--out", "{out}"],
     "bridge_ceiling.py": ["--arms", "openenv", "openenv_client", "single_turn", "agent", "chat", "--concurrency", "1",
                           "--turns", "1", "--logs", "on", "--episodes", "2", "--repeats", "1", "--out", "{out}"],
     "compare_code.py": ["--before", "HEAD", "--rounds", "1", "--field", "cpu_ms", "--out", "{out}", "--",
