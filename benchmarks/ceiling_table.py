@@ -2,7 +2,10 @@
 ``benchmarks/bridge_ceiling.py`` (generation free, the bridge process's CPU per turn and its worker-process scaling
 measured there), nothing measured anew.
 
-    python benchmarks/ceiling_table.py --out benchmarks/results/ceiling_table.json
+    python benchmarks/ceiling_table.py --results benchmarks/results/history --out FILE
+
+``--results`` is the directory holding the ``bridge_ceiling.py`` result files it reads (``PATHS``); the files behind
+docs/benchmarks.md's table were measured on code not in the repository and are in ``benchmarks/results/history/``.
 
 Per path: the CPU ms one turn costs the trainer process (median of its run), the turns/s one process can carry
 when it has a core to itself (1000 / that), the turns/s measured with free generation on this 2-core machine (where
@@ -22,7 +25,6 @@ sys.path.insert(0, str(REPO))
 
 from ep_trl.devtools import run_record  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
 #: path -> (result file of one process, its configuration, result file with 1 and 2 workers, its configuration)
 PATHS: dict[str, tuple[str, dict[str, Any], str | None, dict[str, Any]]] = {
     "OpenEnv loop (letters, 10 turns, ep logs off; CPU at concurrency 64, workers at 8)": (
@@ -45,8 +47,8 @@ PATHS: dict[str, tuple[str, dict[str, Any], str | None, dict[str, Any]]] = {
 }
 
 
-def row(file: str, where: dict[str, Any]) -> dict[str, Any]:
-    rows = [r for r in json.loads((RESULTS / file).read_text())["summary"]
+def row(results: Path, file: str, where: dict[str, Any]) -> dict[str, Any]:
+    rows = [r for r in json.loads((results / file).read_text())["summary"]
             if all(r.get(k, 1 if k == "workers" else None) == v for k, v in where.items())]
     if len(rows) != 1:
         raise SystemExit(f"{file}: {len(rows)} summary rows match {where}, want 1")
@@ -55,16 +57,19 @@ def row(file: str, where: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results",
+                        help="the directory of the bridge_ceiling.py result files it reads")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     record = run_record.start(REPO)
     table = []
     for path, (file, where, scaling_file, scaling_where) in PATHS.items():
-        one = row(file, where)
+        one = row(args.results, file, where)
         entry = {"path": path, "source": file, "cpu_ms_per_turn": one["cpu_ms_per_turn"],
                  "turns_per_s_one_core": 1000 / one["cpu_ms_per_turn"]}
         if scaling_file:
-            w1, w2 = row(scaling_file, {**scaling_where, "workers": 1}), row(scaling_file, {**scaling_where, "workers": 2})
+            w1 = row(args.results, scaling_file, {**scaling_where, "workers": 1})
+            w2 = row(args.results, scaling_file, {**scaling_where, "workers": 2})
             entry.update(scaling_source=scaling_file, measured_turns_per_s_1_worker=w1["turns_per_s"],
                          measured_turns_per_s_2_workers=w2["turns_per_s"],
                          two_worker_ratio=w2["turns_per_s"] / w1["turns_per_s"])

@@ -5,7 +5,8 @@ code against an earlier commit's, measured in the same run.
 
 ``--before REV``'s ``src/`` is exported with ``git archive`` to a temporary directory; each measurement runs in a
 fresh interpreter with ``PYTHONPATH`` naming that ``src/`` (``before``) or this checkout's (``after``), the two
-interleaved per repeat so that load from elsewhere hits both alike:
+interleaved per repeat so that load from elsewhere hits both alike. Without ``--before`` only this checkout is
+measured (the test suite's smoke run):
 
 * ``import``: ``import ep_trl``, timed inside the interpreter (``time.perf_counter`` around the import), and the
   interpreter's wall clock from start to exit;
@@ -82,7 +83,8 @@ print(json.dumps({{"loaded": {LOADED}}}))
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", required=True, help="the commit to compare against (its src/)")
+    parser.add_argument("--before", default=None, help="the commit to compare against (its src/); none: this "
+                        "checkout alone")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=8, help="episodes of the processor run")
     parser.add_argument("--measures", nargs="+", choices=list(CODE), default=list(CODE))
@@ -110,7 +112,9 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ep-trl-import-") as tmp:
         work = Path(tmp)
-        codes = {"after": REPO / "src", "before": export_src(args.before, work / "before")}
+        codes = {"after": REPO / "src"}
+        if args.before:
+            codes["before"] = export_src(args.before, work / "before")
         model_dir = build_tiny_model(work / "tiny", seed=0)
         port = free_port()
         server = start_server("instant-vllm", [sys.executable, str(REPO / "benchmarks/fixtures/instant_vllm.py"),
@@ -118,7 +122,7 @@ def main() -> None:
                               port=port, log_dir=work, cwd=REPO)
         try:
             for repeat in range(args.repeats):
-                for code in (("after", "before") if repeat % 2 == 0 else ("before", "after")):
+                for code in sorted(codes, reverse=repeat % 2 == 1):  # after first on even repeats
                     for name in args.measures:
                         extra = {"import": [], "worker_start": [server.base_url],
                                  "processor_run": [server.base_url, str(model_dir), str(work / f"run-{code}-{repeat}"),
@@ -132,7 +136,7 @@ def main() -> None:
             server.stop()
     summary = []
     for name in args.measures:
-        for code in ("before", "after"):
+        for code in sorted(codes, reverse=True):  # before, after
             mine = [r for r in runs if r["measure"] == name and r["code"] == code]
             entry = {"measure": name, "code": code, "wall_s": statistics.median(r["wall_s"] for r in mine),
                      "loaded": mine[0]["loaded"]}

@@ -39,5 +39,5 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 printf '[test_openenv010] %s: openenv %s\n' "$venv" \
   "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("openenv"))')" >&2
-# the SIGTERM test once per moment, on the Docker-image eval whose OpenEnv servers ep_trl starts (20 runs in the main suite)
+# the SIGTERM test once per moment, on the Docker-image eval whose OpenEnv servers ep_trl starts (8 in the main suite: each moment with each eval)
 EP_TRL_SIGTERM_RUNS=4 exec "$venv/bin/python" -m pytest -q "${TESTS[@]}" "$@"

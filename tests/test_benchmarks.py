@@ -21,7 +21,7 @@ SMALLEST: dict[str, list[str]] = {
     "async_image_processing.py": ["--processors", "tiny", "--repeats", "1", "--groups", "1", "--screenshots", "1",
                                   "--out", "{out}"],
     "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--out", "{out}"],
-    "ceiling_table.py": ["--out", "{out}"],
+    "ceiling_table.py": ["--results", "benchmarks/results/history", "--out", "{out}"],
     "bridge_ceiling.py": ["--arms", "openenv", "openenv_client", "single_turn", "agent", "chat", "--concurrency", "1",
                           "--turns", "1", "--logs", "on", "--episodes", "2", "--repeats", "1", "--out", "{out}"],
     "compare_code.py": ["--before", "HEAD", "--rounds", "1", "--field", "cpu_ms", "--out", "{out}", "--",
@@ -30,8 +30,7 @@ SMALLEST: dict[str, list[str]] = {
     "generation_backends.py": ["--arms", "trainer", "--episodes", "4", "--concurrency", "1", "--repeats", "1",
                                "--no-warm-up", "--out", "{out}"],
     "http_client_cpu.py": ["--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1", "--out", "{out}"],
-    "import_time.py": ["--before", "HEAD", "--repeats", "1", "--episodes", "2", "--measures", "import", "processor_run",
-                       "--out", "{out}"],
+    "import_time.py": ["--repeats", "1", "--episodes", "2", "--measures", "import", "processor_run", "--out", "{out}"],
     "logging_overhead.py": ["--repeats", "1", "--episodes", "4", "--max-steps", "1", "--max-tokens", "2",
                             "--no-warm-up"],
     "real_model.py": ["--vllm-url", "{vllm}", "--concurrency", "1", "--episodes", "2", "--repeats", "1",
@@ -44,6 +43,20 @@ SMALLEST: dict[str, list[str]] = {
                               "--env-latency-s", "0", "--no-warm-up", "--out", "{out}"],
     "soak.py": ["--calls", "2", "--episodes", "4"],
 }
+
+
+def rollout_throughput_ran_every_arm(result: dict, stdout: str) -> None:
+    """Every arm of docs/benchmarks.md's throughput comparison ran against the server, and the table it quotes."""
+    assert sorted((r["arm"], r["concurrency"]) for r in result["runs"]) == [
+        ("ep_trl", 2), ("eval_protocol", 2), ("sequential", 1)]
+    assert all(r["generated_tokens"] > 0 and r["episodes_per_s"] > 0 for r in result["runs"])
+    ep_trl = next(r for r in result["summary"] if r["arm"] == "ep_trl")
+    assert ep_trl["x_sequential"] > 0 and ep_trl["x_eval_protocol"] > 0 and ep_trl["mean_episode_wall_s"] > 0
+    assert "| ep_trl | 2 |" in stdout
+
+
+#: script -> what its smallest run must also show, beyond a result file with a run record and rows.
+CHECKS = {"rollout_throughput.py": rollout_throughput_ran_every_arm}
 NEEDS_VLLM = sorted(name for name, args in SMALLEST.items() if "{vllm}" in args)
 STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)
 
@@ -65,6 +78,8 @@ def check(done: subprocess.CompletedProcess, name: str, out: Path) -> None:
     assert len(run["commit"]) == 40 and len(run["load_start"]) == 3 and len(run["load_end"]) == 3
     rows = next(result[k] for k in ("runs", "results", "batches", "table") if k in result)
     assert rows, f"{name} wrote no rows"
+    if name in CHECKS:
+        CHECKS[name](result, done.stdout)
 
 
 def test_every_script_has_a_smallest_run():

@@ -16,9 +16,10 @@ interpreter (``benchmarks/vlm_async_walls.sh``).
 * ``commit``: ``git rev-parse HEAD``; ``dirty``: whether a tracked file differs from it (``benchmarks/results``
   aside: the files runs write). Untracked files are not counted: they are outputs, and code that imports one
   differs from HEAD in a tracked file.
-* ``started``: when the run started, UTC, ISO 8601 (to the millisecond); ``machine``: CPUs, platform, Python, ``OMP_NUM_THREADS``;
-  ``load_start`` / ``load_end``: the 1, 5 and 15 minute load averages at the start and the end (on a shared machine
-  the load says how far the figures can be trusted); ``wall_s``: the run's wall clock, from ``started``.
+* ``started``: when the run started, UTC, ISO 8601 (to the millisecond); ``machine``: CPUs, platform, Python,
+  ``OMP_NUM_THREADS``; ``load_start`` / ``load_end``: the 1, 5 and 15 minute load averages at the start and the end
+  (on a shared machine the load says how far the figures can be trusted); ``wall_s``: the run's wall clock, from
+  ``started``.
 """
 
 import os
@@ -69,7 +70,7 @@ def relative_command(repo: Path, argv: Sequence[str], executable: str) -> str:
         flag, equals, value = arg.partition("=") if arg.startswith("-") and "=" in arg else ("", "", arg)
         path = Path(os.path.normpath(value)) if os.path.isabs(value) else None
         if path is not None and path.is_relative_to(repo):
-            value = path.relative_to(repo).as_posix() or "."
+            value = path.relative_to(repo).as_posix()
         return flag + equals + value
 
     inside = Path(executable).is_absolute() and Path(executable).is_relative_to(repo)
