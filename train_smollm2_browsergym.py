@@ -31,7 +31,13 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ep_trl import EvalOverrides
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -52,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (an OpenEnv BrowserGym eval)")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated MiniWoB tasks, one per prompt group")
     p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")
+    p.add_argument("--vllm-base-url", default=None,
+                   help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
+                        "the warm-started weights are pushed to it; default: start one from .venv-vllm "
+                        "(bash scripts/install_vllm_cpu.sh)")
     p.add_argument("--held-out", type=int, default=16, help="held-out instances per task, played greedily")
     p.add_argument("--warm-start-pages", type=int, default=3, help="training pages per task the warm start shows")
     p.add_argument("--warm-start-lr", type=float, default=3e-4)
@@ -89,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOConfig
 
-    from ep_trl import EvalOverrides, create_rollout_func, dataset_from_eval
-    from ep_trl.devtools.cpu_vllm import vllm_server
+    from ep_trl import create_rollout_func, dataset_from_eval
     from ep_trl.devtools.miniwob_instances import InstanceSplit, SeedSource
     from ep_trl.devtools.real_model import build_smollm2
     from ep_trl.rewards import eval_score
@@ -112,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         base = str(build_smollm2()) if args.model is None else args.model
         model, warm_s = _warm_start(args, base, env_url, training_seeds, output)
         tokenizer = AutoTokenizer.from_pretrained(model)
-        with vllm_server(model, output / "logs", max_model_len=2048) as server:
+        with _server(args, model, output) as server:
             before = _held_out(args, env_url, split, server.base_url, tokenizer, prompt)
             _print_figures("before training", before)
             config = GRPOConfig(
@@ -124,12 +133,12 @@ def main(argv: list[str] | None = None) -> int:
                 gradient_checkpointing=False, report_to=[], disable_tqdm=True,
             )
             rollout = create_rollout_func(args.env_path, overrides=_overrides(args, env_url, training_seeds))
+            training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
             try:
                 trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score], args=config,
                                               train_dataset=dataset, rollout_func=rollout,
                                               callbacks=[ProgressPrinter()])
                 trainer.remove_callback(PrinterCallback)
-                training_started = time.monotonic()
                 trainer.train()
                 rl_s = time.monotonic() - training_started
             finally:
@@ -183,6 +192,28 @@ def _warm_start(args: argparse.Namespace, base: str, env_url: str, training_seed
     print(f"policy: warm-started on the action format, {len(demonstrations)} training pages, {answers} answers "
           f"equally often ({'cached' if cloned.cached else f'{cloned.steps} steps'}, {took:.0f} s)", flush=True)
     return str(cloned.path), took
+
+
+@contextmanager
+def _server(args: argparse.Namespace, model: str, output: Path):
+    """A CPU vLLM server on ``model``: one started for the run, or ``--vllm-base-url`` with ``model``'s weights pushed
+    to it (``DiskWeightSync``, as ``DiskSyncGRPOTrainer`` pushes them at each step)."""
+    if args.vllm_base_url is None:
+        from ep_trl.devtools.cpu_vllm import vllm_server
+
+        with vllm_server(model, output / "logs", max_model_len=2048) as server:
+            yield server
+        return
+    from transformers import AutoModelForCausalLM
+
+    from ep_trl.trainers.disk_weights import DiskWeightSync
+
+    sync = DiskWeightSync(args.vllm_base_url)
+    try:
+        sync.push(AutoModelForCausalLM.from_pretrained(model), step=0)
+    finally:
+        sync.close()
+    yield SimpleNamespace(base_url=args.vllm_base_url)
 
 
 def _overrides(args: argparse.Namespace, env_url: str, seeds) -> "EvalOverrides":

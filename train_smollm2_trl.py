@@ -102,12 +102,12 @@ def main(argv=None) -> int:
             gradient_checkpointing=False, shuffle_dataset=args.shuffled, report_to=[], disable_tqdm=True,
         )
         rollout = create_rollout_func(args.env_path)
+        training_started = time.monotonic()  # train_s: the trainer's construction to train()'s return (docs)
         try:
             trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score], args=config,
                                           train_dataset=train_rows, rollout_func=rollout,
                                           callbacks=[ProgressPrinter()])
             trainer.remove_callback(PrinterCallback)
-            training_started = time.monotonic()
             trainer.train()
             train_s = time.monotonic() - training_started
         finally:
