@@ -50,7 +50,7 @@ REQUEST_TIMEOUT_S = 60.0
 TASKS = ("click-button", "enter-text")
 #: What result.json keeps of each logged step.
 STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
-               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "num_turns/mean")
+               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=20, help="optimizer steps")
     p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
+    p.add_argument("--micro-batch-size", type=int, default=2,
+                   help="episodes per forward/backward pass (gradient accumulation over the step's episodes): a "
+                        "step of 8 two-turn episodes in one pass holds about 16 GB")
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
     p.add_argument("--max-completion-length", type=int, default=384,
@@ -87,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tasks names no task; e.g. --tasks click-button,enter-text")
     if args.batch_size % args.num_generations:
         p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
+    if args.micro_batch_size < 1 or args.batch_size % args.micro_batch_size:
+        p.error(f"--micro-batch-size ({args.micro_batch_size}) must divide --batch-size ({args.batch_size})")
     return args
 
 
@@ -127,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             config = GRPOConfig(
                 output_dir=str(output), use_cpu=True, bf16=False, seed=args.seed, use_vllm=True,
                 vllm_mode="server", vllm_server_base_url=server.base_url,
-                per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
+                per_device_train_batch_size=args.micro_batch_size,
+                gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
+                num_generations=args.num_generations,
                 max_completion_length=args.max_completion_length, temperature=args.temperature,
                 learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
                 gradient_checkpointing=False, report_to=[], disable_tqdm=True,

@@ -212,7 +212,7 @@ def per_call_worker_class() -> type:
                         self._caller(), iter(call), slots=self.slots, turn_version=lambda: self._version,
                         model_for=self.served_model, meter=self.meter)]
                     for group in finished:
-                        self._release(group)
+                        self._release(group, await self._samples(group))
             finally:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
