@@ -149,16 +149,8 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     assert any(s["grad_norm"] > 0 for s in steps) and all(s["ep_trl/failed_fraction"] == 0.0 for s in steps)
     assert (out / "reward_curve.png").stat().st_size > 0
     # the server serves the trained weights now: what it samples is not what the checkpoint would give those logprobs
-    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": 'Review: "The soup was lovely." Is this review '
-                                                                     'positive or negative? Answer with one word.'}],
-                                           add_generation_prompt=True, return_dict=False)
-    reply = httpx.post(f"{real_url}/v1/completions", timeout=120, json={
-        "model": str(real_model_dir), "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
-        "return_token_ids": True}).json()["choices"][0]
-    gaps = [abs(a - b) for a, b in zip(reply["logprobs"]["token_logprobs"],
-                                       teacher_forced_logprobs(real_model, prompt, reply["token_ids"]))]
-    assert max(gaps) > TOLERANCE
+    assert_the_server_left_the_checkpoint(real_url, real_model_dir, real_model, 'Review: "The soup was lovely." Is this '
+                                          'review positive or negative? Answer with one word.')
 
 
 def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
@@ -203,12 +195,18 @@ def test_the_real_model_trains_on_browsergym_tasks_through_the_environment_eval(
     assert any(s["grad_norm"] > 0 for s in steps) and all(s["ep_trl/failed_fraction"] == 0.0 for s in steps)
     assert max(s["ep_trl/mean_turns"] for s in steps) > 1.0  # some episodes took a second model turn
     # the server serves the trained weights now, not the checkpoint's
-    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Goal: Click on the \"ok\" button."}],
-                                           add_generation_prompt=True, return_dict=False)
-    reply = httpx.post(f"{real_url}/v1/completions", timeout=120, json={
-        "model": str(real_model_dir), "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
+    assert_the_server_left_the_checkpoint(real_url, real_model_dir, real_model, 'Goal: Click on the "ok" button.')
+
+
+def assert_the_server_left_the_checkpoint(url, model_dir, model, content):
+    """What the server samples for ``content`` is not what the checkpoint ``model`` gives those logprobs: it serves
+    other (trained) weights."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                           return_dict=False)
+    reply = httpx.post(f"{url}/v1/completions", timeout=120, json={
+        "model": str(model_dir), "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
         "return_token_ids": True}).json()["choices"][0]
     gaps = [abs(a - b) for a, b in zip(reply["logprobs"]["token_logprobs"],
-                                       teacher_forced_logprobs(real_model, prompt, reply["token_ids"]))]
+                                       teacher_forced_logprobs(model, prompt, reply["token_ids"]))]
     assert max(gaps) > TOLERANCE

@@ -15,7 +15,8 @@ without knowing which one the task wants.
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..evalprotocol import read_eval_spec, resolve_eval_test, strip_row_key, training_prompts
 from ..envs.browsergym import BrowserGymEnv, BrowserGymObservation
@@ -33,12 +34,7 @@ def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str],
     """One demonstration per task: the eval's first prompt for the page of ``reset(task_name=task, seed=seed)`` on
     the server at ``env_url``, answered with each of ``actions`` on each clickable element and each of
     ``page_actions``."""
-    eval_test = resolve_eval_test(env_path)
-    spec = read_eval_spec(eval_test)
-    if spec.prompt_builder is None:
-        raise ValueError(f"{env_path} runs {spec.processor_name}, not OpenEnvRolloutProcessor: its prompts are not "
-                         "built from environment observations, so there is no first page to demonstrate on")
-    first = tuple(strip_row_key(training_prompts(eval_test)[0]))
+    spec, first = _eval_first_turn(env_path)
     demonstrations = []
     for task, observation in zip(tasks, asyncio.run(_first_observations(env_url, [(t, seed) for t in tasks]))):
         if not observation.clickable_bids:
@@ -58,12 +54,7 @@ def format_demonstrations(env_path: str, env_url: str, instances: Sequence[tuple
     ``fill`` of each text box with each text the goal quotes. A real model cloned on them writes well-formed actions
     without being shown which one the task wants; the pages should be training instances
     (``ep_trl.devtools.miniwob_instances``), never held-out ones."""
-    eval_test = resolve_eval_test(env_path)
-    spec = read_eval_spec(eval_test)
-    if spec.prompt_builder is None:
-        raise ValueError(f"{env_path} runs {spec.processor_name}, not OpenEnvRolloutProcessor: its prompts are not "
-                         "built from environment observations, so there is no first page to demonstrate on")
-    first = tuple(strip_row_key(training_prompts(eval_test)[0]))
+    spec, first = _eval_first_turn(env_path)
     demonstrations = []
     for (task, _), observation in zip(instances, asyncio.run(_first_observations(env_url, instances))):
         answers = page_actions_of(observation)
@@ -82,6 +73,17 @@ def page_actions_of(observation: BrowserGymObservation) -> tuple[str, ...]:
     boxes = re.findall(r"\[(\w+)\] textbox\b", observation.axtree_txt or "")
     quoted = list(dict.fromkeys(re.findall(r'"([^"\']+)"', observation.goal or "")))
     return tuple(dict.fromkeys([*clicks, *(f"fill('{bid}', '{text}')" for bid in boxes for text in quoted)]))
+
+
+def _eval_first_turn(env_path: str) -> tuple[Any, tuple[Mapping[str, Any], ...]]:
+    """The eval's spec and the first messages of its training prompt; refused unless its prompts are built from
+    environment observations."""
+    eval_test = resolve_eval_test(env_path)
+    spec = read_eval_spec(eval_test)
+    if spec.prompt_builder is None:
+        raise ValueError(f"{env_path} runs {spec.processor_name}, not OpenEnvRolloutProcessor: its prompts are not "
+                         "built from environment observations, so there is no first page to demonstrate on")
+    return spec, tuple(strip_row_key(training_prompts(eval_test)[0]))
 
 
 async def _first_observations(env_url: str, instances: Sequence[tuple[str, int]]) -> list[BrowserGymObservation]:
