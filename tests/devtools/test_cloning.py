@@ -43,3 +43,25 @@ def test_bad_input_is_refused_naming_the_fix():
         Demonstration(messages=({"role": "user", "content": "x"},), answers=("a", "a"))
     with pytest.raises(ValueError, match="between 0 and 1"):
         CloningRecipe(fair_share=1.0)
+
+
+def test_answers_branched_off_one_prompt_get_the_log_probabilities_of_whole_sequences(tiny_model_dir):
+    """Cloning runs a demonstration's prompt once and its answers off the prompt's cache: each answer's log-probability
+    is what the model gives the whole sequence, prompt and answer, and gradients reach the weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ep_trl.devtools.cloning import _answer_log_probs, _batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    examples = [([5, 6, 7, 8], [[9, 10, 2], [11, 2]]), ([3, 4, 5], [[12, 2]])]
+    branched = _answer_log_probs(model, _batch(examples, 0))
+    whole = []
+    for prompt, answers in examples:
+        for answer in answers:
+            with torch.no_grad():
+                log_probs = torch.log_softmax(model(torch.tensor([prompt + answer])).logits[0], dim=-1)
+            whole.append(sum(log_probs[len(prompt) - 1 + i, token].item() for i, token in enumerate(answer)))
+    assert torch.allclose(branched, torch.tensor(whole), atol=1e-4), (branched, whole)
+    branched.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
