@@ -50,7 +50,8 @@ REQUEST_TIMEOUT_S = 60.0
 TASKS = ("click-button", "enter-text")
 #: What result.json keeps of each logged step.
 STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
-               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns")
+               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns",
+               "completions/mean_length", "ep_trl/episodes_per_s")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_before": before.figures(), "held_out_after": after.figures(),
         "train_first": summary.first, "train_last": summary.last,
         "warm_start_s": round(warm_s, 1), "rl_s": round(rl_s, 1), "train_s": round(warm_s + rl_s, 1),
+        "rl_s_per_step": round(rl_s / steps, 1) if steps else None,
         "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
                          if "rewards/eval_score/mean" in entry],
         "held_out_before_episodes": _episodes(before), "held_out_after_episodes": _episodes(after),
@@ -259,8 +261,8 @@ def _print_figures(when: str, played) -> None:
 
 
 def _episodes(played) -> list[dict]:
-    return [{"task": e.task, "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score, "status": e.status}
-            for e in played.episodes]
+    return [{"task": e.task, "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score, "status": e.status,
+             "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens} for e in played.episodes]
 
 
 def _fmt(value: float | None) -> str:

@@ -36,7 +36,8 @@ class FakeRollout:
 
     def run(self, prompts, caller, first_group=None):
         self.calls.append((prompts, caller, first_group))
-        return {"completion_ids": [[7, 8, 0, 9], [7]], "env_mask": [[1, 1, 0, 1], [1]], "eval_score": [1.0, 0.0],
+        return {"prompt_ids": [[1, 2, 3], [1, 2]], "completion_ids": [[7, 8, 0, 9], [7]], "env_mask": [[1, 1, 0, 1], [1]],
+                "eval_score": [1.0, 0.0],
                 "episode_status": ["finished", "finished"]}
 
 
@@ -52,6 +53,7 @@ def test_play_held_out_plays_greedily_one_episode_per_group_and_rotates_tasks():
     assert caller.synced_server().url == "http://x"
     assert [(e.task, e.turns, e.parsed, e.score) for e in played.episodes] == [
         ("a", ("click('1')", "done"), (True, False), 1.0), ("b", ("hm",), (False,), 0.0)]
+    assert [(e.prompt_tokens, e.completion_tokens) for e in played.episodes] == [(3, 4), (2, 1)]
 
 
 def test_the_format_demonstrated_on_a_page_is_every_click_and_every_fill_with_the_goal_s_text():

@@ -122,6 +122,9 @@ class HeldOutEpisode:
     parsed: tuple[bool, ...]
     score: float | None
     status: str
+    #: The episode's prompt ids and completion ids (its turns, and the observations and template between them).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def well_formed(self) -> bool:
@@ -179,11 +182,12 @@ def play_held_out(rollout: Any, prompt: Any, *, tasks: Sequence[str], episodes: 
     caller = DetachedCaller(config, step=0, server=SyncedServer(base_url), metrics_sink=lambda metrics: None)
     out = rollout.run([prompt] * episodes, caller, first_group=0)
     played = []
-    for i, (ids, mask, score, status) in enumerate(zip(out["completion_ids"], out["env_mask"], out["eval_score"],
-                                                       out["episode_status"])):
+    for i, (prompt_ids, ids, mask, score, status) in enumerate(zip(
+            out["prompt_ids"], out["completion_ids"], out["env_mask"], out["eval_score"], out["episode_status"])):
         turns = tuple(tokenizer.decode(turn, skip_special_tokens=True).strip() for turn in _sampled_turns(ids, mask))
         played.append(HeldOutEpisode(task=tasks[i % len(tasks)] if tasks else None, turns=turns,
-                                     parsed=tuple(parsed(t) for t in turns), score=score, status=status))
+                                     parsed=tuple(parsed(t) for t in turns), score=score, status=status,
+                                     prompt_tokens=len(prompt_ids), completion_tokens=len(ids)))
     return HeldOutEpisodes(tuple(played))
 
 
