@@ -29,6 +29,7 @@ With no arguments:
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -67,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warm-start-pages", type=int, default=3, help="training pages per task the warm start shows")
     p.add_argument("--warm-start-lr", type=float, default=3e-4)
     p.add_argument("--no-warm-start", action="store_true", help="train the model as it is")
+    p.add_argument("--fresh-warm-start", action="store_true",
+                   help="clone anew rather than reuse a warm start this machine cached for the same inputs (so that "
+                        "its time counts in a measured run)")
     p.add_argument("--env-steps", type=int, default=2,
                    help="environment steps per episode (enter-text takes two: fill, then Submit)")
     p.add_argument("--max-concurrent", type=int, default=2, help="episodes at once = browsers (2 suits 2 cores)")
@@ -195,7 +199,10 @@ def _warm_start(args: argparse.Namespace, base: str, env_url: str, training_seed
     demonstrations = format_demonstrations(args.env_path, env_url, pages)
     recipe = CloningRecipe(learning_rate=args.warm_start_lr, fair_share=0.3, max_steps=40, seed=args.seed,
                            threads=os.cpu_count() or 1)
-    cloned = clone_on_demonstrations(base, output / "warm-start", demonstrations, recipe)
+    cache = output / "warm-start-cache" if args.fresh_warm_start else None
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+    cloned = clone_on_demonstrations(base, output / "warm-start", demonstrations, recipe, cache_dir=cache)
     took = time.monotonic() - began
     answers = sum(len(d.answers) for d in demonstrations)
     print(f"policy: warm-started on the action format, {len(demonstrations)} training pages, {answers} answers "
