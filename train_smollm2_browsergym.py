@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     training_seeds = SeedSource.training(split)
     groups_per_step = args.batch_size // args.num_generations
     dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
-    prompt = dataset_from_eval(args.env_path)["prompt"][0]
+    prompt = dataset["prompt"][0]  # the eval's one row, repeated: what each held-out episode starts from
 
     with local_env_server("ep_trl.envs.browsergym",
                           env={"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)}) as env_url:
@@ -175,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                          if "rewards/eval_score/mean" in entry],
         "held_out_before_episodes": _episodes(before), "held_out_after_episodes": _episodes(after),
     }
-    (output / "result.json").write_text(json.dumps(result, indent=1))
+    text = json.dumps(result, indent=1)
+    (output / "result.json").write_text(text)
     if args.result:
         Path(args.result).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result).write_text(json.dumps(result, indent=1))
+        Path(args.result).write_text(text)
     print(f"held-out task success {before.success:.3f} -> {after.success:.3f}; among well-formed episodes "
           f"{_fmt(before.success_when_well_formed)} -> {_fmt(after.success_when_well_formed)}; training "
           f"{warm_s + rl_s:.0f} s (warm start {warm_s:.0f} s); result: {output / 'result.json'}", flush=True)

@@ -50,8 +50,9 @@ class InstanceSplit:
             chosen: list[int] = []
             while len(chosen) < count:
                 candidate = rng.randrange(RESET_SEEDS)
-                if page_seed(candidate) not in pages:
-                    pages.add(page_seed(candidate))
+                page = page_seed(candidate)
+                if page not in pages:
+                    pages.add(page)
                     chosen.append(candidate)
             held_out[task] = tuple(chosen)
         return cls(seed=seed, held_out=held_out)
