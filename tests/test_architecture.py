@@ -12,7 +12,7 @@ spec.loader.exec_module(import_layers)
 
 def test_the_import_graph_has_at_most_12_layers_and_no_import_points_up():
     graph = import_layers.imports(import_layers.modules())
-    assert len(graph) > 40 and "ep_trl.rollout" in graph["ep_trl"]  # the graph was read, not empty
+    assert len(graph) > 40 and "ep_trl.adapters.rollout_func" in graph["ep_trl"]  # the graph was read, not empty
     chain = import_layers.longest_chain(graph)
     assert chain[0] == "ep_trl" and chain[-1] == "ep_trl.errors", chain
     assert len(chain) <= 12, " -> ".join(chain)
@@ -36,9 +36,9 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
 
 
 def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
-    """Issue 34: the caller went into settings, backend_choice and rows, each asking it again. Now
-    ``call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the adapters that
-    receive a caller (``rollout``, ``shards``) name the caller protocol."""
+    """Issue 34: the caller went into settings, backend choice and rows, each asking it again. Now
+    ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the adapters
+    that receive a caller (``adapters.rollout_func``, ``adapters.sharded``) name the caller protocol."""
     naming = set()
     for name, path in import_layers.modules().items():
         tree = ast.parse(path.read_text())
@@ -49,4 +49,6 @@ def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
                   and isinstance(node.value, str) and node.value == "RolloutCaller"}  # a quoted annotation
         if "RolloutCaller" in names:
             naming.add(name)
-    assert naming == {"ep_trl.caller", "ep_trl.call_setup", "ep_trl.rollout", "ep_trl.shards"}, sorted(naming)
+    assert naming == {"ep_trl.engine.caller", "ep_trl.engine.call_setup", "ep_trl.adapters.rollout_func",
+                      "ep_trl.adapters.sharded"}, sorted(naming)
+

@@ -44,25 +44,26 @@ from .errors import (
 from .options import EvalOverrides, RolloutOptions, VLLMOptions
 
 if TYPE_CHECKING:
+    from .adapters.async_worker import EvalRolloutWorker
+    from .adapters.rollout_func import RolloutFunction, create_openenv_vllm_rollout_func, create_rollout_func
     from .dataset import dataset_from_eval
-    from .rollout import RolloutFunction, create_openenv_vllm_rollout_func, create_rollout_func
-    from .rollout_worker import EvalRolloutWorker
 
 #: The public names whose modules import eval-protocol, aiohttp, transformers and the rest of the bridge: imported
 #: at their first use (``from ep_trl import X`` or ``ep_trl.X``), so that ``import ep_trl`` alone (a worker process,
 #: a script's ``--help``, the errors and options) costs no more than the errors and options (tests/test_import.py).
-_LAZY = {"dataset_from_eval": "dataset", "RolloutFunction": "rollout", "create_openenv_vllm_rollout_func": "rollout",
-         "create_rollout_func": "rollout", "EvalRolloutWorker": "rollout_worker"}
+_LAZY = {"dataset_from_eval": "dataset", "RolloutFunction": "adapters.rollout_func",
+         "create_openenv_vllm_rollout_func": "adapters.rollout_func", "create_rollout_func": "adapters.rollout_func",
+         "EvalRolloutWorker": "adapters.async_worker"}
 
 
 def __getattr__(name: str) -> Any:
     home = _LAZY.get(name)
     if home == "dataset":
         from . import dataset as module
-    elif home == "rollout":
-        from . import rollout as module
-    elif home == "rollout_worker":
-        from . import rollout_worker as module
+    elif home == "adapters.rollout_func":
+        from .adapters import rollout_func as module
+    elif home == "adapters.async_worker":
+        from .adapters import async_worker as module
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(module, name)
