@@ -81,7 +81,7 @@ async def cleanup(spec: EvalSpec) -> None:
 
 
 async def run_row(spec: EvalSpec, row: Any, params: Mapping[str, Any], semaphore: asyncio.Semaphore,
-                  dataset_logger: Any, mcp_config_path: str) -> Any:
+                  dataset_logger: Any, mcp_config_path: str | None) -> Any:
     """One row through the eval's processor with ``params`` as its completion params (the config and the row carry
     the same ones, as ``evaluation_test`` sets them) and the rollout's copy of the eval's MCP config
     (``mcp_servers``); returns the row the processor finished with."""
