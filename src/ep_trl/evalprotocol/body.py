@@ -53,7 +53,7 @@ def stamp_row(
     if usage is not None:
         from openai.types import CompletionUsage
 
-        meta.usage = CompletionUsage(**usage)
+        meta.usage = CompletionUsage.model_validate(dict(usage))
     if duration_s is not None:
         meta.rollout_duration_seconds = duration_s
     return row

@@ -46,4 +46,4 @@ class ToolCallParser:
         """``{"role": "assistant", "content": ..., "tool_calls": [...]}``; arguments as objects."""
         from trl.chat_template_utils import parse_response
 
-        return parse_response(self._tokenizer, list(ids), prefix=list(prefix), tools=list(tools) if tools else None)
+        return parse_response(self._tokenizer, list(ids), prefix=list(prefix), tools=[dict(tool) for tool in tools] if tools else None)
