@@ -1,7 +1,7 @@
 """The training scripts' generation flags (ep_trl.devtools.training_modes): each combination no mode trains with is
 refused by argparse with a message naming the problem and the fix, before anything starts; the accepted ones give
 the config of their mode. No training here (the script runs are in tests/test_train_letters_script.py and
-tests/colocate; LoRA against a server with --enable-lora in tests/test_rollout_worker.py)."""
+tests/colocate; LoRA against a server with --enable-lora in tests/adapters/test_async_worker.py)."""
 
 import importlib.util
 import re

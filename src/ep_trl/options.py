@@ -8,7 +8,7 @@
 Every value is checked when the object is built, with a message that names the value and the fix, so a typo
 fails before the trainer is constructed rather than at the first rollout call. The most used settings
 (``env_base_url``, ``env_factory``, ``max_concurrent_rollouts``) are also plain keywords of the factory; see
-:mod:`ep_trl.settings` for how the keywords, these objects, the eval and the ``GRPOConfig`` combine.
+:mod:`ep_trl.engine.settings` for how the keywords, these objects, the eval and the ``GRPOConfig`` combine.
 """
 
 import math

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from .generation import DEFAULT_MAX_TOKENS, SamplingParams
 from .generation.trainer import TrainerGenerator
-from .processors.capture import RolloutCapture
-from .processors.endpoint import CaptureEndpoint
-from .processors.parsing import ToolCallParser
-from .trajectory import ChatTemplate, TurnLimits, eos_token_ids
+from .capture.placement import RolloutCapture
+from .capture.endpoint import CaptureEndpoint
+from .capture.parsing import ToolCallParser
+from .trajectory.tokens import ChatTemplate, TurnLimits, eos_token_ids
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from ep_trl import EvalOverrides, GenerationError, VLLMOptions, create_openenv_vllm_rollout_func
 from ep_trl.generation import SamplingParams
-from ep_trl.processes import free_port
+from ep_trl.runtime.processes import free_port
 from ep_trl.generation.vllm import VLLMServerGenerator, completion_payload, request_seed
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
@@ -350,7 +350,7 @@ def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
 def test_a_builders_context_goes_out_as_the_ids_it_holds():
     """Turns of growing contexts (``TrajectoryBuilder.context()``, JSON kept turn by turn), batched and alone: the
     server receives exactly the ids, with the same fields as ``completion_payload``."""
-    from ep_trl.trajectory import TrajectoryBuilder
+    from ep_trl.trajectory.tokens import TrajectoryBuilder
 
     async def turns(generator, builders):
         try:

@@ -18,7 +18,7 @@ from eval_protocol.models import Status
 from ep_trl import (ConfigError, RolloutOptions, UnsupportedEvalError, create_openenv_vllm_rollout_func,
                     dataset_from_eval)
 from ep_trl.evalprotocol import StoreLogger
-from ep_trl.processes import free_port, start_server
+from ep_trl.runtime.processes import free_port, start_server
 from tests.support import tool_model
 from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import assert_trained, make_trainer
@@ -259,7 +259,7 @@ def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(varie
         assert len(records) == 2  # one server per row
         for record in records:  # started by ep_trl's watchdog, which runs the eval's own command
             parent = record["parent_cmdline"]
-            assert parent[1].endswith("ep_trl/guard.py") and parent[parent.index("--parent") + 1] == str(os.getpid())
+            assert parent[1].endswith("ep_trl/runtime/guard.py") and parent[parent.index("--parent") + 1] == str(os.getpid())
             assert parent[parent.index("--") + 1:][1:] == [str(calc), "stdio", str(started)], parent
         servers = []
         for record in records:

@@ -63,7 +63,7 @@ def test_a_test_that_times_out_still_stops_its_server_by_pid(pytester: pytest.Py
         from pathlib import Path
 
         import pytest
-        from ep_trl.processes import free_port, start_server
+        from ep_trl.runtime.processes import free_port, start_server
 
         @pytest.fixture
         def server(tmp_path):

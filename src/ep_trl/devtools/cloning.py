@@ -146,7 +146,7 @@ def answer_probabilities(model: Any, tokenizer: Any, demonstrations: Sequence[De
 
 def _examples(tokenizer: Any, demonstrations: Sequence[Demonstration]) -> list[tuple[list[int], list[list[int]]]]:
     """Each demonstration's prompt ids (ep_trl's ``ChatTemplate``) and its answers' ids, end of sequence included."""
-    from ..trajectory import ChatTemplate
+    from ..trajectory.tokens import ChatTemplate
 
     template = ChatTemplate(tokenizer)
     end = tokenizer.eos_token_id

@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .. import shutdown
-from ..processes import free_port, start_server
+from ..runtime import shutdown
+from ..runtime.processes import free_port, start_server
 from .reward_curve import Progress, plot_scores, progress, step_scores
 
 
@@ -104,7 +104,7 @@ def local_env_server(module: str, *, env: Mapping[str, str] | None = None, port:
     """Run ``python -m <module> --host 127.0.0.1 --port P`` for the duration of the block; yield its URL.
 
     The server is stopped (with its whole process group) on normal exit, on an exception, on Ctrl-C and on
-    SIGTERM (``ep_trl.shutdown``), and by its watchdog if the script is killed, so a training script never leaves an
+    SIGTERM (``ep_trl.runtime.shutdown``), and by its watchdog if the script is killed, so a training script never leaves an
     environment process behind.
     """
     port = port or free_port()

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import UnsupportedEvalError
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .spec import EvalSpec
 
 

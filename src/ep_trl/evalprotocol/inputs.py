@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..content import content_text
+from ..trajectory.content import content_text
 from ..errors import ConfigError, UnsupportedEvalError
 from ._private import private_name
 from .resolve import EvalTest

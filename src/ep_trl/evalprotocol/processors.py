@@ -7,7 +7,7 @@ row's ``completion_params["model"]`` and nothing else. The one setting every pro
 so each row gets its own: ``hosted_vllm/ep-trl/<token>``. LiteLLM's ``hosted_vllm`` provider takes its base URL from
 ``api_base`` or ``HOSTED_VLLM_API_BASE`` and its key from ``api_key`` or ``HOSTED_VLLM_API_KEY``; ep_trl sets all
 four (the variables for as long as the rollout function is open; they affect only models named ``hosted_vllm/...``),
-the key being the endpoint's per-call key (``ep_trl.processors.endpoint``). A new name per rollout also keeps
+the key being the endpoint's per-call key (``ep_trl.capture.endpoint``). A new name per rollout also keeps
 requests out of the response cache AgentRolloutProcessor turns on for the whole process.
 """
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..environment import EnvSettings
+from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
 from ._private import private_attr, private_name
 from .resolve import EvalTest
@@ -16,7 +16,7 @@ EVAL_MODES = ("pointwise", "groupwise", "all")
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """Everything the bridge takes from one eval test (after overrides, see ``ep_trl.settings``)."""
+    """Everything the bridge takes from one eval test (after overrides, see ``ep_trl.engine.settings``)."""
 
     name: str
     qualified_name: str
@@ -31,7 +31,7 @@ class EvalSpec:
     action_parser: Callable[[str], Any] | None
     env: EnvSettings | None
     notes: tuple[str, ...] = field(default=())
-    #: Any other processor, run unchanged (``ep_trl.processors``), and what eval-protocol hands it in its config.
+    #: Any other processor, run unchanged (``ep_trl.capture``), and what eval-protocol hands it in its config.
     processor: Any = None
     processor_settings: Mapping[str, Any] = field(default_factory=dict)
 

@@ -2,7 +2,7 @@
 
 One module per backend, each implementing :class:`Generator`: ``trainer`` (in-process, with ``trainer.model``),
 ``vllm`` (a vLLM server) and ``colocate`` (TRL's vLLM engine inside the trainer's process,
-``vllm_mode="colocate"``). ``ep_trl.backend_choice`` picks and builds one for a rollout call.
+``vllm_mode="colocate"``). ``ep_trl.generation.choice`` picks and builds one for a rollout call.
 
 A backend receives the exact token ids the model must condition on and returns the ids it sampled with the
 log-probability of each sampled token at the trainer's temperature, the quantity TRL's loss and

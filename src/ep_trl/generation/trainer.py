@@ -6,7 +6,7 @@ at its own end (EOS, stop token, stop string or its own ``max_tokens``); cutting
 itself a valid sample, so rows of a batch need not share a length.
 
 A turn with images (a vision-language model's screenshots) is sampled with the images' pixel inputs, built from the
-prompt ids as the TRL seam builds them for the loss (``ep_trl.vision_inputs``); rows of a batch may hold different
+prompt ids as the TRL seam builds them for the loss (``ep_trl.trajectory.vision_inputs``); rows of a batch may hold different
 numbers of images, or none.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..vision_inputs import vision_inputs
+from ..trajectory.vision_inputs import vision_inputs
 from . import Generation, PromptImages, SamplingParams
 from .batching import BatchQueue
 

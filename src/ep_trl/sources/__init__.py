@@ -4,10 +4,10 @@ One module per source, each implementing :class:`EpisodeSource`: ``openenv`` (ep
 ``OpenEnvRolloutProcessor`` eval's environment loop itself) and ``processor`` (any other eval-protocol processor
 runs unchanged while ep_trl captures its model calls). ``choice`` picks one for an eval.
 
-A source plays one episode at a time for :mod:`ep_trl.stream`, which decides how many run at once, when the next
+A source plays one episode at a time for :mod:`ep_trl.engine.stream`, which decides how many run at once, when the next
 one starts and when a prompt group is complete: ``session(setup)`` opens what a run of episodes shares (environment
 sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`. ``setup`` is the call's
-:class:`~ep_trl.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller once.
+:class:`~ep_trl.engine.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller once.
 """
 
 from collections.abc import Sequence
@@ -15,12 +15,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..episode import Episode
+from .episode import Episode
 from ..generation import Generator
 
 if TYPE_CHECKING:  # the protocols name the types they pass along; the sources that play episodes use them
-    from ..call_setup import CallSetup
-    from ..rows import RowContext
+    from ..engine.call_setup import CallSetup
+    from ..traininglog.rows import RowContext
 
 
 @dataclass(frozen=True)

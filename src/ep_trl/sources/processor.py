@@ -19,21 +19,21 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..episode import Episode, EpisodeFailure, EpisodeSpec, ended_episode, pytest_outcome
+from .episode import Episode, EpisodeFailure, EpisodeSpec, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, check_rows, match_rows, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
-from ..processors.capture import RolloutCapture
-from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
-from ..processes import port_holder
-from ..processors.parsing import ToolCallParser
+from ..capture.placement import RolloutCapture
+from ..capture.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
+from ..runtime.processes import port_holder
+from ..capture.parsing import ToolCallParser
 from ..generation import Generator
-from ..rollout_log import RolloutLogWriter
-from ..rows import RowContext
+from ..traininglog.writer import RolloutLogWriter
+from ..traininglog.rows import RowContext
 from . import EpisodeRequest
 
-if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.call_setup)
-    from ..call_setup import CallSetup
+if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
+    from ..engine.call_setup import CallSetup
 
 logger = logging.getLogger(__name__)
 

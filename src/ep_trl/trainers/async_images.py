@@ -5,7 +5,7 @@ TRL 1.16's ``AsyncGRPOTrainer`` loads a vision-language checkpoint but trains it
 ``RolloutSample`` carries no images, its packer (``DataCollatorForRollout`` over ``packing.TreeRow``) lays samples
 out as ids, and ``compute_loss`` calls the model with ids, positions and the tree-attention layout only; the vision
 tower is frozen. With ``ep_trl.EvalRolloutWorker`` on a vision-language processor, each sample's ``input_ids``
-carry its episode's images (``ep_trl.sample_images.ImageIds``; the ids already hold every image's expanded tokens,
+carry its episode's images (``ep_trl.trajectory.sample_images.ImageIds``; the ids already hold every image's expanded tokens,
 as in the synchronous path). :class:`AsyncImagesGRPOTrainer` puts them into every forward pass, extending three
 places of TRL's trainer and calling TRL's own code in each:
 
@@ -14,8 +14,8 @@ places of TRL's trainer and calling TRL's own code in each:
   that hold an image sample are therefore packed **unshared**: each sample is its own chain (``UnsharedTreeRow``,
   a ``TreeRow`` whose samples never meet in the trie), which is TRL's padding-free packing without prefix sharing. The
   collator (``ImagesRolloutCollator``, a ``DataCollatorForRollout``) then adds the row's vision inputs: the pixel
-  tensors each sample carries (its images processed once, by the worker: ``ep_trl.sample_images``), joined in row
-  order (``ep_trl.vision_inputs``); a sample that carries its images unprocessed (a custom worker's) is processed
+  tensors each sample carries (its images processed once, by the worker: ``ep_trl.trajectory.sample_images``), joined in row
+  order (``ep_trl.trajectory.vision_inputs``); a sample that carries its images unprocessed (a custom worker's) is processed
   here, once. Text-only rows are packed as TRL packs them. Because the unshared rows forward every token, batches
   are planned by sample count: ``token_budget=0``;
 * **the forward**: ``compute_loss`` is TRL's; the vision inputs reach the model through a forward pre-hook held for
@@ -46,13 +46,13 @@ import dataclasses
 import functools
 from typing import Any, cast
 
-from .. import trl_compat
-from ..content import supports_images
+from ..adapters import trl_seam
+from ..trajectory.content import supports_images
 from ..errors import ConfigError, VersionError
-from ..sample_images import config_image_token, image_token_id, images_of, processed_images_of
-from ..vision_inputs import joined_vision_inputs
+from ..trajectory.sample_images import config_image_token, image_token_id, images_of, processed_images_of
+from ..trajectory.vision_inputs import joined_vision_inputs
 
-trl_compat.require_tested("async", "ep_trl.trainers.async_images")  # before TRL's experimental modules are imported
+trl_seam.require_tested("async", "ep_trl.trainers.async_images")  # before TRL's experimental modules are imported
 
 import trl.experimental.async_grpo.async_grpo_trainer as trainer_module  # noqa: E402  (the version is checked first)
 from transformers import PreTrainedModel  # noqa: E402
@@ -137,7 +137,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
 
     def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *, processing_class: Any,
                  train_vision: bool = True, **kwargs: Any) -> None:
-        trl_compat.require_tested("async", type(self).__name__)
+        trl_seam.require_tested("async", type(self).__name__)
         name = type(self).__name__
         if not supports_images(processing_class):
             raise ConfigError(f"{name}(processing_class={type(processing_class).__name__}): a text tokenizer renders "

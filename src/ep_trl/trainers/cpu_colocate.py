@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from .. import trl_compat
+from ..adapters import trl_seam
 from ..errors import ConfigError
 
 
@@ -49,7 +49,7 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, *more: Any, enforce_eager: bool = True,
                  kv_cache_gib: float = 1.0, **kwargs: Any) -> None:
-        trl_compat.require_tested("cpu-trainers", "CPUColocateGRPOTrainer")
+        trl_seam.require_tested("cpu-trainers", "CPUColocateGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "colocate":
             raise ConfigError("CPUColocateGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='colocate').")
         if getattr(args, "vllm_enable_sleep_mode", False):
