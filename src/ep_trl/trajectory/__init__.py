@@ -7,7 +7,7 @@ sample (``sample_images``) and a vision model's inputs (``vision_inputs``).
 
 from typing import Any
 
-_SUBMODULES = frozenset({"tokens", "content", "sample_images", "vision_inputs"})
+_SUBMODULES = frozenset({"tokens", "content", "sample_images", "vision_inputs", "types"})
 
 
 def __getattr__(name: str) -> Any:
