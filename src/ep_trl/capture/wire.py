@@ -9,10 +9,11 @@ decoded to objects (a template given the wire's JSON string renders it encoded t
 """
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..trajectory.content import content_text
+from ..trajectory.types import MessagesView, Tools
 
 #: Message keys a chat template may read; others (litellm's ``function_call: None``, eval-protocol's fields) go.
 _TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -49,7 +50,7 @@ def canonical(message: Mapping[str, Any]) -> Canonical:
     return str(message.get("role")), content_text(message.get("content")), calls
 
 
-def template_form(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def template_form(messages: MessagesView) -> list[dict[str, Any]]:
     """Messages ready for the chat template: known keys only, tool-call arguments decoded."""
     out: list[dict[str, Any]] = []
     for message in messages:
@@ -67,7 +68,7 @@ def template_form(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> set[str]:
+def tool_names(tools: Tools | None) -> set[str]:
     """The function names a request offers."""
     names = set()
     for tool in tools or ():

@@ -14,6 +14,7 @@ from ..trajectory.content import content_text
 from ..errors import ConfigError, UnsupportedEvalError
 from ._private import private_name
 from .resolve import EvalTest
+from ..trajectory.types import MessagesView, Prompt
 
 if TYPE_CHECKING:
     from eval_protocol.models import EvaluationRow
@@ -65,12 +66,12 @@ def training_prompts(eval_test: EvalTest) -> list[list[dict[str, Any]]]:
     return prompts
 
 
-def strip_row_key(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def strip_row_key(messages: MessagesView) -> list[dict[str, Any]]:
     """``messages`` as plain chat dicts: no ``ROW_KEY`` and no None-valued keys (a datasets round trip adds them)."""
     return [{k: v for k, v in message.items() if k != ROW_KEY and v is not None} for message in messages]
 
 
-def match_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_name: str) -> list["EvaluationRow"]:
+def match_rows(prompts: Sequence[Prompt], rows: Sequence["EvaluationRow"], eval_name: str) -> list["EvaluationRow"]:
     """The eval row behind each TRL prompt, as a deep copy per prompt (each rollout mutates its own).
 
     A prompt whose first message carries ``ROW_KEY`` names its row directly. Any other prompt (built by hand,
@@ -80,12 +81,12 @@ def match_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_nam
     return [row.model_copy(deep=True) for row in _matching_rows(prompts, rows, eval_name)]
 
 
-def check_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_name: str) -> None:
+def check_rows(prompts: Sequence[Prompt], rows: Sequence["EvaluationRow"], eval_name: str) -> None:
     """Raise as :func:`match_rows` would for a prompt that stands for no single row, without copying any row."""
     _matching_rows(prompts, rows, eval_name)
 
 
-def _matching_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"],
+def _matching_rows(prompts: Sequence[Prompt], rows: Sequence["EvaluationRow"],
                    eval_name: str) -> list["EvaluationRow"]:
     by_content: dict[tuple[tuple[str, str], ...], list[int]] | None = None
     matched = []
@@ -195,7 +196,7 @@ def _message_dict(message: Any) -> dict[str, Any]:
     return message.model_dump(include={"role", "content", "name", "tool_calls", "tool_call_id"}, exclude_none=True)
 
 
-def _prompt_messages(prompt: Any) -> list[Mapping[str, Any]]:
+def _prompt_messages(prompt: Prompt) -> list[Mapping[str, Any]]:
     """A TRL prompt as messages: a plain string is one user message."""
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
@@ -237,7 +238,7 @@ def _row_data(row: "EvaluationRow") -> dict[str, Any]:
     return data
 
 
-def _row_by_content(n: int, messages: Sequence[Mapping[str, Any]], rows: Sequence["EvaluationRow"],
+def _row_by_content(n: int, messages: MessagesView, rows: Sequence["EvaluationRow"],
                     candidates: list[int], eval_name: str) -> "EvaluationRow":
     if not candidates:
         text = " | ".join(content_text(m.get("content")) for m in messages)

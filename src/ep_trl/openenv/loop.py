@@ -10,7 +10,7 @@ cannot render) raises out of the rollout call: it would fail every episode alike
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,12 +29,13 @@ from ..sources.episode import (
 from ..trajectory.tokens import ChatTemplate, TrajectoryBuilder
 from .client import EnvSession, StepOutcome
 from .pool import EnvPool
+from ..trajectory.types import MessagesView
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-StepCallback = Callable[[Sequence[Mapping[str, Any]], Sequence[float]], None]
+StepCallback = Callable[[MessagesView, Sequence[float]], None]
 
 
 async def _guarded(kind: str, pending: Awaitable[T]) -> T:
@@ -87,7 +88,10 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
         if session is not None:
             await envs.release(session, reusable=clean, cancelled=cancelled)
     if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
-        state.builder = TrajectoryBuilder.start(template.prompt(state.messages or list(spec.initial_messages)))
+        known: MessagesView = state.messages
+        if not known:
+            known = list(spec.initial_messages)
+        state.builder = TrajectoryBuilder.start(template.prompt(known))
     return ended_episode(
         spec,
         failure,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .episode import Episode
 from ..generation import Generator
+from ..trajectory.types import Prompt
 
 if TYPE_CHECKING:  # the protocols name the types they pass along; the sources that play episodes use them
     from ..engine.call_setup import CallSetup
@@ -31,7 +32,7 @@ class EpisodeRequest:
     index: int
     group: int
     generation: int
-    prompt: Any
+    prompt: Prompt
     rollout_id: str
     context: "RowContext"
 
@@ -58,7 +59,7 @@ class EpisodeSource(Protocol):
         """One line for the start-up log: what plays the episodes."""
         ...
 
-    def check(self, prompts: Sequence[Any]) -> None:
+    def check(self, prompts: Sequence[Prompt]) -> None:
         """Raise, naming the first prompt and what is wrong with it, unless every prompt can be played (called
         before any episode starts: a bad prompt would fail every call it is in)."""
         ...

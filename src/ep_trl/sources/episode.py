@@ -13,6 +13,7 @@ from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.inputs import strip_row_key
 from ..openenv.client import EnvSettings
 from ..trajectory.tokens import Trajectory, TurnLimits
+from ..trajectory.types import MessageView
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class EpisodeSpec:
     group: int
     generation: int
     task: str | None
-    initial_messages: tuple[Mapping[str, Any], ...]
+    initial_messages: tuple[MessageView, ...]
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Episode:
 
     spec: EpisodeSpec
     trajectory: Trajectory
-    messages: tuple[Mapping[str, Any], ...]
+    messages: tuple[MessageView, ...]
     step_rewards: tuple[float, ...]
     actions: tuple[str, ...]
     status: str  # "finished" or "error"
@@ -114,7 +115,7 @@ def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
             f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"))
 
 
-def initial_messages(prompt: Any, index: int = 0) -> tuple[dict[str, Any], ...]:
+def initial_messages(prompt: object, index: int = 0) -> tuple[dict[str, Any], ...]:
     """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
     shape = ("the dataset's 'prompt' column must hold strings or lists of messages such as "
              "[{'role': 'user', 'content': 'Play the game.'}]")
@@ -122,10 +123,10 @@ def initial_messages(prompt: Any, index: int = 0) -> tuple[dict[str, Any], ...]:
         return ({"role": "user", "content": prompt},)
     if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
         raise TypeError(f"rollout_func got prompt {index} of type {type(prompt).__name__}; {shape}")
-    prompt = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
-    for k, message in enumerate(prompt):
+    messages = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
+    for k, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
             raise ConfigError(f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
                               f"'content' (a string or content parts); {shape}")
-    return tuple(dict(m) for m in prompt)
+    return tuple(dict(m) for m in messages)
