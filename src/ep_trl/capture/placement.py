@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..sources.episode import EpisodeFailure, check_first_prompt
+from ..sources.episode import EpisodeFailure, StopReason, check_first_prompt
 from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
 from ..trajectory.tokens import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
@@ -81,7 +81,7 @@ class RolloutCapture:
         self.unauthorized = 0  # requests that named this rollout without the call's key (answered 401)
         self.forks = 0
         self.prompt_tokens = 0
-        self.stop_reason = "done"
+        self.stop_reason: StopReason = "done"
         self.budget_blocked_tokens = 0
         self.failure: EpisodeFailure | None = None  # this rollout's generation failed
         self.fatal: BaseException | None = None  # an error that is not the episode's own: raised by the driver

@@ -22,6 +22,8 @@ from ..sources.episode import (
     EpisodeConfig,
     EpisodeFailure,
     EpisodeSpec,
+    FailureKind,
+    StopReason,
     check_first_prompt,
     ended_episode,
     pytest_outcome,
@@ -38,7 +40,7 @@ T = TypeVar("T")
 StepCallback = Callable[[MessagesView, Sequence[float]], None]
 
 
-async def _guarded(kind: str, pending: Awaitable[T]) -> T:
+async def _guarded(kind: FailureKind, pending: Awaitable[T]) -> T:
     """Await ``pending``; any ``Exception`` it raises fails the episode as ``kind``, except the configuration
     errors ep_trl raises on purpose (they would fail every episode alike)."""
     try:
@@ -61,7 +63,7 @@ class _State:
     prompt_tokens: int = 0
     builder_failures: int = 0
     budget_blocked_tokens: int = 0
-    stop_reason: str = "max_steps"
+    stop_reason: StopReason = "max_steps"
 
 
 async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,

@@ -7,13 +7,20 @@ the capture processors, the scoring and the stream read them without needing the
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.inputs import strip_row_key
 from ..openenv.client import EnvSettings
 from ..trajectory.tokens import Trajectory, TurnLimits
 from ..trajectory.types import MessageView
+
+
+#: How an episode ended: played to its end, or failed (``error_kind`` says by what; the episode is not scored).
+EpisodeStatus = Literal["finished", "error"]
+#: Why an episode stopped: the environment said done, the eval's turn limit, the token budget (the next turn would
+#: not fit), or a failure.
+StopReason = Literal["done", "max_steps", "token_budget", "error"]
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,10 @@ class Episode:
     messages: tuple[MessageView, ...]
     step_rewards: tuple[float, ...]
     actions: tuple[str, ...]
-    status: str  # "finished" or "error"
-    stop_reason: str  # "done", "max_steps", "token_budget" or "error"
+    status: EpisodeStatus
+    stop_reason: StopReason
     error: str | None
-    error_kind: str | None  # one of FAILURE_KINDS when the episode failed
+    error_kind: FailureKind | None  # when the episode failed
     duration_s: float
     prompt_tokens: int
     prompt_builder_failures: int = 0
@@ -66,19 +73,20 @@ class Episode:
 #: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
 #: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
 #: error and raises out of the rollout call.
-FAILURE_KINDS = ("environment", "eval_code", "generation")
+FailureKind = Literal["environment", "eval_code", "generation"]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 
 
 class EpisodeFailure(Exception):
     """An episode ended early by one of :data:`FAILURE_KINDS`; ``cause`` is the original error."""
 
-    def __init__(self, kind: str, cause: BaseException, detail: str | None = None) -> None:
+    def __init__(self, kind: FailureKind, cause: BaseException, detail: str | None = None) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}" + (f" ({detail})" if detail else ""))
         self.kind = kind
         self.cause = cause
 
 
-def ended_episode(spec: EpisodeSpec, failure: EpisodeFailure | None, stop_reason: str, **fields: Any) -> Episode:
+def ended_episode(spec: EpisodeSpec, failure: EpisodeFailure | None, stop_reason: StopReason, **fields: Any) -> Episode:
     """The ``Episode`` of ``spec``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
     "error", the failure's message and kind. ``fields`` are the rest of :class:`Episode`'s fields."""
     return Episode(

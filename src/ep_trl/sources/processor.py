@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from .episode import Episode, EpisodeFailure, EpisodeSpec, ended_episode, pytest_outcome
+from .episode import Episode, EpisodeFailure, EpisodeSpec, FailureKind, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, check_rows, match_rows, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
@@ -211,7 +211,7 @@ def _cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _kind(exc: BaseException) -> str:
+def _kind(exc: BaseException) -> FailureKind:
     """``environment`` for connection, timeout and OS errors (HTTP clients' and MCP's included) and a server port
     that is taken, else ``eval_code``."""
     seen = [exc, exc.__cause__] if exc.__cause__ is not None else [exc]
