@@ -13,11 +13,11 @@ sessions to reuse, the processor's routing key) and yields an :class:`EpisodePla
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .episode import Episode
 from ..generation import Generator
-from ..trajectory.types import Prompt
+from ..trajectory.types import Prompt, Row
 
 if TYPE_CHECKING:  # the protocols name the types they pass along; the sources that play episodes use them
     from ..engine.call_setup import CallSetup
@@ -46,7 +46,7 @@ class EpisodePlayer(Protocol):
         """Environment sessions opened so far in this session."""
         ...
 
-    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         """One episode, its turns generated with ``generator`` (the shared one, or a wrapper of it that records
         each turn's policy version)."""
         ...

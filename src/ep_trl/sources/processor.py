@@ -31,7 +31,7 @@ from ..generation import Generator
 from ..traininglog.writer import RolloutLogWriter
 from ..traininglog.rows import RowContext
 from . import EpisodeRequest
-from ..trajectory.types import MessagesView, Prompt, Row
+from ..trajectory.types import Messages, MessagesView, Prompt, Row
 
 if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
     from ..engine.call_setup import CallSetup
@@ -93,7 +93,7 @@ class ProcessorSource:
             self._mcp.close()
 
     async def _episode(self, setup: "CallSetup", request: EpisodeRequest, generator: Generator,
-                       semaphore: asyncio.Semaphore, key: str) -> tuple[Episode, Any]:
+                       semaphore: asyncio.Semaphore, key: str) -> tuple[Episode, Row]:
         """One row through the processor; the episode and the row for the body."""
         assert self._parser is not None and self._endpoint.base_url is not None
         rollout_id, prompt, context = request.rollout_id, request.prompt, request.context
@@ -180,7 +180,7 @@ class _ProcessorPlayer:
     def env_sessions(self) -> int:
         return 0  # the processor's environment is its own
 
-    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         return await self._source._episode(self._setup, request, generator, self._semaphore, self._key)
 
 
@@ -200,7 +200,7 @@ class _LiveLog:
         self._log.log(self._rollout_id, lambda: context.row(spec, self._rollout_id, self._prompt, (), (),
                                                             source_row=snapshot))
 
-    def read(self, rollout_id: str | None = None) -> list[Any]:
+    def read(self, rollout_id: str | None = None) -> list[Row]:
         return []
 
 
@@ -250,7 +250,7 @@ def _reported_failure(row: Row) -> EpisodeFailure | None:
         f"the processor marked the rollout {Status.Code(status.code).name}: {status.message}"))
 
 
-def _message_dicts(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def _message_dicts(messages: Sequence[Any]) -> Messages:
     return [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in messages]
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..runtime import shutdown
 from ..trajectory.tokens import Trajectory
-from ..trajectory.types import Row
+from ..trajectory.types import JSONObject, Row
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class EpisodeTokens:
     trajectory: Trajectory
 
 
-def token_view(trajectory: Trajectory, texts: Sequence[str]) -> dict[str, Any]:
+def token_view(trajectory: Trajectory, texts: Sequence[str]) -> JSONObject:
     """``extra["full_episode"]`` as the ``ep logs`` Token Debug panel reads it.
 
     ``mask`` is 0 for tokens without loss (the prompt and the inserted template/environment tokens, ``env_mask``
