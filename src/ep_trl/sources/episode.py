@@ -16,6 +16,13 @@ from ..trajectory.tokens import Trajectory, TurnLimits
 from ..trajectory.types import MessageView
 
 
+#: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
+#: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
+#: error and raises out of the rollout call.
+FailureKind = Literal["environment", "eval_code", "generation"]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+
+
 #: How an episode ended: played to its end, or failed (``error_kind`` says by what; the episode is not scored).
 EpisodeStatus = Literal["finished", "error"]
 #: Why an episode stopped: the environment said done, the eval's turn limit, the token budget (the next turn would
@@ -68,13 +75,6 @@ class Episode:
     @property
     def num_turns(self) -> int:
         return len(self.trajectory.sampled_segments())
-
-
-#: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
-#: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
-#: error and raises out of the rollout call.
-FailureKind = Literal["environment", "eval_code", "generation"]
-FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 
 
 class EpisodeFailure(Exception):
