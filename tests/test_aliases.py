@@ -37,17 +37,17 @@ def test_an_old_path_warns_and_is_the_new_module(old):
 def test_patching_the_old_path_patches_the_new_module(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        import ep_trl.runtime.shutdown as old
+        import ep_trl.shutdown as old
     from ep_trl.runtime import shutdown
 
-    monkeypatch.setattr("ep_trl.runtime.shutdown.CLOSE_RESERVE_S", 123.0)
+    monkeypatch.setattr("ep_trl.shutdown.CLOSE_RESERVE_S", 123.0)
     assert shutdown.CLOSE_RESERVE_S == 123.0 and old is shutdown
 
 
 def test_from_an_old_package_import_a_moved_module():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from ep_trl.capture import endpoint
+        from ep_trl.processors import endpoint
     from ep_trl.capture import endpoint as new
 
     assert endpoint is new
@@ -56,18 +56,18 @@ def test_from_an_old_package_import_a_moved_module():
 def test_the_trajectory_package_gives_the_old_modules_names_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
-        from ep_trl.trajectory.tokens import ChatTemplate, TrajectoryBuilder
-    from ep_trl.trajectory.tokens import tokens
+        from ep_trl.trajectory import ChatTemplate, TrajectoryBuilder
+    from ep_trl.trajectory import tokens
 
     assert ChatTemplate is tokens.ChatTemplate and TrajectoryBuilder is tokens.TrajectoryBuilder
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        getattr(importlib.import_module("ep_trl.trajectory.tokens"), "no_such_name")
+        getattr(importlib.import_module("ep_trl.trajectory"), "no_such_name")
 
 
 def test_python_dash_m_runs_an_old_path():
-    """``python -m ep_trl.runtime.guard`` (the watchdog's old path) still runs the module, now ``ep_trl.runtime.guard``."""
-    done = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "ep_trl.runtime.guard", "--help"],
+    """``python -m ep_trl.guard`` (the watchdog's old path) still runs the module, now ``ep_trl.runtime.guard``."""
+    done = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "ep_trl.guard", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--parent" in done.stdout
-    assert "ep_trl.runtime.guard moved to ep_trl.runtime.guard" in done.stderr
+    assert "ep_trl.guard moved to ep_trl.runtime.guard" in done.stderr
