@@ -1,5 +1,5 @@
 """The package's types: ``Any`` is counted (outside ``devtools/`` and ``envs/``) so it only goes down. mypy itself runs
-in CI (``python -m mypy`` in the README's test command, before pytest; about 40 s cold on two loaded cores), not
+in CI (``python -m mypy`` in the README's test command, before pytest; 40 to 60 s cold on two loaded cores), not
 here: the same command would run twice."""
 
 import re
