@@ -28,7 +28,9 @@ The public API is what this docstring lists; every other module is internal (doc
 * ``ep_trl.devtools``: development tooling for scripts and tests (tiny model, local servers, progress lines).
 """
 
+import importlib.abc
 import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -46,7 +48,7 @@ from .options import EvalOverrides, RolloutOptions, VLLMOptions
 
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
-    from types import CodeType, ModuleType
+    from types import CodeType
 
     from .adapters.async_worker import EvalRolloutWorker
     from .adapters.rollout_func import RolloutFunction, create_openenv_vllm_rollout_func, create_rollout_func
@@ -62,6 +64,7 @@ _LAZY = {"dataset_from_eval": "dataset", "RolloutFunction": "adapters.rollout_fu
 
 def __getattr__(name: str) -> Any:
     home = _LAZY.get(name)
+    module: ModuleType
     if home == "dataset":
         from . import dataset as module
     elif home == "adapters.rollout_func":
@@ -137,7 +140,7 @@ class _MovedModuleFinder:
                                                origin=real.origin if real else None)
 
 
-class _MovedModuleLoader:
+class _MovedModuleLoader(importlib.abc.Loader):
     """Loads an old path as the module at its new path, with a ``DeprecationWarning`` that names the new path."""
 
     def __init__(self, old: str, new: str) -> None:

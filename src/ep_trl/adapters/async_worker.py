@@ -50,6 +50,7 @@ import itertools
 import logging
 import math
 import queue
+from multiprocessing.queues import Queue as MPQueue
 import threading
 import time
 from collections import deque
@@ -69,6 +70,7 @@ from ..engine.metrics import call_metrics, summary_line
 from .rollout_func import RolloutFunction, create_rollout_func
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
 from ..runtime.threads import run_blocking
+from ..trajectory.types import Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +167,9 @@ class EvalRolloutWorker:
                            "worker never generates with them. If this run syncs a LoRA adapter under one of these "
                            "names, the server refuses it: restart the server between runs.", self._server_url,
                            sorted(self.foreign_adapters))
-        self._function: RolloutFunction = create_rollout_func(env_path, backend="vllm", **options)
+        function = create_rollout_func(env_path, backend="vllm", **options)
+        assert isinstance(function, RolloutFunction)  # one process: _check_arguments refused worker_processes > 1
+        self._function = function
         try:
             self._function.source.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
             #: The images reserved per episode in flight (None: episodes' images are not bounded).
@@ -181,7 +185,7 @@ class EvalRolloutWorker:
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
         self.groups_per_report = max(1, per_step // self._config.num_generations)
         self._buffer: queue.Queue = queue.Queue(maxsize=buffer_size or max(2 * per_step, self.slots))
-        self.metrics_queue: queue.Queue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
+        self.metrics_queue: queue.Queue | MPQueue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
         self.metrics_dropped = 0
         self.meter = SlotMeter()
         self._version = 0
@@ -204,7 +208,7 @@ class EvalRolloutWorker:
     # --- RolloutWorkerProtocol ---------------------------------------------------------------------------------
 
     @property
-    def rollout_buffer(self) -> queue.Queue:
+    def rollout_buffer(self) -> queue.Queue | MPQueue:
         """The samples for the trainer (TRL's ``RolloutWorkerProtocol``). A worker that renders images serves only a
         trainer that took them (:meth:`take_images`): any other would train on image tokens without their pixels."""
         if self.renders_images and self._images_taken_by is None:
@@ -218,7 +222,10 @@ class EvalRolloutWorker:
         return self._buffer
 
     @rollout_buffer.setter
-    def rollout_buffer(self, buffer: queue.Queue) -> None:
+    def rollout_buffer(self, buffer: queue.Queue | MPQueue) -> None:
+        if not isinstance(buffer, queue.Queue):
+            raise ConfigError(f"EvalRolloutWorker.rollout_buffer = {type(buffer).__name__}: the worker runs in the "
+                              "trainer's process and needs a queue.Queue (it trims the queue in place)")
         self._buffer = buffer
 
     def take_images(self, trainer: str) -> None:
@@ -475,7 +482,7 @@ def _without_images(group: ScoredGroup) -> ScoredGroup:
     return dataclasses.replace(group, played=played)
 
 
-def _episode_images(spec: Any, prompts: Sequence[Any], num_generations: int, max_buffered_images: int | None,
+def _episode_images(spec: Any, prompts: Sequence[Prompt], num_generations: int, max_buffered_images: int | None,
                     max_episode_images: int | None) -> int | None:
     """The images reserved per episode in flight: ``max_episode_images``, or with ``max_buffered_images`` on an
     OpenEnv eval the most its episodes render at one image per observation (the prompt's images plus one per step);

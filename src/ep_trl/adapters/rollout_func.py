@@ -10,10 +10,10 @@ scoring is :mod:`ep_trl.engine.scoring`, the returned dict is :mod:`ep_trl.adapt
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..openenv import servers as env_servers
 from .. import evalprotocol
@@ -36,6 +36,10 @@ from ..engine.scoring import Scored, group_indices
 from ..sources import EpisodePlayer, EpisodeSource
 from ..sources.choice import make_source
 from ..engine.stream import GroupPlan, PlayedEpisode, ScoredGroup, SlotMeter, play_groups
+from ..trajectory.types import Prompt
+
+if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
+    from .sharded import ShardedRolloutFunction
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +72,13 @@ class RolloutFunction:
         self._owner = os.getpid()  # what it holds is this process's: a forked child owns none of it
         shutdown.register(self, self.options.stop_grace_s)  # closed at exit, on SIGTERM too, unless closed before
 
-    def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: Sequence[Prompt], *trainer_args: Any) -> dict[str, list[Any]]:
         """``rollout_func(prompts, trainer)`` as ``GRPOTrainer`` calls it."""
         caller = trl_seam.caller_of(trainer_args)
         caller.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
         return self.run(prompts, caller)
 
-    def run(self, prompts: list[Any], caller: RolloutCaller, first_group: int | None = None) -> dict[str, list[Any]]:
+    def run(self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None = None) -> dict[str, list[Any]]:
         """One rollout call for ``prompts`` from ``caller`` (what ``__call__`` does for the ``GRPOTrainer`` it is
         handed). ``first_group`` is the run-wide number of its first prompt group when another process counts them (a
         worker process's shard); by default this function counts its own calls."""
@@ -128,7 +132,7 @@ class RolloutFunction:
         return self._runner.run(coro)
 
     async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan],
-                     **stream: Any) -> AsyncIterator[ScoredGroup]:
+                     **stream: Any) -> AsyncGenerator[ScoredGroup, None]:
         """:meth:`play` with what ``caller`` offers, read once as the stream starts."""
         async with aclosing(self.play(self.setup(caller), plans, **stream)) as played:
             async for group in played:
@@ -138,7 +142,7 @@ class RolloutFunction:
     async def play(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
                    may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                    model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
-                   max_episode_images: int | None = None) -> AsyncIterator[ScoredGroup]:
+                   max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
         """The stream core (``ep_trl.engine.stream.play_groups``) on this eval's source and ``setup``: ``plans`` played with
         at most ``slots`` episodes in flight, each group yielded once complete and scored."""
         generator = setup.generator
@@ -171,7 +175,7 @@ class RolloutFunction:
         """Environment sessions opened by the stream now playing, or by the last one."""
         return self._player.env_sessions if self._player is not None else 0
 
-    async def _rollout(self, prompts: list[Any], caller: RolloutCaller,
+    async def _rollout(self, prompts: Sequence[Prompt], caller: RolloutCaller,
                        first_group: int | None) -> dict[str, list[Any]]:
         started = time.perf_counter()
         self.calls += 1
@@ -221,7 +225,7 @@ def create_openenv_vllm_rollout_func(
     vllm: VLLMOptions | None = None,
     options: RolloutOptions | None = None,
     **unknown: Any,
-) -> RolloutFunction:
+) -> "RolloutFunction | ShardedRolloutFunction":
     """Build a TRL ``rollout_func`` that plays the eval's episodes and scores them with the eval's body.
 
     An ``OpenEnvRolloutProcessor`` eval's environment loop is played by ep_trl itself; any other processor runs

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..evalprotocol.resolve import resolve_eval_test
 from ..evalprotocol.spec import read_eval_spec
 from ..options import RolloutOptions
+from ..trajectory.types import Prompt, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class ShardedRolloutFunction:
     builds its rollout function with ``build(env_path, **factory_kwargs)`` (the factory, a module-level function:
     it reaches the worker by name)."""
 
-    def __init__(self, env_path: str, factory_kwargs: Mapping[str, Any], workers: int, name: str,
+    def __init__(self, env_path: str, factory_kwargs: Settings, workers: int, name: str,
                  build: Callable[..., Any]) -> None:
         try:
             pickle.dumps(dict(factory_kwargs))
@@ -129,12 +130,12 @@ class ShardedRolloutFunction:
         _live.add(self)
         shutdown.register(self, getattr(factory_kwargs.get("options"), "stop_grace_s", None))
 
-    def __call__(self, prompts: list[Any], *trainer_args: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: Sequence[Prompt], *trainer_args: Any) -> dict[str, list[Any]]:
         caller = trl_seam.caller_of(trainer_args)
         caller.wait_for_weight_sync()
         return self.run(prompts, caller)
 
-    def run(self, prompts: list[Any], caller: RolloutCaller) -> dict[str, list[Any]]:
+    def run(self, prompts: Sequence[Prompt], caller: RolloutCaller) -> dict[str, list[Any]]:
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts

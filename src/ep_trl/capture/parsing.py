@@ -8,10 +8,11 @@ ep_trl sets the format on a copy of the tokenizer, so the trainer's own is left 
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..trajectory.types import Tools
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class ToolCallParser:
             except ValueError as exc:  # TRL knows no response format for this template
                 self._unsupported_reason = str(exc)
 
-    def check(self, tools: Sequence[Mapping[str, Any]] | None) -> None:
+    def check(self, tools: Tools | None) -> None:
         """A request that offers tools needs a parser for the model's tool calls."""
         if tools and not self.supported:
             raise ConfigError(
@@ -42,8 +43,8 @@ class ToolCallParser:
                 "gpt-oss, Gemma) or set tokenizer.response_template before building the trainer.")
 
     def __call__(self, ids: Sequence[int], prefix: Sequence[int],
-                 tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+                 tools: Tools | None) -> dict[str, Any]:
         """``{"role": "assistant", "content": ..., "tool_calls": [...]}``; arguments as objects."""
         from trl.chat_template_utils import parse_response
 
-        return parse_response(self._tokenizer, list(ids), prefix=list(prefix), tools=list(tools) if tools else None)
+        return parse_response(self._tokenizer, list(ids), prefix=list(prefix), tools=[dict(tool) for tool in tools] if tools else None)

@@ -21,14 +21,15 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
-from ..sources.episode import EpisodeFailure, check_first_prompt
+from ..sources.episode import EpisodeFailure, StopReason, check_first_prompt
 from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
 from ..trajectory.tokens import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 from .parsing import ToolCallParser
 from .wire import Canonical, canonical, reply_message, template_form, tool_names
+from ..trajectory.types import MessageView, MessagesView, Tool
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,8 @@ logger = logging.getLogger(__name__)
 class TurnRequest:
     """One chat-completions call of a rollout, as the processor sent it."""
 
-    messages: tuple[Mapping[str, Any], ...]
-    tools: tuple[Mapping[str, Any], ...] | None = None
+    messages: tuple[MessageView, ...]
+    tools: tuple[Tool, ...] | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
 
@@ -80,12 +81,12 @@ class RolloutCapture:
         self.unauthorized = 0  # requests that named this rollout without the call's key (answered 401)
         self.forks = 0
         self.prompt_tokens = 0
-        self.stop_reason = "done"
+        self.stop_reason: StopReason = "done"
         self.budget_blocked_tokens = 0
         self.failure: EpisodeFailure | None = None  # this rollout's generation failed
         self.fatal: BaseException | None = None  # an error that is not the episode's own: raised by the driver
 
-    def trajectory(self, fallback_messages: list[Mapping[str, Any]]) -> Trajectory:
+    def trajectory(self, fallback_messages: MessagesView) -> Trajectory:
         """The last segment's tokens; before any call, the rendered ``fallback_messages`` as prompt alone."""
         if self._segments:
             return self._segments[-1].builder.build()

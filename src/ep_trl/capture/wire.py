@@ -9,10 +9,11 @@ decoded to objects (a template given the wire's JSON string renders it encoded t
 """
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..trajectory.content import content_text
+from ..trajectory.types import Message, MessageView, Messages, MessagesView, Tools
 
 #: Message keys a chat template may read; others (litellm's ``function_call: None``, eval-protocol's fields) go.
 _TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -35,11 +36,11 @@ def _wire_arguments(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value if value is not None else {})
 
 
-def _calls(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _calls(message: MessageView) -> list[MessageView]:
     return [c for c in (message.get("tool_calls") or []) if isinstance(c, Mapping)]
 
 
-def canonical(message: Mapping[str, Any]) -> Canonical:
+def canonical(message: MessageView) -> Canonical:
     """What two messages must share to be the same turn of a conversation."""
     calls = tuple(
         (str((c.get("function") or {}).get("name")),
@@ -49,9 +50,9 @@ def canonical(message: Mapping[str, Any]) -> Canonical:
     return str(message.get("role")), content_text(message.get("content")), calls
 
 
-def template_form(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def template_form(messages: MessagesView) -> Messages:
     """Messages ready for the chat template: known keys only, tool-call arguments decoded."""
-    out: list[dict[str, Any]] = []
+    out: Messages = []
     for message in messages:
         kept = {k: message[k] for k in _TEMPLATE_KEYS if message.get(k) is not None}
         if kept.get("content") is None:
@@ -67,7 +68,7 @@ def template_form(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> set[str]:
+def tool_names(tools: Tools | None) -> set[str]:
     """The function names a request offers."""
     names = set()
     for tool in tools or ():
@@ -77,7 +78,7 @@ def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> set[str]:
     return names
 
 
-def reply_message(parsed: Mapping[str, Any], text: str, offered: set[str], call_id_prefix: str) -> dict[str, Any]:
+def reply_message(parsed: MessageView, text: str, offered: set[str], call_id_prefix: str) -> Message:
     """The assistant message to return: the parsed tool calls that name an offered tool (arguments as the wire's
     JSON string), else the sampled ``text`` as content (a call to a tool that was not offered is text)."""
     calls = [c for c in parsed.get("tool_calls") or []

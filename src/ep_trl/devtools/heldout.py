@@ -77,7 +77,9 @@ async def _score(spec: Any, rows: list[Any], params: dict[str, Any], concurrency
     else:
         scored = await run_body(spec, done, ROW_TIMEOUT_S) if done else []
     by_row = iter(scored)
-    scores, replies, reasons = [], [], []
+    scores: list[float | None] = []
+    replies: list[str] = []
+    reasons: list[str] = []
     for row in finished:
         if isinstance(row, BaseException):
             scores.append(None)

@@ -135,6 +135,14 @@ class TrainingMode:
         """TRL keeps ``--vllm-base-url`` on the trainer's weights (``vllm_mode="server"``, NCCL: GPU only)."""
         return bool(self.vllm_base_url) and self.on_gpu and not self.asynchronous
 
+    @property
+    def server_url(self) -> str:
+        """``--vllm-base-url``, which ``--async`` needs (:func:`check_generation_flags` refuses ``--async``
+        without it)."""
+        if not self.vllm_base_url:
+            raise ValueError("--async generates on a vLLM server: give --vllm-base-url URL")
+        return self.vllm_base_url
+
     def describe(self) -> str:
         """One line: where episodes are generated, and by which trainer."""
         device = "GPU" if self.on_gpu else "CPU"
@@ -164,15 +172,15 @@ class TrainingMode:
             from trl.experimental.async_grpo import AsyncGRPOConfig
 
             # fixed-size packing: no server max_model_len query on CPU; rows with images are planned by sample count
-            fixed = {"token_budget": 0} if self.images or not self.on_gpu else {}
-            return AsyncGRPOConfig(**values, vllm_server_base_url=self.vllm_base_url, **fixed)
+            fixed: dict[str, Any] = {"token_budget": 0} if self.images or not self.on_gpu else {}
+            return AsyncGRPOConfig(**values, vllm_server_base_url=self.server_url, **fixed)
         from trl import GRPOConfig
 
         if self.colocate:
             return GRPOConfig(**values, use_vllm=True, vllm_mode=COLOCATE,
                               vllm_gpu_memory_utilization=self.gpu_memory_utilization)
-        return GRPOConfig(**values, use_vllm=self.synced_server, vllm_mode=SERVER,
-                          **({"vllm_server_base_url": self.vllm_base_url} if self.synced_server else {}))
+        server: dict[str, Any] = {"vllm_server_base_url": self.vllm_base_url} if self.synced_server else {}
+        return GRPOConfig(**values, use_vllm=self.synced_server, vllm_mode=SERVER, **server)
 
     @contextlib.contextmanager
     def trainer(self, env_path: str, *, model: str, args: Any, train_dataset: Any, callbacks: Sequence[Any] = (),
@@ -195,6 +203,7 @@ class TrainingMode:
 
         explicit_server = None if (self.colocate or self.synced_server) else self.vllm_base_url
         rollout = create_openenv_vllm_rollout_func(env_path, vllm_base_url=explicit_server, **rollout_options)
+        trainer_cls: type[GRPOTrainer]
         try:
             if self.colocate and not self.on_gpu:
                 from ..trainers.cpu_colocate import CPUColocateGRPOTrainer
@@ -217,12 +226,14 @@ class TrainingMode:
         stops the worker when training ends; the block stops it too (stopping twice is harmless), for a block that
         ends before training starts."""
         from transformers import AutoProcessor, AutoTokenizer
+        from trl.experimental.async_grpo import AsyncGRPOTrainer
 
         from .. import EvalRolloutWorker
 
         processing_class = AutoProcessor.from_pretrained(model) if images else AutoTokenizer.from_pretrained(model)
         worker = EvalRolloutWorker(env_path, args=args, processing_class=processing_class, dataset=train_dataset,
                                    **rollout_options)
+        trainer: AsyncGRPOTrainer
         try:
             if images:
                 from ..trainers import async_images
@@ -235,11 +246,9 @@ class TrainingMode:
                 else:
                     trainer = async_images.CPUAsyncImagesGRPOTrainer(
                         model, args=args, processing_class=processing_class, train_dataset=train_dataset,
-                        rollout_worker=worker, weight_transfer=DiskWeightTransfer(self.vllm_base_url, model),
+                        rollout_worker=worker, weight_transfer=DiskWeightTransfer(self.server_url, model),
                         callbacks=list(callbacks))
             elif self.on_gpu:
-                from trl.experimental.async_grpo import AsyncGRPOTrainer
-
                 # to a server with --enable-lora TRL syncs a peft policy's adapter alone; the worker generates with it
                 trainer = AsyncGRPOTrainer(model, args=args, train_dataset=train_dataset, rollout_worker=worker,
                                            callbacks=list(callbacks), peft_config=peft_config)
@@ -252,7 +261,7 @@ class TrainingMode:
                 adapter_only = peft_config is not None and worker.server_lora
                 trainer = CPUAsyncGRPOTrainer(model, args=args, train_dataset=train_dataset, rollout_worker=worker,
                                               weight_transfer=None if adapter_only else DiskWeightTransfer(
-                                                  self.vllm_base_url, model),
+                                                  self.server_url, model),
                                               callbacks=list(callbacks), peft_config=peft_config)
             yield trainer
         finally:

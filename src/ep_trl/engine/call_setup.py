@@ -10,7 +10,6 @@ built at the first read and kept for every later call.
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from . import settings
 from ..generation.choice import make_generator
@@ -23,6 +22,7 @@ from ..options import Backend, VLLMOptions
 from ..traininglog.writer import RolloutLogWriter
 from ..traininglog.rows import RowContext
 from ..trajectory.tokens import ChatTemplate, TurnLimits
+from ..trajectory.types import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class CallReader:
     read and keeps them (``aclose`` releases the backend)."""
 
     def __init__(self, spec: EvalSpec, *, backend: Backend, vllm_base_url: str | None, vllm: VLLMOptions,
-                 chat_template_kwargs: dict[str, Any] | None, max_episode_tokens: int | None, invocation_id: str,
+                 chat_template_kwargs: Settings | None, max_episode_tokens: int | None, invocation_id: str,
                  log: RolloutLogWriter | None) -> None:
         self._spec = spec
         self._backend = backend

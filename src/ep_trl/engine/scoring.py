@@ -9,11 +9,11 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import UnsupportedEvalError
 from ..evalprotocol.body import run_body, score_of
 from ..evalprotocol.spec import EvalSpec
+from ..trajectory.types import Prompt, Row
 
 logger = logging.getLogger(__name__)
 
@@ -23,11 +23,11 @@ class Scored:
     """The eval's verdict on one row: its score (None when unscored), the row the body returned, and why not."""
 
     score: float | None
-    row: Any
+    row: Row
     error: str | None = None
 
 
-def group_indices(prompts: Sequence[Any], num_generations: int) -> list[list[int]]:
+def group_indices(prompts: Sequence[Prompt], num_generations: int) -> list[list[int]]:
     """Consecutive indices of one prompt, at most ``num_generations`` long (TRL repeats each prompt that often)."""
     groups: list[list[int]] = []
     for i, prompt in enumerate(prompts):
@@ -38,7 +38,7 @@ def group_indices(prompts: Sequence[Any], num_generations: int) -> list[list[int
     return groups
 
 
-async def score_rows(spec: EvalSpec, rows: list[Any], eligible: list[bool], groups: list[list[int]],
+async def score_rows(spec: EvalSpec, rows: list[Row], eligible: list[bool], groups: list[list[int]],
                      timeout_s: float) -> list[Scored]:
     """Run the body over the eligible rows in the eval's mode and return one ``Scored`` per row.
 
@@ -79,7 +79,7 @@ async def score_rows(spec: EvalSpec, rows: list[Any], eligible: list[bool], grou
     return results
 
 
-def _unscored_reason(row: Any) -> str:
+def _unscored_reason(row: Row) -> str:
     result = getattr(row, "evaluation_result", None)
     score = getattr(result, "score", None)
     if score is not None and not math.isfinite(float(score)):

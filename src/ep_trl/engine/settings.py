@@ -39,6 +39,7 @@ from ..evalprotocol.spec import EvalSpec
 from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
 from ..options import EvalOverrides
 from ..trajectory.tokens import TurnLimits, eos_token_ids
+from ..trajectory.types import Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
                          max_steps=spec.max_steps, limits=limits, eval_name=spec.qualified_name)
 
 
-def plan_episode(prompt: Any, index: int, group: int, generation: int, tasks: Sequence[str],
+def plan_episode(prompt: Prompt, index: int, group: int, generation: int, tasks: Sequence[str],
                  system_prompt: str | None) -> EpisodeSpec:
     """The spec of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
     ``tasks[group % len(tasks)]``), ``generation`` within the group. The eval's ``system_prompt`` is put first

@@ -29,7 +29,7 @@ generated later. With ``max_episode_images`` a turn whose episode would then hol
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from ..generation import Generation, Generator, PromptImages, SamplingParams
 from ..traininglog.rows import RowContext
 from .scoring import Scored, score_rows
 from ..sources import EpisodePlayer, EpisodeRequest
+from ..trajectory.types import Prompt, Row
 
 #: How often a stream that may not start an episode (``may_start()`` false) and waits for nothing looks again.
 IDLE_POLL_S = 0.05
@@ -51,7 +52,7 @@ class GroupPlan:
     generation), their rollout ids, and the row context of the step it starts under."""
 
     group: int
-    prompt: Any
+    prompt: Prompt
     indices: tuple[int, ...]
     rollout_ids: tuple[str, ...]
     context: RowContext
@@ -64,7 +65,7 @@ class PlayedEpisode:
 
     request: EpisodeRequest
     episode: Episode
-    row: Any
+    row: Row
     versions: tuple[int, ...] = ()
 
 
@@ -207,7 +208,7 @@ async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[Gro
                       slots: int, body_timeout_s: float, all_scope: str = "group",
                       may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                       model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
-                      max_episode_images: int | None = None) -> AsyncIterator[ScoredGroup]:
+                      max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
     """Play ``plans`` with at most ``slots`` episodes in flight and yield each group once it is complete and scored
     (see the module docstring); ``meter`` counts how busy the slots are. A released group is referenced nowhere in
     the stream once the consumer asks for the next one (its episodes' images are freed with the consumer's copy)."""

@@ -84,7 +84,9 @@ class StdioServers:
             return RolloutServers(self._config_path or "", {}, {})
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="ep-trl-mcp-"))
-        servers, logs, commands = {}, {}, {}
+        servers: dict[str, Any] = {}
+        logs: dict[str, Path] = {}
+        commands: dict[str, str] = {}
         for name, server in self._config["mcpServers"].items():
             if "command" not in server:
                 servers[name] = server

@@ -10,6 +10,7 @@ from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
 from ._private import private_attr, private_name
 from .resolve import EvalTest
+from ..trajectory.types import Settings
 
 EVAL_MODES = ("pointwise", "groupwise", "all")
 
@@ -22,8 +23,8 @@ class EvalSpec:
     qualified_name: str
     mode: str
     body: Callable[..., Any]
-    evaluation_test_kwargs: Mapping[str, Any]
-    completion_params: Mapping[str, Any]
+    evaluation_test_kwargs: Settings
+    completion_params: Settings
     max_steps: int
     max_concurrent_rollouts: int
     #: The OpenEnv loop's parts (``OpenEnvRolloutProcessor`` evals); None for any other processor.
@@ -33,7 +34,7 @@ class EvalSpec:
     notes: tuple[str, ...] = field(default=())
     #: Any other processor, run unchanged (``ep_trl.capture``), and what eval-protocol hands it in its config.
     processor: Any = None
-    processor_settings: Mapping[str, Any] = field(default_factory=dict)
+    processor_settings: Settings = field(default_factory=dict)
 
     @property
     def processor_name(self) -> str:

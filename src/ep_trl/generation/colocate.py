@@ -78,7 +78,7 @@ def trainer_engine(trainer: Any) -> ColocatedEngine:
             "vllm_mode='server' with `trl vllm-serve --tensor-parallel-size N`.")
     generation = getattr(trainer, "vllm_generation", None)
     llm = getattr(generation, "llm", None)
-    if llm is None:
+    if generation is None or llm is None:
         raise VersionError("trainer.vllm_generation.llm is missing in this TRL version: ep_trl cannot find the "
                            "colocated engine. Use vllm_mode='server' instead.")
     if not getattr(args, "vllm_enable_sleep_mode", False):

@@ -43,6 +43,7 @@ import httpx
 from ..errors import GenerationError
 from ..options import VLLMOptions
 from . import CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
+from ..trajectory.types import JSONObject
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class _Batch:
     carrying a list of prompts."""
 
     number: int
-    fields: dict[str, Any]
+    fields: JSONObject
     head: str
     members: list[_Member] = field(default_factory=list)
 
@@ -207,7 +208,7 @@ class VLLMServerGenerator:
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[str, _Batch] = {}
-        self._fields: dict[tuple[str, SamplingParams], tuple[dict[str, Any], str]] = {}
+        self._fields: dict[tuple[str, SamplingParams], tuple[JSONObject, str]] = {}
         self._tasks: set[asyncio.Task] = set()
         info = probe_server(self.base_url, options.connect_timeout_s)
         self.model = model or info.model
@@ -286,7 +287,7 @@ class VLLMServerGenerator:
                     choice = await self._join_batch(_Member(prompt, len(prompt_ids), label), fields, head)
             return parse_choice(choice, label)  # an answer without token ids fails for good too
 
-    def request_fields(self, model: str, params: SamplingParams, seed: int | None) -> tuple[dict[str, Any], str]:
+    def request_fields(self, model: str, params: SamplingParams, seed: int | None) -> tuple[JSONObject, str]:
         """``completion_fields`` and their JSON (``fields_json``); built once per model and settings when unseeded
         (shared: read, never changed)."""
         if seed is not None:
@@ -314,7 +315,7 @@ class VLLMServerGenerator:
                 data = await self._post(json_bytes(body), label, self._generate_url)
             return parse_generate_response(data, prompt_ids, label)
 
-    async def _join_batch(self, member: _Member, fields: dict[str, Any], head: str) -> dict[str, Any]:
+    async def _join_batch(self, member: _Member, fields: JSONObject, head: str) -> JSONObject:
         # equal fields, built in one order by completion_fields, have equal JSON: the batch's key is its head
         batch = self._open.get(head)
         loop = asyncio.get_running_loop()
@@ -368,11 +369,11 @@ class VLLMServerGenerator:
         except GenerationError as exc:
             _settle(member, error=exc)
 
-    async def _send_one(self, prompt: str, head: str, label: str) -> dict[str, Any]:
+    async def _send_one(self, prompt: str, head: str, label: str) -> JSONObject:
         data = await self._post(body_with_prompt(head, prompt), label)
         return batch_choices(data, 1, label)[0]
 
-    async def _post(self, body: bytes, what: str, url: str | None = None) -> dict[str, Any]:
+    async def _post(self, body: bytes, what: str, url: str | None = None) -> JSONObject:
         """POST ``body`` (JSON) to ``url`` (default ``/v1/completions``) with the retry policy; ``what`` names the
         request in errors and logs."""
         client, _ = self._bind()
@@ -434,7 +435,7 @@ def prompt_json(prompt_ids: Sequence[int]) -> str:
     return prompt_ids.json if isinstance(prompt_ids, PromptIds) else ids_json(prompt_ids)
 
 
-def fields_json(fields: dict[str, Any]) -> str:
+def fields_json(fields: JSONObject) -> str:
     """A request's fields other than the prompt as compact JSON, the body's head for :func:`body_with_prompt`."""
     return json.dumps(fields, separators=(",", ":"))
 
@@ -445,7 +446,7 @@ def body_with_prompt(head: str, prompt: str) -> bytes:
     return f'{head[:-1]},"prompt":{prompt}}}'.encode()
 
 
-def _settle(member: _Member, result: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
+def _settle(member: _Member, result: JSONObject | None = None, error: BaseException | None = None) -> None:
     """Hand a batch's answer (or error) to one waiting turn, unless that turn was cancelled meanwhile."""
     if member.future.done():
         return
@@ -467,13 +468,13 @@ def request_seed(base_seed: int | None, request_number: int) -> int | None:
 
 
 def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingParams,
-                       seed: int | None = None) -> dict[str, Any]:
+                       seed: int | None = None) -> JSONObject:
     """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs (sent as
     ``body_with_prompt(fields_json(completion_fields(...)), prompt_json(prompt_ids))``)."""
     return {**completion_fields(model, params, seed), "prompt": [int(t) for t in prompt_ids]}
 
 
-def completion_fields(model: str, params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+def completion_fields(model: str, params: SamplingParams, seed: int | None = None) -> JSONObject:
     """:func:`completion_payload` but its prompt, always with the same keys in the same order for equal settings."""
     return {
         "model": model,
@@ -483,14 +484,14 @@ def completion_fields(model: str, params: SamplingParams, seed: int | None = Non
     }
 
 
-def sampling_fields(params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+def sampling_fields(params: SamplingParams, seed: int | None = None) -> JSONObject:
     """vLLM sampling parameters that sample like TRL's own vLLM path, with the sampled token's logprob.
 
     ``top_k`` 0 (TRL's "off") is sent as vLLM's -1. ``logprobs: 0`` returns exactly the sampled token's
     logprob; with ``--logprobs-mode processed_logprobs`` (what ``trl vllm-serve`` sets) that is the logprob
     under the temperature/top-k/top-p distribution actually sampled from, the quantity TRL recomputes.
     """
-    fields: dict[str, Any] = {
+    fields: JSONObject = {
         "max_tokens": int(params.max_tokens),
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
@@ -509,7 +510,7 @@ def sampling_fields(params: SamplingParams, seed: int | None = None) -> dict[str
     return fields
 
 
-def tokens_payload(model: str, images: PromptImages, params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+def tokens_payload(model: str, images: PromptImages, params: SamplingParams, seed: int | None = None) -> JSONObject:
     """An ``/inference/v1/generate`` body: the prompt with unexpanded placeholders, its images as PNG data URIs,
     the sampling of :func:`sampling_fields`, and the expanded prompt ids asked back for the check."""
     return {
@@ -528,7 +529,7 @@ def png_data_uri(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def parse_generate_response(data: dict[str, Any], prompt_ids: Sequence[int], label: str) -> Generation:
+def parse_generate_response(data: JSONObject, prompt_ids: Sequence[int], label: str) -> Generation:
     """Sampled ids and logprobs from an ``/inference/v1/generate`` answer, after checking that vLLM expanded the
     image placeholders into exactly the ids the trainer scores."""
     expanded = data.get("prompt_token_ids") if isinstance(data, dict) else None
@@ -549,7 +550,7 @@ def parse_generate_response(data: dict[str, Any], prompt_ids: Sequence[int], lab
                       str(choice.get("finish_reason") or "stop"), stop_reason if isinstance(stop_reason, str) else None)
 
 
-def batch_choices(data: dict[str, Any], expected: int, what: str) -> list[dict[str, Any]]:
+def batch_choices(data: JSONObject, expected: int, what: str) -> list[JSONObject]:
     """The ``choices`` of a response for ``expected`` prompts (n=1), in prompt order."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or len(choices) != expected:
@@ -557,7 +558,7 @@ def batch_choices(data: dict[str, Any], expected: int, what: str) -> list[dict[s
     return sorted(choices, key=lambda c: int(c.get("index", 0)))
 
 
-def parse_choice(choice: dict[str, Any], label: str = "vLLM request") -> Generation:
+def parse_choice(choice: JSONObject, label: str = "vLLM request") -> Generation:
     """Sampled ids and their logprobs (one float each) from one choice of a ``/v1/completions`` response."""
     ids = choice.get("token_ids")
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")

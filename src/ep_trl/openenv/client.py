@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..runtime.threads import run_blocking
+from ..trajectory.types import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ def client_kwargs(settings: EnvSettings, base_url: str) -> dict[str, Any]:
     accepted = constructor_parameters(settings.client_cls)
     timeout = settings.request_timeout_s
     headers = dict(settings.default_headers) if settings.default_headers else None
-    offered = {
+    offered: Settings = {
         "message_timeout_s": timeout,
         "request_timeout_s": timeout,
         "connect_timeout_s": min(STOCK_CONNECT_TIMEOUT_S, timeout),

@@ -10,7 +10,7 @@ cannot render) raises out of the rollout call: it would fail every episode alike
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,6 +22,8 @@ from ..sources.episode import (
     EpisodeConfig,
     EpisodeFailure,
     EpisodeSpec,
+    FailureKind,
+    StopReason,
     check_first_prompt,
     ended_episode,
     pytest_outcome,
@@ -29,15 +31,16 @@ from ..sources.episode import (
 from ..trajectory.tokens import ChatTemplate, TrajectoryBuilder
 from .client import EnvSession, StepOutcome
 from .pool import EnvPool
+from ..trajectory.types import MessagesView
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-StepCallback = Callable[[Sequence[Mapping[str, Any]], Sequence[float]], None]
+StepCallback = Callable[[MessagesView, Sequence[float]], None]
 
 
-async def _guarded(kind: str, pending: Awaitable[T]) -> T:
+async def _guarded(kind: FailureKind, pending: Awaitable[T]) -> T:
     """Await ``pending``; any ``Exception`` it raises fails the episode as ``kind``, except the configuration
     errors ep_trl raises on purpose (they would fail every episode alike)."""
     try:
@@ -60,7 +63,7 @@ class _State:
     prompt_tokens: int = 0
     builder_failures: int = 0
     budget_blocked_tokens: int = 0
-    stop_reason: str = "max_steps"
+    stop_reason: StopReason = "max_steps"
 
 
 async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
@@ -87,7 +90,10 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
         if session is not None:
             await envs.release(session, reusable=clean, cancelled=cancelled)
     if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
-        state.builder = TrajectoryBuilder.start(template.prompt(state.messages or list(spec.initial_messages)))
+        known: MessagesView = state.messages
+        if not known:
+            known = list(spec.initial_messages)
+        state.builder = TrajectoryBuilder.start(template.prompt(known))
     return ended_episode(
         spec,
         failure,

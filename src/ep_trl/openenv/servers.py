@@ -176,10 +176,15 @@ def _provider_maker(settings: EnvSettings, provider: Provider | None) -> Callabl
     return lambda: LocalAppProvider(app, start_timeout_s=START_TIMEOUT_S)
 
 
+def _starts_containers(provider: object) -> bool:
+    """Whether ``provider`` is an OpenEnv ``ContainerProvider`` (it starts a docker image)."""
+    container = _provider_types()[1:]
+    return bool(container) and isinstance(provider, container)
+
+
 def _start(provider: Any, settings: EnvSettings, env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
     """Start one server with an OpenEnv provider of either kind; its URL and how to stop it."""
-    container = _provider_types()[1:]
-    if container and isinstance(provider, container):
+    if _starts_containers(provider):
         if not settings.docker_image:
             raise ConfigError(f"{type(provider).__name__} starts containers, but the eval names no docker_image.")
         url = provider.start_container(settings.docker_image, env_vars=env_vars)

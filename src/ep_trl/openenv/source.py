@@ -15,6 +15,7 @@ from ..evalprotocol import EvalSpec
 from ..generation import Generator
 from ..options import RolloutOptions
 from ..sources import EpisodeRequest
+from ..trajectory.types import Prompt
 
 if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
     from ..engine.call_setup import CallSetup
@@ -44,7 +45,7 @@ class OpenEnvSource:
         return (f"{env.describe()} with {self._openenv}, {self._spec.max_steps} max steps, "
                 f"tasks {list(env.tasks) or 'none'}")
 
-    def check(self, prompts: Sequence[Any]) -> None:
+    def check(self, prompts: Sequence[Prompt]) -> None:
         """Every prompt is a string or a list of chat messages (``episode.initial_messages`` says what is wrong)."""
         for index, prompt in enumerate(prompts):
             initial_messages(prompt, index)

@@ -349,8 +349,11 @@ class _SignalState:
         waited = time.monotonic() + 1.0
         while self.hook_depth and time.monotonic() < waited:
             time.sleep(0.001)
+        main = threading.main_thread().ident
+        if main is None:  # never started: nothing to deliver to
+            return False
         try:
-            signal.pthread_kill(threading.main_thread().ident, signum)
+            signal.pthread_kill(main, signum)
         except ProcessLookupError:  # the main thread has ended: the interpreter is exiting already
             return False
         return True

@@ -1,11 +1,11 @@
 """Which source plays an eval's episodes: the only place that knows the sources by name."""
 
-from typing import Any
 
 from ..openenv.servers import LaunchedServers
 from ..evalprotocol import EvalSpec, EvalTest, eval_rows
 from ..options import RolloutOptions
 from . import EpisodeSource
+from ..trajectory.types import Row
 
 
 def make_source(spec: EvalSpec, eval_test: EvalTest, options: RolloutOptions,
@@ -18,5 +18,5 @@ def make_source(spec: EvalSpec, eval_test: EvalTest, options: RolloutOptions,
         return OpenEnvSource(spec, options, servers)
     from .processor import ProcessorSource
 
-    rows: list[Any] = eval_rows(eval_test)
+    rows: list[Row] = eval_rows(eval_test)
     return ProcessorSource(spec, rows)

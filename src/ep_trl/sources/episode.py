@@ -7,12 +7,27 @@ the capture processors, the scoring and the stream read them without needing the
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.inputs import strip_row_key
 from ..openenv.client import EnvSettings
 from ..trajectory.tokens import Trajectory, TurnLimits
+from ..trajectory.types import MessageView
+
+
+#: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
+#: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
+#: error and raises out of the rollout call.
+FailureKind = Literal["environment", "eval_code", "generation"]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+
+
+#: How an episode ended: played to its end, or failed (``error_kind`` says by what; the episode is not scored).
+EpisodeStatus = Literal["finished", "error"]
+#: Why an episode stopped: the environment said done, the eval's turn limit, the token budget (the next turn would
+#: not fit), or a failure.
+StopReason = Literal["done", "max_steps", "token_budget", "error"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +50,7 @@ class EpisodeSpec:
     group: int
     generation: int
     task: str | None
-    initial_messages: tuple[Mapping[str, Any], ...]
+    initial_messages: tuple[MessageView, ...]
 
 
 @dataclass(frozen=True)
@@ -44,13 +59,13 @@ class Episode:
 
     spec: EpisodeSpec
     trajectory: Trajectory
-    messages: tuple[Mapping[str, Any], ...]
+    messages: tuple[MessageView, ...]
     step_rewards: tuple[float, ...]
     actions: tuple[str, ...]
-    status: str  # "finished" or "error"
-    stop_reason: str  # "done", "max_steps", "token_budget" or "error"
+    status: EpisodeStatus
+    stop_reason: StopReason
     error: str | None
-    error_kind: str | None  # one of FAILURE_KINDS when the episode failed
+    error_kind: FailureKind | None  # when the episode failed
     duration_s: float
     prompt_tokens: int
     prompt_builder_failures: int = 0
@@ -62,22 +77,16 @@ class Episode:
         return len(self.trajectory.sampled_segments())
 
 
-#: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
-#: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
-#: error and raises out of the rollout call.
-FAILURE_KINDS = ("environment", "eval_code", "generation")
-
-
 class EpisodeFailure(Exception):
     """An episode ended early by one of :data:`FAILURE_KINDS`; ``cause`` is the original error."""
 
-    def __init__(self, kind: str, cause: BaseException, detail: str | None = None) -> None:
+    def __init__(self, kind: FailureKind, cause: BaseException, detail: str | None = None) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}" + (f" ({detail})" if detail else ""))
         self.kind = kind
         self.cause = cause
 
 
-def ended_episode(spec: EpisodeSpec, failure: EpisodeFailure | None, stop_reason: str, **fields: Any) -> Episode:
+def ended_episode(spec: EpisodeSpec, failure: EpisodeFailure | None, stop_reason: StopReason, **fields: Any) -> Episode:
     """The ``Episode`` of ``spec``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
     "error", the failure's message and kind. ``fields`` are the rest of :class:`Episode`'s fields."""
     return Episode(
@@ -114,7 +123,7 @@ def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
             f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"))
 
 
-def initial_messages(prompt: Any, index: int = 0) -> tuple[dict[str, Any], ...]:
+def initial_messages(prompt: object, index: int = 0) -> tuple[dict[str, Any], ...]:
     """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
     shape = ("the dataset's 'prompt' column must hold strings or lists of messages such as "
              "[{'role': 'user', 'content': 'Play the game.'}]")
@@ -122,10 +131,10 @@ def initial_messages(prompt: Any, index: int = 0) -> tuple[dict[str, Any], ...]:
         return ({"role": "user", "content": prompt},)
     if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
         raise TypeError(f"rollout_func got prompt {index} of type {type(prompt).__name__}; {shape}")
-    prompt = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
-    for k, message in enumerate(prompt):
+    messages = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
+    for k, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
             raise ConfigError(f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
                               f"'content' (a string or content parts); {shape}")
-    return tuple(dict(m) for m in prompt)
+    return tuple(dict(m) for m in messages)

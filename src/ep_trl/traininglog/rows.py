@@ -3,7 +3,7 @@
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -13,6 +13,7 @@ from ..evalprotocol.spec import EvalSpec
 from ..generation import SamplingParams
 from .writer import EpisodeTokens, RolloutLogWriter
 from ..engine.scoring import Scored
+from ..trajectory.types import MessagesView, Prompt, Row, Settings
 
 
 class RowContext:
@@ -40,16 +41,16 @@ class RowContext:
             "policy_step": self.step, "generation_backend": backend_name,
         }
 
-    def row(self, spec: EpisodeSpec, rollout_id: str, prompt: Any, messages: Sequence[Mapping[str, Any]],
-            step_rewards: Sequence[float], ep_trl: Mapping[str, Any] | None = None,
-            usage: Mapping[str, int] | None = None, duration_s: float | None = None, source_row: Any = None) -> Any:
+    def row(self, spec: EpisodeSpec, rollout_id: str, prompt: Prompt, messages: MessagesView,
+            step_rewards: Sequence[float], ep_trl: Settings | None = None,
+            usage: Mapping[str, int] | None = None, duration_s: float | None = None, source_row: Row = None) -> Any:
         """The row of one episode: built from ``messages``, or ``source_row`` (the eval's own row as its processor
         left it: ground truth, tools and metadata kept) with the training ids and metadata set on it."""
         from eval_protocol.models import Status
 
         info = {"status": "running", "task": spec.task, "group": spec.group, "generation": spec.generation,
                 "global_step": self.step, **(ep_trl or {})}
-        stamp = dict(eval_name=self.spec.name, rollout_id=rollout_id, invocation_id=self.invocation_id,
+        stamp: Settings = dict(eval_name=self.spec.name, rollout_id=rollout_id, invocation_id=self.invocation_id,
                      experiment_id=f"{self.invocation_id}-step{self.step}", run_id=f"step-{self.step}",
                      completion_params=self.completion_params,
                      extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s)
@@ -66,8 +67,8 @@ class RowContext:
             row.eval_metadata.status = Status.eval_running()
         return row
 
-    def log_row(self, log: RolloutLogWriter, spec: EpisodeSpec, rollout_id: str, prompt: Any,
-                messages: Sequence[Mapping[str, Any]], step_rewards: Sequence[float]) -> None:
+    def log_row(self, log: RolloutLogWriter, spec: EpisodeSpec, rollout_id: str, prompt: Prompt,
+                messages: MessagesView, step_rewards: Sequence[float]) -> None:
         """Queue a running row. Only snapshots are taken here; the row is built on the writer thread, and only
         if no newer update of the episode has arrived by then (the episode's message dicts are never mutated,
         only appended, so a shallow snapshot suffices)."""
@@ -75,7 +76,7 @@ class RowContext:
         messages, step_rewards = tuple(messages), tuple(step_rewards)
         log.log(rollout_id, lambda: self.row(spec, rollout_id, prompt, messages, step_rewards))
 
-    def episode_row(self, episode: Episode, rollout_id: str, prompt: Any, source_row: Any = None) -> Any:
+    def episode_row(self, episode: Episode, rollout_id: str, prompt: Prompt, source_row: Row = None) -> Any:
         """The episode's final row for the body (``source_row``: the processor's row, see ``row``)."""
         traj = episode.trajectory
         sampled_lps = [lp for lp, m in zip(traj.logprobs, traj.env_mask) if m]
@@ -105,7 +106,7 @@ class RowContext:
             row = final_row(ep, s, agg_score)
             row.execution_metadata.experiment_duration_seconds = seconds
             tokens = EpisodeTokens(self._tokenizer, ep.trajectory.without_images())  # the view needs no pixels
-            log.log(row.execution_metadata.rollout_id, lambda row=row: row, tokens)  # handed over, not copied
+            log.log(row.execution_metadata.rollout_id, _given(row), tokens)  # handed over, not copied
 
 
 def final_row(episode: Episode, scored: Scored, agg_score: float | None = None) -> Any:
@@ -140,7 +141,12 @@ def final_row(episode: Episode, scored: Scored, agg_score: float | None = None) 
     return row
 
 
-def row_id(prompt: Any) -> str:
+def _given(row: Row) -> Callable[[], Row]:
+    """What the log writer calls for a row that is already built."""
+    return lambda: row
+
+
+def row_id(prompt: Prompt) -> str:
     """Stable per dataset prompt, so the generations of one prompt share a row id across steps."""
     digest = hashlib.sha1(json.dumps(prompt, sort_keys=True, default=str).encode()).hexdigest()
     return f"prompt-{digest[:12]}"

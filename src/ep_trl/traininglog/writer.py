@@ -26,6 +26,7 @@ from typing import Any
 
 from ..runtime import shutdown
 from ..trajectory.tokens import Trajectory
+from ..trajectory.types import JSONObject, Row
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class EpisodeTokens:
     trajectory: Trajectory
 
 
-def token_view(trajectory: Trajectory, texts: Sequence[str]) -> dict[str, Any]:
+def token_view(trajectory: Trajectory, texts: Sequence[str]) -> JSONObject:
     """``extra["full_episode"]`` as the ``ep logs`` Token Debug panel reads it.
 
     ``mask`` is 0 for tokens without loss (the prompt and the inserted template/environment tokens, ``env_mask``
@@ -235,7 +236,7 @@ class RolloutLogWriter:
             logger.warning("could not write rollout %s to the eval-protocol log: %s: %s",
                            row.execution_metadata.rollout_id, type(exc).__name__, exc)
 
-    def _attach_token_view(self, row: Any, tokens: EpisodeTokens) -> None:
+    def _attach_token_view(self, row: Row, tokens: EpisodeTokens) -> None:
         traj = tokens.trajectory
         n = len(traj.prompt_ids) + len(traj.completion_ids)
         extra = row.execution_metadata.extra

@@ -12,6 +12,7 @@ images, in the order the template places them, to the processor that expands eac
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+from .types import MessageView, Messages, MessagesView
 
 _IMAGE_TYPES = ("image_url", "image", "input_image")
 
@@ -40,14 +41,14 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-def template_messages(messages: Sequence[Mapping[str, Any]], *, images: bool) -> tuple[list[dict[str, Any]], int]:
+def template_messages(messages: MessagesView, *, images: bool) -> tuple[Messages, int]:
     """Messages ready for ``apply_chat_template``, and how many image parts were dropped.
 
     String content is left as is. Content parts become Hugging Face parts when ``images`` is true (text stays
     text; an OpenAI ``image_url`` part becomes ``{"type": "image", "url": ...}``), or, for text-only templates,
     their text (:func:`content_text`) with the image parts dropped (and counted).
     """
-    out: list[dict[str, Any]] = []
+    out: Messages = []
     dropped = 0
     for message in messages:
         content = message.get("content")
@@ -63,7 +64,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]], *, images: bool) ->
     return out, dropped
 
 
-def image_parts(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def image_parts(messages: MessagesView) -> list[MessageView]:
     """The Hugging Face image parts of messages converted by :func:`template_messages`, in message and part order
     (the order a chat template writes their placeholders in)."""
     return [part for message in messages if isinstance(message.get("content"), list)

@@ -53,7 +53,10 @@ class ImageIds(np.ndarray):
         self.processed = getattr(obj, "processed", None)
 
     def __reduce__(self) -> Any:  # pickled (a multiprocessing queue) with its images
-        rebuild, arguments, state = super().__reduce__()
+        reduced = super().__reduce__()
+        if isinstance(reduced, str):
+            raise TypeError(f"numpy reduced an array to the global name {reduced!r}; ep_trl expects a tuple")
+        rebuild, arguments, state = reduced
         return rebuild, arguments, (state, self.images, self.processed)
 
     def __setstate__(self, state: Any) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages
 from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
+from .types import MessagesView, Settings, Tools
 
 logger = logging.getLogger(__name__)
 
@@ -307,7 +308,7 @@ class TrajectoryBuilder:
 class ChatTemplate:
     """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
 
-    def __init__(self, processing_class: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, processing_class: Any, template_kwargs: Settings | None = None) -> None:
         self._renderer = processing_class
         self._tokenizer = getattr(processing_class, "tokenizer", processing_class)
         self._kwargs = dict(template_kwargs or {})
@@ -341,13 +342,13 @@ class ChatTemplate:
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    def render(self, messages: MessagesView, tools: Tools | None = None) -> str:
         """The conversation as the model sees it, ending with the assistant's generation prompt; ``tools`` (JSON
         schemas, as an OpenAI request carries them) are rendered the template's way."""
         return self._render(messages, tools)[0]
 
-    def _render(self, messages: Sequence[Mapping[str, Any]],
-                tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, list[Mapping[str, Any]]]:
+    def _render(self, messages: MessagesView,
+                tools: Tools | None) -> tuple[str, list[Mapping[str, Any]]]:
         """The rendered text and the image parts it holds, in placeholder order."""
         converted, dropped = template_messages(messages, images=self._images)
         if dropped and not self._warned_dropped_images:
@@ -414,17 +415,17 @@ class ChatTemplate:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> Encoded:
+    def prompt(self, messages: MessagesView, tools: Tools | None = None) -> Encoded:
         """The rendered conversation as ids, with its images."""
         return self.encode_with_images(*self._render(messages, tools))
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, Any]],
-                   tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    def prompt_ids(self, messages: MessagesView,
+                   tools: Tools | None = None) -> list[int]:
         return list(self.prompt(messages, tools).ids)
 
     def bridge(
-        self, messages: Sequence[Mapping[str, Any]], held: Encoded, last_turn: Generation, stop_ids: Sequence[int],
-        tools: Sequence[Mapping[str, Any]] | None = None,
+        self, messages: MessagesView, held: Encoded, last_turn: Generation, stop_ids: Sequence[int],
+        tools: Tools | None = None,
     ) -> tuple[Encoded, bool]:
         """Tokens between the last sampled turn and the next generation prompt (with the images they hold), and
         whether they were realigned.
