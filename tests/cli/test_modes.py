@@ -11,7 +11,7 @@ import pytest
 
 from ep_trl.cli import modes as training_modes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 URL = "http://127.0.0.1:8011"
 
 

@@ -26,7 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "train":
         from .train import main as train
 
-        return train(rest)
+        try:
+            return train(rest)
+        except KeyboardInterrupt:  # Ctrl-C: the run folder and the message are written; the shell's status for it
+            return 130
     if command == "serve":
         from .serve import main as serve
 

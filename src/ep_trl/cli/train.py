@@ -17,7 +17,6 @@ import contextlib
 import json
 import math
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -161,16 +160,16 @@ class Preset:
     """What a training script adds to ``ep-trl train``: its name, its defaults (flag name -> value, as a ``--config``
     file holds them: set before the file and the flags), the title of its plot, and what it does around training.
 
-    ``start_model(env_url)`` gives the model to train when no ``--model`` is given (the tiny model, warm-started or
-    not), once the environment server is up (``env_url``, None without one); ``after_training(trainer)`` runs once
-    training ended normally. ``env_server_env``: extra environment variables of the ``--env-server`` process.
+    ``start_model(env_url, model)`` gives the model to train, once the environment server is up (``env_url``, None
+    without one): ``model`` is ``--model`` (None when not given: the preset's own, such as the tiny model);
+    ``after_training(trainer)`` runs once training ended normally. ``env_server_env``: extra environment variables of the ``--env-server`` process.
     ``command``: the command line the run record names (the interpreter, the script and its arguments)."""
 
     prog: str
     title: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     command: Sequence[str] = ()
-    start_model: Callable[[str | None], str] | None = None
+    start_model: Callable[[str | None, str | None], str] | None = None
     after_training: Callable[[Any], None] | None = None
     env_server_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -229,7 +228,7 @@ def make_parser(preset: Preset | None = None) -> Any:
     parser.add_argument("--config", metavar="YAML", default=None,
                         help="a YAML file of flag values (`flag_name: value`, and an `env:` mapping of environment "
                              "variables), as `trl grpo --config`; flags given on the command line win")
-    parser.set_defaults_with_config(**TRAIN_DEFAULTS, **preset.defaults)
+    parser.set_defaults_with_config(**{**TRAIN_DEFAULTS, **preset.defaults})
     return parser
 
 
@@ -455,7 +454,7 @@ def run(job: TrainJob) -> int:
     state = _RunState()
     try:
         with _environment(job) as env_url:
-            model = job.model or job.preset.start_model(env_url)
+            model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             train_rows, held_out = _datasets(job)
             state.before = _held_out(job, held_out, "before")
             config = job.mode.config(**_config_values(job))
