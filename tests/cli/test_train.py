@@ -102,6 +102,15 @@ def test_help_lists_grpo_config_and_ep_trl_groups():
         assert group in text, group
 
 
+def test_docs_list_every_ep_trl_flag():
+    import dataclasses
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    for group in train.OPTION_GROUPS:
+        for f in dataclasses.fields(group):
+            assert f"`--{f.name.replace('_', '-')}" in text, f.name
+
+
 def test_a_yaml_config_sets_grpo_fields_and_flags_win(tiny_model_dir, tmp_path):
     config = tmp_path / "grpo.yaml"
     config.write_text(f"env_path: {LETTERS}\nmodel: {tiny_model_dir}\nlearning_rate: 0.01\nnum_generations: 2\n"
