@@ -4,7 +4,6 @@ plus one call of :func:`ep_trl.cli.train.main`."""
 
 import argparse
 import os
-from collections.abc import Mapping
 from typing import Any
 
 #: A script's flag (its ``argparse`` dest) -> the ``ep-trl train`` flag (dest) it sets.
@@ -29,7 +28,3 @@ def script_defaults(args: argparse.Namespace, env_module: str, env_url_var: str,
         os.environ[env_url_var] = args.env_url
     return {**values, **extra}
 
-
-def plain(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` without those that are None (left to the command's own defaults)."""
-    return {k: v for k, v in values.items() if v is not None}
