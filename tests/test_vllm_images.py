@@ -265,10 +265,10 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_se
 @pytest.mark.timeout(300)
 def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server, tiny_vlm_dir, letters_server,
                                                                     tmp_path):
-    """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.devtools.training_modes, what
+    """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.cli.modes, what
     train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
     model's processor and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
-    from ep_trl.devtools.training_modes import TrainingMode
+    from ep_trl.cli.modes import TrainingMode
 
     mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
                         gpu_memory_utilization=0.3, on_gpu=False, images=True)

@@ -23,8 +23,8 @@ The public API is what this docstring lists; every other module is internal (doc
 * errors: ``EpTrlError`` and its subclasses ``ConfigError``, ``EnvPathError``, ``UnsupportedEvalError``,
   ``VersionError``, ``GenerationError``, ``NoTrainingSignalError``, ``RolloutWorkerError``, ``ProcessExitingError``;
 * ``ep_trl.envs``: the project's own OpenEnv environments (``letters``, ``browsergym``);
-* ``python -m ep_trl.serve MODEL_DIR``: a local model behind the endpoint training uses, to run the same eval
-  file under ``pytest`` (docs/processors.md);
+* ``ep-trl train ENV_PATH --model MODEL``: the command line (``ep_trl.cli``, docs/cli.md); ``ep-trl serve MODEL_DIR``:
+  a local model behind the endpoint training uses, to run the same eval file under ``pytest`` (docs/processors.md);
 * ``ep_trl.devtools``: development tooling for scripts and tests (tiny model, local servers, progress lines).
 """
 
@@ -121,6 +121,7 @@ MOVED = {
     "ep_trl.content": "ep_trl.trajectory.content",
     "ep_trl.sample_images": "ep_trl.trajectory.sample_images",
     "ep_trl.vision_inputs": "ep_trl.trajectory.vision_inputs",
+    "ep_trl.serve": "ep_trl.cli.serve",
 }
 
 

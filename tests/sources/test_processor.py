@@ -475,7 +475,7 @@ def test_a_prompt_that_is_no_row_of_the_eval_is_a_clear_error(tiny_model_dir, tm
 
 
 def run_eval_under_pytest(eval_file, served_url, tmp_path, **env):
-    """``pytest EVAL`` as a user runs it, its model calls pointed at ``python -m ep_trl.serve``."""
+    """``pytest EVAL`` as a user runs it, its model calls pointed at ``ep-trl serve``."""
     import subprocess
     import sys
 
@@ -490,9 +490,9 @@ def run_eval_under_pytest(eval_file, served_url, tmp_path, **env):
 
 @pytest.mark.timeout(300)
 def test_the_same_agent_file_is_still_an_eval_against_the_served_model(agent_model_dir, calc_server, tmp_path):
-    """``python -m ep_trl.serve`` serves the trained-on model; ``pytest`` runs the eval file unchanged against it."""
+    """``ep-trl serve`` serves the trained-on model; ``pytest`` runs the eval file unchanged against it."""
     port = free_port()
-    served = start_server("ep-trl-serve", [sys.executable, "-m", "ep_trl.serve", str(agent_model_dir), "--port",
+    served = start_server("ep-trl-serve", [sys.executable, "-m", "ep_trl.cli", "serve", str(agent_model_dir), "--port",
                                            str(port), "--temperature", "0.5"],
                           port=port, log_dir=tmp_path / "serve_logs", health_path="/v1/models", cwd=REPO)
     config = tmp_path / "calc_mcp.json"

@@ -77,7 +77,7 @@ class CaptureEndpoint:
 
     def __init__(self, serve_any: Callable[[str], RolloutCapture] | None = None) -> None:
         """``serve_any``: for a model name that is no captured rollout, a fresh capture that answers that one call,
-        with no key required (``ep_trl.serve``, a local model server like vLLM's); without it such a call is
+        with no key required (``ep-trl serve``, a local model server like vLLM's); without it such a call is
         refused and every request needs the call's key."""
         self._serve_any = serve_any
         self._captures: dict[str, RolloutCapture] = {}

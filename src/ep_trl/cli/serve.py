@@ -1,6 +1,6 @@
 """Serve a local model behind the same OpenAI-compatible endpoint training uses, to run an eval with it.
 
-``python -m ep_trl.serve MODEL_DIR --port 8000`` answers ``POST /v1/chat/completions`` (tools included) for any
+``ep-trl serve MODEL_DIR --port 8000`` answers ``POST /v1/chat/completions`` (tools included) for any
 model name, generating with the model in this process (transformers, CPU or GPU) and parsing tool calls with the
 parser TRL provides for its chat template. Then the eval file you train on is still an eval, unchanged::
 
@@ -19,12 +19,12 @@ import logging
 import signal
 from pathlib import Path
 
-from .generation import DEFAULT_MAX_TOKENS, SamplingParams
-from .generation.trainer import TrainerGenerator
-from .capture.placement import RolloutCapture
-from .capture.endpoint import CaptureEndpoint
-from .capture.parsing import ToolCallParser
-from .trajectory.tokens import ChatTemplate, TurnLimits, eos_token_ids
+from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
+from ..generation.trainer import TrainerGenerator
+from ..capture.placement import RolloutCapture
+from ..capture.endpoint import CaptureEndpoint
+from ..capture.parsing import ToolCallParser
+from ..trajectory import ChatTemplate, TurnLimits, eos_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def build_endpoint(model_dir: str | Path, temperature: float = 1.0) -> tuple[Cap
 async def _serve(model_dir: str, host: str, port: int, temperature: float) -> None:
     endpoint, generator = build_endpoint(model_dir, temperature)
     await endpoint.start(host, port)
-    print(f"ep_trl.serve: {model_dir} at {endpoint.base_url}", flush=True)
+    print(f"ep-trl serve: {model_dir} at {endpoint.base_url}", flush=True)
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
@@ -68,8 +68,9 @@ async def _serve(model_dir: str, host: str, port: int, temperature: float) -> No
         await generator.aclose()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ep_trl.serve", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "ep-trl serve") -> int:
+    """``ep-trl serve MODEL_DIR [--host H] [--port P] [--temperature T]``: serve until Ctrl-C or SIGTERM; 0."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", help="a local Hugging Face model directory (weights, tokenizer, chat template)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     asyncio.run(_serve(args.model_dir, args.host, args.port, args.temperature))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The training scripts' generation flags (ep_trl.devtools.training_modes): each combination no mode trains with is
+"""The training scripts' generation flags (ep_trl.cli.modes): each combination no mode trains with is
 refused by argparse with a message naming the problem and the fix, before anything starts; the accepted ones give
 the config of their mode. No training here (the script runs are in tests/test_train_letters_script.py and
 tests/colocate; LoRA against a server with --enable-lora in tests/adapters/test_async_worker.py)."""
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl.devtools import training_modes
+from ep_trl.cli import modes as training_modes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 URL = "http://127.0.0.1:8011"
 
 
@@ -50,11 +50,11 @@ def refused(module, argv, capsys):
 @pytest.mark.parametrize("argv, message", [
     pytest.param(["--vllm-mode", "colocate", "--vllm-base-url", URL],
                  r"--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
-                 r"drop --vllm-base-url", id="colocate-with-a-server"),
+                 r"drop --vllm-server-url", id="colocate-with-a-server"),
     pytest.param(["--vllm-gpu-memory-utilization", "0.5"],
                  r"--vllm-gpu-memory-utilization sizes the colocated engine: add --vllm-mode colocate, or drop it",
                  id="memory-share-without-colocate"),
-    pytest.param(["--async"], r"--async needs --vllm-base-url URL.*`trl vllm-serve --model M`.*"
+    pytest.param(["--async"], r"--async needs --vllm-server-url URL.*`trl vllm-serve --model M`.*"
                               r"\.venv-vllm/bin/python -m vllm\.entrypoints\.openai\.api_server",
                  id="async-without-a-server"),
     pytest.param(["--async", "--vllm-base-url", URL],

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ep_trl.devtools.reward_curve import StepScore, plot_scores, progress, step_scores
+from ep_trl.cli.reward_curve import StepScore, plot_scores, progress, step_scores
 
 HISTORY = [{"step": s, "rewards/eval_score/mean": m, "rewards/eval_score/std": 0.1, "loss": 0.0}
            for s, m in zip(range(1, 11), [0.2, 0.4, 0.3, 0.5, 0.6, 0.7, 0.8, 0.8, 0.9, 1.0])]

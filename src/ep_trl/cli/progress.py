@@ -1,23 +1,20 @@
-"""Pieces shared by the training scripts: quiet library output, progress lines, a local environment server.
+"""What ``ep-trl train`` (and the training scripts, its presets) print: quiet library output, one progress line per
+step with a bar, the eval's score and the time left, and the closing summary with the plot.
 
 This is command-line output, so it prints; the library itself only logs.
 """
 
-import contextlib
 import logging
 import shlex
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from ..runtime import shutdown
-from ..runtime.processes import free_port, start_server
 from .reward_curve import Progress, plot_scores, progress, step_scores
 
 
@@ -49,9 +46,20 @@ def script_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+#: Characters of the progress bar at the end of each step's line.
+BAR_WIDTH = 20
+
+
+def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
+    """``[#####...............]  25%``: how much of the run is done (``total`` <= 0: unknown, an empty bar)."""
+    share = min(1.0, done / total) if total > 0 else 0.0
+    filled = round(share * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {share:4.0%}"
+
+
 class ProgressPrinter(TrainerCallback):
     """One line per optimizer step: reward, eval score, episodes/s, the gradient's norm (0 when every reward of a group
-    is the same: nothing was learned) and the time left. (``AsyncGRPOTrainer`` logs the
+    is the same: nothing was learned), the time left and a bar of the run's progress. (``AsyncGRPOTrainer`` logs the
     eval score as ``reward`` only: no eval_score field then; and it logs the rollout worker's numbers with the step
     during which they arrived, so a step in which no rollout call ended has no episodes/s, failed or turns.)"""
 
@@ -77,6 +85,7 @@ class ProgressPrinter(TrainerCallback):
             f"failed {logs['ep_trl/failed_fraction']:.0%}" if "ep_trl/failed_fraction" in logs else None,
             f"turns {logs['ep_trl/mean_turns']:.1f}" if "ep_trl/mean_turns" in logs else None,
             f"grad_norm {logs['grad_norm']:.4g}" if "grad_norm" in logs else None,
+            bar(step, total),
             f"ETA {eta:.0f}s",
         ]
         print(" | ".join(p for p in parts if p), file=self._stream, flush=True)
@@ -84,35 +93,17 @@ class ProgressPrinter(TrainerCallback):
 
 def report_training(log_history: Sequence[Mapping[str, Any]], plot_path: Path, *, episodes_per_step: int,
                     started: float, title: str, argv: Sequence[str] | None = None,
-                    marks: Sequence[tuple[int, float, str]] = ()) -> Progress:
+                    marks: Sequence[tuple[int, float, str]] = (), command: str | None = None) -> Progress:
     """Print the closing line (steps, episodes, the mean eval score of the first and last steps, wall time since
-    ``started``), write the plot of the score per step to ``plot_path`` with the command that made it (the running
-    script with ``argv``, default its command line) and ``marks`` (``plot_scores``), and print its path."""
+    ``started``), write the plot of the score per step to ``plot_path`` with the command that made it (``command``,
+    else the running script with ``argv``, default its command line) and ``marks`` (``plot_scores``), and print its
+    path."""
     scores = step_scores(log_history)
     summary = progress(scores)
-    command = " ".join(["python", Path(sys.argv[0]).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    command = command or " ".join(["python", Path(sys.argv[0]).name,
+                                   *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     print(f"done: {len(scores)} steps, {len(scores) * episodes_per_step} episodes, {summary.describe()}, "
           f"wall {time.monotonic() - started:.0f}s", flush=True)
     path = plot_scores(scores, plot_path, title=title, note=command, marks=marks)
     print(f"reward curve: {path}", flush=True)
     return summary
-
-
-@contextlib.contextmanager
-def local_env_server(module: str, *, env: Mapping[str, str] | None = None, port: int | None = None,
-                     timeout_s: float = 120.0) -> Iterator[str]:
-    """Run ``python -m <module> --host 127.0.0.1 --port P`` for the duration of the block; yield its URL.
-
-    The server is stopped (with its whole process group) on normal exit, on an exception, on Ctrl-C and on
-    SIGTERM (``ep_trl.runtime.shutdown``), and by its watchdog if the script is killed, so a training script never leaves an
-    environment process behind.
-    """
-    port = port or free_port()
-    log_dir = Path(tempfile.mkdtemp(prefix="ep-trl-env-"))
-    cmd = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
-    shutdown.handle_sigterm()
-    server = start_server(module, cmd, port=port, log_dir=log_dir, env=env, timeout_s=timeout_s)
-    try:
-        yield server.base_url
-    finally:
-        server.stop()

@@ -1,13 +1,13 @@
-"""The training scripts' generation modes: their flags, the combinations refused before anything starts, and the
-config and trainer each mode trains with (one implementation for ``train_letters_trl.py`` and
-``train_browsergym_trl.py``).
+"""The generation modes of ``ep-trl train`` and the training scripts (its presets): their flags, the combinations
+refused before anything starts, and the config and trainer each mode trains with.
 
 * no flag: in-process generation with the trainer's model; ``GRPOTrainer``;
-* ``--vllm-base-url URL``: generation on that server, which TRL keeps on the trainer's weights on GPU; on CPU it keeps
-  the weights it was started with (off-policy after the first step); ``GRPOTrainer``;
+* ``--vllm-server-url URL`` (alias ``--vllm-base-url``): generation on that server, which TRL keeps on the
+  trainer's weights on GPU; on CPU it keeps the weights it was started with (off-policy after the first step);
+  ``GRPOTrainer``;
 * ``--vllm-mode colocate``: TRL's vLLM engine inside the training process; ``GRPOTrainer`` on GPU,
   ``CPUColocateGRPOTrainer`` on CPU (no LoRA, no screenshots there);
-* ``--async --vllm-base-url URL --model M``: ``EvalRolloutWorker`` plays episodes on that server while training
+* ``--async --vllm-server-url URL --model M``: ``EvalRolloutWorker`` plays episodes on that server while training
   steps run; ``AsyncGRPOTrainer`` (NCCL weight transfer) on GPU, ``CPUAsyncGRPOTrainer`` with ``DiskWeightTransfer``
   on CPU.
 
@@ -26,7 +26,7 @@ from typing import Any
 SERVER, COLOCATE = "server", "colocate"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
 
-#: How to start a vLLM server that ``--async`` (and ``--vllm-base-url``) can use, on each kind of machine.
+#: How to start a vLLM server that ``--async`` (and ``--vllm-server-url``) can use, on each kind of machine.
 SERVER_HINT = ("start one on --model's directory or name, in dev mode: on GPUs `trl vllm-serve --model M`; on CPU "
                "`VLLM_SERVER_DEV_MODE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model DIR "
                "--dtype float32 --enforce-eager --logprobs-mode processed_logprobs --max-logprobs -1` (the CPU build "
@@ -35,13 +35,14 @@ SERVER_HINT = ("start one on --model's directory or name, in dev mode: on GPUs `
 
 
 def add_generation_flags(parser: argparse.ArgumentParser) -> None:
-    """``--vllm-base-url``, ``--vllm-mode``, ``--vllm-gpu-memory-utilization`` and ``--async``."""
-    parser.add_argument("--vllm-base-url", default=None,
+    """``--vllm-server-url`` (alias ``--vllm-base-url``), ``--vllm-mode``, ``--vllm-gpu-memory-utilization`` and
+    ``--async``: a training script's flags (``ep-trl train`` has the same ones through its own parser)."""
+    parser.add_argument("--vllm-server-url", "--vllm-base-url", dest="vllm_base_url", default=None,
                         help="generate with this vLLM server (`trl vllm-serve`). On GPU the trainer keeps it on its "
                              "weights (on-policy); on CPU, without --async, it keeps the weights it was started with "
                              "(off-policy after the first step). --async needs one")
     parser.add_argument("--vllm-mode", choices=(SERVER, COLOCATE), default=SERVER,
-                        help="server: generate in-process, or on --vllm-base-url when given; colocate: with TRL's "
+                        help="server: generate in-process, or on --vllm-server-url when given; colocate: with TRL's "
                              "vLLM engine inside the training process (one GPU; on CPU run the script with "
                              ".venv-colocate/bin/python, from `bash scripts/install_colocate.sh`)")
     parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=None,
@@ -49,7 +50,7 @@ def add_generation_flags(parser: argparse.ArgumentParser) -> None:
                              "--vllm-mode colocate only)")
     parser.add_argument("--async", dest="async_training", action="store_true",
                         help="train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
-                             "--vllm-base-url (docs/async.md); needs --vllm-base-url and --model")
+                             "--vllm-server-url (docs/async.md); needs --vllm-server-url and --model")
 
 
 def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -63,10 +64,10 @@ def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Names
     if args.async_training:
         if colocate:
             parser.error("--async generates on a vLLM server while training steps run, not with the colocated engine: "
-                         "drop --vllm-mode colocate and give --vllm-base-url (on one GPU, train synchronously with "
+                         "drop --vllm-mode colocate and give --vllm-server-url (on one GPU, train synchronously with "
                          "--vllm-mode colocate)")
         if not args.vllm_base_url:
-            parser.error(f"--async needs --vllm-base-url URL, the vLLM server the trainer keeps on its weights; "
+            parser.error(f"--async needs --vllm-server-url URL, the vLLM server the trainer keeps on its weights; "
                          f"{SERVER_HINT}")
         if not args.model:
             parser.error(f"--async needs --model: the model the server at {args.vllm_base_url} was started on (the "
@@ -79,7 +80,7 @@ def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Names
                          "policy; drop --lora-r (it trains all weights, the vision tower included), or drop --async")
     if colocate and args.vllm_base_url:
         parser.error("--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
-                     "drop --vllm-base-url, or drop --vllm-mode colocate to generate on the server")
+                     "drop --vllm-server-url, or drop --vllm-mode colocate to generate on the server")
     if colocate:
         if not vllm_importable():
             parser.error("--vllm-mode colocate runs vLLM inside the training process, and this Python has no vllm "
@@ -90,7 +91,7 @@ def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Names
                 parser.error("--vllm-mode colocate on CPU trains with CPUColocateGRPOTrainer, which does not support "
                              "LoRA (the adapters would have to be merged before the weights are sent to the engine): "
                              "drop --lora-r to train all weights, or use a GPU, or generate on a server "
-                             "(--vllm-base-url, with or without --async)")
+                             "(--vllm-server-url, with or without --async)")
             if screenshots:
                 parser.error("--vllm-mode colocate on CPU trains with CPUColocateGRPOTrainer, which does not put "
                              "rollout images into the loss: drop --screenshots, or drop --vllm-mode colocate "
@@ -132,15 +133,15 @@ class TrainingMode:
 
     @property
     def synced_server(self) -> bool:
-        """TRL keeps ``--vllm-base-url`` on the trainer's weights (``vllm_mode="server"``, NCCL: GPU only)."""
+        """TRL keeps ``--vllm-server-url`` on the trainer's weights (``vllm_mode="server"``, NCCL: GPU only)."""
         return bool(self.vllm_base_url) and self.on_gpu and not self.asynchronous
 
     @property
     def server_url(self) -> str:
-        """``--vllm-base-url``, which ``--async`` needs (:func:`check_generation_flags` refuses ``--async``
+        """``--vllm-server-url``, which ``--async`` needs (:func:`check_generation_flags` refuses ``--async``
         without it)."""
         if not self.vllm_base_url:
-            raise ValueError("--async generates on a vLLM server: give --vllm-base-url URL")
+            raise ValueError("--async generates on a vLLM server: give --vllm-server-url URL")
         return self.vllm_base_url
 
     def describe(self) -> str:
@@ -165,8 +166,9 @@ class TrainingMode:
 
     def config(self, **values: Any) -> Any:
         """The trainer's config: ``values`` (the script's settings for every mode: output_dir, batch size, learning
-        rate, ``bf16``, ...) plus the device (``use_cpu``) and this mode's own settings. A ``GRPOConfig``, or an
-        ``AsyncGRPOConfig`` with ``--async``."""
+        rate, ``bf16``, ...) plus the device (``use_cpu``) and this mode's own settings, which replace any of
+        ``values`` (``use_vllm``, ``vllm_mode``, the server's URL). A ``GRPOConfig``, or an ``AsyncGRPOConfig`` with
+        ``--async``."""
         values = {**values, "use_cpu": not self.on_gpu}
         if self.asynchronous:
             from trl.experimental.async_grpo import AsyncGRPOConfig
