@@ -62,12 +62,12 @@ from typing import Any
 from .. import evalprotocol
 from . import trl_seam
 from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
+from ..engine.engine import build_engine
 from ..trajectory.content import supports_images
 from ..dataset import dataset_from_eval
 from ..errors import ConfigError, RolloutWorkerError
 from ..generation.vllm import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
-from .rollout_func import RolloutFunction, create_rollout_func
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
 from ..runtime.threads import run_blocking
 from ..trajectory.types import Prompt
@@ -167,19 +167,18 @@ class EvalRolloutWorker:
                            "worker never generates with them. If this run syncs a LoRA adapter under one of these "
                            "names, the server refuses it: restart the server between runs.", self._server_url,
                            sorted(self.foreign_adapters))
-        function = create_rollout_func(env_path, backend="vllm", **options)
-        assert isinstance(function, RolloutFunction)  # one process: _check_arguments refused worker_processes > 1
-        self._function = function
+        #: What plays the episodes (``ep_trl.engine.engine``), used through its public methods only.
+        self.engine = build_engine(env_path, backend="vllm", **options)
         try:
-            self._function.source.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
+            self.engine.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
             #: The images reserved per episode in flight (None: episodes' images are not bounded).
-            self.max_episode_images = _episode_images(self._function.spec, self._prompts, self._config.num_generations,
+            self.max_episode_images = _episode_images(self.engine.spec, self._prompts, self._config.num_generations,
                                                       max_buffered_images, max_episode_images)
         except BaseException:
-            self._function.close()  # the servers ep_trl may have started for the eval
+            self.engine.close()  # the servers ep_trl may have started for the eval
             raise
         #: Episodes in flight at once (the eval's ``max_concurrent_rollouts``, or the keyword's).
-        self.slots = self._function.spec.max_concurrent_rollouts
+        self.slots = self.engine.spec.max_concurrent_rollouts
         per_step = int(getattr(args, "per_device_train_batch_size", 1) or 1) * int(
             getattr(args, "gradient_accumulation_steps", 1) or 1)
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
@@ -245,7 +244,7 @@ class EvalRolloutWorker:
     def stop(self) -> None:
         """Cancel the episodes in flight, close their sessions, the servers ep_trl started, the loop and the thread."""
         self._stopping.set()
-        self._function.close()
+        self.engine.close()
         if self._thread is not None:
             self._thread.join(timeout=60)
             if self._thread.is_alive():
@@ -306,14 +305,14 @@ class EvalRolloutWorker:
 
     def _produce(self) -> None:
         try:
-            self._function.run_async(self._stream())
+            self.engine.run(self._stream())
         except BaseException as exc:  # whatever ended the worker is raised in the trainer's thread by check_health
             if not self._stopping.is_set():
                 logger.error("ep_trl's rollout worker stopped: %s: %s", type(exc).__name__, exc)
                 self._error = exc
 
     def _caller(self) -> DetachedCaller:
-        """The worker as its rollout function's caller: the config, the current policy version, the server the
+        """The worker as its engine's caller: the config, the current policy version, the server the
         trainer keeps on its weights, the metrics queue."""
         return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics,
                               takes_rollout_images=self.renders_images)
@@ -326,7 +325,7 @@ class EvalRolloutWorker:
             yield GroupPlan(group=group, prompt=self._prompts[group % len(self._prompts)],
                             indices=tuple(range(group * n, (group + 1) * n)),
                             rollout_ids=tuple(evalprotocol.new_id("rollout") for _ in range(n)),
-                            context=self._function.setup(self._caller()).context)
+                            context=self.engine.setup(self._caller()).context)
 
     def _has_room(self) -> bool:
         """Whether another episode may start: nothing released waits for room, the buffer is not full, and under
@@ -363,7 +362,7 @@ class EvalRolloutWorker:
         pump = asyncio.ensure_future(self._pump())
         window: list[tuple[ScoredGroup, ReleaseRecord]] = []
         window_started, sessions_before = time.monotonic(), 0
-        stream = self._function.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
+        stream = self.engine.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
                                        turn_version=lambda: self._version, model_for=self.served_model,
                                        meter=self.meter, max_episode_images=self.max_episode_images)
         try:
@@ -372,7 +371,7 @@ class EvalRolloutWorker:
                     window.append((_without_images(group), self._release(group, await self._samples(group))))
                     del group  # its images live on in its samples only
                     if len(window) >= self.groups_per_report:
-                        sessions = self._function.env_sessions
+                        sessions = self.engine.env_sessions
                         self._report(window, time.monotonic() - window_started, sessions - sessions_before)
                         window, window_started, sessions_before = [], time.monotonic(), sessions
         finally:
@@ -393,7 +392,7 @@ class EvalRolloutWorker:
 
     def _release(self, group: ScoredGroup, made: "GroupSamples") -> ReleaseRecord:
         """Hand a finished group's samples on, waiting for room in the buffer (``_pump``)."""
-        self._function.log_final(group)
+        self.engine.log_final(group.plan.context, group.episodes, group.scored, group.seconds)
         samples = made.samples
         self._pending.extend(samples)
         self._released_episodes += len(group.played)  # after the samples are counted: held_images never undercounts
@@ -429,7 +428,7 @@ class EvalRolloutWorker:
 
     def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
-        """One step's worth of groups: the rollout function's ``ep_trl/*`` numbers and the worker's own."""
+        """One step's worth of groups: the ``ep_trl/*`` numbers of a rollout call and the worker's own."""
         episodes = [ep for g, _ in window for ep in g.episodes]
         scored = [s for g, _ in window for s in g.scored]
         metrics = call_metrics(episodes, scored, seconds, env_sessions)
@@ -450,7 +449,7 @@ class EvalRolloutWorker:
             metrics["ep_trl/worker/held_images"] = float(held)
         self._put_metrics(metrics)
         logger.info(summary_line(self._version, episodes, scored, seconds, metrics))
-        self._function.observe_signal(episodes, scored)
+        self.engine.observe_signal(episodes, scored)
 
     def _put_metrics(self, metrics: dict[str, float]) -> None:
         """Hand metrics to the trainer without ever waiting: a full queue loses its oldest entry (counted)."""

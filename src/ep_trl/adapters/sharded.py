@@ -221,6 +221,14 @@ class ShardedRolloutFunction:
             pipe.close()
         self._workers = []
 
+    def disown_workers(self) -> None:
+        """Called in a child that ``os.fork`` made from this function's process (``_disown_parents_workers``): take
+        the workers off the child's list of ``multiprocessing`` children, where its exit handler would terminate
+        them. The list has no public API; ``tests/adapters/test_sharded.py`` pins that a forked child leaves them
+        alone."""
+        for process, _ in self._workers:
+            multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
+
 
 _live: "weakref.WeakSet[ShardedRolloutFunction]" = weakref.WeakSet()
 
@@ -230,8 +238,7 @@ def _disown_parents_workers() -> None:
     ``multiprocessing``, which starts its children with none) still lists them among its own children, and
     ``multiprocessing``'s exit handler would terminate them (they are daemons) when the child exits."""
     for function in list(_live):
-        for process, _ in function._workers:
-            multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
+        function.disown_workers()
 
 
 os.register_at_fork(after_in_child=_disown_parents_workers)
