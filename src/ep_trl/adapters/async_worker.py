@@ -363,8 +363,8 @@ class EvalRolloutWorker:
         window: list[tuple[ScoredGroup, ReleaseRecord]] = []
         window_started, sessions_before = time.monotonic(), 0
         stream = self.engine.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
-                                       turn_version=lambda: self._version, model_for=self.served_model,
-                                       meter=self.meter, max_episode_images=self.max_episode_images)
+                                    turn_version=lambda: self._version, model_for=self.served_model,
+                                    meter=self.meter, max_episode_images=self.max_episode_images)
         try:
             async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
                 async for group in stream:
