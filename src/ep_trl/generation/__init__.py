@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence
 
-from ..errors import GenerationError
+from ..errors import ConfigError, GenerationError
 
 
 #: Tokens per turn when the eval sets no ``max_tokens`` (``OpenEnvRolloutProcessor``'s own default).
@@ -134,9 +134,24 @@ class Generator(Protocol):
         ``images`` is None for a text-only turn)."""
         ...
 
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """``generate`` with ``model``, another model the backend serves by name: the async worker's turns go to the
+        LoRA adapter of their policy version (``VersionedTurns``). A backend that serves one model only raises
+        :func:`named_model_refused`."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections, tasks and threads; the backend is not used afterwards."""
         ...
+
+
+def named_model_refused(backend: str, model: str) -> ConfigError:
+    """The error of a backend that generates with its one model only, asked (``generate_as``) for ``model``."""
+    return ConfigError(
+        f"The {backend} backend generates with its one model only, not with {model!r} (the LoRA adapter of a policy "
+        "version, which the async worker asks for when the trainer syncs adapters). Generate on a vLLM server "
+        "that serves the adapters (started with --enable-lora).")
 
 
 class CallFailure:

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import ConfigError, GenerationError, VersionError
 from ..options import VLLMOptions
-from . import CallFailure, Generation, PromptImages, SamplingParams
+from . import CallFailure, Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
 from .vllm import request_seed
 
@@ -149,6 +149,11 @@ class ColocateGenerator:
             self._check(prompt_ids, label)
             turn = _Turn([int(t) for t in prompt_ids], params, request_seed(self._seed, number), label, images)
             return await self._engine.submit(turn)
+
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """Refused: the colocated engine holds the trainer's weights only."""
+        raise named_model_refused(self.name, model)
 
     async def aclose(self) -> None:
         await self._engine.aclose()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trajectory.vision_inputs import vision_inputs
-from . import Generation, PromptImages, SamplingParams
+from . import Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,11 @@ class TrainerGenerator:
 
     async def aclose(self) -> None:
         await self._batches.aclose()
+
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """Refused: this backend generates with the trainer's model only."""
+        raise named_model_refused(self.name, model)
 
     def _generate_batch(self, requests: list[_Request]) -> list[Generation]:
         import torch
