@@ -14,12 +14,16 @@ text-only turn carries ``images=None``.
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from ..errors import ConfigError, GenerationError
+
+if TYPE_CHECKING:  # named for the checker; the caller builds them
+    from ..engine.caller import SyncedServer
+    from ..options import VLLMOptions
 
 
 #: Tokens per turn when the eval sets no ``max_tokens`` (``OpenEnvRolloutProcessor``'s own default).
@@ -94,6 +98,21 @@ class PromptIds(list):
 def ids_json(ids: Sequence[int]) -> str:
     """``ids`` as a compact JSON array of integers (each converted with ``int``, as a request body takes them)."""
     return json.dumps([int(t) for t in ids], separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class BackendOffer:
+    """What a rollout's caller offers to generate with (the trainer whose colocated engine generates, the server it
+    keeps on its weights, its model in this process, an explicit server URL), with the options a backend is built
+    with. ``generation.choice`` picks a backend by it and hands it to that backend module's ``build(offer)``."""
+
+    vllm_base_url: str | None
+    options: "VLLMOptions"
+    max_concurrent_rollouts: int
+    colocated_trainer: Any | None
+    server: "SyncedServer | None"
+    model_provider: Callable[[], Any] | None
+    processing_class: Any
 
 
 class Generator(Protocol):

@@ -37,9 +37,9 @@ from typing import Any
 
 import aiohttp
 
-from ..errors import GenerationError
+from ..errors import ConfigError, GenerationError
 from ..options import VLLMOptions
-from . import CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
+from . import BackendOffer, CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
 from .probe import RETRYABLE_STATUS, START_HINT, RetryPolicy, error_message, probe_server
 from ..trajectory.types import JSONObject
 
@@ -478,3 +478,26 @@ def parse_choice(choice: JSONObject, label: str = "vLLM request") -> Generation:
         str(choice.get("finish_reason") or "stop"),
         stop_reason if isinstance(stop_reason, str) else None,
     )
+
+
+#: Logged when ep_trl generates on a server that no trainer keeps on its weights (an explicit ``vllm_base_url``).
+OFF_POLICY_WARNING = (
+    "Generating with the vLLM server at %s, which this trainer does not push weights to: rollouts are off-policy "
+    "after the first optimizer step (and TRL applies no importance-sampling correction with use_vllm=False). Keep "
+    "the server in sync with GRPOConfig(use_vllm=True, vllm_mode='server') on GPUs, or "
+    "ep_trl.trainers.disk_sync.DiskSyncGRPOTrainer on CPU; on one GPU, vllm_mode='colocate' (docs/vllm.md).")
+
+
+def build(offer: BackendOffer) -> VLLMServerGenerator:
+    """The backend on the server the caller keeps on its weights (``offer.server``), else on ``vllm_base_url``."""
+    server, explicit = offer.server, offer.vllm_base_url
+    url = server.url if server is not None else explicit
+    if url is None:
+        raise ConfigError("backend='vllm' needs a server: train with GRPOConfig(use_vllm=True, vllm_mode='server') "
+                          "or pass vllm_base_url='http://HOST:PORT'.")
+    if server is not None and explicit and explicit != server.url:
+        logger.warning("vllm_base_url=%s is ignored: the trainer generates with use_vllm=True and pushes its weights "
+                       "to %s, so ep_trl generates there too.", explicit, server.url)
+    if server is None:
+        logger.warning(OFF_POLICY_WARNING, url)
+    return VLLMServerGenerator(url, offer.options, model=server.model if server is not None else None)
