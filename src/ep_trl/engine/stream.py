@@ -18,8 +18,9 @@ Failed episodes are not scored (``Scored(None, ...)``). An error that is not an 
 for good, a body that returns something other than its rows, ep_trl's bug) cancels every episode and body in flight
 and raises; so does the consumer closing the stream early.
 
-With ``turn_version``, each episode's turns are generated through a ``VersionedTurns`` (``ep_trl.generation.versioned``) that reads the policy
-version when the turn is sent; :attr:`PlayedEpisode.versions` lists them. The version a turn is sent under is never
+With ``turn_version``, each episode's turns are generated through a ``VersionedTurns``
+(``ep_trl.generation.versioned``) that reads the policy version when the turn is sent;
+:attr:`PlayedEpisode.versions` lists them. The version a turn is sent under is never
 newer than the weights that generate it, because a trainer changes the server's weights before it announces the new
 version (``update_model_version``), and a turn that is queued, retried or held by a paused server is only
 generated later. With ``max_episode_images`` a turn whose episode would then hold more images than that is not sent
