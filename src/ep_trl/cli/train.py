@@ -409,7 +409,7 @@ def _check_server(parser: Any, url: str, model: str | None, vllm: VLLMOptions) -
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
     from ..errors import GenerationError
-    from ..generation.vllm import probe_server
+    from ..generation.probe import probe_server
 
     try:
         served = probe_server(url, vllm.connect_timeout_s).model
