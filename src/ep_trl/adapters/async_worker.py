@@ -66,7 +66,7 @@ from ..engine.engine import build_engine
 from ..trajectory.content import supports_images
 from ..dataset import dataset_from_eval
 from ..errors import ConfigError, RolloutWorkerError
-from ..generation.vllm import lora_enabled, probe_server, served_models
+from ..generation.probe import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
 from ..runtime.threads import run_blocking

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from .. import evalprotocol
 from ..errors import ConfigError
 from ..evalprotocol import EvalSpec, EvalTest
-from ..generation.vllm import probe_server
+from ..generation.probe import probe_server
 from ..openenv import servers as env_servers
 from ..openenv.servers import LaunchedServers
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
