@@ -9,16 +9,19 @@ eval on two of the eval's tasks (click-test, focus-text), one action per episode
 step; at the end it prints the mean score of the first and last steps and writes a plot of the score per step
 (reward_curve.png in --output-dir).
 
-Two-GPU recipe (docs/browsergym.md):
+A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and calls it, so the run writes the same
+run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).
+
+Two-GPU recipe (docs/setup.md):
   CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-0.5B-Instruct
   CUDA_VISIBLE_DEVICES=1 python train_browsergym_trl.py --model Qwen/Qwen2.5-0.5B-Instruct \\
-      --vllm-base-url http://localhost:8000 --tasks click-test,click-button,focus-text,enter-text \\
+      --vllm-server-url http://localhost:8000 --tasks click-test,click-button,focus-text,enter-text \\
       --max-steps 200 --num-generations 8 --batch-size 16 --env-steps 5 --max-completion-length 3072 \\
       --max-concurrent 8 --lora-r 16 --learning-rate 5e-4 --report-to trackio
 
 One GPU (docs/vllm.md): python train_browsergym_trl.py --vllm-mode colocate --model Qwen/Qwen2.5-0.5B-Instruct ...
-Rollouts overlapping training steps (docs/async.md): --async --vllm-base-url URL --model M (the server's model).
-A vision-language model on the screenshots, asynchronously: --screenshots --async --vllm-base-url URL --model VLM
+Rollouts overlapping training steps (docs/async.md): --async --vllm-server-url URL --model M (the server's model).
+A vision-language model on the screenshots, asynchronously: --screenshots --async --vllm-server-url URL --model VLM
 (a server started with --enable-scale-out; docs/browsergym.md, "Vision-language models").
 """
 
@@ -26,21 +29,14 @@ import argparse
 import json
 import os
 import sys
-import time
 import urllib.request
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from peft import LoraConfig
-    from trl import GRPOConfig
-    from trl.experimental.async_grpo import AsyncGRPOConfig
-
     from ep_trl.devtools.cloning import Demonstration
-    from ep_trl.devtools.training_modes import TrainingMode
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -57,7 +53,7 @@ TINY_OPTIM, TINY_LEARNING_RATE = "sgd", 0.05
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults are the quick CPU run."""
-    from ep_trl.devtools.training_modes import add_generation_flags, check_generation_flags
+    from ep_trl.cli.modes import add_generation_flags, check_generation_flags
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (module::test or file.py::test)")
@@ -111,35 +107,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def lora_config(args: argparse.Namespace) -> "LoraConfig | None":
-    """A peft LoraConfig for ``--lora-r`` > 0, else None (full fine-tuning)."""
-    if args.lora_r <= 0:
-        return None
-    from peft import LoraConfig
-
-    targets = args.lora_target_modules
-    return LoraConfig(
-        r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r, lora_dropout=args.lora_dropout,
-        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
-        task_type="CAUSAL_LM",
-    )
-
-
-def grpo_config(args: argparse.Namespace, mode: "TrainingMode") -> "GRPOConfig | AsyncGRPOConfig":
-    """The trainer's config from the flags, with the generation mode's settings (``TrainingMode.config``): on GPU
-    with a vLLM server the trainer owns the client and pushes weights; an ``AsyncGRPOConfig`` with ``--async``."""
-    return mode.config(
-        output_dir=args.output_dir, bf16=mode.on_gpu, seed=args.seed,
-        per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
-        max_completion_length=args.max_completion_length, temperature=args.temperature,
-        learning_rate=args.learning_rate, optim=args.optim, max_steps=args.max_steps, logging_steps=1,
-        save_strategy="no",
-        report_to=[] if args.report_to == "none" else [args.report_to], run_name=args.run_name,
-        project=args.project,
-        disable_tqdm=True,
-    )
-
-
 def check_tasks(env_url: str, tasks: list[str]) -> None:
     """Fail before training when a task name is unknown to the server (every episode would fail)."""
     with urllib.request.urlopen(f"{env_url}/tasks", timeout=30) as resp:  # noqa: S310 - the local env server
@@ -185,62 +152,44 @@ def print_answers(when: str, tasks: list[str], demonstrations: "Sequence[Demonst
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start the environment server unless one is given, train, print a line per step; 0 on success."""
+    """``ep-trl train`` with this script's defaults: the BrowserGym server started for the run (unless --env-url),
+    its task names checked there, the tiny model warm-started unless --model; 0 on success."""
     args = parse_args(argv)
-    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, report_training, script_logging
+    from ep_trl.cli import train
+    from ep_trl.cli.presets import script_defaults
 
-    script_logging()
-
-    from transformers import PrinterCallback
-
-    from ep_trl import EvalOverrides, dataset_from_eval
-    from ep_trl.devtools.training_modes import TrainingMode
-
-    started = time.monotonic()
-    mode = TrainingMode.from_args(args)
-    print(mode.describe(), flush=True)
-    output = Path(args.output_dir)
-    config = grpo_config(args, mode)
-    groups_per_step = args.batch_size // args.num_generations
-    dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    peft_config = lora_config(args)
+    demonstrations: list = []
+
+    def start_model(env_url: str, model: str | None) -> str:
+        check_tasks(env_url, tasks)
+        policy, shown = starting_policy(args, env_url, tasks, Path(args.output_dir))
+        demonstrations.extend(shown)
+        return policy
+
+    def after_training(trainer) -> None:
+        if demonstrations:
+            from ep_trl.devtools.cloning import answer_probabilities
+
+            print_answers("after training", tasks, demonstrations,
+                          answer_probabilities(trainer.model, trainer.processing_class, demonstrations))
+
     server_env = {"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)}
     if args.screenshots:
         server_env["BROWSERGYM_SCREENSHOT"] = "1"
-
-    server = local_env_server("ep_trl.envs.browsergym", env=server_env) if args.env_url is None \
-        else nullcontext(args.env_url)
-    with server as env_url:
-        print(f"environment server: {env_url}", flush=True)
-        os.environ[ENV_URL_VAR] = env_url
-        check_tasks(env_url, tasks)
-        model, demonstrations = starting_policy(args, env_url, tasks, output)
-        with mode.trainer(args.env_path, model=model, args=config, train_dataset=dataset,
-                          callbacks=[ProgressPrinter()], peft_config=peft_config, images=args.screenshots,
-                          overrides=EvalOverrides(max_steps=args.env_steps, max_tokens=args.max_turn_tokens,
-                                                  tasks=tasks),
-                          max_concurrent_rollouts=args.max_concurrent) as trainer:
-            trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
-            if peft_config is not None:
-                trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-                total = sum(p.numel() for p in trainer.model.parameters())
-                print(f"LoRA r={peft_config.r} alpha={peft_config.lora_alpha}: "
-                      f"{trainable} of {total} parameters trainable", flush=True)
-            trainer.train()
-    if demonstrations:
-        from ep_trl.devtools.cloning import answer_probabilities
-
-        print_answers("after training", tasks, demonstrations,
-                      answer_probabilities(trainer.model, trainer.processing_class, demonstrations))
-    report_training(trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size,
-                    started=started, title=f"{Path(__file__).name}: eval score on {', '.join(tasks)}", argv=argv)
-    return 0
+    defaults = script_defaults(
+        args, "ep_trl.envs.browsergym", ENV_URL_VAR, tasks=tasks, env_steps=args.env_steps,
+        max_turn_tokens=args.max_turn_tokens, max_concurrent_rollouts=args.max_concurrent, screenshots=args.screenshots,
+        lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+        lora_target_modules=args.lora_target_modules, run_name=args.run_name, project=args.project)
+    return train.main([], train.Preset(
+        prog=Path(__file__).name, title=f"{Path(__file__).name}: eval score on {', '.join(tasks)}", defaults=defaults,
+        start_model=start_model, after_training=after_training, env_server_env=server_env,
+        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # the environment server was already stopped on the way out
-        print("interrupted: environment server stopped", flush=True)
+    except KeyboardInterrupt:  # the run printed "interrupted: environment server stopped ..." on its way out
         sys.exit(130)

@@ -7,16 +7,17 @@ share of its characters in the task's alphabet (vowels, abc); the random model s
 those letters (measured: 0.29 to 0.74-0.75 over 100 steps of 16 episodes, about 1.5 minutes on 2 cores). At the end it prints the mean score of the first and last steps and writes a plot of the score per
 step (reward_curve.png in --output-dir). See README.md.
 
-Other generation modes (ep_trl.devtools.training_modes; on a machine with a GPU, every mode trains there):
+A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and calls it, so the run writes the same
+run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).
+
+Other generation modes (ep_trl.cli.modes; on a machine with a GPU, every mode trains there):
   .venv-colocate/bin/python train_letters_trl.py --vllm-mode colocate  # docs/vllm.md: TRL's engine in the trainer
-  python train_letters_trl.py --async --vllm-base-url URL --model DIR  # docs/async.md: DIR is the server's model
+  python train_letters_trl.py --async --vllm-server-url URL --model DIR  # docs/async.md: DIR is the server's model
 """
 
 import argparse
 import os
 import sys
-import time
-from contextlib import nullcontext
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -26,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv=None):
-    from ep_trl.devtools.training_modes import add_generation_flags, check_generation_flags
+    from ep_trl.cli.modes import add_generation_flags, check_generation_flags
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=str(HERE / "examples" / "letters_eval.py") + "::test_letters",
@@ -50,42 +51,20 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    """``ep-trl train`` with this script's defaults: the letters eval, its server started for the run, the tiny model
+    (built locally) unless --model is given."""
     args = parse_args(argv)
-    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, report_training, script_logging
-
-    script_logging()
-
-    from transformers import PrinterCallback
-
-    from ep_trl import dataset_from_eval
+    from ep_trl.cli import train
+    from ep_trl.cli.presets import script_defaults
     from ep_trl.devtools.tiny_model import build_tiny_model
-    from ep_trl.devtools.training_modes import TrainingMode
 
-    started = time.monotonic()
-    output = Path(args.output_dir)
-    model = args.model or str(build_tiny_model(output / "tiny-model", seed=args.seed))
-    mode = TrainingMode.from_args(args)
-    print(mode.describe(), flush=True)
-    config = mode.config(
-        output_dir=str(output), bf16=False, seed=args.seed,
-        per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
-        max_completion_length=args.max_completion_length, temperature=args.temperature,
-        learning_rate=args.learning_rate, optim=args.optim, max_steps=args.max_steps, logging_steps=1,
-        save_strategy="no",
-        report_to=[] if args.report_to == "none" else [args.report_to], disable_tqdm=True,
-    )
-    groups_per_step = max(1, args.batch_size // args.num_generations)
-    dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
+    def tiny_model(env_url, model):
+        return model or str(build_tiny_model(Path(args.output_dir) / "tiny-model", seed=args.seed))
 
-    with (local_env_server("ep_trl.envs.letters") if args.env_url is None else nullcontext(args.env_url)) as env_url:
-        os.environ["LETTERS_ENV_URL"] = env_url
-        with mode.trainer(args.env_path, model=model, args=config, train_dataset=dataset,
-                          callbacks=[ProgressPrinter()]) as trainer:
-            trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
-            trainer.train()
-    report_training(trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size,
-                    started=started, title=f"{Path(__file__).name}: eval score on the letters game", argv=argv)
-    return 0
+    return train.main([], train.Preset(
+        prog=Path(__file__).name, title=f"{Path(__file__).name}: eval score on the letters game",
+        defaults=script_defaults(args, "ep_trl.envs.letters", "LETTERS_ENV_URL"), start_model=tiny_model,
+        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":

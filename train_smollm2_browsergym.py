@@ -103,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ep_trl.devtools import run_record
-    from ep_trl.devtools.scripts import ProgressPrinter, local_env_server, report_training, script_logging
+    from ep_trl.cli.env_server import local_env_server
+    from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
 
     script_logging()
     from transformers import AutoTokenizer, PrinterCallback

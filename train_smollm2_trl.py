@@ -60,7 +60,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ep_trl.devtools.scripts import ProgressPrinter, report_training, script_logging
+    from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
 
     script_logging()
 

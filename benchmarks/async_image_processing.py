@@ -8,7 +8,7 @@ worker runs on its event loop before this change and in a thread after it) and c
 ``AsyncImagesGRPOTrainer`` collates them (``ImagesRolloutCollator`` over TRL ``TreeRow`` micro-batches of
 ``--batch-size``). An instrument around the real image processor (tests/support/images.py) counts the images it
 processes. The forward pass is not timed: no version processes images there. ``--render`` also times how episodes
-render their turns (``ep_trl.trajectory.ChatTemplate.prompt`` over each turn's conversation so far, as an episode
+render their turns (``ep_trl.trajectory.tokens.ChatTemplate.prompt`` over each turn's conversation so far, as an episode
 does on its event loop), which the one-processing change does not touch.
 
 Processors (``--processors``): ``tiny``, the tiny VLM's (64-pixel frames, what CI trains); ``smolvlm``, SmolVLM's
@@ -86,10 +86,10 @@ def conversation(uris: list[str], turns: int) -> list[dict[str, Any]]:
 def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) -> dict[str, Any]:
     from trl.experimental.async_grpo.packing import TreeRow
 
-    from ep_trl.rollout_worker import group_samples
-    from ep_trl.sample_images import images_of
+    from ep_trl.adapters.async_worker import group_samples
+    from ep_trl.trajectory.sample_images import images_of
     from ep_trl.trainers.async_images import ImagesRolloutCollator
-    from ep_trl.trajectory import ChatTemplate, Trajectory
+    from ep_trl.trajectory.tokens import ChatTemplate, Trajectory
     from tests.support.async_training import released_group
     from tests.support.images import ImageProcessorCalls
 

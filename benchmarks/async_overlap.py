@@ -128,7 +128,7 @@ def parse_args() -> argparse.Namespace:
 def sleeping_server(model_dir: Path, log_dir: Path, per_token_s: float, reply_tokens: int) -> Iterator[Any]:
     """``benchmarks/fixtures/instant_vllm.py`` answering with ``reply_tokens`` tokens after ``per_token_s`` per token,
     serving the model under its directory's name (as vLLM does), stopped by PID."""
-    from ep_trl.processes import free_port, start_server
+    from ep_trl.runtime.processes import free_port, start_server
 
     port = free_port()
     reply = " ".join("abcdefghijklmnopqrstuvwxyz"[k % 26] for k in range(reply_tokens))
@@ -217,7 +217,7 @@ def per_call_worker_class() -> type:
     played in rollout calls of one training step's groups, each on a session of its own; a call's samples leave
     together once its slowest episode has ended, and the next call starts after them (when the buffer has room)."""
     from ep_trl import EvalRolloutWorker
-    from ep_trl.rollout_worker import BUFFER_POLL_S
+    from ep_trl.adapters.async_worker import BUFFER_POLL_S
 
     class PerCallWorker(EvalRolloutWorker):
         async def _stream(self) -> None:

@@ -101,7 +101,7 @@ def scripted_replies() -> list[str]:
 
 def start_servers(stack: ExitStack, work: Path, model_dir: Path) -> dict[str, str]:
     """The stand-in generation server, a letters server and a calculator MCP server, each stopped by PID at exit."""
-    from ep_trl.processes import free_port, start_server
+    from ep_trl.runtime.processes import free_port, start_server
     from tests.support.letters import start_letters_server
 
     port = free_port()

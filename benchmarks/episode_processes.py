@@ -77,10 +77,10 @@ class Sampler:
 
 def guard_cost(runs: int) -> dict[str, float]:
     """What the watchdog adds to a process start: ``true`` run ``runs`` times alone and under ``guard.py`` (as
-    ``ep_trl.processes.guarded`` wraps a command), children's CPU (user + sys) and wall per run, medians."""
+    ``ep_trl.runtime.processes.guarded`` wraps a command), children's CPU (user + sys) and wall per run, medians."""
     import subprocess
 
-    from ep_trl.processes import guarded
+    from ep_trl.runtime.processes import guarded
 
     def per_run(cmd: list[str]) -> tuple[float, float]:
         cpu, wall = [], []

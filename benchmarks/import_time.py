@@ -10,7 +10,7 @@ measured (the test suite's smoke run):
 
 * ``import``: ``import ep_trl``, timed inside the interpreter (``time.perf_counter`` around the import), and the
   interpreter's wall clock from start to exit;
-* ``worker_start``: what a ``RolloutOptions(worker_processes=N)`` worker does before its first job (``ep_trl.shards``
+* ``worker_start``: what a ``RolloutOptions(worker_processes=N)`` worker does before its first job (``ep_trl.adapters.sharded``
   imported, as the spawned process unpickles its target, then the rollout function built for the single-turn
   eval ``tests/evals/eval_arithmetic.py``, its generation server probed): the interpreter's wall clock;
 * ``processor_run``: a user script on the processor path: ``import ep_trl``, a CPU ``GRPOTrainer`` on the tiny
@@ -56,7 +56,7 @@ print(json.dumps({{"import_s": seconds, "loaded": {LOADED}}}))
 """,
     "worker_start": f"""
 import json, sys
-import ep_trl.shards
+import ep_trl.adapters.sharded
 from ep_trl import create_openenv_vllm_rollout_func
 rollout = create_openenv_vllm_rollout_func({EVAL!r}, vllm_base_url=sys.argv[1], log_rollouts=False)
 rollout.close()
@@ -107,7 +107,7 @@ def main() -> None:
     args = parse_args()
     record = run_record.start(REPO)
     from ep_trl.devtools.tiny_model import build_tiny_model
-    from ep_trl.processes import free_port, start_server
+    from ep_trl.runtime.processes import free_port, start_server
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ep-trl-import-") as tmp:

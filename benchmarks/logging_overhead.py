@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
-    from ep_trl.devtools.scripts import local_env_server
+    from ep_trl.cli.env_server import local_env_server
     from ep_trl.rewards import eval_score
     from ep_trl.devtools.tiny_model import build_tiny_model
 

@@ -42,7 +42,7 @@ def main() -> None:
 
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
     from ep_trl.devtools.tiny_model import build_tiny_model
-    from ep_trl.processes import free_port, start_server
+    from ep_trl.runtime.processes import free_port, start_server
     from tests.support import tool_model
     from tests.support.trainers import make_trainer
 

@@ -37,7 +37,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rollout_throughput as bench  # noqa: E402  (sets HOME and the repo path first)
 
-from ep_trl import env_pool, environment  # noqa: E402
+from ep_trl.openenv import pool as env_pool, client as environment  # noqa: E402
 from ep_trl.generation import vllm  # noqa: E402
 from ep_trl.devtools import run_record  # noqa: E402
 

@@ -40,7 +40,7 @@ def process_sample() -> dict[str, int]:
 def soak(calls: int, episodes: int, faults: bool, work: Path) -> list[dict[str, int]]:
     """Run the calls; one sample per call (taken after it)."""
     from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
-    from ep_trl.devtools.scripts import local_env_server
+    from ep_trl.cli.env_server import local_env_server
     from ep_trl.devtools.tiny_model import build_tiny_model
     from tests.support.trainers import make_trainer
 

@@ -19,18 +19,18 @@ esac
 
 # The tests that create, serve or drive OpenEnv environments and clients.
 TESTS=(
-  tests/test_environment.py
+  tests/openenv/test_client.py
   tests/envs/test_letters.py
-  tests/test_rollout.py
+  tests/adapters/test_rollout_func.py
   tests/test_training.py
-  tests/test_episode.py
-  tests/test_env_servers.py
+  tests/openenv/test_loop.py
+  tests/openenv/test_servers.py
   tests/test_import.py::test_import_ep_trl_loads_no_openenv
   tests/test_failures.py
   tests/test_soak.py
   tests/sources/test_processor.py
-  tests/test_shutdown.py::test_nothing_ep_trl_started_outlives_a_sigkilled_trainer
-  tests/test_shutdown.py::test_sigterm_ends_training_every_time
+  tests/runtime/test_shutdown.py::test_nothing_ep_trl_started_outlives_a_sigkilled_trainer
+  tests/runtime/test_shutdown.py::test_sigterm_ends_training_every_time
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then

@@ -43,7 +43,7 @@ pytest_plugins = ["tests.support.leaks", "pytester"]
 
 if TYPE_CHECKING:
     from tests.support.letters import LettersEpisodes
-    from ep_trl.processes import ServerProcess
+    from ep_trl.runtime.processes import ServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,14 @@
 
 import ast
 import importlib.util
+import re
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "import_layers.py"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "import_layers.py"
+PACKAGE = ROOT / "src" / "ep_trl"
+#: Listed in docs/architecture.md as one row each, not module by module: the tooling and the environments.
+LISTED_AS_PACKAGES = ("devtools", "envs")
 spec = importlib.util.spec_from_file_location("import_layers", SCRIPT)
 import_layers = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(import_layers)
@@ -12,7 +17,7 @@ spec.loader.exec_module(import_layers)
 
 def test_the_import_graph_has_at_most_12_layers_and_no_import_points_up():
     graph = import_layers.imports(import_layers.modules())
-    assert len(graph) > 40 and "ep_trl.rollout" in graph["ep_trl"]  # the graph was read, not empty
+    assert len(graph) > 40 and "ep_trl.adapters.rollout_func" in graph["ep_trl"]  # the graph was read, not empty
     chain = import_layers.longest_chain(graph)
     assert chain[0] == "ep_trl" and chain[-1] == "ep_trl.errors", chain
     assert len(chain) <= 12, " -> ".join(chain)
@@ -36,9 +41,9 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
 
 
 def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
-    """Issue 34: the caller went into settings, backend_choice and rows, each asking it again. Now
-    ``call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the adapters that
-    receive a caller (``rollout``, ``shards``) name the caller protocol."""
+    """Issue 34: the caller went into settings, backend choice and rows, each asking it again. Now
+    ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the adapters
+    that receive a caller (``adapters.rollout_func``, ``adapters.sharded``) name the caller protocol."""
     naming = set()
     for name, path in import_layers.modules().items():
         tree = ast.parse(path.read_text())
@@ -49,4 +54,98 @@ def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
                   and isinstance(node.value, str) and node.value == "RolloutCaller"}  # a quoted annotation
         if "RolloutCaller" in names:
             naming.add(name)
-    assert naming == {"ep_trl.caller", "ep_trl.call_setup", "ep_trl.rollout", "ep_trl.shards"}, sorted(naming)
+    assert naming == {"ep_trl.engine.caller", "ep_trl.engine.call_setup", "ep_trl.adapters.rollout_func",
+                      "ep_trl.adapters.sharded"}, sorted(naming)
+
+
+def _docstring_only(path: Path) -> bool:
+    body = ast.parse(path.read_text()).body
+    return all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
+
+
+def documented_modules(package: Path = PACKAGE) -> set[str]:
+    """What docs/architecture.md's table must list: every module as its path under ``src/ep_trl/``, ``devtools/`` and
+    ``envs/`` as packages, a package's ``__init__.py`` only when it holds more than its docstring."""
+    wanted = set()
+    for path in package.rglob("*.py"):
+        relative = path.relative_to(package)
+        if relative.parts[0] in LISTED_AS_PACKAGES:
+            wanted.add(relative.parts[0] + "/")
+        elif not (path.name == "__init__.py" and len(relative.parts) > 1 and _docstring_only(path)):
+            wanted.add(relative.as_posix())
+    return wanted
+
+
+def listed_modules(doc: str) -> set[str]:
+    table = doc.split("## Modules", 1)[1].split("\n## ", 1)[0]
+    return {match for match in re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE)}
+
+
+def test_the_architecture_table_lists_every_module_and_no_gone_one():
+    listed = listed_modules((ROOT / "docs" / "architecture.md").read_text())
+    wanted = documented_modules()
+    assert len(wanted) > 60  # the package was read
+    assert wanted - listed == set(), "modules missing from docs/architecture.md's table"
+    assert listed - wanted == set(), "docs/architecture.md lists modules that are gone"
+
+
+def test_the_table_check_sees_a_new_module_and_a_gone_one(tmp_path):
+    package = tmp_path / "ep_trl"
+    (package / "engine").mkdir(parents=True)
+    (package / "devtools").mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    (package / "engine" / "__init__.py").write_text('"""Only a docstring."""\n')
+    (package / "engine" / "new.py").write_text("")
+    (package / "devtools" / "tool.py").write_text("")
+    assert documented_modules(package) == {"__init__.py", "engine/new.py", "devtools/"}
+    doc = "## Modules\n\n| module | holds |\n| `__init__.py` | x |\n| `engine/old.py` | y |\n\n## Layers\n| `z.py` |"
+    assert listed_modules(doc) == {"__init__.py", "engine/old.py"}
+
+
+def test_src_ep_trl_has_at_most_18_entries_besides_its_init():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__init__.py", "__pycache__"))
+    assert len(entries) <= 18, entries
+
+
+#: What code outside ``generation/`` may import of it: the protocol (the package), backend choice, server probing and
+#: the versioned view of a backend. The backends themselves (``trainer``, ``vllm``, ``colocate``, and ``batching``,
+#: which only they use) are reached through ``generation.choice``.
+GENERATION_ENTRIES = frozenset({"ep_trl.generation", "ep_trl.generation.choice", "ep_trl.generation.probe",
+                                "ep_trl.generation.versioned"})
+#: Modules outside ``generation/`` that import a backend module, with the reason (none today: the trainers that drive
+#: TRL's engine take nothing of ep_trl's backends, and ``devtools``, ``envs`` and ``cli`` build theirs through
+#: ``generation.choice`` like everything else).
+BACKEND_IMPORT_EXCEPTIONS: dict[str, str] = {}
+
+
+def backend_importers(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module outside ``generation/`` (``devtools`` and ``envs`` included) that imports a module of
+    ``generation/`` other than ``GENERATION_ENTRIES``, with the ones it imports."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = import_layers.imports(found)
+    inside = f"{package.name}.generation"
+    return {name: backends for name, targets in graph.items() if not (name == inside or name.startswith(inside + "."))
+            if (backends := {t for t in targets if t.startswith(inside + ".") and t not in GENERATION_ENTRIES})}
+
+
+def test_no_module_outside_generation_imports_a_backend_module():
+    """Issue 41: ``adapters/rollout_func.py``, ``adapters/async_worker.py``, ``cli/train.py`` and the disk-sync trainer
+    imported ``generation.vllm`` to probe a server, and ``cli/serve.py`` built ``generation.trainer``'s backend itself,
+    while docs/architecture.md calls ``generation/choice.py`` "the only code that names backends"."""
+    importers = backend_importers()
+    assert {name: sorted(b) for name, b in importers.items() if name not in BACKEND_IMPORT_EXCEPTIONS} == {}
+
+
+def test_the_backend_import_check_sees_a_backend_imported_from_outside(tmp_path):
+    package = tmp_path / "ep_trl"
+    (package / "generation").mkdir(parents=True)
+    (package / "devtools").mkdir()
+    for name in ("__init__.py", "generation/__init__.py", "generation/vllm.py", "generation/probe.py"):
+        (package / name).write_text("")
+    (package / "generation" / "choice.py").write_text("def f():\n    from .vllm import X\n")
+    (package / "devtools" / "tool.py").write_text("from ..generation.probe import probe_server\n"
+                                                  "def g():\n    from ep_trl.generation import vllm\n")
+    assert backend_importers(package) == {"ep_trl.devtools.tool": {"ep_trl.generation.vllm"}}

@@ -13,7 +13,7 @@ import pytest
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.envs.browsergym import BrowserGymObservation
 from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
-from ep_trl.processes import ServerProcess
+from ep_trl.runtime.processes import ServerProcess
 from tests.support.browsergym import browsergym_server as running_browsergym_server
 from tests.support.trainers import make_trainer
 

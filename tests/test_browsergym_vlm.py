@@ -17,7 +17,7 @@ from trl import GRPOTrainer
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
-from ep_trl.processes import ServerProcess
+from ep_trl.runtime.processes import ServerProcess
 from ep_trl.rewards import eval_score
 from ep_trl.trainers.images import RolloutImagesGRPOTrainer
 from tests.support.browsergym import browsergym_server

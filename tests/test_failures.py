@@ -30,7 +30,7 @@ from ep_trl import (
     create_openenv_vllm_rollout_func,
 )
 from ep_trl.envs.letters import LettersEnv
-from ep_trl.processes import free_port, start_server
+from ep_trl.runtime.processes import free_port, start_server
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
 

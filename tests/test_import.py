@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl.processes import free_port, start_server
+from ep_trl.runtime.processes import free_port, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 #: Top-level packages that only an OpenEnv environment may bring in.
@@ -60,10 +60,10 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
 def test_import_ep_trl_loads_no_openenv():
     """``import ep_trl`` (every public name) imports neither OpenEnv nor gradio; the launcher of environment
     servers imports OpenEnv's provider interface when it starts one."""
-    loaded = run_python(f"import json, sys, ep_trl; from ep_trl import *; import ep_trl.env_servers; "
+    loaded = run_python(f"import json, sys, ep_trl; from ep_trl import *; import ep_trl.openenv.servers; "
                         f"print(json.dumps({LOADED}))")
     assert loaded == []
-    provider = run_python(f"import json, sys; from ep_trl.local_provider import LocalAppProvider; "
+    provider = run_python(f"import json, sys; from ep_trl.openenv.local_provider import LocalAppProvider; "
                           f"from openenv.core.containers.runtime import RuntimeProvider; "
                           f"print(json.dumps(issubclass(LocalAppProvider, RuntimeProvider)))")
     assert provider is True
@@ -78,9 +78,9 @@ def test_import_ep_trl_alone_loads_only_the_errors_and_options():
                         "{'aiohttp', 'eval_protocol', 'litellm', 'transformers', 'torch', 'numpy', 'trl'})}))")
     assert loaded == {"ep_trl": ["ep_trl", "ep_trl.errors", "ep_trl.options"], "libraries": []}
     public = run_python("""
-import json, ep_trl, ep_trl.dataset, ep_trl.rollout, ep_trl.rollout_worker, ep_trl.errors, ep_trl.options
+import json, ep_trl, ep_trl.dataset, ep_trl.adapters.rollout_func, ep_trl.adapters.async_worker, ep_trl.errors, ep_trl.options
 from ep_trl import *
-homes = (ep_trl.dataset, ep_trl.rollout, ep_trl.rollout_worker, ep_trl.errors, ep_trl.options)
+homes = (ep_trl.dataset, ep_trl.adapters.rollout_func, ep_trl.adapters.async_worker, ep_trl.errors, ep_trl.options)
 same = {name: any(getattr(home, name, None) is globals()[name] is getattr(ep_trl, name) for home in homes)
         for name in ep_trl.__all__}
 try:

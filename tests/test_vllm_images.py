@@ -22,10 +22,10 @@ from ep_trl import EvalRolloutWorker, dataset_from_eval
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.vllm import VLLMServerGenerator
 from ep_trl.options import VLLMOptions
-from ep_trl.sample_images import images_of
+from ep_trl.trajectory.sample_images import images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
-from ep_trl.trajectory import ChatTemplate
+from ep_trl.trajectory.tokens import ChatTemplate
 from tests.support.async_training import Recorded, VersionSnapshots, turn_source, wait_until
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 from tests.support.trainers import assert_trained
@@ -188,8 +188,8 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     trains a real step on the others without an error."""
     import dataclasses
 
-    from ep_trl import trajectory as trajectory_module
-    from ep_trl.sample_images import placeholder_mismatch
+    from ep_trl.trajectory.tokens import tokens as trajectory_module
+    from ep_trl.trajectory.sample_images import placeholder_mismatch
 
     real_build, built = trajectory_module.TrajectoryBuilder.build, []
 
@@ -228,7 +228,7 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_se
     """The worker alone (no trainer) until its buffer is full: an instrument around the processor's image processor
     records the thread of every call. Each released sample's images are processed once, in the worker's thread for
     its group's samples ("ep-trl samples of prompt group N"), never on the event loop that plays the episodes (which
-    runs the processor only to render turns, ep_trl.trajectory)."""
+    runs the processor only to render turns, ep_trl.trajectory.tokens)."""
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
                            per_device_train_batch_size=2, max_completion_length=256, temperature=1.0, report_to=[],
                            vllm_server_base_url=vlm_server.base_url)
@@ -265,10 +265,10 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_se
 @pytest.mark.timeout(300)
 def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server, tiny_vlm_dir, letters_server,
                                                                     tmp_path):
-    """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.devtools.training_modes, what
+    """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.cli.modes, what
     train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
     model's processor and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
-    from ep_trl.devtools.training_modes import TrainingMode
+    from ep_trl.cli.modes import TrainingMode
 
     mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
                         gpu_memory_utilization=0.3, on_gpu=False, images=True)
@@ -303,7 +303,7 @@ def test_max_buffered_images_bounds_every_image_the_worker_holds(vlm_server, tin
     reference): while nobody drains the buffer, and then as the test takes one group's samples at a time, the images
     alive, and the worker's own count (held_images), never exceed 2; the worker starts one group per group taken.
     Before, only the buffer's images were bounded: all 8 slots started at once, 8 images in flight."""
-    from ep_trl import trajectory as trajectory_module
+    from ep_trl.trajectory.tokens import tokens as trajectory_module
 
     decoded, real_load = [], trajectory_module.load_image
 
@@ -348,7 +348,7 @@ def test_max_buffered_images_bounds_every_image_the_worker_holds(vlm_server, tin
 def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(vlm_server, tiny_vlm_dir,
                                                                                letters_server, tmp_path):
     """The image eval shows a picture at each of its 2 steps; with max_episode_images=1 the second turn would hold 2:
-    the worker stops with the error naming the fix (that the turn is not sent: tests/test_stream.py)."""
+    the worker stops with the error naming the fix (that the turn is not sent: tests/engine/test_stream.py)."""
     from ep_trl import RolloutWorkerError
 
     worker = EvalRolloutWorker(IMAGE_EVAL, args=worker_config(tmp_path, vlm_server.base_url),

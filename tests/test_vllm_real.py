@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
-from ep_trl.processes import free_port
+from ep_trl.runtime.processes import free_port
 from ep_trl.rewards import eval_score
 from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightSync

@@ -13,7 +13,7 @@ sentences has no reward pulling it towards the asked-for word (measured: one see
 label everywhere in one word scores 0.5, so the held-out replies and the body's reasons are kept with every run
 (``result.json``) to tell that apart from a policy that learned the labels.
 
-Run it as an eval against any OpenAI-compatible server (a ``vllm serve`` of the model, or ``python -m ep_trl.serve
+Run it as an eval against any OpenAI-compatible server (a ``vllm serve`` of the model, or ``ep-trl serve
 DIR``)::
 
     HOSTED_VLLM_API_BASE=http://127.0.0.1:8000/v1 pytest examples/sentiment/eval_sentiment.py \\

@@ -8,16 +8,19 @@
 Every value is checked when the object is built, with a message that names the value and the fix, so a typo
 fails before the trainer is constructed rather than at the first rollout call. The most used settings
 (``env_base_url``, ``env_factory``, ``max_concurrent_rollouts``) are also plain keywords of the factory; see
-:mod:`ep_trl.settings` for how the keywords, these objects, the eval and the ``GRPOConfig`` combine.
+:mod:`ep_trl.engine.settings` for how the keywords, these objects, the eval and the ``GRPOConfig`` combine.
 """
 
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # `import ep_trl` loads this module: the alias is for the checker only
+    from .trajectory.types import Settings
 
 Backend = Literal["auto", "trainer", "vllm"]
 BACKENDS: tuple[str, ...] = ("auto", "trainer", "vllm")
@@ -98,7 +101,7 @@ class EvalOverrides:
     max_tokens: int | None = None
     stop: Sequence[str] | str | None = None
     max_concurrent_rollouts: int | None = None
-    evaluation_test_kwargs: Mapping[str, Any] | None = None
+    evaluation_test_kwargs: "Settings | None" = None
 
     def __post_init__(self) -> None:
         owner = "EvalOverrides"
@@ -209,7 +212,7 @@ class RolloutOptions:
             the newest rollout function's (docs/failures.md).
     """
 
-    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: "Settings" = field(default_factory=dict)
     reuse_env_sessions: bool = True
     log_home: str | os.PathLike | None = None
     body_timeout_s: float = 300.0

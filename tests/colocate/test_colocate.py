@@ -109,7 +109,7 @@ def test_a_processor_eval_trains_with_the_colocated_engine(model_dir, tmp_path):
 def single_process():
     """What TRL sets before it builds a colocated engine (vLLM's external launcher reads it): one process; and the
     KV cache size CPUColocateGRPOTrainer sets."""
-    from ep_trl.processes import free_port
+    from ep_trl.runtime.processes import free_port
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", str(free_port())), ("VLLM_CPU_KVCACHE_SPACE", "1")):
@@ -179,7 +179,7 @@ def test_a_turn_with_images_samples_with_the_pixels_on_the_colocated_engine(tiny
     from vllm import LLM
 
     from ep_trl.generation import PromptImages
-    from ep_trl.trajectory import ChatTemplate
+    from ep_trl.trajectory.tokens import ChatTemplate
     from tests.support.images import png_data_uri, token_logprobs, user_with_image
 
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl.processes import free_port
+from ep_trl.runtime.processes import free_port
 from tests.support.trainers import assert_script_trained
 
 ROOT = Path(__file__).resolve().parents[2]

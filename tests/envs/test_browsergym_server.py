@@ -21,7 +21,7 @@ import pytest
 
 from ep_trl.envs.browsergym import BrowserGymEnv, browsergym_action_parser, build_prompt, build_user_content
 from ep_trl.envs.browsergym.actions import parse_action
-from ep_trl.processes import ServerProcess, free_port, start_server
+from ep_trl.runtime.processes import ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from ep_trl.envs.letters import (
 )
 from ep_trl.envs.letters.episode_log import EpisodeLog
 from tests.support.letters import LettersEpisodes
-from ep_trl.processes import ServerProcess
+from ep_trl.runtime.processes import ServerProcess
 
 LATENCY_S = 0.2
 

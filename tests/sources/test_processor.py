@@ -18,7 +18,7 @@ from eval_protocol.models import Status
 from ep_trl import (ConfigError, RolloutOptions, UnsupportedEvalError, create_openenv_vllm_rollout_func,
                     dataset_from_eval)
 from ep_trl.evalprotocol import StoreLogger
-from ep_trl.processes import free_port, start_server
+from ep_trl.runtime.processes import free_port, start_server
 from tests.support import tool_model
 from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import assert_trained, make_trainer
@@ -259,7 +259,7 @@ def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(varie
         assert len(records) == 2  # one server per row
         for record in records:  # started by ep_trl's watchdog, which runs the eval's own command
             parent = record["parent_cmdline"]
-            assert parent[1].endswith("ep_trl/guard.py") and parent[parent.index("--parent") + 1] == str(os.getpid())
+            assert parent[1].endswith("ep_trl/runtime/guard.py") and parent[parent.index("--parent") + 1] == str(os.getpid())
             assert parent[parent.index("--") + 1:][1:] == [str(calc), "stdio", str(started)], parent
         servers = []
         for record in records:
@@ -475,7 +475,7 @@ def test_a_prompt_that_is_no_row_of_the_eval_is_a_clear_error(tiny_model_dir, tm
 
 
 def run_eval_under_pytest(eval_file, served_url, tmp_path, **env):
-    """``pytest EVAL`` as a user runs it, its model calls pointed at ``python -m ep_trl.serve``."""
+    """``pytest EVAL`` as a user runs it, its model calls pointed at ``ep-trl serve``."""
     import subprocess
     import sys
 
@@ -490,9 +490,9 @@ def run_eval_under_pytest(eval_file, served_url, tmp_path, **env):
 
 @pytest.mark.timeout(300)
 def test_the_same_agent_file_is_still_an_eval_against_the_served_model(agent_model_dir, calc_server, tmp_path):
-    """``python -m ep_trl.serve`` serves the trained-on model; ``pytest`` runs the eval file unchanged against it."""
+    """``ep-trl serve`` serves the trained-on model; ``pytest`` runs the eval file unchanged against it."""
     port = free_port()
-    served = start_server("ep-trl-serve", [sys.executable, "-m", "ep_trl.serve", str(agent_model_dir), "--port",
+    served = start_server("ep-trl-serve", [sys.executable, "-m", "ep_trl.cli", "serve", str(agent_model_dir), "--port",
                                            str(port), "--temperature", "0.5"],
                           port=port, log_dir=tmp_path / "serve_logs", health_path="/v1/models", cwd=REPO)
     config = tmp_path / "calc_mcp.json"

@@ -65,11 +65,11 @@ def turn_source(recorded: Sequence[float], next_one: Sequence[float], version: i
 
 def released_group(group: int, prompt: str, trajectories: Sequence[Any], scores: Sequence[float],
                    versions: tuple[int, ...] = (1,)) -> Any:
-    """A prompt group as the stream releases it (``ep_trl.stream.ScoredGroup``): one finished, scored episode per
+    """A prompt group as the stream releases it (``ep_trl.engine.stream.ScoredGroup``): one finished, scored episode per
     trajectory, each turn sent under ``versions``; only what ``group_samples`` reads is filled in."""
-    from ep_trl.episode import Episode, EpisodeSpec
-    from ep_trl.scoring import Scored
-    from ep_trl.stream import GroupPlan, PlayedEpisode, ScoredGroup
+    from ep_trl.sources.episode import Episode, EpisodeSpec
+    from ep_trl.engine.scoring import Scored
+    from ep_trl.engine.stream import GroupPlan, PlayedEpisode, ScoredGroup
 
     played = []
     for generation, trajectory in enumerate(trajectories):

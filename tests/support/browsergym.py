@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from ep_trl.processes import ServerProcess, free_port, start_server
+from ep_trl.runtime.processes import ServerProcess, free_port, start_server
 
 #: The variable the BrowserGym eval reads its server's URL from.
 BROWSERGYM_ENV_URL_VAR = "BROWSERGYM_ENV_URL"

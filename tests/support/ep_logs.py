@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ep_trl.processes import ServerProcess, free_port, start_server
+from ep_trl.runtime.processes import ServerProcess, free_port, start_server
 
 #: Debian's chromium; playwright 1.44's own build cannot be downloaded here (see scripts/install_browser.sh).
 CHROMIUM = "/usr/lib/chromium/chromium"

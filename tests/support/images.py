@@ -34,7 +34,7 @@ def token_logprobs(model: Any, processor: Any, ids: list[int], images: list[Any]
     (built as ep_trl builds them) or, with ``pixels=False``, from the ids alone (what TRL computed before the seam)."""
     import torch
 
-    from ep_trl.vision_inputs import vision_inputs
+    from ep_trl.trajectory.vision_inputs import vision_inputs
 
     input_ids = torch.tensor([ids])
     vision = vision_inputs(processor, input_ids, [images]) if pixels else None

@@ -1,4 +1,4 @@
-"""A training process for tests to kill in the middle of a rollout call (tests/test_shutdown.py).
+"""A training process for tests to kill in the middle of a rollout call (tests/runtime/test_shutdown.py).
 
     python -m tests.support.killable_training ENV_PATH MODEL_DIR OUTPUT_DIR
 

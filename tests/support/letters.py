@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from ep_trl.processes import ServerProcess, free_port, start_server
+from ep_trl.runtime.processes import ServerProcess, free_port, start_server
 
 #: Game settings the server reads from its own environment (names as in
 #: ep_trl.envs.letters.environment; spelled out so importing this helper does

@@ -1,4 +1,4 @@
-"""A training process for tests to end with SIGTERM at a chosen moment (tests/test_shutdown.py).
+"""A training process for tests to end with SIGTERM at a chosen moment (tests/runtime/test_shutdown.py).
 
     python -m tests.support.sigterm_training ENV_PATH MODEL_DIR OUTPUT_DIR LOG_HOME
 

@@ -2,6 +2,7 @@
 does not fail one that only made a library start its process-wide pool. Each case runs pytest in a subprocess, so
 what it leaves is that subprocess's, not this module's."""
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -13,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_module(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body: str, **env: str) -> pytest.RunResult:
     pytester.makepyfile(test_module=textwrap.dedent(body))
-    for name, value in {"PYTHONPATH": str(REPO), **env}.items():
+    for name, value in {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'src'}", **env}.items():
         monkeypatch.setenv(name, value)
     return pytester.runpytest_subprocess("-p", "tests.support.leaks", "-p", "no:cacheprovider", "-p", "no:eval_protocol", timeout=120)
 
@@ -63,7 +64,7 @@ def test_a_test_that_times_out_still_stops_its_server_by_pid(pytester: pytest.Py
         from pathlib import Path
 
         import pytest
-        from ep_trl.processes import free_port, start_server
+        from ep_trl.runtime.processes import free_port, start_server
 
         @pytest.fixture
         def server(tmp_path):

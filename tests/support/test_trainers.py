@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ep_trl.devtools.scripts import ProgressPrinter
+from ep_trl.cli.progress import ProgressPrinter
 from tests.support.trainers import assert_script_trained, assert_trained
 
 NAN, INF = math.nan, math.inf

@@ -23,11 +23,11 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokeniz
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError
-from ep_trl import trl_compat
-from ep_trl.rollout_worker import group_samples
-from ep_trl.sample_images import ids_with_images, images_of
+from ep_trl.adapters import trl_seam
+from ep_trl.adapters.async_worker import group_samples
+from ep_trl.trajectory.sample_images import ids_with_images, images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer, UnsharedTreeRow
-from ep_trl.trajectory import ChatTemplate, Trajectory
+from ep_trl.trajectory.tokens import ChatTemplate, Trajectory
 from tests.support.async_training import released_group
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 
@@ -326,8 +326,8 @@ def test_a_text_tokenizer_or_a_model_that_cannot_take_the_images_is_refused(tiny
 
 
 def test_the_async_image_path_is_gated_on_the_tested_trl():
-    assert "async" in trl_compat.TESTED_TRL
-    assert trl_compat.require_tested("async", "AsyncImagesGRPOTrainer") is not None
+    assert "async" in trl_seam.TESTED_TRL
+    assert trl_seam.require_tested("async", "AsyncImagesGRPOTrainer") is not None
 
 
 def test_a_batch_with_image_tokens_and_no_pixels_is_refused_not_trained(tiny_vlm_dir, tmp_path, monkeypatch):

@@ -4,9 +4,9 @@
 * ``real_model``: SmolLM2-135M-Instruct as a Hugging Face checkpoint, built offline (``build_smollm2``);
 * ``cpu_vllm``: a CPU vLLM server started and stopped by PID; ``heldout``: an eval scored on held-out rows;
 * ``batches``: training rows interleaved by ground truth (``interleave_by_ground_truth``);
-* ``scripts``: the training scripts' progress printer and local environment server context manager;
 * ``run_record``: what a result file records about its run (command, commit, clean tree or not, machine, load),
-  written by the benchmarks and the training scripts;
-* ``training_modes``: the training scripts' generation flags (``--vllm-base-url``, ``--vllm-mode colocate``,
-  ``--async``), the combinations they refuse, and the config and trainer of each mode.
+  written by the benchmarks, the training scripts and ``ep-trl train``.
+
+The training scripts' progress lines, environment server and generation modes are ``ep_trl.cli``'s (the scripts are
+presets of ``ep-trl train``).
 """

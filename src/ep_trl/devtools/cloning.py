@@ -146,7 +146,7 @@ def answer_probabilities(model: Any, tokenizer: Any, demonstrations: Sequence[De
 
 def _examples(tokenizer: Any, demonstrations: Sequence[Demonstration]) -> list[tuple[list[int], list[list[int]]]]:
     """Each demonstration's prompt ids (ep_trl's ``ChatTemplate``) and its answers' ids, end of sequence included."""
-    from ..trajectory import ChatTemplate
+    from ..trajectory.tokens import ChatTemplate
 
     template = ChatTemplate(tokenizer)
     end = tokenizer.eos_token_id
@@ -161,7 +161,7 @@ def _batch(examples: list[tuple[list[int], list[list[int]]]], pad: int) -> list[
     """Per demonstration: its prompt's ids (one row) and its answers' ids, padded on the right, with their mask.
     Every answer of a demonstration follows the same prompt, so the prompt is run once and the answers branch off its
     cache (:func:`_answer_log_probs`): a real model's prompts are hundreds of tokens and its answers a few."""
-    batches = []
+    batches: list[tuple[torch.Tensor, ...]] = []
     for prompt, answers in examples:
         width = max(len(a) for a in answers)
         ids = torch.full((len(answers), width), pad, dtype=torch.long)

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..processes import ServerProcess, free_port, start_server
+from ..runtime.processes import ServerProcess, free_port, start_server
 
 logger = logging.getLogger(__name__)
 

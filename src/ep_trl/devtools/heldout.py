@@ -77,7 +77,9 @@ async def _score(spec: Any, rows: list[Any], params: dict[str, Any], concurrency
     else:
         scored = await run_body(spec, done, ROW_TIMEOUT_S) if done else []
     by_row = iter(scored)
-    scores, replies, reasons = [], [], []
+    scores: list[float | None] = []
+    replies: list[str] = []
+    reasons: list[str] = []
     for row in finished:
         if isinstance(row, BaseException):
             scores.append(None)
@@ -174,7 +176,7 @@ def play_held_out(rollout: Any, prompt: Any, *, tasks: Sequence[str], episodes: 
     ``base_url``, and score them with the eval's body, as training plays them: the same loop, prompt builder, action
     parser and body, at temperature 0. Episode ``i`` plays ``tasks[i % len(tasks)]`` (ep_trl's task rotation, one
     episode per group). ``parsed(text)`` says whether the eval's action parser found an action in a turn's text."""
-    from ..caller import DetachedCaller, SyncedServer, TrainingConfig
+    from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
     from ..generation import SamplingParams
 
     config = TrainingConfig(processing_class=tokenizer, num_generations=1, max_completion_length=max_episode_tokens,

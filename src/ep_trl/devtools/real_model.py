@@ -64,7 +64,7 @@ def gguf_path() -> Path:
                           "scripts/install.sh)") from None
     for entry in distribution.files or ():
         if entry.name == GGUF_NAME:
-            path = Path(distribution.locate_file(entry))
+            path = Path(str(distribution.locate_file(entry)))
             if path.is_file():
                 return path
     raise ConfigError(f"{DISTRIBUTION} {distribution.version} is installed but holds no {GGUF_NAME}: reinstall it "

@@ -46,8 +46,9 @@ class RunStart:
     """A run's record as it started; :func:`finish` completes it for the result file."""
 
     command: str
-    commit: str
-    dirty: bool
+    #: None outside a git checkout (:func:`start_anywhere`).
+    commit: str | None
+    dirty: bool | None
     started: str
     machine: dict[str, Any]
     load_start: tuple[float, float, float]
@@ -77,6 +78,25 @@ def relative_command(repo: Path, argv: Sequence[str], executable: str) -> str:
     return shlex.join([relative(executable) if inside else Path(executable).name, *map(relative, argv)])
 
 
+def checkout_of(path: Path) -> Path | None:
+    """The root of the git checkout that holds ``path``, or None when it is in none (or git is missing)."""
+    try:
+        done = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    except FileNotFoundError:  # no git on this machine: no checkout to name
+        return None
+    return Path(done.stdout.strip()) if done.returncode == 0 else None
+
+
+def start_anywhere(path: Path, argv: Sequence[str] | None = None, executable: str = sys.executable) -> RunStart:
+    """:func:`start` for the checkout that holds ``path``; outside any checkout, a record without a commit
+    (``commit`` and ``dirty`` None) whose command keeps its paths as given (``ep-trl train`` in a user's folder)."""
+    repo = checkout_of(path)
+    if repo is not None:
+        return start(repo, argv, executable)
+    return RunStart(command=shlex.join([Path(executable).name, *(sys.argv if argv is None else argv)]), commit=None,
+                    dirty=None, started=_now(), machine=_machine(), load_start=_load())
+
+
 def start(repo: Path, argv: Sequence[str] | None = None, executable: str = sys.executable) -> RunStart:
     """The record of a run of code in ``repo`` (the checkout's root), as it starts. ``argv``: the script and its
     arguments (default ``sys.argv``); ``executable``: what ran it (default this interpreter)."""
@@ -84,11 +104,16 @@ def start(repo: Path, argv: Sequence[str] | None = None, executable: str = sys.e
     commit = git(repo, "rev-parse", "HEAD")
     changed = git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{RESULTS}")
     return RunStart(command=relative_command(repo, sys.argv if argv is None else argv, executable),
-                    commit=commit, dirty=bool(changed),
-                    started=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                    machine={"cpus": os.cpu_count(), "platform": platform.platform(),
-                             "python": platform.python_version(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
-                    load_start=_load())
+                    commit=commit, dirty=bool(changed), started=_now(), machine=_machine(), load_start=_load())
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def finish(record: RunStart) -> dict[str, Any]:

@@ -155,6 +155,14 @@ def build_hf_tokenizer(extra_special_tokens: tuple[str, ...] = ()) -> PreTrained
     return fast
 
 
+def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    """The id of one token of the vocabulary (``convert_tokens_to_ids`` of one token)."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, int):
+        raise TypeError(f"{token!r} is one token of the tiny vocabulary, yet its ids came back as {found!r}")
+    return found
+
+
 def _is_complete(out_dir: Path, seed: int, required: tuple[str, ...] = _REQUIRED_FILES,
                  info_file: str = BUILD_INFO_FILE) -> bool:
     """True when ``out_dir`` holds a finished build made with ``seed`` (all of ``required``, ``info_file`` naming
@@ -196,13 +204,13 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0) -> Path:
         tie_word_embeddings=True,
         use_sliding_window=False,
         bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
+        eos_token_id=token_id(tokenizer, IM_END),
+        pad_token_id=token_id(tokenizer, ENDOFTEXT),
     )
     config.dtype = torch.float32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).float()
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,

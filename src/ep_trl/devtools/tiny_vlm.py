@@ -24,7 +24,7 @@ import torch
 from transformers import GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-from .tiny_model import ENDOFTEXT, IM_END, IM_START, _is_complete, build_hf_tokenizer, make_tokenizer_config_portable
+from .tiny_model import ENDOFTEXT, IM_END, IM_START, _is_complete, build_hf_tokenizer, token_id, make_tokenizer_config_portable
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = build_hf_tokenizer(extra_special_tokens=IMAGE_TOKENS)
-    eos, pad = tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    eos, pad = token_id(tokenizer, IM_END), token_id(tokenizer, ENDOFTEXT)
     config = Idefics3Config(
         text_config={
             "model_type": "llama",
@@ -115,14 +115,14 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0) -> Path:
             "initializer_range": INIT_STD,
         },
         scale_factor=SCALE_FACTOR,
-        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE),
-        pad_token_id=pad,
+        image_token_id=token_id(tokenizer, IMAGE),
         tie_word_embeddings=False,
     )
+    config.pad_token_id = pad  # not a declared argument of Idefics3Config's __init__; the same as passing it
     config.dtype = torch.float32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config).to(torch.float32)
+        model = Idefics3ForConditionalGeneration(config).float()
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
 
     image_processor = Idefics3ImageProcessorPil(

@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from ..errors import UnsupportedEvalError
-from ..versions import installed_version, require_supported, show, supported_range
+from ..runtime.versions import installed_version, require_supported, show, supported_range
 
 #: Private attributes of ``OpenEnvRolloutProcessor`` that hold the eval's environment settings.
 PROCESSOR_ATTRIBUTES = ("_provided_env_factory", "_env_client_cls", "_env_base_url", "_request_timeout_s",

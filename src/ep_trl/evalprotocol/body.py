@@ -4,19 +4,20 @@ import asyncio
 import inspect
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UnsupportedEvalError
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .spec import EvalSpec
+from ..trajectory.types import MessagesView, Row, Settings
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def build_row(*, messages: Sequence[Mapping[str, Any]], row_id: str, **stamp: Any) -> Any:
+def build_row(*, messages: MessagesView, row_id: str, **stamp: Any) -> Any:
     """An ``EvaluationRow`` shaped like the one OpenEnvRolloutProcessor hands the eval body (see ``stamp_row``)."""
     from eval_protocol.models import EvaluationRow, InputMetadata, Message
 
@@ -25,15 +26,15 @@ def build_row(*, messages: Sequence[Mapping[str, Any]], row_id: str, **stamp: An
 
 
 def stamp_row(
-    row: Any,
+    row: Row,
     *,
     eval_name: str,
     rollout_id: str,
     invocation_id: str,
     experiment_id: str,
     run_id: str,
-    completion_params: Mapping[str, Any],
-    extra: Mapping[str, Any],
+    completion_params: Settings,
+    extra: Settings,
     usage: Mapping[str, int] | None = None,
     duration_s: float | None = None,
 ) -> Any:
@@ -53,13 +54,13 @@ def stamp_row(
     if usage is not None:
         from openai.types import CompletionUsage
 
-        meta.usage = CompletionUsage(**usage)
+        meta.usage = CompletionUsage.model_validate(dict(usage))
     if duration_s is not None:
         meta.rollout_duration_seconds = duration_s
     return row
 
 
-async def run_body(spec: EvalSpec, rows: list[Any], timeout_s: float) -> list[Any]:
+async def run_body(spec: EvalSpec, rows: list[Row], timeout_s: float) -> list[Any]:
     """Run the eval body as eval-protocol would: per row (pointwise) or on the list (groupwise, all).
 
     Sync bodies run in a thread of their own so a slow scorer does not stall the episodes still in flight; each
@@ -95,7 +96,7 @@ async def run_body(spec: EvalSpec, rows: list[Any], timeout_s: float) -> list[An
     return out
 
 
-def score_of(row: Any) -> float | None:
+def score_of(row: Row) -> float | None:
     """The eval's score for a scored row, or None when the body left it unscored, marked it invalid, or gave a
     score that is not a finite number (NaN or inf would make the whole batch's reward NaN)."""
     result = getattr(row, "evaluation_result", None)

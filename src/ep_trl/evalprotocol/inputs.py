@@ -8,15 +8,13 @@ position in :func:`eval_rows` and its eval-protocol ``row_id``) into the first m
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..content import content_text
+from ..trajectory.content import content_text
 from ..errors import ConfigError, UnsupportedEvalError
 from ._private import private_name
 from .resolve import EvalTest
-
-if TYPE_CHECKING:
-    from eval_protocol.models import EvaluationRow
+from ..trajectory.types import JSONObject, Message, MessageView, Messages, MessagesView, Prompt, Row
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +27,7 @@ _VOLATILE_FIELDS = {"created_at", "execution_metadata", "pid"}
 _noted_combined: set[str] = set()
 
 
-def eval_rows(eval_test: EvalTest) -> list["EvaluationRow"]:
+def eval_rows(eval_test: EvalTest) -> list[Row]:
     """The rows ``@evaluation_test`` would hand the eval's processor, in order, with their ``row_id`` set.
 
     Each parametrization of the inputs (eval-protocol's own ``generate_parameter_combinations``) is read as one
@@ -50,12 +48,12 @@ def eval_rows(eval_test: EvalTest) -> list["EvaluationRow"]:
     return rows
 
 
-def row_key(index: int, row: "EvaluationRow") -> str:
+def row_key(index: int, row: Row) -> str:
     """The key of the row at ``index`` in :func:`eval_rows`; identical rows share a ``row_id``, not a position."""
     return f"{index}:{row.input_metadata.row_id}"
 
 
-def training_prompts(eval_test: EvalTest) -> list[list[dict[str, Any]]]:
+def training_prompts(eval_test: EvalTest) -> list[Messages]:
     """One conversational prompt per eval row: its messages as chat dicts, the first carrying ``ROW_KEY``."""
     prompts = []
     for index, row in enumerate(eval_rows(eval_test)):
@@ -65,12 +63,12 @@ def training_prompts(eval_test: EvalTest) -> list[list[dict[str, Any]]]:
     return prompts
 
 
-def strip_row_key(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def strip_row_key(messages: MessagesView) -> Messages:
     """``messages`` as plain chat dicts: no ``ROW_KEY`` and no None-valued keys (a datasets round trip adds them)."""
     return [{k: v for k, v in message.items() if k != ROW_KEY and v is not None} for message in messages]
 
 
-def match_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_name: str) -> list["EvaluationRow"]:
+def match_rows(prompts: Sequence[Prompt], rows: Sequence[Row], eval_name: str) -> list[Row]:
     """The eval row behind each TRL prompt, as a deep copy per prompt (each rollout mutates its own).
 
     A prompt whose first message carries ``ROW_KEY`` names its row directly. Any other prompt (built by hand,
@@ -80,13 +78,13 @@ def match_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_nam
     return [row.model_copy(deep=True) for row in _matching_rows(prompts, rows, eval_name)]
 
 
-def check_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"], eval_name: str) -> None:
+def check_rows(prompts: Sequence[Prompt], rows: Sequence[Row], eval_name: str) -> None:
     """Raise as :func:`match_rows` would for a prompt that stands for no single row, without copying any row."""
     _matching_rows(prompts, rows, eval_name)
 
 
-def _matching_rows(prompts: Sequence[Any], rows: Sequence["EvaluationRow"],
-                   eval_name: str) -> list["EvaluationRow"]:
+def _matching_rows(prompts: Sequence[Prompt], rows: Sequence[Row],
+                   eval_name: str) -> list[Row]:
     by_content: dict[tuple[tuple[str, str], ...], list[int]] | None = None
     matched = []
     for n, prompt in enumerate(prompts):
@@ -112,7 +110,7 @@ def _input_combinations(eval_test: EvalTest) -> list[tuple[Any, ...]]:
         raise _no_rows(eval_test, f"eval-protocol finds no input in it ({exc})") from exc
 
 
-def _read_invocation(eval_test: EvalTest, combination: tuple[Any, ...]) -> list["EvaluationRow"]:
+def _read_invocation(eval_test: EvalTest, combination: tuple[Any, ...]) -> list[Row]:
     """The rows one pytest invocation of the eval reads (``evaluation_test``'s ``wrapper_body``)."""
     params = eval_test.wrapper.__ep_params__
     dataset_paths, _, input_messages, input_rows, _, data_loaders = combination
@@ -141,7 +139,7 @@ def _read_invocation(eval_test: EvalTest, combination: tuple[Any, ...]) -> list[
     return rows
 
 
-def _from_loaders(data_loaders: Any, max_rows: int | None) -> list["EvaluationRow"]:
+def _from_loaders(data_loaders: Any, max_rows: int | None) -> list[Row]:
     from eval_protocol.data_loader.models import EvaluationDataLoader
 
     loaders = [data_loaders] if isinstance(data_loaders, EvaluationDataLoader) else data_loaders
@@ -149,11 +147,11 @@ def _from_loaders(data_loaders: Any, max_rows: int | None) -> list["EvaluationRo
     return rows[:max_rows] if max_rows is not None else rows
 
 
-def _from_dataset(eval_test: EvalTest, paths: Sequence[str]) -> list["EvaluationRow"]:
+def _from_dataset(eval_test: EvalTest, paths: Sequence[str]) -> list[Row]:
     from eval_protocol.common_utils import load_jsonl
 
     params = eval_test.wrapper.__ep_params__
-    records: list[dict[str, Any]] = []
+    records: list[JSONObject] = []
     for path in paths:
         try:
             records.extend(load_jsonl(path))
@@ -168,7 +166,7 @@ def _from_dataset(eval_test: EvalTest, paths: Sequence[str]) -> list["Evaluation
     return params.dataset_adapter(records)
 
 
-def _ensure_row_id(row: "EvaluationRow") -> None:
+def _ensure_row_id(row: Row) -> None:
     """eval-protocol's rule for a row without ``row_id``: a stable id from the row's hash."""
     from eval_protocol.human_id import generate_id, num_combinations
 
@@ -176,7 +174,7 @@ def _ensure_row_id(row: "EvaluationRow") -> None:
         row.input_metadata.row_id = generate_id(seed=0, index=abs(hash(row)) % num_combinations())
 
 
-def _check_rows(eval_test: EvalTest, rows: Sequence["EvaluationRow"]) -> None:
+def _check_rows(eval_test: EvalTest, rows: Sequence[Row]) -> None:
     if not rows:
         raise _no_rows(eval_test, "its inputs yield no rows")
     empty = [row.input_metadata.row_id for row in rows if not row.messages]
@@ -191,18 +189,18 @@ def _no_rows(eval_test: EvalTest, why: str) -> UnsupportedEvalError:
     )
 
 
-def _message_dict(message: Any) -> dict[str, Any]:
+def _message_dict(message: Any) -> Message:
     return message.model_dump(include={"role", "content", "name", "tool_calls", "tool_call_id"}, exclude_none=True)
 
 
-def _prompt_messages(prompt: Any) -> list[Mapping[str, Any]]:
+def _prompt_messages(prompt: Prompt) -> list[MessageView]:
     """A TRL prompt as messages: a plain string is one user message."""
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     return list(prompt)
 
 
-def _row_by_key(key: Any, rows: Sequence["EvaluationRow"], eval_name: str) -> "EvaluationRow":
+def _row_by_key(key: Any, rows: Sequence[Row], eval_name: str) -> Row:
     index, _, row_id = str(key).partition(":")
     row = rows[int(index)] if index.isdigit() and int(index) < len(rows) else None
     if row is None or row.input_metadata.row_id != row_id:
@@ -221,14 +219,14 @@ def _content_key(messages: Sequence[Any]) -> tuple[tuple[str, str], ...]:
     return tuple((str(field(m, "role")), content_text(field(m, "content"))) for m in messages)
 
 
-def _content_index(rows: Sequence["EvaluationRow"]) -> dict[tuple[tuple[str, str], ...], list[int]]:
+def _content_index(rows: Sequence[Row]) -> dict[tuple[tuple[str, str], ...], list[int]]:
     index: dict[tuple[tuple[str, str], ...], list[int]] = {}
     for i, row in enumerate(rows):
         index.setdefault(_content_key(row.messages), []).append(i)
     return index
 
 
-def _row_data(row: "EvaluationRow") -> dict[str, Any]:
+def _row_data(row: Row) -> JSONObject:
     """What a rollout and the eval body can see of a row, less its id and eval-protocol's loader bookkeeping."""
     data = row.model_dump(exclude=_VOLATILE_FIELDS)
     data["input_metadata"].pop("row_id", None)
@@ -237,8 +235,8 @@ def _row_data(row: "EvaluationRow") -> dict[str, Any]:
     return data
 
 
-def _row_by_content(n: int, messages: Sequence[Mapping[str, Any]], rows: Sequence["EvaluationRow"],
-                    candidates: list[int], eval_name: str) -> "EvaluationRow":
+def _row_by_content(n: int, messages: MessagesView, rows: Sequence[Row],
+                    candidates: list[int], eval_name: str) -> Row:
     if not candidates:
         text = " | ".join(content_text(m.get("content")) for m in messages)
         preview = text[:80] + ("..." if len(text) > 80 else "")

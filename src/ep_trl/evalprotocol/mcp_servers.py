@@ -2,7 +2,7 @@
 
 An ``AgentRolloutProcessor`` eval names its MCP servers in a config file (``mcp_config_path``); the processor starts
 each stdio server itself, once per row, with MCP's stdio client, whose stderr goes to the console only. ep_trl hands
-each row a copy of that config in which every stdio server's command runs under ``ep_trl/guard.py``, so the server
+each row a copy of that config in which every stdio server's command runs under ``ep_trl/runtime/guard.py``, so the server
 
 * ends with the trainer, however the trainer ends (a SIGKILL included), and
 * leaves its last stderr lines and exit status behind: an episode that fails because its server died says why, in
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..guard import EXIT_MARK
-from ..processes import guarded
+from ..runtime.guard import EXIT_MARK
+from ..runtime.processes import guarded
 
 #: How much of a server's stderr an episode error quotes.
 QUOTED_LINES = 5
@@ -84,7 +84,9 @@ class StdioServers:
             return RolloutServers(self._config_path or "", {}, {})
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="ep-trl-mcp-"))
-        servers, logs, commands = {}, {}, {}
+        servers: dict[str, Any] = {}
+        logs: dict[str, Path] = {}
+        commands: dict[str, str] = {}
         for name, server in self._config["mcpServers"].items():
             if "command" not in server:
                 servers[name] = server

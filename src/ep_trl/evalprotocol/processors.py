@@ -7,17 +7,17 @@ row's ``completion_params["model"]`` and nothing else. The one setting every pro
 so each row gets its own: ``hosted_vllm/ep-trl/<token>``. LiteLLM's ``hosted_vllm`` provider takes its base URL from
 ``api_base`` or ``HOSTED_VLLM_API_BASE`` and its key from ``api_key`` or ``HOSTED_VLLM_API_KEY``; ep_trl sets all
 four (the variables for as long as the rollout function is open; they affect only models named ``hosted_vllm/...``),
-the key being the endpoint's per-call key (``ep_trl.processors.endpoint``). A new name per rollout also keeps
+the key being the endpoint's per-call key (``ep_trl.capture.endpoint``). A new name per rollout also keeps
 requests out of the response cache AgentRolloutProcessor turns on for the whole process.
 """
 
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from .spec import EvalSpec
+from ..trajectory.types import Row, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def model_alias(model_name: str) -> str:
     return f"{PROVIDER}/{model_name}"
 
 
-def routed_params(params: Mapping[str, Any], model_name: str, base_url: str, api_key: str) -> dict[str, Any]:
+def routed_params(params: Settings, model_name: str, base_url: str, api_key: str) -> dict[str, Any]:
     """The eval's completion params with the model call sent to ep_trl's endpoint for one rollout."""
     kept = {k: v for k, v in params.items() if k != "model" and k not in ROUTING_KEYS}
     return {**kept, "model": model_alias(model_name), "api_base": base_url, "api_key": api_key}
@@ -80,8 +80,8 @@ async def cleanup(spec: EvalSpec) -> None:
     spec.processor.cleanup()
 
 
-async def run_row(spec: EvalSpec, row: Any, params: Mapping[str, Any], semaphore: asyncio.Semaphore,
-                  dataset_logger: Any, mcp_config_path: str) -> Any:
+async def run_row(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio.Semaphore,
+                  dataset_logger: Any, mcp_config_path: str | None) -> Any:
     """One row through the eval's processor with ``params`` as its completion params (the config and the row carry
     the same ones, as ``evaluation_test`` sets them) and the rollout's copy of the eval's MCP config
     (``mcp_servers``); returns the row the processor finished with."""

@@ -6,24 +6,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..environment import EnvSettings
+from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
 from ._private import private_attr, private_name
 from .resolve import EvalTest
+from ..trajectory.types import Settings
 
 EVAL_MODES = ("pointwise", "groupwise", "all")
 
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """Everything the bridge takes from one eval test (after overrides, see ``ep_trl.settings``)."""
+    """Everything the bridge takes from one eval test (after overrides, see ``ep_trl.engine.settings``)."""
 
     name: str
     qualified_name: str
     mode: str
     body: Callable[..., Any]
-    evaluation_test_kwargs: Mapping[str, Any]
-    completion_params: Mapping[str, Any]
+    evaluation_test_kwargs: Settings
+    completion_params: Settings
     max_steps: int
     max_concurrent_rollouts: int
     #: The OpenEnv loop's parts (``OpenEnvRolloutProcessor`` evals); None for any other processor.
@@ -31,9 +32,9 @@ class EvalSpec:
     action_parser: Callable[[str], Any] | None
     env: EnvSettings | None
     notes: tuple[str, ...] = field(default=())
-    #: Any other processor, run unchanged (``ep_trl.processors``), and what eval-protocol hands it in its config.
+    #: Any other processor, run unchanged (``ep_trl.capture``), and what eval-protocol hands it in its config.
     processor: Any = None
-    processor_settings: Mapping[str, Any] = field(default_factory=dict)
+    processor_settings: Settings = field(default_factory=dict)
 
     @property
     def processor_name(self) -> str:

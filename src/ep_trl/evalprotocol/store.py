@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from ._private import private_name
+from ..trajectory.types import Row
 
 
 def make_dataset_logger(log_home: str | os.PathLike | None) -> Any:
@@ -39,7 +40,7 @@ class StoreLogger:
         self._event_type = private_name("eval_protocol.dataset_logger.dataset_logger", "LOG_EVENT_TYPE")
         self._process_id = str(os.getpid())  # the event bus's sender id: listeners skip their own events
 
-    def log(self, row: Any) -> None:
+    def log(self, row: Row) -> None:
         data = row.model_dump(exclude_none=True, mode="json")
         self._store.upsert_row(data=data)
         self._events.publish_event(self._event_type, data, self._process_id)

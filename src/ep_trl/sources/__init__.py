@@ -4,23 +4,24 @@ One module per source, each implementing :class:`EpisodeSource`: ``openenv`` (ep
 ``OpenEnvRolloutProcessor`` eval's environment loop itself) and ``processor`` (any other eval-protocol processor
 runs unchanged while ep_trl captures its model calls). ``choice`` picks one for an eval.
 
-A source plays one episode at a time for :mod:`ep_trl.stream`, which decides how many run at once, when the next
+A source plays one episode at a time for :mod:`ep_trl.engine.stream`, which decides how many run at once, when the next
 one starts and when a prompt group is complete: ``session(setup)`` opens what a run of episodes shares (environment
 sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`. ``setup`` is the call's
-:class:`~ep_trl.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller once.
+:class:`~ep_trl.engine.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller once.
 """
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..episode import Episode
+from .episode import Episode
 from ..generation import Generator
+from ..trajectory.types import Prompt, Row
 
 if TYPE_CHECKING:  # the protocols name the types they pass along; the sources that play episodes use them
-    from ..call_setup import CallSetup
-    from ..rows import RowContext
+    from ..engine.call_setup import CallSetup
+    from ..traininglog.rows import RowContext
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class EpisodeRequest:
     index: int
     group: int
     generation: int
-    prompt: Any
+    prompt: Prompt
     rollout_id: str
     context: "RowContext"
 
@@ -45,7 +46,7 @@ class EpisodePlayer(Protocol):
         """Environment sessions opened so far in this session."""
         ...
 
-    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         """One episode, its turns generated with ``generator`` (the shared one, or a wrapper of it that records
         each turn's policy version)."""
         ...
@@ -58,7 +59,7 @@ class EpisodeSource(Protocol):
         """One line for the start-up log: what plays the episodes."""
         ...
 
-    def check(self, prompts: Sequence[Any]) -> None:
+    def check(self, prompts: Sequence[Prompt]) -> None:
         """Raise, naming the first prompt and what is wrong with it, unless every prompt can be played (called
         before any episode starts: a bad prompt would fail every call it is in)."""
         ...

@@ -1,11 +1,11 @@
 """Which source plays an eval's episodes: the only place that knows the sources by name."""
 
-from typing import Any
 
-from ..env_servers import LaunchedServers
+from ..openenv.servers import LaunchedServers
 from ..evalprotocol import EvalSpec, EvalTest, eval_rows
 from ..options import RolloutOptions
 from . import EpisodeSource
+from ..trajectory.types import Row
 
 
 def make_source(spec: EvalSpec, eval_test: EvalTest, options: RolloutOptions,
@@ -13,10 +13,10 @@ def make_source(spec: EvalSpec, eval_test: EvalTest, options: RolloutOptions,
     """ep_trl's own loop for an ``OpenEnvRolloutProcessor`` eval (``spec.env`` is set), else the eval's processor
     run on the eval's rows."""
     if spec.env is not None:
-        from .openenv import OpenEnvSource
+        from ..openenv.source import OpenEnvSource
 
         return OpenEnvSource(spec, options, servers)
     from .processor import ProcessorSource
 
-    rows: list[Any] = eval_rows(eval_test)
+    rows: list[Row] = eval_rows(eval_test)
     return ProcessorSource(spec, rows)

@@ -15,25 +15,26 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..episode import Episode, EpisodeFailure, EpisodeSpec, ended_episode, pytest_outcome
+from .episode import Episode, EpisodeFailure, EpisodeSpec, FailureKind, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, check_rows, match_rows, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
-from ..processors.capture import RolloutCapture
-from ..processors.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
-from ..processes import port_holder
-from ..processors.parsing import ToolCallParser
+from ..capture.placement import RolloutCapture
+from ..capture.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
+from ..runtime.processes import port_holder
+from ..capture.parsing import ToolCallParser
 from ..generation import Generator
-from ..rollout_log import RolloutLogWriter
-from ..rows import RowContext
+from ..traininglog.writer import RolloutLogWriter
+from ..traininglog.rows import RowContext
 from . import EpisodeRequest
+from ..trajectory.types import Messages, MessagesView, Prompt, Row
 
-if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.call_setup)
-    from ..call_setup import CallSetup
+if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
+    from ..engine.call_setup import CallSetup
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ _PORT_IN_USE = re.compile(r"[Pp]ort (\d+) is already in use")
 class ProcessorSource:
     """Runs the eval's processor on the eval's rows, each prompt's calls captured by ep_trl's endpoint."""
 
-    def __init__(self, spec: EvalSpec, rows: Sequence[Any]) -> None:
+    def __init__(self, spec: EvalSpec, rows: Sequence[Row]) -> None:
         assert spec.processor is not None
         self._spec = spec
         self._rows = list(rows)
@@ -62,7 +63,7 @@ class ProcessorSource:
         return (f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
                 "captured by ep_trl")
 
-    def check(self, prompts: Sequence[Any]) -> None:
+    def check(self, prompts: Sequence[Prompt]) -> None:
         """Every prompt stands for one of the eval's rows (``evalprotocol.check_rows`` says which cannot; no row is
         copied: each episode takes its own copy when it starts)."""
         check_rows(prompts, self._rows, self._spec.qualified_name)
@@ -92,7 +93,7 @@ class ProcessorSource:
             self._mcp.close()
 
     async def _episode(self, setup: "CallSetup", request: EpisodeRequest, generator: Generator,
-                       semaphore: asyncio.Semaphore, key: str) -> tuple[Episode, Any]:
+                       semaphore: asyncio.Semaphore, key: str) -> tuple[Episode, Row]:
         """One row through the processor; the episode and the row for the body."""
         assert self._parser is not None and self._endpoint.base_url is not None
         rollout_id, prompt, context = request.rollout_id, request.prompt, request.context
@@ -179,7 +180,7 @@ class _ProcessorPlayer:
     def env_sessions(self) -> int:
         return 0  # the processor's environment is its own
 
-    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         return await self._source._episode(self._setup, request, generator, self._semaphore, self._key)
 
 
@@ -188,10 +189,10 @@ class _LiveLog:
     nowhere when logging is off)."""
 
     def __init__(self, log: RolloutLogWriter | None, context: RowContext, spec: EpisodeSpec, rollout_id: str,
-                 prompt: Any) -> None:
+                 prompt: Prompt) -> None:
         self._log, self._context, self._spec, self._rollout_id, self._prompt = log, context, spec, rollout_id, prompt
 
-    def log(self, row: Any) -> None:
+    def log(self, row: Row) -> None:
         if self._log is None:
             return
         snapshot = row.model_copy(deep=True)  # the processor goes on changing its row
@@ -199,7 +200,7 @@ class _LiveLog:
         self._log.log(self._rollout_id, lambda: context.row(spec, self._rollout_id, self._prompt, (), (),
                                                             source_row=snapshot))
 
-    def read(self, rollout_id: str | None = None) -> list[Any]:
+    def read(self, rollout_id: str | None = None) -> list[Row]:
         return []
 
 
@@ -210,7 +211,7 @@ def _cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _kind(exc: BaseException) -> str:
+def _kind(exc: BaseException) -> FailureKind:
     """``environment`` for connection, timeout and OS errors (HTTP clients' and MCP's included) and a server port
     that is taken, else ``eval_code``."""
     seen = [exc, exc.__cause__] if exc.__cause__ is not None else [exc]
@@ -236,7 +237,7 @@ def _environment_detail(exc: BaseException, mcp: RolloutServers) -> str | None:
     return "; ".join(part for part in (held, mcp.stderr_summary()) if part) or None
 
 
-def _reported_failure(row: Any) -> EpisodeFailure | None:
+def _reported_failure(row: Row) -> EpisodeFailure | None:
     """A processor that catches its own errors marks the row's rollout status instead of raising: any code but
     OK, RUNNING (never set) and FINISHED is a failure (eval-protocol's ``is_error`` only means INTERNAL)."""
     from eval_protocol.models import Status
@@ -249,11 +250,11 @@ def _reported_failure(row: Any) -> EpisodeFailure | None:
         f"the processor marked the rollout {Status.Code(status.code).name}: {status.message}"))
 
 
-def _message_dicts(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def _message_dicts(messages: Sequence[Any]) -> Messages:
     return [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in messages]
 
 
-def _tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+def _tool_calls(messages: MessagesView) -> list[str]:
     """The tools the model called, in order (the episode's actions)."""
     return [str((call.get("function") or {}).get("name")) for m in messages if m.get("role") == "assistant"
             for call in m.get("tool_calls") or []]

@@ -1,7 +1,7 @@
 """Trainers that stand in for TRL's where TRL's own cannot run or drops what a rollout returns.
 
 Each subclasses a TRL trainer, replaces as little of it as it can, refuses a TRL it is not tested with
-(``ep_trl.trl_compat.TESTED_TRL``), and is imported from its own module, so that using one never imports the TRL
+(``ep_trl.adapters.trl_seam.TESTED_TRL``), and is imported from its own module, so that using one never imports the TRL
 internals another needs:
 
 * ``ep_trl.trainers.disk_sync.DiskSyncGRPOTrainer``: ``GRPOTrainer(use_vllm=True, vllm_mode="server")`` on CPU, its

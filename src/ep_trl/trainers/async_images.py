@@ -5,7 +5,7 @@ TRL 1.16's ``AsyncGRPOTrainer`` loads a vision-language checkpoint but trains it
 ``RolloutSample`` carries no images, its packer (``DataCollatorForRollout`` over ``packing.TreeRow``) lays samples
 out as ids, and ``compute_loss`` calls the model with ids, positions and the tree-attention layout only; the vision
 tower is frozen. With ``ep_trl.EvalRolloutWorker`` on a vision-language processor, each sample's ``input_ids``
-carry its episode's images (``ep_trl.sample_images.ImageIds``; the ids already hold every image's expanded tokens,
+carry its episode's images (``ep_trl.trajectory.sample_images.ImageIds``; the ids already hold every image's expanded tokens,
 as in the synchronous path). :class:`AsyncImagesGRPOTrainer` puts them into every forward pass, extending three
 places of TRL's trainer and calling TRL's own code in each:
 
@@ -14,8 +14,8 @@ places of TRL's trainer and calling TRL's own code in each:
   that hold an image sample are therefore packed **unshared**: each sample is its own chain (``UnsharedTreeRow``,
   a ``TreeRow`` whose samples never meet in the trie), which is TRL's padding-free packing without prefix sharing. The
   collator (``ImagesRolloutCollator``, a ``DataCollatorForRollout``) then adds the row's vision inputs: the pixel
-  tensors each sample carries (its images processed once, by the worker: ``ep_trl.sample_images``), joined in row
-  order (``ep_trl.vision_inputs``); a sample that carries its images unprocessed (a custom worker's) is processed
+  tensors each sample carries (its images processed once, by the worker: ``ep_trl.trajectory.sample_images``), joined in row
+  order (``ep_trl.trajectory.vision_inputs``); a sample that carries its images unprocessed (a custom worker's) is processed
   here, once. Text-only rows are packed as TRL packs them. Because the unshared rows forward every token, batches
   are planned by sample count: ``token_budget=0``;
 * **the forward**: ``compute_loss`` is TRL's; the vision inputs reach the model through a forward pre-hook held for
@@ -44,18 +44,19 @@ This is the one module that knows the TRL internals of the image path: ``DataCol
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, cast
 
-from .. import trl_compat
-from ..content import supports_images
+from ..adapters import trl_seam
+from ..trajectory.content import supports_images
 from ..errors import ConfigError, VersionError
-from ..sample_images import config_image_token, image_token_id, images_of, processed_images_of
-from ..vision_inputs import joined_vision_inputs
+from ..trajectory.sample_images import config_image_token, image_token_id, images_of, processed_images_of
+from ..trajectory.vision_inputs import joined_vision_inputs
 
-trl_compat.require_tested("async", "ep_trl.trainers.async_images")  # before TRL's experimental modules are imported
+trl_seam.require_tested("async", "ep_trl.trainers.async_images")  # before TRL's experimental modules are imported
 
 import trl.experimental.async_grpo.async_grpo_trainer as trainer_module  # noqa: E402  (the version is checked first)
-from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: E402
+from transformers import PreTrainedModel  # noqa: E402
+from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
 from trl.experimental.async_grpo.packing import TreeRow  # noqa: E402
 
 from .cpu_async import CPUAsyncGRPOTrainer  # noqa: E402
@@ -74,8 +75,9 @@ class UnsharedTreeRow(TreeRow):
             super().add(sample)
         finally:
             own, self.roots = self.roots, shared
-        for key, node in own.items():  # keyed apart from every other sample's root: nothing ever extends it
-            shared[(key, len(self.samples))] = node
+        # one sample, one root: keyed on a negative token, which no sample holds, so nothing ever extends it
+        for node in own.values():
+            shared[(-len(self.samples), None)] = node
 
 
 @dataclasses.dataclass
@@ -131,10 +133,11 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
 
     #: Samples' images reach the forward passes (``EvalRolloutWorker.take_images``).
     takes_rollout_images = True
+    args: AsyncGRPOConfig
 
     def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *, processing_class: Any,
                  train_vision: bool = True, **kwargs: Any) -> None:
-        trl_compat.require_tested("async", type(self).__name__)
+        trl_seam.require_tested("async", type(self).__name__)
         name = type(self).__name__
         if not supports_images(processing_class):
             raise ConfigError(f"{name}(processing_class={type(processing_class).__name__}): a text tokenizer renders "
@@ -163,10 +166,15 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
         if self.accelerator.num_processes != 1:
             raise ConfigError(f"{name} trains in one process ({self.accelerator.num_processes} were launched): the "
                               "vision inputs of a micro-batch are built for one row. Launch one training process.")
-        self.model.set_attn_implementation({"vision_config": "sdpa"})
+        self._policy.set_attn_implementation({"vision_config": "sdpa"})
         if train_vision and not hasattr(self.model, "peft_config"):
-            self.model.requires_grad_(True)
+            self._policy.requires_grad_(True)
             self._rebuild_weight_manifest(kwargs.get("weight_transfer"))
+
+    @property
+    def _policy(self) -> PreTrainedModel:
+        """The model being trained: a ``PreTrainedModel``, or a peft model, which forwards its attributes to one."""
+        return cast(PreTrainedModel, self.model)
 
     def _check_model(self, name: str) -> None:
         model = self.accelerator.unwrap_model(self.model)
@@ -189,10 +197,10 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
     def _rebuild_weight_manifest(self, injected: Any) -> None:
         """TRL's NCCL ``WeightTransferClient`` sizes the server's buffers from a manifest of the trainable parameters
         taken in the constructor, before the vision tower was unfrozen: build it again over what is sent now."""
-        if injected is not None or self.weight_transfer is None or self._lora_sync:
+        if injected is not None or self.weight_transfer is None or self.vllm_client is None or self._lora_sync:
             return
         names, dtypes, shapes = [], [], []
-        for param_name, param in trainer_module._iter_vllm_named_params(self.model):
+        for param_name, param in trainer_module._iter_vllm_named_params(self._policy):
             names.append(param_name)
             dtypes.append(str(param.dtype).split(".")[-1])
             shapes.append(list(param.shape))
@@ -202,11 +210,13 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
 
     def get_train_dataloader(self) -> Any:
         collator = trainer_module.DataCollatorForRollout
-        trainer_module.DataCollatorForRollout = functools.partial(ImagesRolloutCollator, processor=self.processor)
-        try:  # only while TRL builds its data loader
+        # only while TRL builds its data loader
+        setattr(trainer_module, "DataCollatorForRollout",
+                functools.partial(ImagesRolloutCollator, processor=self.processor))
+        try:
             return super().get_train_dataloader()
         finally:
-            trainer_module.DataCollatorForRollout = collator
+            setattr(trainer_module, "DataCollatorForRollout", collator)
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:

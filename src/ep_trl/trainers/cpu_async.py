@@ -9,7 +9,7 @@
   public ``AttentionInterface`` after construction (the constructor registers TRL's own first).
 
 Everything else (packing, the loss, staleness, the weight-sync cadence) is TRL's own. Use it for development and CI;
-on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/test_rollout_worker.py`` trains with it against the installed TRL,
+on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/adapters/test_async_worker.py`` trains with it against the installed TRL,
 which pins both workarounds.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .. import trl_compat
+from ..adapters import trl_seam
 from ..errors import ConfigError
 
-trl_compat.require_tested("async", "ep_trl.trainers.cpu_async")  # before TRL's experimental module is imported
+trl_seam.require_tested("async", "ep_trl.trainers.cpu_async")  # before TRL's experimental module is imported
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: E402  (the version is checked first)
 

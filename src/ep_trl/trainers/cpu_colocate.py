@@ -15,9 +15,10 @@ import os
 import types
 from typing import Any
 
+import torch
 from trl import GRPOTrainer
 
-from .. import trl_compat
+from ..adapters import trl_seam
 from ..errors import ConfigError
 
 
@@ -48,7 +49,7 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, *more: Any, enforce_eager: bool = True,
                  kv_cache_gib: float = 1.0, **kwargs: Any) -> None:
-        trl_compat.require_tested("cpu-trainers", "CPUColocateGRPOTrainer")
+        trl_seam.require_tested("cpu-trainers", "CPUColocateGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "colocate":
             raise ConfigError("CPUColocateGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='colocate').")
         if getattr(args, "vllm_enable_sleep_mode", False):
@@ -63,7 +64,7 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
         build = vllm_generation.LLM
 
         def engine_in_the_trainers_dtype(*llm_args: Any, **llm_kwargs: Any) -> Any:
-            dtype = next(self.model.parameters()).dtype
+            dtype = next(self._policy.parameters()).dtype
             return build(*llm_args, **{**llm_kwargs, "dtype": str(dtype).removeprefix("torch."),
                                        "enforce_eager": enforce_eager})
 
@@ -72,7 +73,14 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *more, **kwargs)
         finally:
             vllm_generation.LLM = build
-        self.vllm_generation.sync_weights = types.MethodType(_reload_weights, self.vllm_generation)
+        setattr(self.vllm_generation, "sync_weights", types.MethodType(_reload_weights, self.vllm_generation))
+
+    @property
+    def _policy(self) -> torch.nn.Module:
+        """The model being trained (set by the time the engine is built)."""
+        if self.model is None:
+            raise ConfigError("CPUColocateGRPOTrainer: the trainer holds no model yet")
+        return self.model
 
 
 def _reload_weights(generation: Any) -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from .. import trl_compat
+from ..adapters import trl_seam
 from ..errors import ConfigError, VersionError
-from ..generation.vllm import probe_server
+from ..generation.probe import probe_server
 from .disk_weights import DiskWeightSync
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reward_funcs: Any, args: Any, *more: Any,
                  vllm_weights_dir: str | Path | None = None, **kwargs: Any) -> None:
-        trl_compat.require_tested("cpu-trainers", "DiskSyncGRPOTrainer")
+        trl_seam.require_tested("cpu-trainers", "DiskSyncGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "server":
             raise ConfigError("DiskSyncGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='server', "
                               "vllm_server_base_url=...).")
@@ -100,7 +100,7 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
         if uses_sharded_parameters(self):
             raise ConfigError("DiskSyncGRPOTrainer writes the main process's replica, but FSDP / DeepSpeed ZeRO-3 shard "
                               "parameters. Use DDP, or TRL's NCCL sync on GPUs.")
-        server = DiskSyncedVLLMServer(base_url, trl_compat.GRPOTrainerCaller(self).model_provider(), self.accelerator.is_main_process,
+        server = DiskSyncedVLLMServer(base_url, trl_seam.GRPOTrainerCaller(self).model_provider(), self.accelerator.is_main_process,
                                       self.weight_sync, lambda: int(self.state.global_step), info.model)
         attach_vllm_generation(self, server)
         logger.warning(

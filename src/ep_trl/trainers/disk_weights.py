@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigError, GenerationError
-from ..generation.vllm import START_HINT
+from ..generation.probe import START_HINT
+from ..trajectory.types import JSONObject
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class DiskWeightSync:
         self.pushes = 0
         self.last_push_s: float | None = None
 
-    def server_config(self) -> dict[str, Any]:
+    def server_config(self) -> JSONObject:
         """``GET /server_info?config_format=json``'s ``vllm_config`` (needs the server's dev mode)."""
         response = self._request("GET", "/server_info", params={"config_format": "json"})
         return dict(response.json().get("vllm_config") or {})

@@ -8,7 +8,7 @@ their pixels.
 
 :class:`RolloutImagesGRPOTrainer` takes the ``images`` key of the rollout output (per sample, the images in
 placeholder order across prompt and completion, whose expanded tokens the returned ids already hold) and builds the
-vision inputs from the returned ids, as TRL's own tool-image path does (``ep_trl.vision_inputs``). It extends three
+vision inputs from the returned ids, as TRL's own tool-image path does (``ep_trl.trajectory.vision_inputs``). It extends three
 methods of ``GRPOTrainer``, each calling TRL's own:
 
 * ``_generate``: takes ``images`` out of the extra fields (reward functions do not receive PIL images);
@@ -29,10 +29,10 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from .. import trl_compat
+from ..adapters import trl_seam
 from ..errors import VersionError
-from ..output import IMAGES_KEY
-from ..vision_inputs import VisionInputs, vision_inputs
+from ..adapters.output import IMAGES_KEY
+from ..trajectory.vision_inputs import VisionInputs, vision_inputs
 
 #: The forward keywords of ``GRPOTrainer._get_per_token_logps_and_entropies`` the vision inputs go through.
 FORWARD_KEYWORDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "mm_token_type_ids")
@@ -50,12 +50,12 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
     everything else is TRL's. Without images in the rollout output it behaves exactly like ``GRPOTrainer``.
     """
 
-    #: Read by ep_trl's rollout function (``trl_compat.GRPOTrainerCaller.takes_rollout_images``): images it renders
+    #: Read by ep_trl's rollout function (``trl_seam.GRPOTrainerCaller.takes_rollout_images``): images it renders
     #: into episodes reach this trainer's forward passes.
     takes_rollout_images = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        trl_compat.require_tested("images", "RolloutImagesGRPOTrainer")
+        trl_seam.require_tested("images", "RolloutImagesGRPOTrainer")
         missing = [k for k in FORWARD_KEYWORDS
                    if k not in inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters]
         if missing:

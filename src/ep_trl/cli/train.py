@@ -1,0 +1,630 @@
+"""``ep-trl train ENV_PATH --model MODEL [flags]``: GRPO on an eval-protocol eval, from one command.
+
+The dataset is the eval's own rows (``dataset_from_eval``), the reward is the eval's score (``eval_score``), and the
+episodes come from the bridge (``create_openenv_vllm_rollout_func``, or ``EvalRolloutWorker`` with ``--async``).
+Every ``GRPOConfig`` field is a flag and a YAML ``--config`` file sets any of them, through TRL's own parser
+(``trl.TrlParser``, as ``trl grpo``); ep_trl's own options are flags in their own groups of ``--help``.
+
+Every bad input is refused before anything heavy starts (no model loaded, no server started), with a message naming
+the fix: an ENV_PATH that names no eval, an eval whose processor cannot train, modes that do not go together, a
+model path that is not a model, a vLLM server that does not answer or serves another model.
+
+The training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``) are presets of this command: they fill
+its defaults and hooks (:class:`Preset`) and call :func:`main`.
+"""
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .. import EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
+from . import modes, run_folder
+
+PROG = "ep-trl train"
+DESCRIPTION = ("GRPO on an eval-protocol eval: its rows are the dataset, its score the reward, and ep_trl plays its "
+               "episodes. Every GRPOConfig field is a flag; --config YAML sets any of them.")
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the rollout_func and async trainer are experimental in TRL
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of LiteLLM's price list
+
+
+@dataclass
+class RunArguments:
+    """The model, the held-out rows, the environment server and LoRA."""
+
+    _argument_group_name = "ep_trl: the run"
+
+    model: str | None = field(default=None, metadata={
+        "help": "the policy: a Hugging Face model directory or hub id (required)"})
+    held_out: int = field(default=0, metadata={
+        "help": "score N of the eval's rows, kept out of training, before and after training: greedy, through the "
+                "eval's own processor and body, on the vLLM server the run generates with (--async, or "
+                "--vllm-server-url on a GPU)"})
+    env_server: str | None = field(default=None, metadata={
+        "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
+                "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
+    env_url_var: str | None = field(default=None, metadata={
+        "help": "with --env-server: the environment variable the eval reads the server's URL from "
+                "(http://127.0.0.1:PORT), e.g. LETTERS_ENV_URL"})
+    env_server_health: str = field(default="/health", metadata={
+        "help": "the path of --env-server that answers 2xx once it is ready"})
+    env_server_timeout_s: float = field(default=120.0, metadata={
+        "help": "how long --env-server may take to answer its health path"})
+    lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights"})
+    lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 2 x --lora-r)"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_target_modules: str = field(default="all-linear", metadata={
+        "help": "comma-separated module names, or all-linear"})
+
+
+@dataclass
+class GenerationArguments:
+    """Where episodes are generated (ep_trl.cli.modes); TRL's own --vllm-mode and --vllm-gpu-memory-utilization
+    apply too."""
+
+    _argument_group_name = "ep_trl: generation (default: in-process with the trainer's model)"
+
+    vllm_server_url: str | None = field(default=None, metadata={
+        "aliases": ["--vllm-base-url"],
+        "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model). On "
+                "GPU TRL keeps it on the trainer's weights; on CPU, without --async, it keeps the weights it was "
+                "started with (off-policy after the first step)"})
+    async_training: bool = field(default=False, metadata={
+        "aliases": ["--async"],
+        "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
+                "--vllm-server-url (docs/async.md); needs --vllm-server-url"})
+    screenshots: bool = field(default=False, metadata={
+        "help": "episodes carry the environment's screenshots and a vision-language --model trains on them "
+                "(docs/browsergym.md)"})
+
+
+@dataclass
+class EvalArguments:
+    """``EvalOverrides``: replace the eval's own settings (unset: the eval's)."""
+
+    _argument_group_name = "ep_trl: the eval's settings (EvalOverrides; unset: the eval's own)"
+
+    env_base_url: str | None = field(default=None, metadata={
+        "help": "an OpenEnv server that is already running, instead of the eval's own wiring"})
+    env_request_timeout_s: float | None = field(default=None, metadata={
+        "help": "seconds each environment reset/step may take"})
+    tasks: list[str] | None = field(default=None, metadata={"help": "the task names rotated per prompt group"})
+    task_var: str | None = field(default=None, metadata={
+        "help": "the environment variable that names the task for the eval's processor"})
+    reset_task_kwarg: str | None = field(default=None, metadata={
+        "help": "the reset() keyword that names the task on a running server"})
+    env_steps: int | None = field(default=None, metadata={"help": "environment steps per episode"})
+    max_turn_tokens: int | None = field(default=None, metadata={"help": "tokens per model turn"})
+    stop: list[str] | None = field(default=None, metadata={"help": "stop strings per model turn"})
+    max_concurrent_rollouts: int | None = field(default=None, metadata={"help": "episodes played at once"})
+
+
+@dataclass
+class RolloutArguments:
+    """``RolloutOptions``: the bridge itself (unset: its defaults)."""
+
+    _argument_group_name = "ep_trl: the bridge (RolloutOptions; unset: its defaults)"
+
+    reuse_env_sessions: bool | None = field(default=None, metadata={
+        "help": "hand a cleanly ended episode's environment session to the next episode (default true)"})
+    log_home: str | None = field(default=None, metadata={
+        "help": "write the logged rows to LOG_HOME/.eval_protocol/logs.db (`ep logs`)"})
+    body_timeout_s: float | None = field(default=None, metadata={"help": "how long one call of the eval body may take"})
+    max_signal_free_calls: int | None = field(default=None, metadata={
+        "help": "stop after this many consecutive rollout calls in which no episode got a score"})
+    worker_processes: int | None = field(default=None, metadata={
+        "help": "play each call's episodes in this many worker processes"})
+    stop_grace_s: float | None = field(default=None, metadata={
+        "help": "how long after SIGTERM the process may take to end by itself"})
+
+
+@dataclass
+class VLLMArguments:
+    """``VLLMOptions``: ep_trl's client of --vllm-server-url (unset: its defaults)."""
+
+    _argument_group_name = "ep_trl: the vLLM server client (VLLMOptions; unset: its defaults)"
+
+    vllm_max_in_flight: int | None = field(default=None, metadata={"help": "most episode turns in flight at once"})
+    vllm_request_timeout_s: float | None = field(default=None, metadata={"help": "total time one request may take"})
+    vllm_max_retries: int | None = field(default=None, metadata={"help": "retries of a failed request"})
+    vllm_retry_backoff_s: float | None = field(default=None, metadata={"help": "the first retry's wait"})
+    vllm_connect_timeout_s: float | None = field(default=None, metadata={
+        "help": "how long the first contact and each connection may take"})
+    vllm_batch_window_s: float | None = field(default=None, metadata={
+        "help": "turns that arrive within this many seconds of each other are sent as one request"})
+    vllm_seed: int | None = field(default=None, metadata={"help": "base seed of reproducible sampling"})
+
+
+#: ep_trl's option groups, in the order of ``--help``.
+OPTION_GROUPS = (RunArguments, GenerationArguments, EvalArguments, RolloutArguments, VLLMArguments)
+
+#: ``GRPOConfig`` defaults that differ for a command-line run: one log line and one metrics line per step, no
+#: intermediate checkpoints (the run saves ``checkpoint/`` at the end), ep_trl's progress line instead of tqdm, no
+#: tracker unless asked, and vLLM only where a generation flag asks for it.
+TRAIN_DEFAULTS: Mapping[str, Any] = {"output_dir": "outputs/ep-trl", "logging_steps": 1, "save_strategy": "no",
+                                     "report_to": "none", "disable_tqdm": True, "vllm_mode": modes.SERVER}
+
+#: What the generation flags decide, so that they are not set as TRL flags too.
+MODE_FIELDS = ("use_vllm", "vllm_server_base_url", "vllm_server_host", "use_cpu")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What a training script adds to ``ep-trl train``: its name, its defaults (flag name -> value, as a ``--config``
+    file holds them: set before the file and the flags), the title of its plot, and what it does around training.
+
+    ``start_model(env_url, model)`` gives the model to train, once the environment server is up (``env_url``, None
+    without one): ``model`` is ``--model`` (None when not given: the preset's own, such as the tiny model);
+    ``after_training(trainer)`` runs once training ended normally. ``env_server_env``: extra environment variables of the ``--env-server`` process.
+    ``command``: the command line the run record names (the interpreter, the script and its arguments)."""
+
+    prog: str
+    title: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    command: Sequence[str] = ()
+    start_model: Callable[[str | None, str | None], str] | None = None
+    after_training: Callable[[Any], None] | None = None
+    env_server_env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """A checked run: everything :func:`run` needs, decided before anything heavy starts."""
+
+    env_path: str
+    model: str | None
+    mode: modes.TrainingMode
+    #: The trainer config's values besides the mode's own settings.
+    config_values: Mapping[str, Any]
+    run: RunArguments
+    overrides: EvalOverrides
+    options: RolloutOptions
+    vllm: VLLMOptions
+    max_concurrent_rollouts: int | None
+    #: The command line, its executable first (the run record's and the plot's).
+    command: Sequence[str]
+    preset: Preset
+    #: The served model's id on the vLLM server (held-out scoring asks for it by name).
+    served_model: str | None = None
+
+
+def make_parser(preset: Preset | None = None) -> Any:
+    """``trl.TrlParser`` over ep_trl's option groups and ``GRPOConfig``, with ENV_PATH, the command-line defaults
+    (:data:`TRAIN_DEFAULTS`) and the preset's."""
+    import argparse
+
+    from trl import GRPOConfig, TrlParser
+
+    class TrainParser(TrlParser):
+        """TRL's parser (``--config`` YAML, its ``env`` block, every dataclass field a flag) whose parse keeps the
+        values as given: the generation mode decides the trainer config's class (``AsyncGRPOConfig`` with
+        ``--async``) and some of its fields, so the config is built once the mode is known."""
+
+        def parse_args_into_dataclasses(self, args=None, return_remaining_strings=False, **kwargs):
+            namespace, remaining = self.parse_known_args(args=args)
+            if remaining and not return_remaining_strings:
+                self.error(f"unrecognized arguments: {' '.join(remaining)}")
+            return (namespace, remaining) if return_remaining_strings else (namespace,)
+
+    class TRLFlags(GRPOConfig):
+        """``GRPOConfig``'s fields, in a group of their own in ``--help``."""
+
+        _argument_group_name = "TRL: GRPOConfig (every field is a flag; TRL's documentation describes them)"
+
+    preset = preset or Preset(prog=PROG, title="")
+    parser = TrainParser((*OPTION_GROUPS, TRLFlags), prog=preset.prog, description=DESCRIPTION,
+                         usage=f"{preset.prog} ENV_PATH --model MODEL [--config YAML] [flags]",
+                         epilog="Examples and every ep_trl flag: docs/cli.md.",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("env_path", metavar="ENV_PATH", nargs="?", default=None,
+                        help="the eval to train on: path/to/eval.py::test_name or package.module::test_name")
+    parser.add_argument("--config", metavar="YAML", default=None,
+                        help="a YAML file of flag values (`flag_name: value`, and an `env:` mapping of environment "
+                             "variables), as `trl grpo --config`; flags given on the command line win")
+    parser.set_defaults_with_config(**{**TRAIN_DEFAULTS, **preset.defaults})
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, preset: Preset | None = None) -> int:
+    """``ep-trl train``'s arguments (without ``train``) to an exit status: 0 when training ended, 2 for bad input
+    (argparse's status), 130 after Ctrl-C, 143 after SIGTERM (raised as ``ep_trl.runtime.shutdown.Terminated``)."""
+    from .progress import quiet_library_output
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    preset = preset or Preset(prog=PROG, title="")
+    quiet_library_output()  # before the eval's import: eval-protocol warns at import
+    parser = make_parser(preset)
+    try:
+        (namespace,) = parser.parse_args_and_config(argv)
+    except (OSError, ValueError) as error:  # a --config file that cannot be read, or holds unknown keys
+        parser.error(f"--config: {error}")
+    job = plan(parser, vars(namespace), preset, argv)
+    return run(job)
+
+
+def plan(parser: Any, values: dict[str, Any], preset: Preset, argv: Sequence[str]) -> TrainJob:
+    """Check every input and decide the run, before anything heavy starts; ``parser.error`` (exit status 2, the
+    message naming the fix) for bad input."""
+    from trl import GRPOConfig
+
+    values = dict(values)
+    env_path = values.pop("env_path")
+    values.pop("config", None)  # read by TrlParser already
+    groups = {cls: cls(**{f.name: values.pop(f.name) for f in fields(cls)}) for cls in OPTION_GROUPS}
+    run_args, gen = groups[RunArguments], groups[GenerationArguments]
+    grpo_fields = {f.name for f in fields(GRPOConfig) if f.init}
+    trl_values = {k: v for k, v in values.items() if k in grpo_fields}
+    if not env_path:
+        parser.error("ENV_PATH is required: the eval to train on, e.g. `ep-trl train examples/letters_eval.py::"
+                     "test_letters --model MODEL` (path/to/eval.py::test_name or package.module::test_name)")
+    if not run_args.model and preset.start_model is None:
+        parser.error("--model is required: a Hugging Face model directory or hub id, e.g. --model "
+                     "Qwen/Qwen2.5-0.5B-Instruct")
+    _check_trl_mode_flags(parser, trl_values)
+    mode = _mode(parser, gen, run_args, trl_values)
+    if run_args.model:
+        _check_model(parser, run_args.model)
+    _check_env_server(parser, run_args)
+    spec = _check_eval(parser, env_path)
+    overrides, options, vllm, concurrent = _bridge_options(parser, groups, trl_values.get("chat_template_kwargs"))
+    _check_held_out(parser, env_path, run_args, mode, spec)
+    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
+    if trl_values.get("bf16") is None:
+        trl_values["bf16"] = mode.on_gpu
+    return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
+                    overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
+                    command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
+                    served_model=served)
+
+
+def _check_trl_mode_flags(parser: Any, trl_values: Mapping[str, Any]) -> None:
+    from trl import GRPOConfig
+
+    defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in MODE_FIELDS}
+    given = [name for name in MODE_FIELDS if trl_values.get(name) != defaults[name]]
+    if given:
+        flags = ", ".join(f"--{name}" for name in given)
+        parser.error(f"{flags}: ep-trl sets these from its generation flags. Drop them and use --vllm-server-url URL "
+                     "(a vLLM server), --vllm-mode colocate (TRL's engine in the trainer) or --async; the device is "
+                     "the GPU when torch sees one")
+
+
+def _mode(parser: Any, gen: GenerationArguments, run_args: RunArguments,
+          trl_values: Mapping[str, Any]) -> modes.TrainingMode:
+    """The generation mode, refusing the combinations no mode trains with (``modes.check_generation_flags``)."""
+    import argparse
+
+    flags = argparse.Namespace(vllm_base_url=gen.vllm_server_url, vllm_mode=trl_values.get("vllm_mode"),
+                               vllm_gpu_memory_utilization=None, async_training=gen.async_training,
+                               model=run_args.model, lora_r=run_args.lora_r, screenshots=gen.screenshots)
+    modes.check_generation_flags(parser, flags)
+    if flags.vllm_mode not in (modes.SERVER, modes.COLOCATE):
+        parser.error(f"--vllm-mode {flags.vllm_mode!r}: choose server (in-process, or --vllm-server-url) or colocate")
+    mode = modes.TrainingMode.from_args(flags)
+    memory = trl_values.get("vllm_gpu_memory_utilization")
+    return mode if memory is None else modes.TrainingMode(**{**asdict(mode), "gpu_memory_utilization": memory})
+
+
+def _check_model(parser: Any, model: str) -> None:
+    """A local path must be a model directory (its ``config.json``); a hub id (``org/name``, no such path) is left
+    to the hub."""
+    path = Path(model).expanduser()
+    looks_local = path.is_absolute() or model.startswith((".", "~")) or path.exists() or model.count("/") > 1
+    if not looks_local:
+        return
+    if not path.is_dir():
+        parser.error(f"--model {model}: no such directory. Give a Hugging Face model directory (with its "
+                     "config.json and weights) or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
+    if not (path / "config.json").is_file():
+        parser.error(f"--model {model}: not a model directory (no config.json in it). Point --model at the folder "
+                     "save_pretrained wrote (config.json, weights, tokenizer), e.g. a run's checkpoint/ folder")
+
+
+def _check_env_server(parser: Any, run_args: RunArguments) -> None:
+    from .env_server import PORT_FIELD
+
+    if run_args.env_server is None:
+        if run_args.env_url_var:
+            parser.error(f"--env-url-var {run_args.env_url_var} names where to export the URL of --env-server: add "
+                         f"--env-server 'CMD --port {PORT_FIELD}', or drop --env-url-var")
+        return
+    if PORT_FIELD not in run_args.env_server:
+        parser.error(f"--env-server {run_args.env_server!r} has no {PORT_FIELD}: write where the server's port goes, "
+                     f"e.g. --env-server 'python -m ep_trl.envs.letters --port {PORT_FIELD}'")
+    if not run_args.env_url_var:
+        parser.error("--env-server needs --env-url-var NAME: the environment variable your eval reads the server's "
+                     "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
+
+
+def _check_eval(parser: Any, env_path: str) -> Any:
+    """The eval's spec; its import, its processor and its settings checked (their errors name the fix)."""
+    from ..evalprotocol import read_eval_spec, resolve_eval_test
+
+    try:
+        return read_eval_spec(resolve_eval_test(env_path))
+    except EpTrlError as error:
+        parser.error(f"ENV_PATH {env_path}: {error}")
+
+
+def _bridge_options(parser: Any, groups: Mapping[type, Any], chat_template_kwargs: Any
+                    ) -> tuple[EvalOverrides, RolloutOptions, VLLMOptions, int | None]:
+    """ep_trl's option objects from their flags (an unset flag keeps the option's default); TRL's
+    ``--chat-template-kwargs`` (a JSON object) is the episodes' too."""
+    ev, ro, vl = groups[EvalArguments], groups[RolloutArguments], groups[VLLMArguments]
+    try:
+        overrides = EvalOverrides(env_base_url=ev.env_base_url, request_timeout_s=ev.env_request_timeout_s,
+                                  tasks=ev.tasks, task_var=ev.task_var, reset_task_kwarg=ev.reset_task_kwarg,
+                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop)
+        rollout = {k: v for k, v in asdict(ro).items() if v is not None}
+        if chat_template_kwargs:
+            rollout["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", chat_template_kwargs)
+        options = RolloutOptions(**rollout)
+        vllm = VLLMOptions(**{f.name.removeprefix("vllm_"): getattr(vl, f.name) for f in fields(vl)
+                              if getattr(vl, f.name) is not None})
+    except EpTrlError as error:
+        parser.error(str(error))
+    return overrides, options, vllm, ev.max_concurrent_rollouts
+
+
+def _json_object(parser: Any, flag: str, value: Any) -> dict[str, Any]:
+    try:
+        loaded = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as error:
+        parser.error(f"{flag} {value!r}: not JSON ({error}); write a JSON object such as '{{\"enable_thinking\": "
+                     "false}'")
+    if not isinstance(loaded, dict):
+        parser.error(f"{flag} {value!r}: write a JSON object such as '{{\"enable_thinking\": false}}'")
+    return loaded
+
+
+def _check_held_out(parser: Any, env_path: str, run_args: RunArguments, mode: modes.TrainingMode, spec: Any) -> None:
+    if run_args.held_out < 0:
+        parser.error(f"--held-out {run_args.held_out}: give a number of rows >= 0")
+    if not run_args.held_out:
+        return
+    if spec.processor is None:
+        parser.error(f"--held-out: {spec.qualified_name} plays an OpenEnv environment loop, and held-out rows are "
+                     "scored through the eval's own processor, which such an eval does not run here. Drop --held-out "
+                     "(the per-step score is the eval's score on the training episodes)")
+    from .. import dataset_from_eval
+
+    if not (mode.asynchronous or mode.synced_server):
+        parser.error("--held-out scores the rows greedily on the vLLM server the run trains, before and after: give "
+                     "--async --vllm-server-url URL (the trainer pushes its weights there), or --vllm-server-url URL "
+                     "on a GPU (TRL keeps it on the trainer's weights); or drop --held-out")
+    rows = len(dataset_from_eval(env_path))
+    if run_args.held_out >= rows:
+        parser.error(f"--held-out {run_args.held_out}: {spec.qualified_name} has {rows} rows and training needs at "
+                     f"least one: give --held-out {rows - 1} or fewer")
+
+
+def _check_server(parser: Any, url: str, model: str | None, vllm: VLLMOptions) -> str:
+    """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
+    other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
+    from ..errors import GenerationError
+    from ..generation.probe import probe_server
+
+    try:
+        served = probe_server(url, vllm.connect_timeout_s).model
+    except GenerationError as error:
+        parser.error(f"--vllm-server-url {url}: {error}")
+    if model is not None and not _same_model(served, model):
+        parser.error(f"--vllm-server-url {url} serves {served!r}, not --model {model!r}: start the server on --model "
+                     f"({modes.SERVER_HINT}), or pass --model {served}")
+    return served
+
+
+def _same_model(served: str, model: str) -> bool:
+    """Whether the served model is ``model``: the same name or path, or two model directories whose configs agree on
+    the architecture and the sizes (a copy of the same model: the trainer's weights are pushed to it)."""
+    if served == model or Path(served).expanduser().resolve() == Path(model).expanduser().resolve():
+        return True
+    configs = [Path(name).expanduser() / "config.json" for name in (served, model)]
+    if not all(path.is_file() for path in configs):
+        return False
+    keys = ("architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+    first, second = (json.loads(path.read_text()) for path in configs)
+    return all(first.get(key) == second.get(key) for key in keys)
+
+
+def run(job: TrainJob) -> int:
+    """Train ``job``, writing its run folder; 0 when training ended. Ctrl-C and SIGTERM stop it with what was written
+    kept (``result.json`` says how the run ended), the environment server stopped, and the interruption raised on."""
+    from transformers import PrinterCallback
+
+    from ..runtime import shutdown
+    from ..devtools import run_record
+    from .progress import ProgressPrinter, script_logging
+
+    script_logging()
+    shutdown.handle_sigterm()
+    started = time.monotonic()
+    record = run_record.start_anywhere(Path.cwd(), job.command[1:], executable=job.command[0])
+    folder = Path(job.config_values["output_dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / run_folder.METRICS).unlink(missing_ok=True)
+    print(job.mode.describe(), flush=True)
+    state = _RunState()
+    try:
+        with _environment(job) as env_url:
+            model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
+            train_rows, held_out = _datasets(job)
+            state.before = _held_out(job, held_out, "before")
+            config = job.mode.config(**_config_values(job))
+            run_folder.write_config(folder, _resolved(job, model, config))
+            # the metrics line is written before the progress line is printed: a step a reader saw is on disk
+            with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
+                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
+                                  peft_config=_lora(job.run), images=job.mode.images, overrides=job.overrides,
+                                  options=job.options, vllm=job.vllm,
+                                  max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
+                state.trainer = trainer
+                trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
+                _print_lora(trainer, job.run)
+                trainer.train()
+                state.checkpoint = _save_checkpoint(trainer, folder)
+            state.after = _held_out(job, held_out, "after")
+            if job.preset.after_training is not None:
+                job.preset.after_training(trainer)
+    except KeyboardInterrupt:
+        state.ended = "interrupted (Ctrl-C)"
+        _finish(job, folder, state, record, started)
+        print(f"interrupted: environment server stopped; the run folder keeps what was written: {folder}", flush=True)
+        raise
+    except shutdown.Terminated:
+        state.ended = "terminated (SIGTERM)"
+        _finish(job, folder, state, record, started)
+        print(f"terminated: environment server stopped; the run folder keeps what was written: {folder}", flush=True)
+        raise
+    _finish(job, folder, state, record, started)
+    return 0
+
+
+@dataclass
+class _RunState:
+    trainer: Any = None
+    before: Any = None
+    after: Any = None
+    checkpoint: Path | None = None
+    ended: str = "finished"
+
+
+@contextlib.contextmanager
+def _environment(job: TrainJob) -> Iterator[str | None]:
+    """The run's ``--env-server``, its URL exported in ``--env-url-var``; stopped when the block ends, however."""
+    from .env_server import command_server
+
+    if job.run.env_server is None:
+        yield None
+        return
+    with command_server(job.run.env_server, url_var=job.run.env_url_var, env=job.preset.env_server_env,
+                        health_path=job.run.env_server_health, timeout_s=job.run.env_server_timeout_s) as url:
+        print(f"environment server: {url} (${job.run.env_url_var})", flush=True)
+        yield url
+
+
+def _datasets(job: TrainJob) -> tuple[Any, list[Any]]:
+    """The training rows (the eval's rows minus the held-out ones, repeated to fill ``max_steps``) and the held-out
+    prompts."""
+    from datasets import concatenate_datasets
+
+    from .. import dataset_from_eval
+
+    rows = dataset_from_eval(job.env_path)
+    held_out: list[Any] = []
+    if job.run.held_out:  # fewer than the eval's rows (plan checked)
+        split = rows.train_test_split(test_size=job.run.held_out, seed=job.config_values.get("seed", 42))
+        rows, held_out = split["train"], list(split["test"]["prompt"])
+    values = job.config_values
+    steps = int(values.get("max_steps") or -1)
+    if steps > 0:
+        per_step = int(values.get("per_device_train_batch_size") or 8) * int(
+            values.get("gradient_accumulation_steps") or 1)
+        groups = max(1, per_step // int(values.get("num_generations") or 8))
+        repeat = math.ceil(groups * steps / len(rows))
+        rows = concatenate_datasets([rows] * repeat) if repeat > 1 else rows
+    return rows, held_out
+
+
+def _held_out(job: TrainJob, prompts: list[Any], when: str) -> Any:
+    if not prompts:
+        return None
+    from ..devtools.heldout import score_held_out
+
+    score = score_held_out(job.env_path, prompts, base_url=job.mode.vllm_base_url, model=job.served_model)
+    print(f"held-out score {when} training: {score.mean:.4f} (greedy, {len(prompts)} rows)", flush=True)
+    return score
+
+
+def _config_values(job: TrainJob) -> dict[str, Any]:
+    """The trainer config's values: all of them for ``GRPOConfig``; for ``AsyncGRPOConfig`` those set away from
+    ``GRPOConfig``'s defaults that it has (its own defaults apply to the rest)."""
+    if not job.mode.asynchronous:
+        return dict(job.config_values)
+    from trl import GRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    defaults = {f.name: f.default for f in fields(GRPOConfig) if f.init}
+    accepted = {f.name for f in fields(AsyncGRPOConfig) if f.init}
+    return {k: v for k, v in job.config_values.items()
+            if k in accepted and (k in TRAIN_DEFAULTS or k == "output_dir" or v != defaults.get(k))}
+
+
+def _lora(run_args: RunArguments) -> Any:
+    if run_args.lora_r <= 0:
+        return None
+    from peft import LoraConfig
+
+    targets = run_args.lora_target_modules
+    return LoraConfig(r=run_args.lora_r, lora_alpha=run_args.lora_alpha or 2 * run_args.lora_r,
+                      lora_dropout=run_args.lora_dropout, task_type="CAUSAL_LM",
+                      target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")
+                                                                              if t.strip()])
+
+
+def _print_lora(trainer: Any, run_args: RunArguments) -> None:
+    if run_args.lora_r <= 0:
+        return
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    print(f"LoRA r={run_args.lora_r} alpha={run_args.lora_alpha or 2 * run_args.lora_r}: {trainable} of {total} "
+          "parameters trainable", flush=True)
+
+
+def _save_checkpoint(trainer: Any, folder: Path) -> Path:
+    path = folder / run_folder.CHECKPOINT
+    trainer.save_model(str(path))
+    return path
+
+
+def _resolved(job: TrainJob, model: str, config: Any) -> dict[str, Any]:
+    """``config.yaml``'s content: ENV_PATH, the model, the mode, ep_trl's options and the trainer config."""
+    return {"env_path": job.env_path, "model": model, "generation": job.mode.describe(),
+            **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
+            "eval_overrides": {k: v for k, v in asdict(job.overrides).items() if v is not None},
+            "rollout_options": asdict(job.options), "vllm_options": asdict(job.vllm),
+            "max_concurrent_rollouts": job.max_concurrent_rollouts,
+            "trainer_config": {"class": type(config).__name__, **config.to_dict()}}
+
+
+def _finish(job: TrainJob, folder: Path, state: _RunState, record: Any, started: float) -> None:
+    """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
+    from ..devtools import run_record
+    from .progress import report_training
+    from .reward_curve import step_scores
+
+    history = list(state.trainer.state.log_history) if state.trainer is not None else []
+    steps = step_scores(history)
+    values = job.config_values
+    per_step = int(values.get("per_device_train_batch_size") or 8) * int(values.get("gradient_accumulation_steps") or 1)
+    summary = plot = None
+    if steps:
+        marks = [(0, state.before.mean, "held-out before")] if state.before is not None else []
+        if state.after is not None:
+            marks.append((steps[-1].step, state.after.mean, "held-out after"))
+        title = job.preset.title or f"{PROG}: eval score on {job.env_path.rsplit('::', 1)[-1]}"
+        summary = report_training(history, folder / run_folder.PLOT, episodes_per_step=per_step, started=started,
+                                  title=title, marks=marks, command=record.command)
+        plot = folder / run_folder.PLOT
+    else:
+        print(f"no step logged a score ({state.ended}): no summary, no plot", flush=True)
+    if state.before is not None and state.after is not None:
+        print(f"held-out score {state.before.mean:.4f} -> {state.after.mean:.4f} "
+              f"({state.after.mean - state.before.mean:+.4f})", flush=True)
+    result = {"run": run_record.finish(record), "ended": state.ended, "versions": run_folder.versions(),
+              "env_path": job.env_path, "steps": len(steps),
+              "train_first": summary.first if summary else None, "train_last": summary.last if summary else None,
+              "held_out_rows": job.run.held_out,
+              "held_out_before": state.before.mean if state.before is not None else None,
+              "held_out_after": state.after.mean if state.after is not None else None,
+              "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
+              "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG)}
+    path = run_folder.write_result(folder, result)
+    print(f"run folder: {folder} (result: {path})", flush=True)

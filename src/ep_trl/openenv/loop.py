@@ -1,0 +1,190 @@
+"""Run one episode: environment reset, then model turn → action → environment step until done.
+
+This mirrors ``OpenEnvRolloutProcessor``'s loop (same prompt builder, same history lines, same action parser,
+same step limit) but generates from token ids and records a token-exact trajectory. An error of the
+environment, of the eval's action parser or of this episode's generation ends the episode with status "error",
+its kind and its message; it never raises into the batch. Any other error (ep_trl's own, a chat template that
+cannot render) raises out of the rollout call: it would fail every episode alike.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..errors import ConfigError, UnsupportedEvalError
+from ..evalprotocol.spec import action_label, history_line
+from ..generation import Generation, Generator
+from ..sources.episode import (
+    Episode,
+    EpisodeConfig,
+    EpisodeFailure,
+    EpisodeSpec,
+    FailureKind,
+    StopReason,
+    check_first_prompt,
+    ended_episode,
+    pytest_outcome,
+)
+from ..trajectory.tokens import ChatTemplate, TrajectoryBuilder
+from .client import EnvSession, StepOutcome
+from .pool import EnvPool
+from ..trajectory.types import MessagesView
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+StepCallback = Callable[[MessagesView, Sequence[float]], None]
+
+
+async def _guarded(kind: FailureKind, pending: Awaitable[T]) -> T:
+    """Await ``pending``; any ``Exception`` it raises fails the episode as ``kind``, except the configuration
+    errors ep_trl raises on purpose (they would fail every episode alike)."""
+    try:
+        return await pending
+    except (ConfigError, UnsupportedEvalError):
+        raise
+    except Exception as exc:
+        raise EpisodeFailure(kind, exc) from exc
+
+
+@dataclass
+class _State:
+    """What one episode has done so far (mutable while it runs; frozen into an ``Episode`` at the end)."""
+
+    messages: list[dict[str, Any]]
+    builder: TrajectoryBuilder | None = None
+    step_rewards: list[float] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    builder_failures: int = 0
+    budget_blocked_tokens: int = 0
+    stop_reason: StopReason = "max_steps"
+
+
+async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
+                      envs: EnvPool, on_step: StepCallback | None = None) -> Episode:
+    """Play one episode on a session from ``envs``; ``on_step(messages, step_rewards)`` is called after every
+    environment step. The session goes back to ``envs`` for reuse only if the episode ended cleanly."""
+    start = time.perf_counter()
+    label = f"episode {spec.index} (task {spec.task!r})"
+    state = _State(messages=[dict(m) for m in spec.initial_messages])
+    failure: EpisodeFailure | None = None
+    session = None
+    clean = cancelled = False
+    try:
+        session, outcome = await _guarded("environment", envs.start(label, spec.task))
+        await _play(state, session, outcome, cfg, template, generator, on_step, label)
+        clean = True
+    except EpisodeFailure as exc:
+        failure = exc
+        logger.warning("%s failed (%s) after %d steps: %s", label, exc.kind, len(state.step_rewards), exc)
+    except asyncio.CancelledError:  # the call is ending: neither played nor failed
+        cancelled = True
+        raise
+    finally:
+        if session is not None:
+            await envs.release(session, reusable=clean, cancelled=cancelled)
+    if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
+        known: MessagesView = state.messages
+        if not known:
+            known = list(spec.initial_messages)
+        state.builder = TrajectoryBuilder.start(template.prompt(known))
+    return ended_episode(
+        spec,
+        failure,
+        state.stop_reason,
+        trajectory=state.builder.build(),
+        messages=tuple(state.messages),
+        step_rewards=tuple(state.step_rewards),
+        actions=tuple(state.actions),
+        duration_s=time.perf_counter() - start,
+        prompt_tokens=state.prompt_tokens,
+        prompt_builder_failures=state.builder_failures,
+        budget_blocked_tokens=state.budget_blocked_tokens,
+    )
+
+
+async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
+                template: ChatTemplate, generator: Generator, on_step: StepCallback | None, label: str) -> None:
+    """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget."""
+    last: Generation | None = None
+    for step in range(1, cfg.max_steps + 1):
+        if outcome.done:
+            state.stop_reason = "done"
+            return
+        state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, label)})
+        if not _extend_context(state, template, cfg, last):
+            state.stop_reason = "token_budget"
+            state.messages.pop()
+            return
+        builder = state.builder
+        assert builder is not None
+        context = builder.context()
+        state.prompt_tokens += len(context)
+        params = cfg.limits.sampling.with_max_tokens(builder.turn_budget(cfg.limits))
+        last = template.sampled_turn(
+            await _guarded("generation", generator.generate(context, params, builder.context_images())))
+        builder.add_sampled(last)
+        text = template.decode(last.token_ids)
+        if last.stop_text:
+            text = text[: text.find(last.stop_text)] if last.stop_text in text else text
+        action = await _guarded("eval_code", _parse(cfg, text))
+        state.messages.append({"role": "assistant", "content": text})
+        label = action_label(action)  # once: for a pydantic action, a missing action_str is a slow lookup
+        state.actions.append(label)
+        outcome = await _guarded("environment", session.step(action))
+        reward = float(outcome.reward or 0.0)
+        state.step_rewards.append(reward)
+        state.history.append(history_line(step, action, reward, outcome.observation, label))
+        if on_step is not None:
+            on_step(state.messages, state.step_rewards)
+    state.stop_reason = "done" if outcome.done else "max_steps"
+
+
+async def _parse(cfg: EpisodeConfig, text: str) -> Any:
+    try:
+        return cfg.action_parser(text)
+    except BaseException as exc:
+        outcome = pytest_outcome(exc, "action parser", cfg.eval_name)
+        if outcome is not None:
+            raise outcome from exc
+        raise
+
+
+def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, label: str) -> Any:
+    """The prompt builder's message for this step; if it raises, ``str(observation)``, as the processor does."""
+    try:
+        return cfg.prompt_builder(outcome.observation, step, state.history)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            raise pytest_outcome(exc, "prompt builder", cfg.eval_name) or exc
+        # same fallback as OpenEnvRolloutProcessor, but counted and logged
+        state.builder_failures += 1
+        logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
+                       label, type(exc).__name__, exc)
+        return str(outcome.observation)
+
+
+def _extend_context(state: _State, template: ChatTemplate, cfg: EpisodeConfig, last: Generation | None) -> bool:
+    """Add the new user message to the token context (the first prompt, or the masked bridge after a turn);
+    False when the bridge and one more token no longer fit the budget."""
+    if state.builder is None:
+        state.builder = TrajectoryBuilder.start(template.prompt(state.messages))
+        n = len(state.builder.prompt_ids)
+        check_first_prompt(n, cfg.limits, "shorten the prompt builder's output")
+        return True
+    assert last is not None
+    bridge, realigned = template.bridge(state.messages, state.builder.held(), last, cfg.limits.stop_token_ids)
+    if not state.builder.fits(len(bridge.ids) + 1, cfg.limits):
+        state.budget_blocked_tokens = len(bridge.ids)
+        return False
+    state.builder.add_inserted(bridge)
+    state.builder.realigned += int(realigned)
+    return True
+
+

@@ -1,0 +1,94 @@
+"""Episodes of an ``OpenEnvRolloutProcessor`` eval, played by ep_trl itself: its environment, prompt builder and
+action parser in ep_trl's token-exact loop (``ep_trl.openenv.loop``), on sessions from an ``EnvPool``."""
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from ..engine import settings
+from .pool import EnvPool, ServerNotes
+from .servers import LaunchedServers
+from .client import check_openenv
+from ..sources.episode import Episode, EpisodeConfig, EpisodeSpec, initial_messages
+from .loop import run_episode
+from ..evalprotocol import EvalSpec
+from ..generation import Generator
+from ..options import RolloutOptions
+from ..sources import EpisodeRequest
+from ..trajectory.types import Prompt
+
+if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
+    from ..engine.call_setup import CallSetup
+
+
+class OpenEnvSource:
+    """Plays each prompt as one environment episode; task rotation per prompt group (``settings.plan_episode``)."""
+
+    def __init__(self, spec: EvalSpec, options: RolloutOptions, servers: LaunchedServers | None) -> None:
+        assert spec.env is not None
+        self._spec = spec
+        self._options = options
+        self._servers = servers
+        self._notes = ServerNotes()
+        self._openenv = check_openenv()  # exactly one supported OpenEnv distribution, or an error naming the fix
+
+    @property
+    def servers(self) -> LaunchedServers | None:
+        """The environment servers ep_trl started for this eval (their ``providers``, ``urls`` by task and whether
+        they are ``running``); None when the eval's environment has a URL or was given one. Read only: they stop
+        with ``aclose()``."""
+        return self._servers
+
+    def describe(self) -> str:
+        env = self._spec.env
+        assert env is not None
+        return (f"{env.describe()} with {self._openenv}, {self._spec.max_steps} max steps, "
+                f"tasks {list(env.tasks) or 'none'}")
+
+    def check(self, prompts: Sequence[Prompt]) -> None:
+        """Every prompt is a string or a list of chat messages (``episode.initial_messages`` says what is wrong)."""
+        for index, prompt in enumerate(prompts):
+            initial_messages(prompt, index)
+
+    @asynccontextmanager
+    async def session(self, setup: "CallSetup") -> AsyncIterator["_OpenEnvPlayer"]:
+        """Environment sessions from one pool (reused between episodes when the options say so), all closed on
+        exit."""
+        spec = self._spec
+        assert spec.env is not None
+        envs = EnvPool(spec.env, reuse=self._options.reuse_env_sessions, notes=self._notes)
+        try:
+            yield _OpenEnvPlayer(spec, settings.episode_config(spec, setup.limits), setup, envs)
+        finally:
+            await envs.aclose()
+
+    async def aclose(self) -> None:
+        if self._servers is not None:
+            self._servers.close()
+
+
+class _OpenEnvPlayer:
+    def __init__(self, spec: EvalSpec, cfg: EpisodeConfig, setup: "CallSetup", envs: EnvPool) -> None:
+        self._spec, self._cfg, self._setup, self._envs = spec, cfg, setup, envs
+
+    @property
+    def env_sessions(self) -> int:
+        return self._envs.opened
+
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+        assert self._spec.env is not None
+        spec = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
+                                     self._spec.env.tasks, self._spec.completion_params.get("system_prompt"))
+        episode = await run_episode(spec, self._cfg, self._setup.template, generator, self._envs,
+                                    _step_logger(self._setup, request, spec))
+        return episode, request.context.episode_row(episode, request.rollout_id, request.prompt)
+
+
+def _step_logger(setup: "CallSetup", request: EpisodeRequest, spec: EpisodeSpec) -> Callable[..., None] | None:
+    """Log the episode's row as it starts, and return a callback that logs it after every step (None when off)."""
+    log, context = setup.log, request.context
+    if log is None:
+        return None
+    rollout_id, prompt = request.rollout_id, request.prompt
+    context.log_row(log, spec, rollout_id, prompt, spec.initial_messages, ())
+    return lambda messages, rewards: context.log_row(log, spec, rollout_id, prompt, messages, rewards)

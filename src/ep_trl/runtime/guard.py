@@ -1,0 +1,128 @@
+"""The watchdog between ep_trl and every process it starts: the command ends when the process that started it ends,
+however that process ends.
+
+    python /path/to/ep_trl/guard.py --parent PID [--stderr-log FILE] -- COMMAND [ARG ...]
+
+``ep_trl.runtime.processes`` starts environment servers through it and ``ep_trl.evalprotocol.mcp_servers`` the stdio MCP
+servers of an agent eval. It is run by path and uses only the standard library, so it starts in a few tens of
+milliseconds without importing ep_trl (or torch). It
+
+* leads a process group of its own, in which the command runs, so stopping the group stops whatever the command
+  started too;
+* forwards SIGTERM, SIGINT and SIGHUP to the command and exits with the command's status;
+* watches its parent: when the process that started it is gone (killed with SIGKILL, crashed), the guard is handed
+  to another parent, and it terminates the command (SIGTERM, SIGKILL after ``KILL_AFTER_S``) within
+  ``POLL_S``. Why not Linux's parent-death signal alone: it follows the *thread* that started the child, so a
+  server started from a short-lived thread would die with that thread; and it is Linux only. Polling the parent's
+  pid works on any POSIX system;
+* with ``--stderr-log``, passes the command's stderr on to its own and keeps the last ``KEPT_LINES`` lines in FILE,
+  then a last line ``EXIT_MARK <status>``, so an error can say why a server died (its own words, its exit status).
+"""
+
+import argparse
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+#: How often the parent's pid is checked, and how long the command gets between SIGTERM and SIGKILL.
+POLL_S = 0.2
+KILL_AFTER_S = 5.0
+#: stderr lines kept in the log, and the prefix of its last line.
+KEPT_LINES = 40
+EXIT_MARK = "[ep_trl guard] exit status"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="guard.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--parent", type=int, required=True, help="pid of the process that started this guard")
+    parser.add_argument("--stderr-log", type=Path, default=None, help="keep the command's last stderr lines here")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given after --")
+    if os.getpgrp() != os.getpid():
+        os.setpgid(0, 0)  # lead a group of our own; the command inherits it
+    child = subprocess.Popen(command, stderr=subprocess.PIPE if args.stderr_log else None)
+    _detach_stdio()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: _forward(child, signum))
+    pump = _StderrPump(child, args.stderr_log) if args.stderr_log else None
+    while child.poll() is None:
+        if os.getppid() != args.parent:  # the parent is gone: this guard was handed to another process
+            _terminate(child)
+            break
+        time.sleep(POLL_S)
+    status = child.wait()
+    _end_group()
+    if pump is not None:
+        pump.finish(status)
+    return 128 - status if status < 0 else status
+
+
+def _detach_stdio() -> None:
+    """Let go of stdin and stdout: they are the command's alone (a stdio MCP client sees EOF when the command
+    ends, not when this guard does)."""
+    with open(os.devnull, "rb+") as null:
+        os.dup2(null.fileno(), 0)
+        os.dup2(null.fileno(), 1)
+
+
+def _forward(child: subprocess.Popen, signum: int) -> None:
+    if child.poll() is None:
+        child.send_signal(signum)
+
+
+def _terminate(child: subprocess.Popen) -> None:
+    child.terminate()
+    try:
+        child.wait(KILL_AFTER_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+
+
+def _end_group() -> None:
+    """SIGTERM whatever the command left in the group (this guard ignores it and exits next)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+    except ProcessLookupError:
+        return
+
+
+class _StderrPump:
+    """Copies the command's stderr to this guard's and keeps its last lines in a file."""
+
+    def __init__(self, child: subprocess.Popen, log: Path) -> None:
+        self._child = child
+        self._log = log
+        self._lines: collections.deque[bytes] = collections.deque(maxlen=KEPT_LINES)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self._child.stderr is not None
+        for line in iter(self._child.stderr.readline, b""):
+            sys.stderr.buffer.write(line)
+            sys.stderr.buffer.flush()
+            with self._lock:
+                self._lines.append(line)
+                self._write()
+
+    def _write(self, *tail: bytes) -> None:
+        self._log.write_bytes(b"".join(self._lines) + b"".join(tail))
+
+    def finish(self, status: int) -> None:
+        self._thread.join(timeout=2.0)
+        with self._lock:
+            self._write(f"{EXIT_MARK} {status}\n".encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""What an episode is, whichever source plays it: its spec, its result (``Episode``), how it fails
+(``EpisodeFailure``, :data:`FAILURE_KINDS`) and the prompt it starts from.
+
+The OpenEnv loop (``ep_trl.openenv.loop``) and the processor source (``ep_trl.sources.processor``) both build these;
+the capture processors, the scoring and the stream read them without needing the OpenEnv loop.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from ..errors import ConfigError, UnsupportedEvalError
+from ..evalprotocol.inputs import strip_row_key
+from ..openenv.client import EnvSettings
+from ..trajectory.tokens import Trajectory, TurnLimits
+from ..trajectory.types import MessageView
+
+
+#: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
+#: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
+#: error and raises out of the rollout call.
+FailureKind = Literal["environment", "eval_code", "generation"]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+
+
+#: How an episode ended: played to its end, or failed (``error_kind`` says by what; the episode is not scored).
+EpisodeStatus = Literal["finished", "error"]
+#: Why an episode stopped: the environment said done, the eval's turn limit, the token budget (the next turn would
+#: not fit), or a failure.
+StopReason = Literal["done", "max_steps", "token_budget", "error"]
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Settings shared by every episode of a rollout call."""
+
+    env: EnvSettings
+    prompt_builder: Callable[[Any, int, list[str]], Any]
+    action_parser: Callable[[str], Any]
+    max_steps: int
+    limits: TurnLimits
+    eval_name: str = "the eval"
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Which episode this is: its place in the batch, its prompt group and its task."""
+
+    index: int
+    group: int
+    generation: int
+    task: str | None
+    initial_messages: tuple[MessageView, ...]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One finished (or failed) episode."""
+
+    spec: EpisodeSpec
+    trajectory: Trajectory
+    messages: tuple[MessageView, ...]
+    step_rewards: tuple[float, ...]
+    actions: tuple[str, ...]
+    status: EpisodeStatus
+    stop_reason: StopReason
+    error: str | None
+    error_kind: FailureKind | None  # when the episode failed
+    duration_s: float
+    prompt_tokens: int
+    prompt_builder_failures: int = 0
+    budget_blocked_tokens: int = 0  # the bridge that no longer fit when stop_reason is "token_budget"
+    forked_segments: int = 0  # conversations a processor abandoned (ep_trl.capture.placement), not trained on
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.trajectory.sampled_segments())
+
+
+class EpisodeFailure(Exception):
+    """An episode ended early by one of :data:`FAILURE_KINDS`; ``cause`` is the original error."""
+
+    def __init__(self, kind: FailureKind, cause: BaseException, detail: str | None = None) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}" + (f" ({detail})" if detail else ""))
+        self.kind = kind
+        self.cause = cause
+
+
+def ended_episode(spec: EpisodeSpec, failure: EpisodeFailure | None, stop_reason: StopReason, **fields: Any) -> Episode:
+    """The ``Episode`` of ``spec``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
+    "error", the failure's message and kind. ``fields`` are the rest of :class:`Episode`'s fields."""
+    return Episode(
+        spec=spec,
+        status="error" if failure else "finished",
+        stop_reason="error" if failure else stop_reason,
+        error=str(failure) if failure else None,
+        error_kind=failure.kind if failure else None,
+        **fields,
+    )
+
+
+def pytest_outcome(exc: BaseException, what: str, eval_name: str) -> UnsupportedEvalError | None:
+    """An eval's code that calls ``pytest.skip``/``fail``/``exit`` while training: one clear error, not a
+    pytest outcome raised through the trainer."""
+    try:
+        from _pytest.outcomes import OutcomeException
+    except ImportError:  # no pytest here: nothing of the kind can be raised
+        return None
+    if not isinstance(exc, OutcomeException):
+        return None
+    verb = {"Skipped": "skip", "Failed": "fail", "XFailed": "xfail"}.get(type(exc).__name__, type(exc).__name__)
+    return UnsupportedEvalError(
+        f"{eval_name}: its {what} called pytest.{verb}({str(exc)!r}) during training. Eval "
+        "modules do this when an import they guard failed: the environment's package is probably not importable in "
+        "this Python (import the eval module's environment client yourself to see the error)."
+    )
+
+
+def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
+    """A first prompt that leaves no room to sample fails the episode (as generation: the backend's limit)."""
+    if limits.max_model_len is not None and n >= limits.max_model_len:
+        raise EpisodeFailure("generation", ValueError(
+            f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"))
+
+
+def initial_messages(prompt: object, index: int = 0) -> tuple[dict[str, Any], ...]:
+    """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
+    shape = ("the dataset's 'prompt' column must hold strings or lists of messages such as "
+             "[{'role': 'user', 'content': 'Play the game.'}]")
+    if isinstance(prompt, str):
+        return ({"role": "user", "content": prompt},)
+    if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
+        raise TypeError(f"rollout_func got prompt {index} of type {type(prompt).__name__}; {shape}")
+    messages = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
+    for k, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
+            raise ConfigError(f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
+                              f"'content' (a string or content parts); {shape}")
+    return tuple(dict(m) for m in messages)

@@ -1,0 +1,468 @@
+"""Token-exact multi-turn trajectories: one append-only token sequence per episode.
+
+Layout (see docs/trajectory.md)::
+
+    prompt_ids      = template(initial messages + first observation, add_generation_prompt)
+    completion_ids  = sampled(turn 1) + bridge(1→2) + sampled(turn 2) + ... + sampled(turn N)
+    env_mask        =   1 ... 1       +  0 ... 0    +   1 ... 1       + ... +   1 ... 1
+    logprobs        = sampled logprobs +  0.0 ...   + sampled logprobs + ...
+
+Every turn after the first is generated from exactly ``prompt_ids + completion_ids`` so far, so what the model
+conditioned on is what the trainer scores. The bridge is what the chat template adds between the end of the
+sampled turn and the next generation prompt: the end-of-turn marker when the model did not emit one, the
+environment's next user message, and the assistant header.
+
+Bridge rule. Render the whole conversation with the template. If that rendering starts with the tokens held
+so far (the template is prefix-preserving and the sampled text re-tokenizes to the same ids), the bridge is
+the rest of it ("clean"). Otherwise ("realigned": BPE re-tokenization differs, or the template rewrites
+history, e.g. strips reasoning), the sampled ids are kept and the bridge is the template text that follows
+the last assistant message, found by rendering it with a sentinel in place of its content; an end-of-turn
+token the model already sampled is not repeated. Each realigned boundary is counted per episode.
+
+Images. With a multimodal processor (one with an ``image_processor``), every piece of template text is tokenized by
+the processor with its images, so the ids hold each image's expanded tokens (Qwen-VL: one ``<|image_pad|>`` per
+merged patch; Idefics3: ``<fake_token_around_image><global-img>`` + n ``<image>`` + ...). The trajectory keeps its
+images in placeholder order across prompt and completion; an image that arrives with an observation is part of a
+bridge, so its tokens are ``env_mask`` 0. It also keeps the same ids with the placeholders unexpanded, which is how a
+vLLM engine takes a prompt with its images (``generation.PromptImages``).
+"""
+
+import logging
+import re
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+from .content import image_parts, image_source, load_image, supports_images, template_messages
+from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
+from .types import MessagesView, Settings, Tools
+
+logger = logging.getLogger(__name__)
+
+_SENTINEL = "\u2063ep_trl:assistant-content\u2063"
+
+#: A run of sampled tokens in a mask written as bytes.
+_SAMPLED_RUN = re.compile(b"[^\x00]+")
+
+#: Encoded conversation prefixes kept per chat template (one or two per running episode are in use).
+_PREFIX_CACHE_SIZE = 512
+#: How many of a text's last cut points are looked up in the prefix cache (a turn adds a few messages).
+_PREFIX_LOOKUPS = 16
+#: Texts after the last cut (a template's generation prompt, mostly) kept with their ids, and the longest kept.
+_TAIL_CACHE_SIZE = 64
+_TAIL_MAX_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Template text as token ids. ``ids`` hold every image placeholder expanded by the processor, ``images`` are
+    the images in placeholder order, ``unexpanded`` the same text with each placeholder as the template wrote it
+    (None: no images, the same as ``ids``)."""
+
+    ids: tuple[int, ...]
+    images: tuple[Any, ...] = ()
+    unexpanded: tuple[int, ...] | None = None
+
+    @property
+    def unexpanded_ids(self) -> tuple[int, ...]:
+        return self.ids if self.unexpanded is None else self.unexpanded
+
+
+def cut_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The special tokens a text can be cut before and encoded in two parts with the same ids as in one.
+
+    A fast (``tokenizers``) tokenizer splits its input on added tokens before anything else, and encodes each piece
+    in between on its own. So a text cut just before a special token ``S`` encodes, part by part, to the ids of the
+    whole, provided ``S`` is always matched where it starts: it strips no whitespace (``lstrip``/``rstrip``), is
+    matched on the raw text (not ``normalized``, not ``single_word``), and no added token holds ``S``'s first
+    character after its own first one (so no match can start before the cut and reach into ``S``). None (no cuts,
+    every text encoded whole) for a slow tokenizer or one that splits special tokens as text."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None)
+    if getattr(tokenizer, "backend_tokenizer", None) is None or not isinstance(decoder, Mapping) \
+            or getattr(tokenizer, "split_special_tokens", False):
+        return ()
+    added = [t for t in decoder.values() if isinstance(getattr(t, "content", None), str) and t.content]
+    inner = {c for t in added for c in t.content[1:]}
+    return tuple(sorted(
+        t.content for t in added
+        if getattr(t, "special", False) and not (t.lstrip or t.rstrip or t.normalized or t.single_word)
+        and t.content[0] not in inner))
+
+
+class PrefixEncoder:
+    """Encodes conversations turn after turn in time linear in what a turn adds, with the ids a whole encode gives.
+
+    A multi-turn episode renders its whole conversation every turn (``ChatTemplate.bridge``), and encoding it whole
+    is quadratic in turns. Texts are cut before special tokens (``cut_tokens``), the ids of the part before the last
+    cut are kept (bounded, least recently used first out), and the next text that starts with a kept part encodes
+    only what follows it. What follows the last cut, the same generation prompt turn after turn, is encoded once
+    (short texts, a few kept)."""
+
+    def __init__(self, encode: Any, cuts: Sequence[str], size: int = _PREFIX_CACHE_SIZE) -> None:
+        self._encode = encode  # text -> list of ids, the tokenizer's own
+        self._cuts = tuple(cuts)
+        self._size = size
+        self._kept: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._tails: dict[str, tuple[int, ...]] = {}
+
+    def __call__(self, text: str) -> list[int]:
+        points = self._cut_points(text)
+        if not points:
+            return self._encode(text)
+        start, ids = 0, []
+        for at in points:  # newest first: the longest kept prefix wins
+            kept = self._kept.get(text[:at])
+            if kept is not None:
+                self._kept.move_to_end(text[:at])
+                start, ids = at, list(kept)
+                break
+        last = points[0]
+        if last > start:
+            ids += self._encode(text[start:last])
+            self._keep(text[:last], tuple(ids))
+        return ids + self._tail(text[last:])
+
+    def _tail(self, tail: str) -> list[int]:
+        """``tail``'s ids, as its own encode gives them (kept if short; the oldest kept goes first when full)."""
+        ids = self._tails.get(tail)
+        if ids is None:
+            encoded = self._encode(tail)
+            if len(tail) > _TAIL_MAX_CHARS:
+                return encoded
+            if len(self._tails) >= _TAIL_CACHE_SIZE:
+                del self._tails[next(iter(self._tails))]
+            ids = self._tails[tail] = tuple(encoded)
+        return list(ids)
+
+    def _cut_points(self, text: str) -> list[int]:
+        """Positions > 0 where a cut token starts, last first, at most ``_PREFIX_LOOKUPS``."""
+        found: list[int] = []
+        for cut in self._cuts:
+            end = len(text)
+            for _ in range(_PREFIX_LOOKUPS):
+                at = text.rfind(cut, 0, end)
+                if at <= 0:
+                    break
+                found.append(at)
+                end = at
+        found.sort(reverse=True)
+        return found[:_PREFIX_LOOKUPS]
+
+    def _keep(self, prefix: str, ids: tuple[int, ...]) -> None:
+        self._kept[prefix] = ids
+        self._kept.move_to_end(prefix)
+        while len(self._kept) > self._size:
+            self._kept.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """What TRL receives for one episode; ``images`` are its images in placeholder order, prompt then completion."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    env_mask: tuple[int, ...]
+    realigned: int = 0
+    images: tuple[Any, ...] = ()
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.env_mask)
+
+    @cached_property
+    def sampled_runs(self) -> tuple[tuple[int, int], ...]:
+        """``(start, end)`` in ``completion_ids`` of each run of model-sampled ids (``env_mask`` 1), one per turn,
+        found once per trajectory (metrics, output and rows all ask)."""
+        return tuple(found.span() for found in _SAMPLED_RUN.finditer(bytes(map(bool, self.env_mask))))
+
+    def turn_numbers(self) -> tuple[int, ...]:
+        """For each completion token: 0 if inserted (env_mask 0), else the 1-based turn that sampled it."""
+        numbers = [0] * len(self.env_mask)
+        for turn, (start, end) in enumerate(self.sampled_runs, 1):
+            numbers[start:end] = [turn] * (end - start)
+        return tuple(numbers)
+
+    def sampled_segments(self) -> list[tuple[int, ...]]:
+        """The runs of model-sampled ids, one per turn, in order."""
+        return [self.completion_ids[start:end] for start, end in self.sampled_runs]
+
+    def without_images(self) -> "Trajectory":
+        """The same tokens without the images, for what keeps an episode after its images are handed on (metrics,
+        the rollout log): they are freed with the samples that carry them."""
+        return replace(self, images=()) if self.images else self
+
+
+def eos_token_ids(processing_class: Any, model: Any | None) -> tuple[int, ...]:
+    """End-of-turn ids: the tokenizer's EOS plus the model's generation-config EOS ids."""
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.append(gen_eos)
+    elif gen_eos:
+        ids.extend(int(t) for t in gen_eos)
+    return tuple(dict.fromkeys(ids))
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    """How far one episode's turns may go: the sampling settings (``max_tokens`` per turn), the completion tokens
+    of the whole episode (sampled and inserted), the ids that end a turn, and the model's context length."""
+
+    sampling: SamplingParams
+    max_episode_tokens: int
+    stop_token_ids: tuple[int, ...]
+    max_model_len: int | None = None
+
+
+@dataclass
+class TrajectoryBuilder:
+    """Accumulates one episode's tokens (and images); append-only."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    realigned: int = 0
+    images: list[Any] = field(default_factory=list)
+    unexpanded: list[int] = field(default_factory=list)  # prompt + completion, placeholders unexpanded
+    #: The context's JSON array without its brackets, kept as ids are added, and how many ids it holds (-1: none yet).
+    _json: str = field(default="", init=False, repr=False, compare=False)
+    _json_ids: int = field(default=-1, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.unexpanded:
+            self.unexpanded = list(self.prompt_ids) + self.completion_ids
+
+    @classmethod
+    def start(cls, prompt: Encoded) -> "TrajectoryBuilder":
+        return cls(prompt.ids, images=list(prompt.images), unexpanded=list(prompt.unexpanded_ids))
+
+    def context(self) -> PromptIds:
+        """Prompt and completion ids so far, with their JSON text (a server backend sends it as is)."""
+        n = len(self.prompt_ids) + len(self.completion_ids)
+        if self._json_ids != n:  # not kept yet, or the lists changed other than through add_*: encode them whole
+            self._json, self._json_ids = ids_json(list(self.prompt_ids) + self.completion_ids)[1:-1], n
+        context = PromptIds(self.prompt_ids, f"[{self._json}]")
+        context.extend(self.completion_ids)
+        return context
+
+    def _extend_json(self, ids: Sequence[int], held: int) -> None:
+        """Add ``ids`` (appended after ``held`` ids) to the kept JSON text, if it holds exactly those ``held``."""
+        if ids and self._json_ids == held:
+            part = ids_json(ids)[1:-1]
+            self._json = f"{self._json},{part}" if self._json else part
+            self._json_ids += len(ids)
+
+    def held(self) -> Encoded:
+        """The context so far, with its images."""
+        return Encoded(tuple(self.prompt_ids) + tuple(self.completion_ids), tuple(self.images), tuple(self.unexpanded))
+
+    def context_images(self) -> PromptImages | None:
+        """What the next turn's generation needs besides the ids: None when the context holds no image."""
+        return PromptImages(tuple(self.images), tuple(self.unexpanded)) if self.images else None
+
+    def add_sampled(self, generation: Generation) -> None:
+        self._extend_json(generation.token_ids, len(self.prompt_ids) + len(self.completion_ids))
+        self.completion_ids.extend(generation.token_ids)
+        self.logprobs.extend(generation.logprobs)
+        self.env_mask.extend([1] * len(generation.token_ids))
+        self.unexpanded.extend(generation.token_ids)
+
+    def add_inserted(self, segment: Encoded | Sequence[int]) -> None:
+        """Template tokens between turns (``env_mask`` 0), with the images they hold."""
+        if not isinstance(segment, Encoded):
+            segment = Encoded(tuple(segment))
+        self._extend_json(segment.ids, len(self.prompt_ids) + len(self.completion_ids))
+        self.completion_ids.extend(segment.ids)
+        self.logprobs.extend([0.0] * len(segment.ids))
+        self.env_mask.extend([0] * len(segment.ids))
+        self.images.extend(segment.images)
+        self.unexpanded.extend(segment.unexpanded_ids)
+
+    def build(self) -> Trajectory:
+        return Trajectory(tuple(self.prompt_ids), tuple(self.completion_ids), tuple(self.logprobs),
+                          tuple(self.env_mask), self.realigned, tuple(self.images))
+
+    def fits(self, extra: int, limits: TurnLimits) -> bool:
+        """Whether ``extra`` more completion tokens stay within the episode budget and the model's context."""
+        if len(self.completion_ids) + extra > limits.max_episode_tokens:
+            return False
+        used = len(self.prompt_ids) + len(self.completion_ids) + extra
+        return limits.max_model_len is None or used <= limits.max_model_len
+
+    def turn_budget(self, limits: TurnLimits, max_tokens: int | None = None) -> int:
+        """Tokens the next turn may sample: ``max_tokens`` (default: the sampling setting) within what is left."""
+        remaining = limits.max_episode_tokens - len(self.completion_ids)
+        if limits.max_model_len is not None:
+            remaining = min(remaining, limits.max_model_len - len(self.prompt_ids) - len(self.completion_ids))
+        return max(1, min(max_tokens or limits.sampling.max_tokens, remaining))
+
+
+class ChatTemplate:
+    """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
+
+    def __init__(self, processing_class: Any, template_kwargs: Settings | None = None) -> None:
+        self._renderer = processing_class
+        self._tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        self._kwargs = dict(template_kwargs or {})
+        self._images = supports_images(processing_class)  # else image parts are dropped, text parts joined
+        #: The placeholder the template writes per image, counted to tell which images a piece of text holds.
+        self._image_token = getattr(processing_class, "image_token", None) if self._images else None
+        #: Ids that stand for pixels (image and video placeholders); a turn never keeps one it sampled.
+        self._placeholder_ids = frozenset(
+            getattr(processing_class, name) for name in ("image_token_id", "video_token_id")
+            if self._images and isinstance(getattr(processing_class, name, None), int))
+        #: Decoded images by source, held weakly: an episode re-renders its screenshots every turn and finds them
+        #: here while it holds them, and the cache keeps none alive (the images a rollout worker holds are bounded).
+        self._decoded: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
+        source = str(getattr(processing_class, "chat_template", None) or self._tokenizer.chat_template)
+        # cut only before the special tokens the template writes (a text holds few others; any subset is exact)
+        self._prefixes = PrefixEncoder(self._encode_whole, [t for t in cut_tokens(self._tokenizer) if t in source])
+        self._warned_dropped_images = False
+        if getattr(self._tokenizer, "chat_template", None) is None and getattr(processing_class, "chat_template", None) is None:
+            raise ValueError(
+                "The trainer's processing class has no chat template; multi-turn episodes need one. "
+                "Load a chat/instruct tokenizer or set tokenizer.chat_template."
+            )
+        if self._images and not isinstance(self._image_token, str):
+            raise ValueError(
+                f"{type(processing_class).__name__} has an image processor but no image_token, so the images a "
+                "piece of template text holds cannot be counted; use a processor that names its image placeholder "
+                "(Qwen-VL, Idefics3/SmolVLM, LLaVA processors do)."
+            )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def render(self, messages: MessagesView, tools: Tools | None = None) -> str:
+        """The conversation as the model sees it, ending with the assistant's generation prompt; ``tools`` (JSON
+        schemas, as an OpenAI request carries them) are rendered the template's way."""
+        return self._render(messages, tools)[0]
+
+    def _render(self, messages: MessagesView,
+                tools: Tools | None) -> tuple[str, list[Mapping[str, Any]]]:
+        """The rendered text and the image parts it holds, in placeholder order."""
+        converted, dropped = template_messages(messages, images=self._images)
+        if dropped and not self._warned_dropped_images:
+            self._warned_dropped_images = True
+            logger.warning("The prompt builder returns image parts but %s is a text-only processing class: images "
+                           "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
+                           type(self._renderer).__name__)
+        extra = {"tools": list(tools)} if tools else {}
+        text = self._renderer.apply_chat_template(
+            converted, tokenize=False, add_generation_prompt=True, **extra, **self._kwargs
+        )
+        return text, image_parts(converted)
+
+    def encode(self, text: str) -> list[int]:
+        """``text`` as ids, as the tokenizer encodes it whole; a conversation's earlier turns are not encoded again
+        (``PrefixEncoder``)."""
+        return self._prefixes(text)
+
+    def _encode_whole(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_with_images(self, text: str, parts: Sequence[Mapping[str, Any]]) -> Encoded:
+        """``text`` as ids with the images of ``parts`` (one per placeholder in ``text``, in order) expanded by the
+        processor."""
+        ids = self.encode(text)
+        if not self._images:
+            return Encoded(tuple(ids))
+        assert self._image_token is not None
+        placeholders = text.count(self._image_token)
+        if placeholders != len(parts):
+            raise ValueError(
+                f"the chat template wrote {placeholders} image placeholder(s) {self._image_token!r} for {len(parts)} "
+                "image part(s); a template must write one placeholder per image part, in order."
+            )
+        if not parts:
+            return Encoded(tuple(ids))
+        images = tuple(self._image(p) for p in parts)
+        expanded = self._renderer(text=[text], images=[list(images)], add_special_tokens=False)["input_ids"][0]
+        return Encoded(tuple(int(t) for t in expanded), images, tuple(ids))
+
+    def _image(self, part: Mapping[str, Any]) -> Any:
+        """The part's image, decoded once per source while something holds it (an episode re-renders its screenshots
+        every turn)."""
+        source = image_source(part)
+        if not isinstance(source, str):  # an image object already
+            return load_image(source)
+        image = self._decoded.get(source)
+        if image is None:
+            image = self._decoded[source] = load_image(source)
+        return image
+
+    def sampled_turn(self, generation: Generation) -> Generation:
+        """``generation`` cut before the first image placeholder it sampled, if any: a placeholder stands for an
+        image's pixels and the model has none to give, so the turn ends there (the bridge adds the end-of-turn
+        marker, as for a turn cut at ``max_tokens``). Cutting a sample early leaves a valid sample with exact
+        logprobs."""
+        at = next((i for i, t in enumerate(generation.token_ids) if t in self._placeholder_ids), None)
+        if at is None:
+            return generation
+        logger.info("A turn sampled an image placeholder (id %d) after %d tokens; the turn ends before it.",
+                    generation.token_ids[at], at)
+        return Generation(generation.token_ids[:at], generation.logprobs[:at], "stop")
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def prompt(self, messages: MessagesView, tools: Tools | None = None) -> Encoded:
+        """The rendered conversation as ids, with its images."""
+        return self.encode_with_images(*self._render(messages, tools))
+
+    def prompt_ids(self, messages: MessagesView,
+                   tools: Tools | None = None) -> list[int]:
+        return list(self.prompt(messages, tools).ids)
+
+    def bridge(
+        self, messages: MessagesView, held: Encoded, last_turn: Generation, stop_ids: Sequence[int],
+        tools: Tools | None = None,
+    ) -> tuple[Encoded, bool]:
+        """Tokens between the last sampled turn and the next generation prompt (with the images they hold), and
+        whether they were realigned.
+
+        ``messages`` is the whole conversation, ending with the new user (or tool) messages; the last assistant
+        message holds what ``last_turn`` sampled (its text, or the tool calls parsed from it). ``held`` is the
+        context so far (``TrajectoryBuilder.held()``).
+        """
+        text, parts = self._render(messages, tools)
+        # sampled text that reads as an image placeholder re-renders as one: then only the realignment rule applies
+        if self._image_token is None or text.count(self._image_token) == len(parts):
+            full = self.encode_with_images(text, parts)
+            n, k = len(held.ids), len(held.unexpanded_ids)
+            if full.ids[:n] == held.ids and full.unexpanded_ids[:k] == held.unexpanded_ids:
+                new_images = full.images[len(held.images):]
+                return Encoded(full.ids[n:], new_images, full.unexpanded_ids[k:] if new_images else None), False
+        assistant_at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if assistant_at is None:
+            raise ValueError("bridge() needs a conversation with an assistant message")
+        marked = [dict(m) for m in messages]
+        marked[assistant_at] = {"role": "assistant", "content": _SENTINEL}  # tool calls were sampled too: held
+        text, parts = self._render(marked, tools)
+        at = text.rfind(_SENTINEL)
+        if at < 0:
+            raise ValueError(
+                "The chat template drops the assistant's content, so the tokens between turns cannot be found; "
+                "pass chat_template_kwargs or a template that renders assistant messages."
+            )
+        tail = text[at + len(_SENTINEL):]
+        if last_turn.token_ids and last_turn.token_ids[-1] in set(stop_ids):
+            end_text = self.decode(last_turn.token_ids[-1:], skip_special_tokens=False)
+            if end_text and tail.startswith(end_text):
+                tail = tail[len(end_text):]
+        new = tail.count(self._image_token) if self._image_token else 0
+        if len(held.images) + new != len(parts):
+            raise ValueError(
+                f"the chat template renders {len(parts)} image(s) where the episode holds {len(held.images)} and "
+                f"the new messages add {new}: it rewrites earlier images, which ep_trl cannot train on token-exactly."
+            )
+        return self.encode_with_images(tail, parts[len(parts) - new:]), True

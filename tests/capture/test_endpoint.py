@@ -1,0 +1,160 @@
+"""The endpoint serves only the eval's own processor, and refuses what it cannot serve faithfully, naming why.
+
+Each case an adversarial probe found on a live endpoint (issue 21): listed rollout names, requests without the
+call's key, malformed fields, stray model names remembered forever, non-JSON and non-object bodies."""
+
+import asyncio
+import json
+
+import aiohttp
+
+from ep_trl.capture.placement import RolloutCapture, TurnReply
+from ep_trl.capture.endpoint import MAX_NAME_CHARS, MAX_UNKNOWN_MODELS, MODEL_PREFIX, CaptureEndpoint, new_token
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+class RecordingCapture(RolloutCapture):
+    """Fault-injection stand-in for a rollout's capture: records the turns that reach it, answers "ok"."""
+
+    def __init__(self) -> None:
+        super().__init__(new_token(), "test", None, None, None, None)
+        self.turns = []
+
+    async def turn(self, request):
+        self.calls += 1
+        self.turns.append(request)
+        return TurnReply({"role": "assistant", "content": "ok"}, "stop", 1, (1,))
+
+
+async def send(url, body=None, *, key=None, data=None, content_type="application/json", method="POST",
+               path="/chat/completions"):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if data is None and body is not None:
+        data = json.dumps(body)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, f"{url}{path}", data=data, headers=headers) as response:
+            payload = await response.json()
+            return response.status, payload
+
+
+def serve(scenario):
+    """Run ``scenario(endpoint, capture, key)`` against a started endpoint holding one live rollout."""
+    async def main():
+        endpoint = CaptureEndpoint()
+        capture = RecordingCapture()
+        endpoint.add(capture)
+        key = endpoint.new_call()
+        await endpoint.start()
+        try:
+            return await scenario(endpoint, capture, key)
+        finally:
+            await endpoint.aclose()
+
+    return asyncio.run(main())
+
+
+def message(payload):
+    return payload["error"]["message"]
+
+
+def test_rollouts_are_never_listed_and_the_list_needs_the_key():
+    async def scenario(endpoint, capture, key):
+        return (await send(endpoint.base_url, method="GET", path="/models", content_type=None),
+                await send(endpoint.base_url, method="GET", path="/models", content_type=None, key=key))
+
+    (anonymous, _), (status, listed) = serve(scenario)
+    assert anonymous == 401 and status == 200
+    assert all(capture_name not in json.dumps(listed) for capture_name in ("ep-trl/0", "rollout"))
+    assert [entry["id"] for entry in listed["data"]] == ["ep-trl"]
+
+
+def test_a_request_without_the_calls_key_never_reaches_the_rollout():
+    async def scenario(endpoint, capture, key):
+        name = MODEL_PREFIX + capture.token
+        body = {"model": name, "messages": [{"role": "user", "content": "INJECTED"}]}
+        results = [await send(endpoint.base_url, body),
+                   await send(endpoint.base_url, body, key="guessed"),
+                   await send(endpoint.base_url, {**body, "model": "hosted_vllm/" + name}, key=key + "x")]
+        endpoint.new_call()  # the next rollout call: the last call's key stops working
+        results.append(await send(endpoint.base_url, body, key=key))
+        return results, capture
+
+    results, capture = serve(scenario)
+    assert [status for status, _ in results] == [401] * 4
+    assert "api_key" in message(results[0][1])
+    assert capture.turns == [] and capture.unauthorized == 4  # counted, for the error that names the fix
+
+
+def test_a_malformed_field_is_answered_400_and_never_reaches_the_rollout():
+    malformed = [{"max_tokens": "abc"}, {"max_tokens": True}, {"max_tokens": 0}, {"max_completion_tokens": 2.5},
+                 {"stop": 3}, {"stop": [""]}, {"tools": "add"}, {"tools": [{"function": {}}]},
+                 {"messages": "hi"}, {"messages": [{"role": "hacker", "content": "x"}]},
+                 {"messages": [{"role": "user", "content": 5}]},
+                 {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 1}}]}]},
+                 {"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]},
+                 {"temperature": "hot"}, {"seed": "x"}, {"tool_choice": 3}]
+
+    async def scenario(endpoint, capture, key):
+        name = MODEL_PREFIX + capture.token
+        out = [await send(endpoint.base_url, {"model": name, "messages": MESSAGES, **fields}, key=key)
+               for fields in malformed]
+        out.append(await send(endpoint.base_url, {"model": name, "messages": MESSAGES, "max_tokens": 4}, key=key))
+        return out, capture
+
+    results, capture = serve(scenario)
+    assert [status for status, _ in results[:-1]] == [400] * len(malformed), [message(p) for _, p in results]
+    assert results[-1][0] == 200 and len(capture.turns) == 1 and capture.turns[0].max_tokens == 4
+
+
+def test_bodies_that_are_not_a_json_object_are_refused():
+    async def scenario(endpoint, capture, key):
+        name = MODEL_PREFIX + capture.token
+        text = json.dumps({"model": name, "messages": MESSAGES})
+        return ([await send(endpoint.base_url, data=text, key=key, content_type="text/plain")]
+                + [await send(endpoint.base_url, data=body, key=key) for body in ("[1,2,3]", "null", "{")],
+                capture)
+
+    results, capture = serve(scenario)
+    assert [status for status, _ in results] == [415, 400, 400, 400] and capture.turns == []
+    assert "application/json" in message(results[0][1]) and "list" in message(results[1][1])
+
+
+def test_unknown_model_names_are_kept_per_call_bounded_and_only_with_the_key():
+    async def scenario(endpoint, capture, key):
+        await send(endpoint.base_url, {"model": "gpt-4", "messages": MESSAGES})  # another process: no key
+        anonymous = list(endpoint.unknown_models)
+        long_name = "x" * 1_000_000
+        for k in range(MAX_UNKNOWN_MODELS + 5):
+            await send(endpoint.base_url, {"model": f"{long_name}{k}", "messages": MESSAGES}, key=key)
+        this_call = list(endpoint.unknown_models)
+        endpoint.new_call()
+        return anonymous, this_call, list(endpoint.unknown_models)
+
+    anonymous, this_call, next_call = serve(scenario)
+    assert anonymous == []  # never remembered: it cannot fail training
+    assert len(this_call) == MAX_UNKNOWN_MODELS and all(len(name) <= MAX_NAME_CHARS for name in this_call)
+    assert next_call == []  # cleared with every call
+
+
+def test_streaming_several_choices_and_constrained_decoding_are_refused():
+    async def scenario(endpoint, capture, key):
+        name = MODEL_PREFIX + capture.token
+        bodies = [{"model": "ep-trl/unknown"}, {"model": name, "stream": True}, {"model": name, "n": 2},
+                  {"model": name, "response_format": {"type": "json"}}, {"model": name, "messages": []}]
+        return [await send(endpoint.base_url, {"messages": MESSAGES, **body}, key=key) for body in bodies]
+
+    unknown_rollout, stream, several, constrained, empty = serve(scenario)
+    assert unknown_rollout[0] == 404 and "not a rollout ep_trl is capturing" in message(unknown_rollout[1])
+    assert stream == (400, {"error": {"message": "streaming is not served; ep_trl removes stream=True from the "
+                                                 "eval's completion_params", "type": "ep_trl_error", "code": 400}})
+    assert several[0] == 400 and "n=1" in message(several[1])
+    assert constrained[0] == 400 and "constrained decoding" in message(constrained[1])
+    assert empty[0] == 400 and "messages" in message(empty[1])
+
+
+def test_rollout_tokens_carry_128_random_bits():
+    tokens = {new_token() for _ in range(1000)}
+    assert len(tokens) == 1000 and all(len(t) == 32 and int(t, 16) >= 0 for t in tokens)

@@ -1,0 +1,262 @@
+"""``ep-trl train``: the issue's done-when command end to end at small sizes, TRL's flags and YAML config, every bad
+input refused before anything starts (the message naming the fix, no process left), SIGTERM keeping the run folder,
+and the training scripts going through the same code."""
+
+import http.server
+import importlib.util
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import tomllib
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ep_trl.cli import train
+
+ROOT = Path(__file__).resolve().parents[2]
+LETTERS = f"{ROOT / 'examples' / 'letters_eval.py'}::test_letters"
+ENV_SERVER = ["--env-server", "python -m ep_trl.envs.letters --port {port}", "--env-url-var", "LETTERS_ENV_URL"]
+SMALL = ["--max-steps", "2", "--per-device-train-batch-size", "8", "--num-generations", "4",
+         "--max-completion-length", "32", "--learning-rate", "3e-3"]
+
+
+def cli(args, cwd, **kwargs):
+    """``python -m ep_trl.cli train ARGS`` (what the ``ep-trl`` script runs) as a process."""
+    return subprocess.Popen([sys.executable, "-m", "ep_trl.cli", "train", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def server_pid(stderr: str) -> int:
+    """The environment server's pid (its watchdog, the leader of its process group), from the run's log."""
+    return int(re.search(r"ready at http://127\.0\.0\.1:\d+ after [0-9.]+ s \(pid (\d+)\)", stderr).group(1))
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.timeout(300)
+def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir, tmp_path):
+    """The issue's command with --model and small sizes: a progress line per step (bar, eval score, ETA), the first
+    and last steps' score, a non-zero gradient, the run folder, and the environment server stopped."""
+    proc = cli([LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--output-dir", "run"], tmp_path)
+    out, err = proc.communicate(timeout=280)
+    assert proc.returncode == 0, err[-3000:]
+    lines = re.findall(r"^step (\d)/2 \| reward [0-9.]+ .*\| eval_score ([0-9.]+) .*\| grad_norm ([0-9.e+-]+) \| "
+                       r"\[[#.]{20}\] +\d+% \| ETA \d+s$", out, flags=re.M)
+    assert [step for step, _, _ in lines] == ["1", "2"], out
+    assert any(float(norm) > 0 for _, _, norm in lines), out  # the policy got a gradient
+    assert re.search(r"^done: 2 steps, 16 episodes, reward first [0-9.]+ last [0-9.]+ \(mean eval score of steps 1 "
+                     r"and 2\)", out, flags=re.M), out
+    folder = tmp_path / "run"
+    assert f"reward curve: {Path('run') / 'reward_curve.png'}" in out
+    assert (folder / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "rewards/eval_score/mean" in m] == [1, 2]
+    assert (folder / "checkpoint" / "config.json").is_file() and (folder / "checkpoint" / "model.safetensors").is_file()
+    assert "num_generations: 4" in (folder / "config.yaml").read_text()
+    result = json.loads((folder / "result.json").read_text())
+    assert result["ended"] == "finished" and result["steps"] == 2 and 0 <= result["train_first"] <= 1
+    assert result["run"]["command"].startswith("ep-trl train ") and result["run"]["commit"] is None  # no checkout
+    assert result["versions"]["trl"] and result["run"]["wall_s"] > 0 and result["run"]["machine"]["cpus"]
+    assert gone(server_pid(err))
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_run_keeps_its_folder_and_the_server(tiny_model_dir, tmp_path):
+    proc = cli([LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--max-steps", "200",
+                "--output-dir", "run"], tmp_path)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 2/200"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + proc.stdout.read()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 143, err[-3000:]
+    assert "terminated: environment server stopped" in out, out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["ended"] == "terminated (SIGTERM)" and result["steps"] >= 2 and result["checkpoint"] is None
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 2
+    assert gone(server_pid(err))
+
+
+def test_help_lists_grpo_config_and_ep_trl_groups():
+    text = train.make_parser().format_help()
+    for flag in ("--num_generations", "--beta", "--loss_type", "--max_completion_length", "--report_to", "--config",
+                 "--held_out", "--env_server", "--vllm_server_url", "--async", "--screenshots", "--lora_r",
+                 "--env_steps", "--worker_processes", "--vllm_max_in_flight"):
+        assert flag in text, flag
+    for group in ("ep_trl: the run:", "ep_trl: generation", "ep_trl: the eval's settings (EvalOverrides",
+                  "ep_trl: the bridge (RolloutOptions", "ep_trl: the vLLM server client (VLLMOptions",
+                  "TRL: GRPOConfig"):
+        assert group in text, group
+
+
+def test_docs_list_every_ep_trl_flag():
+    import dataclasses
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    for group in train.OPTION_GROUPS:
+        for f in dataclasses.fields(group):
+            assert f"`--{f.name.replace('_', '-')}" in text, f.name
+
+
+def test_a_yaml_config_sets_grpo_fields_and_flags_win(tiny_model_dir, tmp_path):
+    config = tmp_path / "grpo.yaml"
+    config.write_text(f"env_path: {LETTERS}\nmodel: {tiny_model_dir}\nlearning_rate: 0.01\nnum_generations: 2\n"
+                      "beta: 0.1\nlora_r: 4\nenv_steps: 1\nenv:\n  EP_TRL_TEST_FROM_YAML: '1'\n")
+    parser = train.make_parser()
+    (namespace,) = parser.parse_args_and_config(["--config", str(config), "--num_generations", "4"])
+    job = train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), [])
+    grpo = job.mode.config(**job.config_values)
+    assert (grpo.learning_rate, grpo.num_generations, grpo.beta) == (0.01, 4, 0.1)
+    assert job.run.lora_r == 4 and job.overrides.max_steps == 1 and job.env_path == LETTERS
+    assert (grpo.logging_steps, grpo.save_strategy, grpo.use_vllm) == (1, "no", False)  # the command's defaults
+    import os
+
+    assert os.environ.pop("EP_TRL_TEST_FROM_YAML") == "1"
+
+
+class OtherModelServer(http.server.BaseHTTPRequestHandler):
+    """Fault injector: a 'vLLM server' that serves another model (answers /health and /v1/models only)."""
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "some-org/another-model", "max_model_len": 2048}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        return None
+
+
+@pytest.fixture
+def other_model_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OtherModelServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def not_a_model(tmp_path):
+    (tmp_path / "weights").mkdir()
+    return str(tmp_path / "weights")
+
+
+def silent_port():
+    from ep_trl.runtime.processes import free_port
+
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(lambda d, t, u: ["--model", d], r"ENV_PATH is required: the eval to train on, e\.g\.",
+                 id="no-env-path"),
+    pytest.param(lambda d, t, u: [f"{ROOT / 'examples' / 'letters_eval.py'}::test_nope", "--model", d],
+                 r"has no attribute 'test_nope'.*Eval tests in that module: test_letters", id="env-path-no-such-test"),
+    pytest.param(lambda d, t, u: [f"{ROOT / 'tests' / 'evals' / 'eval_noop.py'}", "--model", d],
+                 r"NoOpRolloutProcessor.*calls no model, so there is nothing to train\. Give the eval the processor",
+                 id="processor-cannot-train"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--async", "--vllm-mode", "colocate",
+                                  "--vllm-server-url", "http://127.0.0.1:9"],
+                 r"--async generates on a vLLM server .* drop --vllm-mode colocate", id="async-with-colocate"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", not_a_model(t)],
+                 r"not a model directory \(no config\.json in it\)\. Point --model at the folder save_pretrained",
+                 id="model-not-a-model"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--vllm-server-url", silent_port(),
+                                  "--vllm-connect-timeout-s", "2"],
+                 r"No vLLM server answered at .*/v1/models.*Is it running", id="vllm-url-silent"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--vllm-server-url", u],
+                 r"serves 'some-org/another-model', not --model .*: start the server on --model",
+                 id="vllm-serves-another-model"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--use-vllm"],
+                 r"--use_vllm: ep-trl sets these from its generation flags\. Drop them and use --vllm-server-url",
+                 id="trl-mode-flag"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--env-server", "python -m ep_trl.envs.letters"],
+                 r"has no \{port\}: write where the server's port goes", id="env-server-without-port"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "1"],
+                 r"--held-out: .*plays an OpenEnv environment loop.*Drop --held-out", id="held-out-openenv"),
+])
+def test_bad_input_is_refused_before_anything_starts(args, message, tiny_model_dir, tmp_path, other_model_server,
+                                                     capsys):
+    """Each bad input: exit status 2 and a message naming the fix; the environment server is never started and no
+    process is left (the process's children are the same before and after)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    argv = args(str(tiny_model_dir), tmp_path, other_model_server)
+    if "--env-server" not in argv:
+        argv += ENV_SERVER
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv + ["--output-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err, flags=re.S), err
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_console_script_resolves_to_the_cli(capsys):
+    script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["ep-trl"]
+    module, _, name = script.partition(":")
+    entry = getattr(importlib.import_module(module), name)
+    assert entry(["--help"]) == 0 and "ep-trl {train,serve}" in capsys.readouterr().out
+    assert entry(["fly"]) == 2
+
+
+def test_the_old_serve_module_warns_and_runs_the_new_one():
+    sys.modules.pop("ep_trl.serve", None)
+    with pytest.warns(DeprecationWarning, match=r"ep_trl\.serve moved to ep_trl\.cli\.serve"):
+        old = importlib.import_module("ep_trl.serve")
+    from ep_trl.cli import serve
+
+    assert old.main is serve.main
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """The jobs that ``ep_trl.cli.train.run`` was given (run itself replaced: nothing trains)."""
+    jobs = []
+    monkeypatch.setattr(train, "run", lambda job: jobs.append(job) or 0)
+    return jobs
+
+
+def test_train_letters_script_is_a_preset_of_the_command(planned):
+    assert script("train_letters_trl").main(["--max-steps", "3", "--seed", "1"]) == 0
+    (job,) = planned
+    values = job.config_values
+    assert job.env_path == LETTERS and job.model is None and job.preset.start_model is not None
+    assert (values["max_steps"], values["per_device_train_batch_size"], values["num_generations"]) == (3, 16, 8)
+    assert (values["learning_rate"], values["seed"], values["output_dir"]) == (3e-3, 1, "outputs/letters")
+    assert "ep_trl.envs.letters" in job.run.env_server and job.run.env_url_var == "LETTERS_ENV_URL"
+    assert job.command[1].endswith("train_letters_trl.py") and job.command[2:] == ["--max-steps", "3", "--seed", "1"]
+
+
+def test_train_browsergym_script_is_a_preset_of_the_command(planned, monkeypatch):
+    monkeypatch.delenv("BROWSERGYM_ENV_URL", raising=False)
+    assert script("train_browsergym_trl").main(["--lora-r", "4", "--tasks", "click-test", "--env-steps", "2"]) == 0
+    (job,) = planned
+    assert job.env_path.endswith("eval_miniwob.py::test_miniwob") and job.run.lora_r == 4
+    assert list(job.overrides.tasks) == ["click-test"] and job.overrides.max_steps == 2
+    assert job.max_concurrent_rollouts == 2 and job.preset.env_server_env == {"BROWSERGYM_MAX_SESSIONS": "2"}
+    assert (job.config_values["optim"], job.config_values["learning_rate"]) == ("sgd", 0.05)
+    assert "ep_trl.envs.browsergym" in job.run.env_server and job.run.env_url_var == "BROWSERGYM_ENV_URL"

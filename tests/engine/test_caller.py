@@ -1,0 +1,64 @@
+"""Who calls a rollout: the trainer's configuration read once, and the caller without a trainer in reach."""
+
+import math
+from fractions import Fraction
+
+import numpy
+import pytest
+from transformers import AutoTokenizer
+from trl import GRPOConfig
+
+from ep_trl.engine.caller import DetachedCaller, SyncedServer, TrainingConfig
+from ep_trl.errors import ConfigError
+
+
+def test_the_configuration_is_read_from_the_grpo_config(tiny_model_dir, tmp_path):
+    """TRL's loss assumes samples at the config's temperature, top-p and top-k: those are what rollouts sample with."""
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=0.7, top_p=0.9, top_k=5, num_generations=4,
+                      max_completion_length=96, per_device_train_batch_size=4, use_vllm=True, vllm_mode="colocate",
+                      report_to=[])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = TrainingConfig.of(args, tok)
+    assert (config.sampling.temperature, config.sampling.top_p, config.sampling.top_k) == (0.7, 0.9, 5)
+    assert (config.num_generations, config.max_completion_length, config.vllm_mode) == (4, 96, "colocate")
+    assert config.tokenizer is tok
+    assert TrainingConfig.of(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]), tok).vllm_mode is None
+
+
+def test_a_detached_caller_generates_on_its_server_and_hands_metrics_to_its_sink(tiny_model_dir, tmp_path):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = TrainingConfig.of(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]), tok)
+    got: dict[str, float] = {}
+    caller = DetachedCaller(config, 7, SyncedServer("http://127.0.0.1:8011"), got.update)
+    assert caller.step == 7 and caller.synced_server() == SyncedServer("http://127.0.0.1:8011")
+    assert caller.colocated_trainer() is None and caller.model_provider() is None
+    assert caller.takes_rollout_images is False
+    caller.record_metrics({"ep_trl/x": 1.0})
+    assert got == {"ep_trl/x": 1.0}
+
+
+@pytest.mark.parametrize("temperature", [0.0, -0.5])
+def test_a_non_positive_temperature_is_refused_not_sampled_at_1(tiny_model_dir, tmp_path, temperature):
+    """Issue 33: temperature=0 was read as 1.0, so a config that asked for greedy samples trained on T=1 ones."""
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=temperature, report_to=[])
+    with pytest.raises(ConfigError, match=rf"GRPOConfig\(temperature={temperature}\).*must be a finite number > 0"):
+        TrainingConfig.of(args, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def config_with_temperature(tmp_path, temperature) -> GRPOConfig:
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    args.temperature = temperature  # set as a sweep would, after GRPOConfig's own checks
+    return args
+
+
+@pytest.mark.parametrize("temperature", [numpy.float32(0.7), numpy.float64(0.7), Fraction(7, 10), 2], ids=repr)
+def test_a_temperature_of_any_real_number_type_is_read_as_a_float(tmp_path, temperature):
+    """Issue 40: numpy.float32(0.7) (a config filled from a numpy sweep) was refused as not a number."""
+    sampled_at = TrainingConfig.of(config_with_temperature(tmp_path, temperature), None).sampling.temperature
+    assert type(sampled_at) is float and sampled_at == pytest.approx(float(temperature))
+
+
+@pytest.mark.parametrize("temperature", ["0.7", True, numpy.bool_(True), math.nan, math.inf, 0.7j], ids=repr)
+def test_a_temperature_that_is_no_finite_real_number_is_refused_with_what_to_set(tmp_path, temperature):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\(temperature=.*\).*must be a finite number > 0 \(TRL's default"):
+        TrainingConfig.of(config_with_temperature(tmp_path, temperature), None)

@@ -1,0 +1,87 @@
+"""How overrides, the eval and the GRPOConfig combine (pure functions, no server or model needed)."""
+
+from dataclasses import replace
+
+import pytest
+
+from ep_trl import ConfigError, EvalOverrides, UnsupportedEvalError
+from ep_trl.envs.letters import LettersEnv
+from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
+from ep_trl.engine.settings import apply_overrides, notes, plan_episode
+from tests.evals import letters_parts as parts
+
+URL = "http://127.0.0.1:8001"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return read_eval_spec(resolve_eval_test("tests.evals.eval_letters"))
+
+
+def test_overrides_win_and_the_rest_is_the_evals(spec):
+    merged = apply_overrides(spec, EvalOverrides(max_tokens=40, stop=["\n"], tasks=["digits"], max_steps=5))
+    assert merged.completion_params["max_tokens"] == 40 and merged.completion_params["stop"] == ["\n"]
+    assert merged.completion_params["model"] == parts.COMPLETION_PARAMS[0]["model"]
+    assert merged.env.tasks == ("digits",) and merged.env.task_var == parts.TASK_VAR
+    assert merged.max_steps == 5 and merged.max_concurrent_rollouts == parts.MAX_CONCURRENT_ROLLOUTS
+    assert merged.prompt_builder is parts.prompt_builder
+    assert apply_overrides(spec, EvalOverrides()) == replace(spec, env=replace(spec.env, request_timeout_s=60.0))
+
+
+def test_environment_calls_are_never_bounded_tighter_than_a_stock_clients_own_wait(spec):
+    """eval-protocol's default request_timeout_s (15 s) is not a bound the eval's own run applies: a stock
+    client waits its own 60 s per reply; only an explicit override bounds tighter."""
+    assert spec.env.request_timeout_s == 15.0
+    assert apply_overrides(spec, EvalOverrides()).env.request_timeout_s == 60.0
+    slow = replace(spec, env=replace(spec.env, request_timeout_s=180.0))
+    assert apply_overrides(slow, EvalOverrides()).env.request_timeout_s == 180.0
+    assert apply_overrides(spec, EvalOverrides(request_timeout_s=5.0)).env.request_timeout_s == 5.0
+
+
+@pytest.mark.parametrize("source", [{"docker_image": "letters:latest"}, {"hub_repo_id": "someone/letters"}])
+def test_overrides_are_applied_before_the_check(spec, source):
+    """An eval that starts its environment from Docker or the hub uses env_base_url when given (before, it was
+    refused with a message that said to pass env_base_url); without it, ep_trl has to start a server."""
+    remote = replace(spec, env=replace(spec.env, factory=None, client_cls=LettersEnv, **source))
+    merged = apply_overrides(remote, EvalOverrides(env_base_url=URL))
+    assert merged.env.base_url == URL and merged.env.client_cls is LettersEnv and not merged.env.needs_launch()
+    assert apply_overrides(remote, EvalOverrides()).env.needs_launch()
+
+
+def test_an_explicit_url_replaces_the_evals_factory(spec):
+    merged = apply_overrides(spec, EvalOverrides(env_client_cls=LettersEnv, env_base_url=URL))
+    assert merged.env.factory is None and merged.env.base_url == URL
+
+
+def test_body_kwargs_are_checked_against_the_body(spec):
+    with pytest.raises(ConfigError, match=r"evaluation_test_kwargs \['bonsu'\] are not parameters of the eval body "
+                                          r"\(it takes \['row', 'bonus'\]\)"):
+        apply_overrides(spec, EvalOverrides(evaluation_test_kwargs={"bonsu": 1.0}))
+    with pytest.raises(UnsupportedEvalError, match="may not contain 'row'"):
+        apply_overrides(spec, EvalOverrides(evaluation_test_kwargs={"row": 1}))
+
+
+def test_env_vars_of_a_server_given_by_url_are_named_once(spec):
+    remote = replace(spec, env=replace(spec.env, factory=None, client_cls=LettersEnv, base_url=URL,
+                                       env_vars={"LETTERS_SEED": "3"}))
+    assert any("['LETTERS_SEED']" in n and "server's responsibility" in n for n in notes(remote))
+    assert not any("server's responsibility" in n for n in notes(spec))
+
+
+def test_tasks_rotate_per_prompt_group_across_calls_and_processes():
+    def plan(first_group, tasks):
+        return [plan_episode(p, i, first_group + i // 2, i % 2, tasks, None) for i, p in enumerate(["a", "a", "b", "b"])]
+
+    first_call = plan(0, ("x", "y", "z"))
+    assert [(s.index, s.group, s.generation, s.task) for s in first_call] == [
+        (0, 0, 0, "x"), (1, 0, 1, "x"), (2, 1, 0, "y"), (3, 1, 1, "y")]
+    later = plan(5, ("x", "y", "z"))  # e.g. process 1 of 2 on its third call
+    assert [s.task for s in later] == ["z", "z", "x", "x"]
+    assert [s.task for s in plan(0, ())] == [None] * 4
+
+
+def test_the_evals_system_prompt_goes_first_unless_the_prompt_has_one():
+    own = [{"role": "system", "content": "own"}, {"role": "user", "content": "hi"}]
+    specs = [plan_episode(p, i, i, 0, (), "Be brief.") for i, p in enumerate(["hi", own])]
+    assert specs[0].initial_messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"})
+    assert specs[1].initial_messages[0] == {"role": "system", "content": "own"}

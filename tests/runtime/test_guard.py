@@ -1,0 +1,100 @@
+"""ep_trl/runtime/guard.py, the watchdog every process ep_trl starts runs under: the command ends with its parent however
+the parent ends, signals reach it, its status is the guard's, its last stderr lines are kept."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ep_trl.runtime.guard import EXIT_MARK, KEPT_LINES
+from ep_trl.runtime.processes import GUARD
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def guarded(*command: str, log: Path | None = None, **popen) -> subprocess.Popen:
+    extra = ["--stderr-log", str(log)] if log else []
+    return subprocess.Popen([sys.executable, str(GUARD), "--parent", str(os.getpid()), *extra, "--", *command],
+                            **popen)
+
+
+def command_pid(guard: subprocess.Popen) -> int:
+    deadline = time.monotonic() + 10
+    while not psutil.Process(guard.pid).children():
+        assert time.monotonic() < deadline, "the guard started no command"
+        time.sleep(0.02)
+    return psutil.Process(guard.pid).children()[0].pid
+
+
+def test_the_command_ends_when_its_parent_is_killed(tmp_path):
+    """A parent killed with SIGKILL runs no cleanup: the guard notices it is gone and ends the command."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys, time\n"
+        f"g = subprocess.Popen([sys.executable, {str(GUARD)!r}, '--parent', str(os.getpid()), '--', 'sleep', '300'])\n"
+        "print(g.pid, flush=True)\n"
+        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        guard_pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while not psutil.Process(guard_pid).children():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        [sleeper] = psutil.Process(guard_pid).children()
+        parent.kill()
+        parent.wait()
+        assert wait_gone(sleeper.pid, 3.0) and wait_gone(guard_pid, 3.0)
+    finally:
+        parent.kill()
+
+
+def test_signals_reach_the_command_and_its_status_is_the_guards():
+    guard = guarded(sys.executable, "-c", "import sys, time; time.sleep(300)")
+    pid = command_pid(guard)
+    guard.send_signal(signal.SIGTERM)
+    assert guard.wait(10) == 128 + signal.SIGTERM and not alive(pid)
+    assert guarded(sys.executable, "-c", "raise SystemExit(7)").wait(10) == 7
+
+
+def test_the_last_stderr_lines_and_the_status_are_kept(tmp_path):
+    log = tmp_path / "server.stderr"
+    script = "import sys\nfor k in range(100):\n    print(f'line {k}', file=sys.stderr)\nraise SystemExit(3)"
+    guard = guarded(sys.executable, "-c", script, log=log, stderr=subprocess.PIPE)
+    _, passed_on = guard.communicate(timeout=10)
+    assert guard.returncode == 3
+    lines = log.read_text().splitlines()
+    assert lines[-1] == f"{EXIT_MARK} 3" and len(lines) == KEPT_LINES + 1
+    assert lines[-2] == "line 99" and lines[0] == f"line {100 - KEPT_LINES}"
+    assert passed_on.decode().count("line ") == 100  # the console still sees every line
+
+
+def test_stdin_and_stdout_belong_to_the_command():
+    """A stdio MCP client talks to the command through the guard's stdin/stdout and sees EOF when the command ends."""
+    guard = guarded(sys.executable, "-c", "import sys; print(sys.stdin.readline().upper(), end='')",
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    out, _ = guard.communicate("ping\n", timeout=10)
+    assert out == "PING\n" and guard.returncode == 0
+
+
+@pytest.mark.parametrize("argv", [["--parent", "1"], ["--parent", "1", "--"]])
+def test_a_guard_without_a_command_is_refused(argv):
+    result = subprocess.run([sys.executable, str(GUARD), *argv], capture_output=True, text=True, timeout=10)
+    assert result.returncode == 2 and "no command" in result.stderr

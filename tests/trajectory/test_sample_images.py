@@ -1,0 +1,36 @@
+"""What the processor makes of a sample's images (``ep_trl.trajectory.sample_images.process_images``: the image token count and
+the pixels, from one run), the placeholder check on it, and processed images travelling with their ids."""
+
+import pickle
+
+import numpy as np
+import torch
+from transformers import AutoProcessor
+
+from ep_trl.trajectory.sample_images import ids_with_images, placeholder_mismatch, process_images
+from tests.support.images import shaped_images
+
+IMAGES = shaped_images()
+
+
+def test_the_image_token_count_is_the_processors_expansion(tiny_vlm_dir):
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    processed = process_images(processor, IMAGES[:2])
+    expanded = processor(text=[processor.image_token * 2], images=[IMAGES[:2]], add_special_tokens=False)["input_ids"]
+    assert processed.image_tokens == expanded[0].count(processor.image_token_id) == 32  # 16 per image, tiny VLM
+    held = [processor.image_token_id] * 32 + [5]
+    assert placeholder_mismatch(processor, held, processed) is None
+    assert "hold 16 image tokens" in placeholder_mismatch(processor, held[16:], processed)
+    assert "hold 32 image tokens and the processor expands the episode's images into 0" in placeholder_mismatch(
+        processor, held, None)
+
+
+def test_processed_images_travel_with_the_ids(tiny_vlm_dir):
+    """Views, copies and pickles (a multiprocessing queue) of the ids carry the images and what was made of them."""
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    processed = process_images(processor, IMAGES[:1])
+    ids = ids_with_images([1, 2, 3], IMAGES[:1], processed)
+    for carried in (ids[1:], ids.copy(), pickle.loads(pickle.dumps(ids))):
+        assert len(carried.images) == 1 and carried.processed.image_tokens == processed.image_tokens == 16
+        assert torch.equal(carried.processed.pixels["pixel_values"], processed.pixels["pixel_values"])
+    assert type(ids_with_images([1, 2], ())) is np.ndarray  # no images: plain ids
