@@ -68,6 +68,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -282,12 +283,6 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
             "staleness_mean": [h.get("sample/staleness_mean") for h in steps]}
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per repeat, the asynchronous arm against the synchronous one (the ratios in the module's docstring), and the
     medians over the repeats of those ratios and of each arm's numeric fields."""
@@ -310,9 +305,9 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
         rows = [row for row in results if row["arm"] == arm]
         fields = [k for k, v in rows[0].items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat"]
-        arms[arm] = {k: median([row[k] for row in rows if row.get(k) is not None]) for k in fields
+        arms[arm] = {k: statistics.median([row[k] for row in rows if row.get(k) is not None]) for k in fields
                      if any(row.get(k) is not None for row in rows)}
-    ratios = {k: median([p[k] for p in per_repeat]) for k in per_repeat[0] if k != "repeat"} if per_repeat else {}
+    ratios = {k: statistics.median([p[k] for p in per_repeat]) for k in per_repeat[0] if k != "repeat"} if per_repeat else {}
     return {"repeats": len(repeats), "per_repeat": per_repeat, "median": ratios, "arms": arms}
 
 
