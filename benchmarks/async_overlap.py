@@ -307,7 +307,8 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat"]
         arms[arm] = {k: statistics.median([row[k] for row in rows if row.get(k) is not None]) for k in fields
                      if any(row.get(k) is not None for row in rows)}
-    ratios = {k: statistics.median([p[k] for p in per_repeat]) for k in per_repeat[0] if k != "repeat"} if per_repeat else {}
+    ratios = ({k: statistics.median([p[k] for p in per_repeat]) for k in per_repeat[0] if k != "repeat"}
+              if per_repeat else {})
     return {"repeats": len(repeats), "per_repeat": per_repeat, "median": ratios, "arms": arms}
 
 
@@ -354,7 +355,8 @@ def main() -> None:
                 extra = (f" | slots busy {row['slot_occupancy']:.0%} | {row['samples_produced_per_s']:.2f} samples/s "
                          f"produced | episodes p50 {row['episode_p50_s']:.2f} s p99 {row['episode_p99_s']:.2f} s"
                          if "slot_occupancy" in row else "")
-                print(f"repeat {repeat} {row['arm']:>8}: wall {row['wall_s']:6.1f} s | rollout {row['rollout_s']:6.1f} s | "
+                print(f"repeat {repeat} {row['arm']:>8}: wall {row['wall_s']:6.1f} s | rollout "
+                      f"{row['rollout_s']:6.1f} s | "
                       f"train {row['train_s']:6.1f} s | wall / max {row['wall_over_max']:.2f} | wall / sum "
                       f"{row['wall_over_sum']:.2f} | episode per slot {row['episode_slot_s']:.2f} s{extra}", flush=True)
     summary = compare(results)

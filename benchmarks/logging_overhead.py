@@ -130,9 +130,9 @@ def main(argv=None) -> int:
         "writer_ms_per_row": write_s / max(1, written) * 1e3, "token_views_ms_per_call": view_s / calls * 1e3,
         "final_flush_ms": flush_s * 1e3}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"run": run_record.finish(record),
-                                    "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                    "summary": summary, "runs": runs}, indent=1) + "\n")
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    args.out.write_text(json.dumps({"run": run_record.finish(record), "settings": settings, "summary": summary,
+                                    "runs": runs}, indent=1) + "\n")
     print(f"result: {args.out}")
     return 0
 
