@@ -38,7 +38,7 @@ from ..errors import ConfigError
 from ..evalprotocol import EvalSpec
 from ..generation import Generation, Generator, PromptImages, SamplingParams
 from ..traininglog.rows import RowContext
-from .scoring import Scored, score_rows
+from .scoring import FAILED_EPISODE, Scored, score_rows
 from ..sources import EpisodePlayer, EpisodeRequest
 from ..trajectory.types import Prompt, Row
 
@@ -335,31 +335,33 @@ class _Play:
 
     def _score(self, group: _GroupInPlay, members: list[int]) -> None:
         """Start the body on the finished episodes of ``members``; the failed ones are unscored at once."""
-        eligible = [k for k in members if group.played[k].episode.status == "finished"]
-        for k in members:
-            if k not in eligible:
-                group.scored[k] = Scored(None, group.played[k].row, "episode failed; not scored")
-        if not eligible:
-            return
-        rows = [group.played[k].row for k in eligible]
-        task = asyncio.ensure_future(score_rows(self._spec, rows, [True] * len(rows), [list(range(len(rows)))],
-                                                self._body_timeout_s))
-        self._scoring[task] = (group, eligible)
+        eligible = [k for _, k in self._finished([(group, k) for k in members])]
+        if eligible:
+            task = asyncio.ensure_future(score_rows(self._spec, [group.played[k].row for k in eligible],
+                                                    self._body_timeout_s))
+            self._scoring[task] = (group, eligible)
 
     async def score_held(self) -> list[_GroupInPlay]:
         """Score the finished episodes of every held group in one body call (an ``all`` eval over a whole rollout
         call); the groups, no longer held."""
         groups, self.held = self.held, []
-        everyone = [(g, k) for g in groups for k in range(g.size)]
-        eligible = [(g, k) for g, k in everyone if g.played[k].episode.status == "finished"]
-        for g, k in everyone:
-            g.scored[k] = Scored(None, g.played[k].row, "episode failed; not scored")
+        eligible = self._finished([(g, k) for g in groups for k in range(g.size)])
         if eligible:
-            verdicts = await score_rows(self._spec, [g.played[k].row for g, k in eligible], [True] * len(eligible),
-                                        [list(range(len(eligible)))], self._body_timeout_s)
+            verdicts = await score_rows(self._spec, [g.played[k].row for g, k in eligible], self._body_timeout_s)
             for (g, k), verdict in zip(eligible, verdicts):
                 g.scored[k] = verdict
         return groups
+
+    @staticmethod
+    def _finished(members: list[tuple[_GroupInPlay, int]]) -> list[tuple[_GroupInPlay, int]]:
+        """The members whose episode finished; each failed one gets its verdict now (the body never sees it)."""
+        finished = []
+        for group, k in members:
+            if group.played[k].episode.status == "finished":
+                finished.append((group, k))
+            else:
+                group.scored[k] = Scored(None, group.played[k].row, FAILED_EPISODE)
+        return finished
 
     async def cancel(self) -> None:
         """Cancel the episodes and body calls still in flight (the stream ended early, or raised) and wait for them."""
