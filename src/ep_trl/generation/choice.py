@@ -83,6 +83,5 @@ def _trainer(provider: Callable[[], Any] | None, processing_class: Any) -> Gener
                           "none in reach; generate on a vLLM server (vllm_base_url=...).")
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    processor = processing_class if supports_images(processing_class) else None
     return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,
-                            processor=processor)
+                            processing_class=processing_class if supports_images(processing_class) else None)
