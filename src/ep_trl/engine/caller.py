@@ -53,7 +53,7 @@ class TrainingConfig:
 
     @property
     def tokenizer(self) -> Any:
-        """The text tokenizer (a multimodal processor's ``.tokenizer``, else the processing class itself)."""
+        """The text tokenizer (a multimodal processing class's ``.tokenizer``, else the processing class itself)."""
         return getattr(self.processing_class, "tokenizer", self.processing_class)
 
 
