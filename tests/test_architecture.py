@@ -105,3 +105,47 @@ def test_the_table_check_sees_a_new_module_and_a_gone_one(tmp_path):
 def test_src_ep_trl_has_at_most_18_entries_besides_its_init():
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__init__.py", "__pycache__"))
     assert len(entries) <= 18, entries
+
+
+#: What code outside ``generation/`` may import of it: the protocol (the package), backend choice, server probing and
+#: the versioned view of a backend. The backends themselves (``trainer``, ``vllm``, ``colocate``, and ``batching``,
+#: which only they use) are reached through ``generation.choice``.
+GENERATION_ENTRIES = frozenset({"ep_trl.generation", "ep_trl.generation.choice", "ep_trl.generation.probe",
+                                "ep_trl.generation.versioned"})
+#: Modules outside ``generation/`` that import a backend module, with the reason (none today: the trainers that drive
+#: TRL's engine take nothing of ep_trl's backends, and ``devtools``, ``envs`` and ``cli`` build theirs through
+#: ``generation.choice`` like everything else).
+BACKEND_IMPORT_EXCEPTIONS: dict[str, str] = {}
+
+
+def backend_importers(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module outside ``generation/`` (``devtools`` and ``envs`` included) that imports a module of
+    ``generation/`` other than ``GENERATION_ENTRIES``, with the ones it imports."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = import_layers.imports(found)
+    inside = f"{package.name}.generation"
+    return {name: backends for name, targets in graph.items() if not (name == inside or name.startswith(inside + "."))
+            if (backends := {t for t in targets if t.startswith(inside + ".") and t not in GENERATION_ENTRIES})}
+
+
+def test_no_module_outside_generation_imports_a_backend_module():
+    """Issue 41: ``adapters/rollout_func.py``, ``adapters/async_worker.py``, ``cli/train.py`` and the disk-sync trainer
+    imported ``generation.vllm`` to probe a server, and ``cli/serve.py`` built ``generation.trainer``'s backend itself,
+    while docs/architecture.md calls ``generation/choice.py`` "the only code that names backends"."""
+    importers = backend_importers()
+    assert {name: sorted(b) for name, b in importers.items() if name not in BACKEND_IMPORT_EXCEPTIONS} == {}
+
+
+def test_the_backend_import_check_sees_a_backend_imported_from_outside(tmp_path):
+    package = tmp_path / "ep_trl"
+    (package / "generation").mkdir(parents=True)
+    (package / "devtools").mkdir()
+    for name in ("__init__.py", "generation/__init__.py", "generation/vllm.py", "generation/probe.py"):
+        (package / name).write_text("")
+    (package / "generation" / "choice.py").write_text("def f():\n    from .vllm import X\n")
+    (package / "devtools" / "tool.py").write_text("from ..generation.probe import probe_server\n"
+                                                  "def g():\n    from ep_trl.generation import vllm\n")
+    assert backend_importers(package) == {"ep_trl.devtools.tool": {"ep_trl.generation.vllm"}}

@@ -98,27 +98,6 @@ def test_transient_failures_are_retried_with_backoff():
     assert gaps[2] > gaps[0]  # backoff doubles between attempts
 
 
-@pytest.mark.timeout(30)
-def test_the_list_of_served_models_is_retried_on_a_transient_error_and_bounded(monkeypatch):
-    """EvalRolloutWorker.update_model_version asks GET /v1/models inside TRL's weight sync: a server briefly busy
-    (a 503, a dropped connection, no answer within the timeout) must not end training; one gone for good still
-    does, within the retries' bound, and a 404 is not retried."""
-    from ep_trl.generation import vllm as vllm_module
-
-    monkeypatch.setattr(vllm_module.RetryPolicy, "delay", lambda self, attempt: 0.05)
-    with FaultyVLLMServer(models_plan=[("status", 503), "drop", "hang"], adapters=["trl-policy-v1"]) as server:
-        started = time.monotonic()
-        assert vllm_module.served_models(server.url, timeout_s=1.0) == ["faulty-model", "trl-policy-v1"]
-        assert server.models_requests == 4 and time.monotonic() - started < 5
-    with FaultyVLLMServer(models_plan=[("status", 503)] * 4) as server:
-        with pytest.raises(GenerationError, match=r"/v1/models failed 4 times .*HTTP 503"):
-            vllm_module.served_models(server.url, timeout_s=1.0)
-    with FaultyVLLMServer(models_plan=[("status", 404)]) as server:
-        with pytest.raises(GenerationError, match="gave no list of models"):
-            vllm_module.served_models(server.url, timeout_s=1.0)
-        assert server.models_requests == 1
-
-
 def test_client_errors_fail_at_once_with_the_servers_message():
     message = "This model's maximum context length is 512 tokens. However, your prompt contains 600 input tokens"
     with FaultyVLLMServer(default=("status", 400, message)) as server:

@@ -65,7 +65,7 @@ from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
 from ..trajectory.content import supports_images
 from ..dataset import dataset_from_eval
 from ..errors import ConfigError, RolloutWorkerError
-from ..generation.vllm import lora_enabled, probe_server, served_models
+from ..generation.probe import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
 from .rollout_func import RolloutFunction, create_rollout_func
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter

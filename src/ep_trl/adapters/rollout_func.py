@@ -26,7 +26,7 @@ from ..openenv.servers import LaunchedServers
 from ..sources.episode import Episode
 from ..errors import ConfigError
 from ..evalprotocol import EvalSpec, EvalTest
-from ..generation.vllm import probe_server
+from ..generation.probe import probe_server
 from ..engine.metrics import SignalWatch, budget_warning, call_metrics, summary_line
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
 from .output import trl_output

@@ -181,14 +181,15 @@ class TrainingMode:
 
             # fixed-size packing: no server max_model_len query on CPU; rows with images are planned by sample count
             fixed: dict[str, Any] = {"token_budget": 0} if self.images or not self.on_gpu else {}
-            return AsyncGRPOConfig(**values, vllm_server_base_url=self.server_url, **fixed)
+            return AsyncGRPOConfig(**{**values, "vllm_server_base_url": self.server_url, **fixed})
         from trl import GRPOConfig
 
         if self.colocate:
-            return GRPOConfig(**values, use_vllm=True, vllm_mode=COLOCATE,
-                              vllm_gpu_memory_utilization=self.gpu_memory_utilization)
-        server: dict[str, Any] = {"vllm_server_base_url": self.vllm_base_url} if self.synced_server else {}
-        return GRPOConfig(**values, use_vllm=self.synced_server, vllm_mode=SERVER, **server)
+            return GRPOConfig(**{**values, "use_vllm": True, "vllm_mode": COLOCATE,
+                                 "vllm_gpu_memory_utilization": self.gpu_memory_utilization})
+        # the values a YAML config or TrlParser give may hold these fields too: the mode's own win
+        return GRPOConfig(**{**values, "use_vllm": self.synced_server, "vllm_mode": SERVER,
+                             "vllm_server_base_url": self.vllm_base_url if self.synced_server else None})
 
     def trainer_class(self, images: bool = False) -> type[Any]:
         """The trainer class this mode trains with; ``images``: the rollouts carry screenshots the loss must see.

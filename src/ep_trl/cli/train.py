@@ -433,7 +433,7 @@ def _check_server(parser: Any, url: str, model: str | None, vllm: VLLMOptions) -
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
     from ..errors import GenerationError
-    from ..generation.vllm import probe_server
+    from ..generation.probe import probe_server
 
     try:
         served = probe_server(url, vllm.connect_timeout_s).model
@@ -489,8 +489,9 @@ def run(job: TrainJob) -> int:
             state.before = _held_out(job, held_out, "before")
             config = job.mode.config(**_config_values(job))
             run_folder.write_config(folder, _resolved(job, model, config))
+            # the metrics line is written before the progress line is printed: a step a reader saw is on disk
             with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
-                                  callbacks=[ProgressPrinter(), run_folder.MetricsLog(folder / run_folder.METRICS)],
+                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
                                   peft_config=_lora(job.run), images=job.mode.images, overrides=job.overrides,
                                   options=job.options, vllm=job.vllm,
                                   max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:

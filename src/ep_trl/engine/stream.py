@@ -18,8 +18,9 @@ Failed episodes are not scored (``Scored(None, ...)``). An error that is not an 
 for good, a body that returns something other than its rows, ep_trl's bug) cancels every episode and body in flight
 and raises; so does the consumer closing the stream early.
 
-With ``turn_version``, each episode's turns are generated through a :class:`VersionedTurns` that reads the policy
-version when the turn is sent; :attr:`PlayedEpisode.versions` lists them. The version a turn is sent under is never
+With ``turn_version``, each episode's turns are generated through a ``VersionedTurns``
+(``ep_trl.generation.versioned``) that reads the policy version when the turn is sent;
+:attr:`PlayedEpisode.versions` lists them. The version a turn is sent under is never
 newer than the weights that generate it, because a trainer changes the server's weights before it announces the new
 version (``update_model_version``), and a turn that is queued, retried or held by a paused server is only
 generated later. With ``max_episode_images`` a turn whose episode would then hold more images than that is not sent
@@ -29,14 +30,13 @@ generated later. With ``max_episode_images`` a turn whose episode would then hol
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..sources.episode import Episode
-from ..errors import ConfigError
 from ..evalprotocol import EvalSpec
-from ..generation import Generation, Generator, PromptImages, SamplingParams
+from ..generation import Generator
+from ..generation.versioned import VersionedTurns
 from ..traininglog.rows import RowContext
 from .scoring import Scored, score_rows
 from ..sources import EpisodePlayer, EpisodeRequest
@@ -82,67 +82,6 @@ class ScoredGroup:
     @property
     def episodes(self) -> list[Episode]:
         return [p.episode for p in self.played]
-
-
-class VersionedTurns:
-    """The stream's generator as one episode sees it: every turn goes to ``generator``, and the policy version read
-    from ``version()`` just before the turn is sent is recorded. ``model_for(version)`` may name the served model
-    (a LoRA adapter of that version) the turn must be generated with; None keeps the generator's own.
-    ``max_images``: the most images the episode may hold (every image its turns were sent with, each once); a turn
-    that would pass it is not sent and raises ``ConfigError``."""
-
-    def __init__(self, generator: Generator, version: Callable[[], int],
-                 model_for: Callable[[int], str | None] | None = None, max_images: int | None = None) -> None:
-        self._generator = generator
-        self._version = version
-        self._model_for = model_for
-        self._max_images = max_images
-        #: The images the episode's turns were sent with, by identity (its trajectory holds them anyway; a
-        #: processor's conversation that starts over keeps the earlier one's too).
-        self._images: dict[int, Any] = {}
-        self.versions: list[int] = []
-
-    @property
-    def name(self) -> str:
-        return self._generator.name
-
-    @property
-    def max_model_len(self) -> int | None:
-        return self._generator.max_model_len
-
-    @property
-    def failure(self) -> Any:
-        return self._generator.failure
-
-    async def begin_call(self) -> None:
-        """The stream's owner begins and ends the shared generator, not an episode."""
-
-    async def end_call(self) -> None:
-        """See ``begin_call``."""
-
-    async def aclose(self) -> None:
-        """The shared generator is closed by its owner."""
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       images: PromptImages | None = None) -> Generation:
-        if self._max_images is not None and images is not None:
-            self._images.update((id(image), image) for image in images.images)
-            if len(self._images) > self._max_images:
-                raise ConfigError(
-                    f"An episode's turn would hold {len(self._images)} images, more than max_episode_images="
-                    f"{self._max_images}, the most one episode may hold (the images reserved for it while it plays): "
-                    "the turn is not sent. Pass EvalRolloutWorker(max_episode_images=...) at least the most images "
-                    "one episode of this eval holds (its prompt's and every turn's), and max_buffered_images at "
-                    "least num_generations times that.")
-        version = self._version()
-        self.versions.append(version)
-        model = self._model_for(version) if self._model_for is not None else None
-        if model is None:
-            return await self._generator.generate(prompt_ids, params, images)
-        generate_as = getattr(self._generator, "generate_as", None)
-        if generate_as is None:
-            raise TypeError(f"the {self._generator.name} backend cannot generate with a named model ({model!r})")
-        return await generate_as(model, prompt_ids, params, images)
 
 
 class SlotMeter:

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import ConfigError, GenerationError, VersionError
 from ..options import VLLMOptions
-from . import CallFailure, Generation, PromptImages, SamplingParams
+from . import BackendOffer, CallFailure, Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
 from .vllm import request_seed
 
@@ -150,6 +150,11 @@ class ColocateGenerator:
             turn = _Turn([int(t) for t in prompt_ids], params, request_seed(self._seed, number), label, images)
             return await self._engine.submit(turn)
 
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """Refused: the colocated engine holds the trainer's weights only."""
+        raise named_model_refused(self.name, model)
+
     async def aclose(self) -> None:
         await self._engine.aclose()
 
@@ -222,3 +227,18 @@ def _generation(output: Any, label: str) -> Generation:
 def _engine_failed(exc: Exception, turns: int) -> GenerationError:
     """What every turn of a batch receives when the engine call itself raised: the call fails with them."""
     return GenerationError(f"the colocated vLLM engine failed on a batch of {turns} turns ({type(exc).__name__}: {exc})")
+
+
+def build(offer: BackendOffer) -> "ColocateGenerator":
+    """The backend on the engine of ``offer.colocated_trainer`` (``generation.choice`` picks it whenever one is
+    offered, unless ``backend="trainer"``)."""
+    if offer.vllm_base_url:
+        logger.warning("vllm_base_url=%s is ignored: the trainer runs its own vLLM engine (vllm_mode='colocate') and "
+                       "pushes its weights there, so ep_trl generates there too.", offer.vllm_base_url)
+    engine = trainer_engine(offer.colocated_trainer)
+    generator = ColocateGenerator(engine.llm, offer.options, wake=engine.wake, sleep=engine.sleep)
+    if offer.max_concurrent_rollouts > generator.max_num_seqs:
+        logger.info("The colocated engine runs at most %d sequences at once (TRL sizes it from "
+                    "per_device_train_batch_size x steps_per_generation); episodes beyond that wait for a turn.",
+                    generator.max_num_seqs)
+    return generator

@@ -15,8 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
+from ..trajectory.content import supports_images
+from ..trajectory.tokens import eos_token_ids
 from ..trajectory.vision_inputs import vision_inputs
-from . import Generation, PromptImages, SamplingParams
+from . import BackendOffer, Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
 
 logger = logging.getLogger(__name__)
@@ -84,6 +87,11 @@ class TrainerGenerator:
 
     async def aclose(self) -> None:
         await self._batches.aclose()
+
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """Refused: this backend generates with the trainer's model only."""
+        raise named_model_refused(self.name, model)
 
     def _generate_batch(self, requests: list[_Request]) -> list[Generation]:
         import torch
@@ -160,3 +168,16 @@ def _first_stop_string(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -
             if s in text:
                 return k, s
     return None
+
+
+def build(offer: BackendOffer) -> TrainerGenerator:
+    """The backend on the caller's model in this process (``offer.model_provider``)."""
+    provider, processing_class = offer.model_provider, offer.processing_class
+    if provider is None:
+        raise ConfigError("backend='trainer' samples with the trainer's model in this process, and this caller has "
+                          "none in reach; generate on a vLLM server (vllm_base_url=...).")
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    processor = processing_class if supports_images(processing_class) else None
+    return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,
+                            processor=processor)
