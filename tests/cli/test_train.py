@@ -67,6 +67,8 @@ def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir, 
     assert result["ended"] == "finished" and result["steps"] == 2 and 0 <= result["train_first"] <= 1
     assert result["run"]["command"].startswith("ep-trl train ") and result["run"]["commit"] is None  # no checkout
     assert result["versions"]["trl"] and result["run"]["wall_s"] > 0 and result["run"]["machine"]["cpus"]
+    assert [s["step"] for s in result["steps_logged"]] == [1, 2] and 0 < result["train_s"] < result["wall_s"]
+    assert result["held_out_rows"] == 0 and result["held_out_before_rows"] is None and result["seed"] == 42
     assert gone(server_pid(err))
 
 
@@ -356,8 +358,9 @@ def test_each_generation_flag_reaches_its_trainer(gpu, flags, trainer, tiny_mode
     assert (lora.r if lora else 0) == (4 if "--lora-r" in flags else 0)
     if not gpu:
         config = job.mode.config(**train._config_values(job))
-        assert config.use_vllm == ("--vllm-server-url" in flags and "--async" not in flags or "colocate" in flags)
         assert config.vllm_server_base_url == (url if "--vllm-server-url" in flags else None)
+        if "--async" not in flags:  # AsyncGRPOConfig has no use_vllm: it always generates on the server
+            assert config.use_vllm == ("--vllm-server-url" in flags or "colocate" in flags)
 
 
 def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tiny_model_dir, monkeypatch, capsys):
