@@ -267,7 +267,7 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server,
                                                                     tmp_path):
     """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.cli.modes, what
     train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
-    model's processor and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
+    model's processing class and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
     from ep_trl.cli.modes import TrainingMode
 
     mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,

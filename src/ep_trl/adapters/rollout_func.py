@@ -1,7 +1,7 @@
 """``create_openenv_vllm_rollout_func``: an eval-protocol eval test as a TRL ``rollout_func``.
 
 This module holds the factory, the parts the episode stream runs on (source, backend, loop, log) and the
-``rollout_func`` adapter: a call's prompt groups played through :func:`ep_trl.engine.stream.play_groups` and collected into
+``rollout_func`` adapter: a call's prompt groups played through :func:`ep_trl.engine.stream.stream_groups` and collected into
 TRL's dict (the other adapter, for ``AsyncGRPOTrainer``, is :mod:`ep_trl.adapters.async_worker`). Who calls is
 :mod:`ep_trl.engine.caller`, what a call reads from it is :mod:`ep_trl.engine.call_setup`, one episode is :mod:`ep_trl.openenv.loop`,
 scoring is :mod:`ep_trl.engine.scoring`, the returned dict is :mod:`ep_trl.adapters.output`.
@@ -35,7 +35,7 @@ from ..runtime.runner import LoopRunner
 from ..engine.scoring import Scored, group_indices
 from ..sources import EpisodePlayer, EpisodeSource
 from ..sources.choice import make_source
-from ..engine.stream import GroupPlan, PlayedEpisode, ScoredGroup, SlotMeter, play_groups
+from ..engine.stream import GroupPlan, PlayedEpisode, ScoredGroup, SlotMeter, stream_groups
 from ..trajectory.types import Prompt
 
 if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
@@ -81,7 +81,7 @@ class RolloutFunction:
     def run(self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None = None) -> dict[str, list[Any]]:
         """One rollout call for ``prompts`` from ``caller`` (what ``__call__`` does for the ``GRPOTrainer`` it is
         handed). ``first_group`` is the run-wide number of its first prompt group when another process counts them (a
-        worker process's shard); by default this function counts its own calls."""
+        shard process's part of one); by default this function counts its own calls."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts
@@ -133,24 +133,24 @@ class RolloutFunction:
 
     async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan],
                      **stream: Any) -> AsyncGenerator[ScoredGroup, None]:
-        """:meth:`play` with what ``caller`` offers, read once as the stream starts."""
-        async with aclosing(self.play(self.setup(caller), plans, **stream)) as played:
+        """:meth:`stream` with what ``caller`` offers, read once as the stream starts."""
+        async with aclosing(self.stream(self.setup(caller), plans, **stream)) as played:
             async for group in played:
                 yield group
                 del group  # not kept (its episodes' images) while the next group plays
 
-    async def play(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
+    async def stream(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
                    may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                    model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
                    max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
-        """The stream core (``ep_trl.engine.stream.play_groups``) on this eval's source and ``setup``: ``plans`` played with
+        """The stream core (``ep_trl.engine.stream.stream_groups``) on this eval's source and ``setup``: ``plans`` played with
         at most ``slots`` episodes in flight, each group yielded once complete and scored."""
         generator = setup.generator
         await generator.begin_call()  # forgets an earlier call's failure (the server may be back), wakes an engine
         try:
             async with self.source.session(setup) as player:
                 self._player = player
-                stream = play_groups(player, self.spec, plans, generator, slots=slots,
+                stream = stream_groups(player, self.spec, plans, generator, slots=slots,
                                      body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
                                      may_start=may_start, turn_version=turn_version, model_for=model_for, meter=meter,
                                      max_episode_images=max_episode_images)
@@ -189,7 +189,7 @@ class RolloutFunction:
                       for g, members in enumerate(groups)])
         played: dict[int, PlayedEpisode] = {}
         verdicts: dict[int, Scored] = {}
-        stream = self.play(setup, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream")
+        stream = self.stream(setup, plans, slots=self.spec.max_concurrent_rollouts, all_scope="stream")
         async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
             async for group in stream:
                 for episode, verdict in zip(group.played, group.scored):

@@ -122,7 +122,7 @@ class RolloutArguments:
     max_signal_free_calls: int | None = field(default=None, metadata={
         "help": "stop after this many consecutive rollout calls in which no episode got a score"})
     worker_processes: int | None = field(default=None, metadata={
-        "help": "play each call's episodes in this many worker processes"})
+        "help": "play each call's episodes in this many shard processes"})
     stop_grace_s: float | None = field(default=None, metadata={
         "help": "how long after SIGTERM the process may take to end by itself"})
 
