@@ -111,9 +111,9 @@ def test_src_ep_trl_has_at_most_18_entries_besides_its_init():
 ADAPTERS = PACKAGE / "adapters"
 #: The only attribute accesses ``x._name`` in ``adapters/`` where ``x`` is not ``self`` or ``cls``, each with why.
 PRIVATE_ACCESS_ALLOWED = {
-    "os._exit": "the standard library's public exit without cleanup (a worker process whose trainer is gone)",
+    "os._exit": "the standard library's public exit without cleanup (a shard process whose trainer is gone)",
     "multiprocessing.process._children": "multiprocessing's list of a process's children, which has no public API: a "
-                                         "forked child must take its parent's worker processes off it "
+                                         "forked child must take its parent's shard processes off it "
                                          "(ShardedRolloutFunction.disown_workers)",
 }
 
@@ -135,7 +135,7 @@ def private_accesses(source: str) -> list[str]:
 
 
 def test_no_adapter_reaches_into_another_objects_private_members():
-    """Issue 41: the async worker drove a whole rollout function from outside, and the worker processes' parent read
+    """Issue 41: the async worker drove a whole rollout function from outside, and the shard processes' parent read
     another object's ``_workers``. The adapters use the engine's (and each other's) public methods only."""
     found = {path.name: private_accesses(path.read_text()) for path in sorted(ADAPTERS.glob("*.py"))}
     assert len(found) >= 5  # the adapters were read

@@ -1,4 +1,4 @@
-"""Episodes played by worker processes (``RolloutOptions(worker_processes=N)``): the same output, in prompt order."""
+"""Episodes played by shard processes (``RolloutOptions(worker_processes=N)``): the same output, in prompt order."""
 
 import textwrap
 
@@ -42,7 +42,7 @@ def group_numbers(log_home, rollout_ids):
 
 
 def shard_processes():
-    """This process's worker processes (its children named ep-trl-shard-N), in order."""
+    """This process's shard processes (its children named ep-trl-shard-N), in order."""
     import multiprocessing
 
     return sorted((p for p in multiprocessing.active_children() if p.name.startswith("ep-trl-shard-")),
@@ -127,7 +127,7 @@ def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_term
             prompts = {prompts!r}
             config = TrainingConfig(AutoTokenizer.from_pretrained({str(tiny_model_dir)!r}), num_generations=2,
                                     max_completion_length=32, sampling=SamplingParams(), vllm_mode="server")
-            # one worker process (what worker_processes=N makes, N times): the test's cost is the worker's start-up
+            # one shard process (what worker_processes=N makes, N times): the test's cost is the worker's start-up
             factory_kwargs = dict(vllm_base_url={server.url!r}, log_rollouts=False)
             sharded = ShardedRolloutFunction({ARITHMETIC!r}, factory_kwargs, 1, "sharded",
                                              build=create_openenv_vllm_rollout_func)

@@ -326,21 +326,21 @@ def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
 
 
 @pytest.mark.timeout(60)
-def test_a_builders_context_goes_out_as_the_ids_it_holds():
-    """Turns of growing contexts (``TrajectoryBuilder.context()``, JSON kept turn by turn), batched and alone: the
+def test_a_builders_held_ids_go_out_as_they_are():
+    """Turns of growing held ids (``TrajectoryBuilder.held_ids()``, JSON kept turn by turn), batched and alone: the
     server receives exactly the ids, with the same fields as ``completion_payload``."""
     from ep_trl.trajectory.tokens import TrajectoryBuilder
 
     async def turns(generator, builders):
         try:
             for turn in range(3):
-                contexts = [b.context() for b in builders]
+                prompts = [b.held_ids() for b in builders]
                 results = await asyncio.gather(*(generator.generate(c, SamplingParams(max_tokens=3))
-                                                 for c in contexts))
+                                                 for c in prompts))
                 for b, r in zip(builders, results):
                     b.add_sampled(r)
                     b.add_inserted([100 + turn, 101])
-            return builders[0].context()
+            return builders[0].held_ids()
         finally:
             await generator.aclose()
 

@@ -28,7 +28,7 @@ by kind), from the same stream (``ep_trl.engine.stream``):
   metrics queue are bounded, and no episode starts while the buffer is full, so nothing grows without bound;
 * **LoRA**: when the trainer syncs only its adapter (a server started with ``--enable-lora``; TRL loads each version
   as ``trl-policy-v{N}``), each turn is generated with the adapter of the version it records;
-* **images**: with a vision-language model's processor as ``processing_class``, episodes render the eval's images
+* **images**: with a vision-language model's processing class as ``processing_class``, episodes render the eval's images
   (screenshots) and each sample carries its episode's images on its ``input_ids``, with the pixel tensors the
   processor makes of them (``ep_trl.trajectory.sample_images``), for ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` to
   put into its forward passes. A released group's samples are made in a thread, off the event loop that plays the
@@ -116,7 +116,7 @@ class EvalRolloutWorker:
             (the episode token budget), ``max_staleness``, ``vllm_server_base_url`` (the server the trainer keeps on
             its weights, where episodes are generated).
         processing_class: the model's tokenizer, which renders the eval's chat turns; or a vision-language model's
-            processor, which renders the eval's images too (each sample then carries its episode's images, and only
+            processing class, which renders the eval's images too (each sample then carries its episode's images, and only
             ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` trains on such a worker).
         dataset: the prompts to play (``dataset_from_eval(env_path)`` by default).
         buffer_size: most samples waiting for the trainer (default: two training steps' worth, at least the
@@ -142,7 +142,7 @@ class EvalRolloutWorker:
         trl_seam.require_tested("async", "EvalRolloutWorker")
         _check_arguments(args, processing_class, options, max_buffered_images, max_episode_images)
         self.env_path = env_path
-        #: Whether episodes render images (a vision-language model's processor): samples then carry them.
+        #: Whether episodes render images (a vision-language model's processing class): samples then carry them.
         self.renders_images = supports_images(processing_class)
         self.max_buffered_images = max_buffered_images
         self._images_taken_by: str | None = None
@@ -381,10 +381,10 @@ class EvalRolloutWorker:
     async def _samples(self, group: ScoredGroup) -> "GroupSamples":
         """The group's samples, made in a thread of their own (``group_samples``): processing the images of its
         episodes takes CPU time the event loop must not spend, since it plays every episode in flight."""
-        processor = self._config.processing_class if self.renders_images else None
+        processing_class = self._config.processing_class if self.renders_images else None
         what = f"samples of prompt group {group.plan.group}"
         try:
-            return await run_blocking(functools.partial(group_samples, group, self._config.tokenizer, processor),
+            return await run_blocking(functools.partial(group_samples, group, self._config.tokenizer, processing_class),
                                       timeout_s=SAMPLES_TIMEOUT_S, what=what)
         except TimeoutError as exc:
             raise RolloutWorkerError(f"Making the {what} took more than {SAMPLES_TIMEOUT_S:g} s (processing the images "
@@ -519,7 +519,7 @@ def _episode_images(spec: Any, prompts: Sequence[Prompt], num_generations: int, 
 def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
                      max_buffered_images: int | None, max_episode_images: int | None) -> None:
     """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
-    trainer's, worker processes, a processor whose images cannot be matched to its placeholders."""
+    trainer's, shard processes, a processing class whose images cannot be matched to its placeholders."""
     for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
         value = getattr(args, name, None)
         if value is not None and value != off:
@@ -533,7 +533,7 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
     if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
         raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
                           f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
-                          "episodes in this process; worker processes split rollout_func calls. Leave "
+                          "episodes in this process; shard processes split rollout_func calls. Leave "
                           "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
     if max_buffered_images is not None and max_buffered_images < 1:
         raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
@@ -555,8 +555,8 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
                           f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
 
 
-def _check_served_model_takes_images(url: str, model: str, processor: Any) -> None:
-    """Refuse a server whose model cannot take the images ``processor`` renders (a text-only model, or another
+def _check_served_model_takes_images(url: str, model: str, processing_class: Any) -> None:
+    """Refuse a server whose model cannot take the images ``processing_class`` renders (a text-only model, or another
     vision-language model's image token), read from the served model's local directory; a model served under a
     name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
     from pathlib import Path
@@ -565,21 +565,21 @@ def _check_served_model_takes_images(url: str, model: str, processor: Any) -> No
 
     if not Path(model).is_dir():
         logger.info("The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
-                    "checked here (a text-only model fails every episode).", url, model, type(processor).__name__)
+                    "checked here (a text-only model fails every episode).", url, model, type(processing_class).__name__)
         return
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
-    kind = type(processor).__name__
+    kind = type(processing_class).__name__
     if config.get_text_config() is config:
         raise ConfigError(f"The vLLM server at {url} serves {model}, a text-only model ({config.model_type}): it "
                           f"cannot take the images {kind} renders. Start the server on the vision-language model the "
-                          "processor belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
+                          "processing class belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
                           "this model without images.")
     served_token = config_image_token(config)
-    if served_token is not None and int(served_token) != image_token_id(processor):
+    if served_token is not None and int(served_token) != image_token_id(processing_class):
         raise ConfigError(f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
-                          f"{kind}'s is id {image_token_id(processor)}: the processor is not this model's. Pass "
+                          f"{kind}'s is id {image_token_id(processing_class)}: the processing class is not this model's. Pass "
                           f"AutoProcessor.from_pretrained({model!r}).")
 
 
@@ -595,10 +595,10 @@ class GroupSamples:
     image_mismatches: int = 0
 
 
-def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> GroupSamples:
+def group_samples(group: ScoredGroup, tokenizer: Any, processing_class: Any = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
-    the oldest version its turns were sent under). With a vision-language ``processor``, each sample's ``input_ids``
-    carry its episode's images and what the processor made of them, processed here once (``ep_trl.trajectory.sample_images``),
+    the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's ``input_ids``
+    carry its episode's images and what the processing class made of them, processed here once (``ep_trl.trajectory.sample_images``),
     and an episode whose images do not match its image tokens is left out (logged, counted in ``image_mismatches``).
     The worker calls it in a thread, off its event loop (``EvalRolloutWorker._samples``)."""
     import numpy as np
@@ -621,18 +621,18 @@ def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> 
         prompt_ids, completion_ids = trajectory.prompt_ids, trajectory.completion_ids
         ids = prompt_ids + completion_ids
         processed = None
-        if processor is not None:
-            processed = process_images(processor, trajectory.images) if trajectory.images else None
-            mismatch = placeholder_mismatch(processor, ids, processed)
+        if processing_class is not None:
+            processed = process_images(processing_class, trajectory.images) if trajectory.images else None
+            mismatch = placeholder_mismatch(processing_class, ids, processed)
             if mismatch is not None:
                 logger.warning("Episode %d of prompt group %d is left out: its images do not match its image tokens "
-                               "(%s).", played.episode.spec.generation, group.plan.group, mismatch)
+                               "(%s).", played.episode.plan.generation, group.plan.group, mismatch)
                 mismatches += 1
                 continue
         samples.append(RolloutSample(
             prompt=messages,
             completion=[{"role": "assistant", "content": tokenizer.decode(completion_ids)}],
-            input_ids=ids_with_images(ids, trajectory.images if processor is not None else (), processed),
+            input_ids=ids_with_images(ids, trajectory.images if processing_class is not None else (), processed),
             completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
             old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),
             advantage=float((verdict.score - mean) / (std + 1e-8)),

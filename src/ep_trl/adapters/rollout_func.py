@@ -4,7 +4,7 @@ This module holds the factory and ``RolloutFunction``, the ``rollout_func`` adap
 :class:`~ep_trl.engine.engine.RolloutEngine`: a call's prompts become a finite plan of prompt groups, the engine plays
 them, and the released groups are collected back into prompt order and TRL's dict (:mod:`ep_trl.adapters.output`).
 The other adapters are :mod:`ep_trl.adapters.async_worker` (``AsyncGRPOTrainer``) and :mod:`ep_trl.adapters.sharded`
-(worker processes, each with a ``RolloutFunction`` of its own).
+(shard processes, each with a ``RolloutFunction`` of its own).
 """
 
 import logging
@@ -54,7 +54,7 @@ class RolloutFunction:
     def run(self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None = None) -> dict[str, list[Any]]:
         """One rollout call for ``prompts`` from ``caller`` (what ``__call__`` does for the ``GRPOTrainer`` it is
         handed). ``first_group`` is the run-wide number of its first prompt group when another process counts them (a
-        worker process's shard); by default this function counts its own calls."""
+        shard process's part of one); by default this function counts its own calls."""
         if not prompts:
             raise ValueError("rollout_func was called with no prompts")
         shutdown.raise_if_terminating()  # a SIGTERM whose first raise some code swallowed: no new call starts
@@ -124,7 +124,7 @@ class RolloutFunction:
                       for g, members in enumerate(groups)])
         played: dict[int, PlayedEpisode] = {}
         verdicts: dict[int, Scored] = {}
-        stream = engine.play(setup, plans, slots=engine.spec.max_concurrent_rollouts, all_scope="stream")
+        stream = engine.stream(setup, plans, slots=engine.spec.max_concurrent_rollouts, all_scope="stream")
         async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
             async for group in stream:
                 for episode, verdict in zip(group.played, group.scored):

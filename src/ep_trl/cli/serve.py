@@ -41,9 +41,9 @@ def build_endpoint(model_dir: str | Path, temperature: float = 1.0) -> tuple[Cap
     eos = eos_token_ids(tokenizer, model)
     generator = make_generator("trainer", None, VLLMOptions(), 1, colocated_trainer=None, server=None,
                                model_provider=lambda: model, processing_class=tokenizer)
-    context = generator.max_model_len or 4096
+    max_len = generator.max_model_len or 4096
     limits = TurnLimits(sampling=SamplingParams(temperature=temperature, max_tokens=DEFAULT_MAX_TOKENS),
-                        max_episode_tokens=context, stop_token_ids=eos, max_model_len=context)
+                        max_episode_tokens=max_len, stop_token_ids=eos, max_model_len=max_len)
     template, parser = ChatTemplate(tokenizer), ToolCallParser(tokenizer)
     calls = itertools.count(1)
 

@@ -5,7 +5,7 @@ Two callers implement :class:`RolloutCaller`, and a rollout call never asks whic
 
 * ``GRPOTrainer`` calling ``rollout_func(prompts, trainer)``: ``ep_trl.adapters.trl_seam.GRPOTrainerCaller``, the only
   place that reads the trainer's attributes;
-* a process that plays episodes for a trainer it cannot reach (the rollout worker of ``AsyncGRPOTrainer``, a worker
+* a process that plays episodes for a trainer it cannot reach (the rollout worker of ``AsyncGRPOTrainer``, a shard
   process of ``RolloutOptions(worker_processes=N)``): :class:`DetachedCaller`, which holds the configuration, the
   policy version, the server the trainer keeps on its weights and where the call's metrics go.
 """
@@ -53,7 +53,7 @@ class TrainingConfig:
 
     @property
     def tokenizer(self) -> Any:
-        """The text tokenizer (a multimodal processor's ``.tokenizer``, else the processing class itself)."""
+        """The text tokenizer (a multimodal processing class's ``.tokenizer``, else the processing class itself)."""
         return getattr(self.processing_class, "tokenizer", self.processing_class)
 
 
@@ -130,7 +130,7 @@ class RolloutCaller(Protocol):
 
 @dataclass(frozen=True)
 class DetachedCaller:
-    """A caller without a trainer in reach: a rollout worker's or a worker process's (see the module docstring)."""
+    """A caller without a trainer in reach: a rollout worker's or a shard process's (see the module docstring)."""
 
     config: TrainingConfig
     step: int

@@ -5,7 +5,7 @@ An engine holds the eval's spec, the episode source, the call reader (chat templ
 the first call), the event loop the episodes run on, the ``ep logs`` writer and the signal watch, and it closes them.
 The adapters in ``ep_trl.adapters`` sit on top and use only the public methods below: ``RolloutFunction`` (GRPO's
 ``rollout_func``) turns a call's prompts into plans and the released groups into TRL's dict; ``EvalRolloutWorker``
-(``AsyncGRPOTrainer``) plays an endless plan and turns groups into samples; the worker processes each build their
+(``AsyncGRPOTrainer``) plays an endless plan and turns groups into samples; the shard processes each build their
 own ``RolloutFunction``. A new way to train is one adapter module on these methods (docs/architecture.md).
 """
 
@@ -36,7 +36,7 @@ from .call_setup import CallReader, CallSetup
 from .caller import RolloutCaller
 from .metrics import SignalWatch
 from .scoring import Scored
-from .stream import GroupPlan, ScoredGroup, SlotMeter, play_groups
+from .stream import GroupPlan, ScoredGroup, SlotMeter, stream_groups
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class RolloutEngine:
     """The eval's episodes played on its source with a caller's backend, on one event loop, logged and watched.
 
     Public: ``spec``, ``source``, ``backend``, ``options``, ``invocation_id`` (attributes); ``setup``, ``check``,
-    ``run``, ``play``, ``groups``, ``log_final``, ``observe_signal``, ``flush_logs``, ``close`` (methods);
+    ``run``, ``stream``, ``groups``, ``log_final``, ``observe_signal``, ``flush_logs``, ``close`` (methods);
     ``backend_name``, ``log_writer``, ``env_sessions`` (read-only properties). Closed at the process's exit (on
     SIGTERM too) unless closed before; in a forked child ``close()`` releases nothing (all of it is the parent's)."""
 
@@ -103,22 +103,22 @@ class RolloutEngine:
         from any thread but the loop's."""
         return self._runner.run(coro)
 
-    async def play(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
-                   may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
-                   model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
-                   max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
-        """The stream core (``ep_trl.engine.stream.play_groups``) on this eval's source and ``setup``: ``plans`` played
-        with at most ``slots`` episodes in flight, each group yielded once complete and scored. Run it on the
+    async def stream(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
+                     may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
+                     model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
+                     max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
+        """The stream core (``ep_trl.engine.stream.stream_groups``) on this eval's source and ``setup``: ``plans``
+        played with at most ``slots`` episodes in flight, each group yielded once complete and scored. Run it on the
         engine's loop (``run``)."""
         generator = setup.generator
         await generator.begin_call()  # forgets an earlier call's failure (the server may be back), wakes an engine
         try:
             async with self.source.session(setup) as player:
                 self._player = player
-                stream = play_groups(player, self.spec, plans, generator, slots=slots,
-                                     body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
-                                     may_start=may_start, turn_version=turn_version, model_for=model_for, meter=meter,
-                                     max_episode_images=max_episode_images)
+                stream = stream_groups(player, self.spec, plans, generator, slots=slots,
+                                       body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
+                                       may_start=may_start, turn_version=turn_version, model_for=model_for,
+                                       meter=meter, max_episode_images=max_episode_images)
                 async with aclosing(stream):  # closed (its episodes cancelled) before the sessions are
                     async for group in stream:
                         yield group
@@ -128,8 +128,8 @@ class RolloutEngine:
 
     async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan],
                      **stream: Any) -> AsyncGenerator[ScoredGroup, None]:
-        """:meth:`play` with what ``caller`` offers, read once as the stream starts."""
-        async with aclosing(self.play(self.setup(caller), plans, **stream)) as played:
+        """:meth:`stream` with what ``caller`` offers, read once as the stream starts."""
+        async with aclosing(self.stream(self.setup(caller), plans, **stream)) as played:
             async for group in played:
                 yield group
                 del group  # not kept (its episodes' images) while the next group plays

@@ -9,7 +9,7 @@ log-probability of each sampled token at the trainer's temperature, the quantity
 importance-sampling ratio compare against. Nothing is decoded and re-encoded on the way.
 
 For a vision-language model a turn also carries its images (:class:`PromptImages`): the prompt ids then hold every
-image's expanded tokens, as the processor expands them, and the backend gives the model the images' pixels. A
+image's expanded tokens, as the processing class expands them, and the backend gives the model the images' pixels. A
 text-only turn carries ``images=None``.
 """
 
@@ -84,8 +84,8 @@ class PromptImages:
 
 class PromptIds(list):
     """Prompt ids (a plain list to every backend) that also carry their JSON text, ``json``: what
-    ``json.dumps([int(t) for t in ids], separators=(",", ":"))`` gives. ``TrajectoryBuilder.context()`` returns one,
-    keeping the text as the context grows, so a server backend sends a turn's prompt without converting and encoding
+    ``json.dumps([int(t) for t in ids], separators=(",", ":"))`` gives. ``TrajectoryBuilder.held_ids()`` returns one,
+    keeping the text as the held ids grow, so a server backend sends a turn's prompt without converting and encoding
     every id of the conversation again (``generation.vllm``)."""
 
     __slots__ = ("json",)

@@ -33,8 +33,8 @@ class _Request:
 
 
 class TrainerGenerator:
-    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processor`` is the
-    trainer's multimodal processor (None for a text model), needed to turn a turn's images into pixel inputs."""
+    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processing_class`` is the
+    trainer's multimodal processing class (None for a text model), needed to turn a turn's images into pixel inputs."""
 
     name = "trainer"
 
@@ -45,7 +45,7 @@ class TrainerGenerator:
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         max_batch_size: int = 16,
-        processor: Any | None = None,
+        processing_class: Any | None = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("the tokenizer/model defines no EOS token; multi-turn episodes need one to end a turn")
@@ -53,7 +53,7 @@ class TrainerGenerator:
         self._tokenizer = tokenizer
         self._eos = tuple(int(t) for t in eos_token_ids)
         self._pad = int(pad_token_id)
-        self._processor = processor
+        self._processing_class = processing_class
         self._batches: BatchQueue[_Request, Generation] = BatchQueue(
             self._generate_batch, max_batch_size=max_batch_size, batch_key=_sampling_key,
             thread_name="ep-trl-generate", task_name="ep-trl-trainer-generation")
@@ -62,7 +62,7 @@ class TrainerGenerator:
 
     @property
     def max_model_len(self) -> int | None:
-        """The model's context length (``config.max_position_embeddings``), read from the current model."""
+        """The model's ``max_model_len`` (``config.max_position_embeddings``), read from the current model."""
         value = getattr(getattr(self._model_provider(), "config", None), "max_position_embeddings", None)
         return int(value) if value else None
 
@@ -81,7 +81,7 @@ class TrainerGenerator:
                        images: PromptImages | None = None) -> Generation:
         if params.temperature <= 0:
             raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0")
-        if images is not None and self._processor is None:
+        if images is not None and self._processing_class is None:
             raise ValueError("a turn with images reached the trainer backend of a text-only processing class")
         return await self._batches.submit(_Request(tuple(prompt_ids), params, images))
 
@@ -103,7 +103,7 @@ class TrainerGenerator:
         input_ids = torch.tensor([(self._pad,) * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
         attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
         device = next(model.parameters()).device
-        vision = vision_inputs(self._processor, input_ids, [r.images.images if r.images else () for r in requests]) \
+        vision = vision_inputs(self._processing_class, input_ids, [r.images.images if r.images else () for r in requests]) \
             if any(r.images for r in requests) else None
         pixels = {k: v.to(device) for k, v in vision.model_kwargs.items()} if vision else {}
         stop_ids = tuple(dict.fromkeys(self._eos + params.stop_token_ids))
@@ -178,6 +178,5 @@ def build(offer: BackendOffer) -> TrainerGenerator:
                           "none in reach; generate on a vLLM server (vllm_base_url=...).")
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    processor = processing_class if supports_images(processing_class) else None
     return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,
-                            processor=processor)
+                            processing_class=processing_class if supports_images(processing_class) else None)

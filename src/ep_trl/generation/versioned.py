@@ -1,6 +1,6 @@
 """An episode's view of the stream's generator that records the policy version of each turn (``VersionedTurns``).
 
-The async worker's stream (``ep_trl.engine.stream.play_groups`` with ``turn_version``) hands each episode one, so
+The async worker's stream (``ep_trl.engine.stream.stream_groups`` with ``turn_version``) hands each episode one, so
 that every sample knows the version its turns were generated under and, when the trainer syncs LoRA adapters, each
 turn goes to the adapter of that version (``Generator.generate_as``). It wraps any backend: it is a ``Generator``
 itself, and the shared backend stays the stream owner's to begin, end and close.

@@ -435,8 +435,8 @@ def parse_generate_response(data: JSONObject, prompt_ids: Sequence[int], label: 
     expanded = data.get("prompt_token_ids") if isinstance(data, dict) else None
     if expanded != [int(t) for t in prompt_ids]:
         raise GenerationError(
-            f"{label}: vLLM expanded the image placeholders into other prompt ids than the trainer's processor "
-            f"({len(expanded or [])} ids against {len(prompt_ids)}); its processor settings (image size, "
+            f"{label}: vLLM expanded the image placeholders into other prompt ids than the trainer's processing class "
+            f"({len(expanded or [])} ids against {len(prompt_ids)}); its image settings (image size, "
             "patching) must match the trainer's, or the sampled logprobs would not be the trainer's."
         )
     choice = batch_choices(data, 1, label)[0]
