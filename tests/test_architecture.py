@@ -114,7 +114,7 @@ PRIVATE_ACCESS_ALLOWED = {
     "os._exit": "the standard library's public exit without cleanup (a shard process whose trainer is gone)",
     "multiprocessing.process._children": "multiprocessing's list of a process's children, which has no public API: a "
                                          "forked child must take its parent's shard processes off it "
-                                         "(ShardedRolloutFunction.disown_workers)",
+                                         "(ShardedRolloutFunction.disown_shards)",
 }
 
 

@@ -14,10 +14,10 @@ ARITHMETIC = "tests.evals.eval_arithmetic"
 
 
 def test_shards_are_whole_contiguous_groups():
-    assert shard_bounds(groups=4, group_size=2, total=8, workers=2) == [(0, 4), (4, 8)]
-    assert shard_bounds(groups=3, group_size=2, total=6, workers=2) == [(0, 2), (2, 6)]
-    assert shard_bounds(groups=1, group_size=4, total=4, workers=3) == [(0, 4)]
-    assert shard_bounds(groups=2, group_size=4, total=7, workers=2) == [(0, 4), (4, 7)]
+    assert shard_bounds(groups=4, group_size=2, total=8, processes=2) == [(0, 4), (4, 8)]
+    assert shard_bounds(groups=3, group_size=2, total=6, processes=2) == [(0, 2), (2, 6)]
+    assert shard_bounds(groups=1, group_size=4, total=4, processes=3) == [(0, 4)]
+    assert shard_bounds(groups=2, group_size=4, total=7, processes=2) == [(0, 4), (4, 7)]
 
 
 def test_outputs_join_in_shard_order_and_metrics_combine():
