@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a policy with GRPO on BrowserGym MiniWoB++ web tasks through their eval-protocol eval.
 
-With no arguments (CPU, about 5 minutes): starts the BrowserGym server (headless Chromium), builds a tiny model
+With no arguments (CPU): starts the BrowserGym server (headless Chromium), builds a tiny model
 locally and warm-starts it: cloned on one demonstration per task of the action format (click or hover on each of
 the page's clickable elements, or scroll the page, equally often), it writes valid actions but does not know which
 one completes the task (one in three does). Then GRPO (plain SGD, see docs/browsergym.md) trains it through the

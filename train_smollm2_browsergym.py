@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
     p.add_argument("--micro-batch-size", type=int, default=2,
                    help="episodes per forward/backward pass (gradient accumulation over the step's episodes): a "
-                        "step of 8 two-turn episodes in one pass holds about 16 GB")
+                        "step of 8 two-turn episodes in one pass holds all their activations at once")
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
     p.add_argument("--max-completion-length", type=int, default=384,

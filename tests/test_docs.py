@@ -120,3 +120,45 @@ def test_documented_flags_of_ep_trl_train_exist():
     known = set(train.make_parser()._option_string_actions)
     unknown = {flag for words in commands for flag in _flags(words)} - known
     assert not unknown, f"ep-trl train has no {sorted(unknown)}"
+
+
+#: A measured-looking figure in prose: a timing, a speedup or a size with its unit (``3.4 s``, ``1.58x``, ``2 GB``,
+#: ``5 minutes``). ``2 x rank`` and ``1280x720`` do not match (a space before ``x``, or a digit after it).
+FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?: ?(?:ms|s|MB|GB)|x| (?:minutes?|min|seconds))(?![\w.])")
+#: What makes a figure's paragraph cite its source: a link to docs/benchmarks.md or a result file's path.
+CITES = re.compile(r"benchmarks\.md|benchmarks/results/")
+#: Bounds and defaults the code sets, named with the setting or the words that say so; they are not measurements.
+SETTING = re.compile(r"default|timeout|time out|_s\b|_S\b|grace|bounded|up to|within|after|wait|poll|every|later|"
+                     r"by \d|at least|GiB|concurrency", flags=re.I)
+
+
+def uncited_figures(text: str) -> list[str]:
+    """The prose paragraphs of ``text`` (outside code blocks and tables) that quote a figure matching ``FIGURE``
+    whose sentence names no setting (``SETTING``), in a paragraph that neither links docs/benchmarks.md nor names a
+    file under benchmarks/results/."""
+    found = []
+    for paragraph in re.split(r"\n\s*\n", FENCE.sub("", text)):
+        if CITES.search(paragraph):
+            continue
+        prose = "\n".join(line for line in paragraph.splitlines() if not line.lstrip().startswith("|"))
+        for sentence in re.split(r"(?<=[.;:])\s", prose):
+            if FIGURE.search(sentence) and not SETTING.search(sentence):
+                found.append(" ".join(sentence.split())[:160])
+    return found
+
+
+def test_every_figure_in_the_docs_cites_its_result_file():
+    """A timing, speedup or size measured on a run is quoted in docs/benchmarks.md beside its command and result
+    file (checked by tests/test_benchmark_results.py); another page links there instead of quoting it (issue 40)."""
+    pages = [page for page in PAGES if page.name not in ("benchmarks.md", "README.md")]
+    uncited = {_name(page): found for page in pages if (found := uncited_figures(page.read_text()))}
+    assert not uncited, f"figures with no result file: {uncited}"
+
+
+def test_the_figure_check_catches_an_uncited_timing_and_spares_settings_and_code():
+    page = ("The server starts in 35-60 s on 2 cores.\n\n"
+            "Two processes play 1.58x the episodes of one ([benchmarks.md](benchmarks.md#x)).\n\n"
+            "Calls time out after 60 s. The grace is 25 s by default. LoRA alpha is 2 x rank; a 1280x720 page.\n\n"
+            "```\nwall 340s and 3.4 s\n```\n\n| a | 3 s |\n\nThe install takes about 3 minutes and 3.4 GB.\n")
+    assert uncited_figures(page) == ["The server starts in 35-60 s on 2 cores.",
+                                     "The install takes about 3 minutes and 3.4 GB."]

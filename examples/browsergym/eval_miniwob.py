@@ -36,7 +36,7 @@ TASKS = ["click-test", "click-button", "focus-text", "enter-text"]
 TASK_VAR = "BROWSERGYM_TASK_NAME"
 #: Sent when the output holds no action. ``noop()`` would wait 1 s; ``noop(0)`` does nothing at once.
 FALLBACK_ACTION = "noop(0)"
-#: A reset starts Chromium (~2 s, more while a trainer shares the 2 cores), so allow a minute per call.
+#: A reset starts Chromium (slower while a trainer shares the cores), so allow a minute per call.
 REQUEST_TIMEOUT_S = 60.0
 
 _created = itertools.count()
