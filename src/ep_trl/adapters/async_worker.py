@@ -70,7 +70,7 @@ from ..engine.metrics import call_metrics, summary_line
 from .rollout_func import RolloutFunction, create_rollout_func
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
 from ..runtime.threads import run_blocking
-from ..trajectory.types import Prompt
+from ..trajectory.types import MultimodalProcessor, ProcessingClass, Prompt, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class EvalRolloutWorker:
             ``overrides``, ``vllm``, ``options``, ``log_rollouts``, ...).
     """
 
-    def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
+    def __init__(self, env_path: str, *, args: Any, processing_class: ProcessingClass, dataset: Any = None,
                  buffer_size: int | None = None, max_buffered_images: int | None = None,
                  max_episode_images: int | None = None, **options: Any) -> None:
         trl_seam.require_tested("async", "EvalRolloutWorker")
@@ -153,7 +153,7 @@ class EvalRolloutWorker:
         if not self._prompts:
             raise ConfigError(f"EvalRolloutWorker({env_path!r}): the dataset has no prompts to play.")
         served = probe_server(self._server_url)  # a server that is not there fails now, not when training starts
-        if self.renders_images:
+        if supports_images(processing_class):  # self.renders_images
             _check_served_model_takes_images(self._server_url, served.model, processing_class)
         #: Whether the server runs with --enable-lora: the trainer may then sync a LoRA policy as an adapter alone.
         self.server_lora = lora_enabled(self._server_url)
@@ -382,7 +382,8 @@ class EvalRolloutWorker:
     async def _samples(self, group: ScoredGroup) -> "GroupSamples":
         """The group's samples, made in a thread of their own (``group_samples``): processing the images of its
         episodes takes CPU time the event loop must not spend, since it plays every episode in flight."""
-        processor = self._config.processing_class if self.renders_images else None
+        processing_class = self._config.processing_class
+        processor = processing_class if supports_images(processing_class) else None  # self.renders_images
         what = f"samples of prompt group {group.plan.group}"
         try:
             return await run_blocking(functools.partial(group_samples, group, self._config.tokenizer, processor),
@@ -517,7 +518,7 @@ def _episode_images(spec: Any, prompts: Sequence[Prompt], num_generations: int, 
     return max_episode_images
 
 
-def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
+def _check_arguments(args: Any, processing_class: ProcessingClass, options: dict[str, Any],
                      max_buffered_images: int | None, max_episode_images: int | None) -> None:
     """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
     trainer's, worker processes, a processor whose images cannot be matched to its placeholders."""
@@ -556,7 +557,7 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
                           f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
 
 
-def _check_served_model_takes_images(url: str, model: str, processor: Any) -> None:
+def _check_served_model_takes_images(url: str, model: str, processor: MultimodalProcessor) -> None:
     """Refuse a server whose model cannot take the images ``processor`` renders (a text-only model, or another
     vision-language model's image token), read from the served model's local directory; a model served under a
     name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
@@ -596,7 +597,8 @@ class GroupSamples:
     image_mismatches: int = 0
 
 
-def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> GroupSamples:
+def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
+                  processor: "MultimodalProcessor | None" = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under). With a vision-language ``processor``, each sample's ``input_ids``
     carry its episode's images and what the processor made of them, processed here once (``ep_trl.trajectory.sample_images``),
@@ -632,7 +634,7 @@ def group_samples(group: ScoredGroup, tokenizer: Any, processor: Any = None) -> 
                 continue
         samples.append(RolloutSample(
             prompt=messages,
-            completion=[{"role": "assistant", "content": tokenizer.decode(completion_ids)}],
+            completion=[{"role": "assistant", "content": tokenizer.decode(list(completion_ids))}],
             input_ids=ids_with_images(ids, trajectory.images if processor is not None else (), processed),
             completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
             old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),

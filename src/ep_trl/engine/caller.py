@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError
 from ..generation import SamplingParams
+from ..trajectory.content import tokenizer_of
+from ..trajectory.types import ProcessingClass, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class TrainingConfig:
     """A read-only view of the trainer's configuration (a ``GRPOConfig`` or ``AsyncGRPOConfig``) and its processing
     class: what rollouts sample with and how many they are."""
 
-    processing_class: Any
+    processing_class: ProcessingClass
     num_generations: int
     max_completion_length: int | None
     sampling: SamplingParams
@@ -33,7 +35,7 @@ class TrainingConfig:
     vllm_mode: str | None
 
     @classmethod
-    def of(cls, args: Any, processing_class: Any) -> "TrainingConfig":
+    def of(cls, args: Any, processing_class: ProcessingClass) -> "TrainingConfig":
         """Read ``args``. TRL's loss assumes samples at the config's temperature (and top-p/top-k/min-p), so the
         sampling settings are those."""
         max_length = getattr(args, "max_completion_length", None)
@@ -52,9 +54,9 @@ class TrainingConfig:
         )
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """The text tokenizer (a multimodal processor's ``.tokenizer``, else the processing class itself)."""
-        return getattr(self.processing_class, "tokenizer", self.processing_class)
+        return tokenizer_of(self.processing_class)
 
 
 def _temperature(args: Any) -> float:

@@ -12,11 +12,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..engine.caller import SyncedServer
-from ..trajectory.content import supports_images
+from ..trajectory.content import supports_images, tokenizer_of
 from ..errors import ConfigError
 from . import Generator
 from ..options import Backend, VLLMOptions
 from ..trajectory.tokens import eos_token_ids
+from ..trajectory.types import ProcessingClass
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ OFF_POLICY_WARNING = (
 
 def make_generator(backend: Backend, vllm_base_url: str | None, options: VLLMOptions, max_concurrent_rollouts: int, *,
                    colocated_trainer: Any | None, server: SyncedServer | None,
-                   model_provider: Callable[[], Any] | None, processing_class: Any) -> Generator:
+                   model_provider: Callable[[], Any] | None, processing_class: ProcessingClass) -> Generator:
     """The generation backend for a caller's rollout calls (see the module docstring), from what the caller offers: the
     trainer whose colocated engine generates, the server it keeps on its weights, its model in this process."""
     if max_concurrent_rollouts <= 1:
@@ -75,13 +76,13 @@ def _vllm(explicit: str | None, server: SyncedServer | None, options: VLLMOption
     return VLLMServerGenerator(url, options, model=server.model if server is not None else None)
 
 
-def _trainer(provider: Callable[[], Any] | None, processing_class: Any) -> Generator:
+def _trainer(provider: Callable[[], Any] | None, processing_class: ProcessingClass) -> Generator:
     from .trainer import TrainerGenerator
 
     if provider is None:
         raise ConfigError("backend='trainer' samples with the trainer's model in this process, and this caller has "
                           "none in reach; generate on a vLLM server (vllm_base_url=...).")
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    tokenizer = tokenizer_of(processing_class)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     processor = processing_class if supports_images(processing_class) else None
     return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,

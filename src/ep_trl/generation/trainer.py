@@ -18,6 +18,7 @@ from typing import Any
 from ..trajectory.vision_inputs import vision_inputs
 from . import Generation, PromptImages, SamplingParams
 from .batching import BatchQueue
+from ..trajectory.types import MultimodalProcessor, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,11 @@ class TrainerGenerator:
     def __init__(
         self,
         model_provider: Callable[[], Any],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         max_batch_size: int = 16,
-        processor: Any | None = None,
+        processor: "MultimodalProcessor | None" = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("the tokenizer/model defines no EOS token; multi-turn episodes need one to end a turn")
@@ -95,8 +96,10 @@ class TrainerGenerator:
         input_ids = torch.tensor([(self._pad,) * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
         attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
         device = next(model.parameters()).device
-        vision = vision_inputs(self._processor, input_ids, [r.images.images if r.images else () for r in requests]) \
-            if any(r.images for r in requests) else None
+        vision = None
+        if any(r.images for r in requests):
+            assert self._processor is not None, "a text-only template drops images: only a processor's turns hold any"
+            vision = vision_inputs(self._processor, input_ids, [r.images.images if r.images else () for r in requests])
         pixels = {k: v.to(device) for k, v in vision.model_kwargs.items()} if vision else {}
         stop_ids = tuple(dict.fromkeys(self._eos + params.stop_token_ids))
         config = GenerationConfig(
@@ -150,7 +153,7 @@ def _sampling_key(request: _Request) -> tuple:
     return p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop_token_ids
 
 
-def _first_stop_string(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
+def _first_stop_string(tokenizer: Tokenizer, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
     """The shortest prefix of ``ids`` whose text contains a stop string, and that string."""
     if not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stops):
         return None

@@ -60,6 +60,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer  # noq
 from trl.experimental.async_grpo.packing import TreeRow  # noqa: E402
 
 from .cpu_async import CPUAsyncGRPOTrainer  # noqa: E402
+from ..trajectory.types import MultimodalProcessor, ProcessingClass
 
 #: Where the vision inputs travel in a collated batch (each with a leading axis of one row per process).
 VISION_PREFIX = "ep_trl_vision/"
@@ -85,7 +86,7 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
     """TRL's collator; rows holding an image sample are repacked unshared, and the batch gains each row's vision
     inputs under ``VISION_PREFIX``."""
 
-    processor: Any = None
+    processor: "MultimodalProcessor | None" = None
 
     def torch_call(self, examples: list[Any]) -> dict[str, Any]:
         (rows,) = examples
@@ -93,6 +94,7 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
             return super().torch_call(examples)
         if len(rows) != 1:
             raise ConfigError("AsyncImagesGRPOTrainer builds the vision inputs of a micro-batch for one process.")
+        assert self.processor is not None, "AsyncImagesGRPOTrainer gives its collator the processor"
         rows = [_unshared(rows[0])]
         batch = super().torch_call([rows])
         ids = batch["input_ids"][0][batch["attention_mask"][0].bool()]
@@ -135,7 +137,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
     takes_rollout_images = True
     args: AsyncGRPOConfig
 
-    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *, processing_class: Any,
+    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *, processing_class: ProcessingClass,
                  train_vision: bool = True, **kwargs: Any) -> None:
         trl_seam.require_tested("async", type(self).__name__)
         name = type(self).__name__

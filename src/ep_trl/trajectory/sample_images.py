@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from .types import Image, MultimodalProcessor
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class ImageIds(np.ndarray):
     them (``processed``; None until processed). Any view or copy made by numpy carries them too; ``tolist()`` and
     ``len()`` are the plain ids'."""
 
-    images: tuple[Any, ...]
+    images: tuple[Image, ...]
     processed: ProcessedImages | None
 
     def __array_finalize__(self, obj: Any) -> None:
@@ -64,7 +65,7 @@ class ImageIds(np.ndarray):
         super().__setstate__(array_state)
 
 
-def ids_with_images(ids: Sequence[int], images: Sequence[Any], processed: ProcessedImages | None = None) -> np.ndarray:
+def ids_with_images(ids: Sequence[int], images: Sequence[Image], processed: ProcessedImages | None = None) -> np.ndarray:
     """``ids`` as an ``int64`` array; an :class:`ImageIds` holding ``images`` (and ``processed``, what
     :func:`process_images` made of them) when there are any."""
     array = np.asarray(ids, dtype=np.int64)
@@ -76,19 +77,19 @@ def ids_with_images(ids: Sequence[int], images: Sequence[Any], processed: Proces
     return carried
 
 
-def images_of(ids: Any) -> tuple[Any, ...]:
+def images_of(ids: Any) -> tuple[Image, ...]:
     """The images a sample's ``input_ids`` carry (none for plain ids)."""
     return tuple(getattr(ids, "images", ()))
 
 
-def processed_images_of(processor: Any, ids: Any) -> ProcessedImages:
+def processed_images_of(processor: MultimodalProcessor, ids: Any) -> ProcessedImages:
     """What the processor made of the images a sample's ``input_ids`` carry: the carried result, or, for ids that carry
     images alone (a custom worker's ``ids_with_images(ids, images)``), :func:`process_images` run on them now."""
     carried = getattr(ids, "processed", None)
     return carried if carried is not None else process_images(processor, images_of(ids))
 
 
-def image_token_id(processor: Any) -> int:
+def image_token_id(processor: MultimodalProcessor) -> int:
     """The id of the token each image's pixels stand in for (``processor.image_token_id``, else the tokenizer's id of
     ``processor.image_token``)."""
     token_id = getattr(processor, "image_token_id", None)
@@ -108,7 +109,7 @@ def config_image_token(config: Any) -> int | None:
     return getattr(config, "image_token_id", getattr(config, "image_token_index", None))
 
 
-def process_images(processor: Any, images: Sequence[Any]) -> ProcessedImages:
+def process_images(processor: MultimodalProcessor, images: Sequence[Image]) -> ProcessedImages:
     """One run of ``processor`` over ``images`` (one placeholder each, with the images): the pixel tensors the image
     processor makes of them and the number of image tokens they expand into. Each image is processed here once;
     nothing downstream processes it again."""
@@ -127,7 +128,7 @@ def process_images(processor: Any, images: Sequence[Any]) -> ProcessedImages:
     return ProcessedImages(pixels, int((made["input_ids"][0] == image_token_id(processor)).sum()))
 
 
-def placeholder_mismatch(processor: Any, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
+def placeholder_mismatch(processor: MultimodalProcessor, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
     """Why the images ``processed`` came from cannot be the pixels of ``ids`` (the counts of image tokens differ), or
     None when they match (``processed`` None: no images, so no image token either)."""
     token = image_token_id(processor)

@@ -14,6 +14,7 @@ row's images, so no image is processed a second time.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from .types import MultimodalProcessor
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class VisionInputs:
     num_images: list[int]
 
 
-def vision_inputs(processor: Any, input_ids: Any, images: Sequence[Sequence[Any]]) -> VisionInputs | None:
+def vision_inputs(processor: MultimodalProcessor, input_ids: Any, images: Sequence[Sequence[Any]]) -> VisionInputs | None:
     """The vision inputs for rows of ``input_ids`` (a padded tensor) whose images, in placeholder order, are
     ``images[row]``; None when no row holds an image."""
     rows = [list(row) for row in images]
@@ -39,7 +40,7 @@ def vision_inputs(processor: Any, input_ids: Any, images: Sequence[Sequence[Any]
     return _with_token_types(processor, input_ids, kwargs, [len(row) for row in rows])
 
 
-def joined_vision_inputs(processor: Any, input_ids: Any, pixels: Sequence[Mapping[str, Any]],
+def joined_vision_inputs(processor: MultimodalProcessor, input_ids: Any, pixels: Sequence[Mapping[str, Any]],
                          num_images: int) -> VisionInputs:
     """The vision inputs of one row of ``input_ids`` (shape ``(1, n)``) whose ``num_images`` images were processed
     already, a part at a time, in placeholder order (``pixels``: the image processor's outputs, each for one row):
@@ -79,7 +80,7 @@ def _per_row(kwargs: Mapping[str, Any], rows: int) -> bool:
     return "image_grid_thw" not in kwargs and pixel_values.dim() == 5 and pixel_values.shape[0] == rows
 
 
-def _with_token_types(processor: Any, input_ids: Any, kwargs: dict[str, Any],
+def _with_token_types(processor: MultimodalProcessor, input_ids: Any, kwargs: dict[str, Any],
                       images_per_row: list[int]) -> VisionInputs:
     """``kwargs`` with the per-token modality ids the processor's model needs, and the entries of ``pixel_values``
     that belong to each row."""
