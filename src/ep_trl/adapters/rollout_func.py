@@ -35,7 +35,7 @@ from ..runtime.runner import LoopRunner
 from ..engine.scoring import Scored, group_indices
 from ..sources import EpisodePlayer, EpisodeSource
 from ..sources.choice import make_source
-from ..engine.stream import GroupPlan, PlayedEpisode, ScoredGroup, SlotMeter, play_groups
+from ..engine.stream import AllScope, GroupPlan, PlayedEpisode, ScoredGroup, SlotMeter, play_groups
 from ..trajectory.types import Prompt
 
 if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
@@ -139,7 +139,7 @@ class RolloutFunction:
                 yield group
                 del group  # not kept (its episodes' images) while the next group plays
 
-    async def play(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
+    async def play(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: AllScope = "group",
                    may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                    model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
                    max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
