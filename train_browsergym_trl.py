@@ -12,7 +12,7 @@ step; at the end it prints the mean score of the first and last steps and writes
 A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and calls it, so the run writes the same
 run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).
 
-Two-GPU recipe (docs/browsergym.md):
+Two-GPU recipe (docs/setup.md):
   CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen2.5-0.5B-Instruct
   CUDA_VISIBLE_DEVICES=1 python train_browsergym_trl.py --model Qwen/Qwen2.5-0.5B-Instruct \\
       --vllm-server-url http://localhost:8000 --tasks click-test,click-button,focus-text,enter-text \\

@@ -247,7 +247,7 @@ def _overrides(args: argparse.Namespace, env_url: str, seeds) -> "EvalOverrides"
 
 def _held_out(args: argparse.Namespace, env_url: str, split, base_url: str, tokenizer, prompt):
     from ep_trl import create_rollout_func
-    from ep_trl.devtools.heldout import play_held_out
+    from ep_trl.cli.heldout import play_held_out
     from ep_trl.devtools.miniwob_instances import SeedSource
     from ep_trl.envs.browsergym.actions import parse_action
 

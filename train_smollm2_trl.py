@@ -17,13 +17,14 @@ an earlier scoring).
 Measured (docs/benchmarks.md, "A real pretrained model"): held-out 0.213 -> 1.000 on seeds 0 and 1, the trained
 model answering every held-out review with its label alone. ``result.json`` keeps each held-out row's reply, score
 and the eval body's reason, before and after.
+
+A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and calls it, so the run writes the same
+run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).
 """
 
 import argparse
-import json
 import os
 import sys
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -31,9 +32,6 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 HERE = Path(__file__).resolve().parent
-#: What result.json keeps of each logged step.
-STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
-               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction")
 
 
 def parse_args(argv=None):
@@ -59,92 +57,32 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    """``ep-trl train`` with this script's defaults: SmolLM2 (built offline) unless --model, a CPU vLLM server started
+    on it for the run unless --vllm-base-url (``DiskSyncGRPOTrainer`` keeps it on the trainer's weights, so it scores
+    the held-out rows before and after), and batches that mix the labels unless --shuffled."""
     args = parse_args(argv)
-    from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
-
-    script_logging()
-
-    from transformers import PrinterCallback
-    from trl import GRPOConfig
-
-    from ep_trl import create_rollout_func, dataset_from_eval
-    from ep_trl.devtools import run_record
+    from ep_trl.cli import train
+    from ep_trl.cli.presets import common_defaults
     from ep_trl.devtools.batches import interleave_by_ground_truth
     from ep_trl.devtools.cpu_vllm import vllm_server
-    from ep_trl.devtools.heldout import score_held_out
     from ep_trl.devtools.real_model import build_smollm2
-    from ep_trl.rewards import eval_score
-    from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 
-    started = time.monotonic()
-    record = run_record.start(HERE, [__file__, *(sys.argv[1:] if argv is None else argv)])
-    output = Path(args.output_dir)
     model = args.model or str(build_smollm2())
-    split = dataset_from_eval(args.env_path).train_test_split(test_size=args.held_out, seed=args.split_seed)
-    train_rows, held_out = split["train"], split["test"]["prompt"]
-    if not args.shuffled:
-        train_rows = interleave_by_ground_truth(train_rows, args.env_path, seed=args.seed)
-    print(f"model {model}; eval {args.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out rows",
-          flush=True)
 
-    server_cm = nullcontext(None) if args.vllm_base_url else vllm_server(model, output / "logs", max_model_len=1024)
-    with server_cm as server:
-        base_url = args.vllm_base_url or server.base_url
-        served = _served_model(base_url)
-        before = score_held_out(args.env_path, held_out, base_url=base_url, model=served)
-        print(f"held-out score before training: {before.mean:.4f} (greedy, {len(held_out)} rows)", flush=True)
+    def balanced(rows):
+        return rows if args.shuffled else interleave_by_ground_truth(rows, args.env_path, seed=args.seed)
 
-        config = GRPOConfig(
-            output_dir=str(output), use_cpu=True, bf16=False, seed=args.seed, use_vllm=True, vllm_mode="server",
-            vllm_server_base_url=base_url, per_device_train_batch_size=args.batch_size,
-            num_generations=args.num_generations, max_completion_length=24, temperature=args.temperature,
-            learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
-            gradient_checkpointing=False, shuffle_dataset=args.shuffled, report_to=[], disable_tqdm=True,
-        )
-        rollout = create_rollout_func(args.env_path)
-        training_started = time.monotonic()  # train_s: the trainer's construction to train()'s return (docs)
-        try:
-            trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score], args=config,
-                                          train_dataset=train_rows, rollout_func=rollout,
-                                          callbacks=[ProgressPrinter()])
-            trainer.remove_callback(PrinterCallback)
-            trainer.train()
-            train_s = time.monotonic() - training_started
-        finally:
-            rollout.close()
-        after = score_held_out(  # the server holds the trained weights once train() returns
-            args.env_path, held_out, base_url=base_url, model=served)
-        print(f"held-out score after training: {after.mean:.4f} (greedy, {len(held_out)} rows)", flush=True)
-
-    steps = int(trainer.state.global_step)
-    summary = report_training(trainer.state.log_history, output / "reward_curve.png",
-                              episodes_per_step=args.batch_size, started=started,
-                              title=f"{Path(__file__).name}: SmolLM2-135M-Instruct on "
-                                    f"{args.env_path.rsplit('::', 1)[-1]}", argv=argv,
-                              marks=[(0, before.mean, "held-out before"), (steps, after.mean, "held-out after")])
-    result = {"run": run_record.finish(record), "seed": args.seed, "steps": steps, "held_out_rows": len(held_out),
-              "held_out_before": before.mean,
-              "held_out_after": after.mean, "train_first": summary.first, "train_last": summary.last,
-              "wall_s": round(time.monotonic() - started, 1), "train_s": round(train_s, 1),
-              "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
-                               if "rewards/eval_score/mean" in entry],
-              "held_out_before_rows": _rows(before), "held_out_after_rows": _rows(after)}
-    (output / "result.json").write_text(json.dumps(result, indent=1))
-    print(f"held-out score {before.mean:.4f} -> {after.mean:.4f} ({after.mean - before.mean:+.4f}); "
-          f"result: {output / 'result.json'}", flush=True)
-    return 0
-
-
-def _rows(score) -> list[dict]:
-    """Each held-out row's reply, score and the eval body's reason, so a run's result shows what the score counted."""
-    return [{"reply": reply, "score": value, "reason": reason}
-            for reply, value, reason in zip(score.replies, score.scores, score.reasons)]
-
-
-def _served_model(base_url: str) -> str:
-    from ep_trl.generation.vllm import probe_server
-
-    return probe_server(base_url, 10.0).model
+    defaults = common_defaults(args, model=model, held_out=args.held_out, held_out_seed=args.split_seed,
+                               shuffle_dataset=args.shuffled, max_completion_length=24, gradient_checkpointing=False)
+    started = nullcontext(None) if args.vllm_base_url else vllm_server(model, Path(args.output_dir) / "logs",
+                                                                      max_model_len=1024)
+    with started as server:
+        url = args.vllm_base_url or server.base_url
+        return train.main([], train.Preset(
+            prog=Path(__file__).name, title=f"{Path(__file__).name}: SmolLM2-135M-Instruct on "
+                                            f"{args.env_path.rsplit('::', 1)[-1]}",
+            defaults={**defaults, "vllm_server_url": url}, train_rows=balanced,
+            command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ same eval, the same number of samples trained, the wall clock of each and where 
         --tail-every 10 --tail-latency-s 2.0 --out benchmarks/results/async_stragglers.json
     # (c) generation on its own device: the same, with a stand-in server that sleeps per token instead of computing
     python benchmarks/async_overlap.py --server sleep --per-token-s 0.01 --steps 12 --batch 8 --env-latency-s 0.3 \
-        --out benchmarks/results/async_overlap_sleep.json
+        --repeats 3 --out benchmarks/results/async_overlap_sleep.json
 
 Both arms train the tiny model on the letters eval (``tests.evals.eval_letters``: 3 environment steps per episode, 12
 tokens per turn, ``--env-latency-s`` per step) with generation on one CPU vLLM server kept on the trainer's weights
@@ -44,6 +44,22 @@ measures: every episode plays its 3 steps whatever the text.
 tokenizer instead of the tiny one: the tiny model's training step is a fraction of a step's rollouts, while a real
 model's, on its own device, is not.
 
+``--repeats N`` runs every arm N times, interleaved (sync, async, sync, async, ...: load drift hits the arms alike),
+on one server, a fresh letters server per run. With both ``sync`` and ``async`` the result's ``summary`` holds, per
+repeat and as medians over the repeats (:func:`compare`):
+
+* ``async_over_sync``: the asynchronous wall over the synchronous wall of the same repeat (what a user gets).
+* ``overlap_only``: the asynchronous wall over ``sync rollout_s + async train_s``: the synchronous schedule (rollouts,
+  then training, nothing overlapped) of the synchronous arm's rollouts and the asynchronous trainer's own training.
+  ``AsyncGRPOTrainer`` trains a step faster than ``GRPOTrainer`` (packed batches, no second forward pass), which the
+  total ratio counts as a gain; this ratio counts only what running the two side by side saves.
+* ``overlap_floor``: ``max(sync rollout_s, async train_s)`` over the same sum: ``overlap_only`` with training hidden
+  entirely behind rollouts as long as the synchronous arm's.
+* ``rollout_bound``: the asynchronous arm's own rollout time (slot time / slots, every episode it started) over the
+  same sum: how far under 1 its rollouts alone allow.
+* per arm, ``episode_slot_s``: rollout time x slots / episodes (sync: the trained ones; async: all it started), the
+  time an episode holds a slot; and the async arm's share of started episodes never trained.
+
 Every process runs with one OpenMP thread (the trainer on one core, the server on the other). ``--smoke`` runs
 the smallest configuration (2 steps of 4 episodes, no environment latency) to check that every arm still runs.
 """
@@ -52,6 +68,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -94,11 +111,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trainer-width", type=int, default=0,
                         help="--server sleep: train a wider model than the tiny one (hidden size; 0: the tiny model)")
     parser.add_argument("--trainer-layers", type=int, default=2, help="--server sleep: its number of layers")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every arm, interleaved (sync, async, sync, async, ...); medians in `summary`")
     parser.add_argument("--smoke", action="store_true", help="the smallest run: --steps 2 --batch 4, no latency")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "async_overlap.json")
     args = parser.parse_args()
     if args.trainer_width and args.server != "sleep":
         parser.error("--trainer-width needs --server sleep: the CPU vLLM server serves the tiny model")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     if args.smoke:
         args.steps, args.batch, args.env_latency_s, args.tail_latency_s = 2, 4, 0.0, 0.0
     return args
@@ -262,6 +283,35 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
             "staleness_mean": [h.get("sample/staleness_mean") for h in steps]}
 
 
+def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per repeat, the asynchronous arm against the synchronous one (the ratios in the module's docstring), and the
+    medians over the repeats of those ratios and of each arm's numeric fields."""
+    by = {(row["repeat"], row["arm"]): row for row in results}
+    repeats = sorted({row["repeat"] for row in results})
+    per_repeat = []
+    for r in repeats:
+        sync, run = by.get((r, "sync")), by.get((r, "async"))
+        if sync is None or run is None:
+            continue
+        schedule = sync["rollout_s"] + run["train_s"]
+        per_repeat.append({
+            "repeat": r, "async_over_sync": run["wall_s"] / sync["wall_s"],
+            "overlap_only": run["wall_s"] / schedule,
+            "overlap_floor": max(sync["rollout_s"], run["train_s"]) / schedule,
+            "rollout_bound": run["rollout_s"] / schedule,
+            "sync_rest_share": sync["train_s"] / sync["wall_s"]})
+    arms = {}
+    for arm in dict.fromkeys(row["arm"] for row in results):
+        rows = [row for row in results if row["arm"] == arm]
+        fields = [k for k, v in rows[0].items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat"]
+        arms[arm] = {k: statistics.median([row[k] for row in rows if row.get(k) is not None]) for k in fields
+                     if any(row.get(k) is not None for row in rows)}
+    ratios = ({k: statistics.median([p[k] for p in per_repeat]) for k in per_repeat[0] if k != "repeat"}
+              if per_repeat else {})
+    return {"repeats": len(repeats), "per_repeat": per_repeat, "median": ratios, "arms": arms}
+
+
 def main() -> None:
     args = parse_args()
     record = run_record.start(REPO_ROOT)
@@ -284,34 +334,46 @@ def main() -> None:
     serve = (vllm_server(model_dir, work / "logs", max_model_len=1024) if args.server == "vllm" else
              sleeping_server(model_dir, work / "logs", args.per_token_s, args.reply_tokens))
     with serve as server:
-        for arm in arms:  # a fresh letters server per arm: each sees the same stragglers
-            letters = start_letters_server(work / "logs" / arm, env=letters_env)
-            os.environ["LETTERS_ENV_URL"] = letters.base_url
-            try:
-                load_before = os.getloadavg()[0]
-                results.append(sync_arm(args, model_dir, server.base_url, work) if arm == "sync" else
-                               async_arm(args, model_dir, server.base_url, work, arm))
-                results[-1]["load_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-            finally:
-                letters.stop()
-    for row in results:
-        bound = max(row["rollout_s"], row["train_s"])
-        row["wall_over_max"] = row["wall_s"] / bound
-        row["wall_over_sum"] = row["wall_s"] / (row["rollout_s"] + row["train_s"])
-        extra = (f" | slots busy {row['slot_occupancy']:.0%} | {row['samples_produced_per_s']:.2f} samples/s produced"
-                 f" | episodes p50 {row['episode_p50_s']:.2f} s p99 {row['episode_p99_s']:.2f} s"
-                 if "slot_occupancy" in row else "")
-        print(f"{row['arm']:>8}: wall {row['wall_s']:6.1f} s | rollout {row['rollout_s']:6.1f} s | train "
-              f"{row['train_s']:6.1f} s | wall / max {row['wall_over_max']:.2f} | wall / sum {row['wall_over_sum']:.2f}"
-              f"{extra}", flush=True)
-    if "sync" in arms and "async" in arms:
-        walls = {row["arm"]: row["wall_s"] for row in results}
-        print(f"async wall / sync wall: {walls['async'] / walls['sync']:.2f}", flush=True)
+        for repeat in range(args.repeats):  # interleaved: sync, async, sync, async, ...
+            for arm in arms:  # a fresh letters server per run: each sees the same stragglers
+                letters = start_letters_server(work / "logs" / f"{arm}-{repeat}", env=letters_env)
+                os.environ["LETTERS_ENV_URL"] = letters.base_url
+                try:
+                    load_before = os.getloadavg()[0]
+                    row = (sync_arm(args, model_dir, server.base_url, work / str(repeat)) if arm == "sync" else
+                           async_arm(args, model_dir, server.base_url, work / str(repeat), arm))
+                    row["repeat"] = repeat
+                    row["load_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+                finally:
+                    letters.stop()
+                row["wall_over_max"] = row["wall_s"] / max(row["rollout_s"], row["train_s"])
+                row["wall_over_sum"] = row["wall_s"] / (row["rollout_s"] + row["train_s"])
+                row["episode_slot_s"] = row["rollout_s"] * row["slots"] / row.get("episodes_started", row["samples"])
+                if "episodes_started" in row:
+                    row["untrained_share"] = 1 - row["samples"] / row["episodes_started"]
+                results.append(row)
+                extra = (f" | slots busy {row['slot_occupancy']:.0%} | {row['samples_produced_per_s']:.2f} samples/s "
+                         f"produced | episodes p50 {row['episode_p50_s']:.2f} s p99 {row['episode_p99_s']:.2f} s"
+                         if "slot_occupancy" in row else "")
+                print(f"repeat {repeat} {row['arm']:>8}: wall {row['wall_s']:6.1f} s | rollout "
+                      f"{row['rollout_s']:6.1f} s | "
+                      f"train {row['train_s']:6.1f} s | wall / max {row['wall_over_max']:.2f} | wall / sum "
+                      f"{row['wall_over_sum']:.2f} | episode per slot {row['episode_slot_s']:.2f} s{extra}", flush=True)
+    summary = compare(results)
+    for ratios in summary["per_repeat"]:
+        print(f"repeat {ratios['repeat']}: async / sync wall {ratios['async_over_sync']:.2f} | overlap only "
+              f"{ratios['overlap_only']:.2f} (floor {ratios['overlap_floor']:.2f}, async rollouts "
+              f"{ratios['rollout_bound']:.2f})", flush=True)
+    if summary["median"]:
+        m = summary["median"]
+        print(f"median of {summary['repeats']}: async / sync wall {m['async_over_sync']:.2f} | overlap only "
+              f"{m['overlap_only']:.2f} (floor {m['overlap_floor']:.2f}, async rollouts {m['rollout_bound']:.2f})",
+              flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "run": run_record.finish(record),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "results": results}, indent=1) + "\n")
+        "summary": summary, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

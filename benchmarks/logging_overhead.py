@@ -8,12 +8,14 @@ hits both alike. Rows are not flushed between calls: the writer thread competes 
 training. Prints, per mode, the median and spread of call wall times and the median process CPU time per call
 (all threads; less sensitive than wall time to other processes on a shared machine), and the writer's own time
 (time in ``log()`` on the training path, the background thread's time, the token views' share of it).
+Writes every call and the summary to ``--out`` with the run's record (``ep_trl.devtools.run_record``).
 Results: docs/ep-logs.md.
 
-    python benchmarks/logging_overhead.py --repeats 7
+    python benchmarks/logging_overhead.py --repeats 25 --out benchmarks/results/logging_overhead.json
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -26,6 +28,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # before eval_protocol picks its store
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+
+from ep_trl.devtools import run_record  # noqa: E402
+
 EVAL = str(HERE / "examples" / "letters_eval.py") + "::test_letters"
 
 
@@ -38,11 +44,14 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=16, help="sampled tokens per turn")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
         help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
+    p.add_argument("--out", type=Path, default=HERE / "benchmarks" / "results" / "logging_overhead.json",
+        help="the result file: every timed call, the summary and the run's record")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    record = run_record.start(HERE, None if argv is None else [sys.argv[0], *argv])
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -69,6 +78,7 @@ def main(argv=None) -> int:
                               rollout_func=fns["off"])
         times: dict[str, list[float]] = {"on": [], "off": []}
         cpu: dict[str, list[float]] = {"on": [], "off": []}
+        runs: list[dict] = []
         try:
             for fn in fns.values() if args.warm_up else ():
                 fn(prompts, trainer)  # warm-up: generator set-up, first connections
@@ -81,6 +91,8 @@ def main(argv=None) -> int:
                     fns[mode](prompts, trainer)
                     times[mode].append(time.perf_counter() - started)
                     cpu[mode].append(time.process_time() - cpu_started)
+                    runs.append({"repeat": r, "logging": mode, "wall_s": times[mode][-1], "cpu_s": cpu[mode][-1],
+                                 "load_1min": round(os.getloadavg()[0], 2)})
             started = time.perf_counter()
             fns["on"].flush_logs()
             flush_s = time.perf_counter() - started
@@ -109,6 +121,19 @@ def main(argv=None) -> int:
     print(f"  writer thread: {write_s / calls * 1e3:.1f} ms per call, {written} rows written "
           f"({write_s / max(1, written) * 1e3:.2f} ms per row; token views {view_s / calls * 1e3:.1f} ms per call)")
     print(f"  final flush: {flush_s * 1e3:.0f} ms; store: {Path(os.environ['HOME'], '.eval_protocol', 'logs.db')}")
+    summary = {
+        "median_wall_s": {"off": off, "on": on}, "median_cpu_s": {"off": cpu_off, "on": cpu_on},
+        "wall_range_s": {mode: [min(times[mode]), max(times[mode])] for mode in times},
+        "paired_on_minus_off_s": {"median": statistics.median(paired), "q1": q1, "q3": q3},
+        "log_call_ms_per_call": enqueue_s / calls * 1e3, "log_call_us_per_row": enqueue_s / max(1, queued) * 1e6,
+        "writer_ms_per_call": write_s / calls * 1e3, "rows_written": written,
+        "writer_ms_per_row": write_s / max(1, written) * 1e3, "token_views_ms_per_call": view_s / calls * 1e3,
+        "final_flush_ms": flush_s * 1e3}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    args.out.write_text(json.dumps({"run": run_record.finish(record), "settings": settings, "summary": summary,
+                                    "runs": runs}, indent=1) + "\n")
+    print(f"result: {args.out}")
     return 0
 
 

@@ -42,8 +42,9 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
 
 def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
     """Issue 34: the caller went into settings, backend choice and rows, each asking it again. Now
-    ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the adapters
-    that receive a caller (``adapters.rollout_func``, ``adapters.sharded``) name the caller protocol."""
+    ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the engine that
+    hands a caller to it (``engine.engine``) and the adapters that receive a caller (``adapters.rollout_func``,
+    ``adapters.sharded``) name the caller protocol."""
     naming = set()
     for name, path in import_layers.modules().items():
         tree = ast.parse(path.read_text())
@@ -54,8 +55,8 @@ def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
                   and isinstance(node.value, str) and node.value == "RolloutCaller"}  # a quoted annotation
         if "RolloutCaller" in names:
             naming.add(name)
-    assert naming == {"ep_trl.engine.caller", "ep_trl.engine.call_setup", "ep_trl.adapters.rollout_func",
-                      "ep_trl.adapters.sharded"}, sorted(naming)
+    assert naming == {"ep_trl.engine.caller", "ep_trl.engine.call_setup", "ep_trl.engine.engine",
+                      "ep_trl.adapters.rollout_func", "ep_trl.adapters.sharded"}, sorted(naming)
 
 
 def _docstring_only(path: Path) -> bool:
@@ -105,3 +106,100 @@ def test_the_table_check_sees_a_new_module_and_a_gone_one(tmp_path):
 def test_src_ep_trl_has_at_most_18_entries_besides_its_init():
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__init__.py", "__pycache__"))
     assert len(entries) <= 18, entries
+
+
+ADAPTERS = PACKAGE / "adapters"
+#: The only attribute accesses ``x._name`` in ``adapters/`` where ``x`` is not ``self`` or ``cls``, each with why.
+PRIVATE_ACCESS_ALLOWED = {
+    "os._exit": "the standard library's public exit without cleanup (a shard process whose trainer is gone)",
+    "multiprocessing.process._children": "multiprocessing's list of a process's children, which has no public API: a "
+                                         "forked child must take its parent's shard processes off it "
+                                         "(ShardedRolloutFunction.disown_shards)",
+}
+
+
+def private_accesses(source: str) -> list[str]:
+    """Every ``x._name`` in ``source`` (as written, with its line) where ``x`` is not ``self``/``cls`` and ``_name``
+    is no dunder, less :data:`PRIVATE_ACCESS_ALLOWED`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") and node.attr.endswith("__"):
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        if ast.unparse(node) not in PRIVATE_ACCESS_ALLOWED:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_adapter_reaches_into_another_objects_private_members():
+    """Issue 41: the async worker drove a whole rollout function from outside, and the shard processes' parent read
+    another object's ``_workers``. The adapters use the engine's (and each other's) public methods only."""
+    found = {path.name: private_accesses(path.read_text()) for path in sorted(ADAPTERS.glob("*.py"))}
+    assert len(found) >= 5  # the adapters were read
+    assert {name: hits for name, hits in found.items() if hits} == {}
+
+
+def test_the_private_access_check_sees_what_it_must():
+    source = ("self._a; cls._b; x.__name__; os._exit(1); self._function.run(); other._c; self.engine._runner.run()\n"
+              "multiprocessing.process._children; import x as _y; _y.z\n")
+    assert private_accesses(source) == ["1: other._c", "1: self.engine._runner"]
+
+
+def test_the_async_worker_holds_an_engine_not_a_rollout_function():
+    """Issue 41: ``EvalRolloutWorker`` built a ``RolloutFunction`` (a GRPO adapter) and drove nine of its members; it
+    builds an engine (``ep_trl.engine.engine.build_engine``) and uses its public methods."""
+    tree = ast.parse((ADAPTERS / "async_worker.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    named = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert "build_engine" in imported and "engine.engine" in imported
+    assert not {"RolloutFunction", "create_rollout_func", "create_openenv_vllm_rollout_func",
+                "rollout_func"} & (imported | named)
+
+
+#: What code outside ``generation/`` may import of it: the protocol (the package), backend choice, server probing and
+#: the versioned view of a backend. The backends themselves (``trainer``, ``vllm``, ``colocate``, and ``batching``,
+#: which only they use) are reached through ``generation.choice``.
+GENERATION_ENTRIES = frozenset({"ep_trl.generation", "ep_trl.generation.choice", "ep_trl.generation.probe",
+                                "ep_trl.generation.versioned"})
+#: Modules outside ``generation/`` that import a backend module, with the reason (none today: the trainers that drive
+#: TRL's engine take nothing of ep_trl's backends, and ``devtools``, ``envs`` and ``cli`` build theirs through
+#: ``generation.choice`` like everything else).
+BACKEND_IMPORT_EXCEPTIONS: dict[str, str] = {}
+
+
+def backend_importers(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module outside ``generation/`` (``devtools`` and ``envs`` included) that imports a module of
+    ``generation/`` other than ``GENERATION_ENTRIES``, with the ones it imports."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = import_layers.imports(found)
+    inside = f"{package.name}.generation"
+    return {name: backends for name, targets in graph.items() if not (name == inside or name.startswith(inside + "."))
+            if (backends := {t for t in targets if t.startswith(inside + ".") and t not in GENERATION_ENTRIES})}
+
+
+def test_no_module_outside_generation_imports_a_backend_module():
+    """Issue 41: ``adapters/rollout_func.py``, ``adapters/async_worker.py``, ``cli/train.py`` and the disk-sync trainer
+    imported ``generation.vllm`` to probe a server, and ``cli/serve.py`` built ``generation.trainer``'s backend itself,
+    while docs/architecture.md calls ``generation/choice.py`` "the only code that names backends"."""
+    importers = backend_importers()
+    assert {name: sorted(b) for name, b in importers.items() if name not in BACKEND_IMPORT_EXCEPTIONS} == {}
+
+
+def test_the_backend_import_check_sees_a_backend_imported_from_outside(tmp_path):
+    package = tmp_path / "ep_trl"
+    (package / "generation").mkdir(parents=True)
+    (package / "devtools").mkdir()
+    for name in ("__init__.py", "generation/__init__.py", "generation/vllm.py", "generation/probe.py"):
+        (package / name).write_text("")
+    (package / "generation" / "choice.py").write_text("def f():\n    from .vllm import X\n")
+    (package / "devtools" / "tool.py").write_text("from ..generation.probe import probe_server\n"
+                                                  "def g():\n    from ep_trl.generation import vllm\n")
+    assert backend_importers(package) == {"ep_trl.devtools.tool": {"ep_trl.generation.vllm"}}

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 SMALLEST: dict[str, list[str]] = {
     "async_image_processing.py": ["--processors", "tiny", "--repeats", "1", "--groups", "1", "--screenshots", "1",
                                   "--out", "{out}"],
-    "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--out", "{out}"],
+    "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--repeats", "2", "--out",
+                         "{out}"],
     "ceiling_table.py": ["--results", "benchmarks/results/history", "--out", "{out}"],
     "bridge_ceiling.py": ["--arms", "openenv", "openenv_client", "single_turn", "agent", "chat", "--concurrency", "1",
                           "--turns", "1", "--logs", "on", "--episodes", "2", "--repeats", "1", "--out", "{out}"],
@@ -32,7 +33,7 @@ SMALLEST: dict[str, list[str]] = {
     "http_client_cpu.py": ["--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1", "--out", "{out}"],
     "import_time.py": ["--repeats", "1", "--episodes", "2", "--measures", "import", "processor_run", "--out", "{out}"],
     "logging_overhead.py": ["--repeats", "1", "--episodes", "4", "--max-steps", "1", "--max-tokens", "2",
-                            "--no-warm-up"],
+                            "--no-warm-up", "--out", "{out}"],
     "real_model.py": ["--vllm-url", "{vllm}", "--concurrency", "1", "--episodes", "2", "--repeats", "1",
                       "--train-steps", "1", "--no-warm-up", "--out", "{out}"],
     "processor_overlap.py": ["--episodes", "2", "--concurrency", "2", "--repeats", "1", "--tool-latency-s", "0",
@@ -55,8 +56,27 @@ def rollout_throughput_ran_every_arm(result: dict, stdout: str) -> None:
     assert "| ep_trl | 2 |" in stdout
 
 
+def async_overlap_interleaved_its_repeats(result: dict, stdout: str) -> None:
+    """docs/benchmarks.md's async figures are medians of interleaved repeats, with the overlap-only ratio computed
+    from each repeat's own sync and async rows."""
+    rows = result["results"]
+    assert [(r["repeat"], r["arm"]) for r in rows] == [
+        (0, "sync"), (0, "async"), (0, "per-call"), (1, "sync"), (1, "async"), (1, "per-call")]
+    summary = result["summary"]
+    assert summary["repeats"] == 2 and [p["repeat"] for p in summary["per_repeat"]] == [0, 1]
+    for ratios in summary["per_repeat"]:
+        sync, run = (next(r for r in rows if r["repeat"] == ratios["repeat"] and r["arm"] == arm)
+                     for arm in ("sync", "async"))
+        assert ratios["overlap_only"] == pytest.approx(run["wall_s"] / (sync["rollout_s"] + run["train_s"]))
+        assert ratios["async_over_sync"] == pytest.approx(run["wall_s"] / sync["wall_s"])
+    walls = sorted(r["wall_s"] for r in rows if r["arm"] == "async")
+    assert summary["arms"]["async"]["wall_s"] == pytest.approx(sum(walls) / 2)  # the median of two
+    assert "median of 2: async / sync wall" in stdout
+
+
 #: script -> what its smallest run must also show, beyond a result file with a run record and rows.
-CHECKS = {"rollout_throughput.py": rollout_throughput_ran_every_arm}
+CHECKS = {"rollout_throughput.py": rollout_throughput_ran_every_arm,
+          "async_overlap.py": async_overlap_interleaved_its_repeats}
 NEEDS_VLLM = sorted(name for name, args in SMALLEST.items() if "{vllm}" in args)
 STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)
 

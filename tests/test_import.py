@@ -1,7 +1,7 @@
 """What ``import ep_trl`` loads, and what a processor eval's run loads: OpenEnv only for an OpenEnv environment.
 
 ``openenv.core`` imports gradio, fastmcp and IPython (seconds). ``import ep_trl`` used to load it through
-``env_servers``; every worker process and user script paid for it, including those whose eval has no OpenEnv
+``env_servers``; every shard process and user script paid for it, including those whose eval has no OpenEnv
 environment. Each check runs in a fresh interpreter, since this test process has OpenEnv loaded by other tests.
 """
 

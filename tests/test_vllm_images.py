@@ -188,7 +188,7 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     trains a real step on the others without an error."""
     import dataclasses
 
-    from ep_trl.trajectory.tokens import tokens as trajectory_module
+    from ep_trl.trajectory import tokens as trajectory_module
     from ep_trl.trajectory.sample_images import placeholder_mismatch
 
     real_build, built = trajectory_module.TrajectoryBuilder.build, []
@@ -267,7 +267,7 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server,
                                                                     tmp_path):
     """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.cli.modes, what
     train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
-    model's processor and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
+    model's processing class and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
     from ep_trl.cli.modes import TrainingMode
 
     mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
@@ -303,7 +303,7 @@ def test_max_buffered_images_bounds_every_image_the_worker_holds(vlm_server, tin
     reference): while nobody drains the buffer, and then as the test takes one group's samples at a time, the images
     alive, and the worker's own count (held_images), never exceed 2; the worker starts one group per group taken.
     Before, only the buffer's images were bounded: all 8 slots started at once, 8 images in flight."""
-    from ep_trl.trajectory.tokens import tokens as trajectory_module
+    from ep_trl.trajectory import tokens as trajectory_module
 
     decoded, real_load = [], trajectory_module.load_image
 

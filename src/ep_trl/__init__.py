@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .dataset import dataset_from_eval
 
 #: The public names whose modules import eval-protocol, aiohttp, transformers and the rest of the bridge: imported
-#: at their first use (``from ep_trl import X`` or ``ep_trl.X``), so that ``import ep_trl`` alone (a worker process,
+#: at their first use (``from ep_trl import X`` or ``ep_trl.X``), so that ``import ep_trl`` alone (a shard process,
 #: a script's ``--help``, the errors and options) costs no more than the errors and options (tests/test_import.py).
 _LAZY = {"dataset_from_eval": "dataset", "RolloutFunction": "adapters.rollout_func",
          "create_openenv_vllm_rollout_func": "adapters.rollout_func", "create_rollout_func": "adapters.rollout_func",

@@ -198,8 +198,8 @@ class RolloutOptions:
         body_timeout_s: how long one call of the eval body may take; past it, its rows are unscored (counted).
         max_signal_free_calls: raise ``NoTrainingSignalError`` after this many consecutive rollout calls in which
             no episode got a score (every one failed or went unscored): such steps train on nothing.
-        worker_processes: play each call's episodes in this many worker processes (1: in the trainer's process).
-            Each worker has its own event loop, endpoint and environment sessions and plays a contiguous share of
+        worker_processes: play each call's episodes in this many shard processes (1: in the trainer's process).
+            Each shard process has its own event loop, endpoint and environment sessions and plays a contiguous share of
             the prompt groups, up to the eval's ``max_concurrent_rollouts`` at once; the results come back in
             prompt order. For when the trainer's one Python process is the limit (an eval's processor whose model
             client costs milliseconds per call, with generation on a GPU server); needs a vLLM server backend

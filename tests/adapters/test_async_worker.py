@@ -18,7 +18,7 @@ from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptio
 from ep_trl.adapters import async_worker as worker_module
 from ep_trl.adapters import trl_seam
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
-from ep_trl.generation.vllm import served_models
+from ep_trl.generation.probe import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from tests.support.async_training import Recorded, VersionSnapshots, turn_source, wait_until
 from tests.support.faulty_vllm import FaultyVLLMServer

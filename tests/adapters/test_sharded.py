@@ -1,4 +1,4 @@
-"""Episodes played by worker processes (``RolloutOptions(worker_processes=N)``): the same output, in prompt order."""
+"""Episodes played by shard processes (``RolloutOptions(worker_processes=N)``): the same output, in prompt order."""
 
 import textwrap
 
@@ -14,10 +14,10 @@ ARITHMETIC = "tests.evals.eval_arithmetic"
 
 
 def test_shards_are_whole_contiguous_groups():
-    assert shard_bounds(groups=4, group_size=2, total=8, workers=2) == [(0, 4), (4, 8)]
-    assert shard_bounds(groups=3, group_size=2, total=6, workers=2) == [(0, 2), (2, 6)]
-    assert shard_bounds(groups=1, group_size=4, total=4, workers=3) == [(0, 4)]
-    assert shard_bounds(groups=2, group_size=4, total=7, workers=2) == [(0, 4), (4, 7)]
+    assert shard_bounds(groups=4, group_size=2, total=8, processes=2) == [(0, 4), (4, 8)]
+    assert shard_bounds(groups=3, group_size=2, total=6, processes=2) == [(0, 2), (2, 6)]
+    assert shard_bounds(groups=1, group_size=4, total=4, processes=3) == [(0, 4)]
+    assert shard_bounds(groups=2, group_size=4, total=7, processes=2) == [(0, 4), (4, 7)]
 
 
 def test_outputs_join_in_shard_order_and_metrics_combine():
@@ -42,7 +42,7 @@ def group_numbers(log_home, rollout_ids):
 
 
 def shard_processes():
-    """This process's worker processes (its children named ep-trl-shard-N), in order."""
+    """This process's shard processes (its children named ep-trl-shard-N), in order."""
     import multiprocessing
 
     return sorted((p for p in multiprocessing.active_children() if p.name.startswith("ep-trl-shard-")),
@@ -127,7 +127,7 @@ def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_term
             prompts = {prompts!r}
             config = TrainingConfig(AutoTokenizer.from_pretrained({str(tiny_model_dir)!r}), num_generations=2,
                                     max_completion_length=32, sampling=SamplingParams(), vllm_mode="server")
-            # one worker process (what worker_processes=N makes, N times): the test's cost is the worker's start-up
+            # one shard process (what worker_processes=N makes, N times): the test's cost is the worker's start-up
             factory_kwargs = dict(vllm_base_url={server.url!r}, log_rollouts=False)
             sharded = ShardedRolloutFunction({ARITHMETIC!r}, factory_kwargs, 1, "sharded",
                                              build=create_openenv_vllm_rollout_func)

@@ -30,7 +30,7 @@ class ScriptedGenerator:
     def __init__(self, tokenizer, texts):
         self._ids = [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
                      for t in texts]
-        self.contexts = []
+        self.prompts = []
 
     async def begin_call(self):
         pass
@@ -39,7 +39,7 @@ class ScriptedGenerator:
         pass
 
     async def generate(self, prompt_ids, params: SamplingParams, images=None) -> Generation:
-        self.contexts.append(list(prompt_ids))
+        self.prompts.append(list(prompt_ids))
         ids = self._ids.pop(0)[: params.max_tokens]
         return Generation(tuple(ids), (-1.0,) * len(ids), "stop")
 
@@ -83,8 +83,8 @@ def test_a_tool_loop_extends_one_segment_with_the_tool_result_masked(tokenizer):
     trajectory = rollout.trajectory(USER)
     assert rollout.forks == 0 and trajectory.realigned == 0
     # the second call was generated from exactly the held ids: prompt, sampled call, masked bridge
-    assert generator.contexts[1] == list(trajectory.prompt_ids) + list(trajectory.completion_ids[:len(
-        generator.contexts[1]) - len(trajectory.prompt_ids)])
+    assert generator.prompts[1] == list(trajectory.prompt_ids) + list(trajectory.completion_ids[:len(
+        generator.prompts[1]) - len(trajectory.prompt_ids)])
     texts = [tokenizer.decode(s, skip_special_tokens=True) for s in trajectory.sampled_segments()]
     assert texts == [CALL, "3"]
     inserted = [t for t, m in zip(trajectory.completion_ids, trajectory.env_mask) if not m]
@@ -119,7 +119,7 @@ def test_a_spent_budget_answers_an_empty_unrecorded_reply(tokenizer):
     reply = asyncio.run(rollout.turn(TurnRequest(tuple(history), TOOLS)))
     assert reply.message == {"role": "assistant", "content": ""} and reply.finish_reason == "length"
     assert rollout.stop_reason == "token_budget" and rollout.budget_blocked_tokens > 0
-    assert len(generator.contexts) == 1  # nothing generated for it, nothing recorded
+    assert len(generator.prompts) == 1  # nothing generated for it, nothing recorded
     assert len(rollout.trajectory(USER).sampled_segments()) == 1
 
 

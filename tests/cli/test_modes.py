@@ -107,7 +107,8 @@ def test_async_with_screenshots_trains_with_the_images_trainer(browsergym, monke
 
 def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tmp_path):
     """Colocate: TRL's engine in the trainer at the default memory share; async: an AsyncGRPOConfig on the server,
-    with fixed-size packing (CPU); a server without --async on CPU: not synced by TRL (NCCL needs a GPU)."""
+    with fixed-size packing (CPU); a server without --async on CPU: TRL's server mode, which DiskSyncGRPOTrainer keeps
+    on the trainer's weights through disk (NCCL needs a GPU)."""
     from trl import GRPOConfig
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
@@ -122,4 +123,15 @@ def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tm
     assert isinstance(lora_async, AsyncGRPOConfig) and lora_async.use_cpu and lora_async.token_budget == 0
     assert lora_async.vllm_server_base_url == URL
     server = config(letters, ["--vllm-base-url", URL])
-    assert isinstance(server, GRPOConfig) and server.use_cpu and not server.use_vllm
+    assert isinstance(server, GRPOConfig) and server.use_cpu and server.use_vllm and server.vllm_mode == "server"
+    assert server.vllm_server_base_url == URL
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--lora-r", r"DiskSyncGRPOTrainer, which does not support LoRA .*add --async"),
+    ("--screenshots", r"DiskSyncGRPOTrainer, which does not support rollout images in the loss: add --async"),
+])
+def test_a_synced_server_on_cpu_with_lora_or_screenshots_is_refused(browsergym, cpu_with_vllm, capsys, flag, message):
+    """DiskSyncGRPOTrainer merges no adapter and puts no image into the loss: refused before anything starts."""
+    argv = ["--vllm-base-url", URL, flag] + (["4"] if flag == "--lora-r" else [])
+    assert re.search(message, refused(browsergym, argv, capsys))

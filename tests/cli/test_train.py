@@ -67,6 +67,8 @@ def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir, 
     assert result["ended"] == "finished" and result["steps"] == 2 and 0 <= result["train_first"] <= 1
     assert result["run"]["command"].startswith("ep-trl train ") and result["run"]["commit"] is None  # no checkout
     assert result["versions"]["trl"] and result["run"]["wall_s"] > 0 and result["run"]["machine"]["cpus"]
+    assert [s["step"] for s in result["steps_logged"]] == [1, 2] and 0 < result["train_s"] < result["wall_s"]
+    assert result["held_out_rows"] == 0 and result["held_out_before_rows"] is None and result["seed"] == 42
     assert gone(server_pid(err))
 
 
@@ -260,3 +262,126 @@ def test_train_browsergym_script_is_a_preset_of_the_command(planned, monkeypatch
     assert job.max_concurrent_rollouts == 2 and job.preset.env_server_env == {"BROWSERGYM_MAX_SESSIONS": "2"}
     assert (job.config_values["optim"], job.config_values["learning_rate"]) == ("sgd", 0.05)
     assert "ep_trl.envs.browsergym" in job.run.env_server and job.run.env_url_var == "BROWSERGYM_ENV_URL"
+
+
+def test_train_smollm2_script_is_a_preset_of_the_command(monkeypatch, tiny_model_dir):
+    """With --model and --vllm-base-url the script neither builds SmolLM2 nor starts a server: it calls
+    ``ep-trl train`` with its defaults (the share of held-out rows and its split seed, the real model's completion
+    length, the server), and its balanced batches as the preset's ordering of the training rows."""
+    called = []
+    monkeypatch.setattr(train, "main", lambda argv, preset: called.append((argv, preset)) or 0)
+    url = "http://127.0.0.1:8011"
+    argv = ["--model", str(tiny_model_dir), "--vllm-base-url", url, "--max-steps", "2", "--held-out", "0.05"]
+    assert script("train_smollm2_trl").main(argv) == 0
+    ((args, preset),) = called
+    assert args == [] and preset.train_rows is not None and preset.start_model is None
+    (namespace,) = train.make_parser(preset).parse_args_and_config([])
+    values = vars(namespace)
+    assert values["env_path"].endswith("eval_sentiment.py::test_sentiment") and values["model"] == str(tiny_model_dir)
+    assert (values["vllm_server_url"], values["held_out"], values["held_out_seed"]) == (url, 0.05, 0)
+    assert (values["max_steps"], values["per_device_train_batch_size"], values["num_generations"]) == (2, 32, 16)
+    assert (values["learning_rate"], values["temperature"], values["max_completion_length"]) == (2e-5, 0.8, 24)
+    assert (values["shuffle_dataset"], values["output_dir"]) == (False, "outputs/smollm2")
+    assert preset.command[1].endswith("train_smollm2_trl.py") and preset.command[2:] == argv
+
+
+def test_train_smollm2_script_help_names_its_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script("train_smollm2_trl").parse_args(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(flag in out for flag in ("--held-out", "--split-seed", "--shuffled", "--vllm-base-url"))
+
+
+@pytest.fixture
+def probe_skipped(monkeypatch):
+    """``plan`` without its vLLM server probe (the probe's refusals: test_bad_input_is_refused_before_anything_starts):
+    the served model is taken to be --model."""
+    monkeypatch.setattr(train, "_check_server", lambda parser, url, model, vllm: model)
+
+
+SENTIMENT = f"{ROOT / 'examples' / 'sentiment' / 'eval_sentiment.py'}::test_sentiment"
+
+
+def planned_job(argv):
+    parser = train.make_parser()
+    (namespace,) = parser.parse_args_and_config(argv)
+    return train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
+
+
+def test_held_out_below_one_is_a_share_of_the_rows_split_by_its_seed(tiny_model_dir, probe_skipped):
+    """``--held-out 0.05`` holds out 6 of the sentiment eval's 120 rows, the same 6 for the same --held-out-seed
+    whatever --seed is (train_smollm2_trl.py's --held-out and --split-seed); a whole number is a count of rows."""
+    base = [SENTIMENT, "--model", str(tiny_model_dir), "--vllm-server-url", "http://127.0.0.1:8011"]
+    train_rows, held_out = train._datasets(planned_job(base + ["--held-out", "0.05", "--held-out-seed", "0"]))
+    assert (len(train_rows), len(held_out)) == (114, 6)
+    _, again = train._datasets(planned_job(base + ["--held-out", "0.05", "--held-out-seed", "0", "--seed", "7"]))
+    assert again == held_out
+    _, counted = train._datasets(planned_job(base + ["--held-out", "10"]))
+    assert len(counted) == 10
+
+
+def test_held_out_refuses_a_fractional_count(tiny_model_dir, probe_skipped, capsys):
+    with pytest.raises(SystemExit):
+        planned_job([SENTIMENT, "--model", str(tiny_model_dir), "--vllm-server-url", "http://127.0.0.1:8011",
+                     "--held-out", "2.5"])
+    assert "--held-out 2.5: give a number of rows (a whole number), or a share" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpu, flags, trainer", [
+    (False, [], "GRPOTrainer"),
+    (False, ["--vllm-server-url", "URL"], "DiskSyncGRPOTrainer"),
+    (False, ["--vllm-mode", "colocate"], "CPUColocateGRPOTrainer"),
+    (False, ["--async", "--vllm-server-url", "URL"], "CPUAsyncGRPOTrainer"),
+    (False, ["--async", "--vllm-server-url", "URL", "--lora-r", "4"], "CPUAsyncGRPOTrainer"),
+    (False, ["--async", "--vllm-server-url", "URL", "--screenshots"], "CPUAsyncImagesGRPOTrainer"),
+    (False, ["--screenshots"], "RolloutImagesGRPOTrainer"),
+    (False, ["--lora-r", "4"], "GRPOTrainer"),
+    (True, ["--vllm-server-url", "URL"], "GRPOTrainer"),
+    (True, ["--vllm-mode", "colocate", "--lora-r", "4"], "GRPOTrainer"),
+    (True, ["--async", "--vllm-server-url", "URL"], "AsyncGRPOTrainer"),
+    (True, ["--async", "--vllm-server-url", "URL", "--screenshots"], "AsyncImagesGRPOTrainer"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_each_generation_flag_reaches_its_trainer(gpu, flags, trainer, tiny_model_dir, probe_skipped, monkeypatch):
+    """What ``run`` trains with, from the command line through ``plan``: the trainer class, the screenshots
+    (``images``), the LoRA config and, on CPU, the config's vLLM settings (on a machine with vLLM, for colocate)."""
+    from ep_trl.cli import modes
+
+    monkeypatch.setattr(modes, "cuda_available", lambda: gpu)
+    monkeypatch.setattr(modes, "vllm_importable", lambda: True)
+    url = "http://127.0.0.1:8011"
+    job = planned_job([LETTERS, "--model", str(tiny_model_dir), *ENV_SERVER,
+                       *[url if flag == "URL" else flag for flag in flags]])
+    assert job.mode.trainer_class(job.mode.images).__name__ == trainer
+    assert job.mode.images == ("--screenshots" in flags) and job.mode.asynchronous == ("--async" in flags)
+    lora = train._lora(job.run)
+    assert (lora.r if lora else 0) == (4 if "--lora-r" in flags else 0)
+    if not gpu:
+        config = job.mode.config(**train._config_values(job))
+        assert config.vllm_server_base_url == (url if "--vllm-server-url" in flags else None)
+        if "--async" not in flags:  # AsyncGRPOConfig has no use_vllm: it always generates on the server
+            assert config.use_vllm == ("--vllm-server-url" in flags or "colocate" in flags)
+
+
+def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tiny_model_dir, monkeypatch, capsys):
+    """``--report-to trackio`` reaches the trainer config as TRL's own field (GRPOConfig, and AsyncGRPOConfig with
+    --async) with its ``--project``; where trackio is not installed it is refused before anything starts, naming
+    ``pip install trackio``."""
+    from transformers.integrations import integration_utils
+
+    argv = [LETTERS, "--model", str(tiny_model_dir), *ENV_SERVER, "--report-to", "trackio", "--project", "p"]
+    if "trackio" not in integration_utils.get_available_reporting_integrations():
+        with pytest.raises(SystemExit) as exit_info:
+            planned_job(argv)
+        assert exit_info.value.code == 2
+        assert re.search(r"--report-to trackio: trackio is not installed in this Python .*`pip install trackio`, or "
+                         r"drop --report-to", capsys.readouterr().err)
+    # as where trackio is installed (what the refusal reads, made to list it): the value reaches the trainer config
+    monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: ["trackio"])
+    job = planned_job(argv)
+    config = job.mode.config(**train._config_values(job))
+    assert (config.report_to, config.project) == (["trackio"], "p")
+    monkeypatch.setattr(train, "_check_server", lambda parser, url, model, vllm: model)
+    job = planned_job(argv + ["--async", "--vllm-server-url", "http://127.0.0.1:8011"])
+    config = job.mode.config(**train._config_values(job))
+    assert type(config).__name__ == "AsyncGRPOConfig" and (config.report_to, config.project) == (["trackio"], "p")

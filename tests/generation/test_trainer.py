@@ -85,3 +85,16 @@ def test_it_implements_the_whole_generator_protocol(model_and_tokenizer):
     assert generator.failure is None  # its errors are per request: handed to the episodes that asked
     asyncio.run(generator.begin_call())
     assert generator.failure is None
+
+
+def test_a_turn_for_a_named_model_is_refused_naming_the_fix(model_and_tokenizer):
+    """``generate_as`` is part of the ``Generator`` protocol; the in-process backend serves the trainer's model only,
+    so a turn for a LoRA adapter by name is refused with what to do, not an AttributeError (issue 41)."""
+    from ep_trl import ConfigError
+    from ep_trl.generation.versioned import VersionedTurns
+
+    turns = VersionedTurns(make_generator(*model_and_tokenizer), lambda: 3, model_for=lambda version: f"v{version}")
+    with pytest.raises(ConfigError, match=r"trainer backend generates with its one model only, not with 'v3'.*"
+                                          r"vLLM server that serves the adapters"):
+        asyncio.run(turns.generate([1, 2], SamplingParams(max_tokens=1)))
+    assert turns.versions == [3]

@@ -26,7 +26,7 @@ def test_turns_with_images_are_sampled_with_their_pixels(vlm):
                template.prompt([user_with_image("Step 1, a longer observation", png_data_uri((0, 90, 0), (80, 20))),
                                 user_with_image("and another", png_data_uri((0, 0, 255)))]),
                template.prompt([{"role": "user", "content": "no image here"}])]
-    generator = TrainerGenerator(lambda: model, tok, [tok.eos_token_id], tok.pad_token_id, processor=processor)
+    generator = TrainerGenerator(lambda: model, tok, [tok.eos_token_id], tok.pad_token_id, processing_class=processor)
 
     async def main():
         try:

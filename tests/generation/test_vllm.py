@@ -98,27 +98,6 @@ def test_transient_failures_are_retried_with_backoff():
     assert gaps[2] > gaps[0]  # backoff doubles between attempts
 
 
-@pytest.mark.timeout(30)
-def test_the_list_of_served_models_is_retried_on_a_transient_error_and_bounded(monkeypatch):
-    """EvalRolloutWorker.update_model_version asks GET /v1/models inside TRL's weight sync: a server briefly busy
-    (a 503, a dropped connection, no answer within the timeout) must not end training; one gone for good still
-    does, within the retries' bound, and a 404 is not retried."""
-    from ep_trl.generation import vllm as vllm_module
-
-    monkeypatch.setattr(vllm_module.RetryPolicy, "delay", lambda self, attempt: 0.05)
-    with FaultyVLLMServer(models_plan=[("status", 503), "drop", "hang"], adapters=["trl-policy-v1"]) as server:
-        started = time.monotonic()
-        assert vllm_module.served_models(server.url, timeout_s=1.0) == ["faulty-model", "trl-policy-v1"]
-        assert server.models_requests == 4 and time.monotonic() - started < 5
-    with FaultyVLLMServer(models_plan=[("status", 503)] * 4) as server:
-        with pytest.raises(GenerationError, match=r"/v1/models failed 4 times .*HTTP 503"):
-            vllm_module.served_models(server.url, timeout_s=1.0)
-    with FaultyVLLMServer(models_plan=[("status", 404)]) as server:
-        with pytest.raises(GenerationError, match="gave no list of models"):
-            vllm_module.served_models(server.url, timeout_s=1.0)
-        assert server.models_requests == 1
-
-
 def test_client_errors_fail_at_once_with_the_servers_message():
     message = "This model's maximum context length is 512 tokens. However, your prompt contains 600 input tokens"
     with FaultyVLLMServer(default=("status", 400, message)) as server:
@@ -347,21 +326,21 @@ def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
 
 
 @pytest.mark.timeout(60)
-def test_a_builders_context_goes_out_as_the_ids_it_holds():
-    """Turns of growing contexts (``TrajectoryBuilder.context()``, JSON kept turn by turn), batched and alone: the
+def test_a_builders_held_ids_go_out_as_they_are():
+    """Turns of growing held ids (``TrajectoryBuilder.held_ids()``, JSON kept turn by turn), batched and alone: the
     server receives exactly the ids, with the same fields as ``completion_payload``."""
     from ep_trl.trajectory.tokens import TrajectoryBuilder
 
     async def turns(generator, builders):
         try:
             for turn in range(3):
-                contexts = [b.context() for b in builders]
+                prompts = [b.held_ids() for b in builders]
                 results = await asyncio.gather(*(generator.generate(c, SamplingParams(max_tokens=3))
-                                                 for c in contexts))
+                                                 for c in prompts))
                 for b, r in zip(builders, results):
                     b.add_sampled(r)
                     b.add_inserted([100 + turn, 101])
-            return builders[0].context()
+            return builders[0].held_ids()
         finally:
             await generator.aclose()
 

@@ -3,7 +3,7 @@
 import pytest
 
 from ep_trl import EvalOverrides, RolloutOptions, UnsupportedEvalError, create_openenv_vllm_rollout_func
-from ep_trl.sources.episode import EpisodeFailure, EpisodeSpec, ended_episode
+from ep_trl.sources.episode import EpisodeFailure, EpisodePlan, ended_episode
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
@@ -28,18 +28,18 @@ def errors(trainer, kind):
 
 
 def test_an_ended_episode_is_finished_with_its_stop_reason_or_failed_with_the_failure():
-    spec = EpisodeSpec(index=0, group=0, generation=0, task=None, initial_messages=())
+    plan = EpisodePlan(index=0, group=0, generation=0, task=None, initial_messages=())
     fields = dict(trajectory=object(), messages=(), step_rewards=(1.0,), actions=("a",), duration_s=0.5,
                   prompt_tokens=7, budget_blocked_tokens=3)
-    finished = ended_episode(spec, None, "token_budget", **fields)
+    finished = ended_episode(plan, None, "token_budget", **fields)
     assert (finished.status, finished.stop_reason, finished.error, finished.error_kind) == (
         "finished", "token_budget", None, None)
     assert finished.prompt_tokens == 7 and finished.budget_blocked_tokens == 3 and finished.actions == ("a",)
-    failed = ended_episode(spec, EpisodeFailure("environment", ConnectionError("reset timed out")), "max_steps",
+    failed = ended_episode(plan, EpisodeFailure("environment", ConnectionError("reset timed out")), "max_steps",
                            **fields)
     assert (failed.status, failed.stop_reason, failed.error, failed.error_kind) == (
         "error", "error", "ConnectionError: reset timed out", "environment")
-    assert failed.spec is spec and failed.step_rewards == (1.0,)
+    assert failed.plan is plan and failed.step_rewards == (1.0,)
 
 
 def test_a_raising_action_parser_fails_its_episodes_counted_as_eval_code(tiny_model_dir, letters_server, tmp_path):

@@ -1,4 +1,4 @@
-"""ep_trl.runtime.threads: blocking calls in reused worker threads that a stuck call can never hold up."""
+"""ep_trl.runtime.threads: blocking calls in reused pooled threads that a stuck call can never hold up."""
 
 import asyncio
 import multiprocessing
@@ -15,7 +15,7 @@ def _ident_and_name() -> tuple[int, str]:
     return threading.get_ident(), threading.current_thread().name
 
 
-def test_calls_in_turn_reuse_one_worker_named_for_its_call() -> None:
+def test_calls_in_turn_reuse_one_pooled_thread_named_for_its_call() -> None:
     async def main() -> list[tuple[int, str]]:
         return [await run_blocking(_ident_and_name, timeout_s=5, what=f"call {k}") for k in range(5)]
 
@@ -50,7 +50,7 @@ async def _no_stuck_threads_within(seconds: float) -> bool:
     return stuck_threads() == 0
 
 
-def test_a_stuck_call_is_counted_never_blocks_the_next_and_its_worker_returns_when_it_does() -> None:
+def test_a_stuck_call_is_counted_never_blocks_the_next_and_its_thread_returns_when_it_does() -> None:
     release = threading.Event()
 
     async def main() -> None:
@@ -64,7 +64,7 @@ def test_a_stuck_call_is_counted_never_blocks_the_next_and_its_worker_returns_wh
     asyncio.run(main())
 
 
-def test_idle_workers_wait_under_their_own_name_and_end(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_idle_pooled_threads_wait_under_their_own_name_and_end(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threads, "IDLE_EXIT_S", 1.0)
 
     async def main() -> set[int]:
@@ -74,7 +74,7 @@ def test_idle_workers_wait_under_their_own_name_and_end(monkeypatch: pytest.Monk
     used = asyncio.run(main())
     assert len(used) == 3
     names = [t.name for t in threading.enumerate() if t.ident in used]
-    assert names == [threads.IDLE_NAME] * 3  # the leak check (tests/support/leaks.py) knows idle workers by it
+    assert names == [threads.IDLE_NAME] * 3  # the leak check (tests/support/leaks.py) knows idle pooled threads by it
     deadline = time.monotonic() + 5
     while used & {t.ident for t in threading.enumerate()} and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -85,8 +85,8 @@ def _child_call(out: "multiprocessing.queues.Queue[int]") -> None:
     out.put(asyncio.run(run_blocking(lambda: 41 + 1, timeout_s=5, what="in the child")))
 
 
-def test_a_forked_child_does_not_wait_on_its_parents_idle_workers() -> None:
-    asyncio.run(run_blocking(lambda: None, timeout_s=5, what="leave an idle worker"))
+def test_a_forked_child_does_not_wait_on_its_parents_idle_threads() -> None:
+    asyncio.run(run_blocking(lambda: None, timeout_s=5, what="leave an idle pooled thread"))
     assert threads._idle  # the parent has one to hand out; in the child that thread does not exist
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()

@@ -67,14 +67,14 @@ def released_group(group: int, prompt: str, trajectories: Sequence[Any], scores:
                    versions: tuple[int, ...] = (1,)) -> Any:
     """A prompt group as the stream releases it (``ep_trl.engine.stream.ScoredGroup``): one finished, scored episode per
     trajectory, each turn sent under ``versions``; only what ``group_samples`` reads is filled in."""
-    from ep_trl.sources.episode import Episode, EpisodeSpec
+    from ep_trl.sources.episode import Episode, EpisodePlan
     from ep_trl.engine.scoring import Scored
     from ep_trl.engine.stream import GroupPlan, PlayedEpisode, ScoredGroup
 
     played = []
     for generation, trajectory in enumerate(trajectories):
-        spec = EpisodeSpec(index=generation, group=group, generation=generation, task=None, initial_messages=())
-        episode = Episode(spec=spec, trajectory=trajectory, messages=(), step_rewards=(), actions=(),
+        plan = EpisodePlan(index=generation, group=group, generation=generation, task=None, initial_messages=())
+        episode = Episode(plan=plan, trajectory=trajectory, messages=(), step_rewards=(), actions=(),
                           status="finished", stop_reason="done", error=None, error_kind=None, duration_s=0.0,
                           prompt_tokens=len(trajectory.prompt_ids))
         played.append(PlayedEpisode(request=None, episode=episode, row=None, versions=versions))

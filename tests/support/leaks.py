@@ -32,7 +32,7 @@ PROCESS_WIDE_THREADS = (
     "rollout-trace-logger",  # TRL's AsyncGRPOTrainer: one per train(), idle on a queue, never ended (TRL 1.16)
     "pydevd",  # a debugger, when one is attached
     "ep-trl-signals",  # ep_trl.runtime.shutdown's signal watcher, started with its SIGTERM handler, idle on a pipe
-    "ep-trl idle worker",  # ep_trl.runtime.threads' idle workers: hold nothing, end after threads.IDLE_EXIT_S unused
+    "ep-trl idle pooled thread",  # ep_trl.runtime.threads' idle pooled threads: hold nothing, end after threads.IDLE_EXIT_S unused
 )
 
 #: Thread pools a library keeps for the life of the process, shut down at exit by their owner: (module, how to reach

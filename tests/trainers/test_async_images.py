@@ -319,7 +319,7 @@ def test_a_text_tokenizer_or_a_model_that_cannot_take_the_images_is_refused(tiny
         make_trainer(tiny_model_dir, tmp_path, processor)
     text_worker = QueuedSamples()
     text_worker.renders_images = False  # as EvalRolloutWorker on a text tokenizer says
-    with pytest.raises(ConfigError, match=r"the rollout worker renders no images.*Pass the same processor"):
+    with pytest.raises(ConfigError, match=r"the rollout worker renders no images.*Pass the same processing class"):
         make_trainer(tiny_vlm_dir, tmp_path, processor, text_worker)
     with pytest.raises(ConfigError, match=r"token_budget=0"):
         make_trainer(tiny_vlm_dir, tmp_path, processor, token_budget=None)

@@ -29,7 +29,7 @@ def screenshot_rollout(prompts, trainer):
     tok = trainer.processing_class.tokenizer
     model = trainer.accelerator.unwrap_model(trainer.model)
     generator = TrainerGenerator(lambda: model, tok, [tok.eos_token_id], tok.pad_token_id,
-                                 processor=trainer.processing_class)
+                                 processing_class=trainer.processing_class)
     encoded = [template.prompt([user_with_image(p, png_data_uri(COLORS[i % len(COLORS)]))])
                for i, p in enumerate(prompts)]
 

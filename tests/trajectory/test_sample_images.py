@@ -21,7 +21,7 @@ def test_the_image_token_count_is_the_processors_expansion(tiny_vlm_dir):
     held = [processor.image_token_id] * 32 + [5]
     assert placeholder_mismatch(processor, held, processed) is None
     assert "hold 16 image tokens" in placeholder_mismatch(processor, held[16:], processed)
-    assert "hold 32 image tokens and the processor expands the episode's images into 0" in placeholder_mismatch(
+    assert "hold 32 image tokens and the processing class expands the episode's images into 0" in placeholder_mismatch(
         processor, held, None)
 
 

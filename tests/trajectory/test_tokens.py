@@ -88,7 +88,7 @@ def test_builder_masks_and_logprobs_align():
     assert traj.env_mask == (1, 1, 0, 0, 0, 1)
     assert traj.logprobs == (-0.5, -0.25, 0.0, 0.0, 0.0, -1.0)
     assert traj.sampled_segments() == [(4, 5), (9,)]
-    assert builder.context() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert builder.held_ids() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
 def test_generation_rejects_misaligned_logprobs():
@@ -118,8 +118,8 @@ def test_sampled_runs_give_the_turns_a_token_by_token_count_gives(seed):
                                                                                                           default=0) + 1)]
 
 
-def test_the_context_carries_the_json_of_its_ids_as_the_episode_grows():
-    """``TrajectoryBuilder.context()`` keeps its JSON text turn by turn (the vLLM client sends it as is): at every
+def test_the_held_ids_carry_their_json_as_the_episode_grows():
+    """``TrajectoryBuilder.held_ids()`` keeps its JSON text turn by turn (the vLLM client sends it as is): at every
     turn it is the JSON of the ids it holds, converted with ``int`` as a request body takes them, also after a list
     was changed other than through ``add_*``."""
     import json
@@ -130,17 +130,17 @@ def test_the_context_carries_the_json_of_its_ids_as_the_episode_grows():
     for case in range(30):
         builder = TrajectoryBuilder(tuple(rng.randrange(200_000) for _ in range(rng.randrange(0, 40))))
         for turn in range(rng.randrange(1, 12)):
-            context = builder.context()
-            assert context == list(builder.prompt_ids) + builder.completion_ids and isinstance(context, list)
-            assert context.json == json.dumps([int(t) for t in context], separators=(",", ":"))
+            held = builder.held_ids()
+            assert held == list(builder.prompt_ids) + builder.completion_ids and isinstance(held, list)
+            assert held.json == json.dumps([int(t) for t in held], separators=(",", ":"))
             ids = [rng.randrange(200_000) for _ in range(rng.randrange(0, 9))]
             if turn % 2:
                 builder.add_sampled(sampled(ids))
             else:  # numpy ids too: the text holds them as ints
                 builder.add_inserted(Encoded(tuple(np.int64(t) for t in ids)) if case % 3 == 0 else ids)
             if case % 5 == 0 and turn == 2:
-                builder.completion_ids.append(5)  # out of band: the next context encodes the whole again
+                builder.completion_ids.append(5)  # out of band: the next held_ids() encodes the whole again
                 builder.logprobs.append(0.0)
                 builder.env_mask.append(0)
-        context = builder.context()
-        assert json.loads(context.json) == list(builder.prompt_ids) + builder.completion_ids
+        held = builder.held_ids()
+        assert json.loads(held.json) == list(builder.prompt_ids) + builder.completion_ids

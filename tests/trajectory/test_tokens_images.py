@@ -51,7 +51,7 @@ def test_prompt_and_bridge_hold_expanded_images_in_placeholder_order(processor):
     assert in_completion == [0] * IMAGE_SEQ_LEN  # the environment's image tokens are masked
     full = template.prompt(conversation("click('13')"))  # what the processor makes of the whole conversation
     assert trajectory.prompt_ids + trajectory.completion_ids == full.ids
-    held = builder.context_images()
+    held = builder.held_images()
     assert held is not None and held.unexpanded_ids == full.unexpanded_ids and held.unexpanded_ids.count(image) == 2
     assert held.images == trajectory.images
 
@@ -66,7 +66,7 @@ def test_realigned_bridge_keeps_the_new_image_and_the_unexpanded_ids(processor):
     trajectory = builder.build()
     assert [im.getpixel((0, 0)) for im in trajectory.images] == [RED, BLUE]
     assert trajectory.completion_ids.count(image) == IMAGE_SEQ_LEN
-    assert processor.tokenizer.decode(builder.context_images().unexpanded_ids) == template.render(conversation("hello"))
+    assert processor.tokenizer.decode(builder.held_images().unexpanded_ids) == template.render(conversation("hello"))
 
 
 def test_a_template_that_writes_no_placeholder_for_an_image_is_refused(processor, tiny_vlm_dir):

@@ -28,7 +28,7 @@ by kind), from the same stream (``ep_trl.engine.stream``):
   metrics queue are bounded, and no episode starts while the buffer is full, so nothing grows without bound;
 * **LoRA**: when the trainer syncs only its adapter (a server started with ``--enable-lora``; TRL loads each version
   as ``trl-policy-v{N}``), each turn is generated with the adapter of the version it records;
-* **images**: with a vision-language model's processor as ``processing_class``, episodes render the eval's images
+* **images**: with a vision-language model's processing class as ``processing_class``, episodes render the eval's images
   (screenshots) and each sample carries its episode's images on its ``input_ids``, with the pixel tensors the
   processor makes of them (``ep_trl.trajectory.sample_images``), for ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` to
   put into its forward passes. A released group's samples are made in a thread, off the event loop that plays the
@@ -62,15 +62,15 @@ from typing import Any
 from .. import evalprotocol
 from . import trl_seam
 from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
+from ..engine.engine import build_engine
 from ..trajectory.content import supports_images
 from ..dataset import dataset_from_eval
 from ..errors import ConfigError, RolloutWorkerError
-from ..generation.vllm import lora_enabled, probe_server, served_models
+from ..generation.probe import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
-from .rollout_func import RolloutFunction, create_rollout_func
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
 from ..runtime.threads import run_blocking
-from ..trajectory.types import MultimodalProcessor, ProcessingClass, Prompt, Tokenizer
+from ..trajectory.types import Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class EvalRolloutWorker:
             (the episode token budget), ``max_staleness``, ``vllm_server_base_url`` (the server the trainer keeps on
             its weights, where episodes are generated).
         processing_class: the model's tokenizer, which renders the eval's chat turns; or a vision-language model's
-            processor, which renders the eval's images too (each sample then carries its episode's images, and only
+            processing class, which renders the eval's images too (each sample then carries its episode's images, and only
             ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` trains on such a worker).
         dataset: the prompts to play (``dataset_from_eval(env_path)`` by default).
         buffer_size: most samples waiting for the trainer (default: two training steps' worth, at least the
@@ -136,13 +136,13 @@ class EvalRolloutWorker:
             ``overrides``, ``vllm``, ``options``, ``log_rollouts``, ...).
     """
 
-    def __init__(self, env_path: str, *, args: Any, processing_class: ProcessingClass, dataset: Any = None,
+    def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
                  buffer_size: int | None = None, max_buffered_images: int | None = None,
                  max_episode_images: int | None = None, **options: Any) -> None:
         trl_seam.require_tested("async", "EvalRolloutWorker")
         _check_arguments(args, processing_class, options, max_buffered_images, max_episode_images)
         self.env_path = env_path
-        #: Whether episodes render images (a vision-language model's processor): samples then carry them.
+        #: Whether episodes render images (a vision-language model's processing class): samples then carry them.
         self.renders_images = supports_images(processing_class)
         self.max_buffered_images = max_buffered_images
         self._images_taken_by: str | None = None
@@ -153,7 +153,7 @@ class EvalRolloutWorker:
         if not self._prompts:
             raise ConfigError(f"EvalRolloutWorker({env_path!r}): the dataset has no prompts to play.")
         served = probe_server(self._server_url)  # a server that is not there fails now, not when training starts
-        if supports_images(processing_class):  # self.renders_images
+        if self.renders_images:
             _check_served_model_takes_images(self._server_url, served.model, processing_class)
         #: Whether the server runs with --enable-lora: the trainer may then sync a LoRA policy as an adapter alone.
         self.server_lora = lora_enabled(self._server_url)
@@ -167,19 +167,18 @@ class EvalRolloutWorker:
                            "worker never generates with them. If this run syncs a LoRA adapter under one of these "
                            "names, the server refuses it: restart the server between runs.", self._server_url,
                            sorted(self.foreign_adapters))
-        function = create_rollout_func(env_path, backend="vllm", **options)
-        assert isinstance(function, RolloutFunction)  # one process: _check_arguments refused worker_processes > 1
-        self._function = function
+        #: What plays the episodes (``ep_trl.engine.engine``), used through its public methods only.
+        self.engine = build_engine(env_path, backend="vllm", **options)
         try:
-            self._function.source.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
+            self.engine.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
             #: The images reserved per episode in flight (None: episodes' images are not bounded).
-            self.max_episode_images = _episode_images(self._function.spec, self._prompts, self._config.num_generations,
+            self.max_episode_images = _episode_images(self.engine.spec, self._prompts, self._config.num_generations,
                                                       max_buffered_images, max_episode_images)
         except BaseException:
-            self._function.close()  # the servers ep_trl may have started for the eval
+            self.engine.close()  # the servers ep_trl may have started for the eval
             raise
         #: Episodes in flight at once (the eval's ``max_concurrent_rollouts``, or the keyword's).
-        self.slots = self._function.spec.max_concurrent_rollouts
+        self.slots = self.engine.spec.max_concurrent_rollouts
         per_step = int(getattr(args, "per_device_train_batch_size", 1) or 1) * int(
             getattr(args, "gradient_accumulation_steps", 1) or 1)
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
@@ -245,7 +244,7 @@ class EvalRolloutWorker:
     def stop(self) -> None:
         """Cancel the episodes in flight, close their sessions, the servers ep_trl started, the loop and the thread."""
         self._stopping.set()
-        self._function.close()
+        self.engine.close()
         if self._thread is not None:
             self._thread.join(timeout=60)
             if self._thread.is_alive():
@@ -306,14 +305,14 @@ class EvalRolloutWorker:
 
     def _produce(self) -> None:
         try:
-            self._function.run_async(self._stream())
+            self.engine.run(self._stream())
         except BaseException as exc:  # whatever ended the worker is raised in the trainer's thread by check_health
             if not self._stopping.is_set():
                 logger.error("ep_trl's rollout worker stopped: %s: %s", type(exc).__name__, exc)
                 self._error = exc
 
     def _caller(self) -> DetachedCaller:
-        """The worker as its rollout function's caller: the config, the current policy version, the server the
+        """The worker as its engine's caller: the config, the current policy version, the server the
         trainer keeps on its weights, the metrics queue."""
         return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics,
                               takes_rollout_images=self.renders_images)
@@ -326,7 +325,7 @@ class EvalRolloutWorker:
             yield GroupPlan(group=group, prompt=self._prompts[group % len(self._prompts)],
                             indices=tuple(range(group * n, (group + 1) * n)),
                             rollout_ids=tuple(evalprotocol.new_id("rollout") for _ in range(n)),
-                            context=self._function.setup(self._caller()).context)
+                            context=self.engine.setup(self._caller()).context)
 
     def _has_room(self) -> bool:
         """Whether another episode may start: nothing released waits for room, the buffer is not full, and under
@@ -363,16 +362,16 @@ class EvalRolloutWorker:
         pump = asyncio.ensure_future(self._pump())
         window: list[tuple[ScoredGroup, ReleaseRecord]] = []
         window_started, sessions_before = time.monotonic(), 0
-        stream = self._function.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
-                                       turn_version=lambda: self._version, model_for=self.served_model,
-                                       meter=self.meter, max_episode_images=self.max_episode_images)
+        stream = self.engine.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
+                                    turn_version=lambda: self._version, model_for=self.served_model,
+                                    meter=self.meter, max_episode_images=self.max_episode_images)
         try:
             async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
                 async for group in stream:
                     window.append((_without_images(group), self._release(group, await self._samples(group))))
                     del group  # its images live on in its samples only
                     if len(window) >= self.groups_per_report:
-                        sessions = self._function.env_sessions
+                        sessions = self.engine.env_sessions
                         self._report(window, time.monotonic() - window_started, sessions - sessions_before)
                         window, window_started, sessions_before = [], time.monotonic(), sessions
         finally:
@@ -382,11 +381,10 @@ class EvalRolloutWorker:
     async def _samples(self, group: ScoredGroup) -> "GroupSamples":
         """The group's samples, made in a thread of their own (``group_samples``): processing the images of its
         episodes takes CPU time the event loop must not spend, since it plays every episode in flight."""
-        processing_class = self._config.processing_class
-        processor = processing_class if supports_images(processing_class) else None  # self.renders_images
+        processing_class = self._config.processing_class if self.renders_images else None
         what = f"samples of prompt group {group.plan.group}"
         try:
-            return await run_blocking(functools.partial(group_samples, group, self._config.tokenizer, processor),
+            return await run_blocking(functools.partial(group_samples, group, self._config.tokenizer, processing_class),
                                       timeout_s=SAMPLES_TIMEOUT_S, what=what)
         except TimeoutError as exc:
             raise RolloutWorkerError(f"Making the {what} took more than {SAMPLES_TIMEOUT_S:g} s (processing the images "
@@ -394,7 +392,7 @@ class EvalRolloutWorker:
 
     def _release(self, group: ScoredGroup, made: "GroupSamples") -> ReleaseRecord:
         """Hand a finished group's samples on, waiting for room in the buffer (``_pump``)."""
-        self._function.log_final(group)
+        self.engine.log_final(group.plan.context, group.episodes, group.scored, group.seconds)
         samples = made.samples
         self._pending.extend(samples)
         self._released_episodes += len(group.played)  # after the samples are counted: held_images never undercounts
@@ -430,7 +428,7 @@ class EvalRolloutWorker:
 
     def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
-        """One step's worth of groups: the rollout function's ``ep_trl/*`` numbers and the worker's own."""
+        """One step's worth of groups: the ``ep_trl/*`` numbers of a rollout call and the worker's own."""
         episodes = [ep for g, _ in window for ep in g.episodes]
         scored = [s for g, _ in window for s in g.scored]
         metrics = call_metrics(episodes, scored, seconds, env_sessions)
@@ -451,7 +449,7 @@ class EvalRolloutWorker:
             metrics["ep_trl/worker/held_images"] = float(held)
         self._put_metrics(metrics)
         logger.info(summary_line(self._version, episodes, scored, seconds, metrics))
-        self._function.observe_signal(episodes, scored)
+        self.engine.observe_signal(episodes, scored)
 
     def _put_metrics(self, metrics: dict[str, float]) -> None:
         """Hand metrics to the trainer without ever waiting: a full queue loses its oldest entry (counted)."""
@@ -518,10 +516,10 @@ def _episode_images(spec: Any, prompts: Sequence[Prompt], num_generations: int, 
     return max_episode_images
 
 
-def _check_arguments(args: Any, processing_class: ProcessingClass, options: dict[str, Any],
+def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
                      max_buffered_images: int | None, max_episode_images: int | None) -> None:
     """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
-    trainer's, worker processes, a processor whose images cannot be matched to its placeholders."""
+    trainer's, shard processes, a processing class whose images cannot be matched to its placeholders."""
     for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
         value = getattr(args, name, None)
         if value is not None and value != off:
@@ -535,7 +533,7 @@ def _check_arguments(args: Any, processing_class: ProcessingClass, options: dict
     if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
         raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
                           f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
-                          "episodes in this process; worker processes split rollout_func calls. Leave "
+                          "episodes in this process; shard processes split rollout_func calls. Leave "
                           "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
     if max_buffered_images is not None and max_buffered_images < 1:
         raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
@@ -557,8 +555,8 @@ def _check_arguments(args: Any, processing_class: ProcessingClass, options: dict
                           f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
 
 
-def _check_served_model_takes_images(url: str, model: str, processor: MultimodalProcessor) -> None:
-    """Refuse a server whose model cannot take the images ``processor`` renders (a text-only model, or another
+def _check_served_model_takes_images(url: str, model: str, processing_class: Any) -> None:
+    """Refuse a server whose model cannot take the images ``processing_class`` renders (a text-only model, or another
     vision-language model's image token), read from the served model's local directory; a model served under a
     name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
     from pathlib import Path
@@ -567,21 +565,21 @@ def _check_served_model_takes_images(url: str, model: str, processor: Multimodal
 
     if not Path(model).is_dir():
         logger.info("The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
-                    "checked here (a text-only model fails every episode).", url, model, type(processor).__name__)
+                    "checked here (a text-only model fails every episode).", url, model, type(processing_class).__name__)
         return
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
-    kind = type(processor).__name__
+    kind = type(processing_class).__name__
     if config.get_text_config() is config:
         raise ConfigError(f"The vLLM server at {url} serves {model}, a text-only model ({config.model_type}): it "
                           f"cannot take the images {kind} renders. Start the server on the vision-language model the "
-                          "processor belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
+                          "processing class belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
                           "this model without images.")
     served_token = config_image_token(config)
-    if served_token is not None and int(served_token) != image_token_id(processor):
+    if served_token is not None and int(served_token) != image_token_id(processing_class):
         raise ConfigError(f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
-                          f"{kind}'s is id {image_token_id(processor)}: the processor is not this model's. Pass "
+                          f"{kind}'s is id {image_token_id(processing_class)}: the processing class is not this model's. Pass "
                           f"AutoProcessor.from_pretrained({model!r}).")
 
 
@@ -597,11 +595,10 @@ class GroupSamples:
     image_mismatches: int = 0
 
 
-def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
-                  processor: "MultimodalProcessor | None" = None) -> GroupSamples:
+def group_samples(group: ScoredGroup, tokenizer: Any, processing_class: Any = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
-    the oldest version its turns were sent under). With a vision-language ``processor``, each sample's ``input_ids``
-    carry its episode's images and what the processor made of them, processed here once (``ep_trl.trajectory.sample_images``),
+    the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's ``input_ids``
+    carry its episode's images and what the processing class made of them, processed here once (``ep_trl.trajectory.sample_images``),
     and an episode whose images do not match its image tokens is left out (logged, counted in ``image_mismatches``).
     The worker calls it in a thread, off its event loop (``EvalRolloutWorker._samples``)."""
     import numpy as np
@@ -624,18 +621,18 @@ def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
         prompt_ids, completion_ids = trajectory.prompt_ids, trajectory.completion_ids
         ids = prompt_ids + completion_ids
         processed = None
-        if processor is not None:
-            processed = process_images(processor, trajectory.images) if trajectory.images else None
-            mismatch = placeholder_mismatch(processor, ids, processed)
+        if processing_class is not None:
+            processed = process_images(processing_class, trajectory.images) if trajectory.images else None
+            mismatch = placeholder_mismatch(processing_class, ids, processed)
             if mismatch is not None:
                 logger.warning("Episode %d of prompt group %d is left out: its images do not match its image tokens "
-                               "(%s).", played.episode.spec.generation, group.plan.group, mismatch)
+                               "(%s).", played.episode.plan.generation, group.plan.group, mismatch)
                 mismatches += 1
                 continue
         samples.append(RolloutSample(
             prompt=messages,
-            completion=[{"role": "assistant", "content": tokenizer.decode(list(completion_ids))}],
-            input_ids=ids_with_images(ids, trajectory.images if processor is not None else (), processed),
+            completion=[{"role": "assistant", "content": tokenizer.decode(completion_ids)}],
+            input_ids=ids_with_images(ids, trajectory.images if processing_class is not None else (), processed),
             completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
             old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),
             advantage=float((verdict.score - mean) / (std + 1e-8)),

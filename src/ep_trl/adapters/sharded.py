@@ -1,17 +1,17 @@
-"""One rollout call's episodes played by several worker processes (``RolloutOptions(worker_processes=N)``).
+"""One rollout call's episodes played by several shard processes (``RolloutOptions(worker_processes=N)``).
 
 When generation is fast (a GPU server), the trainer's one Python process can become the limit: an eval's processor
 whose model client costs milliseconds per call (LiteLLM) keeps one core busy whatever ep_trl does. Then each call's
-prompt groups are split into N contiguous shards, each played by a worker process with a rollout function of its
+prompt groups are split into N contiguous shards, each played by a shard process with a rollout function of its
 own (its own event loop, endpoint, environment sessions, log writer), built from the same factory arguments. The
 shards' outputs are joined back in prompt order, so TRL gets what one process would have returned; the per-call
 metrics are combined (counts summed, fractions and means weighted by episodes, episodes/s over the whole call).
 
-Nothing outlives the trainer: a worker ends when its pipe to the trainer closes (``close()``, or the trainer's
-death), and a thread in it ends it when its parent process is gone; the servers a worker starts run under the
-watchdog, which ends them with the worker.
+Nothing outlives the trainer: a shard process ends when its pipe to the trainer closes (``close()``, or the trainer's
+death), and a thread in it ends it when its parent process is gone; the servers a shard process starts run under the
+watchdog, which ends them with the shard process.
 
-The workers are the trainer's: a process forked from it (``os.fork``, a fork-context data-loader worker) shares
+The shard processes are the trainer's: a process forked from it (``os.fork``, a fork-context data-loader worker) shares
 their pipes but owns none of them. Its ``close()`` stops none, its rollout calls are refused, and its exit leaves
 them alone (``multiprocessing``, which would terminate the daemon processes it believes are its children when a
 forked child exits, is told they are not the child's).
@@ -39,16 +39,16 @@ from ..trajectory.types import Prompt, Settings
 
 logger = logging.getLogger(__name__)
 
-#: How often a worker checks that the trainer process is still its parent.
+#: How often a shard process checks that the trainer process is still its parent.
 PARENT_CHECK_S = 1.0
-#: How long ``close()`` waits for a worker to end by itself before terminating it.
+#: How long ``close()`` waits for a shard process to end by itself before terminating it.
 STOP_WAIT_S = 30.0
 
 
-def shard_bounds(groups: int, group_size: int, total: int, workers: int) -> list[tuple[int, int]]:
+def shard_bounds(groups: int, group_size: int, total: int, processes: int) -> list[tuple[int, int]]:
     """``(start, end)`` prompt indices of each shard: whole groups, contiguous, as even as groups allow; no empty
-    shard (fewer shards than workers when there are fewer groups)."""
-    shards = min(workers, groups)
+    shard (fewer shards than processes when there are fewer groups)."""
+    shards = min(processes, groups)
     bounds = []
     for k in range(shards):
         first, last = groups * k // shards, groups * (k + 1) // shards
@@ -84,49 +84,49 @@ def join_metrics(metrics: Sequence[Mapping[str, float]], episodes: Sequence[int]
     return joined
 
 
-def sharded_rollout_func(env_path: str, workers: int, build: Callable[..., Any],
+def sharded_rollout_func(env_path: str, processes: int, build: Callable[..., Any],
                          kwargs: dict[str, Any]) -> "ShardedRolloutFunction":
     """The rollout function of ``RolloutOptions(worker_processes=N)``: ``build(env_path, **kwargs)`` (the factory)
-    run in each of ``workers`` processes."""
+    run in each of ``processes`` processes."""
     spec = read_eval_spec(resolve_eval_test(env_path))
     if spec.mode == "all":
-        raise ConfigError(f"{spec.qualified_name} scores the whole batch at once (mode='all'), which worker processes "
+        raise ConfigError(f"{spec.qualified_name} scores the whole batch at once (mode='all'), which shard processes "
                           "would split: use RolloutOptions(worker_processes=1).")
     if kwargs["backend"] == "trainer":
         raise ConfigError("RolloutOptions(worker_processes>1) generates on a vLLM server; backend='trainer' samples "
                           "with the trainer's model in its own process.")
-    return ShardedRolloutFunction(env_path, kwargs, workers, f"ep_trl_rollout[{spec.qualified_name}]", build=build)
+    return ShardedRolloutFunction(env_path, kwargs, processes, f"ep_trl_rollout[{spec.qualified_name}]", build=build)
 
 
 class ShardedRolloutFunction:
-    """A ``rollout_func`` whose calls are played by ``workers`` processes; see the module docstring. Each worker
+    """A ``rollout_func`` whose calls are played by ``processes`` shard processes; see the module docstring. Each
     builds its rollout function with ``build(env_path, **factory_kwargs)`` (the factory, a module-level function:
-    it reaches the worker by name)."""
+    it reaches the shard process by name)."""
 
-    def __init__(self, env_path: str, factory_kwargs: Settings, workers: int, name: str,
+    def __init__(self, env_path: str, factory_kwargs: Settings, processes: int, name: str,
                  build: Callable[..., Any]) -> None:
         try:
             pickle.dumps(dict(factory_kwargs))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"RolloutOptions(worker_processes={workers}): every argument of the factory must reach "
-                              f"the worker processes, and one cannot be pickled ({exc}); pass env_factory and "
+            raise ConfigError(f"RolloutOptions(worker_processes={processes}): every argument of the factory must reach "
+                              f"the shard processes, and one cannot be pickled ({exc}); pass env_factory and "
                               "provider as module-level names, or use worker_processes=1.") from exc
         self.__name__ = name
         self._vllm_base_url = factory_kwargs.get("vllm_base_url")
-        self._sent: TrainingConfig | None = None  # the configuration the workers hold
+        self._sent: TrainingConfig | None = None  # the configuration the shard processes hold
         self._group_numbers = GroupNumbers()
         self.calls = 0
-        self._owner = os.getpid()  # the workers are this process's: a forked child owns none of them
+        self._owner = os.getpid()  # the shard processes are this process's: a forked child owns none of them
         self._closed = False
         context = multiprocessing.get_context("spawn")  # the trainer has threads and an event loop: never fork it
-        self._workers = []
-        for k in range(workers):
+        self._shards = []
+        for k in range(processes):
             mine, theirs = context.Pipe()
             process = context.Process(target=_serve, args=(theirs, build, env_path, dict(factory_kwargs), os.getpid()),
                                       name=f"ep-trl-shard-{k}", daemon=True)
             process.start()
             theirs.close()
-            self._workers.append((process, mine))
+            self._shards.append((process, mine))
         _live.add(self)
         shutdown.register(self, getattr(factory_kwargs.get("options"), "stop_grace_s", None))
 
@@ -149,19 +149,19 @@ class ShardedRolloutFunction:
                               "vllm_mode='server').")
         size = caller.config.num_generations
         groups = -(-len(prompts) // size)
-        bounds = shard_bounds(groups, size, len(prompts), len(self._workers))
+        bounds = shard_bounds(groups, size, len(prompts), len(self._shards))
         config = None if caller.config == self._sent else caller.config
         first = self._group_numbers.first(caller, groups)
         unsent = set()
-        for k, ((start, end), (_, pipe)) in enumerate(zip(bounds, self._workers)):
+        for k, ((start, end), (_, pipe)) in enumerate(zip(bounds, self._shards)):
             try:
                 pipe.send((list(prompts[start:end]), config, caller.step, server, caller.model_name,
                            first + start // size))
-            except (BrokenPipeError, ConnectionResetError):  # the worker is gone: said below
+            except (BrokenPipeError, ConnectionResetError):  # the shard process is gone: said below
                 unsent.add(k)
         self._sent = caller.config
         outputs, metrics, errors = [], [], []
-        for k, ((start, end), (process, pipe)) in enumerate(zip(bounds, self._workers)):  # read every answer
+        for k, ((start, end), (process, pipe)) in enumerate(zip(bounds, self._shards)):  # read every answer
             try:
                 if k in unsent:
                     raise EOFError
@@ -169,7 +169,7 @@ class ShardedRolloutFunction:
             except EOFError:
                 self._sent = None
                 process.join(1)
-                errors.append(RuntimeError(f"ep_trl worker process {process.name} (pid {process.pid}) ended during a "
+                errors.append(RuntimeError(f"ep_trl shard process {process.name} (pid {process.pid}) ended during a "
                                            f"rollout call (exit code {process.exitcode})"))
                 continue
             if status == "ok":
@@ -184,61 +184,68 @@ class ShardedRolloutFunction:
         return join_outputs(outputs)
 
     def _refuse_unusable(self) -> None:
-        """A call in a forked child (the workers' pipes are its parent's) or after ``close()`` (no worker left) is
-        refused here, not answered with an output TRL would fail on far from the cause. (Once ep_trl has closed for
+        """A call in a forked child (the shard processes' pipes are its parent's) or after ``close()`` (no shard process
+        left) is refused here, not answered with an output TRL would fail on far from the cause. (Once ep_trl has closed for
         the process's exit, ``raise_if_terminating`` refused it before, with ``ProcessExitingError``.)"""
         if os.getpid() != self._owner:
-            raise RuntimeError(f"{self.__name__}'s worker processes belong to process {self._owner}; this process "
+            raise RuntimeError(f"{self.__name__}'s shard processes belong to process {self._owner}; this process "
                                f"({os.getpid()}) was forked from it and cannot use them. Make a rollout function in "
                                "this process instead.")
         if self._closed:
-            raise RuntimeError(f"{self.__name__} was closed (close()): its worker processes have ended. Make a new "
+            raise RuntimeError(f"{self.__name__} was closed (close()): its shard processes have ended. Make a new "
                                "rollout function to play more episodes.")
 
     def flush_logs(self) -> None:
-        """Rows are written by each worker before it answers a call (its log writer is flushed)."""
+        """Rows are written by each shard process before it answers a call (its log writer is flushed)."""
 
     def close(self) -> None:
-        """End the workers (each closes its rollout function: servers, endpoint, log rows). In a forked child it
+        """End the shard processes (each closes its rollout function: servers, endpoint, log rows). In a forked child it
         ends none: they are the parent's, and the stop message would go down the pipes the child shares with it."""
         if os.getpid() != self._owner:
-            logger.debug("not stopping process %d's worker processes from its child %d", self._owner, os.getpid())
+            logger.debug("not stopping process %d's shard processes from its child %d", self._owner, os.getpid())
             return
         self._closed = True
         shutdown.unregister(self)
-        for process, pipe in self._workers:
+        for process, pipe in self._shards:
             try:
                 pipe.send(None)
             except (BrokenPipeError, OSError):  # already gone
                 pass
-        for process, pipe in self._workers:
+        for process, pipe in self._shards:
             process.join(STOP_WAIT_S)
             if process.is_alive():
-                logger.warning("ep_trl worker process %s did not stop within %.0f s; terminating it",
+                logger.warning("ep_trl shard process %s did not stop within %.0f s; terminating it",
                                process.name, STOP_WAIT_S)
                 process.terminate()
                 process.join(5)
             pipe.close()
-        self._workers = []
+        self._shards = []
+
+    def disown_shards(self) -> None:
+        """Called in a child that ``os.fork`` made from this function's process (``_disown_parents_shards``): take
+        the shard processes off the child's list of ``multiprocessing`` children, where its exit handler would terminate
+        them. The list has no public API; ``tests/adapters/test_sharded.py`` pins that a forked child leaves them
+        alone."""
+        for process, _ in self._shards:
+            multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
 
 
 _live: "weakref.WeakSet[ShardedRolloutFunction]" = weakref.WeakSet()
 
 
-def _disown_parents_workers() -> None:
-    """After ``fork``, in the child: the workers are the parent's. A child that ``os.fork`` made (not
+def _disown_parents_shards() -> None:
+    """After ``fork``, in the child: the shard processes are the parent's. A child that ``os.fork`` made (not
     ``multiprocessing``, which starts its children with none) still lists them among its own children, and
     ``multiprocessing``'s exit handler would terminate them (they are daemons) when the child exits."""
     for function in list(_live):
-        for process, _ in function._workers:
-            multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
+        function.disown_shards()
 
 
-os.register_at_fork(after_in_child=_disown_parents_workers)
+os.register_at_fork(after_in_child=_disown_parents_shards)
 
 
 def _serve(pipe: Any, build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any], parent: int) -> None:
-    """A worker process: one rollout function, one call at a time from the pipe, until ``None`` or the pipe's end."""
+    """A shard process: one rollout function, one call at a time from the pipe, until ``None`` or the pipe's end."""
     threading.Thread(target=_end_with_parent, args=(parent,), name="ep-trl-parent-watch", daemon=True).start()
     options = factory_kwargs.pop("options", None) or RolloutOptions()
     rollout = build(env_path, options=RolloutOptions(**{**vars(options), "worker_processes": 1}), **factory_kwargs)
@@ -278,4 +285,4 @@ def _portable(exc: Exception) -> Exception:
 def _end_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_CHECK_S)
-    os._exit(1)  # the trainer is gone: the watchdogs end this worker's servers with it
+    os._exit(1)  # the trainer is gone: the watchdogs end this shard process's servers with it

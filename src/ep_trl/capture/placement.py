@@ -13,7 +13,7 @@ The processor sends the whole conversation with every call. Each call is placed 
   request. The rollout returns its last segment (the conversation the processor finished with, which the eval body
   scores); each earlier, discarded segment is counted (``ep_trl/forked_segments``) and logged.
 
-When the episode's token budget (or the model's context) cannot hold the next turn, the call gets an empty
+When the episode's token budget (or ``max_model_len``) cannot hold the next turn, the call gets an empty
 assistant reply that is not recorded, which ends a tool loop the way a model that stops calling tools does.
 """
 
@@ -113,12 +113,12 @@ class RolloutCapture:
         segment = self._place(request)
         if segment is None:
             return self._spent()
-        context = segment.builder.context()
-        self.prompt_tokens += len(context)
+        prompt_ids = segment.builder.held_ids()
+        self.prompt_tokens += len(prompt_ids)
         params = replace(self._limits.sampling, max_tokens=segment.builder.turn_budget(self._limits, request.max_tokens),
                          stop=request.stop or self._limits.sampling.stop)
         try:
-            sampled = await self._generator.generate(context, params, segment.builder.context_images())
+            sampled = await self._generator.generate(prompt_ids, params, segment.builder.held_images())
         except (ConfigError, UnsupportedEvalError):
             raise  # ep_trl's configuration errors (a turn past max_episode_images) fail every episode alike
         except Exception as exc:
@@ -129,11 +129,11 @@ class RolloutCapture:
         text = self._template.decode(generation.token_ids)
         if generation.stop_text and generation.stop_text in text:
             text = text[: text.find(generation.stop_text)]
-        parsed = self._parser(generation.token_ids, context, request.tools) if request.tools else {}
+        parsed = self._parser(generation.token_ids, prompt_ids, request.tools) if request.tools else {}
         message = reply_message(parsed, text, tool_names(request.tools), f"call-{self.token}-{self.calls}")
         segment.transcript.append(canonical(message))
         finish = "tool_calls" if message.get("tool_calls") else generation.finish_reason
-        return TurnReply(message, finish, len(context), generation.token_ids)
+        return TurnReply(message, finish, len(prompt_ids), generation.token_ids)
 
     def _place(self, request: TurnRequest) -> _Segment | None:
         """The segment this call continues (its bridge inserted), a new one, or None when the budget is spent."""

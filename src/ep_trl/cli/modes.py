@@ -2,9 +2,9 @@
 refused before anything starts, and the config and trainer each mode trains with.
 
 * no flag: in-process generation with the trainer's model; ``GRPOTrainer``;
-* ``--vllm-server-url URL`` (alias ``--vllm-base-url``): generation on that server, which TRL keeps on the
-  trainer's weights on GPU; on CPU it keeps the weights it was started with (off-policy after the first step);
-  ``GRPOTrainer``;
+* ``--vllm-server-url URL`` (alias ``--vllm-base-url``): generation on that server, kept on the trainer's weights:
+  by TRL over NCCL on GPU (``GRPOTrainer``), through disk on CPU (``DiskSyncGRPOTrainer``: the server runs in dev mode,
+  on this machine; no LoRA, no screenshots there);
 * ``--vllm-mode colocate``: TRL's vLLM engine inside the training process; ``GRPOTrainer`` on GPU,
   ``CPUColocateGRPOTrainer`` on CPU (no LoRA, no screenshots there);
 * ``--async --vllm-server-url URL --model M``: ``EvalRolloutWorker`` plays episodes on that server while training
@@ -38,9 +38,9 @@ def add_generation_flags(parser: argparse.ArgumentParser) -> None:
     """``--vllm-server-url`` (alias ``--vllm-base-url``), ``--vllm-mode``, ``--vllm-gpu-memory-utilization`` and
     ``--async``: a training script's flags (``ep-trl train`` has the same ones through its own parser)."""
     parser.add_argument("--vllm-server-url", "--vllm-base-url", dest="vllm_base_url", default=None,
-                        help="generate with this vLLM server (`trl vllm-serve`). On GPU the trainer keeps it on its "
-                             "weights (on-policy); on CPU, without --async, it keeps the weights it was started with "
-                             "(off-policy after the first step). --async needs one")
+                        help="generate with this vLLM server (`trl vllm-serve`), kept on the trainer's weights: by "
+                             "TRL over NCCL on GPU; on CPU through disk (DiskSyncGRPOTrainer: a server in dev mode on "
+                             "this machine). --async needs one")
     parser.add_argument("--vllm-mode", choices=(SERVER, COLOCATE), default=SERVER,
                         help="server: generate in-process, or on --vllm-server-url when given; colocate: with TRL's "
                              "vLLM engine inside the training process (one GPU; on CPU run the script with "
@@ -78,6 +78,14 @@ def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Names
         if screenshots and lora:
             parser.error("--async --screenshots with --lora-r: AsyncImagesGRPOTrainer was not tested with a LoRA "
                          "policy; drop --lora-r (it trains all weights, the vision tower included), or drop --async")
+    if args.vllm_base_url and not args.async_training and not colocate and (lora or screenshots) \
+            and not cuda_available():
+        what = "LoRA (the adapters would have to be merged before the weights are written)" if lora else \
+            "rollout images in the loss"
+        parser.error(f"--vllm-server-url on CPU without --async trains with DiskSyncGRPOTrainer, which does not "
+                     f"support {what}: add --async (CPUAsyncGRPOTrainer pushes the weights through disk"
+                     f"{'' if lora else ' and trains on the screenshots'}), or drop --vllm-server-url to generate "
+                     f"in-process, or drop {'--lora-r' if lora else '--screenshots'}")
     if colocate and args.vllm_base_url:
         parser.error("--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
                      "drop --vllm-server-url, or drop --vllm-mode colocate to generate on the server")
@@ -133,8 +141,9 @@ class TrainingMode:
 
     @property
     def synced_server(self) -> bool:
-        """TRL keeps ``--vllm-server-url`` on the trainer's weights (``vllm_mode="server"``, NCCL: GPU only)."""
-        return bool(self.vllm_base_url) and self.on_gpu and not self.asynchronous
+        """Synchronous training on ``--vllm-server-url``, kept on the trainer's weights (``vllm_mode="server"``): by
+        TRL over NCCL on GPU, by ``DiskSyncGRPOTrainer`` through disk on CPU."""
+        return bool(self.vllm_base_url) and not self.asynchronous
 
     @property
     def server_url(self) -> str:
@@ -157,11 +166,8 @@ class TrainingMode:
             trainer = "GRPOTrainer" if self.on_gpu else "CPUColocateGRPOTrainer"
             return f"generation: TRL's colocated vLLM engine, in the training process ({trainer}, {device})"
         if self.synced_server:
-            return (f"generation: the vLLM server at {self.vllm_base_url}, kept on the trainer's weights by TRL "
-                    f"(GRPOTrainer, {device})")
-        if self.vllm_base_url:
-            return (f"generation: the vLLM server at {self.vllm_base_url}, with the weights it was started with "
-                    f"(off-policy after the first step; GRPOTrainer, {device})")
+            how = "by TRL (GRPOTrainer" if self.on_gpu else "through disk (DiskSyncGRPOTrainer"
+            return f"generation: the vLLM server at {self.vllm_base_url}, kept on the trainer's weights {how}, {device})"
         return f"generation: in-process, with the trainer's model (GRPOTrainer, {device})"
 
     def config(self, **values: Any) -> Any:
@@ -175,47 +181,70 @@ class TrainingMode:
 
             # fixed-size packing: no server max_model_len query on CPU; rows with images are planned by sample count
             fixed: dict[str, Any] = {"token_budget": 0} if self.images or not self.on_gpu else {}
-            return AsyncGRPOConfig(**values, vllm_server_base_url=self.server_url, **fixed)
+            return AsyncGRPOConfig(**{**values, "vllm_server_base_url": self.server_url, **fixed})
         from trl import GRPOConfig
 
         if self.colocate:
-            return GRPOConfig(**values, use_vllm=True, vllm_mode=COLOCATE,
-                              vllm_gpu_memory_utilization=self.gpu_memory_utilization)
-        server: dict[str, Any] = {"vllm_server_base_url": self.vllm_base_url} if self.synced_server else {}
-        return GRPOConfig(**values, use_vllm=self.synced_server, vllm_mode=SERVER, **server)
+            return GRPOConfig(**{**values, "use_vllm": True, "vllm_mode": COLOCATE,
+                                 "vllm_gpu_memory_utilization": self.gpu_memory_utilization})
+        # the values a YAML config or TrlParser give may hold these fields too: the mode's own win
+        return GRPOConfig(**{**values, "use_vllm": self.synced_server, "vllm_mode": SERVER,
+                             "vllm_server_base_url": self.vllm_base_url if self.synced_server else None})
+
+    def trainer_class(self, images: bool = False) -> type[Any]:
+        """The trainer class this mode trains with; ``images``: the rollouts carry screenshots the loss must see.
+        Combinations :func:`check_generation_flags` refused (colocate or a synced server on CPU with images) are not
+        asked for."""
+        if self.asynchronous:
+            if images:
+                from ..trainers import async_images
+
+                return async_images.AsyncImagesGRPOTrainer if self.on_gpu else async_images.CPUAsyncImagesGRPOTrainer
+            if self.on_gpu:
+                from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+                return AsyncGRPOTrainer
+            from ..trainers.cpu_async import CPUAsyncGRPOTrainer
+
+            return CPUAsyncGRPOTrainer
+        if self.colocate and not self.on_gpu:
+            from ..trainers.cpu_colocate import CPUColocateGRPOTrainer
+
+            return CPUColocateGRPOTrainer
+        if self.synced_server and not self.on_gpu:
+            from ..trainers.disk_sync import DiskSyncGRPOTrainer
+
+            return DiskSyncGRPOTrainer
+        if images:  # a vision-language model's forward passes must see the screenshots: TRL drops rollout images
+            from ..trainers.images import RolloutImagesGRPOTrainer
+
+            return RolloutImagesGRPOTrainer
+        from trl import GRPOTrainer
+
+        return GRPOTrainer
 
     @contextlib.contextmanager
     def trainer(self, env_path: str, *, model: str, args: Any, train_dataset: Any, callbacks: Sequence[Any] = (),
                 peft_config: Any = None, images: bool = False, **rollout_options: Any) -> Iterator[Any]:
-        """The trainer for ``env_path`` in this mode, with its rollout function (or rollout worker) built from
-        ``rollout_options`` (keywords of ``create_openenv_vllm_rollout_func``: ``overrides``,
+        """The trainer for ``env_path`` in this mode (:meth:`trainer_class`), with its rollout function (or rollout
+        worker) built from ``rollout_options`` (keywords of ``create_openenv_vllm_rollout_func``: ``overrides``,
         ``max_concurrent_rollouts``, ...); both are closed when the block ends. ``images``: the rollouts carry
-        screenshots the loss must see (``RolloutImagesGRPOTrainer``)."""
+        screenshots the loss must see."""
         if self.asynchronous:
             with self._async_trainer(env_path, model=model, args=args, train_dataset=train_dataset,
                                      callbacks=callbacks, peft_config=peft_config, images=images,
                                      **rollout_options) as trainer:
                 yield trainer
             return
-        from trl import GRPOTrainer
-
         from .. import create_openenv_vllm_rollout_func
         from ..rewards import eval_score
-        from ..trainers.images import RolloutImagesGRPOTrainer
 
-        explicit_server = None if (self.colocate or self.synced_server) else self.vllm_base_url
-        rollout = create_openenv_vllm_rollout_func(env_path, vllm_base_url=explicit_server, **rollout_options)
-        trainer_cls: type[GRPOTrainer]
+        # colocated or on a synced server, the rollout function generates where the trainer keeps its weights
+        rollout = create_openenv_vllm_rollout_func(env_path, **rollout_options)
         try:
-            if self.colocate and not self.on_gpu:
-                from ..trainers.cpu_colocate import CPUColocateGRPOTrainer
-
-                trainer_cls = CPUColocateGRPOTrainer  # images and LoRA refused by check_generation_flags
-            else:
-                # with screenshots, a vision-language model's forward passes must see them: TRL drops rollout images
-                trainer_cls = RolloutImagesGRPOTrainer if images else GRPOTrainer
-            yield trainer_cls(model=model, reward_funcs=[eval_score], args=args, train_dataset=train_dataset,
-                              rollout_func=rollout, callbacks=list(callbacks), peft_config=peft_config)
+            yield self.trainer_class(images)(model=model, reward_funcs=[eval_score], args=args,
+                                             train_dataset=train_dataset, rollout_func=rollout,
+                                             callbacks=list(callbacks), peft_config=peft_config)
         finally:
             rollout.close()
 
@@ -228,43 +257,28 @@ class TrainingMode:
         stops the worker when training ends; the block stops it too (stopping twice is harmless), for a block that
         ends before training starts."""
         from transformers import AutoProcessor, AutoTokenizer
-        from trl.experimental.async_grpo import AsyncGRPOTrainer
 
         from .. import EvalRolloutWorker
+        from ..trainers.disk_weights import DiskWeightTransfer
 
         processing_class = AutoProcessor.from_pretrained(model) if images else AutoTokenizer.from_pretrained(model)
         worker = EvalRolloutWorker(env_path, args=args, processing_class=processing_class, dataset=train_dataset,
                                    **rollout_options)
-        trainer: AsyncGRPOTrainer
+        trainer_cls = self.trainer_class(images)
+        common = dict(args=args, train_dataset=train_dataset, rollout_worker=worker, callbacks=list(callbacks))
         try:
-            if images:
-                from ..trainers import async_images
-                from ..trainers.disk_weights import DiskWeightTransfer
-
-                if self.on_gpu:
-                    trainer = async_images.AsyncImagesGRPOTrainer(
-                        model, args=args, processing_class=processing_class, train_dataset=train_dataset,
-                        rollout_worker=worker, callbacks=list(callbacks))
-                else:
-                    trainer = async_images.CPUAsyncImagesGRPOTrainer(
-                        model, args=args, processing_class=processing_class, train_dataset=train_dataset,
-                        rollout_worker=worker, weight_transfer=DiskWeightTransfer(self.server_url, model),
-                        callbacks=list(callbacks))
+            if images:  # LoRA refused by check_generation_flags
+                transfer = {} if self.on_gpu else {"weight_transfer": DiskWeightTransfer(self.server_url, model)}
+                trainer = trainer_cls(model, processing_class=processing_class, **common, **transfer)
             elif self.on_gpu:
                 # to a server with --enable-lora TRL syncs a peft policy's adapter alone; the worker generates with it
-                trainer = AsyncGRPOTrainer(model, args=args, train_dataset=train_dataset, rollout_worker=worker,
-                                           callbacks=list(callbacks), peft_config=peft_config)
+                trainer = trainer_cls(model, **common, peft_config=peft_config)
             else:
-                from ..trainers.cpu_async import CPUAsyncGRPOTrainer
-                from ..trainers.disk_weights import DiskWeightTransfer
-
                 # LoRA: to a server with --enable-lora TRL syncs the adapter alone (over HTTP, files on this disk);
                 # to any other, DiskWeightTransfer pushes the weights TRL merged the adapter into
                 adapter_only = peft_config is not None and worker.server_lora
-                trainer = CPUAsyncGRPOTrainer(model, args=args, train_dataset=train_dataset, rollout_worker=worker,
-                                              weight_transfer=None if adapter_only else DiskWeightTransfer(
-                                                  self.server_url, model),
-                                              callbacks=list(callbacks), peft_config=peft_config)
+                trainer = trainer_cls(model, **common, peft_config=peft_config, weight_transfer=None if adapter_only
+                                      else DiskWeightTransfer(self.server_url, model))
             yield trainer
         finally:
             worker.stop()

@@ -1,6 +1,6 @@
-"""What the training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``) share as presets of
-``ep-trl train``: their common flags as the command's defaults, so that each script is its own flags and defaults
-plus one call of :func:`ep_trl.cli.train.main`."""
+"""What the training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``, ``train_smollm2_trl.py``) share
+as presets of ``ep-trl train``: their common flags as the command's defaults, so that each script is its own flags
+and defaults plus one call of :func:`ep_trl.cli.train.main`."""
 
 import argparse
 import os
@@ -15,13 +15,19 @@ COMMON_FLAGS = {"env_path": "env_path", "model": "model", "vllm_base_url": "vllm
                 "temperature": "temperature", "output_dir": "output_dir", "report_to": "report_to", "seed": "seed"}
 
 
-def script_defaults(args: argparse.Namespace, env_module: str, env_url_var: str,
-                    **extra: Any) -> dict[str, Any]:
+def common_defaults(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     """``ep-trl train``'s defaults from a script's parsed ``args`` (the flags of :data:`COMMON_FLAGS` it has, those
-    left unset omitted) and ``extra``; with no ``--env-url`` the run starts ``python -m env_module`` as its
-    ``--env-server`` and exports its URL in ``env_url_var``, with one it exports that URL."""
+    left unset omitted) and ``extra``."""
     values: dict[str, Any] = {flag: getattr(args, name) for name, flag in COMMON_FLAGS.items()
                               if getattr(args, name, None) is not None}
+    return {**values, **extra}
+
+
+def script_defaults(args: argparse.Namespace, env_module: str, env_url_var: str,
+                    **extra: Any) -> dict[str, Any]:
+    """:func:`common_defaults`, and the environment server: with no ``--env-url`` the run starts ``python -m
+    env_module`` as its ``--env-server`` and exports its URL in ``env_url_var``, with one it exports that URL."""
+    values = common_defaults(args)
     if args.env_url is None:
         values.update(env_server=f"python -m {env_module} --host 127.0.0.1 --port {{port}}", env_url_var=env_url_var)
     else:

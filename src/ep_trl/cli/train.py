@@ -9,8 +9,8 @@ Every bad input is refused before anything heavy starts (no model loaded, no ser
 the fix: an ENV_PATH that names no eval, an eval whose processor cannot train, modes that do not go together, a
 model path that is not a model, a vLLM server that does not answer or serves another model.
 
-The training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``) are presets of this command: they fill
-its defaults and hooks (:class:`Preset`) and call :func:`main`.
+The training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``, ``train_smollm2_trl.py``) are presets of
+this command: they fill its defaults and hooks (:class:`Preset`) and call :func:`main`.
 """
 
 import argparse
@@ -50,10 +50,12 @@ class RunArguments:
 
     model: str | None = field(default=None, metadata={
         "help": "the policy: a Hugging Face model directory or hub id (required)"})
-    held_out: int = field(default=0, metadata={
-        "help": "score N of the eval's rows, kept out of training, before and after training: greedy, through the "
-                "eval's own processor and body, on the vLLM server the run generates with (--async, or "
-                "--vllm-server-url on a GPU)"})
+    held_out: float = field(default=0, metadata={
+        "help": "score N of the eval's rows (N below 1: that share of them), kept out of training, before and after "
+                "training: greedy, through the eval's own processor and body, on the vLLM server the run generates "
+                "with (--vllm-server-url)"})
+    held_out_seed: int | None = field(default=None, metadata={
+        "help": "seed of the split into training and held-out rows (default: --seed)"})
     env_server: str | None = field(default=None, metadata={
         "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
                 "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
@@ -80,9 +82,9 @@ class GenerationArguments:
 
     vllm_server_url: str | None = field(default=None, metadata={
         "aliases": ["--vllm-base-url"],
-        "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model). On "
-                "GPU TRL keeps it on the trainer's weights; on CPU, without --async, it keeps the weights it was "
-                "started with (off-policy after the first step)"})
+        "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model), kept "
+                "on the trainer's weights: by TRL over NCCL on GPU; on CPU, without --async, through disk by "
+                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots)"})
     async_training: bool = field(default=False, metadata={
         "aliases": ["--async"],
         "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
@@ -127,7 +129,7 @@ class RolloutArguments:
     max_signal_free_calls: int | None = field(default=None, metadata={
         "help": "stop after this many consecutive rollout calls in which no episode got a score"})
     worker_processes: int | None = field(default=None, metadata={
-        "help": "play each call's episodes in this many worker processes"})
+        "help": "play each call's episodes in this many shard processes"})
     stop_grace_s: float | None = field(default=None, metadata={
         "help": "how long after SIGTERM the process may take to end by itself"})
 
@@ -169,14 +171,18 @@ class Preset:
 
     ``start_model(env_url, model)`` gives the model to train, once the environment server is up (``env_url``, None
     without one): ``model`` is ``--model`` (None when not given: the preset's own, such as the tiny model);
-    ``after_training(trainer)`` runs once training ended normally. ``env_server_env``: extra environment variables of the ``--env-server`` process.
-    ``command``: the command line the run record names (the interpreter, the script and its arguments)."""
+    ``train_rows(rows)`` orders the training rows (a ``datasets.Dataset``, held-out rows taken out) before they are
+    repeated to fill ``--max-steps``, e.g. batches that mix a classification eval's labels;
+    ``after_training(trainer)`` runs once training ended normally. ``env_server_env``: extra environment variables of
+    the ``--env-server`` process. ``command``: the command line the run record names (the interpreter, the script and
+    its arguments); its run record names the commit of the checkout that holds the script."""
 
     prog: str
     title: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     command: Sequence[str] = ()
     start_model: Callable[[str | None, str | None], str] | None = None
+    train_rows: Callable[[Any], Any] | None = None
     after_training: Callable[[Any], None] | None = None
     env_server_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -275,6 +281,7 @@ def plan(parser: argparse.ArgumentParser, values: Mapping[str, Any], preset: Pre
         parser.error("--model is required: a Hugging Face model directory or hub id, e.g. --model "
                      "Qwen/Qwen2.5-0.5B-Instruct")
     _check_trl_mode_flags(parser, trl_values)
+    _check_report_to(parser, trl_values.get("report_to"))
     mode = _mode(parser, gen, run_args, trl_values)
     if run_args.model:
         _check_model(parser, run_args.model)
@@ -306,6 +313,21 @@ def _check_trl_mode_flags(parser: argparse.ArgumentParser, trl_values: Mapping[s
         parser.error(f"{flags}: ep-trl sets these from its generation flags. Drop them and use --vllm-server-url URL "
                      "(a vLLM server), --vllm-mode colocate (TRL's engine in the trainer) or --async; the device is "
                      "the GPU when torch sees one")
+
+
+def _check_report_to(parser: argparse.ArgumentParser, report_to: Any) -> None:
+    """``--report-to`` is TRL's (transformers') own; an integration that is not installed is refused here, before the
+    environment server starts and the model loads (transformers would raise once the trainer is built)."""
+    from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
+                                                             get_available_reporting_integrations)
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    available = set(get_available_reporting_integrations())
+    missing = [name for name in names if name in INTEGRATION_TO_CALLBACK and name not in available]
+    if missing:
+        packages = " ".join(name.replace("_", "-") for name in missing)
+        parser.error(f"--report-to {' '.join(names)}: {', '.join(missing)} is not installed in this Python "
+                     f"({sys.executable}): `pip install {packages}`, or drop --report-to")
 
 
 def _mode(parser: argparse.ArgumentParser, gen: GenerationArguments, run_args: RunArguments,
@@ -394,9 +416,11 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: Any) -> dict
 
 
 def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode, spec: Any) -> None:
-    if run_args.held_out < 0:
-        parser.error(f"--held-out {run_args.held_out}: give a number of rows >= 0")
-    if not run_args.held_out:
+    held = run_args.held_out
+    if held < 0 or (held >= 1 and held != int(held)):
+        parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
+                     "between 0 and 1")
+    if not held:
         return
     if spec.processor is None:
         parser.error(f"--held-out: {spec.qualified_name} plays an OpenEnv environment loop, and held-out rows are "
@@ -404,13 +428,13 @@ def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: Ru
                      "(the per-step score is the eval's score on the training episodes)")
     from .. import dataset_from_eval
 
-    if not (mode.asynchronous or mode.synced_server):
+    if not mode.vllm_base_url:
         parser.error("--held-out scores the rows greedily on the vLLM server the run trains, before and after: give "
-                     "--async --vllm-server-url URL (the trainer pushes its weights there), or --vllm-server-url URL "
-                     "on a GPU (TRL keeps it on the trainer's weights); or drop --held-out")
+                     "--vllm-server-url URL (the trainer keeps it on its weights; with or without --async), or drop "
+                     "--held-out")
     rows = len(dataset_from_eval(env_path))
-    if run_args.held_out >= rows:
-        parser.error(f"--held-out {run_args.held_out}: {spec.qualified_name} has {rows} rows and training needs at "
+    if held >= rows:
+        parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
 
 
@@ -418,7 +442,7 @@ def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, 
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
     from ..errors import GenerationError
-    from ..generation.vllm import probe_server
+    from ..generation.probe import probe_server
 
     try:
         served = probe_server(url, vllm.connect_timeout_s).model
@@ -455,7 +479,9 @@ def run(job: TrainJob) -> int:
     script_logging()
     shutdown.handle_sigterm()
     started = time.monotonic()
-    record = run_record.start_anywhere(Path.cwd(), job.command[1:], executable=job.command[0])
+    # a preset names the checkout of its script; `ep-trl train`, the directory it runs in
+    where = Path(job.command[1]).resolve().parent if job.preset.command else Path.cwd()
+    record = run_record.start_anywhere(where, job.command[1:], executable=job.command[0])
     folder = Path(job.config_values["output_dir"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / run_folder.METRICS).unlink(missing_ok=True)
@@ -466,18 +492,25 @@ def run(job: TrainJob) -> int:
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
             train_rows, held_out = _datasets(job)
+            if held_out:
+                print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
+                      "rows", flush=True)
+            state.held_out_rows = len(held_out)
             state.before = _held_out(job, held_out, "before")
             config = job.mode.config(**_config_values(job))
             run_folder.write_config(folder, _resolved(job, model, config))
+            # the metrics line is written before the progress line is printed: a step a reader saw is on disk
             with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
-                                  callbacks=[ProgressPrinter(), run_folder.MetricsLog(folder / run_folder.METRICS)],
+                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
                                   peft_config=_lora(job.run), images=job.mode.images, overrides=job.overrides,
                                   options=job.options, vllm=job.vllm,
                                   max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
                 _print_lora(trainer, job.run)
+                training = time.monotonic()  # train_s: the trainer's construction to train()'s return
                 trainer.train()
+                state.train_s = time.monotonic() - training
                 state.checkpoint = _save_checkpoint(trainer, folder)
             state.after = _held_out(job, held_out, "after")
             if job.preset.after_training is not None:
@@ -503,6 +536,8 @@ class _RunState:
     after: Any = None
     checkpoint: Path | None = None
     ended: str = "finished"
+    held_out_rows: int = 0
+    train_s: float | None = None
 
 
 @contextlib.contextmanager
@@ -528,9 +563,13 @@ def _datasets(job: TrainJob) -> tuple[Any, list[Any]]:
 
     rows = dataset_from_eval(job.env_path)
     held_out: list[Any] = []
-    if job.run.held_out:  # fewer than the eval's rows (plan checked)
-        split = rows.train_test_split(test_size=job.run.held_out, seed=job.config_values.get("seed", 42))
+    held = job.run.held_out
+    if held:  # fewer than the eval's rows (plan checked); below 1, a share of them
+        seed = job.run.held_out_seed if job.run.held_out_seed is not None else job.config_values.get("seed", 42)
+        split = rows.train_test_split(test_size=held if held < 1 else int(held), seed=seed)
         rows, held_out = split["train"], list(split["test"]["prompt"])
+    if job.preset.train_rows is not None:
+        rows = job.preset.train_rows(rows)
     values = job.config_values
     steps = int(values.get("max_steps") or -1)
     if steps > 0:
@@ -545,7 +584,7 @@ def _datasets(job: TrainJob) -> tuple[Any, list[Any]]:
 def _held_out(job: TrainJob, prompts: list[Any], when: str) -> Any:
     if not prompts:
         return None
-    from ..devtools.heldout import score_held_out
+    from .heldout import score_held_out
 
     base_url, served = job.mode.vllm_base_url, job.served_model
     assert base_url is not None and served is not None, "plan() refuses --held-out without a vLLM server"
@@ -630,12 +669,18 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: Any, started:
         print(f"held-out score {state.before.mean:.4f} -> {state.after.mean:.4f} "
               f"({state.after.mean - state.before.mean:+.4f})", flush=True)
     result = {"run": run_record.finish(record), "ended": state.ended, "versions": run_folder.versions(),
-              "env_path": job.env_path, "steps": len(steps),
+              "env_path": job.env_path, "seed": values.get("seed"), "steps": len(steps),
               "train_first": summary.first if summary else None, "train_last": summary.last if summary else None,
-              "held_out_rows": job.run.held_out,
+              "wall_s": round(time.monotonic() - started, 1),
+              "train_s": round(state.train_s, 1) if state.train_s is not None else None,
+              "held_out_rows": state.held_out_rows,
               "held_out_before": state.before.mean if state.before is not None else None,
               "held_out_after": state.after.mean if state.after is not None else None,
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
-              "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG)}
+              "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
+              "steps_logged": [{k: entry[k] for k in run_folder.STEP_FIELDS if k in entry} for entry in history
+                               if "rewards/eval_score/mean" in entry],
+              "held_out_before_rows": run_folder.held_out_rows(state.before),
+              "held_out_after_rows": run_folder.held_out_rows(state.after)}
     path = run_folder.write_result(folder, result)
     print(f"run folder: {folder} (result: {path})", flush=True)

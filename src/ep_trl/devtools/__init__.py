@@ -2,11 +2,12 @@
 
 * ``tiny_model``: a tiny Qwen2-style model and tokenizer built offline (``build_tiny_model``);
 * ``real_model``: SmolLM2-135M-Instruct as a Hugging Face checkpoint, built offline (``build_smollm2``);
-* ``cpu_vllm``: a CPU vLLM server started and stopped by PID; ``heldout``: an eval scored on held-out rows;
+* ``cpu_vllm``: a CPU vLLM server started and stopped by PID;
 * ``batches``: training rows interleaved by ground truth (``interleave_by_ground_truth``);
 * ``run_record``: what a result file records about its run (command, commit, clean tree or not, machine, load),
   written by the benchmarks, the training scripts and ``ep-trl train``.
 
-The training scripts' progress lines, environment server and generation modes are ``ep_trl.cli``'s (the scripts are
-presets of ``ep-trl train``).
+The training scripts' progress lines, environment server, generation modes and held-out scoring are ``ep_trl.cli``'s
+(the scripts are presets of ``ep-trl train``). ``run_record`` stays here: the benchmarks write it into every result
+file, and ``ep-trl train`` into its ``result.json``.
 """

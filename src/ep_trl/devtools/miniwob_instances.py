@@ -76,7 +76,7 @@ class SeedSource:
     """What a ``BrowserGymEnv(seeds=...)`` calls with the task name at each reset that names no seed: the next
     training seed whatever the task (:meth:`training`), or the next held-out seed of that task (:meth:`held_out`,
     which raises once a task's are used up: a held-out set is played once). Thread-safe: eval-protocol's processor
-    resets on worker threads."""
+    resets on pooled threads."""
 
     _training: Iterator[int] | None = None
     _held_out: dict[str, list[int]] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""A tiny Idefics3 (SmolVLM-style) vision-language model, its processor and chat template, built offline.
+"""A tiny Idefics3 (SmolVLM-style) vision-language model, its processing class and chat template, built offline.
 
 The counterpart of ``tiny_model`` for screenshots: tests and the CPU demo need a vision-language model directory
 that transformers, TRL and vLLM's CPU build all load, and this project cannot download weights.
@@ -10,8 +10,8 @@ expands each ``<image>`` placeholder into ``<fake_token_around_image><global-img
 
 Why Idefics3 and not Qwen2-VL: on a CPU machine whose torch is the CPU build, torchvision cannot be installed from
 PyPI (its wheel is built against CUDA torch and fails to import), and without it transformers cannot build a
-Qwen2-VL processor (its video processor needs torchvision) and vLLM cannot load any Qwen-VL model (its model code
-imports torchvision). Idefics3's processor has no video part, its image processor falls back to PIL, and vLLM's CPU
+Qwen2-VL processing class (its video processor needs torchvision) and vLLM cannot load any Qwen-VL model (its model code
+imports torchvision). Idefics3's processing class has no video part, its image processor falls back to PIL, and vLLM's CPU
 build serves it. Everything ep_trl does with images is model-neutral; Qwen-VL models work the same on a machine
 with torchvision (GPU machines have it).
 """
@@ -78,7 +78,7 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0) -> Path:
     Text model: Llama, hidden 128, 2 layers, 2 heads of dim 64, 1 KV head. Vision encoder: 1 layer, width 32,
     2 heads, 64-pixel images in 8-pixel patches; 16 tokens per image (``IMAGE_SEQ_LEN``). Float32, weights drawn
     under ``torch.manual_seed(seed)`` in a forked RNG (the caller's RNG is untouched). A directory that already
-    holds a build with the same seed is reused as is. ``AutoProcessor.from_pretrained(dir)`` gives the processor,
+    holds a build with the same seed is reused as is. ``AutoProcessor.from_pretrained(dir)`` gives the processing class,
     ``AutoModelForImageTextToText.from_pretrained(dir)`` the model.
     """
     out = Path(out_dir)
@@ -128,10 +128,10 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0) -> Path:
     image_processor = Idefics3ImageProcessorPil(
         do_image_splitting=False, size={"longest_edge": IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE},
     )
-    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN,
-                                  chat_template=CHAT_TEMPLATE)
+    processing_class = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
+                                         image_seq_len=IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE)
     tokenizer.chat_template = CHAT_TEMPLATE
-    processor.save_pretrained(out)
+    processing_class.save_pretrained(out)
     make_tokenizer_config_portable(out / "tokenizer_config.json", special_tokens=(IM_START, *IMAGE_TOKENS),
                                    chat_template=CHAT_TEMPLATE)
     model.save_pretrained(out, safe_serialization=True)

@@ -1,6 +1,6 @@
 """What a rollout call needs from its caller, read once into a :class:`CallSetup` and handed down.
 
-A rollout call (``rollout_func``'s, a worker process's shard) or a rollout worker's stream starts with
+A rollout call (``rollout_func``'s, a shard process's part of one) or a rollout worker's stream starts with
 :meth:`CallReader.read`, the one place below the trainer adapters that reads a :class:`~ep_trl.engine.caller.RolloutCaller`:
 its configuration, its model and its server or engine. What it reads is handed down as plain values: the chat
 template, the settings (:mod:`ep_trl.engine.settings`), the generation backend (:mod:`ep_trl.generation.choice`), the ``ep logs``

@@ -5,7 +5,7 @@ Two callers implement :class:`RolloutCaller`, and a rollout call never asks whic
 
 * ``GRPOTrainer`` calling ``rollout_func(prompts, trainer)``: ``ep_trl.adapters.trl_seam.GRPOTrainerCaller``, the only
   place that reads the trainer's attributes;
-* a process that plays episodes for a trainer it cannot reach (the rollout worker of ``AsyncGRPOTrainer``, a worker
+* a process that plays episodes for a trainer it cannot reach (the rollout worker of ``AsyncGRPOTrainer``, a shard
   process of ``RolloutOptions(worker_processes=N)``): :class:`DetachedCaller`, which holds the configuration, the
   policy version, the server the trainer keeps on its weights and where the call's metrics go.
 """
@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 from ..errors import ConfigError
 from ..generation import SamplingParams
 from ..trajectory.content import tokenizer_of
-from ..trajectory.types import ProcessingClass, Tokenizer
+from ..trajectory.types import Tokenizer
 
 #: How a TRL trainer generates with vLLM (``GRPOConfig.vllm_mode``): on a server, or in its own process.
 VLLMMode = Literal["server", "colocate"]
@@ -30,7 +30,7 @@ class TrainingConfig:
     """A read-only view of the trainer's configuration (a ``GRPOConfig`` or ``AsyncGRPOConfig``) and its processing
     class: what rollouts sample with and how many they are."""
 
-    processing_class: ProcessingClass
+    processing_class: Any
     num_generations: int
     max_completion_length: int | None
     sampling: SamplingParams
@@ -38,7 +38,7 @@ class TrainingConfig:
     vllm_mode: VLLMMode | None
 
     @classmethod
-    def of(cls, args: Any, processing_class: ProcessingClass) -> "TrainingConfig":
+    def of(cls, args: Any, processing_class: Any) -> "TrainingConfig":
         """Read ``args``. TRL's loss assumes samples at the config's temperature (and top-p/top-k/min-p), so the
         sampling settings are those."""
         max_length = getattr(args, "max_completion_length", None)
@@ -58,7 +58,7 @@ class TrainingConfig:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The text tokenizer (a multimodal processor's ``.tokenizer``, else the processing class itself)."""
+        """The text tokenizer (a multimodal processing class's ``.tokenizer``, else the processing class itself)."""
         return tokenizer_of(self.processing_class)
 
 
@@ -148,7 +148,7 @@ class RolloutCaller(Protocol):
 
 @dataclass(frozen=True)
 class DetachedCaller:
-    """A caller without a trainer in reach: a rollout worker's or a worker process's (see the module docstring)."""
+    """A caller without a trainer in reach: a rollout worker's or a shard process's (see the module docstring)."""
 
     config: TrainingConfig
     step: int

@@ -38,20 +38,18 @@ def group_indices(prompts: Sequence[Prompt], num_generations: int) -> list[list[
     return groups
 
 
-async def score_rows(spec: EvalSpec, rows: list[Row], eligible: list[bool], groups: list[list[int]],
-                     timeout_s: float) -> list[Scored]:
-    """Run the body over the eligible rows in the eval's mode and return one ``Scored`` per row.
+#: Why a failed episode's row has no score: the body never sees it (``Scored(None, row, FAILED_EPISODE)``).
+FAILED_EPISODE = "episode failed; not scored"
+
+
+async def score_rows(spec: EvalSpec, rows: list[Row], timeout_s: float) -> list[Scored]:
+    """Run the body over ``rows`` (finished episodes' rows, one prompt group or a whole call's) in the eval's mode:
+    pointwise one row per body call, groupwise and ``all`` every row in one call; one ``Scored`` per row.
 
     A body that raises or outlasts ``timeout_s`` leaves its rows unscored, saying why; one that returns something
     other than its rows raises ``UnsupportedEvalError`` (every call would do the same)."""
-    results: list[Scored] = [Scored(None, row, "episode failed; not scored") for row in rows]
-    if spec.mode == "pointwise":
-        batches = [[i] for i in range(len(rows)) if eligible[i]]
-    elif spec.mode == "groupwise":
-        batches = [[i for i in g if eligible[i]] for g in groups]
-    else:
-        batches = [[i for i in range(len(rows)) if eligible[i]]]
-    batches = [b for b in batches if b]
+    batches = [[i] for i in range(len(rows))] if spec.mode == "pointwise" else [list(range(len(rows)))]
+    verdicts: dict[int, Scored] = {}
 
     async def score(batch: list[int]) -> None:
         try:
@@ -63,20 +61,20 @@ async def score_rows(spec: EvalSpec, rows: list[Row], eligible: list[bool], grou
                        "if it is just slow)")
             logger.warning("%s: %s (rows %s left unscored)", spec.qualified_name, message, batch)
             for i in batch:
-                results[i] = Scored(None, rows[i], message)
+                verdicts[i] = Scored(None, rows[i], message)
             return
         except Exception as exc:
             message = f"eval body raised {type(exc).__name__}: {exc}"
             logger.warning("%s: %s (rows %s left unscored)", spec.qualified_name, message, batch)
             for i in batch:
-                results[i] = Scored(None, rows[i], message)
+                verdicts[i] = Scored(None, rows[i], message)
             return
         for i, row in zip(batch, out):
             value = score_of(row)
-            results[i] = Scored(value, row, None if value is not None else _unscored_reason(row))
+            verdicts[i] = Scored(value, row, None if value is not None else _unscored_reason(row))
 
-    await asyncio.gather(*(score(b) for b in batches))
-    return results
+    await asyncio.gather(*(score(b) for b in batches if b))
+    return [verdicts[i] for i in range(len(rows))]
 
 
 def _unscored_reason(row: Row) -> str:

@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..openenv.client import STOCK_MESSAGE_TIMEOUT_S
-from ..sources.episode import EpisodeConfig, EpisodeSpec, initial_messages
+from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.processors import ROUTING_KEYS
 from ..evalprotocol.spec import EvalSpec
@@ -173,7 +173,7 @@ def sampling_note(spec: EvalSpec, used: SamplingParams) -> str | None:
 
 def turn_limits(spec: EvalSpec, sampling: SamplingParams, budget: int | None, processing_class: ProcessingClass,
                 model_provider: Callable[[], Any] | None, max_model_len: int | None) -> TurnLimits:
-    """Sampling, token budget, end-of-turn ids and context length every episode of a rollout call shares: the
+    """Sampling, token budget, end-of-turn ids and ``max_model_len`` every episode of a rollout call shares: the
     trainer's ``sampling`` with the eval's turn settings, the episode token ``budget``, the end-of-turn ids of the
     processing class and of the model ``model_provider`` gives (when the model is in reach)."""
     params = spec.completion_params
@@ -200,8 +200,8 @@ def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
 
 
 def plan_episode(prompt: Prompt, index: int, group: int, generation: int, tasks: Sequence[str],
-                 system_prompt: str | None) -> EpisodeSpec:
-    """The spec of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
+                 system_prompt: str | None) -> EpisodePlan:
+    """The plan of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
     ``tasks[group % len(tasks)]``), ``generation`` within the group. The eval's ``system_prompt`` is put first
     unless the prompt already has a system message.
 
@@ -211,4 +211,4 @@ def plan_episode(prompt: Prompt, index: int, group: int, generation: int, tasks:
     messages = initial_messages(prompt, index)
     if system_prompt and not any(m.get("role") == "system" for m in messages):
         messages = ({"role": "system", "content": system_prompt},) + messages
-    return EpisodeSpec(index=index, group=group, generation=generation, task=task, initial_messages=messages)
+    return EpisodePlan(index=index, group=group, generation=generation, task=task, initial_messages=messages)

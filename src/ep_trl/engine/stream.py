@@ -1,10 +1,10 @@
-"""The play: an eval's episodes as a stream of finished prompt groups, scored by the eval's body.
+"""The stream: an eval's episodes as a stream of finished prompt groups, scored by the eval's body.
 
-Both trainer adapters consume the same stream. ``rollout_func`` (:mod:`ep_trl.adapters.rollout_func`) plays a call's groups and
-collects them into TRL's dict; the rollout worker of ``AsyncGRPOTrainer`` (:mod:`ep_trl.adapters.async_worker`) plays an
+Both trainer adapters consume the same stream. ``rollout_func`` (:mod:`ep_trl.adapters.rollout_func`) streams a call's groups and
+collects them into TRL's dict; the rollout worker of ``AsyncGRPOTrainer`` (:mod:`ep_trl.adapters.async_worker`) consumes an
 endless stream and turns each group into samples the moment it is released.
 
-:func:`play_groups` keeps at most ``slots`` episodes in flight and starts the next episode (of the current group,
+:func:`stream_groups` keeps at most ``slots`` episodes in flight and starts the next episode (of the current group,
 else of the next planned group) whenever one ends and ``may_start()`` allows it. Groups are released as they
 complete, not in plan order:
 
@@ -18,8 +18,9 @@ Failed episodes are not scored (``Scored(None, ...)``). An error that is not an 
 for good, a body that returns something other than its rows, ep_trl's bug) cancels every episode and body in flight
 and raises; so does the consumer closing the stream early.
 
-With ``turn_version``, each episode's turns are generated through a :class:`VersionedTurns` that reads the policy
-version when the turn is sent; :attr:`PlayedEpisode.versions` lists them. The version a turn is sent under is never
+With ``turn_version``, each episode's turns are generated through a ``VersionedTurns``
+(``ep_trl.generation.versioned``) that reads the policy version when the turn is sent;
+:attr:`PlayedEpisode.versions` lists them. The version a turn is sent under is never
 newer than the weights that generate it, because a trainer changes the server's weights before it announces the new
 version (``update_model_version``), and a turn that is queued, retried or held by a paused server is only
 generated later. With ``max_episode_images`` a turn whose episode would then hold more images than that is not sent
@@ -29,16 +30,16 @@ generated later. With ``max_episode_images`` a turn whose episode would then hol
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from ..sources.episode import Episode
-from ..errors import ConfigError
 from ..evalprotocol import EvalSpec
-from ..generation import Generation, Generator, PromptImages, SamplingParams
+from ..generation import Generator
+from ..generation.versioned import VersionedTurns
 from ..traininglog.rows import RowContext
-from .scoring import Scored, score_rows
+from .scoring import FAILED_EPISODE, Scored, score_rows
 from ..sources import EpisodePlayer, EpisodeRequest
 from ..trajectory.types import Prompt, Row
 
@@ -87,67 +88,6 @@ class ScoredGroup:
         return [p.episode for p in self.played]
 
 
-class VersionedTurns:
-    """The stream's generator as one episode sees it: every turn goes to ``generator``, and the policy version read
-    from ``version()`` just before the turn is sent is recorded. ``model_for(version)`` may name the served model
-    (a LoRA adapter of that version) the turn must be generated with; None keeps the generator's own.
-    ``max_images``: the most images the episode may hold (every image its turns were sent with, each once); a turn
-    that would pass it is not sent and raises ``ConfigError``."""
-
-    def __init__(self, generator: Generator, version: Callable[[], int],
-                 model_for: Callable[[int], str | None] | None = None, max_images: int | None = None) -> None:
-        self._generator = generator
-        self._version = version
-        self._model_for = model_for
-        self._max_images = max_images
-        #: The images the episode's turns were sent with, by identity (its trajectory holds them anyway; a
-        #: processor's conversation that starts over keeps the earlier one's too).
-        self._images: dict[int, Any] = {}
-        self.versions: list[int] = []
-
-    @property
-    def name(self) -> str:
-        return self._generator.name
-
-    @property
-    def max_model_len(self) -> int | None:
-        return self._generator.max_model_len
-
-    @property
-    def failure(self) -> Any:
-        return self._generator.failure
-
-    async def begin_call(self) -> None:
-        """The stream's owner begins and ends the shared generator, not an episode."""
-
-    async def end_call(self) -> None:
-        """See ``begin_call``."""
-
-    async def aclose(self) -> None:
-        """The shared generator is closed by its owner."""
-
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       images: PromptImages | None = None) -> Generation:
-        if self._max_images is not None and images is not None:
-            self._images.update((id(image), image) for image in images.images)
-            if len(self._images) > self._max_images:
-                raise ConfigError(
-                    f"An episode's turn would hold {len(self._images)} images, more than max_episode_images="
-                    f"{self._max_images}, the most one episode may hold (the images reserved for it while it plays): "
-                    "the turn is not sent. Pass EvalRolloutWorker(max_episode_images=...) at least the most images "
-                    "one episode of this eval holds (its prompt's and every turn's), and max_buffered_images at "
-                    "least num_generations times that.")
-        version = self._version()
-        self.versions.append(version)
-        model = self._model_for(version) if self._model_for is not None else None
-        if model is None:
-            return await self._generator.generate(prompt_ids, params, images)
-        generate_as = getattr(self._generator, "generate_as", None)
-        if generate_as is None:
-            raise TypeError(f"the {self._generator.name} backend cannot generate with a named model ({model!r})")
-        return await generate_as(model, prompt_ids, params, images)
-
-
 class SlotMeter:
     """How busy a stream's episode slots are: the time integral of episodes in flight (``busy_s``), to divide by
     ``slots x`` the wall time for the occupancy; and how many episodes started, and were cancelled in flight when
@@ -181,8 +121,8 @@ class SlotMeter:
 
 
 @dataclass(eq=False)
-class _GroupInPlay:
-    """A prompt group while it plays: its ended episodes and their verdicts by generation, the next generation to
+class _GroupInFlight:
+    """A prompt group while its episodes play: its ended episodes and their verdicts by generation, the next generation to
     start, and when its first episode started (mutable until it is released)."""
 
     plan: GroupPlan
@@ -207,7 +147,7 @@ class _GroupInPlay:
                            time.monotonic() - self.started)
 
 
-async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
+async def stream_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
                       slots: int, body_timeout_s: float, all_scope: AllScope = "group",
                       may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                       model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
@@ -216,33 +156,33 @@ async def play_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[Gro
     (see the module docstring); ``meter`` counts how busy the slots are. A released group is referenced nowhere in
     the stream once the consumer asks for the next one (its episodes' images are freed with the consumer's copy)."""
     if slots < 1:
-        raise ValueError(f"play_groups needs at least one slot, got {slots}")
+        raise ValueError(f"stream_groups needs at least one slot, got {slots}")
     if all_scope not in ("group", "stream"):
         raise ValueError(f"all_scope must be 'group' or 'stream', got {all_scope!r}")
-    play = _Play(player, spec, plans, generator, slots=slots, body_timeout_s=body_timeout_s,
+    stream = _Stream(player, spec, plans, generator, slots=slots, body_timeout_s=body_timeout_s,
                  hold_all=spec.mode == "all" and all_scope == "stream", may_start=may_start,
                  turn_version=turn_version, model_for=model_for, meter=meter, max_episode_images=max_episode_images)
     try:
         while True:
-            play.fill_slots()
-            if play.held and play.exhausted and play.idle:  # all_scope "stream": the plan is played
-                held = await play.score_held()
+            stream.fill_slots()
+            if stream.held and stream.exhausted and stream.idle:  # all_scope "stream": the plan is played
+                held = await stream.score_held()
                 while held:  # no loop variable: a yielded group is not kept past its release
                     yield held.pop(0).release()
-            if play.idle:
-                if play.exhausted:
+            if stream.idle:
+                if stream.exhausted:
                     break
                 await asyncio.sleep(IDLE_POLL_S)  # may_start() said no: look again shortly
                 continue
-            completed = await play.next_completed()
+            completed = await stream.next_completed()
             while completed:
                 yield completed.pop(0).release()
     finally:
-        await play.cancel()
+        await stream.cancel()
 
 
-class _Play:
-    """One run of :func:`play_groups`: where the plan stands, the episodes and body calls in flight and the groups
+class _Stream:
+    """One run of :func:`stream_groups`: where the plan stands, the episodes and body calls in flight and the groups
     they belong to, and the steps that start, end and score them."""
 
     def __init__(self, player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
@@ -253,11 +193,11 @@ class _Play:
         self._slots, self._body_timeout_s, self._hold_all = slots, body_timeout_s, hold_all
         self._may_start, self._turn_version, self._model_for, self._meter = may_start, turn_version, model_for, meter
         self._max_episode_images = max_episode_images
-        self._episodes: dict[asyncio.Task, tuple[_GroupInPlay, EpisodeRequest, VersionedTurns | None]] = {}
-        self._scoring: dict[asyncio.Task, tuple[_GroupInPlay, list[int]]] = {}
-        self._starting: _GroupInPlay | None = None  # the group whose episodes are being started
+        self._episodes: dict[asyncio.Task, tuple[_GroupInFlight, EpisodeRequest, VersionedTurns | None]] = {}
+        self._scoring: dict[asyncio.Task, tuple[_GroupInFlight, list[int]]] = {}
+        self._starting: _GroupInFlight | None = None  # the group whose episodes are being started
         #: hold_all (an ``all`` eval over a whole call): complete groups waiting for the end of the plan.
-        self.held: list[_GroupInPlay] = []
+        self.held: list[_GroupInFlight] = []
         #: Whether the plan has no group left to start.
         self.exhausted = False
 
@@ -274,7 +214,7 @@ class _Play:
                 return
             self._start(*planned)
 
-    def _next_episode(self) -> tuple[_GroupInPlay, int] | None:
+    def _next_episode(self) -> tuple[_GroupInFlight, int] | None:
         """The next episode to start: of the group being started, else of the next planned group."""
         group = self._starting
         if group is None or group.next_generation >= group.size:
@@ -282,11 +222,11 @@ class _Play:
             if plan is None:
                 self.exhausted = True
                 return None
-            group = self._starting = _GroupInPlay(plan, time.monotonic())
+            group = self._starting = _GroupInFlight(plan, time.monotonic())
         group.next_generation += 1
         return group, group.next_generation - 1
 
-    def _start(self, group: _GroupInPlay, k: int) -> None:
+    def _start(self, group: _GroupInFlight, k: int) -> None:
         plan = group.plan
         request = EpisodeRequest(index=plan.indices[k], group=plan.group, generation=k, prompt=plan.prompt,
                                  rollout_id=plan.rollout_ids[k], context=plan.context)
@@ -297,7 +237,7 @@ class _Play:
         if self._meter is not None:
             self._meter.started()
 
-    async def next_completed(self) -> list[_GroupInPlay]:
+    async def next_completed(self) -> list[_GroupInFlight]:
         """Wait until an episode or a body call ends (or, with ``may_start`` and a free slot, a poll's time); the
         groups that completed, once each."""
         waiting = self._may_start is not None and len(self._episodes) < self._slots
@@ -312,7 +252,7 @@ class _Play:
                     self._starting = None
         return list(dict.fromkeys(completed))  # identity: one release per group
 
-    def _episode_ended(self, task: asyncio.Task) -> _GroupInPlay:
+    def _episode_ended(self, task: asyncio.Task) -> _GroupInFlight:
         group, request, turns = self._episodes.pop(task)
         if self._meter is not None:
             self._meter.ended()
@@ -330,39 +270,41 @@ class _Play:
                 self._score(group, list(range(group.size)))
         return group
 
-    def _body_returned(self, task: asyncio.Task) -> _GroupInPlay:
+    def _body_returned(self, task: asyncio.Task) -> _GroupInFlight:
         group, members = self._scoring.pop(task)
         for k, verdict in zip(members, task.result()):
             group.scored[k] = verdict
         return group
 
-    def _score(self, group: _GroupInPlay, members: list[int]) -> None:
+    def _score(self, group: _GroupInFlight, members: list[int]) -> None:
         """Start the body on the finished episodes of ``members``; the failed ones are unscored at once."""
-        eligible = [k for k in members if group.played[k].episode.status == "finished"]
-        for k in members:
-            if k not in eligible:
-                group.scored[k] = Scored(None, group.played[k].row, "episode failed; not scored")
-        if not eligible:
-            return
-        rows = [group.played[k].row for k in eligible]
-        task = asyncio.ensure_future(score_rows(self._spec, rows, [True] * len(rows), [list(range(len(rows)))],
-                                                self._body_timeout_s))
-        self._scoring[task] = (group, eligible)
+        eligible = [k for _, k in self._finished([(group, k) for k in members])]
+        if eligible:
+            task = asyncio.ensure_future(score_rows(self._spec, [group.played[k].row for k in eligible],
+                                                    self._body_timeout_s))
+            self._scoring[task] = (group, eligible)
 
-    async def score_held(self) -> list[_GroupInPlay]:
+    async def score_held(self) -> list[_GroupInFlight]:
         """Score the finished episodes of every held group in one body call (an ``all`` eval over a whole rollout
         call); the groups, no longer held."""
         groups, self.held = self.held, []
-        everyone = [(g, k) for g in groups for k in range(g.size)]
-        eligible = [(g, k) for g, k in everyone if g.played[k].episode.status == "finished"]
-        for g, k in everyone:
-            g.scored[k] = Scored(None, g.played[k].row, "episode failed; not scored")
+        eligible = self._finished([(g, k) for g in groups for k in range(g.size)])
         if eligible:
-            verdicts = await score_rows(self._spec, [g.played[k].row for g, k in eligible], [True] * len(eligible),
-                                        [list(range(len(eligible)))], self._body_timeout_s)
+            verdicts = await score_rows(self._spec, [g.played[k].row for g, k in eligible], self._body_timeout_s)
             for (g, k), verdict in zip(eligible, verdicts):
                 g.scored[k] = verdict
         return groups
+
+    @staticmethod
+    def _finished(members: list[tuple[_GroupInFlight, int]]) -> list[tuple[_GroupInFlight, int]]:
+        """The members whose episode finished; each failed one gets its verdict now (the body never sees it)."""
+        finished = []
+        for group, k in members:
+            if group.played[k].episode.status == "finished":
+                finished.append((group, k))
+            else:
+                group.scored[k] = Scored(None, group.played[k].row, FAILED_EPISODE)
+        return finished
 
     async def cancel(self) -> None:
         """Cancel the episodes and body calls still in flight (the stream ended early, or raised) and wait for them."""

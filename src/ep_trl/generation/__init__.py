@@ -9,17 +9,21 @@ log-probability of each sampled token at the trainer's temperature, the quantity
 importance-sampling ratio compare against. Nothing is decoded and re-encoded on the way.
 
 For a vision-language model a turn also carries its images (:class:`PromptImages`): the prompt ids then hold every
-image's expanded tokens, as the processor expands them, and the backend gives the model the images' pixels. A
+image's expanded tokens, as the processing class expands them, and the backend gives the model the images' pixels. A
 text-only turn carries ``images=None``.
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from ..errors import GenerationError
+from ..errors import ConfigError, GenerationError
+
+if TYPE_CHECKING:  # named for the checker; the caller builds them
+    from ..engine.caller import SyncedServer
+    from ..options import VLLMOptions
 
 
 #: Tokens per turn when the eval sets no ``max_tokens`` (``OpenEnvRolloutProcessor``'s own default).
@@ -80,8 +84,8 @@ class PromptImages:
 
 class PromptIds(list):
     """Prompt ids (a plain list to every backend) that also carry their JSON text, ``json``: what
-    ``json.dumps([int(t) for t in ids], separators=(",", ":"))`` gives. ``TrajectoryBuilder.context()`` returns one,
-    keeping the text as the context grows, so a server backend sends a turn's prompt without converting and encoding
+    ``json.dumps([int(t) for t in ids], separators=(",", ":"))`` gives. ``TrajectoryBuilder.held_ids()`` returns one,
+    keeping the text as the held ids grow, so a server backend sends a turn's prompt without converting and encoding
     every id of the conversation again (``generation.vllm``)."""
 
     __slots__ = ("json",)
@@ -94,6 +98,21 @@ class PromptIds(list):
 def ids_json(ids: Sequence[int]) -> str:
     """``ids`` as a compact JSON array of integers (each converted with ``int``, as a request body takes them)."""
     return json.dumps([int(t) for t in ids], separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class BackendOffer:
+    """What a rollout's caller offers to generate with (the trainer whose colocated engine generates, the server it
+    keeps on its weights, its model in this process, an explicit server URL), with the options a backend is built
+    with. ``generation.choice`` picks a backend by it and hands it to that backend module's ``build(offer)``."""
+
+    vllm_base_url: str | None
+    options: "VLLMOptions"
+    max_concurrent_rollouts: int
+    colocated_trainer: Any | None
+    server: "SyncedServer | None"
+    model_provider: Callable[[], Any] | None
+    processing_class: Any
 
 
 class Generator(Protocol):
@@ -134,9 +153,24 @@ class Generator(Protocol):
         ``images`` is None for a text-only turn)."""
         ...
 
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """``generate`` with ``model``, another model the backend serves by name: the async worker's turns go to the
+        LoRA adapter of their policy version (``VersionedTurns``). A backend that serves one model only raises
+        :func:`named_model_refused`."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections, tasks and threads; the backend is not used afterwards."""
         ...
+
+
+def named_model_refused(backend: str, model: str) -> ConfigError:
+    """The error of a backend that generates with its one model only, asked (``generate_as``) for ``model``."""
+    return ConfigError(
+        f"The {backend} backend generates with its one model only, not with {model!r} (the LoRA adapter of a policy "
+        "version, which the async worker asks for when the trainer syncs adapters). Generate on a vLLM server "
+        "that serves the adapters (started with --enable-lora).")
 
 
 class CallFailure:

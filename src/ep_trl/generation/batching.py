@@ -1,7 +1,7 @@
 """The queue of turns waiting for an in-process model and the one thread that serves them in batches, shared by
 the backends that call a model in the trainer's own process (``trainer``, ``colocate``).
 
-A model call there blocks and must not run twice at once, so one worker thread makes every call, off the event
+A model call there blocks and must not run twice at once, so one model thread makes every call, off the event
 loop: environment steps, tool calls and scoring go on meanwhile. Turns that arrive while the thread is busy (or
 within a batch window of the first) are served together, in one call per batch.
 """
@@ -30,14 +30,14 @@ class _Waiting(Generic[Request]):
 
 
 class BatchQueue(Generic[Request, Result]):
-    """Requests waiting for a model, and the worker thread that runs them in batches of at most ``max_batch_size``.
+    """Requests waiting for a model, and the model thread that runs them in batches of at most ``max_batch_size``.
 
-    ``run_batch(requests)`` runs on the worker thread and returns one outcome per request, in order: the request's
+    ``run_batch(requests)`` runs on the model thread and returns one outcome per request, in order: the request's
     result, or an exception, which fails that request alone. ``window_s``: how long the batch waits after its first
     request for others to join (0: it takes only what already queued). ``batch_key``: requests with different keys
     never share a call (a batch holding several keys runs as one call per key, in the order they arrived).
     ``batch_error(exc, n)``: what the ``n`` waiters of a call that raised ``exc`` receive (default ``exc`` itself);
-    the next batch runs anew. ``thread_name`` prefixes the worker thread's name, ``task_name`` names the asyncio task
+    the next batch runs anew. ``thread_name`` prefixes the model thread's name, ``task_name`` names the asyncio task
     that forms the batches.
     """
 
@@ -68,12 +68,12 @@ class BatchQueue(Generic[Request, Result]):
         return await waiting.future
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """``fn()`` on the worker thread, after the model calls already handed to it (what else must touch the model
+        """``fn()`` on the model thread, after the model calls already handed to it (what else must touch the model
         from that thread alone)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def aclose(self) -> None:
-        """End the batching task (cancelled, then awaited until it has unwound), then the worker thread, waiting for a
+        """End the batching task (cancelled, then awaited until it has unwound), then the model thread, waiting for a
         call in progress to return."""
         if self._task is not None:
             self._task.cancel()

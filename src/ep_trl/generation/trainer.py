@@ -15,10 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
+from ..trajectory.content import supports_images
+from ..trajectory.tokens import eos_token_ids
 from ..trajectory.vision_inputs import vision_inputs
-from . import Generation, PromptImages, SamplingParams
+from . import BackendOffer, Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
-from ..trajectory.types import MultimodalProcessor, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -31,19 +33,19 @@ class _Request:
 
 
 class TrainerGenerator:
-    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processor`` is the
-    trainer's multimodal processor (None for a text model), needed to turn a turn's images into pixel inputs."""
+    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processing_class`` is the
+    trainer's multimodal processing class (None for a text model), needed to turn a turn's images into pixel inputs."""
 
     name = "trainer"
 
     def __init__(
         self,
         model_provider: Callable[[], Any],
-        tokenizer: Tokenizer,
+        tokenizer: Any,
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         max_batch_size: int = 16,
-        processor: "MultimodalProcessor | None" = None,
+        processing_class: Any | None = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("the tokenizer/model defines no EOS token; multi-turn episodes need one to end a turn")
@@ -51,7 +53,7 @@ class TrainerGenerator:
         self._tokenizer = tokenizer
         self._eos = tuple(int(t) for t in eos_token_ids)
         self._pad = int(pad_token_id)
-        self._processor = processor
+        self._processing_class = processing_class
         self._batches: BatchQueue[_Request, Generation] = BatchQueue(
             self._generate_batch, max_batch_size=max_batch_size, batch_key=_sampling_key,
             thread_name="ep-trl-generate", task_name="ep-trl-trainer-generation")
@@ -60,7 +62,7 @@ class TrainerGenerator:
 
     @property
     def max_model_len(self) -> int | None:
-        """The model's context length (``config.max_position_embeddings``), read from the current model."""
+        """The model's ``max_model_len`` (``config.max_position_embeddings``), read from the current model."""
         value = getattr(getattr(self._model_provider(), "config", None), "max_position_embeddings", None)
         return int(value) if value else None
 
@@ -79,12 +81,17 @@ class TrainerGenerator:
                        images: PromptImages | None = None) -> Generation:
         if params.temperature <= 0:
             raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0")
-        if images is not None and self._processor is None:
+        if images is not None and self._processing_class is None:
             raise ValueError("a turn with images reached the trainer backend of a text-only processing class")
         return await self._batches.submit(_Request(tuple(prompt_ids), params, images))
 
     async def aclose(self) -> None:
         await self._batches.aclose()
+
+    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
+                          images: PromptImages | None = None) -> Generation:
+        """Refused: this backend generates with the trainer's model only."""
+        raise named_model_refused(self.name, model)
 
     def _generate_batch(self, requests: list[_Request]) -> list[Generation]:
         import torch
@@ -96,10 +103,8 @@ class TrainerGenerator:
         input_ids = torch.tensor([(self._pad,) * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
         attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
         device = next(model.parameters()).device
-        vision = None
-        if any(r.images for r in requests):
-            assert self._processor is not None, "a text-only template drops images: only a processor's turns hold any"
-            vision = vision_inputs(self._processor, input_ids, [r.images.images if r.images else () for r in requests])
+        vision = vision_inputs(self._processing_class, input_ids, [r.images.images if r.images else () for r in requests]) \
+            if any(r.images for r in requests) else None
         pixels = {k: v.to(device) for k, v in vision.model_kwargs.items()} if vision else {}
         stop_ids = tuple(dict.fromkeys(self._eos + params.stop_token_ids))
         config = GenerationConfig(
@@ -153,7 +158,7 @@ def _sampling_key(request: _Request) -> tuple:
     return p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop_token_ids
 
 
-def _first_stop_string(tokenizer: Tokenizer, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
+def _first_stop_string(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
     """The shortest prefix of ``ids`` whose text contains a stop string, and that string."""
     if not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stops):
         return None
@@ -163,3 +168,15 @@ def _first_stop_string(tokenizer: Tokenizer, ids: list[int], stops: tuple[str, .
             if s in text:
                 return k, s
     return None
+
+
+def build(offer: BackendOffer) -> TrainerGenerator:
+    """The backend on the caller's model in this process (``offer.model_provider``)."""
+    provider, processing_class = offer.model_provider, offer.processing_class
+    if provider is None:
+        raise ConfigError("backend='trainer' samples with the trainer's model in this process, and this caller has "
+                          "none in reach; generate on a vLLM server (vllm_base_url=...).")
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,
+                            processing_class=processing_class if supports_images(processing_class) else None)

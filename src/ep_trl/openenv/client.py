@@ -5,7 +5,7 @@ OpenEnv clients come in three shapes. openenv-core 0.3 clients are async (``awai
 have plain methods that return an awaitable when called from a running event loop and block otherwise;
 hand-written clients are often plain synchronous objects. OpenEnv clients (either distribution) are called on
 the shared loop and what they return is awaited (a ``SyncEnvClient`` is unwrapped to its async client);
-anything else runs in worker threads, so one slow environment never stalls the other episodes. A stock client
+anything else runs in pooled threads, so one slow environment never stalls the other episodes. A stock client
 class is built with the parameters its constructor accepts (``client_kwargs``), never more.
 
 The sessions of a rollout call are pooled in ``ep_trl.openenv.pool``.
@@ -162,7 +162,7 @@ class EnvSession:
     How a client is driven is decided by what it is and confirmed by what its calls return. openenv-core 0.3
     clients have coroutine methods; openenv 0.10 clients have plain methods that return an awaitable when an event
     loop is running (and block otherwise): both are called on the loop and what they return is awaited. Any
-    other client is synchronous and runs in a worker thread, so one slow environment never stalls the loop.
+    other client is synchronous and runs in a pooled thread, so one slow environment never stalls the loop.
     ``label`` names the episode currently using it in errors; a pooled session is relabelled per episode.
     """
 

@@ -21,7 +21,7 @@ from ..sources.episode import (
     Episode,
     EpisodeConfig,
     EpisodeFailure,
-    EpisodeSpec,
+    EpisodePlan,
     FailureKind,
     StopReason,
     check_first_prompt,
@@ -66,19 +66,19 @@ class _State:
     stop_reason: StopReason = "max_steps"
 
 
-async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
+async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
                       envs: EnvPool, on_step: StepCallback | None = None) -> Episode:
     """Play one episode on a session from ``envs``; ``on_step(messages, step_rewards)`` is called after every
     environment step. The session goes back to ``envs`` for reuse only if the episode ended cleanly."""
     start = time.perf_counter()
-    label = f"episode {spec.index} (task {spec.task!r})"
-    state = _State(messages=[dict(m) for m in spec.initial_messages])
+    label = f"episode {plan.index} (task {plan.task!r})"
+    state = _State(messages=[dict(m) for m in plan.initial_messages])
     failure: EpisodeFailure | None = None
     session = None
     clean = cancelled = False
     try:
-        session, outcome = await _guarded("environment", envs.start(label, spec.task))
-        await _play(state, session, outcome, cfg, template, generator, on_step, label)
+        session, outcome = await _guarded("environment", envs.start(label, plan.task))
+        await _take_turns(state, session, outcome, cfg, template, generator, on_step, label)
         clean = True
     except EpisodeFailure as exc:
         failure = exc
@@ -92,10 +92,10 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
     if state.builder is None:  # failed before the first turn: the prompt as far as it is known, no completion
         known: MessagesView = state.messages
         if not known:
-            known = list(spec.initial_messages)
+            known = list(plan.initial_messages)
         state.builder = TrajectoryBuilder.start(template.prompt(known))
     return ended_episode(
-        spec,
+        plan,
         failure,
         state.stop_reason,
         trajectory=state.builder.build(),
@@ -109,8 +109,8 @@ async def run_episode(spec: EpisodeSpec, cfg: EpisodeConfig, template: ChatTempl
     )
 
 
-async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
-                template: ChatTemplate, generator: Generator, on_step: StepCallback | None, label: str) -> None:
+async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
+                      template: ChatTemplate, generator: Generator, on_step: StepCallback | None, label: str) -> None:
     """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget."""
     last: Generation | None = None
     for step in range(1, cfg.max_steps + 1):
@@ -118,17 +118,17 @@ async def _play(state: _State, session: EnvSession, outcome: StepOutcome, cfg: E
             state.stop_reason = "done"
             return
         state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, label)})
-        if not _extend_context(state, template, cfg, last):
+        if not _extend_held(state, template, cfg, last):
             state.stop_reason = "token_budget"
             state.messages.pop()
             return
         builder = state.builder
         assert builder is not None
-        context = builder.context()
-        state.prompt_tokens += len(context)
+        prompt_ids = builder.held_ids()
+        state.prompt_tokens += len(prompt_ids)
         params = cfg.limits.sampling.with_max_tokens(builder.turn_budget(cfg.limits))
         last = template.sampled_turn(
-            await _guarded("generation", generator.generate(context, params, builder.context_images())))
+            await _guarded("generation", generator.generate(prompt_ids, params, builder.held_images())))
         builder.add_sampled(last)
         text = template.decode(last.token_ids)
         if last.stop_text:
@@ -170,8 +170,8 @@ def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step:
         return str(outcome.observation)
 
 
-def _extend_context(state: _State, template: ChatTemplate, cfg: EpisodeConfig, last: Generation | None) -> bool:
-    """Add the new user message to the token context (the first prompt, or the masked bridge after a turn);
+def _extend_held(state: _State, template: ChatTemplate, cfg: EpisodeConfig, last: Generation | None) -> bool:
+    """Add the new user message to the held tokens (the first prompt, or the masked bridge after a turn);
     False when the bridge and one more token no longer fit the budget."""
     if state.builder is None:
         state.builder = TrajectoryBuilder.start(template.prompt(state.messages))

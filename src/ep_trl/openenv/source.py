@@ -9,7 +9,7 @@ from ..engine import settings
 from .pool import EnvPool, ServerNotes
 from .servers import LaunchedServers
 from .client import check_openenv
-from ..sources.episode import Episode, EpisodeConfig, EpisodeSpec, initial_messages
+from ..sources.episode import Episode, EpisodeConfig, EpisodePlan, initial_messages
 from .loop import run_episode
 from ..evalprotocol import EvalSpec
 from ..generation import Generator
@@ -77,18 +77,18 @@ class _OpenEnvPlayer:
 
     async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
         assert self._spec.env is not None
-        spec = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
+        plan = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
                                      self._spec.env.tasks, self._spec.completion_params.get("system_prompt"))
-        episode = await run_episode(spec, self._cfg, self._setup.template, generator, self._envs,
-                                    _step_logger(self._setup, request, spec))
+        episode = await run_episode(plan, self._cfg, self._setup.template, generator, self._envs,
+                                    _step_logger(self._setup, request, plan))
         return episode, request.context.episode_row(episode, request.rollout_id, request.prompt)
 
 
-def _step_logger(setup: "CallSetup", request: EpisodeRequest, spec: EpisodeSpec) -> Callable[..., None] | None:
+def _step_logger(setup: "CallSetup", request: EpisodeRequest, plan: EpisodePlan) -> Callable[..., None] | None:
     """Log the episode's row as it starts, and return a callback that logs it after every step (None when off)."""
     log, context = setup.log, request.context
     if log is None:
         return None
     rollout_id, prompt = request.rollout_id, request.prompt
-    context.log_row(log, spec, rollout_id, prompt, spec.initial_messages, ())
-    return lambda messages, rewards: context.log_row(log, spec, rollout_id, prompt, messages, rewards)
+    context.log_row(log, plan, rollout_id, prompt, plan.initial_messages, ())
+    return lambda messages, rewards: context.log_row(log, plan, rollout_id, prompt, messages, rewards)

@@ -1,17 +1,17 @@
 """Blocking calls (synchronous environment clients, ``env_factory``, synchronous eval bodies) run off the event
-loop, each in a worker thread that runs nothing else meanwhile.
+loop, each in a pooled thread that runs nothing else meanwhile.
 
 Why not asyncio's default executor: it is shared with everything else in the process and small (min(32, cpus + 4)
 threads, 6 on a 2-core machine), and a call that timed out keeps its thread. A client whose ``step`` blocks
 forever used it up: the first call returned after its timeout, the next one waited forever for a free thread.
-Here a call never waits for a thread: it takes an idle worker, or starts a new one when none is idle
+Here a call never waits for a thread: it takes an idle pooled thread, or starts a new one when none is idle
 (concurrency is already bounded by ``max_concurrent_rollouts``), so an abandoned call can never block the next
-one. A worker goes back to the idle ones when its call returns, and ends after ``IDLE_EXIT_S`` without work
+one. A pooled thread goes back to the idle ones when its call returns, and ends after ``IDLE_EXIT_S`` without work
 (named ``IDLE_NAME`` meanwhile). A call still running past its timeout is abandoned, counted (``stuck_threads()``,
 the ``ep_trl/stuck_threads`` metric) and named in the log, as is one still running when its task is cancelled (Ctrl-C,
-a stream closed early); its worker is reused once the call returns.
+a stream closed early); its thread is reused once the call returns.
 
-Why reuse workers rather than start a thread per call: an empty call costs about 0.07 ms of CPU instead of about
+Why reuse threads rather than start a thread per call: an empty call costs about 0.07 ms of CPU instead of about
 0.2 ms on the benchmark machine, and a synchronous environment client pays it every step, a synchronous eval body
 every episode (docs/benchmarks.md).
 """
@@ -28,15 +28,15 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: How long an idle worker thread waits for a call before it ends (a training step's episodes keep theirs busy).
+#: How long an idle pooled thread waits for a call before it ends (a training step's episodes keep theirs busy).
 IDLE_EXIT_S = 10.0
-#: The name of a worker thread while it waits for a call (while it runs one: ``ep-trl <what the call is>``).
-IDLE_NAME = "ep-trl idle worker"
+#: The name of a pooled thread while it waits for a call (while it runs one: ``ep-trl <what the call is>``).
+IDLE_NAME = "ep-trl idle pooled thread"
 
 _Outcome = tuple[Any, BaseException | None]
 
 
-class _Worker:
+class _PooledThread:
     """A daemon thread that runs one call at a time, handed to it through its own queue."""
 
     def __init__(self) -> None:
@@ -61,7 +61,7 @@ class _Worker:
             except BaseException as exc:  # handed to the waiting coroutine, whatever it is
                 outcome = (None, exc)
             self.thread.name = IDLE_NAME
-            with _lock:  # idle before the caller hears back, so that its next call finds this worker
+            with _lock:  # idle before the caller hears back, so that its next call finds this thread
                 _stuck.discard(self)
                 self.running = None
                 _idle.append(self)
@@ -70,19 +70,19 @@ class _Worker:
 
 
 _lock = threading.Lock()
-_idle: list[_Worker] = []
-_stuck: set[_Worker] = set()
+_idle: list[_PooledThread] = []
+_stuck: set[_PooledThread] = set()
 
 
-def _forget_workers() -> None:
-    """In a forked child the parent's worker threads do not exist: start afresh."""
+def _forget_pool() -> None:
+    """In a forked child the parent's pooled threads do not exist: start afresh."""
     global _lock
     _lock = threading.Lock()
     _idle.clear()
     _stuck.clear()
 
 
-os.register_at_fork(after_in_child=_forget_workers)
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def stuck_threads() -> int:
@@ -91,21 +91,21 @@ def stuck_threads() -> int:
         return len(_stuck)
 
 
-def _take_worker(call: object) -> _Worker:
-    """An idle worker, or a new one; marked as running ``call``."""
+def _take_thread(call: object) -> _PooledThread:
+    """An idle pooled thread, or a new one; marked as running ``call``."""
     with _lock:
-        worker = _idle.pop() if _idle else None
-        if worker is not None:
-            worker.running = call
-    if worker is None:
-        worker = _Worker()
-        worker.running = call
-        worker.thread.start()
-    return worker
+        pooled = _idle.pop() if _idle else None
+        if pooled is not None:
+            pooled.running = call
+    if pooled is None:
+        pooled = _PooledThread()
+        pooled.running = call
+        pooled.thread.start()
+    return pooled
 
 
 async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T:
-    """``fn()`` in a worker thread of its own, awaited for at most ``timeout_s`` (then ``TimeoutError``, the call is
+    """``fn()`` in a pooled thread of its own, awaited for at most ``timeout_s`` (then ``TimeoutError``, the call is
     abandoned and counted until it returns; likewise when the awaiting task is cancelled)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
@@ -125,16 +125,16 @@ async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T
             logger.debug("%s returned after its event loop closed", what)
 
     call = object()
-    worker = _take_worker(call)
-    worker.jobs.put((fn, what, finish))
+    pooled = _take_thread(call)
+    pooled.jobs.put((fn, what, finish))
     try:
         async with asyncio.timeout(timeout_s):  # in this task: no task of its own per call (wait_for's)
             return await future
     except (TimeoutError, asyncio.CancelledError) as stopped:  # nobody waits for the call any more; it runs on
         with _lock:
-            abandoned = worker.running is call
+            abandoned = pooled.running is call
             if abandoned:
-                _stuck.add(worker)
+                _stuck.add(pooled)
             count = len(_stuck)
         if abandoned and isinstance(stopped, TimeoutError):
             logger.warning("%s is still running after %g s; its thread is abandoned (%d stuck in all)", what,

@@ -1,4 +1,4 @@
-"""What an episode is, whichever source plays it: its spec, its result (``Episode``), how it fails
+"""What an episode is, whichever source plays it: its plan, its result (``Episode``), how it fails
 (``EpisodeFailure``, :data:`FAILURE_KINDS`) and the prompt it starts from.
 
 The OpenEnv loop (``ep_trl.openenv.loop``) and the processor source (``ep_trl.sources.processor``) both build these;
@@ -43,8 +43,9 @@ class EpisodeConfig:
 
 
 @dataclass(frozen=True)
-class EpisodeSpec:
-    """Which episode this is: its place in the batch, its prompt group and its task."""
+class EpisodePlan:
+    """Which episode to play: its place in the batch, its prompt group, its task and the messages it starts from
+    (built by the source from the stream's ``EpisodeRequest``)."""
 
     index: int
     group: int
@@ -57,7 +58,7 @@ class EpisodeSpec:
 class Episode:
     """One finished (or failed) episode."""
 
-    spec: EpisodeSpec
+    plan: EpisodePlan
     trajectory: Trajectory
     messages: tuple[MessageView, ...]
     step_rewards: tuple[float, ...]
@@ -86,11 +87,11 @@ class EpisodeFailure(Exception):
         self.cause = cause
 
 
-def ended_episode(spec: EpisodeSpec, failure: EpisodeFailure | None, stop_reason: StopReason, **fields: Any) -> Episode:
-    """The ``Episode`` of ``spec``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
+def ended_episode(plan: EpisodePlan, failure: EpisodeFailure | None, stop_reason: StopReason, **fields: Any) -> Episode:
+    """The ``Episode`` of ``plan``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
     "error", the failure's message and kind. ``fields`` are the rest of :class:`Episode`'s fields."""
     return Episode(
-        spec=spec,
+        plan=plan,
         status="error" if failure else "finished",
         stop_reason="error" if failure else stop_reason,
         error=str(failure) if failure else None,

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from .episode import Episode, EpisodeFailure, EpisodeSpec, FailureKind, ended_episode, pytest_outcome
+from .episode import Episode, EpisodeFailure, EpisodePlan, FailureKind, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, check_rows, match_rows, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
@@ -98,14 +98,14 @@ class ProcessorSource:
         assert self._parser is not None and self._endpoint.base_url is not None
         rollout_id, prompt, context = request.rollout_id, request.prompt, request.context
         row = match_rows([prompt], self._rows, self._spec.qualified_name)[0]
-        spec = EpisodeSpec(index=request.index, group=request.group, generation=request.generation, task=None,
+        plan = EpisodePlan(index=request.index, group=request.group, generation=request.generation, task=None,
                            initial_messages=tuple(_message_dicts(row.messages)))
-        label = f"episode {spec.index} (row {row.input_metadata.row_id})"
+        label = f"episode {plan.index} (row {row.input_metadata.row_id})"
         capture = RolloutCapture(new_token(), label, setup.limits, setup.template, generator, self._parser)
-        live = _LiveLog(setup.log, context, spec, rollout_id, prompt)
+        live = _LiveLog(setup.log, context, plan, rollout_id, prompt)
         params = processors.routed_params(self._spec.completion_params, MODEL_PREFIX + capture.token,
                                           self._endpoint.base_url, key)
-        context.row(spec, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
+        context.row(plan, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
         live.log(row)
         self._endpoint.add(capture)
         mcp = self._mcp.for_rollout(rollout_id)
@@ -140,10 +140,10 @@ class ProcessorSource:
             logger.warning("%s failed (%s): %s", label, failure.kind, failure)
         messages = tuple(_message_dicts(row.messages))
         episode = ended_episode(
-            spec,
+            plan,
             failure,
             capture.stop_reason,
-            trajectory=capture.trajectory(list(spec.initial_messages)),
+            trajectory=capture.trajectory(list(plan.initial_messages)),
             messages=messages,
             step_rewards=(),
             actions=tuple(_tool_calls(messages)),
@@ -188,16 +188,16 @@ class _LiveLog:
     """The DatasetLogger handed to the processor: its mid-rollout rows go to ``ep logs`` with the training ids (or
     nowhere when logging is off)."""
 
-    def __init__(self, log: RolloutLogWriter | None, context: RowContext, spec: EpisodeSpec, rollout_id: str,
+    def __init__(self, log: RolloutLogWriter | None, context: RowContext, plan: EpisodePlan, rollout_id: str,
                  prompt: Prompt) -> None:
-        self._log, self._context, self._spec, self._rollout_id, self._prompt = log, context, spec, rollout_id, prompt
+        self._log, self._context, self._plan, self._rollout_id, self._prompt = log, context, plan, rollout_id, prompt
 
     def log(self, row: Row) -> None:
         if self._log is None:
             return
         snapshot = row.model_copy(deep=True)  # the processor goes on changing its row
-        context, spec = self._context, self._spec
-        self._log.log(self._rollout_id, lambda: context.row(spec, self._rollout_id, self._prompt, (), (),
+        context, plan = self._context, self._plan
+        self._log.log(self._rollout_id, lambda: context.row(plan, self._rollout_id, self._prompt, (), (),
                                                             source_row=snapshot))
 
     def read(self, rollout_id: str | None = None) -> list[Row]:

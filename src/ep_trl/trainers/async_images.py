@@ -4,7 +4,7 @@ asynchronously on an eval's screenshots.
 TRL 1.16's ``AsyncGRPOTrainer`` loads a vision-language checkpoint but trains it on token ids alone: its
 ``RolloutSample`` carries no images, its packer (``DataCollatorForRollout`` over ``packing.TreeRow``) lays samples
 out as ids, and ``compute_loss`` calls the model with ids, positions and the tree-attention layout only; the vision
-tower is frozen. With ``ep_trl.EvalRolloutWorker`` on a vision-language processor, each sample's ``input_ids``
+tower is frozen. With ``ep_trl.EvalRolloutWorker`` on a vision-language processing class, each sample's ``input_ids``
 carry its episode's images (``ep_trl.trajectory.sample_images.ImageIds``; the ids already hold every image's expanded tokens,
 as in the synchronous path). :class:`AsyncImagesGRPOTrainer` puts them into every forward pass, extending three
 places of TRL's trainer and calling TRL's own code in each:
@@ -30,7 +30,7 @@ places of TRL's trainer and calling TRL's own code in each:
   on ``sdpa`` (TRL loads every sub-model with its tree attention, which only the text model's packed rows need).
 
 Refused at construction, each naming the fix: a processing class without images, no ``rollout_worker`` (TRL's own
-worker renders no images), a model that cannot take them (text-only, or whose image token is not the processor's),
+worker renders no images), a model that cannot take them (text-only, or whose image token is not the processing class's),
 models whose positions depend on the images (M-RoPE, as Qwen-VL: the packed rows carry 1-D positions),
 ``token_budget`` other than 0, several training processes (the vision inputs of a micro-batch are built for one), and
 a TRL this is not tested with. ``CPUAsyncImagesGRPOTrainer`` is the CPU stand-in (``ep_trl.trainers.cpu_async``), for
@@ -60,7 +60,6 @@ from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer  # noq
 from trl.experimental.async_grpo.packing import TreeRow  # noqa: E402
 
 from .cpu_async import CPUAsyncGRPOTrainer  # noqa: E402
-from ..trajectory.types import MultimodalProcessor, ProcessingClass
 
 #: Where the vision inputs travel in a collated batch (each with a leading axis of one row per process).
 VISION_PREFIX = "ep_trl_vision/"
@@ -86,7 +85,7 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
     """TRL's collator; rows holding an image sample are repacked unshared, and the batch gains each row's vision
     inputs under ``VISION_PREFIX``."""
 
-    processor: "MultimodalProcessor | None" = None
+    processing_class: Any = None
 
     def torch_call(self, examples: list[Any]) -> dict[str, Any]:
         (rows,) = examples
@@ -94,19 +93,18 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
             return super().torch_call(examples)
         if len(rows) != 1:
             raise ConfigError("AsyncImagesGRPOTrainer builds the vision inputs of a micro-batch for one process.")
-        assert self.processor is not None, "AsyncImagesGRPOTrainer gives its collator the processor"
         rows = [_unshared(rows[0])]
         batch = super().torch_call([rows])
         ids = batch["input_ids"][0][batch["attention_mask"][0].bool()]
         carried = [sample["input_ids"] for sample in rows[0].samples if images_of(sample["input_ids"])]
-        processed = [processed_images_of(self.processor, sample_ids) for sample_ids in carried]  # in row order
+        processed = [processed_images_of(self.processing_class, sample_ids) for sample_ids in carried]  # in row order
         expected = sum(p.image_tokens for p in processed)
-        held = int((ids == image_token_id(self.processor)).sum())
+        held = int((ids == image_token_id(self.processing_class)).sum())
         if held != expected:  # the worker leaves such episodes out; a sample from elsewhere must not reach the model
             raise ValueError(f"A packed row holds {held} image tokens and its samples' images expand into {expected}: "
                              "a sample's images do not match its image tokens (EvalRolloutWorker leaves such "
                              "episodes out; a custom worker must too).")
-        vision = joined_vision_inputs(self.processor, ids.unsqueeze(0), [p.pixels for p in processed],
+        vision = joined_vision_inputs(self.processing_class, ids.unsqueeze(0), [p.pixels for p in processed],
                                       sum(len(images_of(sample_ids)) for sample_ids in carried))
         for key, value in vision.model_kwargs.items():
             batch[VISION_PREFIX + key] = value.unsqueeze(0)
@@ -126,24 +124,24 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
     Args:
         model: the vision-language model (a path or hub id, as for ``AsyncGRPOTrainer``).
         reward_funcs, args: as for ``AsyncGRPOTrainer`` (``args.token_budget`` must be 0).
-        processing_class: the model's multimodal processor (the one the rollout worker renders with).
+        processing_class: the model's multimodal processing class (the one the rollout worker renders with).
         train_vision: whether the vision tower and its connector train too (default True, as in ``GRPOTrainer``;
             TRL's async trainer freezes them).
         **kwargs: the rest of ``AsyncGRPOTrainer``'s arguments: ``rollout_worker`` is required (an
-            ``ep_trl.EvalRolloutWorker`` on the same processor), ``weight_transfer``, ...
+            ``ep_trl.EvalRolloutWorker`` on the same processing class), ``weight_transfer``, ...
     """
 
     #: Samples' images reach the forward passes (``EvalRolloutWorker.take_images``).
     takes_rollout_images = True
     args: AsyncGRPOConfig
 
-    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *, processing_class: ProcessingClass,
+    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *, processing_class: Any,
                  train_vision: bool = True, **kwargs: Any) -> None:
         trl_seam.require_tested("async", type(self).__name__)
         name = type(self).__name__
         if not supports_images(processing_class):
             raise ConfigError(f"{name}(processing_class={type(processing_class).__name__}): a text tokenizer renders "
-                              "no images. Pass the vision-language model's processor (AutoProcessor.from_pretrained("
+                              "no images. Pass the vision-language model's processing class (AutoProcessor.from_pretrained("
                               "model)), or train a text model with AsyncGRPOTrainer.")
         if args is None or getattr(args, "token_budget", None) != 0:
             raise ConfigError(f"{name} packs rows that hold images without prefix sharing and plans micro-batches by "
@@ -153,16 +151,16 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
         if worker is None:
             raise ConfigError(f"{name} needs rollout_worker=: without one, AsyncGRPOTrainer builds its own worker, "
                               "which renders text prompts only, so the model would be trained without a pixel. Pass "
-                              "rollout_worker=EvalRolloutWorker(env_path, args=args, processing_class=processor) "
-                              "built with this model's processor.")
+                              "rollout_worker=EvalRolloutWorker(env_path, args=args, processing_class=processing_class) "
+                              "built with this model's processing class (AutoProcessor).")
         if getattr(worker, "renders_images", None) is False:
             raise ConfigError(f"{name}: the rollout worker renders no images (its processing class is a text "
-                              "tokenizer), so the model would never see a pixel. Pass the same processor to "
+                              "tokenizer), so the model would never see a pixel. Pass the same processing class to "
                               "EvalRolloutWorker(processing_class=...).")
         if hasattr(worker, "take_images"):
             worker.take_images(name)  # before TRL reads its rollout_buffer
         super().__init__(model, reward_funcs, args, processing_class=processing_class.tokenizer, **kwargs)
-        self.processor = processing_class
+        self.vision_processing_class = processing_class
         self._image_token = image_token_id(processing_class)
         self._check_model(name)
         if self.accelerator.num_processes != 1:
@@ -182,14 +180,14 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
         model = self.accelerator.unwrap_model(self.model)
         if not self._is_vlm:
             raise ConfigError(f"{name}: {type(model).__name__} is a text-only model, so it cannot take the images "
-                              f"{type(self.processor).__name__} renders. Pass a vision-language model with its own "
-                              "processor, or train the text model with AsyncGRPOTrainer and the processor's "
+                              f"{type(self.vision_processing_class).__name__} renders. Pass a vision-language model with its own "
+                              "processing class, or train the text model with AsyncGRPOTrainer and the processing class's "
                               "tokenizer (processing_class.tokenizer) in the worker.")
         model_token = config_image_token(model.config)
-        processor_token = image_token_id(self.processor)
-        if model_token is not None and int(model_token) != processor_token:
-            raise ConfigError(f"{name}: {type(self.processor).__name__}'s image token is id {processor_token}, and "
-                              f"{type(model).__name__} puts its image features at id {model_token}: the processor is "
+        processing_class_token = image_token_id(self.vision_processing_class)
+        if model_token is not None and int(model_token) != processing_class_token:
+            raise ConfigError(f"{name}: {type(self.vision_processing_class).__name__}'s image token is id {processing_class_token}, and "
+                              f"{type(model).__name__} puts its image features at id {model_token}: the processing class is "
                               "not this model's. Pass AutoProcessor.from_pretrained(model) (to the worker too).")
         if any(hasattr(module, "get_rope_index") for module in model.modules()):
             raise ConfigError(f"{name}: {type(model).__name__} computes its positions from the images (M-RoPE), and "
@@ -214,7 +212,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
         collator = trainer_module.DataCollatorForRollout
         # only while TRL builds its data loader
         setattr(trainer_module, "DataCollatorForRollout",
-                functools.partial(ImagesRolloutCollator, processor=self.processor))
+                functools.partial(ImagesRolloutCollator, processing_class=self.vision_processing_class))
         try:
             return super().get_train_dataloader()
         finally:

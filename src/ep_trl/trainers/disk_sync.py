@@ -23,7 +23,7 @@ from trl import GRPOTrainer
 
 from ..adapters import trl_seam
 from ..errors import ConfigError, VersionError
-from ..generation.vllm import probe_server
+from ..generation.probe import probe_server
 from .disk_weights import DiskWeightSync
 
 logger = logging.getLogger(__name__)

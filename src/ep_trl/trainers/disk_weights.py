@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigError, GenerationError
-from ..generation.vllm import START_HINT
+from ..generation.probe import START_HINT
 from ..trajectory.types import JSONObject
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ..sources.episode import Episode, EpisodeSpec
+from ..sources.episode import Episode, EpisodePlan
 from ..evalprotocol.body import build_row, stamp_row
 from ..evalprotocol.spec import EvalSpec
 from ..generation import SamplingParams
@@ -41,14 +41,14 @@ class RowContext:
             "policy_step": self.step, "generation_backend": backend_name,
         }
 
-    def row(self, spec: EpisodeSpec, rollout_id: str, prompt: Prompt, messages: MessagesView,
+    def row(self, plan: EpisodePlan, rollout_id: str, prompt: Prompt, messages: MessagesView,
             step_rewards: Sequence[float], ep_trl: Settings | None = None,
             usage: Mapping[str, int] | None = None, duration_s: float | None = None, source_row: Row = None) -> Any:
         """The row of one episode: built from ``messages``, or ``source_row`` (the eval's own row as its processor
         left it: ground truth, tools and metadata kept) with the training ids and metadata set on it."""
         from eval_protocol.models import Status
 
-        info = {"status": "running", "task": spec.task, "group": spec.group, "generation": spec.generation,
+        info = {"status": "running", "task": plan.task, "group": plan.group, "generation": plan.generation,
                 "global_step": self.step, **(ep_trl or {})}
         stamp: Settings = dict(eval_name=self.spec.name, rollout_id=rollout_id, invocation_id=self.invocation_id,
                      experiment_id=f"{self.invocation_id}-step{self.step}", run_id=f"step-{self.step}",
@@ -67,14 +67,14 @@ class RowContext:
             row.eval_metadata.status = Status.eval_running()
         return row
 
-    def log_row(self, log: RolloutLogWriter, spec: EpisodeSpec, rollout_id: str, prompt: Prompt,
+    def log_row(self, log: RolloutLogWriter, plan: EpisodePlan, rollout_id: str, prompt: Prompt,
                 messages: MessagesView, step_rewards: Sequence[float]) -> None:
         """Queue a running row. Only snapshots are taken here; the row is built on the writer thread, and only
         if no newer update of the episode has arrived by then (the episode's message dicts are never mutated,
         only appended, so a shallow snapshot suffices)."""
         self._created.setdefault(rollout_id, datetime.now(timezone.utc))
         messages, step_rewards = tuple(messages), tuple(step_rewards)
-        log.log(rollout_id, lambda: self.row(spec, rollout_id, prompt, messages, step_rewards))
+        log.log(rollout_id, lambda: self.row(plan, rollout_id, prompt, messages, step_rewards))
 
     def episode_row(self, episode: Episode, rollout_id: str, prompt: Prompt, source_row: Row = None) -> Any:
         """The episode's final row for the body (``source_row``: the processor's row, see ``row``)."""
@@ -93,7 +93,7 @@ class RowContext:
         }
         usage = {"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
                  "total_tokens": episode.prompt_tokens + traj.sampled_tokens}
-        return self.row(episode.spec, rollout_id, prompt, episode.messages, episode.step_rewards, info, usage,
+        return self.row(episode.plan, rollout_id, prompt, episode.messages, episode.step_rewards, info, usage,
                         episode.duration_s, source_row)
 
     def log_final(self, log: RolloutLogWriter, episodes: Sequence[Episode], scored: Sequence[Scored],

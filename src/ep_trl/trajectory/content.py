@@ -1,12 +1,12 @@
-"""Message content as the chat template needs it: OpenAI-style content parts to text, or to the processor's parts.
+"""Message content as the chat template needs it: OpenAI-style content parts to text, or to the processing class's parts.
 
 Prompt builders may return a string or OpenAI-style content parts (``{"type": "text", ...}``,
 ``{"type": "image_url", "image_url": {"url": ...}}``), as eval-protocol passes them to the model unchanged.
 Chat templates differ: a text tokenizer's template expects a string (most render a list as its Python repr), while
-a multimodal processor's template (Qwen2-VL, Qwen3-VL, ...) expects Hugging Face parts (``{"type": "image", ...}``)
+a multimodal processing class's template (Qwen2-VL, Qwen3-VL, ...) expects Hugging Face parts (``{"type": "image", ...}``)
 and emits its image placeholder tokens for them. This module converts one into the other, so the same eval feeds
 both kinds of model, flattens any message content to its text (:func:`content_text`), and gives the image parts'
-images, in the order the template places them, to the processor that expands each placeholder (docs/browsergym.md,
+images, in the order the template places them, to the processing class that expands each placeholder (docs/browsergym.md,
 "Vision-language models").
 """
 
@@ -19,12 +19,12 @@ _IMAGE_TYPES = ("image_url", "image", "input_image")
 
 
 def supports_images(processing_class: ProcessingClass) -> TypeGuard[MultimodalProcessor]:
-    """Whether the trainer's processing class is a multimodal processor (it has an image processor)."""
+    """Whether the trainer's processing class is a multimodal processing class (it has an image processor)."""
     return getattr(processing_class, "image_processor", None) is not None
 
 
 def tokenizer_of(processing_class: ProcessingClass) -> Tokenizer:
-    """The text tokenizer: a multimodal processor's ``.tokenizer``, else the processing class itself."""
+    """The text tokenizer: a multimodal processing class's ``.tokenizer``, else the processing class itself."""
     return cast(Tokenizer, getattr(processing_class, "tokenizer", processing_class))
 
 

@@ -5,7 +5,7 @@ TRL's ``RolloutSample`` has ids, masks and logprobs, no images, and TRL's ``Roll
 its fields on to the packer: ``input_ids`` unchanged (the same object), the others rebuilt. So the images of an
 episode ride on its sample's ``input_ids``: an :class:`ImageIds` array is the ids (``int64``, as TRL expects) with the
 episode's images, in placeholder order across prompt and completion, as its ``images`` attribute, and what the
-processor made of them as its ``processed`` attribute (:class:`ProcessedImages`: the pixel tensors the model takes and
+processing class made of them as its ``processed`` attribute (:class:`ProcessedImages`: the pixel tensors the model takes and
 the number of image tokens they expand into). They go wherever the ids go and are freed with them: when the sample is
 trained on (the packed row is dropped after its step) or dropped (stale, oversize). ``ep_trl.trainers.async_images``
 reads them off the ids it packs.
@@ -18,7 +18,7 @@ images)``) is processed once by the collator (:func:`processed_images_of`), in t
 Processed pixels are float tensors, larger than the decoded images they come from (measured in docs/benchmarks.md):
 ``max_buffered_images`` bounds how many the worker holds.
 
-An episode whose images do not match its placeholders (a different number of image tokens than the processor expands
+An episode whose images do not match its placeholders (a different number of image tokens than the processing class expands
 its images into) would make the model's forward pass raise in the trainer; :func:`placeholder_mismatch` says so before
 the sample is made, and the worker leaves such an episode out as a failed sample (counted).
 """
@@ -28,25 +28,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from .types import Image, MultimodalProcessor
 
 
 @dataclass(frozen=True)
 class ProcessedImages:
-    """One sample's images as the model takes them: ``pixels`` is what the processor's image processor makes of them
+    """One sample's images as the model takes them: ``pixels`` is what the image processor makes of them
     as one row of a batch (``pixel_values``, and ``pixel_attention_mask`` or ``image_grid_thw`` as the model needs),
-    ``image_tokens`` how many image tokens the processor expands them into (the count the sample's ids must hold)."""
+    ``image_tokens`` how many image tokens the processing class expands them into (the count the sample's ids must hold)."""
 
     pixels: Mapping[str, Any]
     image_tokens: int
 
 
 class ImageIds(np.ndarray):
-    """Token ids that carry the images they hold (``images``, in placeholder order) and what the processor made of
+    """Token ids that carry the images they hold (``images``, in placeholder order) and what the processing class made of
     them (``processed``; None until processed). Any view or copy made by numpy carries them too; ``tolist()`` and
     ``len()`` are the plain ids'."""
 
-    images: tuple[Image, ...]
+    images: tuple[Any, ...]
     processed: ProcessedImages | None
 
     def __array_finalize__(self, obj: Any) -> None:
@@ -65,7 +64,7 @@ class ImageIds(np.ndarray):
         super().__setstate__(array_state)
 
 
-def ids_with_images(ids: Sequence[int], images: Sequence[Image], processed: ProcessedImages | None = None) -> np.ndarray:
+def ids_with_images(ids: Sequence[int], images: Sequence[Any], processed: ProcessedImages | None = None) -> np.ndarray:
     """``ids`` as an ``int64`` array; an :class:`ImageIds` holding ``images`` (and ``processed``, what
     :func:`process_images` made of them) when there are any."""
     array = np.asarray(ids, dtype=np.int64)
@@ -77,30 +76,30 @@ def ids_with_images(ids: Sequence[int], images: Sequence[Image], processed: Proc
     return carried
 
 
-def images_of(ids: Any) -> tuple[Image, ...]:
+def images_of(ids: Any) -> tuple[Any, ...]:
     """The images a sample's ``input_ids`` carry (none for plain ids)."""
     return tuple(getattr(ids, "images", ()))
 
 
-def processed_images_of(processor: MultimodalProcessor, ids: Any) -> ProcessedImages:
-    """What the processor made of the images a sample's ``input_ids`` carry: the carried result, or, for ids that carry
+def processed_images_of(processing_class: Any, ids: Any) -> ProcessedImages:
+    """What the processing class made of the images a sample's ``input_ids`` carry: the carried result, or, for ids that carry
     images alone (a custom worker's ``ids_with_images(ids, images)``), :func:`process_images` run on them now."""
     carried = getattr(ids, "processed", None)
-    return carried if carried is not None else process_images(processor, images_of(ids))
+    return carried if carried is not None else process_images(processing_class, images_of(ids))
 
 
-def image_token_id(processor: MultimodalProcessor) -> int:
-    """The id of the token each image's pixels stand in for (``processor.image_token_id``, else the tokenizer's id of
-    ``processor.image_token``)."""
-    token_id = getattr(processor, "image_token_id", None)
+def image_token_id(processing_class: Any) -> int:
+    """The id of the token each image's pixels stand in for (``processing_class.image_token_id``, else the tokenizer's id of
+    ``processing_class.image_token``)."""
+    token_id = getattr(processing_class, "image_token_id", None)
     if isinstance(token_id, int):
         return token_id
-    token = getattr(processor, "image_token", None)
+    token = getattr(processing_class, "image_token", None)
     if not isinstance(token, str):
-        raise ValueError(f"{type(processor).__name__} names no image token (image_token / image_token_id): the images "
+        raise ValueError(f"{type(processing_class).__name__} names no image token (image_token / image_token_id): the images "
                          "of a sample cannot be matched to its placeholders; use the vision-language model's own "
-                         "processor (AutoProcessor.from_pretrained(model)).")
-    return int(processor.tokenizer.convert_tokens_to_ids(token))
+                         "processing class (AutoProcessor.from_pretrained(model)).")
+    return int(processing_class.tokenizer.convert_tokens_to_ids(token))
 
 
 def config_image_token(config: Any) -> int | None:
@@ -109,31 +108,31 @@ def config_image_token(config: Any) -> int | None:
     return getattr(config, "image_token_id", getattr(config, "image_token_index", None))
 
 
-def process_images(processor: MultimodalProcessor, images: Sequence[Image]) -> ProcessedImages:
-    """One run of ``processor`` over ``images`` (one placeholder each, with the images): the pixel tensors the image
+def process_images(processing_class: Any, images: Sequence[Any]) -> ProcessedImages:
+    """One run of ``processing_class`` over ``images`` (one placeholder each, with the images): the pixel tensors the image
     processor makes of them and the number of image tokens they expand into. Each image is processed here once;
     nothing downstream processes it again."""
     if not images:
         raise ValueError("process_images needs at least one image (a sample without images carries none)")
-    token = getattr(processor, "image_token", None)
+    token = getattr(processing_class, "image_token", None)
     if not isinstance(token, str):
-        raise ValueError(f"{type(processor).__name__} names no image placeholder (image_token) to expand images at; "
-                         "use the vision-language model's own processor (AutoProcessor.from_pretrained(model)).")
-    made = processor(text=[token * len(images)], images=[list(images)], add_special_tokens=False, return_tensors="pt")
-    text_keys = {*processor.tokenizer.model_input_names, "mm_token_type_ids", "token_type_ids"}
+        raise ValueError(f"{type(processing_class).__name__} names no image placeholder (image_token) to expand images at; "
+                         "use the vision-language model's own processing class (AutoProcessor.from_pretrained(model)).")
+    made = processing_class(text=[token * len(images)], images=[list(images)], add_special_tokens=False, return_tensors="pt")
+    text_keys = {*processing_class.tokenizer.model_input_names, "mm_token_type_ids", "token_type_ids"}
     pixels = {key: value for key, value in made.items() if key not in text_keys}
     if "pixel_values" not in pixels:
-        raise ValueError(f"{type(processor).__name__} made no pixel_values of {len(images)} image(s) (it returned "
-                         f"{sorted(made)}): it is not a vision-language model's processor.")
-    return ProcessedImages(pixels, int((made["input_ids"][0] == image_token_id(processor)).sum()))
+        raise ValueError(f"{type(processing_class).__name__} made no pixel_values of {len(images)} image(s) (it returned "
+                         f"{sorted(made)}): it is not a vision-language model's processing class.")
+    return ProcessedImages(pixels, int((made["input_ids"][0] == image_token_id(processing_class)).sum()))
 
 
-def placeholder_mismatch(processor: MultimodalProcessor, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
+def placeholder_mismatch(processing_class: Any, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
     """Why the images ``processed`` came from cannot be the pixels of ``ids`` (the counts of image tokens differ), or
     None when they match (``processed`` None: no images, so no image token either)."""
-    token = image_token_id(processor)
+    token = image_token_id(processing_class)
     held = sum(1 for t in ids if int(t) == token)
     expected = processed.image_tokens if processed is not None else 0
     if held == expected:
         return None
-    return f"the ids hold {held} image tokens and the processor expands the episode's images into {expected}"
+    return f"the ids hold {held} image tokens and the processing class expands the episode's images into {expected}"

@@ -19,8 +19,8 @@ history, e.g. strips reasoning), the sampled ids are kept and the bridge is the 
 the last assistant message, found by rendering it with a sentinel in place of its content; an end-of-turn
 token the model already sampled is not repeated. Each realigned boundary is counted per episode.
 
-Images. With a multimodal processor (one with an ``image_processor``), every piece of template text is tokenized by
-the processor with its images, so the ids hold each image's expanded tokens (Qwen-VL: one ``<|image_pad|>`` per
+Images. With a multimodal processing class (one with an ``image_processor``), every piece of template text is tokenized by
+the processing class with its images, so the ids hold each image's expanded tokens (Qwen-VL: one ``<|image_pad|>`` per
 merged patch; Idefics3: ``<fake_token_around_image><global-img>`` + n ``<image>`` + ...). The trajectory keeps its
 images in placeholder order across prompt and completion; an image that arrives with an observation is part of a
 bridge, so its tokens are ``env_mask`` 0. It also keeps the same ids with the placeholders unexpanded, which is how a
@@ -58,7 +58,7 @@ _TAIL_MAX_CHARS = 256
 
 @dataclass(frozen=True)
 class Encoded:
-    """Template text as token ids. ``ids`` hold every image placeholder expanded by the processor, ``images`` are
+    """Template text as token ids. ``ids`` hold every image placeholder expanded by the processing class, ``images`` are
     the images in placeholder order, ``unexpanded`` the same text with each placeholder as the template wrote it
     (None: no images, the same as ``ids``)."""
 
@@ -213,7 +213,8 @@ def eos_token_ids(processing_class: ProcessingClass, model: "Model | None") -> t
 @dataclass(frozen=True)
 class TurnLimits:
     """How far one episode's turns may go: the sampling settings (``max_tokens`` per turn), the completion tokens
-    of the whole episode (sampled and inserted), the ids that end a turn, and the model's context length."""
+    of the whole episode (sampled and inserted), the ids that end a turn, and ``max_model_len`` (the most
+    prompt and completion tokens the model takes)."""
 
     sampling: SamplingParams
     max_episode_tokens: int
@@ -232,7 +233,7 @@ class TrajectoryBuilder:
     realigned: int = 0
     images: list[Image] = field(default_factory=list)
     unexpanded: list[int] = field(default_factory=list)  # prompt + completion, placeholders unexpanded
-    #: The context's JSON array without its brackets, kept as ids are added, and how many ids it holds (-1: none yet).
+    #: The held ids' JSON array without its brackets, kept as ids are added, and how many ids it holds (-1: none yet).
     _json: str = field(default="", init=False, repr=False, compare=False)
     _json_ids: int = field(default=-1, init=False, repr=False, compare=False)
 
@@ -244,14 +245,14 @@ class TrajectoryBuilder:
     def start(cls, prompt: Encoded) -> "TrajectoryBuilder":
         return cls(prompt.ids, images=list(prompt.images), unexpanded=list(prompt.unexpanded_ids))
 
-    def context(self) -> PromptIds:
+    def held_ids(self) -> PromptIds:
         """Prompt and completion ids so far, with their JSON text (a server backend sends it as is)."""
         n = len(self.prompt_ids) + len(self.completion_ids)
         if self._json_ids != n:  # not kept yet, or the lists changed other than through add_*: encode them whole
             self._json, self._json_ids = ids_json(list(self.prompt_ids) + self.completion_ids)[1:-1], n
-        context = PromptIds(self.prompt_ids, f"[{self._json}]")
-        context.extend(self.completion_ids)
-        return context
+        ids = PromptIds(self.prompt_ids, f"[{self._json}]")
+        ids.extend(self.completion_ids)
+        return ids
 
     def _extend_json(self, ids: Sequence[int], held: int) -> None:
         """Add ``ids`` (appended after ``held`` ids) to the kept JSON text, if it holds exactly those ``held``."""
@@ -261,11 +262,11 @@ class TrajectoryBuilder:
             self._json_ids += len(ids)
 
     def held(self) -> Encoded:
-        """The context so far, with its images."""
+        """The ids held so far, with their images."""
         return Encoded(tuple(self.prompt_ids) + tuple(self.completion_ids), tuple(self.images), tuple(self.unexpanded))
 
-    def context_images(self) -> PromptImages | None:
-        """What the next turn's generation needs besides the ids: None when the context holds no image."""
+    def held_images(self) -> PromptImages | None:
+        """What the next turn's generation needs besides the ids: None when the held ids hold no image."""
         return PromptImages(tuple(self.images), tuple(self.unexpanded)) if self.images else None
 
     def add_sampled(self, generation: Generation) -> None:
@@ -291,7 +292,7 @@ class TrajectoryBuilder:
                           tuple(self.env_mask), self.realigned, tuple(self.images))
 
     def fits(self, extra: int, limits: TurnLimits) -> bool:
-        """Whether ``extra`` more completion tokens stay within the episode budget and the model's context."""
+        """Whether ``extra`` more completion tokens stay within the episode budget and ``max_model_len``."""
         if len(self.completion_ids) + extra > limits.max_episode_tokens:
             return False
         used = len(self.prompt_ids) + len(self.completion_ids) + extra
@@ -334,8 +335,8 @@ class ChatTemplate:
         if self._images and not isinstance(self._image_token, str):
             raise ValueError(
                 f"{type(processing_class).__name__} has an image processor but no image_token, so the images a "
-                "piece of template text holds cannot be counted; use a processor that names its image placeholder "
-                "(Qwen-VL, Idefics3/SmolVLM, LLaVA processors do)."
+                "piece of template text holds cannot be counted; use a processing class that names its image placeholder "
+                "(Qwen-VL, Idefics3/SmolVLM, LLaVA processing classes do)."
             )
 
     @property
@@ -373,7 +374,7 @@ class ChatTemplate:
 
     def encode_with_images(self, text: str, parts: Sequence[Mapping[str, Any]]) -> Encoded:
         """``text`` as ids with the images of ``parts`` (one per placeholder in ``text``, in order) expanded by the
-        processor."""
+        processing class."""
         ids = self.encode(text)
         if not self._images:
             return Encoded(tuple(ids))
@@ -434,8 +435,8 @@ class ChatTemplate:
         whether they were realigned.
 
         ``messages`` is the whole conversation, ending with the new user (or tool) messages; the last assistant
-        message holds what ``last_turn`` sampled (its text, or the tool calls parsed from it). ``held`` is the
-        context so far (``TrajectoryBuilder.held()``).
+        message holds what ``last_turn`` sampled (its text, or the tool calls parsed from it). ``held`` is what
+        the episode holds so far (``TrajectoryBuilder.held()``).
         """
         text, parts = self._render(messages, tools)
         # sampled text that reads as an image placeholder re-renders as one: then only the realignment rule applies

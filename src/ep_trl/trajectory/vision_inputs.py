@@ -2,8 +2,8 @@
 
 The in-process generation backend (``model.generate``) and the TRL seam (the trainer's forward passes) both build
 them here, so the model sees the same pixels when it samples a turn as when TRL scores it. They are built the way
-TRL 1.16 builds them for images in tool responses: the processor's image processor over each row's images, plus the
-per-token modality ids (``mm_token_type_ids``) for processors whose models need them (Qwen-VL's M-RoPE), computed
+TRL 1.16 builds them for images in tool responses: the image processor over each row's images, plus the
+per-token modality ids (``mm_token_type_ids``) for processing classes whose models need them (Qwen-VL's M-RoPE), computed
 from the ids themselves, never from re-tokenized text.
 
 The asynchronous trainer's rows are built from images processed already (``ep_trl.trajectory.sample_images.ProcessedImages``,
@@ -14,21 +14,20 @@ row's images, so no image is processed a second time.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from .types import MultimodalProcessor
 
 
 @dataclass(frozen=True)
 class VisionInputs:
     """``model_kwargs`` go to the model next to ``input_ids`` (``pixel_values``, and ``image_grid_thw``,
     ``pixel_attention_mask`` or ``mm_token_type_ids`` as the model needs); ``num_images`` says how many entries of
-    ``pixel_values`` along its first axis belong to each row, the way TRL slices them (for a processor that pads
+    ``pixel_values`` along its first axis belong to each row, the way TRL slices them (for an image processor that pads
     images per row, as Idefics3's does, every row holds the same number of slots)."""
 
     model_kwargs: dict[str, Any]
     num_images: list[int]
 
 
-def vision_inputs(processor: MultimodalProcessor, input_ids: Any, images: Sequence[Sequence[Any]]) -> VisionInputs | None:
+def vision_inputs(processing_class: Any, input_ids: Any, images: Sequence[Sequence[Any]]) -> VisionInputs | None:
     """The vision inputs for rows of ``input_ids`` (a padded tensor) whose images, in placeholder order, are
     ``images[row]``; None when no row holds an image."""
     rows = [list(row) for row in images]
@@ -36,11 +35,11 @@ def vision_inputs(processor: MultimodalProcessor, input_ids: Any, images: Sequen
         raise ValueError(f"{len(rows)} rows of images for {input_ids.shape[0]} rows of token ids")
     if not any(rows):
         return None
-    kwargs = dict(processor.image_processor(images=rows, return_tensors="pt"))
-    return _with_token_types(processor, input_ids, kwargs, [len(row) for row in rows])
+    kwargs = dict(processing_class.image_processor(images=rows, return_tensors="pt"))
+    return _with_token_types(processing_class, input_ids, kwargs, [len(row) for row in rows])
 
 
-def joined_vision_inputs(processor: MultimodalProcessor, input_ids: Any, pixels: Sequence[Mapping[str, Any]],
+def joined_vision_inputs(processing_class: Any, input_ids: Any, pixels: Sequence[Mapping[str, Any]],
                          num_images: int) -> VisionInputs:
     """The vision inputs of one row of ``input_ids`` (shape ``(1, n)``) whose ``num_images`` images were processed
     already, a part at a time, in placeholder order (``pixels``: the image processor's outputs, each for one row):
@@ -55,14 +54,14 @@ def joined_vision_inputs(processor: MultimodalProcessor, input_ids: Any, pixels:
     if not pixels:
         raise ValueError("joined_vision_inputs needs the processed pixels of at least one image")
     if not _per_row(pixels[0], 1):
-        return _with_token_types(processor, input_ids, {key: torch.cat([part[key] for part in pixels])
+        return _with_token_types(processing_class, input_ids, {key: torch.cat([part[key] for part in pixels])
                                                         for key in pixels[0]}, [num_images])
     kwargs = {}
     for key in pixels[0]:
         parts = [part[key] for part in pixels]
         frame = [max(sizes) for sizes in zip(*(part.shape[2:] for part in parts))]
         kwargs[key] = torch.cat([_zero_padded(part, frame) for part in parts], dim=1)
-    return _with_token_types(processor, input_ids, kwargs, [num_images])
+    return _with_token_types(processing_class, input_ids, kwargs, [num_images])
 
 
 def _zero_padded(part: Any, frame: list[int]) -> Any:
@@ -80,15 +79,15 @@ def _per_row(kwargs: Mapping[str, Any], rows: int) -> bool:
     return "image_grid_thw" not in kwargs and pixel_values.dim() == 5 and pixel_values.shape[0] == rows
 
 
-def _with_token_types(processor: MultimodalProcessor, input_ids: Any, kwargs: dict[str, Any],
+def _with_token_types(processing_class: Any, input_ids: Any, kwargs: dict[str, Any],
                       images_per_row: list[int]) -> VisionInputs:
-    """``kwargs`` with the per-token modality ids the processor's model needs, and the entries of ``pixel_values``
+    """``kwargs`` with the per-token modality ids the processing class's model needs, and the entries of ``pixel_values``
     that belong to each row."""
     import torch
 
     rows = len(images_per_row)
     num_images = [int(kwargs["pixel_values"].shape[1])] * rows if _per_row(kwargs, rows) else images_per_row
-    if getattr(processor, "return_mm_token_type_ids", False):
-        kwargs["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids(input_ids.tolist()),
+    if getattr(processing_class, "return_mm_token_type_ids", False):
+        kwargs["mm_token_type_ids"] = torch.tensor(processing_class.create_mm_token_type_ids(input_ids.tolist()),
                                                    dtype=input_ids.dtype, device=input_ids.device)
     return VisionInputs(kwargs, num_images)

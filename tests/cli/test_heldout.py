@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ep_trl.devtools.heldout import HeldOutEpisode, HeldOutEpisodes, _sampled_turns, play_held_out
+from ep_trl.cli.heldout import HeldOutEpisode, HeldOutEpisodes, _sampled_turns, play_held_out
 from ep_trl.devtools.miniwob_demonstrations import page_actions_of
 
 

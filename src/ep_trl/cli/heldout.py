@@ -3,7 +3,7 @@ OpenAI-compatible server (the vLLM server a run trains with), with the eval's ow
 
 This is the eval run as an eval, not as training: the processor calls the server's ``/v1/chat/completions`` through
 LiteLLM as it would under ``pytest`` (the eval's ``temperature``, 0.0 for greedy decoding, and ``max_tokens`` apply),
-and the body scores what came back. ``train_smollm2_trl.py`` calls it before and after training. Why not the
+and the body scores what came back. ``ep-trl train --held-out N`` calls it before and after training. Why not the
 rollout function: training samples at the trainer's temperature and captures token ids; a held-out score is what the
 eval itself reports.
 

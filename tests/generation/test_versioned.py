@@ -1,6 +1,7 @@
-"""The stream's per-episode generator (``VersionedTurns``): each turn's policy version, and the most images an
-episode may hold (``max_images``), checked before a turn is sent. The stream itself is driven through
-``rollout_func`` and the rollout worker (tests/adapters/test_rollout_func.py, tests/adapters/test_async_worker.py)."""
+"""An episode's generator that records versions (``generation.versioned.VersionedTurns``): each turn's policy
+version, the model it names per version (``generate_as``), and the most images an episode may hold (``max_images``),
+checked before a turn is sent. The stream itself is driven through ``rollout_func`` and the rollout worker
+(tests/adapters/test_rollout_func.py, tests/adapters/test_async_worker.py)."""
 
 import asyncio
 
@@ -8,11 +9,12 @@ import pytest
 
 from ep_trl import ConfigError
 from ep_trl.generation import Generation, PromptImages, SamplingParams
-from ep_trl.engine.stream import VersionedTurns
+from ep_trl.generation.versioned import VersionedTurns
 
 
 class FakeGenerator:
-    """A fake backend, named as such: it records the prompts it is sent and answers one fixed token."""
+    """A fake backend, named as such: it records the prompts it is sent (and the model each names) and answers one
+    fixed token."""
 
     name = "fake"
     max_model_len = None
@@ -20,9 +22,14 @@ class FakeGenerator:
 
     def __init__(self):
         self.sent = []
+        self.models = []
 
     async def generate(self, prompt_ids, params, images=None):
+        return await self.generate_as(None, prompt_ids, params, images)
+
+    async def generate_as(self, model, prompt_ids, params, images=None):
         self.sent.append((list(prompt_ids), images))
+        self.models.append(model)
         return Generation((5,), (-0.5,), "stop")
 
 
@@ -48,3 +55,14 @@ def test_a_turn_that_would_hold_more_than_max_images_is_not_sent():
     unbounded = VersionedTurns(generator, lambda: 0)  # without max_images, any number is sent
     asyncio.run(unbounded.generate([1], params, PromptImages((first, second, third), (1,))))
     assert len(generator.sent) == 3
+
+
+def test_a_turn_goes_to_the_model_its_version_names():
+    """With ``model_for``, each turn is generated with its version's model through the backend's ``generate_as``
+    (part of the ``Generator`` protocol); a version that names none keeps the backend's own model."""
+    generator, versions = FakeGenerator(), iter([1, 2])
+    turns = VersionedTurns(generator, lambda: next(versions), model_for=lambda v: "adapter-v2" if v == 2 else None)
+    params = SamplingParams(max_tokens=1)
+    asyncio.run(turns.generate([1], params))
+    asyncio.run(turns.generate([1, 5, 2], params))
+    assert generator.models == [None, "adapter-v2"] and turns.versions == [1, 2]

@@ -1,0 +1,122 @@
+"""The README and docs/*.md against the repository: the README's test command is the one CI runs, every relative
+link (and its ``#anchor``) resolves, the set-up recipes are written once (docs/setup.md), and every flag a documented
+command gives ``ep-trl train`` or a training script is one that command accepts."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```.*?^```", flags=re.M | re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix() if ROOT in page.parents else str(page)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives ``page``'s headings (outside code blocks), repeated ones numbered ``-1``, ``-2``."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", FENCE.sub("", page.read_text()), flags=re.M):
+        slug, n = _slug(heading), 0
+        while (slug if n == 0 else f"{slug}-{n}") in found:
+            n += 1
+        found.add(slug if n == 0 else f"{slug}-{n}")
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """``page``'s relative links whose file or heading anchor does not exist."""
+    broken = []
+    for target in LINK.findall(FENCE.sub("", page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target} (no file {_name(linked)})")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target} (no heading #{anchor} in {_name(linked)})")
+    return broken
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = {_name(page): found for page in PAGES if (found := broken_links(page))}
+    assert not broken, f"broken links: {broken}"
+
+
+def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Two GPUs: `trl vllm-serve` on one\n\n## On CPU\n\n## On CPU\n")
+    page.write_text("[a](other.md#two-gpus-trl-vllm-serve-on-one) [b](other.md#on-cpu-1) [c](gone.md) "
+                    "[d](other.md#on-cpu-2)\n```\n[e](inside-a-code-block.md)\n```\n")
+    assert [b.split(" ")[0] for b in broken_links(page)] == ["gone.md", "other.md#on-cpu-2"]
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    command = ci[ci.index("# the README's test command") + 1]
+    assert f"```bash\n{command}\n```" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_keeps_its_install_and_main_job_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "```bash\nbash scripts/install.sh && bash scripts/install_browser.sh && python train_browsergym_trl.py\n```" in readme
+    for script in re.findall(r"bash (scripts/\S+\.sh)", readme):
+        assert (ROOT / script).is_file(), script
+
+
+def test_the_set_up_recipes_are_written_once_in_docs_setup_md():
+    """Which GPU runs what is written in docs/setup.md only; the other pages link there."""
+    pages = {_name(page) for page in PAGES if "CUDA_VISIBLE_DEVICES" in page.read_text()}
+    assert pages == {"docs/setup.md"}
+
+
+def _commands(program: str) -> list[list[str]]:
+    """Every command line in the pages' bash blocks that runs ``program`` (continuation lines joined), split."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), flags=re.M | re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("  #")[0]
+                if program in line:
+                    words = shlex.split(line.replace('"${LETTERS[@]}"', ""))
+                    found.append(words[words.index(program.split()[-1]) + 1:])
+    return found
+
+
+def _flags(words: list[str]) -> set[str]:
+    return {w.split("=")[0] for w in words if w.startswith("--")}
+
+
+@pytest.mark.parametrize("script", ["train_browsergym_trl.py", "train_letters_trl.py"])
+def test_documented_flags_of_the_training_scripts_exist(script):
+    commands = _commands(f"python {script}")
+    assert commands, f"no documented command runs {script}"
+    helped = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", helped.stdout))
+    unknown = {flag for words in commands for flag in _flags(words)} - known
+    assert not unknown, f"{script} has no {sorted(unknown)}"
+
+
+def test_documented_flags_of_ep_trl_train_exist():
+    from ep_trl.cli import train
+
+    commands = _commands("ep-trl train")
+    assert commands
+    known = set(train.make_parser()._option_string_actions)
+    unknown = {flag for words in commands for flag in _flags(words)} - known
+    assert not unknown, f"ep-trl train has no {sorted(unknown)}"
