@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ep_trl"
-#: ``Any`` in the package at this commit (527 before issue 41; the issue's target is at most 263, half of that).
-ANY_CEILING = 417
+#: ``Any`` in the package at this commit (527 before issue 41, 518 on main after the cli/ and engine merges; the issue's
+#: target is at most 263, half of 527).
+ANY_CEILING = 492
 #: The same rule as ``grep -rwo Any --include=*.py src/ep_trl``: "Any" as a whole word (letters, digits, underscore).
 _ANY = re.compile(r"(?<![A-Za-z0-9_])Any(?![A-Za-z0-9_])")
 

@@ -62,3 +62,12 @@ def test_a_temperature_of_any_real_number_type_is_read_as_a_float(tmp_path, temp
 def test_a_temperature_that_is_no_finite_real_number_is_refused_with_what_to_set(tmp_path, temperature):
     with pytest.raises(ConfigError, match=r"GRPOConfig\(temperature=.*\).*must be a finite number > 0 \(TRL's default"):
         TrainingConfig.of(config_with_temperature(tmp_path, temperature), None)
+
+
+def test_a_vllm_mode_trl_does_not_have_is_refused_where_it_is_read(tmp_path):
+    """Issue 41: a mode other than 'server' or 'colocate' was kept as a string, and read as "not server" further on
+    (no synced server, no colocated engine) instead of refused."""
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], use_vllm=True)
+    args.vllm_mode = "collocate"  # a typo, set after GRPOConfig's own checks
+    with pytest.raises(ConfigError, match=r"GRPOConfig\(vllm_mode='collocate'\).*'server'.*'colocate'"):
+        TrainingConfig.of(args, None)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from ..trajectory.types import Tools
+from ..trajectory.types import Tokenizer, Tools
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 class ToolCallParser:
     """Reads tool calls from sampled ids, in the format of the trainer's chat template."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         from trl.chat_template_utils import add_response_schema
 
         self._tokenizer = copy.copy(tokenizer)

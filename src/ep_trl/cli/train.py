@@ -13,6 +13,7 @@ The training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``, ``t
 this command: they fill its defaults and hooks (:class:`Preset`) and call :func:`main`.
 """
 
+import argparse
 import contextlib
 import json
 import math
@@ -22,10 +23,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
 from . import modes, run_folder
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from trl import TrlParser
+
+_Group = TypeVar("_Group", bound="DataclassInstance")
 
 PROG = "ep-trl train"
 DESCRIPTION = ("GRPO on an eval-protocol eval: its rows are the dataset, its score the reward, and ep_trl plays its "
@@ -201,11 +208,10 @@ class TrainJob:
     served_model: str | None = None
 
 
-def make_parser(preset: Preset | None = None) -> Any:
+def make_parser(preset: Preset | None = None) -> "TrlParser":
     """``trl.TrlParser`` over ep_trl's option groups and ``GRPOConfig``, with ENV_PATH, the command-line defaults
     (:data:`TRAIN_DEFAULTS`) and the preset's."""
-    import argparse
-
+    from transformers.hf_argparser import DataClassType
     from trl import GRPOConfig, TrlParser
 
     class TrainParser(TrlParser):
@@ -225,7 +231,7 @@ def make_parser(preset: Preset | None = None) -> Any:
         _argument_group_name = "TRL: GRPOConfig (every field is a flag; TRL's documentation describes them)"
 
     preset = preset or Preset(prog=PROG, title="")
-    parser = TrainParser((*OPTION_GROUPS, TRLFlags), prog=preset.prog, description=DESCRIPTION,
+    parser = TrainParser([DataClassType(cls) for cls in (*OPTION_GROUPS, TRLFlags)], prog=preset.prog, description=DESCRIPTION,
                          usage=f"{preset.prog} ENV_PATH --model MODEL [--config YAML] [flags]",
                          epilog="Examples and every ep_trl flag: docs/cli.md.",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,7 +261,7 @@ def main(argv: Sequence[str] | None = None, preset: Preset | None = None) -> int
     return run(job)
 
 
-def plan(parser: Any, values: dict[str, Any], preset: Preset, argv: Sequence[str]) -> TrainJob:
+def plan(parser: argparse.ArgumentParser, values: Mapping[str, Any], preset: Preset, argv: Sequence[str]) -> TrainJob:
     """Check every input and decide the run, before anything heavy starts; ``parser.error`` (exit status 2, the
     message naming the fix) for bad input."""
     from trl import GRPOConfig
@@ -263,8 +269,9 @@ def plan(parser: Any, values: dict[str, Any], preset: Preset, argv: Sequence[str
     values = dict(values)
     env_path = values.pop("env_path")
     values.pop("config", None)  # read by TrlParser already
-    groups = {cls: cls(**{f.name: values.pop(f.name) for f in fields(cls)}) for cls in OPTION_GROUPS}
-    run_args, gen = groups[RunArguments], groups[GenerationArguments]
+    run_args, gen = _group(RunArguments, values), _group(GenerationArguments, values)
+    evals, rollout, vllm_args = (_group(EvalArguments, values), _group(RolloutArguments, values),
+                                 _group(VLLMArguments, values))
     grpo_fields = {f.name for f in fields(GRPOConfig) if f.init}
     trl_values = {k: v for k, v in values.items() if k in grpo_fields}
     if not env_path:
@@ -280,7 +287,7 @@ def plan(parser: Any, values: dict[str, Any], preset: Preset, argv: Sequence[str
         _check_model(parser, run_args.model)
     _check_env_server(parser, run_args)
     spec = _check_eval(parser, env_path)
-    overrides, options, vllm, concurrent = _bridge_options(parser, groups, trl_values.get("chat_template_kwargs"))
+    overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     _check_held_out(parser, env_path, run_args, mode, spec)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
     if trl_values.get("bf16") is None:
@@ -291,7 +298,12 @@ def plan(parser: Any, values: dict[str, Any], preset: Preset, argv: Sequence[str
                     served_model=served)
 
 
-def _check_trl_mode_flags(parser: Any, trl_values: Mapping[str, Any]) -> None:
+def _group(cls: type[_Group], values: dict[str, Any]) -> _Group:
+    """One option group's dataclass from the parsed values, its fields taken out of ``values``."""
+    return cls(**{f.name: values.pop(f.name) for f in fields(cls)})
+
+
+def _check_trl_mode_flags(parser: argparse.ArgumentParser, trl_values: Mapping[str, Any]) -> None:
     from trl import GRPOConfig
 
     defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in MODE_FIELDS}
@@ -303,7 +315,7 @@ def _check_trl_mode_flags(parser: Any, trl_values: Mapping[str, Any]) -> None:
                      "the GPU when torch sees one")
 
 
-def _check_report_to(parser: Any, report_to: Any) -> None:
+def _check_report_to(parser: argparse.ArgumentParser, report_to: Any) -> None:
     """``--report-to`` is TRL's (transformers') own; an integration that is not installed is refused here, before the
     environment server starts and the model loads (transformers would raise once the trainer is built)."""
     from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
@@ -318,11 +330,9 @@ def _check_report_to(parser: Any, report_to: Any) -> None:
                      f"({sys.executable}): `pip install {packages}`, or drop --report-to")
 
 
-def _mode(parser: Any, gen: GenerationArguments, run_args: RunArguments,
+def _mode(parser: argparse.ArgumentParser, gen: GenerationArguments, run_args: RunArguments,
           trl_values: Mapping[str, Any]) -> modes.TrainingMode:
     """The generation mode, refusing the combinations no mode trains with (``modes.check_generation_flags``)."""
-    import argparse
-
     flags = argparse.Namespace(vllm_base_url=gen.vllm_server_url, vllm_mode=trl_values.get("vllm_mode"),
                                vllm_gpu_memory_utilization=None, async_training=gen.async_training,
                                model=run_args.model, lora_r=run_args.lora_r, screenshots=gen.screenshots)
@@ -334,7 +344,7 @@ def _mode(parser: Any, gen: GenerationArguments, run_args: RunArguments,
     return mode if memory is None else modes.TrainingMode(**{**asdict(mode), "gpu_memory_utilization": memory})
 
 
-def _check_model(parser: Any, model: str) -> None:
+def _check_model(parser: argparse.ArgumentParser, model: str) -> None:
     """A local path must be a model directory (its ``config.json``); a hub id (``org/name``, no such path) is left
     to the hub."""
     path = Path(model).expanduser()
@@ -349,7 +359,7 @@ def _check_model(parser: Any, model: str) -> None:
                      "save_pretrained wrote (config.json, weights, tokenizer), e.g. a run's checkpoint/ folder")
 
 
-def _check_env_server(parser: Any, run_args: RunArguments) -> None:
+def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -> None:
     from .env_server import PORT_FIELD
 
     if run_args.env_server is None:
@@ -365,7 +375,7 @@ def _check_env_server(parser: Any, run_args: RunArguments) -> None:
                      "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
 
 
-def _check_eval(parser: Any, env_path: str) -> Any:
+def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> Any:
     """The eval's spec; its import, its processor and its settings checked (their errors name the fix)."""
     from ..evalprotocol import read_eval_spec, resolve_eval_test
 
@@ -375,11 +385,10 @@ def _check_eval(parser: Any, env_path: str) -> Any:
         parser.error(f"ENV_PATH {env_path}: {error}")
 
 
-def _bridge_options(parser: Any, groups: Mapping[type, Any], chat_template_kwargs: Any
-                    ) -> tuple[EvalOverrides, RolloutOptions, VLLMOptions, int | None]:
+def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: RolloutArguments, vl: VLLMArguments,
+                    chat_template_kwargs: object) -> tuple[EvalOverrides, RolloutOptions, VLLMOptions, int | None]:
     """ep_trl's option objects from their flags (an unset flag keeps the option's default); TRL's
     ``--chat-template-kwargs`` (a JSON object) is the episodes' too."""
-    ev, ro, vl = groups[EvalArguments], groups[RolloutArguments], groups[VLLMArguments]
     try:
         overrides = EvalOverrides(env_base_url=ev.env_base_url, request_timeout_s=ev.env_request_timeout_s,
                                   tasks=ev.tasks, task_var=ev.task_var, reset_task_kwarg=ev.reset_task_kwarg,
@@ -395,7 +404,7 @@ def _bridge_options(parser: Any, groups: Mapping[type, Any], chat_template_kwarg
     return overrides, options, vllm, ev.max_concurrent_rollouts
 
 
-def _json_object(parser: Any, flag: str, value: Any) -> dict[str, Any]:
+def _json_object(parser: argparse.ArgumentParser, flag: str, value: Any) -> dict[str, Any]:
     try:
         loaded = json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError as error:
@@ -406,7 +415,7 @@ def _json_object(parser: Any, flag: str, value: Any) -> dict[str, Any]:
     return loaded
 
 
-def _check_held_out(parser: Any, env_path: str, run_args: RunArguments, mode: modes.TrainingMode, spec: Any) -> None:
+def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode, spec: Any) -> None:
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
@@ -429,7 +438,7 @@ def _check_held_out(parser: Any, env_path: str, run_args: RunArguments, mode: mo
                      f"least one: give --held-out {rows - 1} or fewer")
 
 
-def _check_server(parser: Any, url: str, model: str | None, vllm: VLLMOptions) -> str:
+def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
     from ..errors import GenerationError
@@ -481,6 +490,7 @@ def run(job: TrainJob) -> int:
     try:
         with _environment(job) as env_url:
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
+            assert model is not None, "plan() refuses a run without --model when the preset starts no model"
             train_rows, held_out = _datasets(job)
             if held_out:
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
@@ -576,7 +586,9 @@ def _held_out(job: TrainJob, prompts: list[Any], when: str) -> Any:
         return None
     from .heldout import score_held_out
 
-    score = score_held_out(job.env_path, prompts, base_url=job.mode.vllm_base_url, model=job.served_model)
+    base_url, served = job.mode.vllm_base_url, job.served_model
+    assert base_url is not None and served is not None, "plan() refuses --held-out without a vLLM server"
+    score = score_held_out(job.env_path, prompts, base_url=base_url, model=served)
     print(f"held-out score {when} training: {score.mean:.4f} (greedy, {len(prompts)} rows)", flush=True)
     return score
 

@@ -14,10 +14,15 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ..errors import ConfigError
 from ..generation import SamplingParams
+from ..trajectory.content import tokenizer_of
+from ..trajectory.types import Tokenizer
+
+#: How a TRL trainer generates with vLLM (``GRPOConfig.vllm_mode``): on a server, or in its own process.
+VLLMMode = Literal["server", "colocate"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class TrainingConfig:
     max_completion_length: int | None
     sampling: SamplingParams
     #: ``"server"`` or ``"colocate"`` when the trainer generates with vLLM (``use_vllm=True``), else None.
-    vllm_mode: str | None
+    vllm_mode: VLLMMode | None
 
     @classmethod
     def of(cls, args: Any, processing_class: Any) -> "TrainingConfig":
@@ -48,14 +53,27 @@ class TrainingConfig:
                 min_p=float(getattr(args, "min_p", None) or 0.0),
                 repetition_penalty=float(getattr(args, "repetition_penalty", 1.0) or 1.0),
             ),
-            vllm_mode=str(getattr(args, "vllm_mode", "server")) if getattr(args, "use_vllm", False) else None,
+            vllm_mode=_vllm_mode(args),
         )
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """The text tokenizer (a multimodal processing class's ``.tokenizer``, else the processing class itself)."""
-        return getattr(self.processing_class, "tokenizer", self.processing_class)
+        return tokenizer_of(self.processing_class)
 
+
+def _vllm_mode(args: Any) -> VLLMMode | None:
+    """``args.vllm_mode`` when the trainer generates with vLLM (``use_vllm``), else None; a mode TRL does not have is
+    refused here, where it is read, rather than taken for "not server" further on."""
+    if not getattr(args, "use_vllm", False):
+        return None
+    mode = str(getattr(args, "vllm_mode", "server"))
+    if mode == "server":
+        return "server"
+    if mode == "colocate":
+        return "colocate"
+    raise ConfigError(f"GRPOConfig(vllm_mode={mode!r}): TRL generates with vLLM on a server (vllm_mode='server') or "
+                      "in the trainer's process (vllm_mode='colocate'); set one of them.")
 
 def _temperature(args: Any) -> float:
     """The config's sampling temperature (TRL's default 1.0 when it has none), any real number (a ``numpy.float32``

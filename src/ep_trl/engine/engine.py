@@ -36,7 +36,7 @@ from .call_setup import CallReader, CallSetup
 from .caller import RolloutCaller
 from .metrics import SignalWatch
 from .scoring import Scored
-from .stream import GroupPlan, ScoredGroup, SlotMeter, stream_groups
+from .stream import AllScope, GroupPlan, ScoredGroup, SlotMeter, stream_groups
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class RolloutEngine:
         from any thread but the loop's."""
         return self._runner.run(coro)
 
-    async def stream(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: str = "group",
+    async def stream(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: AllScope = "group",
                      may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                      model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
                      max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:

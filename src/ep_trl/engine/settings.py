@@ -39,7 +39,7 @@ from ..evalprotocol.spec import EvalSpec
 from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
 from ..options import EvalOverrides
 from ..trajectory.tokens import TurnLimits, eos_token_ids
-from ..trajectory.types import Prompt
+from ..trajectory.types import ProcessingClass, Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def sampling_note(spec: EvalSpec, used: SamplingParams) -> str | None:
             f"{ {k: trainer_values[k] for k in differing} } because TRL's loss and importance ratio assume them.")
 
 
-def turn_limits(spec: EvalSpec, sampling: SamplingParams, budget: int | None, processing_class: Any,
+def turn_limits(spec: EvalSpec, sampling: SamplingParams, budget: int | None, processing_class: ProcessingClass,
                 model_provider: Callable[[], Any] | None, max_model_len: int | None) -> TurnLimits:
     """Sampling, token budget, end-of-turn ids and ``max_model_len`` every episode of a rollout call shares: the
     trainer's ``sampling`` with the eval's turn settings, the episode token ``budget``, the end-of-turn ids of the

@@ -32,6 +32,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..sources.episode import Episode
 from ..evalprotocol import EvalSpec
@@ -41,6 +42,9 @@ from ..traininglog.rows import RowContext
 from .scoring import FAILED_EPISODE, Scored, score_rows
 from ..sources import EpisodePlayer, EpisodeRequest
 from ..trajectory.types import Prompt, Row
+
+#: Which episodes an ``all`` eval's body scores at once: each prompt group's, or the whole stream's.
+AllScope = Literal["group", "stream"]
 
 #: How often a stream that may not start an episode (``may_start()`` false) and waits for nothing looks again.
 IDLE_POLL_S = 0.05
@@ -144,7 +148,7 @@ class _GroupInFlight:
 
 
 async def stream_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
-                      slots: int, body_timeout_s: float, all_scope: str = "group",
+                      slots: int, body_timeout_s: float, all_scope: AllScope = "group",
                       may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
                       model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
                       max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:

@@ -4,7 +4,7 @@ limits and scoring body, before any override."""
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
@@ -12,7 +12,9 @@ from ._private import private_attr, private_name
 from .resolve import EvalTest
 from ..trajectory.types import Settings
 
-EVAL_MODES = ("pointwise", "groupwise", "all")
+#: How an eval's body scores rows: one at a time, one prompt's group at a time, or every row of the run at once.
+EvalMode = Literal["pointwise", "groupwise", "all"]
+EVAL_MODES: tuple[EvalMode, ...] = get_args(EvalMode)
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class EvalSpec:
 
     name: str
     qualified_name: str
-    mode: str
+    mode: EvalMode
     body: Callable[..., Any]
     evaluation_test_kwargs: Settings
     completion_params: Settings
@@ -48,9 +50,10 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
     params = eval_test.wrapper.__ep_params__
     processor = params.rollout_processor
     _check_processor(processor, eval_test)
-    mode = str(params.mode)
-    if mode not in EVAL_MODES:
-        raise UnsupportedEvalError(f"{eval_test.qualified_name} has mode {mode!r}; supported modes: {EVAL_MODES}.")
+    given = str(params.mode)
+    mode = next((known for known in EVAL_MODES if known == given), None)
+    if mode is None:
+        raise UnsupportedEvalError(f"{eval_test.qualified_name} has mode {given!r}; supported modes: {EVAL_MODES}.")
     body = private_attr(eval_test.wrapper, "_origin_func")
     if not callable(body):
         raise UnsupportedEvalError(f"{eval_test.qualified_name}: its _origin_func is not callable; cannot reach the body.")

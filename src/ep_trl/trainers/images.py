@@ -25,7 +25,7 @@ drops the images: when a TRL release takes images from ``rollout_func`` that tes
 """
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from trl import GRPOTrainer
 
@@ -33,6 +33,9 @@ from ..adapters import trl_seam
 from ..errors import VersionError
 from ..adapters.output import IMAGES_KEY
 from ..trajectory.vision_inputs import VisionInputs, vision_inputs
+
+if TYPE_CHECKING:
+    from ..trajectory.types import MultimodalProcessor
 
 #: The forward keywords of ``GRPOTrainer._get_per_token_logps_and_entropies`` the vision inputs go through.
 FORWARD_KEYWORDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "mm_token_type_ids")
@@ -111,7 +114,7 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
         """The batch's vision inputs, built once per generation batch (on the trainer's device)."""
         if self._rollout_vision is None:
             assert self._rollout_images is not None
-            vision = vision_inputs(self.processing_class, prompt_completion_ids, self._rollout_images)
+            vision = vision_inputs(cast("MultimodalProcessor", self.processing_class), prompt_completion_ids, self._rollout_images)
             if vision is None:
                 return None
             device = self.accelerator.device

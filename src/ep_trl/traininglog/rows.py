@@ -13,7 +13,7 @@ from ..evalprotocol.spec import EvalSpec
 from ..generation import SamplingParams
 from .writer import EpisodeTokens, RolloutLogWriter
 from ..engine.scoring import Scored
-from ..trajectory.types import MessagesView, Prompt, Row, Settings
+from ..trajectory.types import MessagesView, Prompt, Row, Settings, Tokenizer
 
 
 class RowContext:
@@ -25,7 +25,7 @@ class RowContext:
     its updates, so the UI's default newest-first order does not reshuffle rows as they progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
     """
 
-    def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, *, step: int, tokenizer: Any,
+    def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, *, step: int, tokenizer: Tokenizer,
                  sampling: SamplingParams, model_name: str | None) -> None:
         self.spec = spec
         self.invocation_id = invocation_id

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..runtime import shutdown
 from ..trajectory.tokens import Trajectory
-from ..trajectory.types import JSONObject, Row
+from ..trajectory.types import JSONObject, Row, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ LIVENESS_CHECK_S = 0.1
 class EpisodeTokens:
     """An episode's tokens, handed to the writer, which turns them into the UI's token view."""
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     trajectory: Trajectory
 
 
@@ -69,7 +69,7 @@ def token_view(trajectory: Trajectory, texts: Sequence[str]) -> JSONObject:
 class _TokenTexts:
     """Per-token text for one tokenizer, decoded once per distinct id (a vocabulary is small; episodes repeat)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
 

@@ -11,15 +11,21 @@ images, in the order the template places them, to the processing class that expa
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Any
-from .types import MessageView, Messages, MessagesView
+from typing import Any, TypeGuard, cast
+
+from .types import MessageView, Messages, MessagesView, MultimodalProcessor, ProcessingClass, Tokenizer
 
 _IMAGE_TYPES = ("image_url", "image", "input_image")
 
 
-def supports_images(processing_class: Any) -> bool:
+def supports_images(processing_class: ProcessingClass) -> TypeGuard[MultimodalProcessor]:
     """Whether the trainer's processing class is a multimodal processing class (it has an image processor)."""
     return getattr(processing_class, "image_processor", None) is not None
+
+
+def tokenizer_of(processing_class: ProcessingClass) -> Tokenizer:
+    """The text tokenizer: a multimodal processing class's ``.tokenizer``, else the processing class itself."""
+    return cast(Tokenizer, getattr(processing_class, "tokenizer", processing_class))
 
 
 def content_text(content: Any) -> str:

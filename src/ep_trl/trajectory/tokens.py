@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from .content import image_parts, image_source, load_image, supports_images, template_messages
+from .content import image_parts, image_source, load_image, supports_images, template_messages, tokenizer_of
 from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
-from .types import MessagesView, Settings, Tools
+from .types import Image, MessagesView, Model, ProcessingClass, Settings, Tokenizer, Tools
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Encoded:
     (None: no images, the same as ``ids``)."""
 
     ids: tuple[int, ...]
-    images: tuple[Any, ...] = ()
+    images: tuple[Image, ...] = ()
     unexpanded: tuple[int, ...] | None = None
 
     @property
@@ -71,7 +71,7 @@ class Encoded:
         return self.ids if self.unexpanded is None else self.unexpanded
 
 
-def cut_tokens(tokenizer: Any) -> tuple[str, ...]:
+def cut_tokens(tokenizer: Tokenizer) -> tuple[str, ...]:
     """The special tokens a text can be cut before and encoded in two parts with the same ids as in one.
 
     A fast (``tokenizers``) tokenizer splits its input on added tokens before anything else, and encodes each piece
@@ -167,7 +167,7 @@ class Trajectory:
     logprobs: tuple[float, ...]
     env_mask: tuple[int, ...]
     realigned: int = 0
-    images: tuple[Any, ...] = ()
+    images: tuple[Image, ...] = ()
 
     @property
     def sampled_tokens(self) -> int:
@@ -196,9 +196,9 @@ class Trajectory:
         return replace(self, images=()) if self.images else self
 
 
-def eos_token_ids(processing_class: Any, model: Any | None) -> tuple[int, ...]:
+def eos_token_ids(processing_class: ProcessingClass, model: "Model | None") -> tuple[int, ...]:
     """End-of-turn ids: the tokenizer's EOS plus the model's generation-config EOS ids."""
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    tokenizer = tokenizer_of(processing_class)
     ids: list[int] = []
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(int(tokenizer.eos_token_id))
@@ -231,7 +231,7 @@ class TrajectoryBuilder:
     logprobs: list[float] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
     realigned: int = 0
-    images: list[Any] = field(default_factory=list)
+    images: list[Image] = field(default_factory=list)
     unexpanded: list[int] = field(default_factory=list)  # prompt + completion, placeholders unexpanded
     #: The held ids' JSON array without its brackets, kept as ids are added, and how many ids it holds (-1: none yet).
     _json: str = field(default="", init=False, repr=False, compare=False)
@@ -309,9 +309,9 @@ class TrajectoryBuilder:
 class ChatTemplate:
     """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
 
-    def __init__(self, processing_class: Any, template_kwargs: Settings | None = None) -> None:
+    def __init__(self, processing_class: ProcessingClass, template_kwargs: Settings | None = None) -> None:
         self._renderer = processing_class
-        self._tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        self._tokenizer = tokenizer_of(processing_class)
         self._kwargs = dict(template_kwargs or {})
         self._images = supports_images(processing_class)  # else image parts are dropped, text parts joined
         #: The placeholder the template writes per image, counted to tell which images a piece of text holds.
@@ -340,7 +340,7 @@ class ChatTemplate:
             )
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     def render(self, messages: MessagesView, tools: Tools | None = None) -> str:
@@ -357,10 +357,11 @@ class ChatTemplate:
             logger.warning("The prompt builder returns image parts but %s is a text-only processing class: images "
                            "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
                            type(self._renderer).__name__)
-        extra = {"tools": list(tools)} if tools else {}
+        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
         text = self._renderer.apply_chat_template(
             converted, tokenize=False, add_generation_prompt=True, **extra, **self._kwargs
         )
+        assert isinstance(text, str), "apply_chat_template(tokenize=False) returns the text"
         return text, image_parts(converted)
 
     def encode(self, text: str) -> list[int]:
@@ -414,7 +415,9 @@ class ChatTemplate:
         return Generation(generation.token_ids[:at], generation.logprobs[:at], "stop")
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        text = self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        assert isinstance(text, str), "decode of one sequence returns its text"
+        return text
 
     def prompt(self, messages: MessagesView, tools: Tools | None = None) -> Encoded:
         """The rendered conversation as ids, with its images."""

@@ -12,7 +12,11 @@ The message aliases keep ``Any`` for a field's value: a message's ``content`` is
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:  # names for the checker only: ``import ep_trl`` imports neither transformers nor PIL
+    from PIL.Image import Image as PILImage
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
 #: A JSON object, as ``json.loads`` returns it or ``json.dumps`` takes it: a request or response body.
 JSONObject: TypeAlias = dict[str, Any]
@@ -39,3 +43,15 @@ Prompt: TypeAlias = str | MessagesView
 #: eval-protocol's ``EvaluationRow`` (a pydantic model). eval-protocol ships no type information, so to mypy it is
 #: ``Any``; the alias names what is passed, and keeps eval-protocol out of import time (it takes seconds to import).
 Row: TypeAlias = Any
+
+#: A Hugging Face tokenizer (``AutoTokenizer``'s), or a multimodal processor's ``.tokenizer``.
+Tokenizer: TypeAlias = "PreTrainedTokenizerBase"
+#: TRL's ``processing_class``: a tokenizer, or a multimodal processor (``AutoProcessor``'s: a tokenizer and an image
+#: processor; ``trajectory.content.supports_images`` tells them apart).
+ProcessingClass: TypeAlias = "PreTrainedTokenizerBase | ProcessorMixin"
+#: A multimodal processor: its ``.tokenizer`` and ``.image_processor``, called on text and images together.
+MultimodalProcessor: TypeAlias = "ProcessorMixin"
+#: A Hugging Face model (the policy being trained).
+Model: TypeAlias = "PreTrainedModel"
+#: One image of a conversation, decoded (a ``PIL.Image.Image``).
+Image: TypeAlias = "PILImage"
