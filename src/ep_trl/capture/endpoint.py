@@ -25,16 +25,22 @@ its own), and is not part of openenv-core 0.3; eval-protocol's token-in client s
 docs/processors.md has the details.
 """
 
+from __future__ import annotations
+
 import hmac
 import logging
 import secrets
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..sources.episode import EpisodeFailure
 from .placement import RolloutCapture, TurnRequest
+from ..trajectory.types import JSONObject
+
+if TYPE_CHECKING:  # aiohttp is imported when the endpoint starts, not with ep_trl
+    from aiohttp import web
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +90,7 @@ class CaptureEndpoint:
         self._key: str | None = None
         #: Model names of this call that are no rollout, sent with the key: the processor ignores the row's model.
         self.unknown_models: list[str] = []
-        self._runner: Any = None
+        self._runner: web.AppRunner | None = None
         self.base_url: str | None = None
 
     @property
@@ -123,13 +129,13 @@ class CaptureEndpoint:
             await self._runner.cleanup()
             self._runner = None
 
-    def _authorized(self, request: Any) -> bool:
+    def _authorized(self, request: web.Request) -> bool:
         if self._serve_any is not None:
             return True
         sent = request.headers.get("Authorization", "")
         return self._key is not None and hmac.compare_digest(sent.encode(), f"Bearer {self._key}".encode())
 
-    async def _models(self, request: Any) -> Any:
+    async def _models(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
         if not self._authorized(request):
@@ -137,7 +143,7 @@ class CaptureEndpoint:
         return web.json_response({"object": "list", "data": [  # rollouts are never listed
             {"id": MODEL_PREFIX.rstrip("/"), "object": "model", "owned_by": "ep_trl"}]})
 
-    async def _chat(self, request: Any) -> Any:
+    async def _chat(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
         if request.content_type != "application/json":
@@ -190,7 +196,7 @@ class CaptureEndpoint:
         })
 
 
-def turn_request(body: Mapping[str, Any]) -> TurnRequest:
+def turn_request(body: JSONObject) -> TurnRequest:
     """The call as a ``TurnRequest``; ``BadRequest`` naming the first field that is malformed."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -215,7 +221,7 @@ def turn_request(body: Mapping[str, Any]) -> TurnRequest:
                        stop=tuple(stops or ()))
 
 
-def _check_message(k: int, message: Any) -> None:
+def _check_message(k: int, message: object) -> None:
     if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
         raise BadRequest(f"messages[{k}] must be an object whose role is one of {sorted(_ROLES)}")
     content = message.get("content")
@@ -231,25 +237,25 @@ def _check_message(k: int, message: Any) -> None:
             raise BadRequest(f"messages[{k}].{key} must be a string")
 
 
-def _is_call(call: Any) -> bool:
+def _is_call(call: object) -> bool:
     function = call.get("function") if isinstance(call, Mapping) else None
     return (isinstance(function, Mapping) and isinstance(function.get("name"), str)
             and isinstance(function.get("arguments", "{}"), str | Mapping))
 
 
-def _is_tool(tool: Any) -> bool:
+def _is_tool(tool: object) -> bool:
     function = tool.get("function") if isinstance(tool, Mapping) else None
     return isinstance(function, Mapping) and isinstance(function.get("name"), str)
 
 
-def _asks(body: Mapping[str, Any], key: str) -> bool:
+def _asks(body: Mapping[str, object], key: str) -> bool:
     value = body.get(key)
     if key == "n":
         return value is not None and value != 1
     return bool(value)
 
 
-def _error(status: int, message: str) -> Any:
+def _error(status: int, message: str) -> web.Response:
     from aiohttp import web
 
     return web.json_response({"error": {"message": message, "type": "ep_trl_error", "code": status}}, status=status)

@@ -9,10 +9,9 @@ ep_trl sets the format on a copy of the tokenizer, so the trainer's own is left 
 import copy
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from ..errors import ConfigError
-from ..trajectory.types import Tokenizer, Tools
+from ..trajectory.types import Message, Tokenizer, Tools
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ class ToolCallParser:
                 "gpt-oss, Gemma) or set tokenizer.response_template before building the trainer.")
 
     def __call__(self, ids: Sequence[int], prefix: Sequence[int],
-                 tools: Tools | None) -> dict[str, Any]:
+                 tools: Tools | None) -> Message:
         """``{"role": "assistant", "content": ..., "tool_calls": [...]}``; arguments as objects."""
         from trl.chat_template_utils import parse_response
 

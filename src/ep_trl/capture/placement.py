@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..sources.episode import EpisodeFailure, StopReason, check_first_prompt
 from ..errors import ConfigError, UnsupportedEvalError
@@ -29,7 +28,7 @@ from ..generation import Generation, Generator
 from ..trajectory.tokens import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
 from .parsing import ToolCallParser
 from .wire import Canonical, canonical, reply_message, template_form, tool_names
-from ..trajectory.types import MessageView, MessagesView, Tool
+from ..trajectory.types import Message, MessageView, MessagesView, Tool
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class TurnRequest:
 class TurnReply:
     """What the call returns: the assistant message, why the turn ended, and its token counts."""
 
-    message: dict[str, Any]
+    message: Message
     finish_reason: str
     prompt_tokens: int
     completion_ids: tuple[int, ...]

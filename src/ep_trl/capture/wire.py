@@ -10,7 +10,6 @@ decoded to objects (a template given the wire's JSON string renders it encoded t
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from ..trajectory.content import content_text
 from ..trajectory.types import Message, MessageView, Messages, MessagesView, Tools
@@ -21,7 +20,7 @@ _TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 Canonical = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
-def _arguments(value: Any) -> Any:
+def _arguments(value: object) -> object:
     """Tool-call arguments as an object: the wire carries a JSON string."""
     if isinstance(value, str):
         try:
@@ -31,7 +30,7 @@ def _arguments(value: Any) -> Any:
     return value
 
 
-def _wire_arguments(value: Any) -> str:
+def _wire_arguments(value: object) -> str:
     """Tool-call arguments as the wire carries them: a JSON string."""
     return value if isinstance(value, str) else json.dumps(value if value is not None else {})
 

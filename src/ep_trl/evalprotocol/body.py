@@ -5,7 +5,7 @@ import inspect
 import math
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import NotRequired, TypedDict, Unpack
 
 from ..errors import UnsupportedEvalError
 from ..runtime.threads import run_blocking
@@ -17,7 +17,21 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def build_row(*, messages: MessagesView, row_id: str, **stamp: Any) -> Any:
+class RowStamp(TypedDict):
+    """The keyword arguments of :func:`stamp_row`, which :func:`build_row` passes on."""
+
+    eval_name: str
+    rollout_id: str
+    invocation_id: str
+    experiment_id: str
+    run_id: str
+    completion_params: Settings
+    extra: Settings
+    usage: NotRequired[Mapping[str, int] | None]
+    duration_s: NotRequired[float | None]
+
+
+def build_row(*, messages: MessagesView, row_id: str, **stamp: Unpack[RowStamp]) -> Row:
     """An ``EvaluationRow`` shaped like the one OpenEnvRolloutProcessor hands the eval body (see ``stamp_row``)."""
     from eval_protocol.models import EvaluationRow, InputMetadata, Message
 
@@ -37,7 +51,7 @@ def stamp_row(
     extra: Settings,
     usage: Mapping[str, int] | None = None,
     duration_s: float | None = None,
-) -> Any:
+) -> Row:
     """``row`` with a training rollout's ids, completion params, eval metadata and ``extra`` set, as
     ``evaluation_test`` sets them on the rows it hands the processor and the body."""
     from eval_protocol.models import EvalMetadata
@@ -60,7 +74,7 @@ def stamp_row(
     return row
 
 
-async def run_body(spec: EvalSpec, rows: list[Row], timeout_s: float) -> list[Any]:
+async def run_body(spec: EvalSpec, rows: list[Row], timeout_s: float) -> list[Row]:
     """Run the eval body as eval-protocol would: per row (pointwise) or on the list (groupwise, all).
 
     Sync bodies run in a thread of their own so a slow scorer does not stall the episodes still in flight; each
@@ -69,7 +83,7 @@ async def run_body(spec: EvalSpec, rows: list[Row], timeout_s: float) -> list[An
     kwargs = dict(spec.evaluation_test_kwargs)
     what = f"the eval body of {spec.qualified_name}"
 
-    async def call(arg: Any) -> Any:
+    async def call(arg: Row | list[Row]) -> Row | list[Row]:
         if inspect.iscoroutinefunction(spec.body):
             return await asyncio.wait_for(spec.body(arg, **kwargs), timeout_s)
         result = await run_blocking(lambda: spec.body(arg, **kwargs), timeout_s=timeout_s, what=what)

@@ -6,15 +6,22 @@ position in :func:`eval_rows` and its eval-protocol ``row_id``) into the first m
 :func:`match_rows` turns each prompt back into its row: by that key, or, for prompts built by hand, by content.
 """
 
+from __future__ import annotations
+
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..trajectory.content import content_text
 from ..errors import ConfigError, UnsupportedEvalError
 from ._private import private_name
 from .resolve import EvalTest
 from ..trajectory.types import JSONObject, Message, MessageView, Messages, MessagesView, Prompt, Row
+
+if TYPE_CHECKING:  # eval-protocol's names, for the checker only (eval-protocol ships no types: they document)
+    from eval_protocol.data_loader.models import EvaluationDataLoader
+    from eval_protocol.models import Message as EvalMessage
+    from eval_protocol.pytest.generate_parameter_combinations import CombinationTuple
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +78,7 @@ def strip_row_key(messages: MessagesView) -> Messages:
 def match_rows(prompts: Sequence[Prompt], rows: Sequence[Row], eval_name: str) -> list[Row]:
     """The eval row behind each TRL prompt, as a deep copy per prompt (each rollout mutates its own).
 
-    A prompt whose first message carries ``ROW_KEY`` names its row directly. Any other prompt (built by hand,
+    A prompt whose first message carries ``ROW_KEY`` names its row directly. Every other prompt (built by hand,
     or a plain string) is matched by the role and text of every message; it must match rows that all hold the
     same data, else the prompt cannot say which ground truth or metadata it stands for.
     """
@@ -99,7 +106,7 @@ def _matching_rows(prompts: Sequence[Prompt], rows: Sequence[Row],
     return matched
 
 
-def _input_combinations(eval_test: EvalTest) -> list[tuple[Any, ...]]:
+def _input_combinations(eval_test: EvalTest) -> list[CombinationTuple]:
     """The eval's input parametrizations, as eval-protocol builds them for pytest (one completion-params slot)."""
     params = eval_test.wrapper.__ep_params__
     generate = private_name("eval_protocol.pytest.generate_parameter_combinations", "generate_parameter_combinations")
@@ -110,7 +117,7 @@ def _input_combinations(eval_test: EvalTest) -> list[tuple[Any, ...]]:
         raise _no_rows(eval_test, f"eval-protocol finds no input in it ({exc})") from exc
 
 
-def _read_invocation(eval_test: EvalTest, combination: tuple[Any, ...]) -> list[Row]:
+def _read_invocation(eval_test: EvalTest, combination: CombinationTuple) -> list[Row]:
     """The rows one pytest invocation of the eval reads (``evaluation_test``'s ``wrapper_body``)."""
     params = eval_test.wrapper.__ep_params__
     dataset_paths, _, input_messages, input_rows, _, data_loaders = combination
@@ -139,7 +146,8 @@ def _read_invocation(eval_test: EvalTest, combination: tuple[Any, ...]) -> list[
     return rows
 
 
-def _from_loaders(data_loaders: Any, max_rows: int | None) -> list[Row]:
+def _from_loaders(data_loaders: EvaluationDataLoader | Sequence[EvaluationDataLoader],
+                  max_rows: int | None) -> list[Row]:
     from eval_protocol.data_loader.models import EvaluationDataLoader
 
     loaders = [data_loaders] if isinstance(data_loaders, EvaluationDataLoader) else data_loaders
@@ -189,7 +197,7 @@ def _no_rows(eval_test: EvalTest, why: str) -> UnsupportedEvalError:
     )
 
 
-def _message_dict(message: Any) -> Message:
+def _message_dict(message: EvalMessage) -> Message:
     return message.model_dump(include={"role", "content", "name", "tool_calls", "tool_call_id"}, exclude_none=True)
 
 
@@ -200,7 +208,7 @@ def _prompt_messages(prompt: Prompt) -> list[MessageView]:
     return list(prompt)
 
 
-def _row_by_key(key: Any, rows: Sequence[Row], eval_name: str) -> Row:
+def _row_by_key(key: object, rows: Sequence[Row], eval_name: str) -> Row:
     index, _, row_id = str(key).partition(":")
     row = rows[int(index)] if index.isdigit() and int(index) < len(rows) else None
     if row is None or row.input_metadata.row_id != row_id:
@@ -212,8 +220,8 @@ def _row_by_key(key: Any, rows: Sequence[Row], eval_name: str) -> Row:
     return row
 
 
-def _content_key(messages: Sequence[Any]) -> tuple[tuple[str, str], ...]:
-    def field(message: Any, name: str) -> Any:
+def _content_key(messages: Sequence[MessageView | EvalMessage]) -> tuple[tuple[str, str], ...]:
+    def field(message: MessageView | EvalMessage, name: str) -> object:
         return message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
 
     return tuple((str(field(m, "role")), content_text(field(m, "content"))) for m in messages)

@@ -17,10 +17,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..runtime.guard import EXIT_MARK
 from ..runtime.processes import guarded
+from ..trajectory.types import JSONObject
 
 #: How much of a server's stderr an episode error quotes.
 QUOTED_LINES = 5
@@ -72,7 +72,7 @@ class StdioServers:
 
     def __init__(self, config_path: str | None) -> None:
         self._config_path = config_path
-        self._config: dict[str, Any] | None = None
+        self._config: JSONObject | None = None
         self._directory: Path | None = None
         if config_path and Path(config_path).is_file():  # eval-protocol ignores a config path that does not exist
             config = json.loads(Path(config_path).read_text())
@@ -84,7 +84,7 @@ class StdioServers:
             return RolloutServers(self._config_path or "", {}, {})
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="ep-trl-mcp-"))
-        servers: dict[str, Any] = {}
+        servers: dict[str, JSONObject] = {}
         logs: dict[str, Path] = {}
         commands: dict[str, str] = {}
         for name, server in self._config["mcpServers"].items():

@@ -11,13 +11,19 @@ the key being the endpoint's per-call key (``ep_trl.capture.endpoint``). A new n
 requests out of the response cache AgentRolloutProcessor turns on for the whole process.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .spec import EvalSpec
+from .store import DatasetLogger
 from ..trajectory.types import Row, Settings
+
+if TYPE_CHECKING:  # eval-protocol ships no types: to the checker the name documents what is held
+    from eval_protocol.pytest.rollout_processor import RolloutProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +42,7 @@ def model_alias(model_name: str) -> str:
     return f"{PROVIDER}/{model_name}"
 
 
-def routed_params(params: Settings, model_name: str, base_url: str, api_key: str) -> dict[str, Any]:
+def routed_params(params: Settings, model_name: str, base_url: str, api_key: str) -> dict[str, object]:
     """The eval's completion params with the model call sent to ep_trl's endpoint for one rollout."""
     kept = {k: v for k, v in params.items() if k != "model" and k not in ROUTING_KEYS}
     return {**kept, "model": model_alias(model_name), "api_base": base_url, "api_key": api_key}
@@ -69,19 +75,25 @@ class RoutingVariables:
         self._saved = {}
 
 
+def _processor(spec: EvalSpec) -> RolloutProcessor:
+    """The eval's own processor; OpenEnv evals have none and never come here."""
+    assert spec.processor is not None, f"{spec.qualified_name} has no processor of its own to run"
+    return spec.processor
+
+
 def setup(spec: EvalSpec) -> None:
     """The processor's ``setup()``, as ``evaluation_test`` calls it once per invocation."""
-    spec.processor.setup()
+    _processor(spec).setup()
 
 
 async def cleanup(spec: EvalSpec) -> None:
     """The processor's async and sync cleanup."""
-    await spec.processor.acleanup()
-    spec.processor.cleanup()
+    await _processor(spec).acleanup()
+    _processor(spec).cleanup()
 
 
 async def run_row(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio.Semaphore,
-                  dataset_logger: Any, mcp_config_path: str | None) -> Any:
+                  dataset_logger: DatasetLogger, mcp_config_path: str | None) -> Row:
     """One row through the eval's processor with ``params`` as its completion params (the config and the row carry
     the same ones, as ``evaluation_test`` sets them) and the rollout's copy of the eval's MCP config
     (``mcp_servers``); returns the row the processor finished with."""
@@ -98,7 +110,7 @@ async def run_row(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio
         semaphore=semaphore,
         kwargs=dict(settings.get("kwargs") or {}),
     )
-    tasks = spec.processor([row], config)
+    tasks = _processor(spec)([row], config)
     if len(tasks) != 1:
         raise RuntimeError(f"{spec.processor_name} returned {len(tasks)} tasks for one row")
     return await tasks[0]

@@ -7,6 +7,8 @@ Accepted forms:
 * ``"path/to/file.py::test_name"`` and ``"path/to/file.py"`` - the same, from a file on disk.
 """
 
+from __future__ import annotations
+
 import importlib
 import importlib.util
 import inspect
@@ -14,9 +16,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import EnvPathError
+
+if TYPE_CHECKING:  # eval-protocol ships no types: to the checker the name documents what the wrapper holds
+    from eval_protocol.models import EPParameters
+
+
+class EvalWrapper(Protocol):
+    """An ``@evaluation_test`` wrapper, as ep_trl reads it: the parameters eval-protocol attaches to it."""
+
+    __ep_params__: EPParameters
 
 
 @dataclass(frozen=True)
@@ -26,7 +37,7 @@ class EvalTest:
     env_path: str
     module_name: str
     name: str
-    wrapper: Any
+    wrapper: EvalWrapper
 
     @property
     def qualified_name(self) -> str:

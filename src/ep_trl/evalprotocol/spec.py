@@ -1,16 +1,22 @@
 """Read an eval test's configuration: its processor's environment settings, prompt builder, action parser, tasks,
 limits and scoring body, before any override."""
 
+from __future__ import annotations
+
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from functools import partial
+from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 
 from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
 from ._private import private_attr, private_name
 from .resolve import EvalTest
 from ..trajectory.types import Settings
+
+if TYPE_CHECKING:  # eval-protocol ships no types: to the checker the name documents what is held
+    from eval_protocol.pytest.rollout_processor import RolloutProcessor
 
 #: How an eval's body scores rows: one at a time, one prompt's group at a time, or every row of the run at once.
 EvalMode = Literal["pointwise", "groupwise", "all"]
@@ -24,23 +30,36 @@ class EvalSpec:
     name: str
     qualified_name: str
     mode: EvalMode
-    body: Callable[..., Any]
+    body: Callable[..., object]
     evaluation_test_kwargs: Settings
     completion_params: Settings
     max_steps: int
     max_concurrent_rollouts: int
     #: The OpenEnv loop's parts (``OpenEnvRolloutProcessor`` evals); None for any other processor.
-    prompt_builder: Callable[[Any, int, list[str]], Any] | None
-    action_parser: Callable[[str], Any] | None
+    prompt_builder: Callable[[object, int, list[str]], object] | None
+    action_parser: Callable[[str], object] | None
     env: EnvSettings | None
     notes: tuple[str, ...] = field(default=())
-    #: Any other processor, run unchanged (``ep_trl.capture``), and what eval-protocol hands it in its config.
-    processor: Any = None
+    #: Every other processor, run unchanged (``ep_trl.capture``), and what eval-protocol hands it in its config.
+    processor: RolloutProcessor | None = None
     processor_settings: Settings = field(default_factory=dict)
 
     @property
     def processor_name(self) -> str:
         return type(self.processor).__name__ if self.processor is not None else "OpenEnvRolloutProcessor"
+
+
+class _Common(TypedDict):
+    """The fields of :class:`EvalSpec` that every eval has, whatever its processor."""
+
+    name: str
+    qualified_name: str
+    mode: EvalMode
+    body: Callable[..., object]
+    evaluation_test_kwargs: dict[str, object]
+    completion_params: dict[str, object]
+    max_steps: int
+    max_concurrent_rollouts: int
 
 
 def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
@@ -59,7 +78,7 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         raise UnsupportedEvalError(f"{eval_test.qualified_name}: its _origin_func is not callable; cannot reach the body.")
 
     notes: list[str] = []
-    common: dict[str, Any] = dict(
+    common = _Common(
         name=eval_test.name,
         qualified_name=eval_test.qualified_name,
         mode=mode,
@@ -94,8 +113,8 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
 REMOTE_PROCESSORS = ("RemoteRolloutProcessor", "GithubActionRolloutProcessor")
 
 
-def _check_processor(processor: Any, eval_test: EvalTest) -> None:
-    """Any eval-protocol processor that calls a model; not one that eval-protocol put in place of a class whose
+def _check_processor(processor: object, eval_test: EvalTest) -> None:
+    """An eval-protocol processor that calls a model; not one that eval-protocol put in place of a class whose
     import failed, and not the no-op one (it calls no model: nothing to train)."""
     from eval_protocol.pytest.rollout_processor import RolloutProcessor
 
@@ -131,9 +150,8 @@ def _swallowed_import_hint(eval_test: EvalTest) -> str:
             "place of the missing one. Check that the environment's package is installed in this Python.")
 
 
-def _env_settings(processor: Any) -> EnvSettings:
-    def read(name: str) -> Any:
-        return private_attr(processor, name)
+def _env_settings(processor: object) -> EnvSettings:
+    read = partial(private_attr, processor)
 
     return EnvSettings(
         factory=read("_provided_env_factory"),
@@ -149,7 +167,8 @@ def _env_settings(processor: Any) -> EnvSettings:
     )
 
 
-def _first_setting(values: Any, what: str, eval_test: EvalTest, notes: list[str]) -> dict[str, Any]:
+def _first_setting(values: Mapping[str, object] | Iterable[Mapping[str, object] | None] | None, what: str,
+                   eval_test: EvalTest, notes: list[str]) -> dict[str, object]:
     """eval-protocol parametrizes over lists of settings; training uses the first one and says so."""
     if values is None:
         return {}
@@ -163,12 +182,12 @@ def _first_setting(values: Any, what: str, eval_test: EvalTest, notes: list[str]
     return entries[0] if entries else {}
 
 
-def action_label(action: Any) -> str:
+def action_label(action: object) -> str:
     """How OpenEnvRolloutProcessor names an action: its ``action_str``, else ``str(action)``."""
     return getattr(action, "action_str", None) or str(action)
 
 
-def history_line(step: int, action: Any, reward: float, observation: Any, label: str | None = None) -> str:
+def history_line(step: int, action: object, reward: float, observation: object, label: str | None = None) -> str:
     """The history entry OpenEnvRolloutProcessor gives prompt builders, reproduced so prompts match the eval;
     ``label``: ``action_label(action)`` when the caller has it already."""
     label = action_label(action) if label is None else label

@@ -2,13 +2,22 @@
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from ._private import private_name
 from ..trajectory.types import Row
 
 
-def make_dataset_logger(log_home: str | os.PathLike | None) -> Any:
+class DatasetLogger(Protocol):
+    """What eval-protocol asks of a dataset logger (its ``DatasetLogger`` base class's two methods): processors log
+    their rows as they go, and ``read`` gives a rollout's rows back."""
+
+    def log(self, row: Row, /) -> None: ...
+
+    def read(self, rollout_id: str | None = None, /) -> list[Row]: ...
+
+
+def make_dataset_logger(log_home: str | os.PathLike | None) -> DatasetLogger:
     """eval-protocol's default logger (``~/.eval_protocol/logs.db``), or one under ``log_home/.eval_protocol``.
 
     ``ep logs`` reads ``$HOME/.eval_protocol/logs.db``, so rows sent to ``log_home`` show with
@@ -45,7 +54,7 @@ class StoreLogger:
         self._store.upsert_row(data=data)
         self._events.publish_event(self._event_type, data, self._process_id)
 
-    def read(self, rollout_id: str | None = None) -> list[Any]:
+    def read(self, rollout_id: str | None = None) -> list[Row]:
         from eval_protocol.models import EvaluationRow
 
         return [EvaluationRow(**data) for data in self._store.read_rows(rollout_id=rollout_id)]
