@@ -10,10 +10,12 @@ images, in the order the template places them, to the processing class that expa
 "Vision-language models").
 """
 
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeGuard, cast
+from __future__ import annotations
 
-from .types import MessageView, Messages, MessagesView, MultimodalProcessor, ProcessingClass, Tokenizer
+from collections.abc import Mapping, Sequence
+from typing import TypeGuard, cast
+
+from .types import Image, Message, MessageView, Messages, MessagesView, MultimodalProcessor, ProcessingClass, Tokenizer
 
 _IMAGE_TYPES = ("image_url", "image", "input_image")
 
@@ -28,7 +30,7 @@ def tokenizer_of(processing_class: ProcessingClass) -> Tokenizer:
     return cast(Tokenizer, getattr(processing_class, "tokenizer", processing_class))
 
 
-def content_text(content: Any) -> str:
+def content_text(content: object) -> str:
     """A message content's text: a string as it is, ``None`` as ``""``, content parts (mappings, eval-protocol's part
     models or strings) as their texts joined by newlines; parts without text (images) add nothing.
 
@@ -77,7 +79,7 @@ def image_parts(messages: MessagesView) -> list[MessageView]:
             for part in message["content"] if part.get("type") == "image"]
 
 
-def image_source(part: Mapping[str, Any]) -> Any:
+def image_source(part: MessageView) -> str | Image:
     """What an image part points at: a PIL image (``image``), or a data URI, URL or path (``url``, ``path``)."""
     for key in ("image", "url", "path"):
         if part.get(key) is not None:
@@ -85,14 +87,14 @@ def image_source(part: Mapping[str, Any]) -> Any:
     raise ValueError(f"image content part without an image, url or path: {dict(part)!r}")
 
 
-def load_image(source: Any) -> Any:
+def load_image(source: str | Image) -> Image:
     """A PIL image from an image part's source (data URIs included; transformers' own loader)."""
     from transformers.image_utils import load_image as _load
 
     return _load(source)
 
 
-def _part(part: Any) -> dict[str, Any]:
+def _part(part: object) -> Message:
     """One content part in Hugging Face form: ``{"type": "text", "text"}`` or ``{"type": "image", ...}``."""
     if isinstance(part, str):
         return {"type": "text", "text": part}

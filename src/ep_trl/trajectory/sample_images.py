@@ -23,11 +23,18 @@ its images into) would make the model's forward pass raise in the trainer; :func
 the sample is made, and the worker leaves such an episode out as a failed sample (counted).
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .types import Image, MultimodalProcessor
+
+if TYPE_CHECKING:  # torch is imported by the processing class, not with ep_trl
+    import torch
 
 
 @dataclass(frozen=True)
@@ -36,23 +43,23 @@ class ProcessedImages:
     as one row of a batch (``pixel_values``, and ``pixel_attention_mask`` or ``image_grid_thw`` as the model needs),
     ``image_tokens`` how many image tokens the processing class expands them into (the count the sample's ids must hold)."""
 
-    pixels: Mapping[str, Any]
+    pixels: Mapping[str, torch.Tensor]
     image_tokens: int
 
 
 class ImageIds(np.ndarray):
     """Token ids that carry the images they hold (``images``, in placeholder order) and what the processing class made of
-    them (``processed``; None until processed). Any view or copy made by numpy carries them too; ``tolist()`` and
+    them (``processed``; None until processed). Every view or copy made by numpy carries them too; ``tolist()`` and
     ``len()`` are the plain ids'."""
 
-    images: tuple[Any, ...]
+    images: tuple[Image, ...]
     processed: ProcessedImages | None
 
-    def __array_finalize__(self, obj: Any) -> None:
+    def __array_finalize__(self, obj: object) -> None:
         self.images = getattr(obj, "images", ())
         self.processed = getattr(obj, "processed", None)
 
-    def __reduce__(self) -> Any:  # pickled (a multiprocessing queue) with its images
+    def __reduce__(self) -> tuple[object, object, object]:  # pickled (a multiprocessing queue) with its images
         reduced = super().__reduce__()
         if isinstance(reduced, str):
             raise TypeError(f"numpy reduced an array to the global name {reduced!r}; ep_trl expects a tuple")
@@ -64,7 +71,7 @@ class ImageIds(np.ndarray):
         super().__setstate__(array_state)
 
 
-def ids_with_images(ids: Sequence[int], images: Sequence[Any], processed: ProcessedImages | None = None) -> np.ndarray:
+def ids_with_images(ids: Sequence[int], images: Sequence[Image], processed: ProcessedImages | None = None) -> np.ndarray:
     """``ids`` as an ``int64`` array; an :class:`ImageIds` holding ``images`` (and ``processed``, what
     :func:`process_images` made of them) when there are any."""
     array = np.asarray(ids, dtype=np.int64)
@@ -76,19 +83,19 @@ def ids_with_images(ids: Sequence[int], images: Sequence[Any], processed: Proces
     return carried
 
 
-def images_of(ids: Any) -> tuple[Any, ...]:
+def images_of(ids: object) -> tuple[Image, ...]:
     """The images a sample's ``input_ids`` carry (none for plain ids)."""
     return tuple(getattr(ids, "images", ()))
 
 
-def processed_images_of(processing_class: Any, ids: Any) -> ProcessedImages:
+def processed_images_of(processing_class: MultimodalProcessor, ids: object) -> ProcessedImages:
     """What the processing class made of the images a sample's ``input_ids`` carry: the carried result, or, for ids that carry
     images alone (a custom worker's ``ids_with_images(ids, images)``), :func:`process_images` run on them now."""
     carried = getattr(ids, "processed", None)
     return carried if carried is not None else process_images(processing_class, images_of(ids))
 
 
-def image_token_id(processing_class: Any) -> int:
+def image_token_id(processing_class: MultimodalProcessor) -> int:
     """The id of the token each image's pixels stand in for (``processing_class.image_token_id``, else the tokenizer's id of
     ``processing_class.image_token``)."""
     token_id = getattr(processing_class, "image_token_id", None)
@@ -102,13 +109,13 @@ def image_token_id(processing_class: Any) -> int:
     return int(processing_class.tokenizer.convert_tokens_to_ids(token))
 
 
-def config_image_token(config: Any) -> int | None:
+def config_image_token(config: object) -> int | None:
     """The token id a model's config puts image features at (``image_token_id``, else ``image_token_index``), or
     None when it names none."""
     return getattr(config, "image_token_id", getattr(config, "image_token_index", None))
 
 
-def process_images(processing_class: Any, images: Sequence[Any]) -> ProcessedImages:
+def process_images(processing_class: MultimodalProcessor, images: Sequence[Image]) -> ProcessedImages:
     """One run of ``processing_class`` over ``images`` (one placeholder each, with the images): the pixel tensors the image
     processor makes of them and the number of image tokens they expand into. Each image is processed here once;
     nothing downstream processes it again."""
@@ -127,7 +134,7 @@ def process_images(processing_class: Any, images: Sequence[Any]) -> ProcessedIma
     return ProcessedImages(pixels, int((made["input_ids"][0] == image_token_id(processing_class)).sum()))
 
 
-def placeholder_mismatch(processing_class: Any, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
+def placeholder_mismatch(processing_class: MultimodalProcessor, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
     """Why the images ``processed`` came from cannot be the pixels of ``ids`` (the counts of image tokens differ), or
     None when they match (``processed`` None: no images, so no image token either)."""
     token = image_token_id(processing_class)

@@ -27,18 +27,19 @@ bridge, so its tokens are ``env_mask`` 0. It also keeps the same ids with the pl
 vLLM engine takes a prompt with its images (``generation.PromptImages``).
 """
 
+from __future__ import annotations
+
 import logging
 import re
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages, tokenizer_of
 from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
-from .types import Image, MessagesView, Model, ProcessingClass, Settings, Tokenizer, Tools
+from .types import Image, MessageView, MessagesView, Model, ProcessingClass, Settings, Tokenizer, Tools
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class PrefixEncoder:
     only what follows it. What follows the last cut, the same generation prompt turn after turn, is encoded once
     (short texts, a few kept)."""
 
-    def __init__(self, encode: Any, cuts: Sequence[str], size: int = _PREFIX_CACHE_SIZE) -> None:
+    def __init__(self, encode: Callable[[str], list[int]], cuts: Sequence[str], size: int = _PREFIX_CACHE_SIZE) -> None:
         self._encode = encode  # text -> list of ids, the tokenizer's own
         self._cuts = tuple(cuts)
         self._size = size
@@ -322,7 +323,7 @@ class ChatTemplate:
             if self._images and isinstance(getattr(processing_class, name, None), int))
         #: Decoded images by source, held weakly: an episode re-renders its screenshots every turn and finds them
         #: here while it holds them, and the cache keeps none alive (the images a rollout worker holds are bounded).
-        self._decoded: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
+        self._decoded: weakref.WeakValueDictionary[str, Image] = weakref.WeakValueDictionary()
         source = str(getattr(processing_class, "chat_template", None) or self._tokenizer.chat_template)
         # cut only before the special tokens the template writes (a text holds few others; any subset is exact)
         self._prefixes = PrefixEncoder(self._encode_whole, [t for t in cut_tokens(self._tokenizer) if t in source])
@@ -349,7 +350,7 @@ class ChatTemplate:
         return self._render(messages, tools)[0]
 
     def _render(self, messages: MessagesView,
-                tools: Tools | None) -> tuple[str, list[Mapping[str, Any]]]:
+                tools: Tools | None) -> tuple[str, list[MessageView]]:
         """The rendered text and the image parts it holds, in placeholder order."""
         converted, dropped = template_messages(messages, images=self._images)
         if dropped and not self._warned_dropped_images:
@@ -357,7 +358,7 @@ class ChatTemplate:
             logger.warning("The prompt builder returns image parts but %s is a text-only processing class: images "
                            "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
                            type(self._renderer).__name__)
-        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+        extra: Settings = {"tools": list(tools)} if tools else {}
         text = self._renderer.apply_chat_template(
             converted, tokenize=False, add_generation_prompt=True, **extra, **self._kwargs
         )
@@ -372,7 +373,7 @@ class ChatTemplate:
     def _encode_whole(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_with_images(self, text: str, parts: Sequence[Mapping[str, Any]]) -> Encoded:
+    def encode_with_images(self, text: str, parts: Sequence[MessageView]) -> Encoded:
         """``text`` as ids with the images of ``parts`` (one per placeholder in ``text``, in order) expanded by the
         processing class."""
         ids = self.encode(text)
@@ -391,7 +392,7 @@ class ChatTemplate:
         expanded = self._renderer(text=[text], images=[list(images)], add_special_tokens=False)["input_ids"][0]
         return Encoded(tuple(int(t) for t in expanded), images, tuple(ids))
 
-    def _image(self, part: Mapping[str, Any]) -> Any:
+    def _image(self, part: MessageView) -> Image:
         """The part's image, decoded once per source while something holds it (an episode re-renders its screenshots
         every turn)."""
         source = image_source(part)

@@ -11,9 +11,16 @@ one sample's images each): :func:`joined_vision_inputs` joins their tensors the 
 row's images, so no image is processed a second time.
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .types import Image, MultimodalProcessor
+
+if TYPE_CHECKING:  # torch is imported when inputs are built, not with ep_trl
+    import torch
 
 
 @dataclass(frozen=True)
@@ -23,13 +30,15 @@ class VisionInputs:
     ``pixel_values`` along its first axis belong to each row, the way TRL slices them (for an image processor that pads
     images per row, as Idefics3's does, every row holds the same number of slots)."""
 
-    model_kwargs: dict[str, Any]
+    model_kwargs: dict[str, torch.Tensor]
     num_images: list[int]
 
 
-def vision_inputs(processing_class: Any, input_ids: Any, images: Sequence[Sequence[Any]]) -> VisionInputs | None:
+def vision_inputs(processing_class: Any, input_ids: torch.Tensor,
+                  images: Sequence[Sequence[Image]]) -> VisionInputs | None:
     """The vision inputs for rows of ``input_ids`` (a padded tensor) whose images, in placeholder order, are
-    ``images[row]``; None when no row holds an image."""
+    ``images[row]``; None when no row holds an image. ``processing_class``: a multimodal processing class (left
+    untyped while ``generation.trainer`` holds it untyped and optional; it checks for None before it calls)."""
     rows = [list(row) for row in images]
     if len(rows) != input_ids.shape[0]:
         raise ValueError(f"{len(rows)} rows of images for {input_ids.shape[0]} rows of token ids")
@@ -39,7 +48,8 @@ def vision_inputs(processing_class: Any, input_ids: Any, images: Sequence[Sequen
     return _with_token_types(processing_class, input_ids, kwargs, [len(row) for row in rows])
 
 
-def joined_vision_inputs(processing_class: Any, input_ids: Any, pixels: Sequence[Mapping[str, Any]],
+def joined_vision_inputs(processing_class: MultimodalProcessor, input_ids: torch.Tensor,
+                         pixels: Sequence[Mapping[str, torch.Tensor]],
                          num_images: int) -> VisionInputs:
     """The vision inputs of one row of ``input_ids`` (shape ``(1, n)``) whose ``num_images`` images were processed
     already, a part at a time, in placeholder order (``pixels``: the image processor's outputs, each for one row):
@@ -64,7 +74,7 @@ def joined_vision_inputs(processing_class: Any, input_ids: Any, pixels: Sequence
     return _with_token_types(processing_class, input_ids, kwargs, [num_images])
 
 
-def _zero_padded(part: Any, frame: list[int]) -> Any:
+def _zero_padded(part: torch.Tensor, frame: list[int]) -> torch.Tensor:
     """``part`` (rows, images, ...) padded with zeros at the end of each axis after the second up to ``frame``."""
     import torch
 
@@ -72,14 +82,14 @@ def _zero_padded(part: Any, frame: list[int]) -> Any:
     return torch.nn.functional.pad(part, padding) if any(padding) else part
 
 
-def _per_row(kwargs: Mapping[str, Any], rows: int) -> bool:
+def _per_row(kwargs: Mapping[str, torch.Tensor], rows: int) -> bool:
     """Whether the image processor laid its output out per row (``pixel_values`` of shape ``(rows, images, C, H, W)``,
     rows padded to the same number of images) rather than per image or patch."""
     pixel_values = kwargs["pixel_values"]
     return "image_grid_thw" not in kwargs and pixel_values.dim() == 5 and pixel_values.shape[0] == rows
 
 
-def _with_token_types(processing_class: Any, input_ids: Any, kwargs: dict[str, Any],
+def _with_token_types(processing_class: MultimodalProcessor, input_ids: torch.Tensor, kwargs: dict[str, torch.Tensor],
                       images_per_row: list[int]) -> VisionInputs:
     """``kwargs`` with the per-token modality ids the processing class's model needs, and the entries of ``pixel_values``
     that belong to each row."""
