@@ -208,7 +208,8 @@ def _starts_containers(provider: ProviderInstance) -> TypeGuard[ContainerProvide
     return bool(container) and isinstance(provider, container)
 
 
-def _start(provider: ProviderInstance, settings: EnvSettings, env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
+def _start(provider: ProviderInstance, settings: EnvSettings,
+           env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
     """Start one server with an OpenEnv provider of either kind; its URL and how to stop it."""
     if _starts_containers(provider):
         if not settings.docker_image:
