@@ -52,7 +52,7 @@ class _ServerClient(Protocol):
     def base_url(self) -> str: ...
 
 
-class VLLMGenerationStandIn(Protocol):
+class _VLLMGenerationStandIn(Protocol):
     """What :func:`attach_vllm_generation` puts where ``GRPOTrainer`` keeps TRL's ``VLLMGeneration``."""
 
     @property
@@ -165,7 +165,7 @@ def trl_vllm_client_skipped(args: GRPOConfig) -> Iterator[None]:
         args.use_vllm = True
 
 
-def attach_vllm_generation(trainer: GRPOTrainer, generation: VLLMGenerationStandIn) -> None:
+def attach_vllm_generation(trainer: GRPOTrainer, generation: _VLLMGenerationStandIn) -> None:
     """Make a ``GRPOTrainer`` built under :func:`trl_vllm_client_skipped` behave as ``use_vllm=True`` in server mode.
 
     GRPOTrainer 1.16 reads ``use_vllm`` / ``vllm_mode`` off the trainer (not its args) in ``_generate`` (weight
