@@ -23,7 +23,7 @@ import contextlib
 import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trl import GRPOConfig
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from ..openenv.servers import Provider
     from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions
 
 SERVER, COLOCATE = "server", "colocate"
@@ -49,7 +50,7 @@ class RolloutKeywords(TypedDict, total=False):
     max_concurrent_rollouts: int | None
     max_episode_tokens: int | None
     log_rollouts: bool
-    provider: object
+    provider: Provider | None
     overrides: EvalOverrides | None
     vllm: VLLMOptions | None
     options: RolloutOptions | None
@@ -260,9 +261,10 @@ class TrainingMode:
         ``max_concurrent_rollouts``, ...); both are closed when the block ends. ``images``: the rollouts carry
         screenshots the loss must see."""
         if self.asynchronous:
-            with self._async_trainer(env_path, model=model, args=args, train_dataset=train_dataset,
-                                     callbacks=callbacks, peft_config=peft_config, images=images,
-                                     **rollout_options) as trainer:
+            # config() builds an AsyncGRPOConfig for an asynchronous mode
+            with self._async_trainer(env_path, model=model, args=cast("AsyncGRPOConfig", args),
+                                     train_dataset=train_dataset, callbacks=callbacks, peft_config=peft_config,
+                                     images=images, **rollout_options) as trainer:
                 yield trainer
             return
         from .. import create_openenv_vllm_rollout_func
@@ -278,9 +280,9 @@ class TrainingMode:
             rollout.close()
 
     @contextlib.contextmanager
-    def _async_trainer(self, env_path: str, *, model: str, args: GRPOConfig | AsyncGRPOConfig,
-                       train_dataset: Dataset, callbacks: Sequence[TrainerCallback], peft_config: PeftConfig | None,
-                       images: bool, **rollout_options: Unpack[RolloutKeywords]) -> Iterator[Trainer]:
+    def _async_trainer(self, env_path: str, *, model: str, args: AsyncGRPOConfig, train_dataset: Dataset,
+                       callbacks: Sequence[TrainerCallback], peft_config: PeftConfig | None, images: bool,
+                       **rollout_options: Unpack[RolloutKeywords]) -> Iterator[Trainer]:
         """``AsyncGRPOTrainer`` (``CPUAsyncGRPOTrainer`` with ``DiskWeightTransfer`` on CPU) fed by an
         ``EvalRolloutWorker`` that plays ``train_dataset``'s prompts; with ``images``, the worker renders them with the
         model's processor and the trainer is ``AsyncImagesGRPOTrainer`` (``CPUAsyncImagesGRPOTrainer``). The trainer
