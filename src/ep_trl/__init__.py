@@ -31,7 +31,7 @@ The public API is what this docstring lists; every other module is internal (doc
 import importlib.abc
 import sys
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import (
     ConfigError,
@@ -47,6 +47,7 @@ from .errors import (
 from .options import EvalOverrides, RolloutOptions, VLLMOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
     from types import CodeType
 
@@ -62,7 +63,7 @@ _LAZY = {"dataset_from_eval": "dataset", "RolloutFunction": "adapters.rollout_fu
          "EvalRolloutWorker": "adapters.async_worker"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     home = _LAZY.get(name)
     module: ModuleType
     if home == "dataset":
@@ -130,7 +131,8 @@ class _MovedModuleFinder:
     moved module in a renamed package: ``ep_trl.processors.endpoint`` in ``capture/``)."""
 
     @staticmethod
-    def find_spec(fullname: str, path: Any = None, target: Any = None) -> "ModuleSpec | None":
+    def find_spec(fullname: str, path: "Sequence[str] | None" = None,
+                  target: ModuleType | None = None) -> "ModuleSpec | None":
         new = MOVED.get(fullname)
         if new is None:
             return None

@@ -1,12 +1,15 @@
 """The eval's own dataset as a TRL training dataset, so training prompts come from the same place as the eval's."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import evalprotocol
 from .evalprotocol import resolve_eval_test
 
+if TYPE_CHECKING:
+    from datasets import Dataset
 
-def dataset_from_eval(env_path: str, *, repeat: int = 1) -> Any:
+
+def dataset_from_eval(env_path: str, *, repeat: int = 1) -> "Dataset":
     """A ``datasets.Dataset`` with a conversational ``prompt`` column: one prompt per input row of the eval.
 
     The rows are the eval's own ``EvaluationRow``s, read the way ``@evaluation_test`` reads them (``input_messages``,

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import ConfigError
 
@@ -26,28 +26,28 @@ Backend = Literal["auto", "trainer", "vllm"]
 BACKENDS: tuple[str, ...] = ("auto", "trainer", "vllm")
 
 
-def _positive_int(owner: str, name: str, value: Any, *, minimum: int = 1) -> None:
+def _positive_int(owner: str, name: str, value: object, *, minimum: int = 1) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{owner}({name}={value!r}): {name} must be an integer >= {minimum}.")
 
 
-def _positive_float(owner: str, name: str, value: Any, *, allow_zero: bool = False) -> None:
+def _positive_float(owner: str, name: str, value: object, *, allow_zero: bool = False) -> None:
     if value is None:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            or (value == 0 and not allow_zero)):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{owner}({name}={value!r}): {name} must be a finite number of seconds {bound}.")
 
 
-def _callable(owner: str, name: str, value: Any) -> None:
+def _callable(owner: str, name: str, value: object) -> None:
     if value is not None and not callable(value):
         raise ConfigError(f"{owner}({name}={value!r}): {name} must be callable, not {type(value).__name__}.")
 
 
-def _strings(owner: str, name: str, value: Any, example: str) -> tuple[str, ...] | None:
+def _strings(owner: str, name: str, value: object, example: str) -> tuple[str, ...] | None:
     """A sequence of non-empty strings as a tuple; a bare string is refused (it would be split into letters)."""
     if value is None:
         return None
@@ -60,7 +60,7 @@ def _strings(owner: str, name: str, value: Any, example: str) -> tuple[str, ...]
     return tuple(value)
 
 
-def _url(owner: str, name: str, value: Any) -> None:
+def _url(owner: str, name: str, value: object) -> None:
     if value is None:
         return
     if not isinstance(value, str) or not value.startswith(("http://", "https://", "ws://", "wss://")):
@@ -88,12 +88,12 @@ class EvalOverrides:
         evaluation_test_kwargs: keyword arguments of the eval body (checked against its signature).
     """
 
-    env_factory: Callable[[], Any] | None = None
+    env_factory: Callable[[], object] | None = None
     env_client_cls: type | None = None
     env_base_url: str | None = None
     request_timeout_s: float | None = None
-    prompt_builder: Callable[[Any, int, list[str]], Any] | None = None
-    action_parser: Callable[[str], Any] | None = None
+    prompt_builder: Callable[[object, int, list[str]], object] | None = None
+    action_parser: Callable[[str], object] | None = None
     tasks: Sequence[str] | None = None
     task_var: str | None = None
     reset_task_kwarg: str | None = None
@@ -130,7 +130,7 @@ class EvalOverrides:
             raise ConfigError(f"{owner}: env_factory and env_client_cls/env_base_url both say how to build the "
                               "environment; pass one of them.")
 
-    def merged(self, **keywords: Any) -> "EvalOverrides":
+    def merged(self, **keywords: object) -> "EvalOverrides":
         """These overrides with the factory's plain keywords added; a keyword set in both places must agree."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         for name, value in keywords.items():
@@ -241,15 +241,15 @@ _MOVED = {**{f.name: f"overrides=EvalOverrides({f.name}=...)" for f in fields(Ev
           **{f.name: f"options=RolloutOptions({f.name}=...)" for f in fields(RolloutOptions)}}
 
 
-def refuse_unknown(unknown: dict[str, Any]) -> None:
+def refuse_unknown(unknown: Mapping[str, object]) -> None:
     """A TypeError for keywords the factory does not take, saying where a keyword of an earlier release lives now."""
     for name in unknown:
         hint = f"; it is now {_MOVED[name]}" if name in _MOVED else ""
         raise TypeError(f"create_openenv_vllm_rollout_func() got an unexpected keyword argument {name!r}{hint}")
 
 
-def check_keywords(backend: Any, vllm_base_url: Any, max_episode_tokens: Any, log_rollouts: Any, overrides: Any,
-                    vllm: Any, options: Any) -> None:
+def check_keywords(backend: object, vllm_base_url: object, max_episode_tokens: object, log_rollouts: object,
+                   overrides: object, vllm: object, options: object) -> None:
     """Check the factory's plain keywords (the option objects check themselves when built)."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, not {backend!r}.")

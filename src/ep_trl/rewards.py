@@ -6,10 +6,9 @@ excludes such rows from the group baseline and gives them zero advantage, instea
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 
-def eval_score(completions: Sequence[Any], eval_score: Sequence[float | None], **_: Any) -> list[float | None]:
+def eval_score(completions: Sequence[object], eval_score: Sequence[float | None], **_: object) -> list[float | None]:
     """The eval body's own score for each rollout."""
     _check_length(completions, eval_score, "eval_score")
     return [None if s is None else float(s) for s in eval_score]
@@ -17,10 +16,10 @@ def eval_score(completions: Sequence[Any], eval_score: Sequence[float | None], *
 
 def _step_reward(name: str, aggregate: Callable[[Sequence[float]], float]) -> Callable[..., list[float | None]]:
     def reward(
-        completions: Sequence[Any],
+        completions: Sequence[object],
         step_rewards: Sequence[Sequence[float]],
         episode_status: Sequence[str] | None = None,
-        **_: Any,
+        **_: object,
     ) -> list[float | None]:
         _check_length(completions, step_rewards, "step_rewards")
         statuses = episode_status or ["finished"] * len(step_rewards)
@@ -39,7 +38,7 @@ step_reward_mean = _step_reward("step_reward_mean", lambda r: sum(r) / len(r))
 step_reward_max = _step_reward("step_reward_max", max)
 
 
-def _check_length(completions: Sequence[Any], values: Sequence[Any], key: str) -> None:
+def _check_length(completions: Sequence[object], values: Sequence[object], key: str) -> None:
     if len(values) != len(completions):
         raise ValueError(
             f"reward function got {len(values)} {key} values for {len(completions)} completions; "

@@ -292,7 +292,7 @@ def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkp
 def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir, tmp_path):
     """Without a worker, TRL builds its own, which renders text prompts only: refused at construction."""
     with pytest.raises(ConfigError, match=r"needs rollout_worker=.*without a pixel\. Pass rollout_worker="
-                                          r"EvalRolloutWorker\(env_path, args=args, processing_class=processor\)"):
+                                          r"EvalRolloutWorker\(env_path, args=args, processing_class=processing_class\)"):
         CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=config(tmp_path),
                                   processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
                                   weight_transfer=SentWeights(), train_dataset=Dataset.from_dict({"prompt": ["Task"]}))

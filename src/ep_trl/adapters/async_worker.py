@@ -54,10 +54,10 @@ from multiprocessing.queues import Queue as MPQueue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import evalprotocol
 from . import trl_seam
@@ -70,7 +70,12 @@ from ..generation.probe import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
 from ..runtime.threads import run_blocking
-from ..trajectory.types import Prompt
+from ..evalprotocol import EvalSpec
+from ..trajectory.types import ProcessingClass, Prompt, Tokenizer
+
+if TYPE_CHECKING:  # named for the checker: TRL's async trainer is imported only where the worker is built
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +141,8 @@ class EvalRolloutWorker:
             ``overrides``, ``vllm``, ``options``, ``log_rollouts``, ...).
     """
 
-    def __init__(self, env_path: str, *, args: Any, processing_class: Any, dataset: Any = None,
-                 buffer_size: int | None = None, max_buffered_images: int | None = None,
+    def __init__(self, env_path: str, *, args: "AsyncGRPOConfig", processing_class: ProcessingClass,
+                 dataset: Any = None, buffer_size: int | None = None, max_buffered_images: int | None = None,
                  max_episode_images: int | None = None, **options: Any) -> None:
         trl_seam.require_tested("async", "EvalRolloutWorker")
         _check_arguments(args, processing_class, options, max_buffered_images, max_episode_images)
@@ -188,7 +193,7 @@ class EvalRolloutWorker:
         self.metrics_dropped = 0
         self.meter = SlotMeter()
         self._version = 0
-        self._pending: deque[Any] = deque()  # released samples waiting for room in the buffer
+        self._pending: "deque[RolloutSample]" = deque()  # released samples waiting for room in the buffer
         self._released_episodes = 0  # episodes of released groups (the rest of meter.episodes is in flight)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -466,7 +471,7 @@ class EvalRolloutWorker:
 
 
 
-def _images_in(samples: Any) -> int:
+def _images_in(samples: "Iterable[RolloutSample]") -> int:
     """How many images ``samples`` carry on their ``input_ids``."""
     from ..trajectory.sample_images import images_of
 
@@ -481,7 +486,7 @@ def _without_images(group: ScoredGroup) -> ScoredGroup:
     return dataclasses.replace(group, played=played)
 
 
-def _episode_images(spec: Any, prompts: Sequence[Prompt], num_generations: int, max_buffered_images: int | None,
+def _episode_images(spec: EvalSpec, prompts: Sequence[Prompt], num_generations: int, max_buffered_images: int | None,
                     max_episode_images: int | None) -> int | None:
     """The images reserved per episode in flight: ``max_episode_images``, or with ``max_buffered_images`` on an
     OpenEnv eval the most its episodes render at one image per observation (the prompt's images plus one per step);
@@ -516,7 +521,7 @@ def _episode_images(spec: Any, prompts: Sequence[Prompt], num_generations: int, 
     return max_episode_images
 
 
-def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
+def _check_arguments(args: "AsyncGRPOConfig", processing_class: ProcessingClass, options: Mapping[str, object],
                      max_buffered_images: int | None, max_episode_images: int | None) -> None:
     """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
     trainer's, shard processes, a processing class whose images cannot be matched to its placeholders."""
@@ -532,7 +537,7 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
     rollout_options = options.get("options")
     if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
         raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
-                          f"{rollout_options.worker_processes})): the worker plays one continuous stream of "
+                          f"{getattr(rollout_options, 'worker_processes')})): the worker plays one continuous stream of "
                           "episodes in this process; shard processes split rollout_func calls. Leave "
                           "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
     if max_buffered_images is not None and max_buffered_images < 1:
@@ -555,7 +560,7 @@ def _check_arguments(args: Any, processing_class: Any, options: dict[str, Any],
                           f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
 
 
-def _check_served_model_takes_images(url: str, model: str, processing_class: Any) -> None:
+def _check_served_model_takes_images(url: str, model: str, processing_class: ProcessingClass) -> None:
     """Refuse a server whose model cannot take the images ``processing_class`` renders (a text-only model, or another
     vision-language model's image token), read from the served model's local directory; a model served under a
     name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
@@ -589,13 +594,14 @@ class GroupSamples:
     match its image tokens), each one's turn versions, how many episodes were left out, and how many of those for
     their images."""
 
-    samples: tuple[Any, ...]
+    samples: "tuple[RolloutSample, ...]"
     turn_versions: tuple[tuple[int, ...], ...]
     left_out: int
     image_mismatches: int = 0
 
 
-def group_samples(group: ScoredGroup, tokenizer: Any, processing_class: Any = None) -> GroupSamples:
+def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
+                  processing_class: "ProcessingClass | None" = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's ``input_ids``
     carry its episode's images and what the processing class made of them, processed here once (``ep_trl.trajectory.sample_images``),
@@ -605,13 +611,13 @@ def group_samples(group: ScoredGroup, tokenizer: Any, processing_class: Any = No
 
     from ..trajectory.sample_images import ids_with_images, placeholder_mismatch, process_images
 
-    RolloutSample = trl_seam.rollout_sample()
+    sample_class = trl_seam.rollout_sample()
     valid = [s.score for s in group.scored if s.score is not None]
     mean = sum(valid) / len(valid) if valid else 0.0
     std = math.sqrt(sum((s - mean) ** 2 for s in valid) / len(valid)) if valid else 0.0
     prompt = group.plan.prompt
     messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    samples: list[Any] = []
+    samples: "list[RolloutSample]" = []
     turns: list[tuple[int, ...]] = []
     mismatches = 0
     for played, verdict in zip(group.played, group.scored):
@@ -629,9 +635,9 @@ def group_samples(group: ScoredGroup, tokenizer: Any, processing_class: Any = No
                                "(%s).", played.episode.plan.generation, group.plan.group, mismatch)
                 mismatches += 1
                 continue
-        samples.append(RolloutSample(
+        samples.append(sample_class(
             prompt=messages,
-            completion=[{"role": "assistant", "content": tokenizer.decode(completion_ids)}],
+            completion=[{"role": "assistant", "content": tokenizer.decode(list(completion_ids))}],
             input_ids=ids_with_images(ids, trajectory.images if processing_class is not None else (), processed),
             completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
             old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),

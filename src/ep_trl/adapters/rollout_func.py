@@ -9,7 +9,7 @@ The other adapters are :mod:`ep_trl.adapters.async_worker` (``AsyncGRPOTrainer``
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +26,13 @@ from ..traininglog.writer import RolloutLogWriter
 from ..engine.scoring import Scored, group_indices
 from ..sources import EpisodeSource
 from ..engine.stream import GroupPlan, PlayedEpisode
+from ..openenv.client import EnvFactory
+from ..openenv.servers import Provider
 from ..trajectory.types import Prompt
 
 if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
+    from trl import GRPOTrainer
+
     from .sharded import ShardedRolloutFunction
 
 logger = logging.getLogger(__name__)
@@ -45,7 +49,7 @@ class RolloutFunction:
         self.calls = 0
         self.__name__ = f"ep_trl_rollout[{engine.spec.qualified_name}]"
 
-    def __call__(self, prompts: Sequence[Prompt], *trainer_args: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: Sequence[Prompt], *trainer_args: "GRPOTrainer") -> dict[str, list[Any]]:
         """``rollout_func(prompts, trainer)`` as ``GRPOTrainer`` calls it."""
         caller = trl_seam.caller_of(trainer_args)
         caller.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
@@ -150,15 +154,15 @@ def create_openenv_vllm_rollout_func(
     backend: Backend = "auto",
     vllm_base_url: str | None = None,
     env_base_url: str | None = None,
-    env_factory: Callable[[], Any] | None = None,
+    env_factory: EnvFactory | None = None,
     max_concurrent_rollouts: int | None = None,
     max_episode_tokens: int | None = None,
     log_rollouts: bool = True,
-    provider: Any | None = None,
+    provider: Provider | None = None,
     overrides: EvalOverrides | None = None,
     vllm: VLLMOptions | None = None,
     options: RolloutOptions | None = None,
-    **unknown: Any,
+    **unknown: object,
 ) -> "RolloutFunction | ShardedRolloutFunction":
     """Build a TRL ``rollout_func`` that plays the eval's episodes and scores them with the eval's body.
 

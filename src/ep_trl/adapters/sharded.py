@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime import shutdown
 from . import trl_seam
@@ -36,6 +36,11 @@ from ..evalprotocol.resolve import resolve_eval_test
 from ..evalprotocol.spec import read_eval_spec
 from ..options import RolloutOptions
 from ..trajectory.types import Prompt, Settings
+
+if TYPE_CHECKING:  # named for the checker only
+    from multiprocessing.connection import Connection
+
+    from trl import GRPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +135,7 @@ class ShardedRolloutFunction:
         _live.add(self)
         shutdown.register(self, getattr(factory_kwargs.get("options"), "stop_grace_s", None))
 
-    def __call__(self, prompts: Sequence[Prompt], *trainer_args: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: Sequence[Prompt], *trainer_args: "GRPOTrainer") -> dict[str, list[Any]]:
         caller = trl_seam.caller_of(trainer_args)
         caller.wait_for_weight_sync()
         return self.run(prompts, caller)
@@ -244,7 +249,8 @@ def _disown_parents_shards() -> None:
 os.register_at_fork(after_in_child=_disown_parents_shards)
 
 
-def _serve(pipe: Any, build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any], parent: int) -> None:
+def _serve(pipe: "Connection", build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any],
+           parent: int) -> None:
     """A shard process: one rollout function, one call at a time from the pipe, until ``None`` or the pipe's end."""
     threading.Thread(target=_end_with_parent, args=(parent,), name="ep-trl-parent-watch", daemon=True).start()
     options = factory_kwargs.pop("options", None) or RolloutOptions()

@@ -10,7 +10,7 @@ handling (``ep_trl.generation.colocate``).
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -18,6 +18,10 @@ from packaging.version import Version
 from ..engine.caller import SyncedServer, TrainingConfig
 from ..errors import VersionError
 from ..runtime.versions import installed_version, require_supported, show, supported_range
+from ..trajectory.types import Model, ProcessingClass
+
+if TYPE_CHECKING:  # named for the checker: TRL is imported where a trainer is built
+    from trl import GRPOTrainer
 
 
 def check_version() -> Version:
@@ -75,9 +79,10 @@ class GRPOTrainerCaller:
     """``GRPOTrainer`` as the caller of ``rollout_func(prompts, trainer)`` (``ep_trl.engine.caller.RolloutCaller``): the
     configuration read from ``trainer.args``, the rest read off the trainer when asked."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: "GRPOTrainer") -> None:
         self.trainer = trainer
-        self.config = TrainingConfig.of(trainer.args, trainer.processing_class)
+        # GRPOTrainer loads a processing class when it was given none: a tokenizer or a multimodal processor
+        self.config = TrainingConfig.of(trainer.args, cast(ProcessingClass, trainer.processing_class))
 
     @property
     def step(self) -> int:
@@ -118,17 +123,18 @@ class GRPOTrainerCaller:
         if accelerator is not None:
             accelerator.wait_for_everyone()
 
-    def model_provider(self) -> Callable[[], Any]:
+    def model_provider(self) -> Callable[[], Model]:
         """The trainer's model, unwrapped from DDP/accelerate."""
         trainer = self.trainer
 
-        def provide() -> Any:
+        def provide() -> Model:
             accelerator = getattr(trainer, "accelerator", None)
-            return accelerator.unwrap_model(trainer.model) if accelerator is not None else trainer.model
+            model = accelerator.unwrap_model(trainer.model) if accelerator is not None else trainer.model
+            return cast(Model, model)  # GRPOTrainer's policy: a transformers model (or a PEFT model around one)
 
         return provide
 
-    def colocated_trainer(self) -> Any | None:
+    def colocated_trainer(self) -> "GRPOTrainer | None":
         return self.trainer if self.config.vllm_mode == "colocate" else None
 
     def synced_server(self) -> SyncedServer | None:
@@ -156,7 +162,7 @@ class GRPOTrainerCaller:
             store["train"][key].append(value)
 
 
-def caller_of(args: tuple[Any, ...]) -> GRPOTrainerCaller:
+def caller_of(args: tuple["GRPOTrainer", ...]) -> GRPOTrainerCaller:
     """The caller of ``rollout_func(prompts, trainer)``, from the arguments after ``prompts``."""
     if len(args) != 1:
         raise TypeError(f"rollout_func expected (prompts, trainer), got {1 + len(args)} arguments; ep_trl supports "

@@ -13,15 +13,22 @@ action parser and body), greedily, on instances the caller's environment factory
 ``ep_trl.devtools.miniwob_instances``), with each episode's turns, whether each turn's action parsed, and its score.
 """
 
+from __future__ import annotations
+
 import asyncio
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ..errors import UnsupportedEvalError
 from ..evalprotocol import eval_rows, match_rows, read_eval_spec, resolve_eval_test, run_body, score_of
 from ..evalprotocol import processors
+
+if TYPE_CHECKING:
+    from ..adapters.rollout_func import RolloutFunction
+    from ..evalprotocol.spec import EvalSpec
+    from ..trajectory.types import Prompt, Row, Settings, Tokenizer
 
 #: How long one row's processor run and one body call may take.
 ROW_TIMEOUT_S = 300.0
@@ -46,7 +53,7 @@ class HeldOutScore:
         return sum(score is None for score in self.scores)
 
 
-def score_held_out(env_path: str, prompts: Sequence[Any], *, base_url: str, model: str,
+def score_held_out(env_path: str, prompts: Sequence[Prompt], *, base_url: str, model: str,
                    concurrency: int = 16) -> HeldOutScore:
     """Run ``env_path``'s processor and body on the eval rows behind ``prompts`` (from ``dataset_from_eval``: each
     carries its row key) with ``model`` served at ``base_url`` (``http://host:port``, no ``/v1``).
@@ -64,7 +71,7 @@ def score_held_out(env_path: str, prompts: Sequence[Any], *, base_url: str, mode
     return asyncio.run(_score(spec, rows, params, concurrency))
 
 
-async def _score(spec: Any, rows: list[Any], params: dict[str, Any], concurrency: int) -> HeldOutScore:
+async def _score(spec: EvalSpec, rows: list[Row], params: Settings, concurrency: int) -> HeldOutScore:
     semaphore = asyncio.Semaphore(concurrency)
     processors.setup(spec)
     try:
@@ -95,7 +102,7 @@ async def _score(spec: Any, rows: list[Any], params: dict[str, Any], concurrency
     return HeldOutScore(tuple(scores), tuple(replies), tuple(reasons))
 
 
-async def _run(spec: Any, row: Any, params: dict[str, Any], semaphore: asyncio.Semaphore) -> Any:
+async def _run(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio.Semaphore) -> Row | Exception:
     try:
         return await asyncio.wait_for(processors.run_row(spec, row, params, semaphore, _NoLog(), None),
                                       ROW_TIMEOUT_S)
@@ -106,10 +113,10 @@ async def _run(spec: Any, row: Any, params: dict[str, Any], semaphore: asyncio.S
 class _NoLog:
     """The processor's dataset logger: held-out rows are not training rollouts and stay out of ``ep logs``."""
 
-    def log(self, row: Any) -> None:
+    def log(self, row: Row) -> None:
         return None
 
-    def read(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def read(self, *args: object, **kwargs: object) -> list[Row]:
         return []
 
 
@@ -132,6 +139,16 @@ class HeldOutEpisode:
     def well_formed(self) -> bool:
         """Every turn's action parsed (an episode with no turn is not well formed)."""
         return bool(self.parsed) and all(self.parsed)
+
+
+class HeldOutFigures(TypedDict):
+    """What a run reports of its held-out episodes (:meth:`HeldOutEpisodes.figures`)."""
+
+    success: float
+    well_formed_rate: float
+    success_when_well_formed: float | None
+    per_task: dict[str, float]
+    episodes: int
 
 
 @dataclass(frozen=True)
@@ -163,14 +180,15 @@ class HeldOutEpisodes:
         tasks = sorted({e.task or "" for e in self.episodes})
         return {t: statistics.fmean(e.score or 0.0 for e in self.episodes if (e.task or "") == t) for t in tasks}
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> HeldOutFigures:
         return {"success": self.success, "well_formed_rate": self.well_formed_rate,
                 "success_when_well_formed": self.success_when_well_formed, "per_task": self.per_task(),
                 "episodes": len(self.episodes)}
 
 
-def play_held_out(rollout: Any, prompt: Any, *, tasks: Sequence[str], episodes: int, tokenizer: Any,
-                  base_url: str, parsed: Callable[[str], bool], max_episode_tokens: int) -> HeldOutEpisodes:
+def play_held_out(rollout: RolloutFunction, prompt: Prompt, *, tasks: Sequence[str], episodes: int,
+                  tokenizer: Tokenizer, base_url: str, parsed: Callable[[str], bool],
+                  max_episode_tokens: int) -> HeldOutEpisodes:
     """Play ``episodes`` greedy episodes of an environment eval with ``rollout`` (a rollout function built on the
     eval, with ``backend="vllm"``, whose environment factory hands out the held-out instances) on the vLLM server at
     ``base_url``, and score them with the eval's body, as training plays them: the same loop, prompt builder, action
@@ -186,11 +204,18 @@ def play_held_out(rollout: Any, prompt: Any, *, tasks: Sequence[str], episodes: 
     played = []
     for i, (prompt_ids, ids, mask, score, status) in enumerate(zip(
             out["prompt_ids"], out["completion_ids"], out["env_mask"], out["eval_score"], out["episode_status"])):
-        turns = tuple(tokenizer.decode(turn, skip_special_tokens=True).strip() for turn in _sampled_turns(ids, mask))
+        turns = tuple(_text(tokenizer, turn) for turn in _sampled_turns(ids, mask))
         played.append(HeldOutEpisode(task=tasks[i % len(tasks)] if tasks else None, turns=turns,
                                      parsed=tuple(parsed(t) for t in turns), score=score, status=status,
                                      prompt_tokens=len(prompt_ids), completion_tokens=len(ids)))
     return HeldOutEpisodes(tuple(played))
+
+
+def _text(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """One model turn's text, its special tokens left out."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    assert isinstance(text, str), "decode of one sequence returns its text"
+    return text.strip()
 
 
 def _sampled_turns(ids: Sequence[int], mask: Sequence[int]) -> list[list[int]]:

@@ -16,15 +16,44 @@ With ``--screenshots`` (BrowserGym) the synchronous trainer on GPU, or with in-p
 CPU), the worker rendering the screenshots with the model's processor.
 """
 
+from __future__ import annotations
+
 import argparse
 import contextlib
 import importlib.util
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from peft import PeftConfig
+    from transformers import Trainer, TrainerCallback
+    from trl import GRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from ..openenv.servers import Provider
+    from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions
 
 SERVER, COLOCATE = "server", "colocate"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
+
+
+class RolloutKeywords(TypedDict, total=False):
+    """The keywords of ``create_openenv_vllm_rollout_func`` (and of ``EvalRolloutWorker``, with ``--async``) that
+    :meth:`TrainingMode.trainer` passes on."""
+
+    backend: Backend
+    vllm_base_url: str | None
+    env_base_url: str | None
+    env_factory: Callable[[], object] | None
+    max_concurrent_rollouts: int | None
+    max_episode_tokens: int | None
+    log_rollouts: bool
+    provider: Provider | None
+    overrides: EvalOverrides | None
+    vllm: VLLMOptions | None
+    options: RolloutOptions | None
 
 #: How to start a vLLM server that ``--async`` (and ``--vllm-server-url``) can use, on each kind of machine.
 SERVER_HINT = ("start one on --model's directory or name, in dev mode: on GPUs `trl vllm-serve --model M`; on CPU "
@@ -170,7 +199,7 @@ class TrainingMode:
             return f"generation: the vLLM server at {self.vllm_base_url}, kept on the trainer's weights {how}, {device})"
         return f"generation: in-process, with the trainer's model (GRPOTrainer, {device})"
 
-    def config(self, **values: Any) -> Any:
+    def config(self, **values: Any) -> GRPOConfig | AsyncGRPOConfig:
         """The trainer's config: ``values`` (the script's settings for every mode: output_dir, batch size, learning
         rate, ``bf16``, ...) plus the device (``use_cpu``) and this mode's own settings, which replace any of
         ``values`` (``use_vllm``, ``vllm_mode``, the server's URL). A ``GRPOConfig``, or an ``AsyncGRPOConfig`` with
@@ -180,7 +209,7 @@ class TrainingMode:
             from trl.experimental.async_grpo import AsyncGRPOConfig
 
             # fixed-size packing: no server max_model_len query on CPU; rows with images are planned by sample count
-            fixed: dict[str, Any] = {"token_budget": 0} if self.images or not self.on_gpu else {}
+            fixed = {"token_budget": 0} if self.images or not self.on_gpu else {}
             return AsyncGRPOConfig(**{**values, "vllm_server_base_url": self.server_url, **fixed})
         from trl import GRPOConfig
 
@@ -191,7 +220,7 @@ class TrainingMode:
         return GRPOConfig(**{**values, "use_vllm": self.synced_server, "vllm_mode": SERVER,
                              "vllm_server_base_url": self.vllm_base_url if self.synced_server else None})
 
-    def trainer_class(self, images: bool = False) -> type[Any]:
+    def trainer_class(self, images: bool = False) -> Callable[..., Trainer]:
         """The trainer class this mode trains with; ``images``: the rollouts carry screenshots the loss must see.
         Combinations :func:`check_generation_flags` refused (colocate or a synced server on CPU with images) are not
         asked for."""
@@ -224,16 +253,18 @@ class TrainingMode:
         return GRPOTrainer
 
     @contextlib.contextmanager
-    def trainer(self, env_path: str, *, model: str, args: Any, train_dataset: Any, callbacks: Sequence[Any] = (),
-                peft_config: Any = None, images: bool = False, **rollout_options: Any) -> Iterator[Any]:
+    def trainer(self, env_path: str, *, model: str, args: GRPOConfig | AsyncGRPOConfig, train_dataset: Dataset,
+                callbacks: Sequence[TrainerCallback] = (), peft_config: PeftConfig | None = None, images: bool = False,
+                **rollout_options: Unpack[RolloutKeywords]) -> Iterator[Trainer]:
         """The trainer for ``env_path`` in this mode (:meth:`trainer_class`), with its rollout function (or rollout
         worker) built from ``rollout_options`` (keywords of ``create_openenv_vllm_rollout_func``: ``overrides``,
         ``max_concurrent_rollouts``, ...); both are closed when the block ends. ``images``: the rollouts carry
         screenshots the loss must see."""
         if self.asynchronous:
-            with self._async_trainer(env_path, model=model, args=args, train_dataset=train_dataset,
-                                     callbacks=callbacks, peft_config=peft_config, images=images,
-                                     **rollout_options) as trainer:
+            # config() builds an AsyncGRPOConfig for an asynchronous mode
+            with self._async_trainer(env_path, model=model, args=cast("AsyncGRPOConfig", args),
+                                     train_dataset=train_dataset, callbacks=callbacks, peft_config=peft_config,
+                                     images=images, **rollout_options) as trainer:
                 yield trainer
             return
         from .. import create_openenv_vllm_rollout_func
@@ -249,8 +280,9 @@ class TrainingMode:
             rollout.close()
 
     @contextlib.contextmanager
-    def _async_trainer(self, env_path: str, *, model: str, args: Any, train_dataset: Any, callbacks: Sequence[Any],
-                       peft_config: Any, images: bool, **rollout_options: Any) -> Iterator[Any]:
+    def _async_trainer(self, env_path: str, *, model: str, args: AsyncGRPOConfig, train_dataset: Dataset,
+                       callbacks: Sequence[TrainerCallback], peft_config: PeftConfig | None, images: bool,
+                       **rollout_options: Unpack[RolloutKeywords]) -> Iterator[Trainer]:
         """``AsyncGRPOTrainer`` (``CPUAsyncGRPOTrainer`` with ``DiskWeightTransfer`` on CPU) fed by an
         ``EvalRolloutWorker`` that plays ``train_dataset``'s prompts; with ``images``, the worker renders them with the
         model's processor and the trainer is ``AsyncImagesGRPOTrainer`` (``CPUAsyncImagesGRPOTrainer``). The trainer

@@ -4,7 +4,6 @@ and defaults plus one call of :func:`ep_trl.cli.train.main`."""
 
 import argparse
 import os
-from typing import Any
 
 #: A script's flag (its ``argparse`` dest) -> the ``ep-trl train`` flag (dest) it sets.
 COMMON_FLAGS = {"env_path": "env_path", "model": "model", "vllm_base_url": "vllm_server_url",
@@ -15,16 +14,16 @@ COMMON_FLAGS = {"env_path": "env_path", "model": "model", "vllm_base_url": "vllm
                 "temperature": "temperature", "output_dir": "output_dir", "report_to": "report_to", "seed": "seed"}
 
 
-def common_defaults(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+def common_defaults(args: argparse.Namespace, **extra: object) -> dict[str, object]:
     """``ep-trl train``'s defaults from a script's parsed ``args`` (the flags of :data:`COMMON_FLAGS` it has, those
     left unset omitted) and ``extra``."""
-    values: dict[str, Any] = {flag: getattr(args, name) for name, flag in COMMON_FLAGS.items()
+    values: dict[str, object] = {flag: getattr(args, name) for name, flag in COMMON_FLAGS.items()
                               if getattr(args, name, None) is not None}
     return {**values, **extra}
 
 
 def script_defaults(args: argparse.Namespace, env_module: str, env_url_var: str,
-                    **extra: Any) -> dict[str, Any]:
+                    **extra: object) -> dict[str, object]:
     """:func:`common_defaults`, and the environment server: with no ``--env-url`` the run starts ``python -m
     env_module`` as its ``--env-server`` and exports its URL in ``env_url_var``, with one it exports that URL."""
     values = common_defaults(args)

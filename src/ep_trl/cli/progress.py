@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from transformers import TrainerCallback
 
@@ -63,7 +63,7 @@ class ProgressPrinter(TrainerCallback):
     eval score as ``reward`` only: no eval_score field then; and it logs the rollout worker's numbers with the step
     during which they arrived, so a step in which no rollout call ended has no episodes/s, failed or turns.)"""
 
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stdout
         self._started = time.monotonic()
 
@@ -91,7 +91,7 @@ class ProgressPrinter(TrainerCallback):
         print(" | ".join(p for p in parts if p), file=self._stream, flush=True)
 
 
-def report_training(log_history: Sequence[Mapping[str, Any]], plot_path: Path, *, episodes_per_step: int,
+def report_training(log_history: Sequence[Mapping[str, float]], plot_path: Path, *, episodes_per_step: int,
                     started: float, title: str, argv: Sequence[str] | None = None,
                     marks: Sequence[tuple[int, float, str]] = (), command: str | None = None) -> Progress:
     """Print the closing line (steps, episodes, the mean eval score of the first and last steps, wall time since

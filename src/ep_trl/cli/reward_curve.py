@@ -10,7 +10,6 @@ standard deviation; a log history without ``rewards/<name>/mean`` is read throug
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 #: The reward function whose logged score is read (``ep_trl.rewards.eval_score``).
 REWARD_NAME = "eval_score"
@@ -40,7 +39,7 @@ class Progress:
                 f"{_span(1, self.window)} and {_span(self.steps - self.window + 1, self.steps)})")
 
 
-def step_scores(log_history: Sequence[Mapping[str, Any]], reward_name: str = REWARD_NAME) -> tuple[StepScore, ...]:
+def step_scores(log_history: Sequence[Mapping[str, float]], reward_name: str = REWARD_NAME) -> tuple[StepScore, ...]:
     """The logged score of every step that has one, in step order: ``rewards/<reward_name>/mean`` and ``/std``, or,
     when no entry has those (``AsyncGRPOTrainer``), ``reward`` and ``reward_std``."""
     mean_key, std_key = f"rewards/{reward_name}/mean", f"rewards/{reward_name}/std"

@@ -17,9 +17,12 @@ import math
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
+
+if TYPE_CHECKING:
+    from .heldout import HeldOutScore
 
 CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = "config.yaml", "metrics.jsonl", "reward_curve.png", "result.json", \
     "checkpoint"
@@ -56,7 +59,7 @@ def versions() -> dict[str, str]:
     return found
 
 
-def held_out_rows(score: Any) -> list[dict[str, Any]] | None:
+def held_out_rows(score: "HeldOutScore | None") -> list[dict[str, object]] | None:
     """Each held-out row's reply, score and the eval body's reason (a ``HeldOutScore``; None when not scored), so a
     result shows what the held-out score counted."""
     if score is None:
@@ -65,7 +68,7 @@ def held_out_rows(score: Any) -> list[dict[str, Any]] | None:
             for reply, value, reason in zip(score.replies, score.scores, score.reasons)]
 
 
-def write_config(folder: Path, resolved: Mapping[str, Any]) -> Path:
+def write_config(folder: Path, resolved: Mapping[str, object]) -> Path:
     """``config.yaml``: ``resolved`` as YAML (values that YAML cannot hold written as their text)."""
     import yaml
 
@@ -74,13 +77,13 @@ def write_config(folder: Path, resolved: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_result(folder: Path, result: Mapping[str, Any]) -> Path:
+def write_result(folder: Path, result: Mapping[str, object]) -> Path:
     path = folder / RESULT
     path.write_text(json.dumps({k: _plain(v) for k, v in result.items()}, indent=1))
     return path
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """A JSON- and YAML-safe form of a config or log value (an enum by its value, a path as text, NaN as None)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -30,7 +30,16 @@ from . import modes, run_folder
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
-    from trl import TrlParser
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import Trainer
+    from trl import GRPOConfig, TrlParser
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from ..devtools.run_record import RunStart
+    from ..evalprotocol.spec import EvalSpec
+    from ..trajectory.types import JSONObject, Prompt, Settings
+    from .heldout import HeldOutScore
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
@@ -157,7 +166,7 @@ OPTION_GROUPS = (RunArguments, GenerationArguments, EvalArguments, RolloutArgume
 #: ``GRPOConfig`` defaults that differ for a command-line run: one log line and one metrics line per step, no
 #: intermediate checkpoints (the run saves ``checkpoint/`` at the end), ep_trl's progress line instead of tqdm, no
 #: tracker unless asked, and vLLM only where a generation flag asks for it.
-TRAIN_DEFAULTS: Mapping[str, Any] = {"output_dir": "outputs/ep-trl", "logging_steps": 1, "save_strategy": "no",
+TRAIN_DEFAULTS: "Settings" = {"output_dir": "outputs/ep-trl", "logging_steps": 1, "save_strategy": "no",
                                      "report_to": "none", "disable_tqdm": True, "vllm_mode": modes.SERVER}
 
 #: What the generation flags decide, so that they are not set as TRL flags too.
@@ -179,11 +188,11 @@ class Preset:
 
     prog: str
     title: str
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+    defaults: "Settings" = field(default_factory=dict)
     command: Sequence[str] = ()
     start_model: Callable[[str | None, str | None], str] | None = None
-    train_rows: Callable[[Any], Any] | None = None
-    after_training: Callable[[Any], None] | None = None
+    train_rows: "Callable[[Dataset], Dataset] | None" = None
+    after_training: "Callable[[Trainer], None] | None" = None
     env_server_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -195,7 +204,7 @@ class TrainJob:
     model: str | None
     mode: modes.TrainingMode
     #: The trainer config's values besides the mode's own settings.
-    config_values: Mapping[str, Any]
+    config_values: "Settings"
     run: RunArguments
     overrides: EvalOverrides
     options: RolloutOptions
@@ -261,7 +270,7 @@ def main(argv: Sequence[str] | None = None, preset: Preset | None = None) -> int
     return run(job)
 
 
-def plan(parser: argparse.ArgumentParser, values: Mapping[str, Any], preset: Preset, argv: Sequence[str]) -> TrainJob:
+def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, argv: Sequence[str]) -> TrainJob:
     """Check every input and decide the run, before anything heavy starts; ``parser.error`` (exit status 2, the
     message naming the fix) for bad input."""
     from trl import GRPOConfig
@@ -298,12 +307,12 @@ def plan(parser: argparse.ArgumentParser, values: Mapping[str, Any], preset: Pre
                     served_model=served)
 
 
-def _group(cls: type[_Group], values: dict[str, Any]) -> _Group:
+def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
     """One option group's dataclass from the parsed values, its fields taken out of ``values``."""
     return cls(**{f.name: values.pop(f.name) for f in fields(cls)})
 
 
-def _check_trl_mode_flags(parser: argparse.ArgumentParser, trl_values: Mapping[str, Any]) -> None:
+def _check_trl_mode_flags(parser: argparse.ArgumentParser, trl_values: "Settings") -> None:
     from trl import GRPOConfig
 
     defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in MODE_FIELDS}
@@ -315,7 +324,7 @@ def _check_trl_mode_flags(parser: argparse.ArgumentParser, trl_values: Mapping[s
                      "the GPU when torch sees one")
 
 
-def _check_report_to(parser: argparse.ArgumentParser, report_to: Any) -> None:
+def _check_report_to(parser: argparse.ArgumentParser, report_to: str | Sequence[str] | None) -> None:
     """``--report-to`` is TRL's (transformers') own; an integration that is not installed is refused here, before the
     environment server starts and the model loads (transformers would raise once the trainer is built)."""
     from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
@@ -331,7 +340,7 @@ def _check_report_to(parser: argparse.ArgumentParser, report_to: Any) -> None:
 
 
 def _mode(parser: argparse.ArgumentParser, gen: GenerationArguments, run_args: RunArguments,
-          trl_values: Mapping[str, Any]) -> modes.TrainingMode:
+          trl_values: "Settings") -> modes.TrainingMode:
     """The generation mode, refusing the combinations no mode trains with (``modes.check_generation_flags``)."""
     flags = argparse.Namespace(vllm_base_url=gen.vllm_server_url, vllm_mode=trl_values.get("vllm_mode"),
                                vllm_gpu_memory_utilization=None, async_training=gen.async_training,
@@ -375,7 +384,7 @@ def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -
                      "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
 
 
-def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> Any:
+def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "EvalSpec":
     """The eval's spec; its import, its processor and its settings checked (their errors name the fix)."""
     from ..evalprotocol import read_eval_spec, resolve_eval_test
 
@@ -404,7 +413,7 @@ def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: Roll
     return overrides, options, vllm, ev.max_concurrent_rollouts
 
 
-def _json_object(parser: argparse.ArgumentParser, flag: str, value: Any) -> dict[str, Any]:
+def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "JSONObject":
     try:
         loaded = json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError as error:
@@ -415,7 +424,8 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: Any) -> dict
     return loaded
 
 
-def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode, spec: Any) -> None:
+def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode,
+                    spec: "EvalSpec") -> None:
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
@@ -531,9 +541,9 @@ def run(job: TrainJob) -> int:
 
 @dataclass
 class _RunState:
-    trainer: Any = None
-    before: Any = None
-    after: Any = None
+    trainer: "Trainer | None" = None
+    before: "HeldOutScore | None" = None
+    after: "HeldOutScore | None" = None
     checkpoint: Path | None = None
     ended: str = "finished"
     held_out_rows: int = 0
@@ -554,7 +564,7 @@ def _environment(job: TrainJob) -> Iterator[str | None]:
         yield url
 
 
-def _datasets(job: TrainJob) -> tuple[Any, list[Any]]:
+def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     """The training rows (the eval's rows minus the held-out ones, repeated to fill ``max_steps``) and the held-out
     prompts."""
     from datasets import concatenate_datasets
@@ -562,7 +572,7 @@ def _datasets(job: TrainJob) -> tuple[Any, list[Any]]:
     from .. import dataset_from_eval
 
     rows = dataset_from_eval(job.env_path)
-    held_out: list[Any] = []
+    held_out: "list[Prompt]" = []
     held = job.run.held_out
     if held:  # fewer than the eval's rows (plan checked); below 1, a share of them
         seed = job.run.held_out_seed if job.run.held_out_seed is not None else job.config_values.get("seed", 42)
@@ -581,7 +591,7 @@ def _datasets(job: TrainJob) -> tuple[Any, list[Any]]:
     return rows, held_out
 
 
-def _held_out(job: TrainJob, prompts: list[Any], when: str) -> Any:
+def _held_out(job: TrainJob, prompts: "list[Prompt]", when: str) -> "HeldOutScore | None":
     if not prompts:
         return None
     from .heldout import score_held_out
@@ -593,7 +603,7 @@ def _held_out(job: TrainJob, prompts: list[Any], when: str) -> Any:
     return score
 
 
-def _config_values(job: TrainJob) -> dict[str, Any]:
+def _config_values(job: TrainJob) -> dict[str, object]:
     """The trainer config's values: all of them for ``GRPOConfig``; for ``AsyncGRPOConfig`` those set away from
     ``GRPOConfig``'s defaults that it has (its own defaults apply to the rest)."""
     if not job.mode.asynchronous:
@@ -607,7 +617,7 @@ def _config_values(job: TrainJob) -> dict[str, Any]:
             if k in accepted and (k in TRAIN_DEFAULTS or k == "output_dir" or v != defaults.get(k))}
 
 
-def _lora(run_args: RunArguments) -> Any:
+def _lora(run_args: RunArguments) -> "LoraConfig | None":
     if run_args.lora_r <= 0:
         return None
     from peft import LoraConfig
@@ -628,13 +638,13 @@ def _print_lora(trainer: Any, run_args: RunArguments) -> None:
           "parameters trainable", flush=True)
 
 
-def _save_checkpoint(trainer: Any, folder: Path) -> Path:
+def _save_checkpoint(trainer: "Trainer", folder: Path) -> Path:
     path = folder / run_folder.CHECKPOINT
     trainer.save_model(str(path))
     return path
 
 
-def _resolved(job: TrainJob, model: str, config: Any) -> dict[str, Any]:
+def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig") -> dict[str, object]:
     """``config.yaml``'s content: ENV_PATH, the model, the mode, ep_trl's options and the trainer config."""
     return {"env_path": job.env_path, "model": model, "generation": job.mode.describe(),
             **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
@@ -644,7 +654,7 @@ def _resolved(job: TrainJob, model: str, config: Any) -> dict[str, Any]:
             "trainer_config": {"class": type(config).__name__, **config.to_dict()}}
 
 
-def _finish(job: TrainJob, folder: Path, state: _RunState, record: Any, started: float) -> None:
+def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
     """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
     from ..devtools import run_record
     from .progress import report_training

@@ -14,12 +14,15 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ..errors import ConfigError
 from ..generation import SamplingParams
 from ..trajectory.content import tokenizer_of
-from ..trajectory.types import Tokenizer
+from ..trajectory.types import Model, ProcessingClass, Tokenizer
+
+if TYPE_CHECKING:  # named for the checker: the engine never imports TRL
+    from trl import GRPOTrainer
 
 #: How a TRL trainer generates with vLLM (``GRPOConfig.vllm_mode``): on a server, or in its own process.
 VLLMMode = Literal["server", "colocate"]
@@ -30,7 +33,7 @@ class TrainingConfig:
     """A read-only view of the trainer's configuration (a ``GRPOConfig`` or ``AsyncGRPOConfig``) and its processing
     class: what rollouts sample with and how many they are."""
 
-    processing_class: Any
+    processing_class: ProcessingClass
     num_generations: int
     max_completion_length: int | None
     sampling: SamplingParams
@@ -38,7 +41,7 @@ class TrainingConfig:
     vllm_mode: VLLMMode | None
 
     @classmethod
-    def of(cls, args: Any, processing_class: Any) -> "TrainingConfig":
+    def of(cls, args: object, processing_class: ProcessingClass) -> "TrainingConfig":
         """Read ``args``. TRL's loss assumes samples at the config's temperature (and top-p/top-k/min-p), so the
         sampling settings are those."""
         max_length = getattr(args, "max_completion_length", None)
@@ -62,7 +65,7 @@ class TrainingConfig:
         return tokenizer_of(self.processing_class)
 
 
-def _vllm_mode(args: Any) -> VLLMMode | None:
+def _vllm_mode(args: object) -> VLLMMode | None:
     """``args.vllm_mode`` when the trainer generates with vLLM (``use_vllm``), else None; a mode TRL does not have is
     refused here, where it is read, rather than taken for "not server" further on."""
     if not getattr(args, "use_vllm", False):
@@ -75,7 +78,7 @@ def _vllm_mode(args: Any) -> VLLMMode | None:
     raise ConfigError(f"GRPOConfig(vllm_mode={mode!r}): TRL generates with vLLM on a server (vllm_mode='server') or "
                       "in the trainer's process (vllm_mode='colocate'); set one of them.")
 
-def _temperature(args: Any) -> float:
+def _temperature(args: object) -> float:
     """The config's sampling temperature (TRL's default 1.0 when it has none), any real number (a ``numpy.float32``
     from a sweep too) as a float. A non-positive one is refused, as the trainer backend refuses it: GRPO samples its
     completions at this temperature and its loss assumes it."""
@@ -131,12 +134,12 @@ class RolloutCaller(Protocol):
         """The vLLM server the caller keeps on the policy's weights, if it has one."""
         ...
 
-    def colocated_trainer(self) -> Any | None:
+    def colocated_trainer(self) -> "GRPOTrainer | None":
         """The trainer whose own vLLM engine generates (``vllm_mode="colocate"``): ``ep_trl.generation.colocate``
         takes the engine from it."""
         ...
 
-    def model_provider(self) -> Callable[[], Any] | None:
+    def model_provider(self) -> Callable[[], Model] | None:
         """The policy model in this process, fetched at each call (it is replaced on resume); None when it is not
         in reach."""
         ...

@@ -14,14 +14,15 @@ import os
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Required, TypedDict, TypeVar, Unpack
 
 from .. import evalprotocol
 from ..errors import ConfigError
 from ..evalprotocol import EvalSpec, EvalTest
 from ..generation.probe import probe_server
 from ..openenv import servers as env_servers
-from ..openenv.servers import LaunchedServers
+from ..openenv.client import EnvFactory
+from ..openenv.servers import LaunchedServers, Provider
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
 from ..runtime import shutdown
 from ..runtime.runner import LoopRunner
@@ -41,6 +42,19 @@ from .stream import AllScope, GroupPlan, ScoredGroup, SlotMeter, stream_groups
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class StreamOptions(TypedDict, total=False):
+    """The keywords of :meth:`RolloutEngine.stream` after ``setup`` and ``plans`` (what :meth:`RolloutEngine.groups`
+    passes on)."""
+
+    slots: Required[int]
+    all_scope: AllScope
+    may_start: Callable[[], bool] | None
+    turn_version: Callable[[], int] | None
+    model_for: Callable[[int], str | None] | None
+    meter: SlotMeter | None
+    max_episode_images: int | None
 
 
 class RolloutEngine:
@@ -98,7 +112,7 @@ class RolloutEngine:
         """Raise ``ConfigError`` for a prompt the eval's source cannot play (before any episode starts)."""
         self.source.check(prompts)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def run(self, coro: Coroutine[object, object, T]) -> T:
         """Run ``coro`` on the engine's event loop (where its generator, sessions and endpoint live) and wait for it,
         from any thread but the loop's."""
         return self._runner.run(coro)
@@ -127,7 +141,7 @@ class RolloutEngine:
             await generator.end_call()
 
     async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan],
-                     **stream: Any) -> AsyncGenerator[ScoredGroup, None]:
+                     **stream: Unpack[StreamOptions]) -> AsyncGenerator[ScoredGroup, None]:
         """:meth:`stream` with what ``caller`` offers, read once as the stream starts."""
         async with aclosing(self.stream(self.setup(caller), plans, **stream)) as played:
             async for group in played:
@@ -168,11 +182,11 @@ class RolloutEngine:
 
 
 def build_engine(env_path: str, *, backend: Backend = "auto", vllm_base_url: str | None = None,
-                 env_base_url: str | None = None, env_factory: Callable[[], Any] | None = None,
+                 env_base_url: str | None = None, env_factory: EnvFactory | None = None,
                  max_concurrent_rollouts: int | None = None, max_episode_tokens: int | None = None,
-                 log_rollouts: bool = True, provider: Any | None = None, overrides: EvalOverrides | None = None,
+                 log_rollouts: bool = True, provider: Provider | None = None, overrides: EvalOverrides | None = None,
                  vllm: VLLMOptions | None = None, options: RolloutOptions | None = None,
-                 **unknown: Any) -> RolloutEngine:
+                 **unknown: object) -> RolloutEngine:
     """The engine of the eval at ``env_path``: the keywords checked, the eval resolved with the overrides applied,
     environment servers started if ep_trl must, the episode source chosen, ``vllm_base_url`` probed, the log writer
     made. The keywords are ``create_openenv_vllm_rollout_func``'s (documented there) less ``worker_processes > 1``,
@@ -198,7 +212,7 @@ def build_engine(env_path: str, *, backend: Backend = "auto", vllm_base_url: str
 
 
 def _resolve(eval_test: EvalTest, overrides: EvalOverrides,
-             provider: Any | None) -> tuple[EvalSpec, LaunchedServers | None]:
+             provider: Provider | None) -> tuple[EvalSpec, LaunchedServers | None]:
     """The eval's spec with the overrides applied and checked, its environment servers started if ep_trl must."""
     spec = settings.apply_overrides(evalprotocol.read_eval_spec(eval_test), overrides)
     if spec.env is None:

@@ -39,7 +39,7 @@ from ..evalprotocol.spec import EvalSpec
 from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
 from ..options import EvalOverrides
 from ..trajectory.tokens import TurnLimits, eos_token_ids
-from ..trajectory.types import ProcessingClass, Prompt
+from ..trajectory.types import Model, ProcessingClass, Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
     o = overrides
     if spec.env is None:
         return _apply_to_processor_eval(spec, o)
-    env_changes: dict[str, Any] = {}
+    env_changes: dict[str, Any] = {}  # EvalOverrides' values, typed there
     if o.env_factory is not None:
         env_changes["factory"] = o.env_factory
     if o.env_client_cls is not None or o.env_base_url is not None:
@@ -172,7 +172,7 @@ def sampling_note(spec: EvalSpec, used: SamplingParams) -> str | None:
 
 
 def turn_limits(spec: EvalSpec, sampling: SamplingParams, budget: int | None, processing_class: ProcessingClass,
-                model_provider: Callable[[], Any] | None, max_model_len: int | None) -> TurnLimits:
+                model_provider: Callable[[], Model] | None, max_model_len: int | None) -> TurnLimits:
     """Sampling, token budget, end-of-turn ids and ``max_model_len`` every episode of a rollout call shares: the
     trainer's ``sampling`` with the eval's turn settings, the episode token ``budget``, the end-of-turn ids of the
     processing class and of the model ``model_provider`` gives (when the model is in reach)."""

@@ -17,13 +17,16 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ..errors import ConfigError, GenerationError
 
 if TYPE_CHECKING:  # named for the checker; the caller builds them
+    from trl import GRPOTrainer
+
     from ..engine.caller import SyncedServer
     from ..options import VLLMOptions
+    from ..trajectory.types import Image, Model, ProcessingClass
 
 
 #: Tokens per turn when the eval sets no ``max_tokens`` (``OpenEnvRolloutProcessor``'s own default).
@@ -78,7 +81,7 @@ class PromptImages:
     take images raises, naming what to do: a text-only turn never carries this.
     """
 
-    images: tuple[Any, ...]
+    images: "tuple[Image, ...]"
     unexpanded_ids: tuple[int, ...]
 
 
@@ -109,10 +112,10 @@ class BackendOffer:
     vllm_base_url: str | None
     options: "VLLMOptions"
     max_concurrent_rollouts: int
-    colocated_trainer: Any | None
+    colocated_trainer: "GRPOTrainer | None"
     server: "SyncedServer | None"
-    model_provider: Callable[[], Any] | None
-    processing_class: Any
+    model_provider: "Callable[[], Model] | None"
+    processing_class: "ProcessingClass"
 
 
 class Generator(Protocol):

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 Request = TypeVar("Request")
 Result = TypeVar("Result")
@@ -125,7 +125,7 @@ class BatchQueue(Generic[Request, Result]):
         return list(groups.values())
 
 
-def _settle_all(queue: "asyncio.Queue[_Waiting[Any]]", held: list[_Waiting[Any]], error: BaseException) -> None:
+def _settle_all(queue: "asyncio.Queue[_Waiting[Request]]", held: list[_Waiting[Request]], error: BaseException) -> None:
     """Hand ``error`` to every request the batching task held or had queued: it serves them no more."""
     while not queue.empty():
         held.append(queue.get_nowait())
@@ -133,7 +133,7 @@ def _settle_all(queue: "asyncio.Queue[_Waiting[Any]]", held: list[_Waiting[Any]]
         _settle(waiting.future, error)
 
 
-def _settle(future: asyncio.Future, outcome: Any) -> None:
+def _settle(future: asyncio.Future, outcome: object) -> None:
     """Hand ``outcome`` to ``future`` (raised if it is an exception), unless its submitter stopped waiting."""
     if future.done():
         return

@@ -11,11 +11,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..engine.caller import SyncedServer
 from . import BackendOffer, Generator
 from ..options import Backend, VLLMOptions
+
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
+
+    from ..trajectory.types import Model, ProcessingClass
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +30,8 @@ BACKENDS: dict[str, str] = {"vllm-colocate": "colocate", "vllm": "vllm", "traine
 
 
 def make_generator(backend: Backend, vllm_base_url: str | None, options: VLLMOptions, max_concurrent_rollouts: int, *,
-                   colocated_trainer: Any | None, server: SyncedServer | None,
-                   model_provider: Callable[[], Any] | None, processing_class: Any) -> Generator:
+                   colocated_trainer: "GRPOTrainer | None", server: SyncedServer | None,
+                   model_provider: "Callable[[], Model] | None", processing_class: "ProcessingClass") -> Generator:
     """The generation backend for a caller's rollout calls (see the module docstring), from what the caller offers: the
     trainer whose colocated engine generates, the server it keeps on its weights, its model in this process."""
     if max_concurrent_rollouts <= 1:

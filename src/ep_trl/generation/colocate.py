@@ -20,7 +20,7 @@ The engine is the trainer's (``trainer.vllm_generation.llm`` in TRL 1.16, read b
 tensor-parallel check and, in sleep mode, what wakes the engine and puts it back to sleep around each call).
 
 A prompt the engine cannot take (longer than its ``max_model_len``, an id outside the vocabulary) fails only its own turn:
-it is checked before it joins a batch, and a batch the engine still rejects is re-run one prompt at a time. Any
+it is checked before it joins a batch, and a batch the engine still rejects is re-run one prompt at a time. Every
 other engine error fails the whole rollout call (``failure``), as a dead server does.
 """
 
@@ -28,13 +28,18 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from ..errors import ConfigError, GenerationError, VersionError
 from ..options import VLLMOptions
 from . import BackendOffer, CallFailure, Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
 from .vllm import request_seed
+
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
+    from vllm import LLM, RequestOutput
+    from vllm.outputs import CompletionOutput
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +52,7 @@ class _Turn:
     label: str
     images: PromptImages | None = None
 
-    def engine_prompt(self) -> dict[str, Any]:
+    def engine_prompt(self) -> dict[str, object]:
         if self.images is None:
             return {"prompt_token_ids": self.prompt_ids}
         return {"prompt_token_ids": [int(t) for t in self.images.unexpanded_ids],
@@ -60,12 +65,12 @@ class ColocatedEngine:
     pushed again if level-2 sleep dropped them, the KV cache back) and ``sleep`` puts it back to sleep after, as TRL's
     own generation does around each ``generate``."""
 
-    llm: Any
+    llm: "LLM"
     wake: Callable[[], None] | None = None
     sleep: Callable[[], None] | None = None
 
 
-def trainer_engine(trainer: Any) -> ColocatedEngine:
+def trainer_engine(trainer: "GRPOTrainer") -> ColocatedEngine:
     """The in-process ``vllm.LLM`` of a ``GRPOTrainer`` with ``vllm_mode="colocate"``, with what wakes and sleeps it."""
     args = trainer.args
     tensor_parallel = int(getattr(args, "vllm_tensor_parallel_size", 1) or 1)
@@ -105,7 +110,7 @@ class ColocateGenerator:
 
     name = "vllm-colocate"
 
-    def __init__(self, llm: Any, options: VLLMOptions, *, wake: Callable[[], None] | None = None,
+    def __init__(self, llm: "LLM", options: VLLMOptions, *, wake: Callable[[], None] | None = None,
                  sleep: Callable[[], None] | None = None) -> None:
         """``wake``/``sleep``: what ``begin_call``/``end_call`` run for an engine in sleep mode (:func:`trainer_engine`)."""
         self._llm = llm
@@ -195,7 +200,7 @@ class ColocateGenerator:
                 settled.append(exc)
         return settled
 
-    def _generate(self, turns: list[_Turn]) -> list[Any]:
+    def _generate(self, turns: list[_Turn]) -> "list[RequestOutput]":
         from vllm import SamplingParams as VLLMSamplingParams
 
         params = [VLLMSamplingParams(
@@ -214,7 +219,7 @@ class _RejectedTurn(GenerationError):
     """The engine cannot take this turn's prompt: it fails alone, the engine goes on."""
 
 
-def _generation(output: Any, label: str) -> Generation:
+def _generation(output: "CompletionOutput", label: str) -> Generation:
     ids = [int(t) for t in output.token_ids]
     if output.logprobs is None or len(output.logprobs) != len(ids):
         raise GenerationError(f"{label}: the engine returned no logprob for each sampled token")
@@ -235,7 +240,7 @@ def build(offer: BackendOffer) -> "ColocateGenerator":
     if offer.vllm_base_url:
         logger.warning("vllm_base_url=%s is ignored: the trainer runs its own vLLM engine (vllm_mode='colocate') and "
                        "pushes its weights there, so ep_trl generates there too.", offer.vllm_base_url)
-    engine = trainer_engine(offer.colocated_trainer)
+    engine = trainer_engine(cast("GRPOTrainer", offer.colocated_trainer))  # offered: pick() chose this backend
     generator = ColocateGenerator(engine.llm, offer.options, wake=engine.wake, sleep=engine.sleep)
     if offer.max_concurrent_rollouts > generator.max_num_seqs:
         logger.info("The colocated engine runs at most %d sequences at once (TRL sizes it from "

@@ -13,14 +13,19 @@ numbers of images, or none.
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ..errors import ConfigError
-from ..trajectory.content import supports_images
+from ..trajectory.content import supports_images, tokenizer_of
 from ..trajectory.tokens import eos_token_ids
 from ..trajectory.vision_inputs import vision_inputs
 from . import BackendOffer, Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..trajectory.types import Model, ProcessingClass, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +37,13 @@ class _Request:
     images: PromptImages | None = None
 
 
+class _Sampled(Protocol):
+    """What ``model.generate(..., return_dict_in_generate=True, output_logits=True)`` returns, as read here."""
+
+    sequences: "torch.Tensor"
+    logits: "tuple[torch.Tensor, ...]"
+
+
 class TrainerGenerator:
     """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processing_class`` is the
     trainer's multimodal processing class (None for a text model), needed to turn a turn's images into pixel inputs."""
@@ -40,12 +52,12 @@ class TrainerGenerator:
 
     def __init__(
         self,
-        model_provider: Callable[[], Any],
-        tokenizer: Any,
+        model_provider: "Callable[[], Model]",
+        tokenizer: "Tokenizer",
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         max_batch_size: int = 16,
-        processing_class: Any | None = None,
+        processing_class: "ProcessingClass | None" = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("the tokenizer/model defines no EOS token; multi-turn episodes need one to end a turn")
@@ -124,8 +136,9 @@ class TrainerGenerator:
         model.eval()
         try:
             with torch.no_grad():
-                out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                     generation_config=config, **pixels)
+                generate = cast("Callable[..., _Sampled]", model.generate)  # a generative model's GenerationMixin
+                out = generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                               generation_config=config, **pixels)
                 sampled = out.sequences[:, width:]
                 logits = torch.stack(out.logits, dim=1).float() / params.temperature
                 logps = torch.log_softmax(logits, dim=-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
@@ -158,7 +171,7 @@ def _sampling_key(request: _Request) -> tuple:
     return p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop_token_ids
 
 
-def _first_stop_string(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
+def _first_stop_string(tokenizer: "Tokenizer", ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
     """The shortest prefix of ``ids`` whose text contains a stop string, and that string."""
     if not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stops):
         return None
@@ -176,7 +189,7 @@ def build(offer: BackendOffer) -> TrainerGenerator:
     if provider is None:
         raise ConfigError("backend='trainer' samples with the trainer's model in this process, and this caller has "
                           "none in reach; generate on a vLLM server (vllm_base_url=...).")
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    tokenizer = tokenizer_of(processing_class)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,
                             processing_class=processing_class if supports_images(processing_class) else None)

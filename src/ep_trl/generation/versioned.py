@@ -7,10 +7,13 @@ itself, and the shared backend stays the stream owner's to begin, end and close.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, GenerationError
 from . import Generation, Generator, PromptImages, SamplingParams
+
+if TYPE_CHECKING:
+    from ..trajectory.types import Image
 
 
 class VersionedTurns:
@@ -28,7 +31,7 @@ class VersionedTurns:
         self._max_images = max_images
         #: The images the episode's turns were sent with, by identity (its trajectory holds them anyway; a
         #: processor's conversation that starts over keeps the earlier one's too).
-        self._images: dict[int, Any] = {}
+        self._images: "dict[int, Image]" = {}
         self.versions: list[int] = []
 
     @property

@@ -33,7 +33,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -42,6 +42,9 @@ from ..options import VLLMOptions
 from . import BackendOffer, CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
 from .probe import RETRYABLE_STATUS, START_HINT, RetryPolicy, error_message, probe_server
 from ..trajectory.types import JSONObject
+
+if TYPE_CHECKING:
+    from ..trajectory.types import Image
 
 logger = logging.getLogger(__name__)
 
@@ -324,7 +327,7 @@ async def _exchange(client: aiohttp.ClientSession, url: str, body: bytes) -> tup
         return response.status, await response.text()
 
 
-def json_bytes(body: Any) -> bytes:
+def json_bytes(body: JSONObject) -> bytes:
     """A request body as compact JSON (what ``aiohttp``'s ``json=`` sends, less the spaces)."""
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -422,7 +425,7 @@ def tokens_payload(model: str, images: PromptImages, params: SamplingParams, see
     }
 
 
-def png_data_uri(image: Any) -> str:
+def png_data_uri(image: "Image") -> str:
     """A PIL image as a ``data:image/png;base64,...`` URI (lossless: vLLM decodes the same pixels)."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")

@@ -20,15 +20,28 @@ import asyncio
 import inspect
 import logging
 from importlib import metadata
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 from ..errors import ConfigError
 from ..runtime.threads import run_blocking
 from ..trajectory.types import Settings
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: An environment client: an OpenEnv ``EnvClient`` (either distribution), a ``SyncEnvClient``, or any object with
+#: ``reset``/``step`` (and maybe ``close``). Nothing more is assumed: ``EnvSession`` reads its methods by name and
+#: decides from what they are and return how to drive them.
+EnvClient: TypeAlias = object
+#: What an environment's ``reset`` or ``step`` reports: only the eval's prompt builder (and ``str``) reads it.
+Observation: TypeAlias = object
+#: What the eval's action parser makes of the model's text, passed to ``step`` as is.
+Action: TypeAlias = object
+#: ``env_factory``: builds one environment client per episode (or an awaitable of one).
+EnvFactory: TypeAlias = Callable[[], EnvClient | Awaitable[EnvClient]]
 
 #: A stock OpenEnv client waits this long for each reply (``message_timeout_s``); ep_trl never bounds an
 #: environment call tighter than the eval's own run would, so this is the floor of the default per-call bound.
@@ -52,7 +65,7 @@ class EnvSettings:
     with the eval's ``task_var`` set); sessions of a task then go to its server and ``reset`` names no task.
     """
 
-    factory: Callable[[], Any] | None = None
+    factory: EnvFactory | None = None
     client_cls: type | None = None
     base_url: str | None = None
     request_timeout_s: float = STOCK_MESSAGE_TIMEOUT_S
@@ -110,7 +123,7 @@ class EnvSettings:
 class StepOutcome:
     """What one reset or step returned, normalised across client flavours."""
 
-    observation: Any
+    observation: Observation
     reward: float | None
     done: bool
 
@@ -147,7 +160,7 @@ def check_openenv() -> str:
     return f"{distribution} {version}"
 
 
-def _is_openenv_client(client: Any) -> bool:
+def _is_openenv_client(client: EnvClient) -> bool:
     """An OpenEnv ``EnvClient`` of the installed distribution (0.10's dispatch by running loop, 0.3's coroutines)."""
     try:
         from openenv.core.env_client import EnvClient
@@ -161,12 +174,12 @@ class EnvSession:
 
     How a client is driven is decided by what it is and confirmed by what its calls return. openenv-core 0.3
     clients have coroutine methods; openenv 0.10 clients have plain methods that return an awaitable when an event
-    loop is running (and block otherwise): both are called on the loop and what they return is awaited. Any
+    loop is running (and block otherwise): both are called on the loop and what they return is awaited. Every
     other client is synchronous and runs in a pooled thread, so one slow environment never stalls the loop.
     ``label`` names the episode currently using it in errors; a pooled session is relabelled per episode.
     """
 
-    def __init__(self, client: Any, timeout_s: float, label: str) -> None:
+    def __init__(self, client: EnvClient, timeout_s: float, label: str) -> None:
         self._client = client
         self._timeout_s = timeout_s
         self._on_loop = _is_openenv_client(client) or inspect.iscoroutinefunction(getattr(client, "reset", None))
@@ -176,10 +189,10 @@ class EnvSession:
         #: Not reset yet: a refusal then says something about the server, not about this session's history.
         self.fresh = True
 
-    async def reset(self, **kwargs: Any) -> StepOutcome:
+    async def reset(self, **kwargs: object) -> StepOutcome:
         return _outcome(await self._call("reset", kwargs=kwargs))
 
-    async def step(self, action: Any) -> StepOutcome:
+    async def step(self, action: Action) -> StepOutcome:
         return _outcome(await self._call("step", (action,)))
 
     async def close(self, cancelled: bool = False) -> None:
@@ -198,8 +211,8 @@ class EnvSession:
         except Exception as exc:  # the episode result stands; a leak is worth a warning, not a failure
             logger.warning("closing environment %s failed: %s: %s", self.label, type(exc).__name__, exc)
 
-    async def _call(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None,
-                    timeout_s: float | None = None) -> Any:
+    async def _call(self, method: str, args: tuple[object, ...] = (), kwargs: Mapping[str, object] | None = None,
+                    timeout_s: float | None = None) -> object:
         fn = getattr(self._client, method)
         kwargs = kwargs or {}
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
@@ -216,23 +229,23 @@ class EnvSession:
             ) from exc
 
 
-async def _settle(result: Any) -> Any:
+async def _settle(result: object) -> object:
     """The value of a client call made on the loop: awaited if the client handed back an awaitable."""
     return await result if inspect.isawaitable(result) else result
 
 
-def _call_sync(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def _call_sync(fn: Callable[..., object], args: tuple[object, ...], kwargs: Mapping[str, object]) -> object:
     result = fn(*args, **kwargs)
     if inspect.isawaitable(result):  # a sync-looking client that hands back a coroutine
         return asyncio.run(_await(result))
     return result
 
 
-async def _await(awaitable: Any) -> Any:
+async def _await(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-def _outcome(result: Any) -> StepOutcome:
+def _outcome(result: object) -> StepOutcome:
     if not hasattr(result, "observation"):
         raise TypeError(
             f"environment returned {type(result).__name__}, not an OpenEnv StepResult with .observation/.reward/.done"
@@ -241,7 +254,7 @@ def _outcome(result: Any) -> StepOutcome:
     return StepOutcome(result.observation, None if reward is None else float(reward), bool(getattr(result, "done", False)))
 
 
-def _unwrap_sync_client(client: Any) -> Any:
+def _unwrap_sync_client(client: EnvClient) -> EnvClient:
     """Use the async client inside an openenv ``SyncEnvClient`` so no thread is spent per episode."""
     try:
         from openenv.core.sync_client import SyncEnvClient
@@ -267,7 +280,7 @@ def constructor_parameters(client_cls: type) -> set[str]:
     return names
 
 
-def client_kwargs(settings: EnvSettings, base_url: str) -> dict[str, Any]:
+def client_kwargs(settings: EnvSettings, base_url: str) -> dict[str, object]:
     """What ``client_cls(...)`` is built with: the URL, and the eval's timeout and headers mapped onto the
     parameters this client accepts (a stock OpenEnv client takes ``message_timeout_s`` and, since 0.10,
     ``headers``; eval-protocol's own clients take ``request_timeout_s`` and ``default_headers``). Nothing the
@@ -318,7 +331,7 @@ async def open_env(settings: EnvSettings, label: str, task: str | None = None) -
     return EnvSession(_unwrap_sync_client(client), timeout_s=timeout, label=label)
 
 
-async def _close_built(building: "asyncio.Future[Any]") -> None:
+async def _close_built(building: "asyncio.Future[EnvClient | Awaitable[EnvClient]]") -> None:
     """Close the client an ``env_factory`` built for an episode that no longer needs it."""
     if building.cancelled() or building.exception() is not None:
         return
@@ -326,7 +339,7 @@ async def _close_built(building: "asyncio.Future[Any]") -> None:
     await EnvSession(client, timeout_s=STOCK_CONNECT_TIMEOUT_S, label="abandoned by its episode").close()
 
 
-def _close_orphan(building: "asyncio.Future[Any]") -> None:
+def _close_orphan(building: "asyncio.Future[EnvClient | Awaitable[EnvClient]]") -> None:
     """Close a client whose construction finished after its episode stopped waiting for it."""
     task = asyncio.get_running_loop().create_task(_close_built(building))
     _closing.add(task)

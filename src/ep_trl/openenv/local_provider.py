@@ -10,7 +10,6 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 # the same interface in openenv-core 0.3 and openenv 0.10
 from openenv.core.containers.runtime import RuntimeProvider
@@ -31,7 +30,7 @@ class LocalAppProvider(RuntimeProvider):  # type: ignore[misc]
         self._server: ServerProcess | None = None
         self._log_dir = Path(tempfile.mkdtemp(prefix="ep-trl-env-server-"))
 
-    def start(self, port: int | None = None, env_vars: Mapping[str, str] | None = None, **_: Any) -> str:
+    def start(self, port: int | None = None, env_vars: Mapping[str, str] | None = None, **_: object) -> str:
         port = port or free_port(self.host)
         env = {**self.env_vars, **(env_vars or {}),
                # the server imports the package as this process does (a file-path eval's folder is on sys.path)

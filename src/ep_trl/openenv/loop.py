@@ -3,7 +3,7 @@
 This mirrors ``OpenEnvRolloutProcessor``'s loop (same prompt builder, same history lines, same action parser,
 same step limit) but generates from token ids and records a token-exact trajectory. An error of the
 environment, of the eval's action parser or of this episode's generation ends the episode with status "error",
-its kind and its message; it never raises into the batch. Any other error (ep_trl's own, a chat template that
+its kind and its message; it never raises into the batch. Every other error (ep_trl's own, a chat template that
 cannot render) raises out of the rollout call: it would fail every episode alike.
 """
 
@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.spec import action_label, history_line
@@ -29,9 +29,9 @@ from ..sources.episode import (
     pytest_outcome,
 )
 from ..trajectory.tokens import ChatTemplate, TrajectoryBuilder
-from .client import EnvSession, StepOutcome
+from .client import Action, EnvSession, StepOutcome
 from .pool import EnvPool
-from ..trajectory.types import MessagesView
+from ..trajectory.types import Messages, MessagesView
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ async def _guarded(kind: FailureKind, pending: Awaitable[T]) -> T:
 class _State:
     """What one episode has done so far (mutable while it runs; frozen into an ``Episode`` at the end)."""
 
-    messages: list[dict[str, Any]]
+    messages: Messages
     builder: TrajectoryBuilder | None = None
     step_rewards: list[float] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
@@ -146,7 +146,7 @@ async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, 
     state.stop_reason = "done" if outcome.done else "max_steps"
 
 
-async def _parse(cfg: EpisodeConfig, text: str) -> Any:
+async def _parse(cfg: EpisodeConfig, text: str) -> Action:
     try:
         return cfg.action_parser(text)
     except BaseException as exc:
@@ -156,7 +156,7 @@ async def _parse(cfg: EpisodeConfig, text: str) -> Any:
         raise
 
 
-def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, label: str) -> Any:
+def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, label: str) -> object:
     """The prompt builder's message for this step; if it raises, ``str(observation)``, as the processor does."""
     try:
         return cfg.prompt_builder(outcome.observation, step, state.history)

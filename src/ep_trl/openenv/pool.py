@@ -7,9 +7,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from .client import EnvSession, EnvSettings, StepOutcome, open_env
+from .client import EnvSession, EnvSettings, Observation, StepOutcome, open_env
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +18,7 @@ TRANSPORT_RETRIES = 3
 _CAPACITY = re.compile(r"at capacity: (\d+)/(\d+) sessions")
 
 
-def reset_kwargs(settings: EnvSettings, task: str | None) -> dict[str, Any]:
+def reset_kwargs(settings: EnvSettings, task: str | None) -> dict[str, object]:
     """A server given by URL learns its task at reset (OpenEnv's BrowserGym takes ``task_name``); a server that
     ep_trl started for one task already plays it."""
     if task is None or settings.task_urls:
@@ -57,11 +55,12 @@ def capacity_of(error: BaseException) -> int | None:
     return int(match.group(2)) if match else None
 
 
-def reported_task(observation: Any, key: str) -> str | None:
+def reported_task(observation: Observation, key: str) -> str | None:
     """The task an observation says it belongs to (a ``key`` field, or ``metadata[key]``), if it says."""
     value = getattr(observation, key, None)
-    if value is None and isinstance(getattr(observation, "metadata", None), Mapping):
-        value = observation.metadata.get(key)
+    metadata = getattr(observation, "metadata", None) if value is None else None
+    if isinstance(metadata, Mapping):
+        value = metadata.get(key)
     return None if value is None else str(value)
 
 

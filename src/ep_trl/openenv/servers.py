@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Protocol, TypeAlias, TypeGuard, cast
 
 from ..runtime import shutdown
 from .client import EnvSettings
@@ -57,7 +57,30 @@ def server_app(client_cls: type) -> str | None:
     return None
 
 
-Provider = Any  # an OpenEnv RuntimeProvider or ContainerProvider, or a zero-argument callable making one
+class RuntimeProviderLike(Protocol):
+    """What ep_trl calls on an OpenEnv ``RuntimeProvider`` (``UVProvider``, ``local_provider.LocalAppProvider``)."""
+
+    def start(self, *, env_vars: dict[str, str]) -> str: ...
+
+    def wait_for_ready(self, timeout_s: float) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class ContainerProviderLike(Protocol):
+    """What ep_trl calls on an OpenEnv ``ContainerProvider`` (``LocalDockerProvider``, ``KubernetesProvider``)."""
+
+    def start_container(self, image: str, *, env_vars: dict[str, str]) -> str: ...
+
+    def wait_for_ready(self, base_url: str, timeout_s: float) -> None: ...
+
+    def stop_container(self) -> None: ...
+
+
+#: An OpenEnv provider that starts one server.
+ProviderInstance: TypeAlias = RuntimeProviderLike | ContainerProviderLike
+#: What ``provider=`` takes: an OpenEnv RuntimeProvider or ContainerProvider, or a zero-argument callable making one.
+Provider: TypeAlias = ProviderInstance | Callable[[], ProviderInstance]
 
 
 class LaunchedServers:
@@ -69,10 +92,10 @@ class LaunchedServers:
         self._owner = os.getpid()
         self._stops: list[Callable[[], None]] = []
         self.urls: dict[str | None, str] = {}
-        self.providers: list[Any] = []
+        self.providers: list[ProviderInstance] = []
         shutdown.register(self)
 
-    def add(self, task: str | None, url: str, provider: Any, stop: Callable[[], None]) -> None:
+    def add(self, task: str | None, url: str, provider: ProviderInstance, stop: Callable[[], None]) -> None:
         self.urls[task] = url
         self.providers.append(provider)
         self._stops.append(stop)
@@ -154,13 +177,16 @@ def substitution(settings: EnvSettings) -> str | None:
             "yourself and pass env_base_url=...")
 
 
-def _is_factory(provider: Provider) -> bool:
+def _is_factory(provider: Provider) -> TypeGuard[Callable[[], ProviderInstance]]:
     return callable(provider) and not isinstance(provider, _provider_types())
 
 
-def _provider_maker(settings: EnvSettings, provider: Provider | None) -> Callable[[], Any]:
+def _provider_maker(settings: EnvSettings, provider: Provider | None) -> Callable[[], ProviderInstance]:
     if provider is not None:
-        return provider if _is_factory(provider) else (lambda: provider)
+        if _is_factory(provider):
+            return provider
+        instance = cast(ProviderInstance, provider)  # not a factory: a provider itself
+        return lambda: instance
     assert settings.client_cls is not None
     app = server_app(settings.client_cls)
     if app is None:
@@ -176,13 +202,14 @@ def _provider_maker(settings: EnvSettings, provider: Provider | None) -> Callabl
     return lambda: LocalAppProvider(app, start_timeout_s=START_TIMEOUT_S)
 
 
-def _starts_containers(provider: object) -> bool:
+def _starts_containers(provider: ProviderInstance) -> TypeGuard[ContainerProviderLike]:
     """Whether ``provider`` is an OpenEnv ``ContainerProvider`` (it starts a docker image)."""
     container = _provider_types()[1:]
     return bool(container) and isinstance(provider, container)
 
 
-def _start(provider: Any, settings: EnvSettings, env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
+def _start(provider: ProviderInstance, settings: EnvSettings,
+           env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
     """Start one server with an OpenEnv provider of either kind; its URL and how to stop it."""
     if _starts_containers(provider):
         if not settings.docker_image:
@@ -190,6 +217,7 @@ def _start(provider: Any, settings: EnvSettings, env_vars: dict[str, str]) -> tu
         url = provider.start_container(settings.docker_image, env_vars=env_vars)
         provider.wait_for_ready(url, START_TIMEOUT_S)
         return url, provider.stop_container
-    url = provider.start(env_vars=env_vars)
-    provider.wait_for_ready(START_TIMEOUT_S)
-    return url, provider.stop
+    runtime = cast(RuntimeProviderLike, provider)  # not a container provider: a runtime one
+    url = runtime.start(env_vars=env_vars)
+    runtime.wait_for_ready(START_TIMEOUT_S)
+    return url, runtime.stop

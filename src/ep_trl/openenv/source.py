@@ -3,7 +3,7 @@ action parser in ep_trl's token-exact loop (``ep_trl.openenv.loop``), on session
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..engine import settings
 from .pool import EnvPool, ServerNotes
@@ -15,7 +15,7 @@ from ..evalprotocol import EvalSpec
 from ..generation import Generator
 from ..options import RolloutOptions
 from ..sources import EpisodeRequest
-from ..trajectory.types import Prompt
+from ..trajectory.types import Prompt, Row
 
 if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
     from ..engine.call_setup import CallSetup
@@ -75,7 +75,7 @@ class _OpenEnvPlayer:
     def env_sessions(self) -> int:
         return self._envs.opened
 
-    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Any]:
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         assert self._spec.env is not None
         plan = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
                                      self._spec.env.tasks, self._spec.completion_params.get("system_prompt"))

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from . import shutdown
 
@@ -65,7 +65,7 @@ class LoopRunner:
                 self._loop, self._thread = loop, thread
             return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def run(self, coro: Coroutine[object, object, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for its result from the calling (non-loop) thread.
 
         If the wait is interrupted (Ctrl-C, a timeout), ``coro`` is cancelled and given up to

@@ -69,7 +69,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import ConfigError, ProcessExitingError
 
@@ -254,7 +254,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def _on_unraisable(unraisable: Any) -> None:
+def _on_unraisable(unraisable: "sys.UnraisableHookArgs") -> None:
     """``sys.unraisablehook``: a :class:`Terminated` or ``KeyboardInterrupt`` that Python dropped is delivered again,
     once this hook has returned (the watcher waits for that: a signal that lands in here would be dropped too)."""
     _state.hook_depth += 1

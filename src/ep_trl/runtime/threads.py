@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +33,14 @@ IDLE_EXIT_S = 10.0
 #: The name of a pooled thread while it waits for a call (while it runs one: ``ep-trl <what the call is>``).
 IDLE_NAME = "ep-trl idle pooled thread"
 
-_Outcome = tuple[Any, BaseException | None]
+_Outcome = tuple[object, BaseException | None]
 
 
 class _PooledThread:
     """A daemon thread that runs one call at a time, handed to it through its own queue."""
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], str, Callable[[_Outcome], None]]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], object], str, Callable[[_Outcome], None]]] = queue.SimpleQueue()
         #: A token of the call it runs now, None while idle.
         self.running: object | None = None
         self.thread = threading.Thread(target=self._serve, name=IDLE_NAME, daemon=True)
@@ -110,13 +110,13 @@ async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
-    def settle(result: Any, error: BaseException | None) -> None:
+    def settle(result: object, error: BaseException | None) -> None:
         if future.done():
             return
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(result)
+            future.set_result(cast(T, result))  # what ``fn()`` returned
 
     def finish(outcome: _Outcome) -> None:
         try:

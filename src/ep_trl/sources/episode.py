@@ -7,13 +7,13 @@ the capture processors, the scoring and the stream read them without needing the
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, NotRequired, TypeAlias, TypedDict, Unpack, get_args
 
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.inputs import strip_row_key
-from ..openenv.client import EnvSettings
+from ..openenv.client import Action, EnvSettings, Observation
 from ..trajectory.tokens import Trajectory, TurnLimits
-from ..trajectory.types import MessageView
+from ..trajectory.types import Message, MessageView
 
 
 #: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
@@ -29,14 +29,19 @@ EpisodeStatus = Literal["finished", "error"]
 #: not fit), or a failure.
 StopReason = Literal["done", "max_steps", "token_budget", "error"]
 
+#: The eval's prompt builder: ``(observation, step, history) -> user content`` (a string or content parts).
+PromptBuilder: TypeAlias = Callable[[Observation, int, list[str]], object]
+#: The eval's action parser: ``(model text) -> action`` for the environment's ``step``.
+ActionParser: TypeAlias = Callable[[str], Action]
+
 
 @dataclass(frozen=True)
 class EpisodeConfig:
     """Settings shared by every episode of a rollout call."""
 
     env: EnvSettings
-    prompt_builder: Callable[[Any, int, list[str]], Any]
-    action_parser: Callable[[str], Any]
+    prompt_builder: PromptBuilder
+    action_parser: ActionParser
     max_steps: int
     limits: TurnLimits
     eval_name: str = "the eval"
@@ -78,6 +83,20 @@ class Episode:
         return len(self.trajectory.sampled_segments())
 
 
+class EpisodeFields(TypedDict):
+    """The fields of :class:`Episode` that ``ended_episode`` takes as keywords (the rest it derives)."""
+
+    trajectory: Trajectory
+    messages: tuple[MessageView, ...]
+    step_rewards: tuple[float, ...]
+    actions: tuple[str, ...]
+    duration_s: float
+    prompt_tokens: int
+    prompt_builder_failures: NotRequired[int]
+    budget_blocked_tokens: NotRequired[int]
+    forked_segments: NotRequired[int]
+
+
 class EpisodeFailure(Exception):
     """An episode ended early by one of :data:`FAILURE_KINDS`; ``cause`` is the original error."""
 
@@ -87,7 +106,8 @@ class EpisodeFailure(Exception):
         self.cause = cause
 
 
-def ended_episode(plan: EpisodePlan, failure: EpisodeFailure | None, stop_reason: StopReason, **fields: Any) -> Episode:
+def ended_episode(plan: EpisodePlan, failure: EpisodeFailure | None, stop_reason: StopReason,
+                  **fields: Unpack[EpisodeFields]) -> Episode:
     """The ``Episode`` of ``plan``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
     "error", the failure's message and kind. ``fields`` are the rest of :class:`Episode`'s fields."""
     return Episode(
@@ -124,7 +144,7 @@ def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
             f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"))
 
 
-def initial_messages(prompt: object, index: int = 0) -> tuple[dict[str, Any], ...]:
+def initial_messages(prompt: object, index: int = 0) -> tuple[Message, ...]:
     """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
     shape = ("the dataset's 'prompt' column must hold strings or lists of messages such as "
              "[{'role': 'user', 'content': 'Play the game.'}]")

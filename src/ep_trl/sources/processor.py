@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from .episode import Episode, EpisodeFailure, EpisodePlan, FailureKind, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
@@ -31,7 +31,7 @@ from ..generation import Generator
 from ..traininglog.writer import RolloutLogWriter
 from ..traininglog.rows import RowContext
 from . import EpisodeRequest
-from ..trajectory.types import Messages, MessagesView, Prompt, Row
+from ..trajectory.types import Message, Messages, MessageView, MessagesView, Prompt, Row
 
 if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
     from ..engine.call_setup import CallSetup
@@ -250,7 +250,13 @@ def _reported_failure(row: Row) -> EpisodeFailure | None:
         f"the processor marked the rollout {Status.Code(status.code).name}: {status.message}"))
 
 
-def _message_dicts(messages: Sequence[Any]) -> Messages:
+class _MessageModel(Protocol):
+    """eval-protocol's ``Message`` (a pydantic model), as far as a row's messages are read."""
+
+    def model_dump(self, *, exclude_none: bool) -> Message: ...
+
+
+def _message_dicts(messages: Sequence[_MessageModel | MessageView]) -> Messages:
     return [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in messages]
 
 

@@ -42,9 +42,11 @@ This is the one module that knows the TRL internals of the image path: ``DataCol
 ``WeightTransferClient``'s constructor. ``tests/trainers/test_async_images.py`` pins them.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import functools
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..adapters import trl_seam
 from ..trajectory.content import supports_images
@@ -61,6 +63,13 @@ from trl.experimental.async_grpo.packing import TreeRow  # noqa: E402
 
 from .cpu_async import CPUAsyncGRPOTrainer  # noqa: E402
 
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+    from trl.experimental.async_grpo.async_grpo_trainer import RewardFunc
+
+    from ..trajectory.types import MultimodalProcessor
+
 #: Where the vision inputs travel in a collated batch (each with a leading axis of one row per process).
 VISION_PREFIX = "ep_trl_vision/"
 
@@ -69,7 +78,7 @@ class UnsharedTreeRow(TreeRow):
     """A ``TreeRow`` whose samples share no token: each is its own chain of the trie, laid out whole and in the order
     added (TRL's packing without prefix sharing), so a sample's image tokens see only its own pixels."""
 
-    def add(self, sample: dict[str, Any]) -> None:
+    def add(self, sample: dict[str, object]) -> None:
         shared, self.roots = self.roots, {}
         try:
             super().add(sample)
@@ -85,9 +94,9 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
     """TRL's collator; rows holding an image sample are repacked unshared, and the batch gains each row's vision
     inputs under ``VISION_PREFIX``."""
 
-    processing_class: Any = None
+    processing_class: MultimodalProcessor | None = None
 
-    def torch_call(self, examples: list[Any]) -> dict[str, Any]:
+    def torch_call(self, examples: list[list[TreeRow]]) -> dict[str, torch.Tensor]:
         (rows,) = examples
         if not any(images_of(sample["input_ids"]) for row in rows for sample in row.samples):
             return super().torch_call(examples)
@@ -135,7 +144,8 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
     takes_rollout_images = True
     args: AsyncGRPOConfig
 
-    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, *, processing_class: Any,
+    def __init__(self, model: str, reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+                 args: AsyncGRPOConfig | None = None, *, processing_class: MultimodalProcessor,
                  train_vision: bool = True, **kwargs: Any) -> None:
         trl_seam.require_tested("async", type(self).__name__)
         name = type(self).__name__
@@ -194,7 +204,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
                               "AsyncGRPOTrainer's packed rows carry 1-D positions. Train it with GRPOTrainer and "
                               "ep_trl.trainers.images.RolloutImagesGRPOTrainer.")
 
-    def _rebuild_weight_manifest(self, injected: Any) -> None:
+    def _rebuild_weight_manifest(self, injected: object) -> None:
         """TRL's NCCL ``WeightTransferClient`` sizes the server's buffers from a manifest of the trainable parameters
         taken in the constructor, before the vision tower was unfrozen: build it again over what is sent now."""
         if injected is not None or self.weight_transfer is None or self.vllm_client is None or self._lora_sync:
@@ -208,7 +218,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
             vllm_client=self.vllm_client, weight_update_info={"names": names, "dtype_names": dtypes, "shapes": shapes},
             weight_sync_timeout=self.args.weight_sync_timeout)
 
-    def get_train_dataloader(self) -> Any:
+    def get_train_dataloader(self) -> DataLoader:
         collator = trainer_module.DataCollatorForRollout
         # only while TRL builds its data loader
         setattr(trainer_module, "DataCollatorForRollout",
@@ -218,19 +228,21 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
         finally:
             setattr(trainer_module, "DataCollatorForRollout", collator)
 
-    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: Any = None) -> Any:
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         vision = {key[len(VISION_PREFIX):]: inputs.pop(key)[0] for key in list(inputs) if key.startswith(VISION_PREFIX)}
         if not vision and bool((inputs["input_ids"] == self._image_token).any()):
             raise VersionError("A packed batch holds image tokens and no vision inputs: TRL's data loader did not "
                                "build its batches with ep_trl's collator (ImagesRolloutCollator), so this TRL builds "
                                "them another way than the one AsyncImagesGRPOTrainer is tested with.")
-        forward: dict[str, Any] = {}
+        forward: dict[str, torch.Tensor] = {}
 
-        def add_pixels(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        def add_pixels(module: torch.nn.Module, args: tuple[object, ...],
+                       kwargs: dict[str, object]) -> tuple[tuple[object, ...], dict[str, object]]:
             return args, {**kwargs, **vision}
 
-        def keep_log_probs(module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        def keep_log_probs(module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object],
+                           output: _LogProbsOutput) -> None:
             forward["log_probs"] = output.log_probs.detach()
 
         hooks = [model.register_forward_hook(keep_log_probs, with_kwargs=True)]
@@ -248,6 +260,12 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
             self._metrics["train"]["sampling/sampling_logp_difference/mean"].append(difference.mean().item())
             self._metrics["train"]["sampling/sampling_logp_difference/max"].append(difference.max().item())
         return loss
+
+
+class _LogProbsOutput(Protocol):
+    """What the policy's forward returns under TRL's async trainer: the packed tokens' log-probabilities."""
+
+    log_probs: torch.Tensor
 
 
 class CPUAsyncImagesGRPOTrainer(AsyncImagesGRPOTrainer, CPUAsyncGRPOTrainer):

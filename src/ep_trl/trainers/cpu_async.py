@@ -13,7 +13,9 @@ on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/adapters/test_async_worker.py``
 which pins both workarounds.
 """
 
-from typing import Any
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,12 +26,17 @@ trl_seam.require_tested("async", "ep_trl.trainers.cpu_async")  # before TRL's ex
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: E402  (the version is checked first)
 
+if TYPE_CHECKING:
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo.async_grpo_trainer import RewardFunc
+
 
 class CPUAsyncGRPOTrainer(AsyncGRPOTrainer):
     """``AsyncGRPOTrainer`` that runs on CPU (``AsyncGRPOConfig(use_cpu=True, bf16=False)``); see the module
     docstring for exactly what differs."""
 
-    def __init__(self, model: str, reward_funcs: Any = None, args: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: str, reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+                 args: AsyncGRPOConfig | None = None, **kwargs: Any) -> None:
         config = args
         if config is None or not getattr(config, "use_cpu", False):
             raise ConfigError("CPUAsyncGRPOTrainer needs AsyncGRPOConfig(use_cpu=True, bf16=False): it is the CPU "
@@ -52,15 +59,16 @@ class CPUAsyncGRPOTrainer(AsyncGRPOTrainer):
         AttentionInterface.register(TREE_ATTENTION, tree_attention)
 
 
-def _unknown_device(accelerator: Any, dtype: Any) -> None:
+def _unknown_device(accelerator: object, dtype: object) -> None:
     """What ``get_peak_flops_per_device`` answers for a device it does not know: no MFU metrics."""
     return None
 
 
-def tree_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, *,
+def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, *,
                    tree_kv_index: torch.Tensor, tree_cu_seqlens_q: torch.Tensor, tree_cu_seqlens_k: torch.Tensor,
                    scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
-                   **_: Any) -> tuple[torch.Tensor, None]:
+                   **_: object) -> tuple[torch.Tensor, None]:
     """TRL's packed tree attention in plain torch. ``query``/``key``/``value`` are ``(1, heads, N, dim)`` over the N
     packed tokens; segment ``s`` attends its queries ``cu_q[s]:cu_q[s+1]`` to the keys
     ``tree_kv_index[cu_k[s]:cu_k[s+1]]`` (its path from the root, itself last), causally aligned to the end, as

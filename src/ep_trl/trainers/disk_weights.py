@@ -7,19 +7,24 @@ does that for ``DiskSyncGRPOTrainer`` (``ep_trl.trainers.disk_sync``); :class:`D
 ``AsyncGRPOTrainer``'s weight transfer.
 """
 
+from __future__ import annotations
+
 import logging
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 
 from ..errors import ConfigError, GenerationError
 from ..generation.probe import START_HINT
 from ..trajectory.types import JSONObject
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ class DiskWeightSync:
                 "top-k/top-p, which biases TRL's importance-sampling correction. Start it with `--logprobs-mode "
                 "processed_logprobs` (as `trl vllm-serve` does).", self.base_url, mode)
 
-    def push(self, model: Any, step: int) -> float:
+    def push(self, model: torch.nn.Module, step: int) -> float:
         """Write ``model``'s weights (see :func:`write_weights`) and reload them in the server; seconds taken."""
         started = time.perf_counter()
         target = self.directory / f"step-{step:08d}-{self.pushes}"
@@ -71,7 +76,7 @@ class DiskWeightSync:
                     target, self.last_push_s)
         return self.last_push_s
 
-    def push_tensors(self, tensors: Mapping[str, Any], label: str) -> float:
+    def push_tensors(self, tensors: Mapping[str, torch.Tensor], label: str) -> float:
         """Write named ``tensors`` (already in the checkpoint's names) and reload them in the server; seconds taken."""
         from safetensors.torch import save_file
 
@@ -104,10 +109,11 @@ class DiskWeightSync:
             shutil.rmtree(self._current, ignore_errors=True)
         self._current = None
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
+                 json: JSONObject | None = None) -> httpx.Response:
         url = f"{self.base_url}{path}"
         try:
-            response = httpx.request(method, url, timeout=self.timeout_s, **kwargs)
+            response = httpx.request(method, url, timeout=self.timeout_s, params=params, json=json)
         except httpx.HTTPError as exc:
             raise GenerationError(f"{method} {url} failed ({type(exc).__name__}: {exc}); is the vLLM server still "
                                   f"up? If not, {START_HINT}.") from exc
@@ -118,7 +124,7 @@ class DiskWeightSync:
         return response
 
 
-def write_weights(model: Any, directory: Path) -> Path:
+def write_weights(model: torch.nn.Module, directory: Path) -> Path:
     """Write every entry of ``model.state_dict()`` to ``directory/model.safetensors``, tied ones included.
 
     Not ``save_pretrained``: it drops ``lm_head.weight`` of models with tied embeddings, and vLLM's in-place
@@ -129,7 +135,7 @@ def write_weights(model: Any, directory: Path) -> Path:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, tensor in model.state_dict().items():
         tensor = tensor.detach().to("cpu")
@@ -168,7 +174,7 @@ class DiskWeightTransfer:
     def pause(self) -> None:
         self.sync._request("POST", "/pause", params={"mode": "keep"})
 
-    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         tensors = dict(iterator)
         if self._tied and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # safetensors refuses shared ones

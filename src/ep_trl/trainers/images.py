@@ -24,6 +24,8 @@ drops the images: when a TRL release takes images from ``rollout_func`` that tes
 ``takes_rollout_images`` class attribute go.
 """
 
+from __future__ import annotations
+
 import inspect
 from typing import TYPE_CHECKING, Any, cast
 
@@ -35,7 +37,9 @@ from ..adapters.output import IMAGES_KEY
 from ..trajectory.vision_inputs import VisionInputs, vision_inputs
 
 if TYPE_CHECKING:
-    from ..trajectory.types import MultimodalProcessor
+    import torch
+
+    from ..trajectory.types import Image, MultimodalProcessor, Prompt
 
 #: The forward keywords of ``GRPOTrainer._get_per_token_logps_and_entropies`` the vision inputs go through.
 FORWARD_KEYWORDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "mm_token_type_ids")
@@ -67,10 +71,10 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
                 "(ep_trl.trainers.images) cannot attach. Use the TRL versions pyproject.toml names."
             )
         super().__init__(*args, **kwargs)
-        self._rollout_images: list[list[Any]] | None = None
+        self._rollout_images: list[list[Image]] | None = None
         self._rollout_vision: VisionInputs | None = None
 
-    def _generate(self, prompts: Any) -> Any:
+    def _generate(self, prompts: list[Prompt]) -> tuple[object, ...]:
         result = super()._generate(prompts)
         if len(result) != _GENERATE_RESULT_SIZE or not isinstance(result[_EXTRA_FIELDS_AT], dict):
             raise VersionError("GRPOTrainer._generate in this TRL returns another shape than TRL 1.16's; ep_trl's "
@@ -83,7 +87,7 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
             self._rollout_images = [list(sample) for sample in images]
         return result
 
-    def _generate_and_score_completions(self, inputs: Any) -> Any:
+    def _generate_and_score_completions(self, inputs: list[dict[str, object]]) -> dict[str, object]:
         self._rollout_images = None
         self._rollout_vision = None
         try:
@@ -100,8 +104,9 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
             self._rollout_images = None
             self._rollout_vision = None
 
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any,
-                                           logits_to_keep: Any, *args: Any, **kwargs: Any) -> Any:
+    def _get_per_token_logps_and_entropies(
+            self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+            *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         if self._rollout_images is not None and kwargs.get("pixel_values") is None:
             vision = self._vision(input_ids)  # scoring the batch being generated: TRL passes no images
             if vision is not None:
@@ -110,7 +115,7 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
         return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
                                                           **kwargs)
 
-    def _vision(self, prompt_completion_ids: Any) -> VisionInputs | None:
+    def _vision(self, prompt_completion_ids: torch.Tensor) -> VisionInputs | None:
         """The batch's vision inputs, built once per generation batch (on the trainer's device)."""
         if self._rollout_vision is None:
             assert self._rollout_images is not None

@@ -5,8 +5,6 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
-
 from ..sources.episode import Episode, EpisodePlan
 from ..evalprotocol.body import build_row, stamp_row
 from ..evalprotocol.spec import EvalSpec
@@ -30,7 +28,7 @@ class RowContext:
         self.spec = spec
         self.invocation_id = invocation_id
         self.step = step
-        self._created: dict[str, Any] = {}
+        self._created: dict[str, datetime] = {}
         self._pid = os.getpid()
         self._description = (getattr(spec.body, "__doc__", None) or "").strip() or None
         self._tokenizer = tokenizer
@@ -43,7 +41,7 @@ class RowContext:
 
     def row(self, plan: EpisodePlan, rollout_id: str, prompt: Prompt, messages: MessagesView,
             step_rewards: Sequence[float], ep_trl: Settings | None = None,
-            usage: Mapping[str, int] | None = None, duration_s: float | None = None, source_row: Row = None) -> Any:
+            usage: Mapping[str, int] | None = None, duration_s: float | None = None, source_row: Row = None) -> Row:
         """The row of one episode: built from ``messages``, or ``source_row`` (the eval's own row as its processor
         left it: ground truth, tools and metadata kept) with the training ids and metadata set on it."""
         from eval_protocol.models import Status
@@ -76,7 +74,7 @@ class RowContext:
         messages, step_rewards = tuple(messages), tuple(step_rewards)
         log.log(rollout_id, lambda: self.row(plan, rollout_id, prompt, messages, step_rewards))
 
-    def episode_row(self, episode: Episode, rollout_id: str, prompt: Prompt, source_row: Row = None) -> Any:
+    def episode_row(self, episode: Episode, rollout_id: str, prompt: Prompt, source_row: Row = None) -> Row:
         """The episode's final row for the body (``source_row``: the processor's row, see ``row``)."""
         traj = episode.trajectory
         sampled_lps = [lp for lp, m in zip(traj.logprobs, traj.env_mask) if m]
@@ -109,7 +107,7 @@ class RowContext:
             log.log(row.execution_metadata.rollout_id, _given(row), tokens)  # handed over, not copied
 
 
-def final_row(episode: Episode, scored: Scored, agg_score: float | None = None) -> Any:
+def final_row(episode: Episode, scored: Scored, agg_score: float | None = None) -> Row:
     """The row as the body returned it, marked finished or errored, with why it is unscored if it is.
 
     Statuses use the codes the ``ep logs`` UI names: FINISHED (100) "finished", INTERNAL (13) "error",

@@ -22,7 +22,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeAlias
 
 from ..runtime import shutdown
 from ..trajectory.tokens import Trajectory
@@ -81,6 +81,17 @@ class _TokenTexts:
         return [self._cache[t] for t in token_ids]
 
 
+class DatasetLogger(Protocol):
+    """What the writer calls on eval-protocol's dataset logger (``evalprotocol.make_dataset_logger``)."""
+
+    def log(self, row: Row) -> None: ...
+
+
+#: What the writer's queue holds: a row update (rollout id, how to build the row, the episode's tokens if final), a
+#: flush marker, or None (stop).
+_Queued: TypeAlias = "tuple[str, Callable[[], Row], EpisodeTokens | None] | threading.Event | None"
+
+
 class RolloutLogWriter:
     """Queues row updates and writes the newest of each rollout to a DatasetLogger from one daemon thread.
 
@@ -92,14 +103,14 @@ class RolloutLogWriter:
     it. They are for benchmarks and diagnostics.
     """
 
-    def __init__(self, dataset_logger: Any, token_view_max_tokens: int = TOKEN_VIEW_MAX_TOKENS,
+    def __init__(self, dataset_logger: DatasetLogger, token_view_max_tokens: int = TOKEN_VIEW_MAX_TOKENS,
                  min_interval_s: float = 1.0) -> None:
         self._logger = dataset_logger
         self._token_view_max_tokens = token_view_max_tokens
         self._min_interval_s = min_interval_s
         self._hurry = threading.Event()  # set by flush()/close() to end the writer's pause early
         self._texts: dict[int, _TokenTexts] = {}
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._queue: queue.Queue[_Queued] = queue.Queue()
         self._thread = threading.Thread(target=self._drain, name="ep-trl-rollout-log", daemon=True)
         self._owner = os.getpid()  # a forked child's copy has no writer thread: its rows are the parent's to write
         self._here = threading.Lock()  # one caller at a time writes here once the thread has ended
@@ -114,7 +125,7 @@ class RolloutLogWriter:
         self._thread.start()
         _open_writers.add(self)
 
-    def log(self, rollout_id: str, build: Callable[[], Any], tokens: EpisodeTokens | None = None) -> None:
+    def log(self, rollout_id: str, build: Callable[[], Row], tokens: EpisodeTokens | None = None) -> None:
         """Queue an update of one rollout's row, with the episode's tokens if it is the final one.
 
         ``build()`` makes the row; it runs on the writer thread, only if this is still the rollout's newest
@@ -180,7 +191,7 @@ class RolloutLogWriter:
             if self._write_batch([first, *self._take_queued()]):
                 return
 
-    def _take_queued(self) -> list[Any]:
+    def _take_queued(self) -> list[_Queued]:
         batch = []
         while True:
             try:
@@ -188,10 +199,10 @@ class RolloutLogWriter:
             except queue.Empty:
                 return batch
 
-    def _write_batch(self, batch: list[Any]) -> bool:
+    def _write_batch(self, batch: list[_Queued]) -> bool:
         """Write the newest update of each rollout in ``batch``, then release the flushes waiting on it; whether it
         held the stop sentinel."""
-        newest: dict[str, tuple[Callable[[], Any], EpisodeTokens | None]] = {}
+        newest: dict[str, tuple[Callable[[], Row], EpisodeTokens | None]] = {}
         markers: list[threading.Event] = []
         stop = False
         for item in batch:
@@ -211,7 +222,7 @@ class RolloutLogWriter:
             marker.set()
         return stop
 
-    def _write(self, rollout_id: str, build: Callable[[], Any], tokens: EpisodeTokens | None) -> None:
+    def _write(self, rollout_id: str, build: Callable[[], Row], tokens: EpisodeTokens | None) -> None:
         try:
             row = build()
         except Exception as exc:  # a row that cannot be built is lost to the log, not to training; say so
