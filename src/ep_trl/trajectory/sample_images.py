@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .types import Image, MultimodalProcessor
+from .types import Image, MultimodalProcessor, ProcessingClass
 
 if TYPE_CHECKING:  # torch is imported by the processing class, not with ep_trl
     import torch
@@ -88,16 +88,17 @@ def images_of(ids: object) -> tuple[Image, ...]:
     return tuple(getattr(ids, "images", ()))
 
 
-def processed_images_of(processing_class: MultimodalProcessor, ids: object) -> ProcessedImages:
+def processed_images_of(processing_class: ProcessingClass | None, ids: object) -> ProcessedImages:
     """What the processing class made of the images a sample's ``input_ids`` carry: the carried result, or, for ids that carry
     images alone (a custom worker's ``ids_with_images(ids, images)``), :func:`process_images` run on them now."""
     carried = getattr(ids, "processed", None)
     return carried if carried is not None else process_images(processing_class, images_of(ids))
 
 
-def image_token_id(processing_class: MultimodalProcessor) -> int:
+def image_token_id(processing_class: ProcessingClass | None) -> int:
     """The id of the token each image's pixels stand in for (``processing_class.image_token_id``, else the tokenizer's id of
-    ``processing_class.image_token``)."""
+    ``processing_class.image_token``); ``ValueError`` for a processing class that names no image token (a text
+    tokenizer, None)."""
     token_id = getattr(processing_class, "image_token_id", None)
     if isinstance(token_id, int):
         return token_id
@@ -106,7 +107,8 @@ def image_token_id(processing_class: MultimodalProcessor) -> int:
         raise ValueError(f"{type(processing_class).__name__} names no image token (image_token / image_token_id): the images "
                          "of a sample cannot be matched to its placeholders; use the vision-language model's own "
                          "processing class (AutoProcessor.from_pretrained(model)).")
-    return int(processing_class.tokenizer.convert_tokens_to_ids(token))
+    processor = cast("MultimodalProcessor", processing_class)  # it names an image token: a multimodal processor
+    return int(processor.tokenizer.convert_tokens_to_ids(token))
 
 
 def config_image_token(config: object) -> int | None:
@@ -115,7 +117,7 @@ def config_image_token(config: object) -> int | None:
     return getattr(config, "image_token_id", getattr(config, "image_token_index", None))
 
 
-def process_images(processing_class: MultimodalProcessor, images: Sequence[Image]) -> ProcessedImages:
+def process_images(processing_class: ProcessingClass | None, images: Sequence[Image]) -> ProcessedImages:
     """One run of ``processing_class`` over ``images`` (one placeholder each, with the images): the pixel tensors the image
     processor makes of them and the number of image tokens they expand into. Each image is processed here once;
     nothing downstream processes it again."""
@@ -125,8 +127,9 @@ def process_images(processing_class: MultimodalProcessor, images: Sequence[Image
     if not isinstance(token, str):
         raise ValueError(f"{type(processing_class).__name__} names no image placeholder (image_token) to expand images at; "
                          "use the vision-language model's own processing class (AutoProcessor.from_pretrained(model)).")
-    made = processing_class(text=[token * len(images)], images=[list(images)], add_special_tokens=False, return_tensors="pt")
-    text_keys = {*processing_class.tokenizer.model_input_names, "mm_token_type_ids", "token_type_ids"}
+    processor = cast("MultimodalProcessor", processing_class)  # it names an image placeholder: a multimodal processor
+    made = processor(text=[token * len(images)], images=[list(images)], add_special_tokens=False, return_tensors="pt")
+    text_keys = {*processor.tokenizer.model_input_names, "mm_token_type_ids", "token_type_ids"}
     pixels = {key: value for key, value in made.items() if key not in text_keys}
     if "pixel_values" not in pixels:
         raise ValueError(f"{type(processing_class).__name__} made no pixel_values of {len(images)} image(s) (it returned "
@@ -134,7 +137,7 @@ def process_images(processing_class: MultimodalProcessor, images: Sequence[Image
     return ProcessedImages(pixels, int((made["input_ids"][0] == image_token_id(processing_class)).sum()))
 
 
-def placeholder_mismatch(processing_class: MultimodalProcessor, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
+def placeholder_mismatch(processing_class: ProcessingClass | None, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:
     """Why the images ``processed`` came from cannot be the pixels of ``ids`` (the counts of image tokens differ), or
     None when they match (``processed`` None: no images, so no image token either)."""
     token = image_token_id(processing_class)

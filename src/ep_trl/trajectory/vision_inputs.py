@@ -9,6 +9,9 @@ from the ids themselves, never from re-tokenized text.
 The asynchronous trainer's rows are built from images processed already (``ep_trl.trajectory.sample_images.ProcessedImages``,
 one sample's images each): :func:`joined_vision_inputs` joins their tensors the way the image processor lays out one
 row's images, so no image is processed a second time.
+
+The ``processing_class`` these take is a multimodal processing class, left untyped: the trainers hold theirs as an
+optional ``ProcessingClass``, checked before they call, which the checker cannot narrow here.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .types import Image, MultimodalProcessor
+from .types import Image
 
 if TYPE_CHECKING:  # torch is imported when inputs are built, not with ep_trl
     import torch
@@ -37,8 +40,7 @@ class VisionInputs:
 def vision_inputs(processing_class: Any, input_ids: torch.Tensor,
                   images: Sequence[Sequence[Image]]) -> VisionInputs | None:
     """The vision inputs for rows of ``input_ids`` (a padded tensor) whose images, in placeholder order, are
-    ``images[row]``; None when no row holds an image. ``processing_class``: a multimodal processing class (left
-    untyped while ``generation.trainer`` holds it untyped and optional; it checks for None before it calls)."""
+    ``images[row]``; None when no row holds an image."""
     rows = [list(row) for row in images]
     if len(rows) != input_ids.shape[0]:
         raise ValueError(f"{len(rows)} rows of images for {input_ids.shape[0]} rows of token ids")
@@ -48,7 +50,7 @@ def vision_inputs(processing_class: Any, input_ids: torch.Tensor,
     return _with_token_types(processing_class, input_ids, kwargs, [len(row) for row in rows])
 
 
-def joined_vision_inputs(processing_class: MultimodalProcessor, input_ids: torch.Tensor,
+def joined_vision_inputs(processing_class: Any, input_ids: torch.Tensor,
                          pixels: Sequence[Mapping[str, torch.Tensor]],
                          num_images: int) -> VisionInputs:
     """The vision inputs of one row of ``input_ids`` (shape ``(1, n)``) whose ``num_images`` images were processed
@@ -89,7 +91,7 @@ def _per_row(kwargs: Mapping[str, torch.Tensor], rows: int) -> bool:
     return "image_grid_thw" not in kwargs and pixel_values.dim() == 5 and pixel_values.shape[0] == rows
 
 
-def _with_token_types(processing_class: MultimodalProcessor, input_ids: torch.Tensor, kwargs: dict[str, torch.Tensor],
+def _with_token_types(processing_class: Any, input_ids: torch.Tensor, kwargs: dict[str, torch.Tensor],
                       images_per_row: list[int]) -> VisionInputs:
     """``kwargs`` with the per-token modality ids the processing class's model needs, and the entries of ``pixel_values``
     that belong to each row."""
