@@ -114,8 +114,8 @@ REMOTE_PROCESSORS = ("RemoteRolloutProcessor", "GithubActionRolloutProcessor")
 
 
 def _check_processor(processor: object, eval_test: EvalTest) -> None:
-    """An eval-protocol processor that calls a model; not one that eval-protocol put in place of a class whose
-    import failed, and not the no-op one (it calls no model: nothing to train)."""
+    """Every eval-protocol processor that calls a model passes; not one that eval-protocol put in place of a class
+    whose import failed, and not the no-op one (it calls no model: nothing to train)."""
     from eval_protocol.pytest.rollout_processor import RolloutProcessor
 
     kind = type(processor).__name__ if processor is not None else "no rollout_processor"
