@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ep_trl"
-#: ``Any`` in the package at this commit (527 before issue 41, 518 on main after the cli/ and engine merges; the issue's
-#: target is at most 263, half of 527).
-ANY_CEILING = 492
+#: ``Any`` in the package at this commit: 527 before issue 41, whose target was at most 263 (half); 62 after its
+#: typing work (what is left is said where it stands: forwarded ``**kwargs`` of TRL's constructors, untyped
+#: outside libraries, numpy's ``__setstate__``).
+ANY_CEILING = 62
 #: The same rule as ``grep -rwo Any --include=*.py src/ep_trl``: "Any" as a whole word (letters, digits, underscore).
 _ANY = re.compile(r"(?<![A-Za-z0-9_])Any(?![A-Za-z0-9_])")
 
