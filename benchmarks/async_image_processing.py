@@ -112,7 +112,7 @@ def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) ->
     worker_cpu, worker_wall = time.process_time() - worker_cpu, time.perf_counter() - worker_wall
     carried = sum(t.numel() * t.element_size() for s in samples if getattr(s.input_ids, "processed", None)
                   for t in s.input_ids.processed.pixels.values())
-    collator = ImagesRolloutCollator(pad_token_id=processor.tokenizer.pad_token_id or 0, processor=processor)
+    collator = ImagesRolloutCollator(pad_token_id=processor.tokenizer.pad_token_id or 0, processing_class=processor)
     collate_cpu, collate_wall = time.process_time(), time.perf_counter()
     for start in range(0, len(samples), args.batch_size):
         row = TreeRow()

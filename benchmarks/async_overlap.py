@@ -229,7 +229,7 @@ def per_call_worker_class() -> type:
                     while not self._has_room():
                         await asyncio.sleep(BUFFER_POLL_S)
                     call = [next(plans) for _ in range(self.groups_per_report)]
-                    finished = [group async for group in self._function.groups(
+                    finished = [group async for group in self.engine.groups(
                         self._caller(), iter(call), slots=self.slots, turn_version=lambda: self._version,
                         model_for=self.served_model, meter=self.meter)]
                     for group in finished:

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
             for fn in fns.values() if args.warm_up else ():
                 fn(prompts, trainer)  # warm-up: generator set-up, first connections
             fns["on"].flush_logs()
-            writer = fns["on"]._log
+            writer = fns["on"].log_writer
             base = (writer.enqueue_s, writer.write_s, writer.token_view_s, writer.written, writer.queued)
             for r in range(args.repeats):
                 for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
