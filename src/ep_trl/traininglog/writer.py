@@ -22,11 +22,14 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..runtime import shutdown
 from ..trajectory.tokens import Trajectory
 from ..trajectory.types import JSONObject, Row, Tokenizer
+
+if TYPE_CHECKING:  # the protocol only: the writer is handed a logger, it does not import the store
+    from ..evalprotocol.store import DatasetLogger
 
 logger = logging.getLogger(__name__)
 
@@ -81,12 +84,6 @@ class _TokenTexts:
         return [self._cache[t] for t in token_ids]
 
 
-class DatasetLogger(Protocol):
-    """What the writer calls on eval-protocol's dataset logger (``evalprotocol.make_dataset_logger``)."""
-
-    def log(self, row: Row) -> None: ...
-
-
 #: What the writer's queue holds: a row update (rollout id, how to build the row, the episode's tokens if final), a
 #: flush marker, or None (stop).
 _Queued: TypeAlias = "tuple[str, Callable[[], Row], EpisodeTokens | None] | threading.Event | None"
@@ -103,7 +100,7 @@ class RolloutLogWriter:
     it. They are for benchmarks and diagnostics.
     """
 
-    def __init__(self, dataset_logger: DatasetLogger, token_view_max_tokens: int = TOKEN_VIEW_MAX_TOKENS,
+    def __init__(self, dataset_logger: "DatasetLogger", token_view_max_tokens: int = TOKEN_VIEW_MAX_TOKENS,
                  min_interval_s: float = 1.0) -> None:
         self._logger = dataset_logger
         self._token_view_max_tokens = token_view_max_tokens
