@@ -71,31 +71,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh-warm-start", action="store_true",
                    help="clone anew rather than reuse a warm start this machine cached for the same inputs (so that "
                         "its time counts in a measured run)")
-    p.add_argument("--env-steps", type=int, default=3,
-                   help="environment steps per episode (enter-text takes two: fill, then Submit; a third lets an "
-                        "episode that clicked the text box first still finish)")
+    p.add_argument("--env-steps", type=int, default=2,
+                   help="environment steps per episode (enter-text takes two: fill, then Submit)")
     p.add_argument("--max-concurrent", type=int, default=2, help="episodes at once = browsers (2 suits 2 cores)")
-    p.add_argument("--max-steps", type=int, default=32,
-                   help="optimizer steps (fewer when --time-budget-s runs out first)")
-    p.add_argument("--time-budget-s", type=float, default=1800.0,
-                   help="training seconds, warm start included: no step starts that the last step's time says would "
-                        "end past it (0: no budget)")
-    p.add_argument("--num-generations", type=int, default=8, help="episodes per prompt group (GRPO group size)")
-    p.add_argument("--batch-size", type=int, default=8,
-                   help="episodes per optimizer step (one group of 8: the tasks alternate step by step)")
+    p.add_argument("--max-steps", type=int, default=20, help="optimizer steps")
+    p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
+    p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
     p.add_argument("--micro-batch-size", type=int, default=2,
                    help="episodes per forward/backward pass (gradient accumulation over the step's episodes): a "
                         "step of 8 two-turn episodes in one pass holds all their activations at once")
-    p.add_argument("--learning-rate", type=float, default=3e-5)
-    p.add_argument("--train-layers", type=int, default=12,
-                   help="train the top N decoder layers and the final norm, the rest frozen (0: every weight): the "
-                        "backward pass stops at the lowest trained layer, so a step costs about half")
-    p.add_argument("--importance-sampling-correction", action="store_true",
-                   help="GRPOConfig.vllm_importance_sampling_correction: one more forward pass per step to reweigh "
-                        "by the server's logprobs; off by default, since the server holds the trainer's own weights "
-                        "at every step (DiskSyncGRPOTrainer)")
+    p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
-    p.add_argument("--max-completion-length", type=int, default=512,
+    p.add_argument("--max-completion-length", type=int, default=384,
                    help="token budget of a whole episode: sampled turns plus the observations between them")
     p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, instance split")
     p.add_argument("--output-dir", default="outputs/smollm2-browsergym")
@@ -108,8 +95,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tasks names no task; e.g. --tasks click-button,enter-text")
     if args.batch_size % args.num_generations:
         p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
-    if args.train_layers < 0:
-        p.error(f"--train-layers ({args.train_layers}) must be 0 (every weight) or more")
     if args.micro_batch_size < 1 or args.batch_size % args.micro_batch_size:
         p.error(f"--micro-batch-size ({args.micro_batch_size}) must divide --batch-size ({args.batch_size})")
     return args
@@ -159,15 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                 max_completion_length=args.max_completion_length, temperature=args.temperature,
                 learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
                 gradient_checkpointing=False, report_to=[], disable_tqdm=True,
-                vllm_importance_sampling_correction=args.importance_sampling_correction,
             )
             rollout = create_rollout_func(args.env_path, overrides=_overrides(args, env_url, training_seeds))
             training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
             try:
-                budget = _time_budget(args.time_budget_s - warm_s) if args.time_budget_s else None
-                trainer = DiskSyncGRPOTrainer(model=_trainable(model, args.train_layers), reward_funcs=[eval_score],
-                                              args=config, train_dataset=dataset, rollout_func=rollout,
-                                              callbacks=[ProgressPrinter(), *([budget] if budget else [])])
+                trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score], args=config,
+                                              train_dataset=dataset, rollout_func=rollout,
+                                              callbacks=[ProgressPrinter()])
                 trainer.remove_callback(PrinterCallback)
                 trainer.train()
                 rl_s = time.monotonic() - training_started
@@ -188,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_before": before.figures(), "held_out_after": after.figures(),
         "train_first": summary.first, "train_last": summary.last,
         "warm_start_s": round(warm_s, 1), "rl_s": round(rl_s, 1), "train_s": round(warm_s + rl_s, 1),
-        "time_budget_s": args.time_budget_s or None, "train_layers": args.train_layers or "all",
         "rl_s_per_step": round(rl_s / steps, 1) if steps else None,
         "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
                          if "rewards/eval_score/mean" in entry],
@@ -203,50 +185,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{_fmt(before.success_when_well_formed)} -> {_fmt(after.success_when_well_formed)}; training "
           f"{warm_s + rl_s:.0f} s (warm start {warm_s:.0f} s); result: {output / 'result.json'}", flush=True)
     return 0
-
-
-def _time_budget(seconds: float):
-    """A callback that stops training before a step that would end past ``seconds`` (from the trainer's start),
-    judged by the longest step so far: the issue's bar counts the training time, warm start included."""
-    from transformers import TrainerCallback
-
-    class TimeBudget(TrainerCallback):
-        def __init__(self) -> None:
-            self._started = self._last = time.monotonic()
-            self._longest = 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self._started = self._last = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = time.monotonic()
-            self._longest, self._last = max(self._longest, now - self._last), now
-            if now - self._started + self._longest > seconds and state.global_step < state.max_steps:
-                print(f"time budget: step {state.global_step} ends {now - self._started:.0f} s into training; "
-                      f"another step (up to {self._longest:.0f} s) would pass the {seconds:.0f} s left after the "
-                      "warm start, so training stops here", flush=True)
-                control.should_training_stop = True
-
-    return TimeBudget()
-
-
-def _trainable(model_dir: str, train_layers: int):
-    """The model to train: ``model_dir`` itself (every weight), or loaded with all but its top ``train_layers``
-    decoder layers and final norm frozen (embeddings too: SmolLM2 ties them to the output head)."""
-    if not train_layers:
-        return model_dir
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    layers = model.model.layers
-    if train_layers > len(layers):
-        raise ValueError(f"--train-layers {train_layers}: the model has {len(layers)} decoder layers; pass at most "
-                         f"that, or 0 to train every weight")
-    model.requires_grad_(False)
-    for layer in layers[len(layers) - train_layers:]:
-        layer.requires_grad_(True)
-    model.model.norm.requires_grad_(True)
-    return model
 
 
 def _warm_start(args: argparse.Namespace, base: str, env_url: str, training_seeds, output: Path

