@@ -21,6 +21,7 @@ esac
 TESTS=(
   tests/openenv/test_client.py
   tests/envs/test_letters.py
+  tests/envs/test_doors.py
   tests/adapters/test_rollout_func.py
   tests/test_training.py
   tests/openenv/test_loop.py

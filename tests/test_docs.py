@@ -100,7 +100,8 @@ def _flags(words: list[str]) -> set[str]:
     return {w.split("=")[0] for w in words if w.startswith("--")}
 
 
-@pytest.mark.parametrize("script", ["train_browsergym_trl.py", "train_letters_trl.py"])
+@pytest.mark.parametrize("script", ["train_browsergym_trl.py", "train_letters_trl.py", "train_smollm2_doors.py",
+                                    "train_smollm2_browsergym.py"])
 def test_documented_flags_of_the_training_scripts_exist(script):
     commands = _commands(f"python {script}")
     assert commands, f"no documented command runs {script}"

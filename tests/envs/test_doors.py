@@ -90,3 +90,57 @@ def test_the_served_game_plays_the_house_its_client_hands_out():
 
     with local_env_server("ep_trl.envs.doors") as url:
         assert asyncio.run(play(url)) == [(True, 1.0, True), (True, 1.0, True)]
+
+
+class _ScriptedPlayer:
+    """A scripted player, not a model: it answers each turn from the room's text (the open door, or a locked one when
+    ``reads`` is False), through eval-protocol's policy hook, so the eval's own wiring can be checked end to end."""
+
+    def __init__(self, reads: bool) -> None:
+        self.reads = reads
+
+    async def _make_llm_call(self, messages, tools):
+        import re
+
+        text = messages[-1]["content"]
+        doors = re.search(r"Doors: ([a-z, ]+)\.", text).group(1).split(", ")
+        named = re.search(r"The (\w+) door is open|except the (\w+) one", text)
+        open_door = named.group(1) or named.group(2)
+        answer = f"The {open_door} door." if self.reads else next(d for d in doors if d != open_door)
+        return {"choices": [{"message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+@pytest.mark.parametrize(("reads", "score", "moves"), [(True, 1.0, 2), (False, 0.0, 4)])
+def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, reads, score, moves):
+    """``examples/doors/eval_doors.py`` as eval-protocol runs it: its ``OpenEnvRolloutProcessor`` (env_factory,
+    prompt builder, action parser) against a real server, then its body."""
+    import copy
+    import importlib.util
+    from pathlib import Path
+
+    from eval_protocol.models import EvaluationRow
+    from eval_protocol.pytest.types import RolloutProcessorConfig
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "doors" / "eval_doors.py"
+    spec = importlib.util.spec_from_file_location("eval_doors_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    params = module.test_doors.__ep_params__
+    processor = copy.copy(params.rollout_processor)
+    processor.policy_factory = lambda *args, **kwargs: _ScriptedPlayer(reads)
+    with local_env_server("ep_trl.envs.doors") as url:
+        monkeypatch.setenv(module.ENV_URL_VAR, url)
+        config = RolloutProcessorConfig(completion_params=dict(params.completion_params[0]), mcp_config_path="",
+                                        semaphore=asyncio.Semaphore(1), steps=params.steps)
+        [row] = [EvaluationRow(messages=[m.model_copy() for m in msgs]) for msgs in params.input_messages[0]]
+
+        async def go():
+            return await asyncio.gather(*processor([row], config))
+
+        [played] = asyncio.run(go())
+    users = [m.content for m in played.messages if m.role == "user"]
+    assert users[0].startswith("Room 1 of 2. Doors: ") and users[0].endswith("Which door do you take? Answer with "
+                                                                             "the door's color.")
+    assert len(played.execution_metadata.extra["step_rewards"]) == moves
+    assert module.test_doors._origin_func(played).evaluation_result.score == score
