@@ -37,8 +37,8 @@ def build_prompt(observation: DoorsObservation, step: int, history: list[str]) -
 
 
 def parse_action(text: str) -> DoorsAction:
-    """The door the reply names (its first colour word, ``ep_trl.envs.doors.parse_door``); an empty door, which the game answers "You did not name a
-    door.", when it names none."""
+    """The door the reply names (its first colour word, ``ep_trl.envs.doors.parse_door``); an empty door, which the
+    game answers "You did not name a door.", when it names none."""
     return DoorsAction(door=parse_door(text) or "")
 
 

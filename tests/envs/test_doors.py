@@ -32,7 +32,8 @@ def test_a_locked_door_stays_shut_the_open_one_leads_on_and_the_moves_run_out():
     locked = next(d for d in rooms[0].doors if d != rooms[0].open_door)
     missing = next(c for c in COLOURS if c not in rooms[0].doors)
     shut = env.step(DoorsAction(door=locked))
-    assert shut.room == 1 and shut.reward == 0.0 and not shut.done and shut.text.startswith(f"The {locked} door is locked.")
+    assert shut.room == 1 and shut.reward == 0.0 and not shut.done
+    assert shut.text.startswith(f"The {locked} door is locked.")
     assert env.step(DoorsAction(door=missing)).text.startswith(f"There is no {missing} door in this room.")
     assert env.step(DoorsAction(door="")).text.startswith("You did not name a door.")
     last = env.step(DoorsAction(door=rooms[0].open_door))  # the fourth move: through, but out of moves

@@ -3,8 +3,9 @@
 A house (drawn from the reset's ``seed``) has ``rooms`` rooms of four coloured doors each; one door of each room
 opens. Each room says which, in one of two ways: "The blue door is open; the others are locked." or "Every door is
 locked except the blue one.". Each move tries one door: the open one leads to the next room, a locked one stays shut
-(the next observation says so), and the player has ``max_moves`` moves in all. The episode's reward is 1 when the player leaves the last room, else 0: a player that reads each room
-leaves in ``rooms`` moves; one that guesses usually runs out.
+(the next observation says so), and the player has ``max_moves`` moves in all. The episode's reward is 1 when the
+player leaves the last room, else 0: a player that reads each room leaves in ``rooms`` moves; one that guesses
+usually runs out.
 """
 
 import random
