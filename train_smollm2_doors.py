@@ -27,9 +27,7 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -95,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ep_trl.devtools import run_record
     from ep_trl.cli.env_server import local_env_server
+    from ep_trl.cli.heldout import format_figure
     from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
 
     script_logging()
@@ -103,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ep_trl import create_rollout_func, dataset_from_eval
     from ep_trl.devtools.doors_houses import HouseSplit
+    from ep_trl.devtools.cpu_vllm import model_server
     from ep_trl.devtools.real_model import build_smollm2
     from ep_trl.rewards import eval_score
     from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
@@ -120,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[ENV_URL_VAR] = env_url
         model = str(build_smollm2()) if args.model is None else args.model
         tokenizer = AutoTokenizer.from_pretrained(model)
-        with _server(args, model, output) as server:
-            before = _held_out(args, env_url, split.held_out_source(), server.base_url, tokenizer, prompt)
-            _print_figures("before training", before)
+        with model_server(model, output / "logs", base_url=args.vllm_base_url) as server_url:
+            before = _held_out(args, env_url, split.held_out_source(), server_url, tokenizer, prompt)
+            print(before.summary("before training"), flush=True)
             config = GRPOConfig(
                 output_dir=str(output), use_cpu=True, bf16=False, seed=args.seed, use_vllm=True,
-                vllm_mode="server", vllm_server_base_url=server.base_url,
+                vllm_mode="server", vllm_server_base_url=server_url,
                 per_device_train_batch_size=args.micro_batch_size,
                 gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
                 num_generations=args.num_generations,
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                 train_s = time.monotonic() - training_started
             finally:
                 rollout.close()
-            after = _held_out(args, env_url, split.held_out_source(), server.base_url, tokenizer, prompt)
-            _print_figures("after training", after)
+            after = _held_out(args, env_url, split.held_out_source(), server_url, tokenizer, prompt)
+            print(after.summary("after training"), flush=True)
 
     steps = int(trainer.state.global_step)
     summary = report_training(
@@ -164,15 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         "learning_rate": args.learning_rate, "temperature": args.temperature,
         "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
                          if "rewards/eval_score/mean" in entry],
-        "held_out_before_episodes": _episodes(before), "held_out_after_episodes": _episodes(after),
+        "held_out_before_episodes": before.rows(), "held_out_after_episodes": after.rows(),
     }
     text = json.dumps(result, indent=1)
     (output / "result.json").write_text(text)
     if args.result:
         Path(args.result).parent.mkdir(parents=True, exist_ok=True)
         Path(args.result).write_text(text)
+    well_formed = (format_figure(before.success_when_well_formed), format_figure(after.success_when_well_formed))
     print(f"held-out task success {before.success:.3f} -> {after.success:.3f}; among well-formed episodes "
-          f"{_fmt(before.success_when_well_formed)} -> {_fmt(after.success_when_well_formed)}; training "
+          f"{well_formed[0]} -> {well_formed[1]}; training "
           f"{train_s:.0f} s; result: {output / 'result.json'}", flush=True)
     return 0
 
@@ -221,28 +222,6 @@ def _trainable(model_dir: str, train_layers: int):
     return model
 
 
-@contextmanager
-def _server(args: argparse.Namespace, model: str, output: Path):
-    """A CPU vLLM server on ``model``: one started for the run, or ``--vllm-base-url`` with ``model``'s weights pushed
-    to it (``DiskWeightSync``, as ``DiskSyncGRPOTrainer`` pushes them at each step)."""
-    if args.vllm_base_url is None:
-        from ep_trl.devtools.cpu_vllm import vllm_server
-
-        with vllm_server(model, output / "logs", max_model_len=2048) as server:
-            yield server
-        return
-    from transformers import AutoModelForCausalLM
-
-    from ep_trl.trainers.disk_weights import DiskWeightSync
-
-    sync = DiskWeightSync(args.vllm_base_url)
-    try:
-        sync.push(AutoModelForCausalLM.from_pretrained(model), step=0)
-    finally:
-        sync.close()
-    yield SimpleNamespace(base_url=args.vllm_base_url)
-
-
 def _overrides(env_url: str, seeds) -> "EvalOverrides":
     """The eval's own wiring with the episodes' houses drawn from ``seeds``."""
     from ep_trl import EvalOverrides
@@ -266,22 +245,6 @@ def _held_out(args: argparse.Namespace, env_url: str, seeds, base_url: str, toke
                              max_episode_tokens=args.max_completion_length)
     finally:
         rollout.close()
-
-
-def _print_figures(when: str, played) -> None:
-    per_task = ", ".join(f"{task} {value:.3f}" for task, value in played.per_task().items())
-    print(f"held-out {when}: task success {played.success:.3f} ({per_task}); well-formed actions "
-          f"{played.well_formed_rate:.3f}; success among well-formed episodes "
-          f"{_fmt(played.success_when_well_formed)} ({len(played.episodes)} episodes, greedy)", flush=True)
-
-
-def _episodes(played) -> list[dict]:
-    return [{"task": e.task, "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score, "status": e.status,
-             "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens} for e in played.episodes]
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

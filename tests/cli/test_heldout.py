@@ -26,6 +26,13 @@ def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen
     assert played.success_when_well_formed == pytest.approx(0.5)
     assert played.per_task() == {"click-button": 0.5, "enter-text": 0.0}
     assert HeldOutEpisodes(()).success_when_well_formed is None
+    assert played.summary("after training") == (
+        "held-out after training: task success 0.250 (click-button 0.500, enter-text 0.000); well-formed actions "
+        "0.750; success among well-formed episodes 0.500 (4 episodes, greedy)")
+    assert "success among well-formed episodes n/a (0 episodes" in HeldOutEpisodes(()).summary("before training")
+    assert played.rows()[2] == {"task": "enter-text", "turns": ["fill('14', 'Ann')", "I would"],
+                                "parsed": [True, False], "score": 0.0, "status": "finished", "prompt_tokens": 0,
+                                "completion_tokens": 0}
 
 
 class FakeRollout:

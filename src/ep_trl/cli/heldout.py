@@ -185,6 +185,24 @@ class HeldOutEpisodes:
                 "success_when_well_formed": self.success_when_well_formed, "per_task": self.per_task(),
                 "episodes": len(self.episodes)}
 
+    def summary(self, when: str) -> str:
+        """The line a run prints: the three figures (and success per task), ``when`` ("before training", ...)."""
+        per_task = ", ".join(f"{task} {value:.3f}" for task, value in self.per_task().items())
+        return (f"held-out {when}: task success {self.success:.3f} ({per_task}); well-formed actions "
+                f"{self.well_formed_rate:.3f}; success among well-formed episodes "
+                f"{format_figure(self.success_when_well_formed)} ({len(self.episodes)} episodes, greedy)")
+
+    def rows(self) -> list[dict[str, object]]:
+        """Every episode as a result file keeps it: task, turns, whether each parsed, score, status, tokens."""
+        return [{"task": e.task, "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score,
+                 "status": e.status, "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens}
+                for e in self.episodes]
+
+
+def format_figure(value: float | None) -> str:
+    """A figure to three decimals, or "n/a" when there is none (no well-formed episode)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
 
 def play_held_out(rollout: RolloutFunction, prompt: Prompt, *, tasks: Sequence[str], episodes: int,
                   tokenizer: Tokenizer, base_url: str, parsed: Callable[[str], bool],

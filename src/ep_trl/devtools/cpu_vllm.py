@@ -211,3 +211,25 @@ def vllm_server(model_dir: str | Path, log_dir: Path, **kwargs: Any) -> Iterator
         yield server
     finally:
         stop_vllm_server(server)
+
+
+@contextmanager
+def model_server(model_dir: str | Path, log_dir: Path, *, base_url: str | None = None,
+                 max_model_len: int = 2048) -> Iterator[str]:
+    """The URL of a CPU vLLM server holding ``model_dir``'s weights for the block: one started on it (and stopped
+    after), or the server at ``base_url`` (serving the same architecture in dev mode, ``VLLM_SERVER_DEV_MODE=1``) with
+    the weights pushed to it as ``DiskSyncGRPOTrainer`` pushes them at each step."""
+    if base_url is None:
+        with vllm_server(model_dir, log_dir, max_model_len=max_model_len) as server:
+            yield server.base_url
+        return
+    from transformers import AutoModelForCausalLM
+
+    from ..trainers.disk_weights import DiskWeightSync
+
+    sync = DiskWeightSync(base_url)
+    try:
+        sync.push(AutoModelForCausalLM.from_pretrained(model_dir), step=0)
+    finally:
+        sync.close()
+    yield base_url
