@@ -47,10 +47,6 @@ ENV_URL_VAR = "BROWSERGYM_ENV_URL"
 #: The eval's own per-call timeout (examples/browsergym/eval_miniwob.py: a reset starts Chromium).
 REQUEST_TIMEOUT_S = 60.0
 TASKS = ("click-button", "enter-text")
-#: What result.json keeps of each logged step.
-STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
-               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns",
-               "completions/mean_length", "ep_trl/episodes_per_s")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from ep_trl.cli.env_server import local_env_server
     from ep_trl.cli.heldout import format_figure
     from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
+    from ep_trl.cli.run_folder import EPISODE_STEP_FIELDS, steps_logged
 
     script_logging()
     from transformers import AutoTokenizer, PrinterCallback
@@ -172,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_first": summary.first, "train_last": summary.last,
         "warm_start_s": round(warm_s, 1), "rl_s": round(rl_s, 1), "train_s": round(warm_s + rl_s, 1),
         "rl_s_per_step": round(rl_s / steps, 1) if steps else None,
-        "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
-                         if "rewards/eval_score/mean" in entry],
+        "steps_logged": steps_logged(trainer.state.log_history, EPISODE_STEP_FIELDS),
         "held_out_before_episodes": before.rows(), "held_out_after_episodes": after.rows(),
     }
     text = json.dumps(result, indent=1)

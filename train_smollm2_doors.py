@@ -40,10 +40,6 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_ENV_PATH = str(HERE / "examples" / "doors" / "eval_doors.py") + "::test_doors"
 ENV_URL_VAR = "DOORS_ENV_URL"
 TASK = "doors"
-#: What result.json keeps of each logged step.
-STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
-               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns",
-               "completions/mean_length", "ep_trl/episodes_per_s")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from ep_trl.cli.env_server import local_env_server
     from ep_trl.cli.heldout import format_figure
     from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
+    from ep_trl.cli.run_folder import EPISODE_STEP_FIELDS, steps_logged
 
     script_logging()
     from transformers import AutoTokenizer, PrinterCallback
@@ -162,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_s": round(train_s, 1), "train_s_per_step": round(train_s / steps, 1) if steps else None,
         "time_budget_s": args.time_budget_s or None, "train_layers": args.train_layers or "all",
         "learning_rate": args.learning_rate, "temperature": args.temperature,
-        "steps_logged": [{k: entry[k] for k in STEP_FIELDS if k in entry} for entry in trainer.state.log_history
-                         if "rewards/eval_score/mean" in entry],
+        "steps_logged": steps_logged(trainer.state.log_history, EPISODE_STEP_FIELDS),
         "held_out_before_episodes": before.rows(), "held_out_after_episodes": after.rows(),
     }
     text = json.dumps(result, indent=1)

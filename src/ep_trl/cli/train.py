@@ -688,8 +688,7 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
               "held_out_after": state.after.mean if state.after is not None else None,
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
-              "steps_logged": [{k: entry[k] for k in run_folder.STEP_FIELDS if k in entry} for entry in history
-                               if "rewards/eval_score/mean" in entry],
+              "steps_logged": run_folder.steps_logged(history),
               "held_out_before_rows": run_folder.held_out_rows(state.before),
               "held_out_after_rows": run_folder.held_out_rows(state.after)}
     path = run_folder.write_result(folder, result)
