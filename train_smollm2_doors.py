@@ -60,8 +60,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="episodes per optimizer step")
     p.add_argument("--micro-batch-size", type=int, default=8, help="episodes per forward/backward pass")
     p.add_argument("--learning-rate", type=float, default=3e-5)
-    p.add_argument("--train-layers", type=int, default=0,
-                   help="train the top N decoder layers and the final norm, the rest frozen (0: every weight)")
     p.add_argument("--importance-sampling-correction", action="store_true",
                    help="GRPOConfig.vllm_importance_sampling_correction: one more forward pass per step to reweigh "
                         "by the server's logprobs; off by default, since the server holds the trainer's own weights "
@@ -80,8 +78,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
     if args.micro_batch_size < 1 or args.batch_size % args.micro_batch_size:
         p.error(f"--micro-batch-size ({args.micro_batch_size}) must divide --batch-size ({args.batch_size})")
-    if args.train_layers < 0:
-        p.error(f"--train-layers ({args.train_layers}) must be 0 (every weight) or more")
     return args
 
 
@@ -135,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
             try:
                 budget = _time_budget(args.time_budget_s) if args.time_budget_s else None
-                trainer = DiskSyncGRPOTrainer(model=_trainable(model, args.train_layers), reward_funcs=[eval_score],
+                trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score],
                                               args=config, train_dataset=dataset, rollout_func=rollout,
                                               callbacks=[ProgressPrinter(), *([budget] if budget else [])])
                 trainer.remove_callback(PrinterCallback)
@@ -157,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_before": before.figures(), "held_out_after": after.figures(),
         "train_first": summary.first, "train_last": summary.last,
         "train_s": round(train_s, 1), "train_s_per_step": round(train_s / steps, 1) if steps else None,
-        "time_budget_s": args.time_budget_s or None, "train_layers": args.train_layers or "all",
+        "time_budget_s": args.time_budget_s or None,
         "learning_rate": args.learning_rate, "temperature": args.temperature,
         "steps_logged": steps_logged(trainer.state.log_history, EPISODE_STEP_FIELDS),
         "held_out_before_episodes": before.rows(), "held_out_after_episodes": after.rows(),
@@ -197,25 +193,6 @@ def _time_budget(seconds: float):
                 control.should_training_stop = True
 
     return TimeBudget()
-
-
-def _trainable(model_dir: str, train_layers: int):
-    """The model to train: ``model_dir`` itself (every weight), or loaded with all but its top ``train_layers``
-    decoder layers and final norm frozen (embeddings too: SmolLM2 ties them to the output head)."""
-    if not train_layers:
-        return model_dir
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    layers = model.model.layers
-    if train_layers > len(layers):
-        raise ValueError(f"--train-layers {train_layers}: the model has {len(layers)} decoder layers; pass at most "
-                         f"that, or 0 to train every weight")
-    model.requires_grad_(False)
-    for layer in layers[len(layers) - train_layers:]:
-        layer.requires_grad_(True)
-    model.model.norm.requires_grad_(True)
-    return model
 
 
 def _overrides(env_url: str, seeds) -> "EvalOverrides":
