@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
+from .. import ConfigError, EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
 from . import modes, run_folder
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from trl import GRPOConfig, TrlParser
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from ..capture.parsing import ChosenTemplate
     from ..devtools.run_record import RunStart
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
@@ -75,6 +76,10 @@ class RunArguments:
         "help": "the path of --env-server that answers 2xx once it is ready"})
     env_server_timeout_s: float = field(default=120.0, metadata={
         "help": "how long --env-server may take to answer its health path"})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "replace the model's chat template for the run: the name of a template TRL ships (e.g. qwen2_5: "
+                "ChatML with tool calls in <tool_call> blocks, for a model without a tool-call format) or a .jinja "
+                "file. The trainer's processing class renders and parses every turn with it"})
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights"})
     lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 2 x --lora-r)"})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
@@ -215,6 +220,10 @@ class TrainJob:
     preset: Preset
     #: The served model's id on the vLLM server (held-out scoring asks for it by name).
     served_model: str | None = None
+    #: ``--chat-template``'s template, read; None: the model's own.
+    chat_template: "ChosenTemplate | None" = None
+    #: How the eval offers the model tools (``evalprotocol.spec.tools_offered``); None when it offers none.
+    tools_offered: str | None = None
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -295,7 +304,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     if run_args.model:
         _check_model(parser, run_args.model)
     _check_env_server(parser, run_args)
-    spec = _check_eval(parser, env_path)
+    spec, offered = _check_eval(parser, env_path)
+    template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     _check_held_out(parser, env_path, run_args, mode, spec)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
@@ -304,7 +314,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served)
+                    served_model=served, chat_template=template, tools_offered=offered)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -384,14 +394,68 @@ def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -
                      "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
 
 
-def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "EvalSpec":
-    """The eval's spec; its import, its processor and its settings checked (their errors name the fix)."""
-    from ..evalprotocol import read_eval_spec, resolve_eval_test
+def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "tuple[EvalSpec, str | None]":
+    """The eval's spec, and how it offers the model tools (None: it offers none); its import, its processor and its
+    settings checked (their errors name the fix)."""
+    from ..evalprotocol import eval_rows, read_eval_spec, resolve_eval_test
+    from ..evalprotocol.spec import tools_offered
 
     try:
-        return read_eval_spec(resolve_eval_test(env_path))
+        eval_test = resolve_eval_test(env_path)
+        spec = read_eval_spec(eval_test)
+        return spec, tools_offered(spec, eval_rows(eval_test) if spec.processor is not None else ())
     except EpTrlError as error:
         parser.error(f"ENV_PATH {env_path}: {error}")
+
+
+def _check_chat_template(parser: argparse.ArgumentParser, run_args: RunArguments, offered: str | None,
+                         env_path: str) -> "ChosenTemplate | None":
+    """``--chat-template``'s template, read; refused when it names none, when it writes control tokens the model's
+    tokenizer lacks, or when the eval offers tools and the template the run renders with has no tool-call format.
+    Without ``--model`` (a preset's own model) the tokenizer is checked once the model exists (:func:`run`)."""
+    from ..capture.parsing import load_chat_template
+
+    chosen = None
+    if run_args.chat_template:
+        try:
+            chosen = load_chat_template(run_args.chat_template)
+        except EpTrlError as error:
+            parser.error(f"--chat-template {run_args.chat_template}: {error}")
+    if run_args.model and (chosen is not None or offered is not None):
+        problem = template_problem(run_args.model, chosen, offered, env_path)
+        if problem:
+            parser.error(problem)
+    return chosen
+
+
+def template_problem(model: str, chosen: "ChosenTemplate | None", offered: str | None, env_path: str) -> str | None:
+    """What is wrong with the template the run renders ``model``'s turns with (``chosen``, else the model's own),
+    naming the fix; None when nothing is. ``offered``: how the eval offers tools (None: it offers none)."""
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from ..capture.parsing import TOOL_TEMPLATE_FIX, tool_call_format_missing, tool_templates_for, use_chat_template
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as error:
+        return f"--model {model}: its tokenizer could not be loaded ({error})"
+    if chosen is not None:
+        try:
+            use_chat_template(tokenizer, chosen)
+        except EpTrlError as error:
+            return f"--chat-template {chosen.name}: {error}"
+    if offered is None:
+        return None
+    missing = tool_call_format_missing(tokenizer)
+    if missing is None:
+        return None
+    fitting = ", ".join(tool_templates_for(copy.copy(tokenizer))) or "none"
+    whose = f"--chat-template {chosen.name}" if chosen is not None else f"--model {model}'s chat template"
+    return (f"ENV_PATH {env_path}: {offered}, and {whose} has no tool-call format TRL knows ({missing}), so ep_trl "
+            f"could not read the model's tool calls. {TOOL_TEMPLATE_FIX} Templates TRL ships with a tool-call format "
+            f"and this tokenizer's special tokens: {fitting}.")
 
 
 def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: RolloutArguments, vl: VLLMArguments,
@@ -501,6 +565,10 @@ def run(job: TrainJob) -> int:
         with _environment(job) as env_url:
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
+            if job.model is None and (job.chat_template is not None or job.tools_offered is not None):
+                problem = template_problem(model, job.chat_template, job.tools_offered, job.env_path)
+                if problem:  # the preset's own model: plan() could not check its tokenizer
+                    raise ConfigError(problem)
             train_rows, held_out = _datasets(job)
             if held_out:
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
@@ -513,7 +581,7 @@ def run(job: TrainJob) -> int:
             with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
                                   callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
                                   peft_config=_lora(job.run), images=job.mode.images, overrides=job.overrides,
-                                  options=job.options, vllm=job.vllm,
+                                  options=job.options, vllm=job.vllm, chat_template=job.chat_template,
                                   max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
@@ -648,6 +716,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
     """``config.yaml``'s content: ENV_PATH, the model, the mode, ep_trl's options and the trainer config."""
     return {"env_path": job.env_path, "model": model, "generation": job.mode.describe(),
             **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
+            "chat_template_file": str(job.chat_template.path) if job.chat_template is not None else None,
             "eval_overrides": {k: v for k, v in asdict(job.overrides).items() if v is not None},
             "rollout_options": asdict(job.options), "vllm_options": asdict(job.vllm),
             "max_concurrent_rollouts": job.max_concurrent_rollouts,
