@@ -309,6 +309,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     _check_held_out(parser, env_path, run_args, mode, spec)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
+    if template is not None and run_args.held_out and mode.vllm_base_url and served and run_args.model:
+        _check_served_template(parser, mode.vllm_base_url, served, run_args.model, template, vllm)
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
@@ -526,6 +528,42 @@ def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, 
         parser.error(f"--vllm-server-url {url} serves {served!r}, not --model {model!r}: start the server on --model "
                      f"({modes.SERVER_HINT}), or pass --model {served}")
     return served
+
+
+#: The conversation the server's rendering is compared on: no system message, so a template that writes a default one
+#: (Qwen 2.5's) differs from one that does not.
+_TEMPLATE_PROBE = [{"role": "user", "content": "Which way? Answer with one word."}]
+
+
+def _check_served_template(parser: argparse.ArgumentParser, url: str, served: str, model: str,
+                           template: "ChosenTemplate", vllm: VLLMOptions) -> None:
+    """``--held-out`` with ``--chat-template``: held-out rows go through the server's ``/v1/chat/completions``, which
+    renders with the server's own template (training sends token ids ep_trl rendered). Refused unless the server's
+    ``/tokenize`` renders a probe conversation to the same ids as the chosen template."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    from ..capture.parsing import use_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    use_chat_template(tokenizer, template)  # plan() checked its special tokens
+    ours = list(tokenizer.apply_chat_template(_TEMPLATE_PROBE, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False))
+    fix = (f"start the server with vLLM's `--chat-template {template.path}` (the template the run trains with), or "
+           "drop --held-out")
+    try:
+        response = httpx.post(f"{url.rstrip('/')}/tokenize", timeout=vllm.connect_timeout_s, json={
+            "model": served, "messages": _TEMPLATE_PROBE, "add_generation_prompt": True})
+        response.raise_for_status()
+        theirs = response.json()["tokens"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+        parser.error(f"--held-out with --chat-template {template.name}: held-out rows are rendered by the vLLM server "
+                     f"at {url}, and its /tokenize could not show with which template ({type(error).__name__}: "
+                     f"{error}). A vLLM OpenAI server answers /tokenize; {fix}")
+    if theirs != ours:
+        parser.error(f"--held-out with --chat-template {template.name}: the vLLM server at {url} renders chat prompts "
+                     "with another template (its /tokenize differs on a probe conversation), so held-out rows would be "
+                     f"scored on prompts training never renders: {fix}")
 
 
 def _same_model(served: str, model: str) -> bool:
