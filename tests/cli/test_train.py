@@ -391,10 +391,11 @@ def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tin
 
 #: Evals that offer the model tools, one per way of offering them.
 TOOL_EVALS = {
-    "mcp-gym": ("tests.evals.eval_frozen_lake::test_frozen_lake", r"uses MCPGymRolloutProcessor, which offers"),
+    "mcp-gym": ("tests.evals.eval_frozen_lake::test_frozen_lake",
+                r"its MCPGymRolloutProcessor offers the model the environment's tools"),
     "agent-mcp": ("tests.evals.eval_calculator_agent::test_calculator_agent",
-                  r"uses AgentRolloutProcessor with MCP servers .*whose tools it offers"),
-    "rows-with-tools": ("tests.evals.eval_inputs_rows::test_qa_rows", r"\d+ of .*rows offer the model tools"),
+                  r"its AgentRolloutProcessor offers the model the tools of its MCP servers \(.*calc_mcp\.json\)"),
+    "rows-with-tools": ("tests.evals.eval_inputs_rows::test_qa_rows", r"\d+ of its rows offer the model tools"),
 }
 
 

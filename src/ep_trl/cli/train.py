@@ -437,7 +437,7 @@ def template_problem(model: str, chosen: "ChosenTemplate | None", offered: str |
 
     from transformers import AutoTokenizer
 
-    from ..capture.parsing import TOOL_TEMPLATE_FIX, tool_call_format_missing, tool_templates_for, use_chat_template
+    from ..capture.parsing import tool_call_format_missing, tool_templates_for, use_chat_template
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
@@ -450,14 +450,15 @@ def template_problem(model: str, chosen: "ChosenTemplate | None", offered: str |
             return f"--chat-template {chosen.name}: {error}"
     if offered is None:
         return None
-    missing = tool_call_format_missing(tokenizer)
-    if missing is None:
+    if tool_call_format_missing(tokenizer) is None:
         return None
-    fitting = ", ".join(tool_templates_for(copy.copy(tokenizer))) or "none"
+    fitting = tool_templates_for(copy.copy(tokenizer))
+    suggested = "qwen2_5" if "qwen2_5" in fitting or not fitting else fitting[0]
     whose = f"--chat-template {chosen.name}" if chosen is not None else f"--model {model}'s chat template"
-    return (f"ENV_PATH {env_path}: {offered}, and {whose} has no tool-call format TRL knows ({missing}), so ep_trl "
-            f"could not read the model's tool calls. {TOOL_TEMPLATE_FIX} Templates TRL ships with a tool-call format "
-            f"and this tokenizer's special tokens: {fitting}.")
+    return (f"ENV_PATH {env_path}: {offered}, and {whose} has no tool-call format TRL knows, so ep_trl could not read "
+            f"the model's tool calls. Add --chat-template {suggested} (a template TRL ships with a tool-call format; "
+            f"those that use only this tokenizer's special tokens: {', '.join(fitting) or 'none'}), or a .jinja file "
+            "with one, or use a model whose own template has one (Qwen, Llama 3.1, GLM, gpt-oss, Gemma 4).")
 
 
 def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: RolloutArguments, vl: VLLMArguments,

@@ -116,13 +116,13 @@ def tools_offered(spec: EvalSpec, rows: Iterable[object]) -> str | None:
         return None
     kind = type(spec.processor).__name__
     if kind == "MCPGymRolloutProcessor":
-        return f"{spec.qualified_name} uses MCPGymRolloutProcessor, which offers the model its environment's tools"
+        return "its MCPGymRolloutProcessor offers the model the environment's tools"
     if kind == "AgentRolloutProcessor" and spec.processor_settings.get("mcp_config_path"):
-        return (f"{spec.qualified_name} uses AgentRolloutProcessor with MCP servers "
-                f"({spec.processor_settings['mcp_config_path']}), whose tools it offers the model")
+        return (f"its AgentRolloutProcessor offers the model the tools of its MCP servers "
+                f"({spec.processor_settings['mcp_config_path']})")
     carrying = sum(1 for row in rows if getattr(row, "tools", None))
     if carrying:
-        return f"{carrying} of {spec.qualified_name}'s rows offer the model tools (their `tools`)"
+        return f"{carrying} of its rows offer the model tools (their `tools`)"
     return None
 
 
