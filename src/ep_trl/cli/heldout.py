@@ -278,7 +278,9 @@ class HeldOutEpisodes:
         return statistics.fmean(formed) if formed else None
 
     def per_task(self) -> dict[str, float]:
-        """Success per task."""
+        """Success per task (empty when no episode played a named task)."""
+        if not any(e.task for e in self.episodes):
+            return {}
         tasks = sorted({e.task or "" for e in self.episodes})
         return {t: statistics.fmean(e.score or 0.0 for e in self.episodes if (e.task or "") == t) for t in tasks}
 
@@ -290,7 +292,8 @@ class HeldOutEpisodes:
     def summary(self, when: str) -> str:
         """The line a run prints: the three figures (and success per task), ``when`` ("before training", ...)."""
         per_task = ", ".join(f"{task} {value:.3f}" for task, value in self.per_task().items())
-        return (f"held-out {when}: task success {self.success:.3f} ({per_task}); well-formed actions "
+        return (f"held-out {when}: task success {self.success:.3f}{f' ({per_task})' if per_task else ''}; "
+                "well-formed actions "
                 f"{self.well_formed_rate:.3f}; success among well-formed episodes "
                 f"{format_figure(self.success_when_well_formed)} ({len(self.episodes)} episodes, greedy)")
 
