@@ -190,8 +190,9 @@ def silent_port():
                  id="trl-mode-flag"),
     pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--env-server", "python -m ep_trl.envs.letters"],
                  r"has no \{port\}: write where the server's port goes", id="env-server-without-port"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "1"],
-                 r"--held-out: .*plays an OpenEnv environment loop.*Drop --held-out", id="held-out-openenv"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "0.5"],
+                 r"--held-out 0\.5: .*plays an OpenEnv environment, whose held-out instances are reset seeds: give "
+                 r"their number \(a whole number\)", id="held-out-share-of-openenv-seeds"),
 ])
 def test_bad_input_is_refused_before_anything_starts(args, message, tiny_model_dir, tmp_path, other_model_server,
                                                      capsys):

@@ -162,25 +162,6 @@ class GRPOTrainerCaller:
             store["train"][key].append(value)
 
 
-def sync_vllm_weights(trainer: object) -> None:
-    """Bring the trainer's vLLM engine (its server, or its colocated engine) onto its current weights, as
-    ``GRPOTrainer`` does before it generates (``_last_loaded_step``, ``vllm_generation.sync_weights()``): the last
-    optimizer step's weights reach it only at the next generation, and held-out play after training must not use the
-    step before. Nothing to do for a trainer that generates in-process or is already in sync."""
-    if not getattr(getattr(trainer, "args", None), "use_vllm", False):
-        return
-    step = getattr(getattr(trainer, "state", None), "global_step", 0)
-    last = getattr(trainer, "_last_loaded_step", None)
-    generation = getattr(trainer, "vllm_generation", None)
-    if last is None or generation is None:
-        raise VersionError("this TRL's GRPOTrainer has no _last_loaded_step or vllm_generation: ep_trl cannot bring "
-                           "its vLLM engine onto the trained weights before held-out play; install the TRL that "
-                           "pyproject.toml pins")
-    if last != step:
-        generation.sync_weights()
-        trainer._last_loaded_step = step  # type: ignore[attr-defined]
-
-
 def caller_of(args: tuple["GRPOTrainer", ...]) -> GRPOTrainerCaller:
     """The caller of ``rollout_func(prompts, trainer)``, from the arguments after ``prompts``."""
     if len(args) != 1:

@@ -24,16 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from ..generation import SamplingParams
-
 if TYPE_CHECKING:
     from transformers import Trainer
     from trl import GRPOTrainer
 
     from ..adapters.rollout_func import RolloutFunction
-    from ..engine.caller import RolloutCaller, SyncedServer, TrainingConfig
+    from ..adapters.trl_seam import GRPOTrainerCaller
     from ..options import EvalOverrides, RolloutOptions, VLLMOptions
-    from ..trajectory.types import Model, Prompt, Tokenizer
+    from ..trajectory.types import Prompt, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -81,49 +79,6 @@ class SeedSplit:
     def probe_seed(self) -> int:
         """A seed for checking that the environment honours seeds: not held out, and no training group's."""
         return self.training_seed(-1)
-
-
-class GreedyCaller:
-    """A trainer's rollout caller with greedy sampling and one episode per prompt: held-out play goes through the
-    rollout path with the trainer's processing class, model (or the vLLM server kept on its weights) and episode
-    budget, and hands no metrics to the trainer's log."""
-
-    def __init__(self, caller: RolloutCaller) -> None:
-        self._caller = caller
-        self.config: TrainingConfig = replace(caller.config, num_generations=1,
-                                              sampling=SamplingParams(temperature=0.0))
-
-    @property
-    def step(self) -> int:
-        return self._caller.step
-
-    @property
-    def process_index(self) -> int:
-        return self._caller.process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self._caller.num_processes
-
-    @property
-    def model_name(self) -> str | None:
-        return self._caller.model_name
-
-    @property
-    def takes_rollout_images(self) -> bool:
-        return self._caller.takes_rollout_images
-
-    def synced_server(self) -> SyncedServer | None:
-        return self._caller.synced_server()
-
-    def colocated_trainer(self) -> GRPOTrainer | None:
-        return self._caller.colocated_trainer()
-
-    def model_provider(self) -> Callable[[], Model] | None:
-        return self._caller.model_provider()
-
-    def record_metrics(self, metrics: dict[str, float]) -> None:
-        return None  # held-out play is not a training step: nothing of it goes into the trainer's log
 
 
 class HeldOutPlay:
@@ -184,8 +139,9 @@ class HeldOutPlay:
     def play(self, trainer: Trainer) -> HeldOutEpisodes:
         """The held-out episodes, greedy, for ``trainer`` (its processing class, and its model or vLLM engine)."""
         from ..adapters import trl_seam
+        from ..trainers.disk_sync import sync_vllm_weights
 
-        trl_seam.sync_vllm_weights(trainer)
+        sync_vllm_weights(trainer)
         # GRPOTrainer, or AsyncGRPOTrainer read the same way (its config has no vLLM mode: in-process generation)
         return play_instances(self.rollout, self.prompts, trl_seam.GRPOTrainerCaller(cast("GRPOTrainer", trainer)))
 
@@ -197,11 +153,13 @@ def _clip(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def play_instances(rollout: RolloutFunction, prompts: Sequence[Prompt], caller: RolloutCaller) -> HeldOutEpisodes:
+def play_instances(rollout: RolloutFunction, prompts: Sequence[Prompt], caller: GRPOTrainerCaller) -> HeldOutEpisodes:
     """Play one greedy episode per prompt with ``rollout`` (built on the eval without logging; for an OpenEnv eval,
     with ``EvalOverrides(reset_seed=SeedSplit.held_out_seed)``) for ``caller`` (the trainer's), each prompt its own
     group numbered from 0, and keep each episode as :class:`HeldOutEpisode`: its instance, turns, whether each turn
     was a well-formed action, the eval body's score, status and tokens."""
+    from ..engine.caller import GreedyCaller
+
     played = rollout.play(list(prompts), GreedyCaller(caller), first_group=0)
     openenv = rollout.spec.env is not None
     episodes = []
@@ -331,6 +289,7 @@ def play_held_out(rollout: RolloutFunction, prompt: Prompt, *, tasks: Sequence[s
     parser and body, at temperature 0. Episode ``i`` plays ``tasks[i % len(tasks)]`` (ep_trl's task rotation, one
     episode per group). ``parsed(text)`` says whether the eval's action parser found an action in a turn's text."""
     from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
+    from ..generation import SamplingParams
 
     config = TrainingConfig(processing_class=tokenizer, num_generations=1, max_completion_length=max_episode_tokens,
                             sampling=SamplingParams(temperature=0.0), vllm_mode="server")
