@@ -199,3 +199,28 @@ def test_training_seeds_never_hit_a_held_out_seed_and_two_split_seeds_hold_out_d
     assert crowded.training_seed(3) != split.training_seed(3) and crowded.training_seed(3) not in crowded.held_out
     with pytest.raises(ValueError, match="holds out 50 seeds"):
         split.held_out_seed(50)
+
+
+@pytest.mark.timeout(600)
+def test_held_out_plays_on_the_vllm_server_the_run_trains_with(sharp_model_dir, shared_vllm_url, tmp_path,
+                                                              letters_episodes):
+    """With --vllm-server-url on CPU (DiskSyncGRPOTrainer keeps the server on the trainer's weights) the held-out
+    episodes are generated on that server too, greedily, with the trainer's chat template, and after training on the
+    last step's weights."""
+    proc = train_cli([LETTERS, "--model", str(sharp_model_dir), "--vllm-server-url", shared_vllm_url, *SMALL,
+                      "--held-out", "2", "--output-dir", "run"], tmp_path, timeout=560)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for when in ("before", "after"):
+        assert re.search(SUMMARY.format(when=when, tasks=r" \(abc [0-9.]+, vowels [0-9.]+\)", n=2), proc.stdout,
+                         re.M), proc.stdout
+    # both rollout functions, the held-out one and training's, generate on the server; the last step's weights reach
+    # it when training ends, before the held-out episodes after training are played
+    assert proc.stderr.count("ep_trl: vllm generates") == 2 and "ep_trl: trainer generates" not in proc.stderr
+    assert re.search(r"pushed step-2 weights to the vLLM server", proc.stderr), proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    held = result["held_out_seeds"]
+    for when in ("before", "after"):
+        rows = result[f"held_out_{when}_rows"]
+        check_figures(rows, result[f"held_out_{when}_figures"], result[f"held_out_{when}"])
+        assert [r["seed"] for r in rows] == held and all(r["status"] == "finished" for r in rows)
+    assert Counter(e["seed"] for e in letters_episodes())[held[0]] == 2
