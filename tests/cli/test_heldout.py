@@ -14,6 +14,7 @@ import pytest
 
 from ep_trl.cli.heldout import HeldOutEpisode, HeldOutEpisodes, SeedSplit, _sampled_turns, play_held_out
 from ep_trl.devtools.miniwob_demonstrations import page_actions_of
+from tests.sources.test_processor import agent_eval, agent_model_dir, calc_server  # noqa: F401  (fixtures)
 
 
 def test_each_run_of_sampled_ids_is_one_model_turn():
@@ -224,3 +225,31 @@ def test_held_out_plays_on_the_vllm_server_the_run_trains_with(sharp_model_dir, 
         check_figures(rows, result[f"held_out_{when}_figures"], result[f"held_out_{when}"])
         assert [r["seed"] for r in rows] == held and all(r["status"] == "finished" for r in rows)
     assert Counter(e["seed"] for e in letters_episodes())[held[0]] == 2
+
+
+@pytest.mark.timeout(400)
+def test_an_agent_s_held_out_turns_are_well_formed_when_they_call_an_offered_tool(agent_eval, agent_model_dir,
+                                                                                  tmp_path):
+    """The calculator agent (AgentRolloutProcessor, a real MCP server) and the tiny model taught its script: its held-out
+    row is played greedily through the processor for the trainer, in-process; the two replies that call ``add`` are
+    well formed, the final plain-text answer is not (docs/cli.md: with tools, a turn is well formed when it parsed into
+    a tool call), and the body's score is kept with the row's id."""
+    from ep_trl import EvalOverrides, RolloutOptions, VLLMOptions, dataset_from_eval
+    from ep_trl.cli.heldout import HeldOutPlay
+    from tests.support.trainers import make_trainer
+
+    prompts = list(dataset_from_eval(agent_eval)["prompt"])[:1]
+    play = HeldOutPlay(agent_eval, prompts, openenv=False, count=1, seed=0, overrides=EvalOverrides(),
+                       options=RolloutOptions(), vllm=VLLMOptions(), max_concurrent_rollouts=None)
+    try:
+        trainer = make_trainer(agent_model_dir, tmp_path, play.rollout, prompts=prompts * 4, max_steps=1)
+        played = play.play(trainer)
+    finally:
+        play.close()
+    (episode,) = played.episodes
+    assert episode.parsed == (True, True, False) and episode.status == "finished", episode
+    assert [re.sub(r"\s+", " ", turn) for turn in episode.turns[:2]] == [
+        '<tool_call> {"name": "add", "arguments": {"a": 1, "b": 2}} </tool_call>',
+        '<tool_call> {"name": "add", "arguments": {"a": 3, "b": 4}} </tool_call>']
+    assert episode.turns[2] == "10" and episode.score == 1.0 and episode.row_id is not None
+    assert played.well_formed_rate == pytest.approx(2 / 3) and played.success_when_well_formed is None
