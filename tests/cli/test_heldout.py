@@ -148,6 +148,27 @@ def test_held_out_on_an_openenv_eval_plays_reset_seeds_that_training_never_reset
 
 
 @pytest.mark.timeout(400)
+def test_held_out_tasks_keep_training_off_those_tasks_and_hold_out_no_seed(tiny_model_dir, tmp_path, letters_episodes):
+    """--held-out-tasks abc on the letters eval (tasks vowels, abc): training plays vowels alone, the 2 held-out
+    episodes play abc before and after training; no seed is held out, checked or sent."""
+    proc = train_cli([LETTERS, "--model", str(tiny_model_dir), *SMALL, "--held-out", "2", "--held-out-tasks", "abc",
+                      "--output-dir", "run"], tmp_path, timeout=380)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 held-out episodes of the held-out tasks ['abc']" in proc.stdout, proc.stdout
+    for when in ("before", "after"):
+        assert re.search(SUMMARY.format(when=when, tasks=r" \(abc [0-9.]+\)", n=2), proc.stdout, re.M), proc.stdout
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert (result["held_out_tasks"], result["held_out_seeds"], result["held_out_rows"]) == (["abc"], None, 2)
+    for when in ("before", "after"):
+        rows = result[f"held_out_{when}_rows"]
+        assert [r["task"] for r in rows] == ["abc", "abc"] and all("seed" not in r for r in rows)
+        check_figures(rows, result[f"held_out_{when}_figures"], result[f"held_out_{when}"])
+    episodes = letters_episodes()
+    assert Counter(e["task_name"] for e in episodes) == {"abc": 4, "vowels": 16}
+    assert all(e["seed"] is None for e in episodes)
+
+
+@pytest.mark.timeout(400)
 def test_held_out_on_an_mcp_gym_eval_plays_held_out_rows_through_the_processor(qwen_template_model_dir, tmp_path):
     """eval-protocol's FrozenLake MCP-gym processor, tool calls in the Qwen 2.5 template, in-process generation: one
     row held out and played before and after training through the processor, with its row id, its turns and whether

@@ -193,6 +193,14 @@ def silent_port():
     pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "0.5"],
                  r"--held-out 0\.5: .*plays an OpenEnv environment, whose held-out instances are reset seeds: give "
                  r"their number \(a whole number\)", id="held-out-share-of-openenv-seeds"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "digits"],
+                 r"--held-out-tasks digits: \['digits'\] are not tasks of .*\['vowels', 'abc'\]",
+                 id="held-out-tasks-unknown"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "vowels", "abc"],
+                 r"--held-out-tasks vowels abc holds out every task of .*leave one at least to train on",
+                 id="held-out-tasks-all"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out-tasks", "abc"],
+                 r"--held-out-tasks names the tasks held out of training: add --held-out N", id="held-out-tasks-alone"),
 ])
 def test_bad_input_is_refused_before_anything_starts(args, message, tiny_model_dir, tmp_path, other_model_server,
                                                      capsys):

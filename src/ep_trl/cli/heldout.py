@@ -84,19 +84,26 @@ class SeedSplit:
 class HeldOutPlay:
     """A run's held-out instances and the rollout function that plays them (built on the eval, logging nothing):
     for an eval with its own processor, the held-out rows' ``prompts``; for an OpenEnv eval, ``count`` reset seeds
-    drawn from ``seed`` (:class:`SeedSplit`), episode ``i`` starting from the eval's row ``i`` (cycling through them,
-    ``prompts`` being those rows' prompts). :meth:`training_overrides` keeps training's resets off the held-out
+    drawn from ``seed`` (:class:`SeedSplit`), or ``count`` episodes of held-out tasks (``tasks``: the held-out ones
+    and training's), episode ``i`` starting from the eval's row ``i`` (cycling through them, ``prompts`` being those
+    rows' prompts). :meth:`training_overrides` keeps training's resets off the held-out
     seeds; :meth:`seed_problem` checks that the environment honours seeds; :meth:`play` plays them for a trainer."""
 
     def __init__(self, env_path: str, prompts: Sequence[Prompt], *, openenv: bool, count: int, seed: int,
                  overrides: EvalOverrides, options: RolloutOptions, vllm: VLLMOptions,
-                 max_concurrent_rollouts: int | None) -> None:
+                 max_concurrent_rollouts: int | None,
+                 tasks: tuple[Sequence[str], Sequence[str]] = ((), ())) -> None:
         from .. import create_rollout_func
         from ..adapters.rollout_func import RolloutFunction
 
-        self.split = SeedSplit.draw(seed, count) if openenv else None
+        #: ``--held-out-tasks``: the held-out tasks and training's (the eval's others); then no seed is held out.
+        self.tasks, self._training_tasks = tuple(tasks[0]), tuple(tasks[1])
+        self.split = SeedSplit.draw(seed, count) if openenv and not self.tasks else None
         self.prompts = [prompts[i % len(prompts)] for i in range(count)] if openenv else list(prompts)
-        held = replace(overrides, reset_seed=self.split.held_out_seed) if self.split is not None else overrides
+        if self.split is not None:
+            held = replace(overrides, reset_seed=self.split.held_out_seed)
+        else:
+            held = replace(overrides, tasks=self.tasks) if self.tasks else overrides
         rollout = create_rollout_func(env_path, log_rollouts=False, overrides=held, vllm=vllm,
                                       options=replace(options, worker_processes=1),
                                       max_concurrent_rollouts=max_concurrent_rollouts)
@@ -104,8 +111,11 @@ class HeldOutPlay:
         self.rollout = rollout
 
     def training_overrides(self, overrides: EvalOverrides) -> EvalOverrides:
-        """``overrides`` with training's reset seeds (never a held-out one) for an OpenEnv eval; as given otherwise."""
-        return replace(overrides, reset_seed=self.split.training_seed) if self.split is not None else overrides
+        """``overrides`` with training's reset seeds (never a held-out one) for an OpenEnv eval, or with training's
+        tasks when tasks are held out; as given otherwise."""
+        if self.split is not None:
+            return replace(overrides, reset_seed=self.split.training_seed)
+        return replace(overrides, tasks=self._training_tasks) if self.tasks else overrides
 
     def seed_problem(self) -> str | None:
         """Why held-out seeds cannot be kept out of training, or None when the environment honours seeds: two resets

@@ -63,12 +63,14 @@ def versions() -> dict[str, str]:
 
 
 def held_out_instances(play: "HeldOutPlay | None") -> dict[str, object]:
-    """What ``result.json`` says of the held-out instances: how many, and for an OpenEnv eval which reset seeds (the
-    rows of an eval with its own processor name their own ``row_id``)."""
+    """What ``result.json`` says of the held-out instances: how many, and for an OpenEnv eval which reset seeds or
+    which tasks (``--held-out-tasks``) are held out (the rows of an eval with its own processor name their own
+    ``row_id``)."""
     if play is None:
         return {"held_out_rows": 0}
     return {"held_out_rows": len(play.prompts),
-            "held_out_seeds": list(play.split.held_out) if play.split is not None else None}
+            "held_out_seeds": list(play.split.held_out) if play.split is not None else None,
+            "held_out_tasks": list(play.tasks) or None}
 
 
 def write_config(folder: Path, resolved: Mapping[str, object]) -> Path:

@@ -65,6 +65,9 @@ class RunArguments:
                 "them) for an eval with its own processor; N environment reset seeds for an OpenEnv eval"})
     held_out_seed: int | None = field(default=None, metadata={
         "help": "seed of the held-out split: which rows, or which reset seeds (default: --seed)"})
+    held_out_tasks: list[str] | None = field(default=None, metadata={
+        "help": "an OpenEnv eval with tasks: hold out these tasks instead of reset seeds (for an environment that "
+                "does not honour seeds): training plays the others, the --held-out N episodes rotate over these"})
     env_server: str | None = field(default=None, metadata={
         "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
                 "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
@@ -217,6 +220,8 @@ class TrainJob:
     served_model: str | None = None
     #: The eval plays an OpenEnv environment loop (its held-out instances are reset seeds, not rows).
     openenv: bool = False
+    #: With --held-out-tasks: the tasks training plays (the eval's others).
+    training_tasks: tuple[str, ...] = ()
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -299,14 +304,14 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     _check_env_server(parser, run_args)
     spec = _check_eval(parser, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
-    _check_held_out(parser, env_path, run_args, spec)
+    training_tasks = _check_held_out(parser, env_path, run_args, spec, overrides)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served, openenv=spec.processor is None)
+                    served_model=served, openenv=spec.processor is None, training_tasks=training_tasks)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -426,24 +431,52 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "
     return loaded
 
 
-def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, spec: "EvalSpec") -> None:
+def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, spec: "EvalSpec",
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """``--held-out`` and ``--held-out-tasks`` checked; the tasks training plays when tasks are held out (else ())."""
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
                      "between 0 and 1")
+    if run_args.held_out_tasks and not held:
+        parser.error("--held-out-tasks names the tasks held out of training: add --held-out N, the number of held-out "
+                     "episodes (rotated over those tasks)")
     if not held:
-        return
+        return ()
     if spec.processor is None:
         if held < 1:
             parser.error(f"--held-out {held:g}: {spec.qualified_name} plays an OpenEnv environment, whose held-out "
                          "instances are reset seeds: give their number (a whole number), e.g. --held-out 16")
-        return
+        return _training_tasks(parser, spec, run_args.held_out_tasks, overrides)
+    if run_args.held_out_tasks:
+        parser.error(f"--held-out-tasks: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances "
+                     "are rows (--held-out N); tasks are held out of OpenEnv evals only")
     from .. import dataset_from_eval
 
     rows = len(dataset_from_eval(env_path))
     if held >= rows:
         parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
+    return ()
+
+
+def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_tasks: Sequence[str] | None,
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """The eval's tasks (``--tasks`` when given) less ``--held-out-tasks``: each held-out task must be one of them and
+    one at least must be left to train on."""
+    if not held_tasks:
+        return ()
+    assert spec.env is not None
+    tasks = tuple(overrides.tasks if overrides.tasks is not None else spec.env.tasks)
+    unknown = [task for task in held_tasks if task not in tasks]
+    if unknown:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)}: {unknown} are not tasks of {spec.qualified_name} "
+                     f"({list(tasks) or 'it has none'}); name some of its tasks")
+    left = tuple(task for task in tasks if task not in held_tasks)
+    if not left:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)} holds out every task of {spec.qualified_name}: leave "
+                     "one at least to train on")
+    return left
 
 
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
@@ -498,7 +531,7 @@ def run(job: TrainJob) -> int:
     state = _RunState()
     try:
         with _environment(job) as env_url, _held_out_play(job) as held_out:
-            if held_out is not None and job.openenv:
+            if held_out is not None and held_out.split is not None:
                 problem = held_out.seed_problem()
                 if problem is not None:
                     _refuse_held_out(job, problem, folder if made else None)
@@ -507,8 +540,9 @@ def run(job: TrainJob) -> int:
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
             train_rows = _datasets(job)[0]
             if held_out is not None:
-                what = (f"{len(held_out.prompts)} held-out reset seeds" if job.openenv
-                        else f"{len(held_out.prompts)} held-out rows")
+                what = (f"{len(held_out.prompts)} held-out rows" if not job.openenv else
+                        f"{len(held_out.prompts)} held-out reset seeds" if held_out.split is not None else
+                        f"{len(held_out.prompts)} held-out episodes of the held-out tasks {list(held_out.tasks)}")
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {what}", flush=True)
                 state.held_out = held_out
             overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
@@ -583,7 +617,8 @@ def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
     prompts = list(dataset_from_eval(job.env_path)["prompt"]) if job.openenv else _datasets(job)[1]
     play = HeldOutPlay(job.env_path, prompts, openenv=job.openenv, count=int(job.run.held_out) if job.openenv
                        else len(prompts), seed=_held_out_seed(job), overrides=job.overrides, options=job.options,
-                       vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts)
+                       vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts,
+                       tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks))
     try:
         yield play
     finally:
@@ -603,12 +638,25 @@ def _refuse_held_out(job: TrainJob, problem: str, made_folder: Path | None) -> N
     trained, and the run folder this run made is removed again."""
     import shutil
 
+    tasks = held_out_tasks_hint(job)
     message = (f"{PROG}: error: --held-out: {job.env_path}: {problem}. Make the environment's reset(seed=...) choose "
                "the instance, as OpenEnv's Environment.reset(seed=...) does (the same seed, the same first "
-               "observation), or drop --held-out (the per-step score is the eval's score on the training episodes)")
+               f"observation), {tasks}or drop --held-out (the per-step score is the eval's score on the training "
+               "episodes)")
     print(message, file=sys.stderr, flush=True)
     if made_folder is not None:
         shutil.rmtree(made_folder, ignore_errors=True)
+
+
+def held_out_tasks_hint(job: TrainJob) -> str:
+    """The refusal's hint for an eval with tasks: hold some of them out instead of seeds."""
+    from ..evalprotocol import read_eval_spec, resolve_eval_test
+
+    env = read_eval_spec(resolve_eval_test(job.env_path)).env
+    tasks = list(job.overrides.tasks if job.overrides.tasks is not None else env.tasks if env is not None else ())
+    if len(tasks) < 2:
+        return ""
+    return f"hold out some of its tasks instead (--held-out-tasks {tasks[-1]}: training plays {tasks[:-1]}), "
 
 
 def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
