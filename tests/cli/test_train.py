@@ -190,8 +190,17 @@ def silent_port():
                  id="trl-mode-flag"),
     pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--env-server", "python -m ep_trl.envs.letters"],
                  r"has no \{port\}: write where the server's port goes", id="env-server-without-port"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "1"],
-                 r"--held-out: .*plays an OpenEnv environment loop.*Drop --held-out", id="held-out-openenv"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "0.5"],
+                 r"--held-out 0\.5: .*plays an OpenEnv environment, whose held-out instances are reset seeds: give "
+                 r"their number \(a whole number\)", id="held-out-share-of-openenv-seeds"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "digits"],
+                 r"--held-out-tasks digits: \['digits'\] are not tasks of .*\['vowels', 'abc'\]",
+                 id="held-out-tasks-unknown"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "vowels", "abc"],
+                 r"--held-out-tasks vowels abc holds out every task of .*leave one at least to train on",
+                 id="held-out-tasks-all"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out-tasks", "abc"],
+                 r"--held-out-tasks names the tasks held out of training: add --held-out N", id="held-out-tasks-alone"),
 ])
 def test_bad_input_is_refused_before_anything_starts(args, message, tiny_model_dir, tmp_path, other_model_server,
                                                      capsys):
@@ -513,73 +522,3 @@ def test_a_tools_eval_trains_with_chat_template_qwen2_5_and_is_refused_without(t
     assert config["chat_template"] == "qwen2_5" and config["chat_template_file"].endswith("qwen2_5.jinja")
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["ended"] == "finished" and result["steps"] == 1
-
-
-def rendering_server(model_dir, template):
-    """Stand-in for a vLLM OpenAI server on ``model_dir`` (fault injection: its chat template is the test's choice):
-    ``GET /v1/models`` lists the model, ``POST /tokenize`` renders the request's messages with the model's tokenizer
-    under ``template`` (None: the server has no /tokenize)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if template is not None:
-        tokenizer.chat_template = template
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def answer(self, status, payload):
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            self.answer(200, {"data": [{"id": str(model_dir), "max_model_len": 2048}]})
-
-        def do_POST(self):
-            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if template is None or self.path != "/tokenize":
-                self.answer(404, {"detail": "Not Found"})
-                return
-            ids = tokenizer.apply_chat_template(request["messages"], tokenize=True, return_dict=False,
-                                                add_generation_prompt=request["add_generation_prompt"])
-            self.answer(200, {"count": len(ids), "max_model_len": 2048, "tokens": list(ids)})
-
-        def log_message(self, *args):
-            return None
-
-    return http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-
-
-@pytest.mark.parametrize("served_template, refused", [
-    pytest.param("own", r"renders chat prompts with another template .*start the server with vLLM's "
-                        r"`--chat-template .*qwen2_5\.jinja`", id="server-on-the-models-own-template"),
-    pytest.param(None, r"its /tokenize could not show with which template \(HTTPStatusError", id="no-tokenize"),
-    pytest.param("qwen2_5", None, id="server-on-the-chosen-template"),
-])
-def test_held_out_with_a_chat_template_needs_the_server_to_render_with_it(served_template, refused, tiny_model_dir,
-                                                                         capsys):
-    """--held-out rows go through the server's /v1/chat/completions, rendered with the server's template, while
-    training sends ids rendered with --chat-template: the run is refused unless the server renders the same."""
-    from transformers import AutoTokenizer
-
-    from ep_trl.capture.parsing import load_chat_template
-
-    template = {"own": AutoTokenizer.from_pretrained(tiny_model_dir).chat_template,
-                "qwen2_5": load_chat_template("qwen2_5").text, None: None}[served_template]
-    server = rendering_server(tiny_model_dir, template)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    argv = [SENTIMENT, "--model", str(tiny_model_dir), "--vllm-server-url",
-            f"http://127.0.0.1:{server.server_address[1]}", "--held-out", "2", "--chat-template", "qwen2_5"]
-    try:
-        if refused is None:
-            assert planned_job(argv).chat_template.name == "qwen2_5"
-        else:
-            with pytest.raises(SystemExit):
-                planned_job(argv)
-            assert re.search(refused, capsys.readouterr().err, flags=re.S)
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..devtools.run_record import RunStart
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
-    from .heldout import HeldOutScore
+    from .heldout import HeldOutEpisodes, HeldOutPlay
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
@@ -61,11 +61,14 @@ class RunArguments:
     model: str | None = field(default=None, metadata={
         "help": "the policy: a Hugging Face model directory or hub id (required)"})
     held_out: float = field(default=0, metadata={
-        "help": "score N of the eval's rows (N below 1: that share of them), kept out of training, before and after "
-                "training: greedy, through the eval's own processor and body, on the vLLM server the run generates "
-                "with (--vllm-server-url)"})
+        "help": "play N held-out instances that training never sees, greedily through the eval's own wiring and "
+                "scored by its body, before and after training: N of the eval's rows (N below 1: that share of "
+                "them) for an eval with its own processor; N environment reset seeds for an OpenEnv eval"})
     held_out_seed: int | None = field(default=None, metadata={
-        "help": "seed of the split into training and held-out rows (default: --seed)"})
+        "help": "seed of the held-out split: which rows, or which reset seeds (default: --seed)"})
+    held_out_tasks: list[str] | None = field(default=None, metadata={
+        "help": "an OpenEnv eval with tasks: hold out these tasks instead of reset seeds (for an environment that "
+                "does not honour seeds): training plays the others, the --held-out N episodes rotate over these"})
     env_server: str | None = field(default=None, metadata={
         "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
                 "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
@@ -218,12 +221,16 @@ class TrainJob:
     #: The command line, its executable first (the run record's and the plot's).
     command: Sequence[str]
     preset: Preset
-    #: The served model's id on the vLLM server (held-out scoring asks for it by name).
+    #: The served model's id on the vLLM server.
     served_model: str | None = None
     #: ``--chat-template``'s template, read; None: the model's own.
     chat_template: "ChosenTemplate | None" = None
     #: How the eval offers the model tools (``evalprotocol.spec.tools_offered``); None when it offers none.
     tools_offered: str | None = None
+    #: The eval plays an OpenEnv environment loop (its held-out instances are reset seeds, not rows).
+    openenv: bool = False
+    #: With --held-out-tasks: the tasks training plays (the eval's others).
+    training_tasks: tuple[str, ...] = ()
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -307,16 +314,15 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     spec, offered = _check_eval(parser, env_path)
     template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
-    _check_held_out(parser, env_path, run_args, mode, spec)
+    training_tasks = _check_held_out(parser, env_path, run_args, spec, overrides)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
-    if template is not None and run_args.held_out and mode.vllm_base_url and served and run_args.model:
-        _check_served_template(parser, mode.vllm_base_url, served, run_args.model, template, vllm)
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served, chat_template=template, tools_offered=offered)
+                    served_model=served, chat_template=template, tools_offered=offered,
+                    openenv=spec.processor is None, training_tasks=training_tasks)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -491,28 +497,52 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "
     return loaded
 
 
-def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode,
-                    spec: "EvalSpec") -> None:
+def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, spec: "EvalSpec",
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """``--held-out`` and ``--held-out-tasks`` checked; the tasks training plays when tasks are held out (else ())."""
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
                      "between 0 and 1")
+    if run_args.held_out_tasks and not held:
+        parser.error("--held-out-tasks names the tasks held out of training: add --held-out N, the number of held-out "
+                     "episodes (rotated over those tasks)")
     if not held:
-        return
+        return ()
     if spec.processor is None:
-        parser.error(f"--held-out: {spec.qualified_name} plays an OpenEnv environment loop, and held-out rows are "
-                     "scored through the eval's own processor, which such an eval does not run here. Drop --held-out "
-                     "(the per-step score is the eval's score on the training episodes)")
+        if held < 1:
+            parser.error(f"--held-out {held:g}: {spec.qualified_name} plays an OpenEnv environment, whose held-out "
+                         "instances are reset seeds: give their number (a whole number), e.g. --held-out 16")
+        return _training_tasks(parser, spec, run_args.held_out_tasks, overrides)
+    if run_args.held_out_tasks:
+        parser.error(f"--held-out-tasks: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances "
+                     "are rows (--held-out N); tasks are held out of OpenEnv evals only")
     from .. import dataset_from_eval
 
-    if not mode.vllm_base_url:
-        parser.error("--held-out scores the rows greedily on the vLLM server the run trains, before and after: give "
-                     "--vllm-server-url URL (the trainer keeps it on its weights; with or without --async), or drop "
-                     "--held-out")
     rows = len(dataset_from_eval(env_path))
     if held >= rows:
         parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
+    return ()
+
+
+def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_tasks: Sequence[str] | None,
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """The eval's tasks (``--tasks`` when given) less ``--held-out-tasks``: each held-out task must be one of them and
+    one at least must be left to train on."""
+    if not held_tasks:
+        return ()
+    assert spec.env is not None
+    tasks = tuple(overrides.tasks if overrides.tasks is not None else spec.env.tasks)
+    unknown = [task for task in held_tasks if task not in tasks]
+    if unknown:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)}: {unknown} are not tasks of {spec.qualified_name} "
+                     f"({list(tasks) or 'it has none'}); name some of its tasks")
+    left = tuple(task for task in tasks if task not in held_tasks)
+    if not left:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)} holds out every task of {spec.qualified_name}: leave "
+                     "one at least to train on")
+    return left
 
 
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
@@ -529,42 +559,6 @@ def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, 
         parser.error(f"--vllm-server-url {url} serves {served!r}, not --model {model!r}: start the server on --model "
                      f"({modes.SERVER_HINT}), or pass --model {served}")
     return served
-
-
-#: The conversation the server's rendering is compared on: no system message, so a template that writes a default one
-#: (Qwen 2.5's) differs from one that does not.
-_TEMPLATE_PROBE = [{"role": "user", "content": "Which way? Answer with one word."}]
-
-
-def _check_served_template(parser: argparse.ArgumentParser, url: str, served: str, model: str,
-                           template: "ChosenTemplate", vllm: VLLMOptions) -> None:
-    """``--held-out`` with ``--chat-template``: held-out rows go through the server's ``/v1/chat/completions``, which
-    renders with the server's own template (training sends token ids ep_trl rendered). Refused unless the server's
-    ``/tokenize`` renders a probe conversation to the same ids as the chosen template."""
-    import httpx
-    from transformers import AutoTokenizer
-
-    from ..capture.parsing import use_chat_template
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    use_chat_template(tokenizer, template)  # plan() checked its special tokens
-    ours = list(tokenizer.apply_chat_template(_TEMPLATE_PROBE, add_generation_prompt=True, tokenize=True,
-                                              return_dict=False))
-    fix = (f"start the server with vLLM's `--chat-template {template.path}` (the template the run trains with), or "
-           "drop --held-out")
-    try:
-        response = httpx.post(f"{url.rstrip('/')}/tokenize", timeout=vllm.connect_timeout_s, json={
-            "model": served, "messages": _TEMPLATE_PROBE, "add_generation_prompt": True})
-        response.raise_for_status()
-        theirs = response.json()["tokens"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
-        parser.error(f"--held-out with --chat-template {template.name}: held-out rows are rendered by the vLLM server "
-                     f"at {url}, and its /tokenize could not show with which template ({type(error).__name__}: "
-                     f"{error}). A vLLM OpenAI server answers /tokenize; {fix}")
-    if theirs != ours:
-        parser.error(f"--held-out with --chat-template {template.name}: the vLLM server at {url} renders chat prompts "
-                     "with another template (its /tokenize differs on a probe conversation), so held-out rows would be "
-                     f"scored on prompts training never renders: {fix}")
 
 
 def _same_model(served: str, model: str) -> bool:
@@ -596,40 +590,49 @@ def run(job: TrainJob) -> int:
     where = Path(job.command[1]).resolve().parent if job.preset.command else Path.cwd()
     record = run_record.start_anywhere(where, job.command[1:], executable=job.command[0])
     folder = Path(job.config_values["output_dir"])
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / run_folder.METRICS).unlink(missing_ok=True)
     print(job.mode.describe(), flush=True)
     state = _RunState()
     try:
-        with _environment(job) as env_url:
+        with _environment(job) as env_url, _held_out_play(job) as held_out:
+            if held_out is not None and held_out.split is not None:
+                problem = held_out.seed_problem()
+                if problem is not None:
+                    _refuse_held_out(job, problem, folder if made else None)
+                    return 2
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
             if job.model is None and (job.chat_template is not None or job.tools_offered is not None):
                 problem = template_problem(model, job.chat_template, job.tools_offered, job.env_path)
                 if problem:  # the preset's own model: plan() could not check its tokenizer
                     raise ConfigError(problem)
-            train_rows, held_out = _datasets(job)
-            if held_out:
-                print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
-                      "rows", flush=True)
-            state.held_out_rows = len(held_out)
-            state.before = _held_out(job, held_out, "before")
+            train_rows = _datasets(job)[0]
+            if held_out is not None:
+                what = (f"{len(held_out.prompts)} held-out rows" if not job.openenv else
+                        f"{len(held_out.prompts)} held-out reset seeds" if held_out.split is not None else
+                        f"{len(held_out.prompts)} held-out episodes of the held-out tasks {list(held_out.tasks)}")
+                print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {what}", flush=True)
+                state.held_out = held_out
+            overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
             config = job.mode.config(**_config_values(job))
             run_folder.write_config(folder, _resolved(job, model, config))
             # the metrics line is written before the progress line is printed: a step a reader saw is on disk
             with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
                                   callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
-                                  peft_config=_lora(job.run), images=job.mode.images, overrides=job.overrides,
+                                  peft_config=_lora(job.run), images=job.mode.images, overrides=overrides,
                                   options=job.options, vllm=job.vllm, chat_template=job.chat_template,
                                   max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
                 _print_lora(trainer, job.run)
+                state.before = _play_held_out(held_out, trainer, "before training")
                 training = time.monotonic()  # train_s: the trainer's construction to train()'s return
                 trainer.train()
                 state.train_s = time.monotonic() - training
                 state.checkpoint = _save_checkpoint(trainer, folder)
-            state.after = _held_out(job, held_out, "after")
+                state.after = _play_held_out(held_out, trainer, "after training")
             if job.preset.after_training is not None:
                 job.preset.after_training(trainer)
     except KeyboardInterrupt:
@@ -649,11 +652,11 @@ def run(job: TrainJob) -> int:
 @dataclass
 class _RunState:
     trainer: "Trainer | None" = None
-    before: "HeldOutScore | None" = None
-    after: "HeldOutScore | None" = None
+    held_out: "HeldOutPlay | None" = None
+    before: "HeldOutEpisodes | None" = None
+    after: "HeldOutEpisodes | None" = None
     checkpoint: Path | None = None
     ended: str = "finished"
-    held_out_rows: int = 0
     train_s: float | None = None
 
 
@@ -671,9 +674,64 @@ def _environment(job: TrainJob) -> Iterator[str | None]:
         yield url
 
 
+@contextlib.contextmanager
+def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
+    """The run's held-out instances and the rollout function that plays them (None without ``--held-out``); closed
+    when the block ends, however. Built once the environment server is up (an OpenEnv eval's seed check resets it)."""
+    if not job.run.held_out:
+        yield None
+        return
+    from .. import dataset_from_eval
+    from .heldout import HeldOutPlay
+
+    prompts = list(dataset_from_eval(job.env_path)["prompt"]) if job.openenv else _datasets(job)[1]
+    play = HeldOutPlay(job.env_path, prompts, openenv=job.openenv, count=int(job.run.held_out) if job.openenv
+                       else len(prompts), seed=_held_out_seed(job), overrides=job.overrides, options=job.options,
+                       vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts,
+                       tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks))
+    try:
+        yield play
+    finally:
+        play.close()
+
+
+def _held_out_seed(job: TrainJob) -> int:
+    if job.run.held_out_seed is not None:
+        return job.run.held_out_seed
+    seed = job.config_values.get("seed", 42)
+    assert isinstance(seed, int), "GRPOConfig's seed is an int"
+    return seed
+
+
+def _refuse_held_out(job: TrainJob, problem: str, made_folder: Path | None) -> None:
+    """``--held-out`` refused once the environment could be asked (exit status 2, as for bad input): nothing was
+    trained, and the run folder this run made is removed again."""
+    import shutil
+
+    tasks = held_out_tasks_hint(job)
+    message = (f"{PROG}: error: --held-out: {job.env_path}: {problem}. Make the environment's reset(seed=...) choose "
+               "the instance, as OpenEnv's Environment.reset(seed=...) does (the same seed, the same first "
+               f"observation), {tasks}or drop --held-out (the per-step score is the eval's score on the training "
+               "episodes)")
+    print(message, file=sys.stderr, flush=True)
+    if made_folder is not None:
+        shutil.rmtree(made_folder, ignore_errors=True)
+
+
+def held_out_tasks_hint(job: TrainJob) -> str:
+    """The refusal's hint for an eval with tasks: hold some of them out instead of seeds."""
+    from ..evalprotocol import read_eval_spec, resolve_eval_test
+
+    env = read_eval_spec(resolve_eval_test(job.env_path)).env
+    tasks = list(job.overrides.tasks if job.overrides.tasks is not None else env.tasks if env is not None else ())
+    if len(tasks) < 2:
+        return ""
+    return f"hold out some of its tasks instead (--held-out-tasks {tasks[-1]}: training plays {tasks[:-1]}), "
+
+
 def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     """The training rows (the eval's rows minus the held-out ones, repeated to fill ``max_steps``) and the held-out
-    prompts."""
+    prompts (none for an OpenEnv eval, whose held-out instances are reset seeds)."""
     from datasets import concatenate_datasets
 
     from .. import dataset_from_eval
@@ -681,9 +739,8 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     rows = dataset_from_eval(job.env_path)
     held_out: "list[Prompt]" = []
     held = job.run.held_out
-    if held:  # fewer than the eval's rows (plan checked); below 1, a share of them
-        seed = job.run.held_out_seed if job.run.held_out_seed is not None else job.config_values.get("seed", 42)
-        split = rows.train_test_split(test_size=held if held < 1 else int(held), seed=seed)
+    if held and not job.openenv:  # fewer than the eval's rows (plan checked); below 1, a share of them
+        split = rows.train_test_split(test_size=held if held < 1 else int(held), seed=_held_out_seed(job))
         rows, held_out = split["train"], list(split["test"]["prompt"])
     if job.preset.train_rows is not None:
         rows = job.preset.train_rows(rows)
@@ -698,16 +755,12 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     return rows, held_out
 
 
-def _held_out(job: TrainJob, prompts: "list[Prompt]", when: str) -> "HeldOutScore | None":
-    if not prompts:
+def _play_held_out(held_out: "HeldOutPlay | None", trainer: "Trainer", when: str) -> "HeldOutEpisodes | None":
+    if held_out is None:
         return None
-    from .heldout import score_held_out
-
-    base_url, served = job.mode.vllm_base_url, job.served_model
-    assert base_url is not None and served is not None, "plan() refuses --held-out without a vLLM server"
-    score = score_held_out(job.env_path, prompts, base_url=base_url, model=served)
-    print(f"held-out score {when} training: {score.mean:.4f} (greedy, {len(prompts)} rows)", flush=True)
-    return score
+    played = held_out.play(trainer)
+    print(played.summary(when), flush=True)
+    return played
 
 
 def _config_values(job: TrainJob) -> dict[str, object]:
@@ -765,6 +818,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
 def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
     """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
     from ..devtools import run_record
+    from .heldout import held_out_change
     from .progress import report_training
     from .reward_curve import step_scores
 
@@ -774,9 +828,9 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
     per_step = int(values.get("per_device_train_batch_size") or 8) * int(values.get("gradient_accumulation_steps") or 1)
     summary = plot = None
     if steps:
-        marks = [(0, state.before.mean, "held-out before")] if state.before is not None else []
+        marks = [(0, state.before.success, "held-out before")] if state.before is not None else []
         if state.after is not None:
-            marks.append((steps[-1].step, state.after.mean, "held-out after"))
+            marks.append((steps[-1].step, state.after.success, "held-out after"))
         title = job.preset.title or f"{PROG}: eval score on {job.env_path.rsplit('::', 1)[-1]}"
         summary = report_training(history, folder / run_folder.PLOT, episodes_per_step=per_step, started=started,
                                   title=title, marks=marks, command=record.command)
@@ -784,20 +838,21 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
     else:
         print(f"no step logged a score ({state.ended}): no summary, no plot", flush=True)
     if state.before is not None and state.after is not None:
-        print(f"held-out score {state.before.mean:.4f} -> {state.after.mean:.4f} "
-              f"({state.after.mean - state.before.mean:+.4f})", flush=True)
+        print(held_out_change(state.before, state.after), flush=True)
     result = {"run": run_record.finish(record), "ended": state.ended, "versions": run_folder.versions(),
               "env_path": job.env_path, "seed": values.get("seed"), "steps": len(steps),
               "train_first": summary.first if summary else None, "train_last": summary.last if summary else None,
               "wall_s": round(time.monotonic() - started, 1),
               "train_s": round(state.train_s, 1) if state.train_s is not None else None,
-              "held_out_rows": state.held_out_rows,
-              "held_out_before": state.before.mean if state.before is not None else None,
-              "held_out_after": state.after.mean if state.after is not None else None,
+              **run_folder.held_out_instances(state.held_out),
+              "held_out_before": state.before.success if state.before is not None else None,
+              "held_out_after": state.after.success if state.after is not None else None,
+              "held_out_before_figures": state.before.figures() if state.before is not None else None,
+              "held_out_after_figures": state.after.figures() if state.after is not None else None,
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
               "steps_logged": run_folder.steps_logged(history),
-              "held_out_before_rows": run_folder.held_out_rows(state.before),
-              "held_out_after_rows": run_folder.held_out_rows(state.after)}
+              "held_out_before_rows": state.before.rows() if state.before is not None else None,
+              "held_out_after_rows": state.after.rows() if state.after is not None else None}
     path = run_folder.write_result(folder, result)
     print(f"run folder: {folder} (result: {path})", flush=True)
