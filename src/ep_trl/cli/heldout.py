@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
@@ -134,6 +134,8 @@ class HeldOutEpisode:
     #: The episode's prompt ids and completion ids (its turns, and the observations and template between them).
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: Which instance it played, as the environment's reset observation said (``metadata``); None: it did not say.
+    instance: Mapping[str, object] | None = None
 
     @property
     def well_formed(self) -> bool:
@@ -193,9 +195,11 @@ class HeldOutEpisodes:
                 f"{format_figure(self.success_when_well_formed)} ({len(self.episodes)} episodes, greedy)")
 
     def rows(self) -> list[dict[str, object]]:
-        """Every episode as a result file keeps it: task, turns, whether each parsed, score, status, tokens."""
-        return [{"task": e.task, "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score,
-                 "status": e.status, "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens}
+        """Every episode as a result file keeps it: task, the instance played, turns, whether each parsed, score,
+        status, tokens."""
+        return [{"task": e.task, "instance": None if e.instance is None else dict(e.instance), "turns": list(e.turns),
+                 "parsed": list(e.parsed), "score": e.score, "status": e.status, "prompt_tokens": e.prompt_tokens,
+                 "completion_tokens": e.completion_tokens}
                 for e in self.episodes]
 
 
@@ -220,12 +224,13 @@ def play_held_out(rollout: RolloutFunction, prompt: Prompt, *, tasks: Sequence[s
     caller = DetachedCaller(config, step=0, server=SyncedServer(base_url), metrics_sink=lambda metrics: None)
     out = rollout.run([prompt] * episodes, caller, first_group=0)
     played = []
-    for i, (prompt_ids, ids, mask, score, status) in enumerate(zip(
-            out["prompt_ids"], out["completion_ids"], out["env_mask"], out["eval_score"], out["episode_status"])):
+    for i, (prompt_ids, ids, mask, score, status, instance) in enumerate(zip(
+            out["prompt_ids"], out["completion_ids"], out["env_mask"], out["eval_score"], out["episode_status"],
+            out["instance"])):
         turns = tuple(_text(tokenizer, turn) for turn in _sampled_turns(ids, mask))
         played.append(HeldOutEpisode(task=tasks[i % len(tasks)] if tasks else None, turns=turns,
                                      parsed=tuple(parsed(t) for t in turns), score=score, status=status,
-                                     prompt_tokens=len(prompt_ids), completion_tokens=len(ids)))
+                                     prompt_tokens=len(prompt_ids), completion_tokens=len(ids), instance=instance))
     return HeldOutEpisodes(tuple(played))
 
 

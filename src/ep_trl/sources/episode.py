@@ -77,6 +77,9 @@ class Episode:
     prompt_builder_failures: int = 0
     budget_blocked_tokens: int = 0  # the bridge that no longer fit when stop_reason is "token_budget"
     forked_segments: int = 0  # conversations a processor abandoned (ep_trl.capture.placement), not trained on
+    #: Which instance the episode played, as the environment's reset observation says in its ``metadata`` (e.g. the
+    #: doors game's ``{"seed": ..., "wording": ...}``); None when it says nothing.
+    instance: Mapping[str, object] | None = None
 
     @property
     def num_turns(self) -> int:
@@ -95,6 +98,7 @@ class EpisodeFields(TypedDict):
     prompt_builder_failures: NotRequired[int]
     budget_blocked_tokens: NotRequired[int]
     forked_segments: NotRequired[int]
+    instance: NotRequired[Mapping[str, object] | None]
 
 
 class EpisodeFailure(Exception):
