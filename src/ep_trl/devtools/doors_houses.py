@@ -115,3 +115,19 @@ def per_wording_summary(figures: dict[str, HeldOutFigures], when: str) -> str:
 
     return (f"held-out {when}, success per sign wording (* never in training, ! names only locked doors): "
             + ", ".join(f"{mark(w)} {f['success']:.3f}" for w, f in figures.items()))
+
+
+def no_gradient_chance(success: float, group_size: int, groups_per_step: int, steps: int) -> float:
+    """The chance that a GRPO run of ``steps`` steps, ``groups_per_step`` groups of ``group_size`` episodes each,
+    never has a non-zero gradient, when each episode independently scores 1 with chance ``success`` and else 0.
+
+    A group gives no gradient when all its episodes score alike (all 0 or all 1: every advantage is 0), a step when
+    every group does. While no step has had a gradient the weights are unchanged (TRL's GRPO defaults: no KL term,
+    no weight decay, so AdamW moves nothing on a zero gradient), so every step samples from the same policy and
+    ``success`` holds for all of them: ``((1 - p)^G + p^G)^(groups_per_step * steps)``.
+    """
+    if not 0.0 <= success <= 1.0 or min(group_size, groups_per_step, steps) < 1:
+        raise ValueError(f"no_gradient_chance(success={success}, group_size={group_size}, groups_per_step="
+                         f"{groups_per_step}, steps={steps}): need 0 <= success <= 1 and sizes of 1 or more")
+    alike = (1.0 - success) ** group_size + success ** group_size
+    return float(alike ** (groups_per_step * steps))
