@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ..cli.heldout import HeldOutEpisodes, HeldOutFigures
-from ..envs.doors import HELD_OUT_WORDINGS, TRAINING_WORDINGS, house
+from ..envs.doors import HELD_OUT_WORDINGS, LOCKED_ONLY_WORDINGS, TRAINING_WORDINGS, house
 
 #: Reset seeds are drawn from ``[0, SEEDS)``.
 SEEDS = 2**31
@@ -102,14 +102,12 @@ def per_wording(played: HeldOutEpisodes) -> dict[str, HeldOutFigures]:
         raise ValueError(f"held-out episodes {unplaced} recorded no sign wording (their reset reported no instance); "
                          "per-wording figures need every episode's")
     by_wording = {w: HeldOutEpisodes(tuple(e for e in played.episodes if e.instance and e.instance["wording"] == w))
-                  for w in PLAYED_WORDINGS}
+                  for w in PLAYED_WORDINGS}  # every episode has an instance here; the test is for the type checker
     return {w: episodes.figures() for w, episodes in by_wording.items() if episodes.episodes}
 
 
 def per_wording_summary(figures: dict[str, HeldOutFigures], when: str) -> str:
     """One line: success per wording (held-out wordings marked *; those naming only locked doors marked !)."""
-    from ..envs.doors import LOCKED_ONLY_WORDINGS
-
     def mark(w: str) -> str:
         return w + ("*!" if w in LOCKED_ONLY_WORDINGS else "*" if w in HELD_OUT_WORDINGS else "")
 
