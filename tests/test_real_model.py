@@ -207,7 +207,7 @@ DOORS_RESULTS = [Path(__file__).resolve().parents[1] / "benchmarks" / "results" 
                  for name in ("seed0", "seed1", "seed0_rerun")]
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_the_real_model_trains_on_the_doors_game_through_its_eval(real_url, real_model_dir, real_model, tmp_path):
     """The real-model environment command (``train_smollm2_doors.py``) at its smallest: held-out houses played
     greedily before and after under every sign wording, each row recording its house and wording, and two GRPO steps
@@ -221,8 +221,10 @@ def test_the_real_model_trains_on_the_doors_game_through_its_eval(real_url, real
     the weights are the base model's (no KL term, no weight decay), so each group is alike with chance
     (11/12)^8 + (1/12)^8 = 0.4985, and both steps' 12 groups are with chance 0.4985^12 = 2.4e-4 < 0.001
     (``ep_trl.devtools.doors_houses.no_gradient_chance``, checked below from the files). It stays below 0.001 for
-    any p >= 0.07. The former size, 2 steps of 2 groups of 6, had (11/12)^24 = 0.12. About 96 training episodes
-    take this test 7-8 minutes on 2 cores (steps of 16 took 36-54 s in the full runs)."""
+    any p >= 0.07. The former size, 2 steps of 2 groups of 6, had (11/12)^24 = 0.12. The cost is time: measured
+    once on this 2-core machine while other jobs shared it (load 5-7), the script took 1,123 s (1,024 s of it the two
+    steps; its process used 8 CPU-minutes), plus the module's vLLM server start; the time-out leaves room for such
+    load."""
     from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, HouseSplit, no_gradient_chance
 
     step_one = [json.loads(path.read_text()) for path in DOORS_RESULTS]
