@@ -26,7 +26,8 @@ def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen
     played = HeldOutEpisodes((
         HeldOutEpisode("click-button", ("click('12')",), (True,), 1.0, "finished"),
         HeldOutEpisode("click-button", ("click('13')",), (True,), 0.0, "finished"),
-        HeldOutEpisode("enter-text", ("fill('14', 'Ann')", "I would"), (True, False), 0.0, "finished"),
+        HeldOutEpisode("enter-text", ("fill('14', 'Ann')", "I would"), (True, False), 0.0, "finished",
+                       instance={"seed": 14}),
         HeldOutEpisode("enter-text", (), (), None, "error"),
     ))
     assert played.success == pytest.approx(0.25)
@@ -38,9 +39,11 @@ def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen
         "held-out after training: task success 0.250 (click-button 0.500, enter-text 0.000); well-formed actions "
         "0.750; success among well-formed episodes 0.500 (4 episodes, greedy)")
     assert "success among well-formed episodes n/a (0 episodes" in HeldOutEpisodes(()).summary("before training")
-    assert played.rows()[2] == {"task": "enter-text", "turns": ["fill('14', 'Ann')", "I would"],
+    assert played.rows()[2] == {"task": "enter-text", "instance": {"seed": 14},
+                                "turns": ["fill('14', 'Ann')", "I would"],
                                 "parsed": [True, False], "score": 0.0, "status": "finished", "prompt_tokens": 0,
                                 "completion_tokens": 0}
+    assert played.rows()[3]["instance"] is None
 
 
 class FakeRollout:
@@ -53,7 +56,7 @@ class FakeRollout:
         self.calls.append((prompts, caller, first_group))
         return {"prompt_ids": [[1, 2, 3], [1, 2]], "completion_ids": [[7, 8, 0, 9], [7]], "env_mask": [[1, 1, 0, 1], [1]],
                 "eval_score": [1.0, 0.0],
-                "episode_status": ["finished", "finished"]}
+                "episode_status": ["finished", "finished"], "instance": [{"seed": 3, "wording": "locked"}, None]}
 
 
 def test_play_held_out_plays_greedily_one_episode_per_group_and_rotates_tasks():
@@ -69,6 +72,7 @@ def test_play_held_out_plays_greedily_one_episode_per_group_and_rotates_tasks():
     assert [(e.task, e.turns, e.parsed, e.score) for e in played.episodes] == [
         ("a", ("click('1')", "done"), (True, False), 1.0), ("b", ("hm",), (False,), 0.0)]
     assert [(e.prompt_tokens, e.completion_tokens) for e in played.episodes] == [(3, 4), (2, 1)]
+    assert [e.instance for e in played.episodes] == [{"seed": 3, "wording": "locked"}, None]  # what each reset said
 
 
 def test_the_format_demonstrated_on_a_page_is_every_click_and_every_fill_with_the_goal_s_text():

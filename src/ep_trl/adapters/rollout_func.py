@@ -216,7 +216,9 @@ def create_openenv_vllm_rollout_func(
     Returns:
         A callable ``rollout_func(prompts, trainer)`` whose output holds ``prompt_ids``, ``completion_ids``,
         ``logprobs``, ``env_mask``, ``eval_score``, ``step_rewards``, ``num_turns``, ``episode_status``,
-        ``template_realigned`` and ``rollout_id`` (the row's id in ``ep logs``), one entry per prompt, in order.
+        ``template_realigned``, ``instance`` (what the environment's reset observation said the episode played, in
+        its ``metadata``; None when it said nothing) and ``rollout_id`` (the row's id in ``ep logs``), one entry per
+        prompt, in order.
     """
     refuse_unknown(unknown)
     check_keywords(backend, vllm_base_url, max_episode_tokens, log_rollouts, overrides, vllm, options)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypedDict, cast
 
@@ -181,7 +181,7 @@ def play_instances(rollout: RolloutFunction, prompts: Sequence[Prompt], caller: 
             parsed=tuple(t.well_formed for t in episode.turns), score=verdict.score, status=episode.status,
             prompt_tokens=len(episode.trajectory.prompt_ids), completion_tokens=len(episode.trajectory.completion_ids),
             row_id=None if openenv or row_id is None else str(row_id), seed=episode.plan.seed,
-            error=episode.error or verdict.error))
+            error=episode.error or verdict.error, instance=episode.instance))
     return HeldOutEpisodes(tuple(episodes))
 
 
@@ -204,6 +204,8 @@ class HeldOutEpisode:
     seed: int | None = None
     #: Why it failed or went unscored, when it did.
     error: str | None = None
+    #: Which instance it played, as the environment's reset observation said (``metadata``); None: it did not say.
+    instance: Mapping[str, object] | None = None
 
     @property
     def well_formed(self) -> bool:
@@ -266,11 +268,13 @@ class HeldOutEpisodes:
                 f"{format_figure(self.success_when_well_formed)} ({len(self.episodes)} episodes, greedy)")
 
     def rows(self) -> list[dict[str, object]]:
-        """Every episode as a result file keeps it: its instance (row id, or seed and task, where it has them),
-        turns, whether each parsed, score, status, tokens, and the error of one that failed."""
+        """Every episode as a result file keeps it: its instance (row id, or seed and task, where it has them, and what
+        the environment's reset observation said of it), turns, whether each parsed, score, status, tokens, and the
+        error of one that failed."""
         return [{**({"row_id": e.row_id} if e.row_id is not None else {}),
                  **({"seed": e.seed} if e.seed is not None else {}),
-                 "task": e.task, "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score,
+                 "task": e.task, "instance": None if e.instance is None else dict(e.instance),
+                 "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score,
                  "status": e.status, "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens,
                  **({"error": e.error} if e.error is not None else {})}
                 for e in self.episodes]
@@ -306,12 +310,13 @@ def play_held_out(rollout: RolloutFunction, prompt: Prompt, *, tasks: Sequence[s
     caller = DetachedCaller(config, step=0, server=SyncedServer(base_url), metrics_sink=lambda metrics: None)
     out = rollout.run([prompt] * episodes, caller, first_group=0)
     played = []
-    for i, (prompt_ids, ids, mask, score, status) in enumerate(zip(
-            out["prompt_ids"], out["completion_ids"], out["env_mask"], out["eval_score"], out["episode_status"])):
+    for i, (prompt_ids, ids, mask, score, status, instance) in enumerate(zip(
+            out["prompt_ids"], out["completion_ids"], out["env_mask"], out["eval_score"], out["episode_status"],
+            out["instance"])):
         turns = tuple(_text(tokenizer, turn) for turn in _sampled_turns(ids, mask))
         played.append(HeldOutEpisode(task=tasks[i % len(tasks)] if tasks else None, turns=turns,
                                      parsed=tuple(parsed(t) for t in turns), score=score, status=status,
-                                     prompt_tokens=len(prompt_ids), completion_tokens=len(ids)))
+                                     prompt_tokens=len(prompt_ids), completion_tokens=len(ids), instance=instance))
     return HeldOutEpisodes(tuple(played))
 
 

@@ -10,7 +10,7 @@ cannot render) raises out of the rollout call: it would fail every episode alike
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -66,6 +66,7 @@ class _State:
     builder_failures: int = 0
     budget_blocked_tokens: int = 0
     stop_reason: StopReason = "max_steps"
+    instance: Mapping[str, object] | None = None
 
 
 async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
@@ -80,6 +81,7 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
     clean = cancelled = False
     try:
         session, outcome = await _guarded("environment", envs.start(label, plan.task, plan.seed))
+        state.instance = instance_of(outcome.observation)
         await _take_turns(state, session, outcome, cfg, template, generator, on_step, label)
         clean = True
     except EpisodeFailure as exc:
@@ -109,7 +111,16 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
         prompt_tokens=state.prompt_tokens,
         prompt_builder_failures=state.builder_failures,
         budget_blocked_tokens=state.budget_blocked_tokens,
+        instance=state.instance,
     )
+
+
+def instance_of(observation: object) -> dict[str, object] | None:
+    """What a reset observation says the episode plays: a copy of its ``metadata`` (OpenEnv's ``Observation`` field)
+    when that is a non-empty mapping, else None. A stock OpenEnv server leaves ``metadata`` off the wire, so for a
+    served environment it is the client that fills it (``ep_trl.envs.doors.DoorsEnv`` does)."""
+    metadata = getattr(observation, "metadata", None)
+    return dict(metadata) if isinstance(metadata, Mapping) and metadata else None
 
 
 async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,

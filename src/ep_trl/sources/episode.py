@@ -93,6 +93,9 @@ class Episode:
     budget_blocked_tokens: int = 0  # the bridge that no longer fit when stop_reason is "token_budget"
     forked_segments: int = 0  # conversations a processor abandoned (ep_trl.capture.placement), not trained on
     turns: tuple[ModelTurn, ...] = ()  # the model's turns, in order, each with whether its action was well formed
+    #: Which instance the episode played, as the environment's reset observation says in its ``metadata`` (e.g. the
+    #: doors game's ``{"seed": ..., "wording": ...}``); None when it says nothing.
+    instance: Mapping[str, object] | None = None
 
     @property
     def num_turns(self) -> int:
@@ -112,6 +115,7 @@ class EpisodeFields(TypedDict):
     budget_blocked_tokens: NotRequired[int]
     forked_segments: NotRequired[int]
     turns: NotRequired[tuple[ModelTurn, ...]]
+    instance: NotRequired[Mapping[str, object] | None]
 
 
 class EpisodeFailure(Exception):
