@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
     from .heldout import HeldOutScore
+    from .warm_start import Demonstrations, WarmStartReport, WarmStartSettings
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
@@ -80,6 +81,18 @@ class RunArguments:
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     lora_target_modules: str = field(default="all-linear", metadata={
         "help": "comma-separated module names, or all-linear"})
+    warm_start: str | None = field(default=None, metadata={
+        "help": "before GRPO (and before the held-out 'before' score), fine-tune --model on these demonstrations: "
+                "JSON lines, each an eval-protocol EvaluationRow or {\"messages\": [...], \"tools\": [...]}; the "
+                "loss is on the assistant turns only (python -m ep_trl.devtools.record_demonstrations records them; "
+                "docs/cli.md). Its seconds count in the training time"})
+    warm_start_epochs: int = field(default=1, metadata={"help": "passes over the --warm-start demonstrations"})
+    warm_start_learning_rate: float = field(default=5e-5, metadata={"help": "AdamW's learning rate in the warm start"})
+    warm_start_batch_size: int = field(default=4, metadata={
+        "help": "demonstrations per optimizer step of the warm start"})
+    warm_start_max_length: int | None = field(default=None, metadata={
+        "help": "tokens kept per demonstration (default: its first prompt plus --max-completion-length, as an "
+                "episode is cut)"})
 
 
 @dataclass
@@ -215,6 +228,8 @@ class TrainJob:
     preset: Preset
     #: The served model's id on the vLLM server (held-out scoring asks for it by name).
     served_model: str | None = None
+    #: ``--warm-start``'s demonstrations, read and checked.
+    demonstrations: "Demonstrations | None" = None
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -298,13 +313,14 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     spec = _check_eval(parser, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     _check_held_out(parser, env_path, run_args, mode, spec)
+    demonstrations = _check_warm_start(parser, run_args, mode, options)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served)
+                    served_model=served, demonstrations=demonstrations)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -448,6 +464,39 @@ def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: Ru
                      f"least one: give --held-out {rows - 1} or fewer")
 
 
+def _check_warm_start(parser: argparse.ArgumentParser, run_args: RunArguments, mode: modes.TrainingMode,
+                      options: RolloutOptions) -> "Demonstrations | None":
+    """``--warm-start``'s file read and checked, its settings checked, and (given --model) the first demonstration
+    rendered with the model's chat template; None without ``--warm-start``."""
+    from .warm_start import check_template, load_processing_class, read_demonstrations
+
+    if run_args.warm_start is None:
+        given = [f"--{f.name.replace('_', '-')}" for f in fields(RunArguments) if f.name.startswith("warm_start_")
+                 and getattr(run_args, f.name) != f.default]
+        if given:
+            parser.error(f"{', '.join(given)} set the warm start: add --warm-start DEMOS.jsonl, or drop them")
+        return None
+    if mode.images:
+        parser.error("--warm-start trains a text model on text demonstrations; drop --screenshots or --warm-start")
+    try:
+        _warm_start_settings(run_args, {})
+        demonstrations = read_demonstrations(run_args.warm_start)
+        if run_args.model:
+            check_template(load_processing_class(run_args.model), demonstrations, options.chat_template_kwargs)
+    except EpTrlError as error:
+        parser.error(str(error))
+    return demonstrations
+
+
+def _warm_start_settings(run_args: RunArguments, config_values: "Settings") -> "WarmStartSettings":
+    from .warm_start import WarmStartSettings
+
+    return WarmStartSettings(epochs=run_args.warm_start_epochs, learning_rate=run_args.warm_start_learning_rate,
+                             batch_size=run_args.warm_start_batch_size, max_length=run_args.warm_start_max_length,
+                             max_completion_length=int(config_values.get("max_completion_length") or 256),
+                             seed=int(config_values.get("seed", 42)))
+
+
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
@@ -501,6 +550,7 @@ def run(job: TrainJob) -> int:
         with _environment(job) as env_url:
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
+            model, state.warm_start = _warm_start(job, model, folder)
             train_rows, held_out = _datasets(job)
             if held_out:
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
@@ -520,7 +570,8 @@ def run(job: TrainJob) -> int:
                 _print_lora(trainer, job.run)
                 training = time.monotonic()  # train_s: the trainer's construction to train()'s return
                 trainer.train()
-                state.train_s = time.monotonic() - training
+                # the warm start is part of training: its seconds count in the training time
+                state.train_s = time.monotonic() - training + (state.warm_start.seconds if state.warm_start else 0.0)
                 state.checkpoint = _save_checkpoint(trainer, folder)
             state.after = _held_out(job, held_out, "after")
             if job.preset.after_training is not None:
@@ -548,6 +599,7 @@ class _RunState:
     ended: str = "finished"
     held_out_rows: int = 0
     train_s: float | None = None
+    warm_start: "WarmStartReport | None" = None
 
 
 @contextlib.contextmanager
@@ -589,6 +641,24 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
         repeat = math.ceil(groups * steps / len(rows))
         rows = concatenate_datasets([rows] * repeat) if repeat > 1 else rows
     return rows, held_out
+
+
+def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStartReport | None]":
+    """``--warm-start``: ``model`` fine-tuned on the demonstrations, saved in the run folder and, when the run
+    generates on a vLLM server, loaded into it; the model GRPO starts from (``model`` itself without a warm start)."""
+    if job.demonstrations is None:
+        return model, None
+    from .warm_start import WARM_START_DIR, warm_start
+
+    print(f"warm start: {len(job.demonstrations.lines)} demonstrations from {job.demonstrations.path}, "
+          f"{job.run.warm_start_epochs} epoch(s)", flush=True)
+    report = warm_start(model, job.demonstrations, folder / WARM_START_DIR,
+                        _warm_start_settings(job.run, job.config_values),
+                        chat_template_kwargs=job.options.chat_template_kwargs, server_url=job.mode.vllm_base_url)
+    print(f"warm start: {report.tokens_trained} assistant tokens trained in {report.seconds:.1f} s, loss "
+          f"{report.loss_first_epoch:.4f} (first epoch) -> {report.loss_last_epoch:.4f} (last); GRPO starts from "
+          f"{report.model_dir}", flush=True)
+    return report.model_dir, report
 
 
 def _held_out(job: TrainJob, prompts: "list[Prompt]", when: str) -> "HeldOutScore | None":
@@ -689,6 +759,7 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
               "steps_logged": run_folder.steps_logged(history),
+              "warm_start": state.warm_start.record() if state.warm_start is not None else None,
               "held_out_before_rows": run_folder.held_out_rows(state.before),
               "held_out_after_rows": run_folder.held_out_rows(state.after)}
     path = run_folder.write_result(folder, result)
