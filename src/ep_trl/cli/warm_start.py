@@ -234,8 +234,8 @@ def render_example(template: ChatTemplate, demonstration: Demonstration, stop_id
             continue
         context = _render(template, where, messages[:k], tools, True)
         turn = _render(template, where, messages[:k + 1], tools, False)
-        for text, before, what in ((context, rendered, f"the conversation before assistant turn {k}"),
-                                   (turn, context, f"assistant turn {k}")):
+        for text, before, what in ((context, rendered, f"message {k} (an assistant turn)"),
+                                   (turn, context, f"message {k} (an assistant turn) included")):
             if not text.startswith(before):
                 raise ConfigError(
                     f"{where}: the chat template renders the conversation up to {what} so that what came before it "
