@@ -206,3 +206,54 @@ def test_train_with_a_warm_start_starts_grpo_from_the_warm_started_model(qwen_te
     assert warm["file"] == str(demos) and warm["lines"] == 3 and warm["epochs"] == 2
     assert warm["tokens_trained"] > 0 and warm["seconds"] > 0 and warm["model_dir"] == "run/warm-start"
     assert result["steps"] == 1 and result["train_s"] >= warm["seconds"]
+
+
+def greedy_on_server(url: str, prompt: list[int], tokens: int) -> list[int]:
+    import urllib.request
+
+    body = {"model": served_model(url), "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
+            "return_token_ids": True}
+    request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - the local test server
+        return list(json.loads(response.read())["choices"][0]["token_ids"])
+
+
+def served_model(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as response:  # noqa: S310 - the local test server
+        return json.loads(response.read())["data"][0]["id"]
+
+
+@pytest.mark.timeout(300)
+def test_a_vllm_server_the_run_generates_on_is_given_the_warm_started_weights(sharp_model_dir, shared_vllm_url,
+                                                                               tmp_path):
+    """With --vllm-server-url the warm start loads its weights into the server before the held-out 'before' score
+    and training: the server's greedy reply is then the warm-started model's, not the one it served before."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ep_trl.cli.warm_start import push_weights, warm_start
+
+    lines = [{"messages": [{"role": "user", "content": f"Say it {k}."},
+                           {"role": "assistant", "content": "zebra zebra"}]} for k in range(4)]
+    demonstrations = read_demonstrations(write_lines(tmp_path / "demos.jsonl", lines))
+    processing_class, chat, _ = template(sharp_model_dir)
+    prompt = chat.prompt_ids([{"role": "user", "content": "Say it 9."}])
+    base = AutoModelForCausalLM.from_pretrained(sharp_model_dir, dtype=torch.float32)
+    push_weights(base, shared_vllm_url)  # the server holds the base model, whatever an earlier test pushed
+    try:
+        before = greedy_on_server(shared_vllm_url, prompt, 6)
+        report = warm_start(str(sharp_model_dir), demonstrations, tmp_path / "warm",
+                            WarmStartSettings(epochs=20, learning_rate=3e-3, batch_size=1), server_url=shared_vllm_url)
+        after = greedy_on_server(shared_vllm_url, prompt, 6)
+        warm = AutoModelForCausalLM.from_pretrained(report.model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            local = warm.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                                  pad_token_id=chat.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    finally:
+        push_weights(base, shared_vllm_url)  # the session's server back on the base model
+    assert chat.tokenizer.decode(after).startswith("zebra"), chat.tokenizer.decode(after)
+    assert after == local[:len(after)] and before != after
+    assert report.loss_last_epoch < report.loss_first_epoch and report.seconds > 0

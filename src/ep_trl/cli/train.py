@@ -482,7 +482,13 @@ def _check_warm_start(parser: argparse.ArgumentParser, run_args: RunArguments, m
         _warm_start_settings(run_args, {})
         demonstrations = read_demonstrations(run_args.warm_start)
         if run_args.model:
-            check_template(load_processing_class(run_args.model), demonstrations, options.chat_template_kwargs)
+            try:
+                processing_class = load_processing_class(run_args.model)
+            except OSError as error:  # a hub id that cannot be fetched, files that cannot be read
+                parser.error(f"--warm-start renders the demonstrations with --model {run_args.model}'s chat template, "
+                             f"whose processing class cannot be loaded ({error}): give a model directory or a hub id "
+                             "this machine can fetch")
+            check_template(processing_class, demonstrations, options.chat_template_kwargs)
     except EpTrlError as error:
         parser.error(str(error))
     return demonstrations

@@ -267,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m ep_trl.devtools.record_demonstrations",
         description="Play an eval's rows with a scripted player that calls the eval's tool with random arguments, "
                     "and write each episode as a JSON line: demonstrations for `ep-trl train --warm-start`.")
-    parser.add_argument("env_path", metavar="ENV_PATH", help="the eval: path/to/eval.py::test_name or module::test_name")
+    parser.add_argument("env_path", metavar="ENV_PATH",
+                        help="the eval: path/to/eval.py::test_name or module::test_name")
     parser.add_argument("--out", required=True, help="the JSON-lines file to write")
     parser.add_argument("--choices", required=True,
                         help="the argument's values, comma-separated, one drawn per turn, e.g. LEFT,DOWN,RIGHT,UP")
