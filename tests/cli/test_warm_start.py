@@ -180,6 +180,22 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(qwen_template_model_d
     assert "renders earlier turns the same whatever follows" in err, err
 
 
+def test_a_model_without_a_chat_template_is_refused(qwen_template_model_dir, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen_template_model_dir, model)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (model / name).unlink(missing_ok=True)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
+    err = refusal(tmp_path, capsys, "--model", str(model), "--warm-start", str(path))
+    assert "--warm-start renders the demonstrations with the model's chat template: The trainer's processing class " \
+           "has no chat template" in err, err
+
+
 @pytest.mark.timeout(300)
 def test_train_with_a_warm_start_starts_grpo_from_the_warm_started_model(qwen_template_model_dir, tmp_path):
     """``ep-trl train --warm-start`` on a FrozenLake eval (MCP-gym, eval-protocol's own server), in-process, 1 step:

@@ -275,7 +275,10 @@ def check_template(processing_class: ProcessingClass, demonstrations: Demonstrat
     turns is refused before anything heavy starts."""
     from ..trajectory.tokens import ChatTemplate, eos_token_ids
 
-    template = ChatTemplate(processing_class, chat_template_kwargs)
+    try:
+        template = ChatTemplate(processing_class, chat_template_kwargs)
+    except ValueError as error:  # no chat template, or none that can count its images
+        raise ConfigError(f"--warm-start renders the demonstrations with the model's chat template: {error}") from error
     render_example(template, demonstrations.lines[0], eos_token_ids(processing_class, None), 1)
 
 
