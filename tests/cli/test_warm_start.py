@@ -180,6 +180,14 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(qwen_template_model_d
     assert "renders earlier turns the same whatever follows" in err, err
 
 
+def test_a_template_without_a_tool_call_format_is_refused(tiny_model_dir, tmp_path, capsys):
+    """The tiny model's own template renders no tool calls: a demonstration of calls would train an empty turn."""
+    path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
+    err = refusal(tmp_path, capsys, "--model", str(tiny_model_dir), "--warm-start", str(path))
+    assert "line 1: message 2 calls move, and the chat template leaves the call out of the turn it renders" in err, err
+    assert "Give the model a chat template with a tool-call format" in err, err
+
+
 def test_a_model_without_a_chat_template_is_refused(qwen_template_model_dir, tmp_path, capsys):
     import shutil
 

@@ -243,6 +243,13 @@ def render_example(template: ChatTemplate, demonstration: Demonstration, stop_id
                     "apart. The warm start needs a template that renders earlier turns the same whatever follows "
                     "(templates that drop earlier reasoning, such as Qwen3's, do not); give the model such a chat "
                     "template")
+        missing = [name for call in message.get("tool_calls") or () if (name := call["function"]["name"])
+                   not in turn[len(context):]]
+        if missing:
+            raise ConfigError(
+                f"{where}: message {k} calls {', '.join(missing)}, and the chat template leaves the call out of the "
+                "turn it renders: it has no tool-call format, so the model would learn to write nothing. Give the "
+                "model a chat template with a tool-call format (a Qwen2.5-style template, for instance)")
         context_ids = template.encode(context[len(rendered):])
         ids += context_ids
         trained += [False] * len(context_ids)
