@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
     from .heldout import HeldOutEpisodes, HeldOutPlay
+    from .warm_start import Demonstrations, WarmStartReport, WarmStartSettings
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
@@ -88,6 +89,18 @@ class RunArguments:
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     lora_target_modules: str = field(default="all-linear", metadata={
         "help": "comma-separated module names, or all-linear"})
+    warm_start: str | None = field(default=None, metadata={
+        "help": "before GRPO (and before the held-out 'before' score), fine-tune --model on these demonstrations: "
+                "JSON lines, each an eval-protocol EvaluationRow or {\"messages\": [...], \"tools\": [...]}; the "
+                "loss is on the assistant turns only (python -m ep_trl.devtools.record_demonstrations records them; "
+                "docs/cli.md). Its seconds count in the training time"})
+    warm_start_epochs: int = field(default=1, metadata={"help": "passes over the --warm-start demonstrations"})
+    warm_start_learning_rate: float = field(default=5e-5, metadata={"help": "AdamW's learning rate in the warm start"})
+    warm_start_batch_size: int = field(default=4, metadata={
+        "help": "demonstrations per optimizer step of the warm start"})
+    warm_start_max_length: int | None = field(default=None, metadata={
+        "help": "tokens kept per demonstration (default: its first prompt plus --max-completion-length, as an "
+                "episode is cut)"})
 
 
 @dataclass
@@ -231,6 +244,8 @@ class TrainJob:
     openenv: bool = False
     #: With --held-out-tasks: the tasks training plays (the eval's others).
     training_tasks: tuple[str, ...] = ()
+    #: ``--warm-start``'s demonstrations, read and checked.
+    demonstrations: "Demonstrations | None" = None
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -315,6 +330,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     training_tasks = _check_held_out(parser, env_path, run_args, spec, overrides)
+    demonstrations = _check_warm_start(parser, run_args, mode, options, template)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
@@ -322,7 +338,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
                     served_model=served, chat_template=template, tools_offered=offered,
-                    openenv=spec.processor is None, training_tasks=training_tasks)
+                    openenv=spec.processor is None, training_tasks=training_tasks,
+                    demonstrations=demonstrations)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -545,6 +562,48 @@ def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_task
     return left
 
 
+def _check_warm_start(parser: argparse.ArgumentParser, run_args: RunArguments, mode: modes.TrainingMode,
+                      options: RolloutOptions, template: "ChosenTemplate | None") -> "Demonstrations | None":
+    """``--warm-start``'s file read and checked, its settings checked, and (given --model) the first demonstration
+    rendered with the run's chat template (``--chat-template``'s, else the model's); None without ``--warm-start``."""
+    from ..capture.parsing import use_chat_template
+    from .warm_start import check_template, load_processing_class, read_demonstrations
+
+    if run_args.warm_start is None:
+        given = [f"--{f.name.replace('_', '-')}" for f in fields(RunArguments) if f.name.startswith("warm_start_")
+                 and getattr(run_args, f.name) != f.default]
+        if given:
+            parser.error(f"{', '.join(given)} set the warm start: add --warm-start DEMOS.jsonl, or drop them")
+        return None
+    if mode.images:
+        parser.error("--warm-start trains a text model on text demonstrations; drop --screenshots or --warm-start")
+    try:
+        _warm_start_settings(run_args, {})
+        demonstrations = read_demonstrations(run_args.warm_start)
+        if run_args.model:
+            try:
+                processing_class = load_processing_class(run_args.model)
+            except OSError as error:  # a hub id that cannot be fetched, files that cannot be read
+                parser.error(f"--warm-start renders the demonstrations with --model {run_args.model}'s chat template, "
+                             f"whose processing class cannot be loaded ({error}): give a model directory or a hub id "
+                             "this machine can fetch")
+            if template is not None:
+                use_chat_template(processing_class, template)
+            check_template(processing_class, demonstrations, options.chat_template_kwargs)
+    except EpTrlError as error:
+        parser.error(str(error))
+    return demonstrations
+
+
+def _warm_start_settings(run_args: RunArguments, config_values: "Settings") -> "WarmStartSettings":
+    from .warm_start import WarmStartSettings
+
+    return WarmStartSettings(epochs=run_args.warm_start_epochs, learning_rate=run_args.warm_start_learning_rate,
+                             batch_size=run_args.warm_start_batch_size, max_length=run_args.warm_start_max_length,
+                             max_completion_length=int(config_values.get("max_completion_length") or 256),
+                             seed=int(config_values.get("seed", 42)))
+
+
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
@@ -608,6 +667,7 @@ def run(job: TrainJob) -> int:
                 problem = template_problem(model, job.chat_template, job.tools_offered, job.env_path)
                 if problem:  # the preset's own model: plan() could not check its tokenizer
                     raise ConfigError(problem)
+            model, state.warm_start = _warm_start(job, model, folder)
             train_rows = _datasets(job)[0]
             if held_out is not None:
                 what = (f"{len(held_out.prompts)} held-out rows" if not job.openenv else
@@ -630,7 +690,8 @@ def run(job: TrainJob) -> int:
                 state.before = _play_held_out(held_out, trainer, "before training")
                 training = time.monotonic()  # train_s: the trainer's construction to train()'s return
                 trainer.train()
-                state.train_s = time.monotonic() - training
+                # the warm start is part of training: its seconds count in the training time
+                state.train_s = time.monotonic() - training + (state.warm_start.seconds if state.warm_start else 0.0)
                 state.checkpoint = _save_checkpoint(trainer, folder)
                 state.after = _play_held_out(held_out, trainer, "after training")
             if job.preset.after_training is not None:
@@ -658,6 +719,7 @@ class _RunState:
     checkpoint: Path | None = None
     ended: str = "finished"
     train_s: float | None = None
+    warm_start: "WarmStartReport | None" = None
 
 
 @contextlib.contextmanager
@@ -753,6 +815,28 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
         repeat = math.ceil(groups * steps / len(rows))
         rows = concatenate_datasets([rows] * repeat) if repeat > 1 else rows
     return rows, held_out
+
+
+def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStartReport | None]":
+    """``--warm-start``: ``model`` fine-tuned on the demonstrations, saved in the run folder and, when the run
+    generates on a vLLM server, loaded into it; the model GRPO starts from (``model`` itself without a warm start)."""
+    if job.demonstrations is None:
+        return model, None
+    from ..capture.parsing import use_chat_template
+    from .warm_start import WARM_START_DIR, load_processing_class, warm_start
+
+    print(f"warm start: {len(job.demonstrations.lines)} demonstrations from {job.demonstrations.path}, "
+          f"{job.run.warm_start_epochs} epoch(s)", flush=True)
+    processing_class = load_processing_class(model)
+    if job.chat_template is not None:  # the run renders with --chat-template: so do the demonstrations
+        use_chat_template(processing_class, job.chat_template)
+    report = warm_start(model, job.demonstrations, folder / WARM_START_DIR,
+                        _warm_start_settings(job.run, job.config_values), processing_class=processing_class,
+                        chat_template_kwargs=job.options.chat_template_kwargs, server_url=job.mode.vllm_base_url)
+    print(f"warm start: {report.tokens_trained} assistant tokens trained in {report.seconds:.1f} s, loss "
+          f"{report.loss_first_epoch:.4f} (first epoch) -> {report.loss_last_epoch:.4f} (last); GRPO starts from "
+          f"{report.model_dir}", flush=True)
+    return report.model_dir, report
 
 
 def _play_held_out(held_out: "HeldOutPlay | None", trainer: "Trainer", when: str) -> "HeldOutEpisodes | None":
@@ -852,6 +936,7 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
               "steps_logged": run_folder.steps_logged(history),
+              "warm_start": state.warm_start.record() if state.warm_start is not None else None,
               "held_out_before_rows": state.before.rows() if state.before is not None else None,
               "held_out_after_rows": state.after.rows() if state.after is not None else None}
     path = run_folder.write_result(folder, result)
