@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from ep_trl.cli.heldout import format_figure
     from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
     from ep_trl.cli.run_folder import EPISODE_STEP_FIELDS, steps_logged
+    from ep_trl.cli.time_budget import TimeBudget
 
     script_logging()
     from transformers import AutoTokenizer, PrinterCallback
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             rollout = create_rollout_func(args.env_path, overrides=_overrides(env_url, split.training_source()))
             training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
             try:
-                budget = _time_budget(args.time_budget_s) if args.time_budget_s else None
+                budget = TimeBudget(args.time_budget_s) if args.time_budget_s else None
                 trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score],
                                               args=config, train_dataset=dataset, rollout_func=rollout,
                                               callbacks=[ProgressPrinter(), *([budget] if budget else [])])
@@ -182,31 +183,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{w} {before_per_wording[w]['success']:.3f} -> {after_per_wording[w]['success']:.3f}"
         for w in after_per_wording), flush=True)
     return 0
-
-
-def _time_budget(seconds: float):
-    """A callback that stops training before a step that would end past ``seconds`` (from the trainer's start),
-    judged by the longest step so far (the issue's bar counts the training time)."""
-    from transformers import TrainerCallback
-
-    class TimeBudget(TrainerCallback):
-        def __init__(self) -> None:
-            self._started = self._last = time.monotonic()
-            self._longest = 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self._started = self._last = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = time.monotonic()
-            self._longest, self._last = max(self._longest, now - self._last), now
-            if now - self._started + self._longest > seconds and state.global_step < state.max_steps:
-                print(f"time budget: step {state.global_step} ends {now - self._started:.0f} s into training; "
-                      f"another step (up to {self._longest:.0f} s) would pass the {seconds:.0f} s budget, "
-                      "so training stops here", flush=True)
-                control.should_training_stop = True
-
-    return TimeBudget()
 
 
 def _overrides(env_url: str, seeds) -> "EvalOverrides":

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
     from .heldout import HeldOutEpisodes, HeldOutPlay
+    from .time_budget import TimeBudget
     from .warm_start import Demonstrations, WarmStartReport, WarmStartSettings
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
@@ -101,6 +102,10 @@ class RunArguments:
     warm_start_max_length: int | None = field(default=None, metadata={
         "help": "tokens kept per demonstration (default: its first prompt plus --max-completion-length, as an "
                 "episode is cut)"})
+    time_budget_s: float | None = field(default=None, metadata={
+        "help": "seconds of training (the warm start included): training stops at the end of the step after which "
+                "one more step, judged by the longest so far, would pass them (the checkpoint and the held-out "
+                "'after' still follow)"})
 
 
 @dataclass
@@ -641,6 +646,7 @@ def run(job: TrainJob) -> int:
     from ..runtime import shutdown
     from ..devtools import run_record
     from .progress import ProgressPrinter, script_logging
+    from .time_budget import TimeBudget
 
     script_logging()
     shutdown.handle_sigterm()
@@ -678,9 +684,13 @@ def run(job: TrainJob) -> int:
             overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
             config = job.mode.config(**_config_values(job))
             run_folder.write_config(folder, _resolved(job, model, config))
+            budget = (TimeBudget(job.run.time_budget_s, state.warm_start.seconds if state.warm_start else 0.0)
+                      if job.run.time_budget_s is not None else None)
+            state.budget = budget
             # the metrics line is written before the progress line is printed: a step a reader saw is on disk
             with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
-                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
+                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter(),
+                                             *([budget] if budget is not None else [])],
                                   peft_config=_lora(job.run), images=job.mode.images, overrides=overrides,
                                   options=job.options, vllm=job.vllm, chat_template=job.chat_template,
                                   max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
@@ -719,6 +729,7 @@ class _RunState:
     checkpoint: Path | None = None
     ended: str = "finished"
     train_s: float | None = None
+    budget: "TimeBudget | None" = None
     warm_start: "WarmStartReport | None" = None
 
 
@@ -937,6 +948,8 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
               "steps_logged": run_folder.steps_logged(history),
               "warm_start": state.warm_start.record() if state.warm_start is not None else None,
+              "time_budget_s": job.run.time_budget_s,
+              "stopped_by_time_budget_at": state.budget.stopped_at if state.budget is not None else None,
               "held_out_before_rows": state.before.rows() if state.before is not None else None,
               "held_out_after_rows": state.after.rows() if state.after is not None else None}
     path = run_folder.write_result(folder, result)
