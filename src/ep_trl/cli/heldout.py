@@ -54,9 +54,10 @@ class HeldOutScore:
 
 
 def score_held_out(env_path: str, prompts: Sequence[Prompt], *, base_url: str, model: str,
-                   concurrency: int = 16) -> HeldOutScore:
+                   concurrency: int = 16, input_dataset: Sequence[str] | None = None) -> HeldOutScore:
     """Run ``env_path``'s processor and body on the eval rows behind ``prompts`` (from ``dataset_from_eval``: each
-    carries its row key) with ``model`` served at ``base_url`` (``http://host:port``, no ``/v1``).
+    carries its row key) with ``model`` served at ``base_url`` (``http://host:port``, no ``/v1``); ``input_dataset``:
+    the files the prompts' rows were read from in place of the eval's own (as ``dataset_from_eval``'s).
 
     A row whose processor run raises counts as unscored (its reply is the error), as under ``pytest`` it would fail.
     """
@@ -66,7 +67,7 @@ def score_held_out(env_path: str, prompts: Sequence[Prompt], *, base_url: str, m
         raise UnsupportedEvalError(f"{spec.qualified_name} plays an OpenEnv environment loop; score_held_out runs an "
                                    "eval's own processor, which OpenEnvRolloutProcessor evals train through ep_trl's "
                                    "loop instead. Score held-out rows with the rollout function.")
-    rows = match_rows(list(prompts), eval_rows(eval_test), spec.qualified_name)
+    rows = match_rows(list(prompts), eval_rows(eval_test, input_dataset), spec.qualified_name)
     params = processors.routed_params(spec.completion_params, model, f"{base_url.rstrip('/')}/v1", "EMPTY")
     return asyncio.run(_score(spec, rows, params, concurrency))
 

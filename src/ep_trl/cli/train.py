@@ -122,6 +122,10 @@ class EvalArguments:
     max_turn_tokens: int | None = field(default=None, metadata={"help": "tokens per model turn"})
     stop: list[str] | None = field(default=None, metadata={"help": "stop strings per model turn"})
     max_concurrent_rollouts: int | None = field(default=None, metadata={"help": "episodes played at once"})
+    input_dataset: list[str] | None = field(default=None, metadata={
+        "help": "JSONL files of rows to train on (and hold out from) in place of the eval's input_dataset, read "
+                "through the eval's own dataset_adapter and max_dataset_rows (several: space- or comma-separated); the "
+                "eval must read an input_dataset"})
 
 
 @dataclass
@@ -297,7 +301,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     _check_env_server(parser, run_args)
     spec = _check_eval(parser, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
-    _check_held_out(parser, env_path, run_args, mode, spec)
+    _check_rows(parser, env_path, overrides.input_dataset)
+    _check_held_out(parser, env_path, run_args, mode, spec, overrides.input_dataset)
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
@@ -401,7 +406,8 @@ def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: Roll
     try:
         overrides = EvalOverrides(env_base_url=ev.env_base_url, request_timeout_s=ev.env_request_timeout_s,
                                   tasks=ev.tasks, task_var=ev.task_var, reset_task_kwarg=ev.reset_task_kwarg,
-                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop)
+                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop,
+                                  input_dataset=_absolute(ev.input_dataset))
         rollout = {k: v for k, v in asdict(ro).items() if v is not None}
         if chat_template_kwargs:
             rollout["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", chat_template_kwargs)
@@ -411,6 +417,14 @@ def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: Roll
     except EpTrlError as error:
         parser.error(str(error))
     return overrides, options, vllm, ev.max_concurrent_rollouts
+
+
+def _absolute(paths: Sequence[str] | None) -> list[str] | None:
+    """``--input-dataset``'s files, each split at commas, as absolute paths (the run's processes read them, whatever
+    their working directory)."""
+    if paths is None:
+        return None
+    return [str(Path(part.strip()).expanduser().resolve()) for path in paths for part in path.split(",") if part.strip()]
 
 
 def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "JSONObject":
@@ -425,7 +439,7 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "
 
 
 def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode,
-                    spec: "EvalSpec") -> None:
+                    spec: "EvalSpec", input_dataset: Sequence[str] | None = None) -> None:
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
@@ -442,10 +456,28 @@ def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: Ru
         parser.error("--held-out scores the rows greedily on the vLLM server the run trains, before and after: give "
                      "--vllm-server-url URL (the trainer keeps it on its weights; with or without --async), or drop "
                      "--held-out")
-    rows = len(dataset_from_eval(env_path))
+    rows = len(dataset_from_eval(env_path, input_dataset=input_dataset))
     if held >= rows:
         parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
+
+
+def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[str] | None) -> None:
+    """The training rows, read once now: the eval's own, or ``--input-dataset``'s (files that exist, for an eval that
+    reads an ``input_dataset``), so that a dataset that is not there, or a row the eval's adapter cannot read, is
+    refused before anything starts."""
+    from .. import dataset_from_eval
+
+    flag = f"--input-dataset {' '.join(paths)}" if paths is not None else f"ENV_PATH {env_path}"
+    try:
+        rows = len(dataset_from_eval(env_path, input_dataset=paths))
+    except EpTrlError as error:
+        parser.error(f"{flag}: {error}")
+    except (ValueError, KeyError, TypeError) as error:  # the eval's dataset_adapter on rows it cannot read
+        parser.error(f"{flag}: the eval's dataset_adapter cannot read these rows ({type(error).__name__}: {error}); "
+                     "write them in the format the eval's adapter reads")
+    if paths is not None:
+        print(f"input dataset: {rows} rows from {', '.join(paths)}", flush=True)
 
 
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
@@ -571,7 +603,7 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
 
     from .. import dataset_from_eval
 
-    rows = dataset_from_eval(job.env_path)
+    rows = dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)
     held_out: "list[Prompt]" = []
     held = job.run.held_out
     if held:  # fewer than the eval's rows (plan checked); below 1, a share of them
@@ -598,7 +630,8 @@ def _held_out(job: TrainJob, prompts: "list[Prompt]", when: str) -> "HeldOutScor
 
     base_url, served = job.mode.vllm_base_url, job.served_model
     assert base_url is not None and served is not None, "plan() refuses --held-out without a vLLM server"
-    score = score_held_out(job.env_path, prompts, base_url=base_url, model=served)
+    score = score_held_out(job.env_path, prompts, base_url=base_url, model=served,
+                           input_dataset=job.overrides.input_dataset)
     print(f"held-out score {when} training: {score.mean:.4f} (greedy, {len(prompts)} rows)", flush=True)
     return score
 
