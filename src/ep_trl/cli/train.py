@@ -82,6 +82,11 @@ class RunArguments:
         "help": "comma-separated module names, or all-linear"})
 
 
+#: Tokens a local vLLM server's context holds beyond the longest training prompt and ``--max-completion-length``: the
+#: tool schemas an agent eval's processor puts in the prompt, which the rows do not carry.
+LOCAL_PROMPT_MARGIN = 1024
+
+
 @dataclass
 class GenerationArguments:
     """Where episodes are generated (ep_trl.cli.modes); TRL's own --vllm-mode and --vllm-gpu-memory-utilization
@@ -93,7 +98,12 @@ class GenerationArguments:
         "aliases": ["--vllm-base-url"],
         "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model), kept "
                 "on the trainer's weights: by TRL over NCCL on GPU; on CPU, without --async, through disk by "
-                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots)"})
+                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots). `local` (CPU): "
+                "the run starts vLLM's CPU build (.venv-vllm) on --model itself and stops it however the run ends"})
+    vllm_max_model_len: int | None = field(default=None, metadata={
+        "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
+                f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
+                "eval's processor adds, up to the model's max_position_embeddings)"})
     async_training: bool = field(default=False, metadata={
         "aliases": ["--async"],
         "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
@@ -219,6 +229,8 @@ class TrainJob:
     preset: Preset
     #: The served model's id on the vLLM server (held-out scoring asks for it by name).
     served_model: str | None = None
+    #: ``--vllm-server-url local``: the ``--max-model-len`` of the server the run starts (None: no such server).
+    local_max_model_len: int | None = None
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -303,13 +315,21 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     _check_rows(parser, env_path, overrides.input_dataset)
     _check_held_out(parser, env_path, run_args, mode, spec, overrides.input_dataset)
-    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
+    local_len = None
+    if mode.vllm_base_url == modes.LOCAL_SERVER:
+        local_len = _check_local_server(parser, env_path, run_args.model, gen.vllm_max_model_len, mode,
+                                        int(trl_values["max_completion_length"]), overrides.input_dataset)
+    elif gen.vllm_max_model_len is not None:
+        parser.error("--vllm-max-model-len sizes the vLLM server the run starts itself: add --vllm-server-url local, "
+                     "or drop --vllm-max-model-len (a server you start takes --max-model-len on its own command line)")
+    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) \
+        if mode.vllm_base_url and not local_len else None
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served)
+                    served_model=served, local_max_model_len=local_len)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -480,6 +500,45 @@ def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[
         print(f"input dataset: {rows} rows from {', '.join(paths)}", flush=True)
 
 
+def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: str | None, max_model_len: int | None,
+                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None) -> int:
+    """``--vllm-server-url local``: vLLM's CPU build installed, on a CPU machine, with a model; the server's
+    ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .. import dataset_from_eval
+    from ..devtools.cpu_vllm import missing_vllm_message, vllm_installed
+    from ..evalprotocol import strip_row_key
+
+    flag = f"--vllm-server-url {modes.LOCAL_SERVER}"
+    if mode.on_gpu:
+        parser.error(f"{flag} starts vLLM's CPU build, and torch sees a GPU here: start a server on the GPU "
+                     "(`trl vllm-serve --model M`) and pass its URL")
+    if not vllm_installed():
+        parser.error(f"{flag}: {missing_vllm_message()}")
+    if model is None:
+        parser.error(f"{flag} starts the server on --model: give --model")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = {json.dumps(prompt, sort_keys=True): prompt
+               for prompt in dataset_from_eval(env_path, input_dataset=input_dataset)["prompt"]}
+    longest = max(len(tokenizer(tokenizer.apply_chat_template(strip_row_key(prompt), tokenize=False,
+                                                              add_generation_prompt=True),
+                                add_special_tokens=False)["input_ids"]) for prompt in prompts.values())
+    needed = longest + completion
+    limit = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    if limit is not None and needed > limit:
+        parser.error(f"{flag}: the longest training prompt ({longest} tokens) plus --max-completion-length "
+                     f"{completion} is {needed} tokens, over {model}'s context of {limit}: lower "
+                     "--max-completion-length")
+    if max_model_len is None:
+        wanted = needed + LOCAL_PROMPT_MARGIN
+        return min(wanted, limit) if limit is not None else wanted
+    if max_model_len < needed:
+        parser.error(f"--vllm-max-model-len {max_model_len}: the longest training prompt ({longest} tokens) plus "
+                     f"--max-completion-length {completion} needs {needed}: give at least that, or drop it")
+    return max_model_len
+
+
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
@@ -530,10 +589,12 @@ def run(job: TrainJob) -> int:
     print(job.mode.describe(), flush=True)
     state = _RunState()
     try:
-        with _environment(job) as env_url:
+        with contextlib.ExitStack() as servers:  # closed last in, first out: the vLLM server, then the environment's
+            env_url = servers.enter_context(_environment(job))
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
             train_rows, held_out = _datasets(job)
+            job = servers.enter_context(_local_vllm_server(job, model, folder))
             if held_out:
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
                       "rows", flush=True)
@@ -594,6 +655,33 @@ def _environment(job: TrainJob) -> Iterator[str | None]:
                         health_path=job.run.env_server_health, timeout_s=job.run.env_server_timeout_s) as url:
         print(f"environment server: {url} (${job.run.env_url_var})", flush=True)
         yield url
+
+
+@contextlib.contextmanager
+def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[TrainJob]:
+    """``--vllm-server-url local``: a CPU vLLM server on ``model`` for the block (its log in the run folder), and the
+    job generating on it; stopped, its process group with it, when the block ends, however. Other jobs: as they
+    are."""
+    if job.local_max_model_len is None:
+        yield job
+        return
+    from dataclasses import replace
+
+    from ..devtools.cpu_vllm import start_vllm_server, stop_vllm_server
+    from ..generation.probe import probe_server
+
+    print(f"vLLM server: starting vLLM's CPU build on {model} (--max-model-len {job.local_max_model_len}; its log "
+          f"in {folder})", flush=True)
+    started = time.monotonic()
+    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len)
+    try:
+        served = probe_server(server.base_url, job.vllm.connect_timeout_s).model
+        print(f"vLLM server: {server.base_url} (pid {server.pid}), ready in {time.monotonic() - started:.0f} s",
+              flush=True)
+        yield replace(job, mode=replace(job.mode, vllm_base_url=server.base_url), served_model=served)
+    finally:
+        stop_vllm_server(server)
+        print(f"vLLM server: stopped (pid {server.pid})", flush=True)
 
 
 def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
