@@ -57,8 +57,11 @@ def test_eval_protocols_frozen_lake_trains_on_rows_of_our_own_outside_its_checko
     server = Path(eval_protocol.__file__).resolve().parent / "mcp_servers" / "frozen_lake" / "server.py"
     assert (f"its server_script_path 'eval_protocol/mcp_servers/frozen_lake/server.py' is not in the working "
             f"directory ({tmp_path}); using {server}") in proc.stderr
-    # the processor writes its server's output to the working directory: the server ran, from that script
-    assert "Starting FrozenLake MCP server on port 9700" in (tmp_path / "server_output_server_9700.log").read_text()
+    # the processor writes its server's output to the working directory: the server ran, from that script, and
+    # built the lakes of our rows' seeds
+    server_log = (tmp_path / "server_output_server_9700.log").read_text()
+    assert "Starting FrozenLake MCP server on port 9700" in server_log
+    assert all(f"Generating map with seed {row['environment_context']['seed']}" in server_log for row in PONDS)
     [step] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "ep_trl/failed_fraction" in json.loads(line)]
     assert (step["ep_trl/failed_fraction"], step["ep_trl/unscored_fraction"]) == (0.0, 0.0)

