@@ -103,12 +103,13 @@ class GenerationArguments:
                 "the run starts vLLM's CPU build (.venv-vllm) on --model itself and stops it however the run ends"})
     vllm_max_model_len: int | None = field(default=None, metadata={
         "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
-                f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
-                "eval's processor adds, up to the model's max_position_embeddings)"})
+                f"plus --max-completion-length, or with --held-out the eval's max_tokens if larger, plus "
+                f"{LOCAL_PROMPT_MARGIN} tokens for the tools and template the eval's processor adds, up to the "
+                "model's max_position_embeddings)"})
     vllm_server_args: str | None = field(default=None, metadata={
         "help": "with --vllm-server-url local: more arguments of the server's command line, e.g. "
-                "'--enable-auto-tool-choice --tool-call-parser hermes' for --held-out on an eval that offers tools "
-                "(its processor calls the server's chat endpoint with them)"})
+                "--vllm-server-args='--enable-auto-tool-choice --tool-call-parser hermes' for --held-out on an eval "
+                "that offers tools (its processor calls the server's chat endpoint with them)"})
     async_training: bool = field(default=False, metadata={
         "aliases": ["--async"],
         "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
@@ -324,8 +325,10 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     _check_held_out(parser, env_path, run_args, mode, spec, overrides.input_dataset)
     local_len = None
     if mode.vllm_base_url == modes.LOCAL_SERVER:
+        held_tokens = spec.completion_params.get("max_tokens") if run_args.held_out else None
         local_len = _check_local_server(parser, env_path, run_args.model, gen.vllm_max_model_len, mode,
-                                        int(trl_values["max_completion_length"]), overrides.input_dataset)
+                                        int(trl_values["max_completion_length"]), overrides.input_dataset,
+                                        int(held_tokens) if held_tokens else None)
     else:
         for flag, value in (("--vllm-max-model-len", gen.vllm_max_model_len), ("--vllm-server-args",
                                                                                gen.vllm_server_args)):
@@ -512,9 +515,12 @@ def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[
 
 
 def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: str | None, max_model_len: int | None,
-                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None) -> int:
+                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None,
+                        held_tokens: int | None = None) -> int:
     """``--vllm-server-url local``: vLLM's CPU build installed, on a CPU machine, with a model; the server's
-    ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length``."""
+    ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length`` and, with
+    ``--held-out`` (``held_tokens``), the ``max_tokens`` of the eval's completion params, which its processor asks the
+    server for when it scores the held-out rows."""
     from transformers import AutoConfig, AutoTokenizer
 
     from .. import dataset_from_eval
@@ -541,6 +547,13 @@ def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: s
         parser.error(f"{flag}: the longest training prompt ({longest} tokens) plus --max-completion-length "
                      f"{completion} is {needed} tokens, over {model}'s context of {limit}: lower "
                      "--max-completion-length")
+    if held_tokens is not None and longest + held_tokens > needed:
+        needed = longest + held_tokens
+        if limit is not None and needed > limit:
+            parser.error(f"{flag} --held-out: the eval's processor asks the server for up to {held_tokens} tokens "
+                         f"(its completion_params max_tokens) when it scores the held-out rows, and the longest prompt "
+                         f"({longest} tokens) plus that is {needed}, over {model}'s context of {limit}: give a model "
+                         "with a longer context, or drop --held-out")
     if max_model_len is None:
         wanted = needed + LOCAL_PROMPT_MARGIN
         return min(wanted, limit) if limit is not None else wanted
