@@ -44,31 +44,8 @@ def test_the_local_servers_context_holds_the_longest_prompt_and_the_completion(q
                      "--vllm-server-url", "local", "--max-completion-length", "48", "--vllm-max-model-len", "700"])
     assert given.local_max_model_len == 700 and given.local_server_args == []
     tools = planned([FROZEN_LAKE, "--model", str(qwen_template_model_dir), "--input-dataset", str(ponds),
-                     "--vllm-server-url", "local", "--vllm-server-args", "--enable-auto-tool-choice --tool-call-parser "
-                     "hermes"])
-    assert tools.local_server_args == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-
-
-def test_with_held_out_the_local_server_also_holds_the_evals_own_max_tokens(qwen_template_model_dir, tmp_path,
-                                                                            capsys):
-    """Held-out rows are scored by the eval's processor with its completion params: eval-protocol's FrozenLake asks
-    for max_tokens 4096, which vLLM refuses (HTTP 400) from a server whose --max-model-len is below it."""
-    import shutil
-
-    ponds = write_ponds(tmp_path / "ponds.jsonl")
-    argv = [FROZEN_LAKE, "--input-dataset", str(ponds), "--vllm-server-url", "local", "--max-completion-length", "48",
-            "--held-out", "1"]
-    long_context = tmp_path / "long_context"
-    shutil.copytree(qwen_template_model_dir, long_context)
-    config = json.loads((long_context / "config.json").read_text())
-    (long_context / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
-    job = planned(argv + ["--model", str(long_context)])
-    trained = planned(argv[:-2] + ["--model", str(long_context)])
-    assert job.local_max_model_len == trained.local_max_model_len - 48 + 4096
-    err = refusal(argv + ["--model", str(qwen_template_model_dir)], capsys)
-    assert re.search(r"--vllm-server-url local --held-out: the eval's processor asks the server for up to 4096 tokens "
-                     r"\(its completion_params max_tokens\) .* over .*'s context of 2048: give a model with a longer "
-                     r"context, or drop --held-out", err, flags=re.S), err
+                     "--vllm-server-url", "local", "--vllm-server-args=--max-num-seqs 8"])
+    assert tools.local_server_args == ["--max-num-seqs", "8"]
 
 
 @pytest.mark.parametrize("extra, env, message", [

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
+from .. import ConfigError, EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
 from . import modes, run_folder
 
 if TYPE_CHECKING:
@@ -37,10 +37,11 @@ if TYPE_CHECKING:
     from trl import GRPOConfig, TrlParser
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from ..capture.parsing import ChosenTemplate
     from ..devtools.run_record import RunStart
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
-    from .heldout import HeldOutScore
+    from .heldout import HeldOutEpisodes, HeldOutPlay
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
@@ -61,11 +62,14 @@ class RunArguments:
     model: str | None = field(default=None, metadata={
         "help": "the policy: a Hugging Face model directory or hub id (required)"})
     held_out: float = field(default=0, metadata={
-        "help": "score N of the eval's rows (N below 1: that share of them), kept out of training, before and after "
-                "training: greedy, through the eval's own processor and body, on the vLLM server the run generates "
-                "with (--vllm-server-url)"})
+        "help": "play N held-out instances that training never sees, greedily through the eval's own wiring and "
+                "scored by its body, before and after training: N of the eval's rows (N below 1: that share of "
+                "them) for an eval with its own processor; N environment reset seeds for an OpenEnv eval"})
     held_out_seed: int | None = field(default=None, metadata={
-        "help": "seed of the split into training and held-out rows (default: --seed)"})
+        "help": "seed of the held-out split: which rows, or which reset seeds (default: --seed)"})
+    held_out_tasks: list[str] | None = field(default=None, metadata={
+        "help": "an OpenEnv eval with tasks: hold out these tasks instead of reset seeds (for an environment that "
+                "does not honour seeds): training plays the others, the --held-out N episodes rotate over these"})
     env_server: str | None = field(default=None, metadata={
         "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
                 "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
@@ -76,6 +80,10 @@ class RunArguments:
         "help": "the path of --env-server that answers 2xx once it is ready"})
     env_server_timeout_s: float = field(default=120.0, metadata={
         "help": "how long --env-server may take to answer its health path"})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "replace the model's chat template for the run: the name of a template TRL ships (e.g. qwen2_5: "
+                "ChatML with tool calls in <tool_call> blocks, for a model without a tool-call format) or a .jinja "
+                "file. The trainer's processing class renders and parses every turn with it"})
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights"})
     lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 2 x --lora-r)"})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
@@ -103,13 +111,11 @@ class GenerationArguments:
                 "the run starts vLLM's CPU build (.venv-vllm) on --model itself and stops it however the run ends"})
     vllm_max_model_len: int | None = field(default=None, metadata={
         "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
-                f"plus --max-completion-length, or with --held-out the eval's max_tokens if larger, plus "
-                f"{LOCAL_PROMPT_MARGIN} tokens for the tools and template the eval's processor adds, up to the "
-                "model's max_position_embeddings)"})
+                f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
+                "eval's processor adds, up to the model's max_position_embeddings)"})
     vllm_server_args: str | None = field(default=None, metadata={
-        "help": "with --vllm-server-url local: more arguments of the server's command line, e.g. "
-                "--vllm-server-args='--enable-auto-tool-choice --tool-call-parser hermes' for --held-out on an eval "
-                "that offers tools (its processor calls the server's chat endpoint with them)"})
+        "help": "with --vllm-server-url local: more arguments of the server's command line, after '=', e.g. "
+                "--vllm-server-args='--max-num-seqs 8'"})
     async_training: bool = field(default=False, metadata={
         "aliases": ["--async"],
         "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
@@ -233,12 +239,20 @@ class TrainJob:
     #: The command line, its executable first (the run record's and the plot's).
     command: Sequence[str]
     preset: Preset
-    #: The served model's id on the vLLM server (held-out scoring asks for it by name).
+    #: The served model's id on the vLLM server.
     served_model: str | None = None
     #: ``--vllm-server-url local``: the ``--max-model-len`` of the server the run starts (None: no such server).
     local_max_model_len: int | None = None
     #: ``--vllm-server-args``: more arguments of that server's command line.
     local_server_args: Sequence[str] = ()
+    #: ``--chat-template``'s template, read; None: the model's own.
+    chat_template: "ChosenTemplate | None" = None
+    #: How the eval offers the model tools (``evalprotocol.spec.tools_offered``); None when it offers none.
+    tools_offered: str | None = None
+    #: The eval plays an OpenEnv environment loop (its held-out instances are reset seeds, not rows).
+    openenv: bool = False
+    #: With --held-out-tasks: the tasks training plays (the eval's others).
+    training_tasks: tuple[str, ...] = ()
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -319,16 +333,15 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     if run_args.model:
         _check_model(parser, run_args.model)
     _check_env_server(parser, run_args)
-    spec = _check_eval(parser, env_path)
+    spec, offered = _check_eval(parser, env_path)
+    template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     _check_rows(parser, env_path, overrides.input_dataset)
-    _check_held_out(parser, env_path, run_args, mode, spec, overrides.input_dataset)
+    training_tasks = _check_held_out(parser, env_path, run_args, spec, overrides)
     local_len = None
     if mode.vllm_base_url == modes.LOCAL_SERVER:
-        held_tokens = spec.completion_params.get("max_tokens") if run_args.held_out else None
         local_len = _check_local_server(parser, env_path, run_args.model, gen.vllm_max_model_len, mode,
-                                        int(trl_values["max_completion_length"]), overrides.input_dataset,
-                                        int(held_tokens) if held_tokens else None)
+                                        int(trl_values["max_completion_length"]), overrides.input_dataset)
     else:
         for flag, value in (("--vllm-max-model-len", gen.vllm_max_model_len), ("--vllm-server-args",
                                                                                gen.vllm_server_args)):
@@ -342,7 +355,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served, local_max_model_len=local_len,
+                    served_model=served, chat_template=template, tools_offered=offered,
+                    openenv=spec.processor is None, training_tasks=training_tasks, local_max_model_len=local_len,
                     local_server_args=shlex.split(gen.vllm_server_args or ""))
 
 
@@ -423,14 +437,69 @@ def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -
                      "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
 
 
-def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "EvalSpec":
-    """The eval's spec; its import, its processor and its settings checked (their errors name the fix)."""
-    from ..evalprotocol import read_eval_spec, resolve_eval_test
+def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "tuple[EvalSpec, str | None]":
+    """The eval's spec, and how it offers the model tools (None: it offers none); its import, its processor and its
+    settings checked (their errors name the fix)."""
+    from ..evalprotocol import eval_rows, read_eval_spec, resolve_eval_test
+    from ..evalprotocol.spec import tools_offered
 
     try:
-        return read_eval_spec(resolve_eval_test(env_path))
+        eval_test = resolve_eval_test(env_path)
+        spec = read_eval_spec(eval_test)
+        return spec, tools_offered(spec, eval_rows(eval_test) if spec.processor is not None else ())
     except EpTrlError as error:
         parser.error(f"ENV_PATH {env_path}: {error}")
+
+
+def _check_chat_template(parser: argparse.ArgumentParser, run_args: RunArguments, offered: str | None,
+                         env_path: str) -> "ChosenTemplate | None":
+    """``--chat-template``'s template, read; refused when it names none, when it writes control tokens the model's
+    tokenizer lacks, or when the eval offers tools and the template the run renders with has no tool-call format.
+    Without ``--model`` (a preset's own model) the tokenizer is checked once the model exists (:func:`run`)."""
+    from ..capture.parsing import load_chat_template
+
+    chosen = None
+    if run_args.chat_template:
+        try:
+            chosen = load_chat_template(run_args.chat_template)
+        except EpTrlError as error:
+            parser.error(f"--chat-template {run_args.chat_template}: {error}")
+    if run_args.model and (chosen is not None or offered is not None):
+        problem = template_problem(run_args.model, chosen, offered, env_path)
+        if problem:
+            parser.error(problem)
+    return chosen
+
+
+def template_problem(model: str, chosen: "ChosenTemplate | None", offered: str | None, env_path: str) -> str | None:
+    """What is wrong with the template the run renders ``model``'s turns with (``chosen``, else the model's own),
+    naming the fix; None when nothing is. ``offered``: how the eval offers tools (None: it offers none)."""
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from ..capture.parsing import tool_call_format_missing, tool_templates_for, use_chat_template
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as error:
+        return f"--model {model}: its tokenizer could not be loaded ({error})"
+    if chosen is not None:
+        try:
+            use_chat_template(tokenizer, chosen)
+        except EpTrlError as error:
+            return f"--chat-template {chosen.name}: {error}"
+    if offered is None:
+        return None
+    if tool_call_format_missing(tokenizer) is None:
+        return None
+    fitting = tool_templates_for(copy.copy(tokenizer))
+    suggested = "qwen2_5" if "qwen2_5" in fitting or not fitting else fitting[0]
+    whose = f"--chat-template {chosen.name}" if chosen is not None else f"--model {model}'s chat template"
+    return (f"ENV_PATH {env_path}: {offered}, and {whose} has no tool-call format TRL knows, so ep_trl could not read "
+            f"the model's tool calls. Add --chat-template {suggested} (a template TRL ships with a tool-call format; "
+            f"those that use only this tokenizer's special tokens: {', '.join(fitting) or 'none'}), or a .jinja file "
+            "with one, or use a model whose own template has one (Qwen, Llama 3.1, GLM, gpt-oss, Gemma 4).")
 
 
 def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: RolloutArguments, vl: VLLMArguments,
@@ -458,7 +527,8 @@ def _absolute(paths: Sequence[str] | None) -> list[str] | None:
     their working directory)."""
     if paths is None:
         return None
-    return [str(Path(part.strip()).expanduser().resolve()) for path in paths for part in path.split(",") if part.strip()]
+    return [str(Path(part.strip()).expanduser().resolve())
+            for path in paths for part in path.split(",") if part.strip()]
 
 
 def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "JSONObject":
@@ -472,28 +542,52 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "
     return loaded
 
 
-def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode,
-                    spec: "EvalSpec", input_dataset: Sequence[str] | None = None) -> None:
+def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, spec: "EvalSpec",
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """``--held-out`` and ``--held-out-tasks`` checked; the tasks training plays when tasks are held out (else ())."""
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
                      "between 0 and 1")
+    if run_args.held_out_tasks and not held:
+        parser.error("--held-out-tasks names the tasks held out of training: add --held-out N, the number of held-out "
+                     "episodes (rotated over those tasks)")
     if not held:
-        return
+        return ()
     if spec.processor is None:
-        parser.error(f"--held-out: {spec.qualified_name} plays an OpenEnv environment loop, and held-out rows are "
-                     "scored through the eval's own processor, which such an eval does not run here. Drop --held-out "
-                     "(the per-step score is the eval's score on the training episodes)")
+        if held < 1:
+            parser.error(f"--held-out {held:g}: {spec.qualified_name} plays an OpenEnv environment, whose held-out "
+                         "instances are reset seeds: give their number (a whole number), e.g. --held-out 16")
+        return _training_tasks(parser, spec, run_args.held_out_tasks, overrides)
+    if run_args.held_out_tasks:
+        parser.error(f"--held-out-tasks: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances "
+                     "are rows (--held-out N); tasks are held out of OpenEnv evals only")
     from .. import dataset_from_eval
 
-    if not mode.vllm_base_url:
-        parser.error("--held-out scores the rows greedily on the vLLM server the run trains, before and after: give "
-                     "--vllm-server-url URL (the trainer keeps it on its weights; with or without --async), or drop "
-                     "--held-out")
-    rows = len(dataset_from_eval(env_path, input_dataset=input_dataset))
+    rows = len(dataset_from_eval(env_path, input_dataset=overrides.input_dataset))
     if held >= rows:
         parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
+    return ()
+
+
+def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_tasks: Sequence[str] | None,
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """The eval's tasks (``--tasks`` when given) less ``--held-out-tasks``: each held-out task must be one of them and
+    one at least must be left to train on."""
+    if not held_tasks:
+        return ()
+    assert spec.env is not None
+    tasks = tuple(overrides.tasks if overrides.tasks is not None else spec.env.tasks)
+    unknown = [task for task in held_tasks if task not in tasks]
+    if unknown:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)}: {unknown} are not tasks of {spec.qualified_name} "
+                     f"({list(tasks) or 'it has none'}); name some of its tasks")
+    left = tuple(task for task in tasks if task not in held_tasks)
+    if not left:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)} holds out every task of {spec.qualified_name}: leave "
+                     "one at least to train on")
+    return left
 
 
 def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[str] | None) -> None:
@@ -515,12 +609,10 @@ def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[
 
 
 def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: str | None, max_model_len: int | None,
-                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None,
-                        held_tokens: int | None = None) -> int:
+                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None) -> int:
     """``--vllm-server-url local``: vLLM's CPU build installed, on a CPU machine, with a model; the server's
-    ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length`` and, with
-    ``--held-out`` (``held_tokens``), the ``max_tokens`` of the eval's completion params, which its processor asks the
-    server for when it scores the held-out rows."""
+    ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length`` (held-out
+    episodes are played through the same rollout path, within the same budget)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from .. import dataset_from_eval
@@ -547,13 +639,6 @@ def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: s
         parser.error(f"{flag}: the longest training prompt ({longest} tokens) plus --max-completion-length "
                      f"{completion} is {needed} tokens, over {model}'s context of {limit}: lower "
                      "--max-completion-length")
-    if held_tokens is not None and longest + held_tokens > needed:
-        needed = longest + held_tokens
-        if limit is not None and needed > limit:
-            parser.error(f"{flag} --held-out: the eval's processor asks the server for up to {held_tokens} tokens "
-                         f"(its completion_params max_tokens) when it scores the held-out rows, and the longest prompt "
-                         f"({longest} tokens) plus that is {needed}, over {model}'s context of {limit}: give a model "
-                         "with a longer context, or drop --held-out")
     if max_model_len is None:
         wanted = needed + LOCAL_PROMPT_MARGIN
         return min(wanted, limit) if limit is not None else wanted
@@ -608,38 +693,51 @@ def run(job: TrainJob) -> int:
     where = Path(job.command[1]).resolve().parent if job.preset.command else Path.cwd()
     record = run_record.start_anywhere(where, job.command[1:], executable=job.command[0])
     folder = Path(job.config_values["output_dir"])
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / run_folder.METRICS).unlink(missing_ok=True)
     print(job.mode.describe(), flush=True)
     state = _RunState()
     try:
-        with contextlib.ExitStack() as servers:  # closed last in, first out: the vLLM server, then the environment's
-            env_url = servers.enter_context(_environment(job))
+        # closed last in, first out: the vLLM server the run started, the held-out play, the environment server
+        with _environment(job) as env_url, _held_out_play(job) as held_out, contextlib.ExitStack() as servers:
+            if held_out is not None and held_out.split is not None:
+                problem = held_out.seed_problem()
+                if problem is not None:
+                    _refuse_held_out(job, problem, folder if made else None)
+                    return 2
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
-            train_rows, held_out = _datasets(job)
+            if job.model is None and (job.chat_template is not None or job.tools_offered is not None):
+                problem = template_problem(model, job.chat_template, job.tools_offered, job.env_path)
+                if problem:  # the preset's own model: plan() could not check its tokenizer
+                    raise ConfigError(problem)
+            train_rows = _datasets(job)[0]
             job = servers.enter_context(_local_vllm_server(job, model, folder))
-            if held_out:
-                print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
-                      "rows", flush=True)
-            state.held_out_rows = len(held_out)
-            state.before = _held_out(job, held_out, "before")
+            if held_out is not None:
+                what = (f"{len(held_out.prompts)} held-out rows" if not job.openenv else
+                        f"{len(held_out.prompts)} held-out reset seeds" if held_out.split is not None else
+                        f"{len(held_out.prompts)} held-out episodes of the held-out tasks {list(held_out.tasks)}")
+                print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {what}", flush=True)
+                state.held_out = held_out
+            overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
             config = job.mode.config(**_config_values(job))
             run_folder.write_config(folder, _resolved(job, model, config))
             # the metrics line is written before the progress line is printed: a step a reader saw is on disk
             with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
                                   callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
-                                  peft_config=_lora(job.run), images=job.mode.images, overrides=job.overrides,
-                                  options=job.options, vllm=job.vllm,
+                                  peft_config=_lora(job.run), images=job.mode.images, overrides=overrides,
+                                  options=job.options, vllm=job.vllm, chat_template=job.chat_template,
                                   max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
                 _print_lora(trainer, job.run)
+                state.before = _play_held_out(held_out, trainer, "before training")
                 training = time.monotonic()  # train_s: the trainer's construction to train()'s return
                 trainer.train()
                 state.train_s = time.monotonic() - training
                 state.checkpoint = _save_checkpoint(trainer, folder)
-            state.after = _held_out(job, held_out, "after")
+                state.after = _play_held_out(held_out, trainer, "after training")
             if job.preset.after_training is not None:
                 job.preset.after_training(trainer)
     except KeyboardInterrupt:
@@ -659,11 +757,11 @@ def run(job: TrainJob) -> int:
 @dataclass
 class _RunState:
     trainer: "Trainer | None" = None
-    before: "HeldOutScore | None" = None
-    after: "HeldOutScore | None" = None
+    held_out: "HeldOutPlay | None" = None
+    before: "HeldOutEpisodes | None" = None
+    after: "HeldOutEpisodes | None" = None
     checkpoint: Path | None = None
     ended: str = "finished"
-    held_out_rows: int = 0
     train_s: float | None = None
 
 
@@ -709,9 +807,65 @@ def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[Trai
         print(f"vLLM server: stopped (pid {server.pid})", flush=True)
 
 
+@contextlib.contextmanager
+def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
+    """The run's held-out instances and the rollout function that plays them (None without ``--held-out``); closed
+    when the block ends, however. Built once the environment server is up (an OpenEnv eval's seed check resets it)."""
+    if not job.run.held_out:
+        yield None
+        return
+    from .. import dataset_from_eval
+    from .heldout import HeldOutPlay
+
+    prompts = (list(dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)["prompt"])
+               if job.openenv else _datasets(job)[1])
+    play = HeldOutPlay(job.env_path, prompts, openenv=job.openenv, count=int(job.run.held_out) if job.openenv
+                       else len(prompts), seed=_held_out_seed(job), overrides=job.overrides, options=job.options,
+                       vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts,
+                       tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks))
+    try:
+        yield play
+    finally:
+        play.close()
+
+
+def _held_out_seed(job: TrainJob) -> int:
+    if job.run.held_out_seed is not None:
+        return job.run.held_out_seed
+    seed = job.config_values.get("seed", 42)
+    assert isinstance(seed, int), "GRPOConfig's seed is an int"
+    return seed
+
+
+def _refuse_held_out(job: TrainJob, problem: str, made_folder: Path | None) -> None:
+    """``--held-out`` refused once the environment could be asked (exit status 2, as for bad input): nothing was
+    trained, and the run folder this run made is removed again."""
+    import shutil
+
+    tasks = held_out_tasks_hint(job)
+    message = (f"{PROG}: error: --held-out: {job.env_path}: {problem}. Make the environment's reset(seed=...) choose "
+               "the instance, as OpenEnv's Environment.reset(seed=...) does (the same seed, the same first "
+               f"observation), {tasks}or drop --held-out (the per-step score is the eval's score on the training "
+               "episodes)")
+    print(message, file=sys.stderr, flush=True)
+    if made_folder is not None:
+        shutil.rmtree(made_folder, ignore_errors=True)
+
+
+def held_out_tasks_hint(job: TrainJob) -> str:
+    """The refusal's hint for an eval with tasks: hold some of them out instead of seeds."""
+    from ..evalprotocol import read_eval_spec, resolve_eval_test
+
+    env = read_eval_spec(resolve_eval_test(job.env_path)).env
+    tasks = list(job.overrides.tasks if job.overrides.tasks is not None else env.tasks if env is not None else ())
+    if len(tasks) < 2:
+        return ""
+    return f"hold out some of its tasks instead (--held-out-tasks {tasks[-1]}: training plays {tasks[:-1]}), "
+
+
 def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     """The training rows (the eval's rows minus the held-out ones, repeated to fill ``max_steps``) and the held-out
-    prompts."""
+    prompts (none for an OpenEnv eval, whose held-out instances are reset seeds)."""
     from datasets import concatenate_datasets
 
     from .. import dataset_from_eval
@@ -719,9 +873,8 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     rows = dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)
     held_out: "list[Prompt]" = []
     held = job.run.held_out
-    if held:  # fewer than the eval's rows (plan checked); below 1, a share of them
-        seed = job.run.held_out_seed if job.run.held_out_seed is not None else job.config_values.get("seed", 42)
-        split = rows.train_test_split(test_size=held if held < 1 else int(held), seed=seed)
+    if held and not job.openenv:  # fewer than the eval's rows (plan checked); below 1, a share of them
+        split = rows.train_test_split(test_size=held if held < 1 else int(held), seed=_held_out_seed(job))
         rows, held_out = split["train"], list(split["test"]["prompt"])
     if job.preset.train_rows is not None:
         rows = job.preset.train_rows(rows)
@@ -736,17 +889,12 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     return rows, held_out
 
 
-def _held_out(job: TrainJob, prompts: "list[Prompt]", when: str) -> "HeldOutScore | None":
-    if not prompts:
+def _play_held_out(held_out: "HeldOutPlay | None", trainer: "Trainer", when: str) -> "HeldOutEpisodes | None":
+    if held_out is None:
         return None
-    from .heldout import score_held_out
-
-    base_url, served = job.mode.vllm_base_url, job.served_model
-    assert base_url is not None and served is not None, "plan() refuses --held-out without a vLLM server"
-    score = score_held_out(job.env_path, prompts, base_url=base_url, model=served,
-                           input_dataset=job.overrides.input_dataset)
-    print(f"held-out score {when} training: {score.mean:.4f} (greedy, {len(prompts)} rows)", flush=True)
-    return score
+    played = held_out.play(trainer)
+    print(played.summary(when), flush=True)
+    return played
 
 
 def _config_values(job: TrainJob) -> dict[str, object]:
@@ -794,6 +942,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
     """``config.yaml``'s content: ENV_PATH, the model, the mode, ep_trl's options and the trainer config."""
     return {"env_path": job.env_path, "model": model, "generation": job.mode.describe(),
             **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
+            "chat_template_file": str(job.chat_template.path) if job.chat_template is not None else None,
             "eval_overrides": {k: v for k, v in asdict(job.overrides).items() if v is not None},
             "rollout_options": asdict(job.options), "vllm_options": asdict(job.vllm),
             "max_concurrent_rollouts": job.max_concurrent_rollouts,
@@ -803,6 +952,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
 def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
     """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
     from ..devtools import run_record
+    from .heldout import held_out_change
     from .progress import report_training
     from .reward_curve import step_scores
 
@@ -812,9 +962,9 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
     per_step = int(values.get("per_device_train_batch_size") or 8) * int(values.get("gradient_accumulation_steps") or 1)
     summary = plot = None
     if steps:
-        marks = [(0, state.before.mean, "held-out before")] if state.before is not None else []
+        marks = [(0, state.before.success, "held-out before")] if state.before is not None else []
         if state.after is not None:
-            marks.append((steps[-1].step, state.after.mean, "held-out after"))
+            marks.append((steps[-1].step, state.after.success, "held-out after"))
         title = job.preset.title or f"{PROG}: eval score on {job.env_path.rsplit('::', 1)[-1]}"
         summary = report_training(history, folder / run_folder.PLOT, episodes_per_step=per_step, started=started,
                                   title=title, marks=marks, command=record.command)
@@ -822,20 +972,21 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
     else:
         print(f"no step logged a score ({state.ended}): no summary, no plot", flush=True)
     if state.before is not None and state.after is not None:
-        print(f"held-out score {state.before.mean:.4f} -> {state.after.mean:.4f} "
-              f"({state.after.mean - state.before.mean:+.4f})", flush=True)
+        print(held_out_change(state.before, state.after), flush=True)
     result = {"run": run_record.finish(record), "ended": state.ended, "versions": run_folder.versions(),
               "env_path": job.env_path, "seed": values.get("seed"), "steps": len(steps),
               "train_first": summary.first if summary else None, "train_last": summary.last if summary else None,
               "wall_s": round(time.monotonic() - started, 1),
               "train_s": round(state.train_s, 1) if state.train_s is not None else None,
-              "held_out_rows": state.held_out_rows,
-              "held_out_before": state.before.mean if state.before is not None else None,
-              "held_out_after": state.after.mean if state.after is not None else None,
+              **run_folder.held_out_instances(state.held_out),
+              "held_out_before": state.before.success if state.before is not None else None,
+              "held_out_after": state.after.success if state.after is not None else None,
+              "held_out_before_figures": state.before.figures() if state.before is not None else None,
+              "held_out_after_figures": state.after.figures() if state.after is not None else None,
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
               "steps_logged": run_folder.steps_logged(history),
-              "held_out_before_rows": run_folder.held_out_rows(state.before),
-              "held_out_after_rows": run_folder.held_out_rows(state.after)}
+              "held_out_before_rows": state.before.rows() if state.before is not None else None,
+              "held_out_after_rows": state.after.rows() if state.after is not None else None}
     path = run_folder.write_result(folder, result)
     print(f"run folder: {folder} (result: {path})", flush=True)

@@ -113,6 +113,24 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
                     processor=processor, processor_settings=settings)
 
 
+def tools_offered(spec: EvalSpec, rows: Iterable[object]) -> str | None:
+    """How the eval offers the model tools, in words; None when it offers none. ``MCPGymRolloutProcessor`` always does
+    (its environment's tools), ``AgentRolloutProcessor`` with an MCP config (its servers' tools), and any processor
+    whose rows carry ``tools``. An OpenEnv loop offers none (its prompt builder writes the prompt)."""
+    if spec.processor is None:
+        return None
+    kind = type(spec.processor).__name__
+    if kind == "MCPGymRolloutProcessor":
+        return "its MCPGymRolloutProcessor offers the model the environment's tools"
+    if kind == "AgentRolloutProcessor" and spec.processor_settings.get("mcp_config_path"):
+        return (f"its AgentRolloutProcessor offers the model the tools of its MCP servers "
+                f"({spec.processor_settings['mcp_config_path']})")
+    carrying = sum(1 for row in rows if getattr(row, "tools", None))
+    if carrying:
+        return f"{carrying} of its rows offer the model tools (their `tools`)"
+    return None
+
+
 #: Processors whose model calls happen outside this process (a remote server, GitHub's runners) and whose rows
 #: come back from Fireworks tracing: nothing here can capture their tokens.
 REMOTE_PROCESSORS = ("RemoteRolloutProcessor", "GithubActionRolloutProcessor")
