@@ -333,7 +333,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     if run_args.model:
         _check_model(parser, run_args.model)
     _check_env_server(parser, run_args)
-    spec, offered = _check_eval(parser, env_path)
+    spec, offered = _check_eval(parser, env_path, _absolute(evals.input_dataset))
     template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     _check_rows(parser, env_path, overrides.input_dataset)
@@ -437,18 +437,20 @@ def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -
                      "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
 
 
-def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "tuple[EvalSpec, str | None]":
-    """The eval's spec, and how it offers the model tools (None: it offers none); its import, its processor and its
-    settings checked (their errors name the fix)."""
+def _check_eval(parser: argparse.ArgumentParser, env_path: str,
+                input_dataset: Sequence[str] | None = None) -> "tuple[EvalSpec, str | None]":
+    """The eval's spec, and how it offers the model tools (None: it offers none; its rows: read from
+    ``input_dataset`` when given); its import, its processor and its settings checked (their errors name the fix)."""
     from ..evalprotocol import eval_rows, read_eval_spec, resolve_eval_test
     from ..evalprotocol.spec import tools_offered
 
     try:
         eval_test = resolve_eval_test(env_path)
         spec = read_eval_spec(eval_test)
-        return spec, tools_offered(spec, eval_rows(eval_test) if spec.processor is not None else ())
+        return spec, tools_offered(spec, eval_rows(eval_test, input_dataset) if spec.processor is not None else ())
     except EpTrlError as error:
-        parser.error(f"ENV_PATH {env_path}: {error}")
+        flag = f"--input-dataset {' '.join(input_dataset)}" if input_dataset is not None else f"ENV_PATH {env_path}"
+        parser.error(f"{flag}: {error}")
 
 
 def _check_chat_template(parser: argparse.ArgumentParser, run_args: RunArguments, offered: str | None,
