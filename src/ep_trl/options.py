@@ -89,6 +89,8 @@ class EvalOverrides:
         stop: stop strings per model turn (a single string is one stop string).
         max_concurrent_rollouts: episodes run at once.
         evaluation_test_kwargs: keyword arguments of the eval body (checked against its signature).
+        input_dataset: JSONL files of rows read in place of the eval's ``input_dataset``, through its own
+            ``dataset_adapter`` (``ep_trl.evalprotocol.eval_rows``); the eval must read an ``input_dataset``.
     """
 
     env_factory: Callable[[], object] | None = None
@@ -106,9 +108,12 @@ class EvalOverrides:
     stop: Sequence[str] | str | None = None
     max_concurrent_rollouts: int | None = None
     evaluation_test_kwargs: "Settings | None" = None
+    input_dataset: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         owner = "EvalOverrides"
+        object.__setattr__(self, "input_dataset", _strings(owner, "input_dataset", self.input_dataset,
+                                                           "['rows.jsonl']"))
         for name in ("env_factory", "prompt_builder", "action_parser", "reset_seed"):
             _callable(owner, name, getattr(self, name))
         if self.env_client_cls is not None and not isinstance(self.env_client_cls, type):

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions
 
 SERVER, COLOCATE = "server", "colocate"
+#: ``--vllm-server-url local``: the run starts a CPU vLLM server on the policy itself (``ep-trl train`` only).
+LOCAL_SERVER = "local"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
 
 
@@ -186,18 +188,20 @@ class TrainingMode:
     def describe(self) -> str:
         """One line: where episodes are generated, and by which trainer."""
         device = "GPU" if self.on_gpu else "CPU"
+        server = ("a CPU vLLM server this run starts on the policy" if self.vllm_base_url == LOCAL_SERVER
+                  else f"the vLLM server at {self.vllm_base_url}")
         if self.asynchronous:
             name = "AsyncImagesGRPOTrainer" if self.images else "AsyncGRPOTrainer"
             trainer = f"{name}, NCCL weight transfer" if self.on_gpu else \
                 f"CPU{name}, weights pushed through disk by DiskWeightTransfer"
-            return (f"generation: the vLLM server at {self.vllm_base_url}, by ep_trl's EvalRolloutWorker while "
+            return (f"generation: {server}, by ep_trl's EvalRolloutWorker while "
                     f"training steps run ({trainer}, {device})")
         if self.colocate:
             trainer = "GRPOTrainer" if self.on_gpu else "CPUColocateGRPOTrainer"
             return f"generation: TRL's colocated vLLM engine, in the training process ({trainer}, {device})"
         if self.synced_server:
             how = "by TRL (GRPOTrainer" if self.on_gpu else "through disk (DiskSyncGRPOTrainer"
-            return f"generation: the vLLM server at {self.vllm_base_url}, kept on the trainer's weights {how}, {device})"
+            return f"generation: {server}, kept on the trainer's weights {how}, {device})"
         return f"generation: in-process, with the trainer's model (GRPOTrainer, {device})"
 
     def config(self, **values: Any) -> GRPOConfig | AsyncGRPOConfig:

@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -108,6 +109,11 @@ class RunArguments:
                 "'after' still follow)"})
 
 
+#: Tokens a local vLLM server's context holds beyond the longest training prompt and ``--max-completion-length``: the
+#: tool schemas an agent eval's processor puts in the prompt, which the rows do not carry.
+LOCAL_PROMPT_MARGIN = 1024
+
+
 @dataclass
 class GenerationArguments:
     """Where episodes are generated (ep_trl.cli.modes); TRL's own --vllm-mode and --vllm-gpu-memory-utilization
@@ -119,7 +125,15 @@ class GenerationArguments:
         "aliases": ["--vllm-base-url"],
         "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model), kept "
                 "on the trainer's weights: by TRL over NCCL on GPU; on CPU, without --async, through disk by "
-                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots)"})
+                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots). `local` (CPU): "
+                "the run starts vLLM's CPU build (.venv-vllm) on --model itself and stops it however the run ends"})
+    vllm_max_model_len: int | None = field(default=None, metadata={
+        "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
+                f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
+                "eval's processor adds, up to the model's max_position_embeddings)"})
+    vllm_server_args: str | None = field(default=None, metadata={
+        "help": "with --vllm-server-url local: more arguments of the server's command line, after '=', e.g. "
+                "--vllm-server-args='--max-num-seqs 8'"})
     async_training: bool = field(default=False, metadata={
         "aliases": ["--async"],
         "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
@@ -148,6 +162,10 @@ class EvalArguments:
     max_turn_tokens: int | None = field(default=None, metadata={"help": "tokens per model turn"})
     stop: list[str] | None = field(default=None, metadata={"help": "stop strings per model turn"})
     max_concurrent_rollouts: int | None = field(default=None, metadata={"help": "episodes played at once"})
+    input_dataset: list[str] | None = field(default=None, metadata={
+        "help": "JSONL files of rows to train on (and hold out from) in place of the eval's input_dataset, read "
+                "through the eval's own dataset_adapter and max_dataset_rows (several: space- or comma-separated); the "
+                "eval must read an input_dataset"})
 
 
 @dataclass
@@ -241,6 +259,10 @@ class TrainJob:
     preset: Preset
     #: The served model's id on the vLLM server.
     served_model: str | None = None
+    #: ``--vllm-server-url local``: the ``--max-model-len`` of the server the run starts (None: no such server).
+    local_max_model_len: int | None = None
+    #: ``--vllm-server-args``: more arguments of that server's command line.
+    local_server_args: Sequence[str] = ()
     #: ``--chat-template``'s template, read; None: the model's own.
     chat_template: "ChosenTemplate | None" = None
     #: How the eval offers the model tools (``evalprotocol.spec.tools_offered``); None when it offers none.
@@ -331,20 +353,32 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     if run_args.model:
         _check_model(parser, run_args.model)
     _check_env_server(parser, run_args)
-    spec, offered = _check_eval(parser, env_path)
+    spec, offered = _check_eval(parser, env_path, _absolute(evals.input_dataset))
     template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
+    _check_rows(parser, env_path, overrides.input_dataset)
     training_tasks = _check_held_out(parser, env_path, run_args, spec, overrides)
     demonstrations = _check_warm_start(parser, run_args, mode, options, template)
-    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
+    local_len = None
+    if mode.vllm_base_url == modes.LOCAL_SERVER:
+        local_len = _check_local_server(parser, env_path, run_args.model, gen.vllm_max_model_len, mode,
+                                        int(trl_values["max_completion_length"]), overrides.input_dataset)
+    else:
+        for flag, value in (("--vllm-max-model-len", gen.vllm_max_model_len), ("--vllm-server-args",
+                                                                               gen.vllm_server_args)):
+            if value is not None:
+                parser.error(f"{flag} is for the vLLM server the run starts itself: add --vllm-server-url local, or "
+                             f"drop {flag} (a server you start takes its arguments on its own command line)")
+    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) \
+        if mode.vllm_base_url and not local_len else None
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
                     served_model=served, chat_template=template, tools_offered=offered,
-                    openenv=spec.processor is None, training_tasks=training_tasks,
-                    demonstrations=demonstrations)
+                    openenv=spec.processor is None, training_tasks=training_tasks, local_max_model_len=local_len,
+                    local_server_args=shlex.split(gen.vllm_server_args or ""), demonstrations=demonstrations)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -424,18 +458,20 @@ def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -
                      "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
 
 
-def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "tuple[EvalSpec, str | None]":
-    """The eval's spec, and how it offers the model tools (None: it offers none); its import, its processor and its
-    settings checked (their errors name the fix)."""
+def _check_eval(parser: argparse.ArgumentParser, env_path: str,
+                input_dataset: Sequence[str] | None = None) -> "tuple[EvalSpec, str | None]":
+    """The eval's spec, and how it offers the model tools (None: it offers none; its rows: read from
+    ``input_dataset`` when given); its import, its processor and its settings checked (their errors name the fix)."""
     from ..evalprotocol import eval_rows, read_eval_spec, resolve_eval_test
     from ..evalprotocol.spec import tools_offered
 
     try:
         eval_test = resolve_eval_test(env_path)
         spec = read_eval_spec(eval_test)
-        return spec, tools_offered(spec, eval_rows(eval_test) if spec.processor is not None else ())
+        return spec, tools_offered(spec, eval_rows(eval_test, input_dataset) if spec.processor is not None else ())
     except EpTrlError as error:
-        parser.error(f"ENV_PATH {env_path}: {error}")
+        flag = f"--input-dataset {' '.join(input_dataset)}" if input_dataset is not None else f"ENV_PATH {env_path}"
+        parser.error(f"{flag}: {error}")
 
 
 def _check_chat_template(parser: argparse.ArgumentParser, run_args: RunArguments, offered: str | None,
@@ -496,7 +532,8 @@ def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: Roll
     try:
         overrides = EvalOverrides(env_base_url=ev.env_base_url, request_timeout_s=ev.env_request_timeout_s,
                                   tasks=ev.tasks, task_var=ev.task_var, reset_task_kwarg=ev.reset_task_kwarg,
-                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop)
+                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop,
+                                  input_dataset=_absolute(ev.input_dataset))
         rollout = {k: v for k, v in asdict(ro).items() if v is not None}
         if chat_template_kwargs:
             rollout["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", chat_template_kwargs)
@@ -506,6 +543,15 @@ def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: Roll
     except EpTrlError as error:
         parser.error(str(error))
     return overrides, options, vllm, ev.max_concurrent_rollouts
+
+
+def _absolute(paths: Sequence[str] | None) -> list[str] | None:
+    """``--input-dataset``'s files, each split at commas, as absolute paths (the run's processes read them, whatever
+    their working directory)."""
+    if paths is None:
+        return None
+    return [str(Path(part.strip()).expanduser().resolve())
+            for path in paths for part in path.split(",") if part.strip()]
 
 
 def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "JSONObject":
@@ -541,7 +587,7 @@ def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: Ru
                      "are rows (--held-out N); tasks are held out of OpenEnv evals only")
     from .. import dataset_from_eval
 
-    rows = len(dataset_from_eval(env_path))
+    rows = len(dataset_from_eval(env_path, input_dataset=overrides.input_dataset))
     if held >= rows:
         parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
@@ -609,6 +655,64 @@ def _warm_start_settings(run_args: RunArguments, config_values: "Settings") -> "
                              seed=int(config_values.get("seed", 42)))
 
 
+def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[str] | None) -> None:
+    """The training rows, read once now: the eval's own, or ``--input-dataset``'s (files that exist, for an eval that
+    reads an ``input_dataset``), so that a dataset that is not there, or a row the eval's adapter cannot read, is
+    refused before anything starts."""
+    from .. import dataset_from_eval
+
+    flag = f"--input-dataset {' '.join(paths)}" if paths is not None else f"ENV_PATH {env_path}"
+    try:
+        rows = len(dataset_from_eval(env_path, input_dataset=paths))
+    except EpTrlError as error:
+        parser.error(f"{flag}: {error}")
+    except (ValueError, KeyError, TypeError) as error:  # the eval's dataset_adapter on rows it cannot read
+        parser.error(f"{flag}: the eval's dataset_adapter cannot read these rows ({type(error).__name__}: {error}); "
+                     "write them in the format the eval's adapter reads")
+    if paths is not None:
+        print(f"input dataset: {rows} rows from {', '.join(paths)}", flush=True)
+
+
+def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: str | None, max_model_len: int | None,
+                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None) -> int:
+    """``--vllm-server-url local``: vLLM's CPU build installed, on a CPU machine, with a model; the server's
+    ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length`` (held-out
+    episodes are played through the same rollout path, within the same budget)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .. import dataset_from_eval
+    from ..devtools.cpu_vllm import missing_vllm_message, vllm_installed
+    from ..evalprotocol import strip_row_key
+
+    flag = f"--vllm-server-url {modes.LOCAL_SERVER}"
+    if mode.on_gpu:
+        parser.error(f"{flag} starts vLLM's CPU build, and torch sees a GPU here: start a server on the GPU "
+                     "(`trl vllm-serve --model M`) and pass its URL")
+    if not vllm_installed():
+        parser.error(f"{flag}: {missing_vllm_message()}")
+    if model is None:
+        parser.error(f"{flag} starts the server on --model: give --model")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = {json.dumps(prompt, sort_keys=True): prompt
+               for prompt in dataset_from_eval(env_path, input_dataset=input_dataset)["prompt"]}
+    longest = max(len(tokenizer(tokenizer.apply_chat_template(strip_row_key(prompt), tokenize=False,
+                                                              add_generation_prompt=True),
+                                add_special_tokens=False)["input_ids"]) for prompt in prompts.values())
+    needed = longest + completion
+    limit = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    if limit is not None and needed > limit:
+        parser.error(f"{flag}: the longest training prompt ({longest} tokens) plus --max-completion-length "
+                     f"{completion} is {needed} tokens, over {model}'s context of {limit}: lower "
+                     "--max-completion-length")
+    if max_model_len is None:
+        wanted = needed + LOCAL_PROMPT_MARGIN
+        return min(wanted, limit) if limit is not None else wanted
+    if max_model_len < needed:
+        parser.error(f"--vllm-max-model-len {max_model_len}: the longest training prompt ({longest} tokens) plus "
+                     f"--max-completion-length {completion} needs {needed}: give at least that, or drop it")
+    return max_model_len
+
+
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
     """The model the vLLM server at ``url`` serves; refused when nothing answers there, or when it serves a model
     other than ``model`` (another name, and not a directory of the same architecture and vocabulary)."""
@@ -661,7 +765,8 @@ def run(job: TrainJob) -> int:
     print(job.mode.describe(), flush=True)
     state = _RunState()
     try:
-        with _environment(job) as env_url, _held_out_play(job) as held_out:
+        # closed last in, first out: the vLLM server the run started, the held-out play, the environment server
+        with _environment(job) as env_url, _held_out_play(job) as held_out, contextlib.ExitStack() as servers:
             if held_out is not None and held_out.split is not None:
                 problem = held_out.seed_problem()
                 if problem is not None:
@@ -675,6 +780,7 @@ def run(job: TrainJob) -> int:
                     raise ConfigError(problem)
             model, state.warm_start = _warm_start(job, model, folder)
             train_rows = _datasets(job)[0]
+            job = servers.enter_context(_local_vllm_server(job, model, folder))
             if held_out is not None:
                 what = (f"{len(held_out.prompts)} held-out rows" if not job.openenv else
                         f"{len(held_out.prompts)} held-out reset seeds" if held_out.split is not None else
@@ -748,6 +854,34 @@ def _environment(job: TrainJob) -> Iterator[str | None]:
 
 
 @contextlib.contextmanager
+def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[TrainJob]:
+    """``--vllm-server-url local``: a CPU vLLM server on ``model`` for the block (its log in the run folder), and the
+    job generating on it; stopped, its process group with it, when the block ends, however. Other jobs: as they
+    are."""
+    if job.local_max_model_len is None:
+        yield job
+        return
+    from dataclasses import replace
+
+    from ..devtools.cpu_vllm import start_vllm_server, stop_vllm_server
+    from ..generation.probe import probe_server
+
+    print(f"vLLM server: starting vLLM's CPU build on {model} (--max-model-len {job.local_max_model_len}; its log "
+          f"in {folder})", flush=True)
+    started = time.monotonic()
+    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len,
+                               extra_args=job.local_server_args)
+    try:
+        served = probe_server(server.base_url, job.vllm.connect_timeout_s).model
+        print(f"vLLM server: {server.base_url} (pid {server.pid}), ready in {time.monotonic() - started:.0f} s",
+              flush=True)
+        yield replace(job, mode=replace(job.mode, vllm_base_url=server.base_url), served_model=served)
+    finally:
+        stop_vllm_server(server)
+        print(f"vLLM server: stopped (pid {server.pid})", flush=True)
+
+
+@contextlib.contextmanager
 def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
     """The run's held-out instances and the rollout function that plays them (None without ``--held-out``); closed
     when the block ends, however. Built once the environment server is up (an OpenEnv eval's seed check resets it)."""
@@ -757,7 +891,8 @@ def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
     from .. import dataset_from_eval
     from .heldout import HeldOutPlay
 
-    prompts = list(dataset_from_eval(job.env_path)["prompt"]) if job.openenv else _datasets(job)[1]
+    prompts = (list(dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)["prompt"])
+               if job.openenv else _datasets(job)[1])
     play = HeldOutPlay(job.env_path, prompts, openenv=job.openenv, count=int(job.run.held_out) if job.openenv
                        else len(prompts), seed=_held_out_seed(job), overrides=job.overrides, options=job.options,
                        vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts,
@@ -809,7 +944,7 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
 
     from .. import dataset_from_eval
 
-    rows = dataset_from_eval(job.env_path)
+    rows = dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)
     held_out: "list[Prompt]" = []
     held = job.run.held_out
     if held and not job.openenv:  # fewer than the eval's rows (plan checked); below 1, a share of them
@@ -843,7 +978,9 @@ def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStar
         use_chat_template(processing_class, job.chat_template)
     report = warm_start(model, job.demonstrations, folder / WARM_START_DIR,
                         _warm_start_settings(job.run, job.config_values), processing_class=processing_class,
-                        chat_template_kwargs=job.options.chat_template_kwargs, server_url=job.mode.vllm_base_url)
+                        chat_template_kwargs=job.options.chat_template_kwargs,
+                        # a server the run starts itself (local) is started after, on the warm-started model
+                        server_url=None if job.mode.vllm_base_url == modes.LOCAL_SERVER else job.mode.vllm_base_url)
     print(f"warm start: {report.tokens_trained} assistant tokens trained in {report.seconds:.1f} s, loss "
           f"{report.loss_first_epoch:.4f} (first epoch) -> {report.loss_last_epoch:.4f} (last); GRPO starts from "
           f"{report.model_dir}", flush=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
 from ._private import private_attr, private_name
-from .resolve import EvalTest
+from .resolve import EvalTest, eval_file
 from ..trajectory.types import Settings
 
 if TYPE_CHECKING:  # eval-protocol ships no types: to the checker the name documents what is held
@@ -102,8 +102,13 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         notes.append(f"{eval_test.qualified_name}: MCPGymRolloutProcessor starts a server per processor call "
                      "('per_run', on one port); ep_trl calls the processor once per row, so training runs it with "
                      "server_mode='shared': one server for the run, stopped when the process exits.")
-    settings = {"mcp_config_path": params.mcp_config_path or "", "server_script_path": params.server_script_path,
-                "kwargs": kwargs}
+    script = params.server_script_path
+    if script is not None:  # relative paths are the eval repository's: found beside the eval's package if need be
+        resolved = eval_file(eval_test, script, "server_script_path")
+        script = resolved.path
+        if resolved.note:
+            notes.append(resolved.note)
+    settings = {"mcp_config_path": params.mcp_config_path or "", "server_script_path": script, "kwargs": kwargs}
     return EvalSpec(**common, prompt_builder=None, action_parser=None, env=None, notes=tuple(notes),
                     processor=processor, processor_settings=settings)
 
