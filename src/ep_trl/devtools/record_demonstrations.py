@@ -190,9 +190,11 @@ class Recording:
 
 
 def record(env_path: str, out: str | Path, player: ScriptedPlayer, *, rows: int | None = None, repeat: int = 1,
-           concurrency: int | None = None) -> Recording:
+           concurrency: int | None = None, input_dataset: Sequence[str] | None = None) -> Recording:
     """Play ``rows`` of ``env_path``'s rows (None: all), ``repeat`` episodes each, with ``player`` through the eval's
     own processor, and write each finished episode to ``out`` as a JSON line (``row_id``, ``messages``, ``tools``).
+    ``input_dataset``: JSONL files read in place of the eval's own ``input_dataset`` (as ``ep-trl train
+    --input-dataset`` reads them), e.g. rows kept apart from those a run trains on and holds out.
     ValueError naming the fix for an eval the player cannot play."""
     from ..evalprotocol import eval_rows, read_eval_spec, resolve_eval_test
 
@@ -201,7 +203,7 @@ def record(env_path: str, out: str | Path, player: ScriptedPlayer, *, rows: int 
     if spec.processor is None:
         raise ValueError(f"{spec.qualified_name} plays an OpenEnv environment loop, not a processor that calls a model "
                          "with tools; the recorder plays evals with their own processor (MCP-gym, agent, single-turn)")
-    available = eval_rows(eval_test)
+    available = eval_rows(eval_test, input_dataset)
     chosen = available[:rows] if rows is not None else available
     if not chosen:
         raise ValueError(f"{spec.qualified_name} has no rows to play")
@@ -276,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tool", default=None, help="the tool the player calls (needed when the eval offers several)")
     parser.add_argument("--rows", type=int, default=None, help="play the eval's first N rows (default: all)")
     parser.add_argument("--repeat", type=int, default=1, help="episodes per row")
+    parser.add_argument("--input-dataset", nargs="+", default=None, metavar="FILE",
+                        help="JSONL rows read in place of the eval's own input_dataset, by its dataset_adapter")
     parser.add_argument("--seed", type=int, default=0, help="seed of the player's draws")
     parser.add_argument("--concurrency", type=int, default=None,
                         help="episodes played at once (default: the eval's max_concurrent_rollouts)")
@@ -290,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         player = ScriptedPlayer(tuple(c.strip() for c in args.choices.split(",")), tool=args.tool,
                                 argument=args.argument, seed=args.seed)
         recording = record(args.env_path, args.out, player, rows=args.rows, repeat=args.repeat,
-                           concurrency=args.concurrency)
+                           concurrency=args.concurrency, input_dataset=args.input_dataset)
     except (ValueError, EpTrlError) as error:
         parser.error(str(error))
     for failure in recording.failed:
