@@ -108,18 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     record = run_record.start(REPO, [__file__, *(sys.argv[1:] if argv is None else argv)])
     lakes = [lake(seed) for seed in range(args.first_seed, args.first_seed + args.lakes)]
     caps = [int(c) for c in args.caps.split(",")]
-    table: dict[str, dict[str, float]] = {}
+    table: list[dict[str, object]] = []
     for name, (policy, is_random) in policies().items():
         draws = args.draws if is_random else 1
-        table[name] = {}
+        line = []
         for cap in caps:
             rng = random.Random(f"{name} {cap}")
             wins = sum(play(desc, policy, cap, rng) for desc in lakes for _ in range(draws))
-            table[name][str(cap)] = round(wins / (len(lakes) * draws), 4)
-        print(f"{name:32s} " + "  ".join(f"cap {cap}: {table[name][str(cap)]:.3f}" for cap in caps), flush=True)
+            table.append({"policy": name, "max_moves": cap, "success": round(wins / (len(lakes) * draws), 4)})
+            line.append(f"cap {cap}: {wins / (len(lakes) * draws):.3f}")
+        print(f"{name:32s} " + "  ".join(line), flush=True)
     path_lengths = [len(shortest_path(desc)) for desc in lakes]
     result = {"run": run_record.finish(record), "first_seed": args.first_seed, "lakes": args.lakes,
-              "draws": args.draws, "success": table,
+              "draws": args.draws, "table": table,
               "shortest_path_moves": {str(k): path_lengths.count(k) for k in sorted(set(path_lengths))}}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

