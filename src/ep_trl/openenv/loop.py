@@ -78,7 +78,7 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
     clean = cancelled = False
     try:
         session, outcome = await _guarded("environment", envs.start(label, plan.task))
-        await _take_turns(state, session, outcome, cfg, template, generator, on_step, label)
+        await _take_turns(state, session, outcome, cfg, template, generator, on_step, episode=label)
         clean = True
     except EpisodeFailure as exc:
         failure = exc
@@ -110,14 +110,16 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
 
 
 async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
-                      template: ChatTemplate, generator: Generator, on_step: StepCallback | None, label: str) -> None:
-    """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget."""
+                      template: ChatTemplate, generator: Generator, on_step: StepCallback | None, *,
+                      episode: str) -> None:
+    """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget.
+    ``episode`` names the episode in its warnings (an action's label has a name of its own)."""
     last: Generation | None = None
     for step in range(1, cfg.max_steps + 1):
         if outcome.done:
             state.stop_reason = "done"
             return
-        state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, label)})
+        state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, episode)})
         if not _extend_held(state, template, cfg, last):
             state.stop_reason = "token_budget"
             state.messages.pop()
@@ -135,12 +137,12 @@ async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, 
             text = text[: text.find(last.stop_text)] if last.stop_text in text else text
         action = await _guarded("eval_code", _parse(cfg, text))
         state.messages.append({"role": "assistant", "content": text})
-        label = action_label(action)  # once: for a pydantic action, a missing action_str is a slow lookup
-        state.actions.append(label)
+        action_text = action_label(action)  # once: for a pydantic action, a missing action_str is a slow lookup
+        state.actions.append(action_text)
         outcome = await _guarded("environment", session.step(action))
         reward = float(outcome.reward or 0.0)
         state.step_rewards.append(reward)
-        state.history.append(history_line(step, action, reward, outcome.observation, label))
+        state.history.append(history_line(step, action, reward, outcome.observation, action_text))
         if on_step is not None:
             on_step(state.messages, state.step_rewards)
     state.stop_reason = "done" if outcome.done else "max_steps"
@@ -156,7 +158,7 @@ async def _parse(cfg: EpisodeConfig, text: str) -> Action:
         raise
 
 
-def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, label: str) -> object:
+def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, episode: str) -> object:
     """The prompt builder's message for this step; if it raises, ``str(observation)``, as the processor does."""
     try:
         return cfg.prompt_builder(outcome.observation, step, state.history)
@@ -166,7 +168,7 @@ def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step:
         # same fallback as OpenEnvRolloutProcessor, but counted and logged
         state.builder_failures += 1
         logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
-                       label, type(exc).__name__, exc)
+                       episode, type(exc).__name__, exc)
         return str(outcome.observation)
 
 
