@@ -455,6 +455,38 @@ def test_a_close_that_fails_at_a_sigterms_exit_is_reported_and_the_status_stays_
     assert since_sent(result) < 10
 
 
+@pytest.mark.parametrize("cleanup", ["lets it through", "replaces it"])
+def test_which_exit_handlers_run_at_a_sigterms_exit_is_as_the_docs_say(cleanup):
+    """docs/failures.md (issue 48): through the ordinary unwinding every exit handler runs; when a cleanup replaced
+    ``Terminated``, ep_trl's ``os._exit(143)`` skips the handlers registered before ``ep_trl.runtime.shutdown`` was
+    imported (the docs said "the other exit handlers still run")."""
+    replace = 'raise RuntimeError("cannot release un-acquired lock")' if cleanup == "replaces it" else "pass"
+    program = textwrap.dedent(f"""
+        import atexit, os, signal, time
+        atexit.register(print, "REGISTERED BEFORE", flush=True)
+        from ep_trl.runtime import shutdown
+        atexit.register(print, "REGISTERED AFTER", flush=True)
+
+        class Resource:
+            def close(self):
+                print("CLOSED", flush=True)
+
+        resource = Resource()
+        shutdown.register(resource)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(20)
+            print("SURVIVED", flush=True)
+        finally:
+            {replace}
+    """)
+    result = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**child_environment(), "PYTHONPATH": CHILD_PYTHONPATH})
+    ran = ["REGISTERED AFTER", "CLOSED"] + (["REGISTERED BEFORE"] if cleanup == "lets it through" else [])
+    assert lines(result.stdout) == ran, (result.stdout, result.stderr[-3000:])
+    assert result.returncode == 143, result.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_12_s_cleanup_in_finally_finishes_within_the_default_grace():
