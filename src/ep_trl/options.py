@@ -82,10 +82,15 @@ class EvalOverrides:
         task_var: the environment variable that names the task for the eval's processor.
         reset_task_kwarg: the ``reset()`` keyword that names the task on a running server (``"task_name"``).
         max_steps: environment steps per episode.
+        reset_seed: ``(group) -> seed``: each episode's ``reset(seed=...)``, from its run-wide prompt group number
+            (OpenEnv's ``Environment.reset(seed=...)``); the episodes of a group play the same instance. ``ep-trl
+            train --held-out`` sets it to keep training off the held-out seeds.
         max_tokens: tokens per model turn.
         stop: stop strings per model turn (a single string is one stop string).
         max_concurrent_rollouts: episodes run at once.
         evaluation_test_kwargs: keyword arguments of the eval body (checked against its signature).
+        input_dataset: JSONL files of rows read in place of the eval's ``input_dataset``, through its own
+            ``dataset_adapter`` (``ep_trl.evalprotocol.eval_rows``); the eval must read an ``input_dataset``.
     """
 
     env_factory: Callable[[], object] | None = None
@@ -98,14 +103,18 @@ class EvalOverrides:
     task_var: str | None = None
     reset_task_kwarg: str | None = None
     max_steps: int | None = None
+    reset_seed: Callable[[int], int] | None = None
     max_tokens: int | None = None
     stop: Sequence[str] | str | None = None
     max_concurrent_rollouts: int | None = None
     evaluation_test_kwargs: "Settings | None" = None
+    input_dataset: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         owner = "EvalOverrides"
-        for name in ("env_factory", "prompt_builder", "action_parser"):
+        object.__setattr__(self, "input_dataset", _strings(owner, "input_dataset", self.input_dataset,
+                                                           "['rows.jsonl']"))
+        for name in ("env_factory", "prompt_builder", "action_parser", "reset_seed"):
             _callable(owner, name, getattr(self, name))
         if self.env_client_cls is not None and not isinstance(self.env_client_cls, type):
             raise ConfigError(f"{owner}(env_client_cls={self.env_client_cls!r}): pass the client class itself "

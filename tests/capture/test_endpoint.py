@@ -158,3 +158,90 @@ def test_streaming_several_choices_and_constrained_decoding_are_refused():
 def test_rollout_tokens_carry_128_random_bits():
     tokens = {new_token() for _ in range(1000)}
     assert len(tokens) == 1000 and all(len(t) == 32 and int(t, 16) >= 0 for t in tokens)
+
+
+# --- configuration errors: answered 400, once -------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "lake_move", "parameters": {
+    "type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]}}}]
+
+
+def chatml_capture(model_dir):
+    """A real rollout capture over the tiny model's own ChatML template, which has no tool-call format TRL knows: a
+    call that offers tools raises ep_trl's ConfigError while it is served (before anything is generated)."""
+    from transformers import AutoTokenizer
+
+    from ep_trl.capture.parsing import ToolCallParser
+    from ep_trl.trajectory.tokens import ChatTemplate
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return RolloutCapture(new_token(), "chatml", None, ChatTemplate(tokenizer), None, ToolCallParser(tokenizer))
+
+
+def serve_capture(capture, scenario):
+    async def main():
+        endpoint = CaptureEndpoint()
+        endpoint.add(capture)
+        key = endpoint.new_call()
+        await endpoint.start()
+        try:
+            return await scenario(endpoint, key)
+        finally:
+            await endpoint.aclose()
+
+    return asyncio.run(main())
+
+
+def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litellm_policy(tiny_model_dir,
+                                                                                        monkeypatch):
+    """Issue 47: tools offered to a model whose template has no tool-call format raised ConfigError while serving the
+    call, answered 500 ("LiteLLM Retried: 8 times"). The call is made by eval-protocol's own LiteLLMPolicy, as its
+    MCP-gym and agent processors make it (num_retries=8): one request reaches the endpoint, answered 400 with ep_trl's
+    message in the OpenAI error body, and LiteLLM raises BadRequestError. (LiteLLM's num_retries resends any error,
+    4xx included, when ``tenacity`` is installed; it is not in this environment, as the request count shows.)"""
+    import litellm
+    from eval_protocol.mcp.execution.policy import LiteLLMPolicy
+
+    from ep_trl.errors import ConfigError
+
+    capture = chatml_capture(tiny_model_dir)
+
+    async def scenario(endpoint, key):
+        monkeypatch.setenv("HOSTED_VLLM_API_KEY", key)  # what ep_trl points the processor's LiteLLM at
+        policy = LiteLLMPolicy(model_id=f"hosted_vllm/{MODEL_PREFIX}{capture.token}", temperature=0.0, max_tokens=8,
+                               base_url=endpoint.base_url)
+        try:
+            await policy._make_llm_call([{"role": "user", "content": "move"}], TOOLS)
+        except litellm.BadRequestError as error:
+            return error
+        raise AssertionError("the call succeeded")
+
+    error = serve_capture(capture, scenario)
+    assert capture.calls == 1  # the endpoint received exactly one request
+    assert error.status_code == 400
+    assert "TRL knows no tool-call format" in str(error) and "--chat-template qwen2_5" in str(error)
+    assert isinstance(capture.fatal, ConfigError)  # kept: the rollout raises it once the processor returns
+
+
+def test_an_openai_client_does_not_retry_a_configuration_error(tiny_model_dir):
+    """The OpenAI client retries 5xx answers (twice by default) and not 4xx: with the old 500 the endpoint received
+    three requests for one call; now one, and the client's error carries ep_trl's message."""
+    import openai
+
+    capture = chatml_capture(tiny_model_dir)
+
+    async def scenario(endpoint, key):
+        client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key)
+        try:
+            await client.chat.completions.create(model=f"{MODEL_PREFIX}{capture.token}", tools=TOOLS,
+                                                 messages=[{"role": "user", "content": "move"}])
+        except openai.BadRequestError as error:
+            return error
+        finally:
+            await client.close()
+        raise AssertionError("the call succeeded")
+
+    error = serve_capture(capture, scenario)
+    assert capture.calls == 1
+    assert error.status_code == 400 and error.body["type"] == "invalid_request_error"
+    assert "TRL knows no tool-call format" in error.body["message"]

@@ -190,8 +190,17 @@ def silent_port():
                  id="trl-mode-flag"),
     pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--env-server", "python -m ep_trl.envs.letters"],
                  r"has no \{port\}: write where the server's port goes", id="env-server-without-port"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "1"],
-                 r"--held-out: .*plays an OpenEnv environment loop.*Drop --held-out", id="held-out-openenv"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "0.5"],
+                 r"--held-out 0\.5: .*plays an OpenEnv environment, whose held-out instances are reset seeds: give "
+                 r"their number \(a whole number\)", id="held-out-share-of-openenv-seeds"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "digits"],
+                 r"--held-out-tasks digits: \['digits'\] are not tasks of .*\['vowels', 'abc'\]",
+                 id="held-out-tasks-unknown"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "vowels", "abc"],
+                 r"--held-out-tasks vowels abc holds out every task of .*leave one at least to train on",
+                 id="held-out-tasks-all"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out-tasks", "abc"],
+                 r"--held-out-tasks names the tasks held out of training: add --held-out N", id="held-out-tasks-alone"),
 ])
 def test_bad_input_is_refused_before_anything_starts(args, message, tiny_model_dir, tmp_path, other_model_server,
                                                      capsys):
@@ -385,3 +394,131 @@ def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tin
     job = planned_job(argv + ["--async", "--vllm-server-url", "http://127.0.0.1:8011"])
     config = job.mode.config(**train._config_values(job))
     assert type(config).__name__ == "AsyncGRPOConfig" and (config.report_to, config.project) == (["trackio"], "p")
+
+
+# --- chat templates and evals that offer tools (issue 47) --------------------------------------------------------
+
+#: Evals that offer the model tools, one per way of offering them.
+TOOL_EVALS = {
+    "mcp-gym": ("tests.evals.eval_frozen_lake::test_frozen_lake",
+                r"its MCPGymRolloutProcessor offers the model the environment's tools"),
+    "agent-mcp": ("tests.evals.eval_calculator_agent::test_calculator_agent",
+                  r"its AgentRolloutProcessor offers the model the tools of its MCP servers \(.*calc_mcp\.json\)"),
+    "rows-with-tools": ("tests.evals.eval_inputs_rows::test_qa_rows", r"\d+ of its rows offer the model tools"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TOOL_EVALS))
+def test_an_eval_that_offers_tools_is_refused_at_start_for_a_template_without_a_tool_call_format(
+        kind, tiny_model_dir, tmp_path, capsys):
+    """The tiny model's own ChatML template has no tool-call format TRL knows (SmolLM2's neither): refused before
+    anything starts, naming how the eval offers tools and the flag that fixes it; with the flag, planned."""
+    env_path, offered = TOOL_EVALS[kind]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([env_path, "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(offered, err), err
+    assert "has no tool-call format TRL knows" in err and "--chat-template qwen2_5" in err, err
+    assert re.search(r"this tokenizer's special tokens: .*\bqwen2_5\b", err), err
+    assert not (tmp_path / "run").exists()
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    job = planned_job([env_path, "--model", str(tiny_model_dir), "--chat-template", "qwen2_5"])
+    assert job.chat_template is not None and job.chat_template.path.name == "qwen2_5.jinja"
+
+
+def test_an_eval_without_tools_needs_no_tool_call_format(tiny_model_dir):
+    job = planned_job([SENTIMENT, "--model", str(tiny_model_dir)])
+    assert job.tools_offered is None and job.chat_template is None
+
+
+def llama_template_file(tmp_path):
+    from ep_trl.capture.parsing import trl_chat_templates_dir
+
+    path = tmp_path / "my_llama.jinja"
+    path.write_text((trl_chat_templates_dir() / "llama3_1.jinja").read_text())
+    return str(path)
+
+
+def chatml_file(tmp_path):
+    from ep_trl.devtools.tiny_model import CHAT_TEMPLATE
+
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHAT_TEMPLATE)
+    return str(path)
+
+
+@pytest.mark.parametrize("template, env_path, message", [
+    pytest.param(lambda t: "qwen9", SENTIMENT,
+                 r"--chat-template qwen9: chat template 'qwen9' is neither a \.jinja file nor a template TRL ships; "
+                 r"TRL ships: .*\bllama3_1\b.*\bqwen2_5\b", id="unknown-name"),
+    pytest.param(lambda t: str(t / "nowhere.jinja"), SENTIMENT, r"nowhere\.jinja'?: no such file", id="no-such-file"),
+    pytest.param(lambda t: "llama3_1", SENTIMENT,
+                 r"--chat-template llama3_1: .*writes <\|start_header_id\|>, .*<\|eot_id\|>.* which this tokenizer "
+                 r"does not have as special tokens \(its own template uses: <\|im_start\|>, <\|im_end\|>\).*Choose "
+                 r"a template written with this tokenizer's special tokens", id="special-tokens-missing"),
+    pytest.param(llama_template_file, SENTIMENT, r"my_llama\.jinja' writes <\|start_header_id\|>",
+                 id="file-special-tokens-missing"),
+    pytest.param(chatml_file, TOOL_EVALS["agent-mcp"][0],
+                 r"--chat-template .*chatml\.jinja has no tool-call format TRL knows.*--chat-template qwen2_5",
+                 id="chosen-template-without-tool-calls"),
+])
+def test_a_chat_template_that_cannot_serve_the_run_is_refused_at_start(template, env_path, message, tiny_model_dir,
+                                                                       tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([env_path, "--model", str(tiny_model_dir), "--chat-template", template(tmp_path),
+                    "--output-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err, flags=re.S), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_jinja_file_is_a_chat_template_too(tiny_model_dir, tmp_path):
+    from ep_trl.capture.parsing import trl_chat_templates_dir
+
+    path = tmp_path / "tools.jinja"
+    path.write_text((trl_chat_templates_dir() / "qwen2_5.jinja").read_text())
+    job = planned_job([TOOL_EVALS["rows-with-tools"][0], "--model", str(tiny_model_dir), "--chat-template", str(path)])
+    assert job.chat_template.path == path.resolve() and job.chat_template.text == path.read_text()
+
+
+@pytest.fixture
+def stdio_calculator(tmp_path):
+    """The calculator agent eval's MCP config: its server started by the processor over stdio (no port taken)."""
+    config = tmp_path / "calc_stdio.json"
+    config.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [
+        str(ROOT / "tests" / "fixtures" / "calc_mcp_server.py"), "stdio"]}}}))
+    return config
+
+
+@pytest.mark.timeout(420)
+def test_a_tools_eval_trains_with_chat_template_qwen2_5_and_is_refused_without(tiny_model_dir, tmp_path,
+                                                                              stdio_calculator):
+    """`ep-trl train` on the calculator agent (AgentRolloutProcessor over an MCP server) with the tiny ChatML model,
+    in-process generation: without --chat-template it exits 2 before anything starts, naming the flag; with
+    --chat-template qwen2_5 one step trains (the episodes' tool turns rendered and parsed with that template: with
+    the model's own the endpoint would refuse every call) and config.yaml records the template."""
+    import os
+
+    import yaml
+
+    env = {**os.environ, "CALC_MCP_CONFIG": str(stdio_calculator)}
+    args = ["tests.evals.eval_calculator_agent::test_calculator_agent", "--model", str(tiny_model_dir),
+            "--max-steps", "1", "--per-device-train-batch-size", "2", "--num-generations", "2",
+            "--max-completion-length", "24", "--max-turn-tokens", "8", "--log-home", str(tmp_path)]
+    refused = cli([*args, "--output-dir", str(tmp_path / "refused")], ROOT, env=env)
+    _, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2, err[-3000:]
+    assert "has no tool-call format TRL knows" in err and "--chat-template qwen2_5" in err, err[-3000:]
+    assert not (tmp_path / "refused").exists()
+
+    proc = cli([*args, "--chat-template", "qwen2_5", "--output-dir", str(tmp_path / "run")], ROOT, env=env)
+    out, err = proc.communicate(timeout=360)
+    assert proc.returncode == 0, (out[-2000:], err[-4000:])
+    assert re.search(r"^step 1/1 \| reward [0-9.]+ .*\| eval_score [0-9.]+", out, flags=re.M), out
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["chat_template"] == "qwen2_5" and config["chat_template_file"].endswith("qwen2_5.jinja")
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["ended"] == "finished" and result["steps"] == 1

@@ -2,12 +2,26 @@
 
 import asyncio
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 
 from ep_trl.cli.env_server import local_env_server
-from ep_trl.devtools.doors_houses import HouseSplit
-from ep_trl.envs.doors import COLOURS, DoorsAction, DoorsEnv, DoorsEnvironment, house, parse_door
+from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, HouseSplit, SeedSource
+from ep_trl.envs.doors import (COLOURS, HELD_OUT_WORDINGS, LOCKED_ONLY_WORDINGS, TRAINING_WORDINGS, WORDINGS,
+                               DoorsAction, DoorsEnv, DoorsEnvironment, house, parse_door)
+
+EVAL_DOORS = str(Path(__file__).resolve().parents[2] / "examples" / "doors" / "eval_doors.py") + "::test_doors"
+
+
+def wording_of(text: str) -> str:
+    """Which wording a sign is in (the one whose template, its colours blanked, matches)."""
+    blanked = re.sub(r"\b(" + "|".join(COLOURS) + r")\b", "C", text)
+    blanked = re.sub(r"C(, C)* (and|or) C", "L", blanked)
+    [name] = [w for w, t in WORDINGS.items()
+              if blanked == t.replace("{open}", "C").replace("{locked}", "L").replace("{locked_or}", "L")]
+    return name
 
 
 def test_a_house_is_drawn_from_its_seed_and_each_room_says_which_door_opens():
@@ -64,9 +78,75 @@ def test_the_held_out_houses_follow_the_seed_and_training_never_sees_one():
     assert len(held) == 16
     assert all(house(s) not in held for s in itertools.islice(split.training_seeds(), 500))
     source = split.held_out_source()
-    assert [source() for _ in range(16)] == list(split.held_out)
-    with pytest.raises(ValueError, match="all 16 held-out houses were played"):
+    plays = [source() for _ in range(16 * len(PLAYED_WORDINGS))]
+    assert plays == list(split.held_out_plays()) == [(s, w) for w in PLAYED_WORDINGS for s in split.held_out]
+    with pytest.raises(ValueError, match="all 96 held-out plays \\(16 houses x 6 wordings\\) were played"):
         source()
+
+
+def test_the_signs_old_houses_showed_are_unchanged_and_a_named_wording_changes_only_the_signs():
+    """Old result files' houses stay the houses they played: seed 3 as it was drawn before wordings existed."""
+    assert [(r.doors, r.open_door, r.sign) for r in house(3)] == [
+        (("red", "green", "white", "black"), "black", "The black door is open; the others are locked."),
+        (("white", "green", "blue", "orange"), "white", "Every door is locked except the white one.")]
+    for seed in range(50):
+        for wording in WORDINGS:
+            worded = house(seed, wording=wording)
+            assert [(r.doors, r.open_door) for r in worded] == [(r.doors, r.open_door) for r in house(seed)]
+            assert all(wording_of(r.sign) == wording for r in worded)
+    with pytest.raises(ValueError, match="no sign wording 'tricky'; the wordings are is-open, except"):
+        house(1, wording="tricky")
+
+
+def test_a_locked_only_sign_names_every_locked_door_and_never_the_open_one():
+    assert set(LOCKED_ONLY_WORDINGS) <= set(HELD_OUT_WORDINGS) and len(HELD_OUT_WORDINGS) >= 3
+    assert set(TRAINING_WORDINGS).isdisjoint(HELD_OUT_WORDINGS)
+    assert house(3, wording="locked")[0].sign == "The red, green and white doors are locked."
+    for seed in range(200):
+        for wording in LOCKED_ONLY_WORDINGS:
+            for room in house(seed, wording=wording):
+                named = set(re.findall(r"\b(" + "|".join(COLOURS) + r")\b", room.sign))
+                assert room.open_door not in room.sign and named == set(room.doors) - {room.open_door}
+        for wording in set(WORDINGS) - set(LOCKED_ONLY_WORDINGS):
+            assert all(r.open_door in r.sign for r in house(seed, wording=wording))
+
+
+def last_colour(text: str) -> str | None:
+    """The lexical rule: the last colour word of a message."""
+    words = re.findall(r"\b(" + "|".join(COLOURS) + r")\b", text)
+    return words[-1] if words else None
+
+
+def test_copying_the_last_colour_leaves_every_house_under_training_signs_but_not_under_locked_only_ones():
+    """The game as it stood (training's two wordings) did not need reading: naming the last colour word of the
+    latest message leaves every house. Under a sign that names only the locked doors it never leaves the first
+    room."""
+    def play(seed, wording):
+        env = DoorsEnvironment()
+        observation = env.reset(seed=seed, wording=wording)
+        while not observation.done:
+            observation = env.step(DoorsAction(door=last_colour(observation.text) or ""))
+        return observation.escaped
+
+    split = HouseSplit.draw(0, 32)
+    assert all(play(seed, None) for seed in range(500)) and all(play(seed, w) for seed in split.held_out
+                                                                for w in TRAINING_WORDINGS)
+    assert not any(play(seed, w) for seed in split.held_out for w in LOCKED_ONLY_WORDINGS)
+
+
+def test_training_resets_never_show_a_held_out_wording():
+    """What training plays: resets with the training source name a seed only, so every room's sign is in a training
+    wording; both occur."""
+    env = DoorsEnvironment()
+    seen = set()
+    for seed in itertools.islice(HouseSplit.draw(0, 8).training_seeds(), 300):
+        assert isinstance(seed, int)
+        observation = env.reset(seed=seed)
+        assert observation.wording is None and observation.metadata == {"seed": seed, "wording": None}
+        for room in house(seed):
+            seen.add(wording_of(room.sign))
+        seen.add(wording_of(re.search(r"Doors: [a-z, ]+\. (.+\.) Moves left", observation.text).group(1)))
+    assert seen == set(TRAINING_WORDINGS)
 
 
 def test_the_served_game_plays_the_house_its_client_hands_out():
@@ -91,6 +171,55 @@ def test_the_served_game_plays_the_house_its_client_hands_out():
 
     with local_env_server("ep_trl.envs.doors") as url:
         assert asyncio.run(play(url)) == [(True, 1.0, True), (True, 1.0, True)]
+
+
+def test_the_served_game_plays_the_wording_its_client_hands_out_and_reports_the_house():
+    """A ``(seed, wording)`` from the source puts every sign of that house in that wording, and each observation's
+    ``metadata`` (put back by the client: openenv's server leaves it off the wire) says which house and wording."""
+    async def play(url):
+        async with DoorsEnv(base_url=url, seeds=SeedSource(iter([(31, "locked"), 32]))) as env:
+            first = (await env.reset()).observation
+            step = (await env.step(DoorsAction(door=house(31)[0].open_door))).observation
+            second = (await env.reset()).observation
+            return first, step, second
+
+    with local_env_server("ep_trl.envs.doors") as url:
+        first, step, second = asyncio.run(play(url))
+    assert first.metadata == step.metadata == {"seed": 31, "wording": "locked"}
+    assert house(31, wording="locked")[0].sign in first.text and house(31)[0].open_door not in first.text.split(". ")[2]
+    assert house(31, wording="locked")[1].sign in step.text
+    assert second.metadata == {"seed": 32, "wording": None} and house(32)[0].sign in second.text
+
+
+@pytest.mark.timeout(300)
+def test_each_episode_s_row_records_the_house_and_wording_it_played(tiny_model_dir, tmp_path):
+    """Through the doors eval and ep_trl's loop (a tiny model on the trainer backend, its replies random): the
+    rollout output's ``instance`` and each episode's ``ep logs`` row say which house and wording that episode
+    played, and its first prompt shows that house's sign in that wording (the pairing, not only the set)."""
+    from ep_trl import EvalOverrides, RolloutOptions, create_rollout_func, dataset_from_eval
+    from ep_trl.evalprotocol.store import StoreLogger
+    from tests.support.trainers import make_trainer
+
+    plays = [(41, "locked"), (42, "only"), (43, None), (44, "do-not-try")]
+    with local_env_server("ep_trl.envs.doors") as url:
+        source = SeedSource(iter(plays))
+        rollout = create_rollout_func(
+            EVAL_DOORS, backend="trainer", options=RolloutOptions(log_home=str(tmp_path / "logs")),
+            overrides=EvalOverrides(env_factory=lambda: DoorsEnv(base_url=url, seeds=source).sync()))
+        prompt = dataset_from_eval(EVAL_DOORS)["prompt"][0]
+        trainer = make_trainer(tiny_model_dir, tmp_path / "out", rollout, max_completion_length=96)
+        try:
+            out = rollout([prompt] * 4, trainer)
+        finally:
+            rollout.close()
+    assert out["episode_status"] == ["finished"] * 4
+    assert sorted(out["instance"], key=lambda i: i["seed"]) == [{"seed": s, "wording": w} for s, w in plays]
+    store = StoreLogger(tmp_path / "logs" / ".eval_protocol" / "logs.db")
+    for instance, rollout_id in zip(out["instance"], out["rollout_id"]):
+        row = store.read(rollout_id)[-1]
+        assert row.execution_metadata.extra["ep_trl"]["instance"] == instance
+        first_user = next(m.content for m in row.messages if m.role == "user")
+        assert house(instance["seed"], wording=instance["wording"])[0].sign in first_user
 
 
 class _ScriptedPlayer:

@@ -53,7 +53,7 @@ def test_score_text(text: str, alphabet: str, expected: float) -> None:
 def test_reset_step_rewards_and_done(letters_server: str, letters_episodes: LettersEpisodes) -> None:
     async def play() -> list:
         async with LettersEnv(base_url=letters_server) as env:
-            first = await env.reset(task_name="digits", episode_id="ep-digits")
+            first = await env.reset(task_name="digits", episode_id="ep-digits", seed=7)
             results = [first]
             for text in ("12a", "x", "2024"):
                 results.append(await env.step(LettersAction(text=text)))
@@ -89,6 +89,7 @@ def test_reset_step_rewards_and_done(letters_server: str, letters_episodes: Lett
             "rewards": [0.6667, 0.0, 1.0],
             "done": True,
             "error": None,
+            "seed": 7,  # recorded, not used: the game is deterministic
         }
     ]
 

@@ -8,6 +8,7 @@ recorder, and returns the rows eval-protocol handed it.
 import asyncio
 import logging
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -247,3 +248,76 @@ def test_strip_row_key_drops_the_key_and_none_values():
     column = Dataset.from_dict({"prompt": training_prompts(resolve(ROWS))})["prompt"]
     assert strip_row_key(column[2]) == [{"role": "system", "content": "Answer in one word."},
                                         {"role": "user", "content": "What is the capital of France?"}]
+
+
+def write_jsonl(path, records):
+    import json
+
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return str(path)
+
+
+def test_an_input_dataset_replaces_the_evals_own_through_its_adapter_and_max_rows(tmp_path):
+    """``eval_rows(..., input_dataset=...)``: the files' records go through the eval's dataset_adapter and
+    max_dataset_rows (3) as its own input_dataset's would, and nothing of the eval's own file is read."""
+    records = [{"id": f"mine-{n}", "question": f"How many legs have {n} ducks?", "answer": str(2 * n)}
+               for n in range(1, 5)]
+    first, second = write_jsonl(tmp_path / "a.jsonl", records[:2]), write_jsonl(tmp_path / "b.jsonl", records[2:])
+    eval_test = resolve(f"{DATASET}::test_qa_dataset")
+    rows = eval_rows(eval_test, [first, second])
+    assert [(row.input_metadata.row_id, row.ground_truth) for row in rows] == [("mine-1", "2"), ("mine-2", "4"),
+                                                                             ("mine-3", "6")]
+    assert [m.content for m in rows[0].messages] == ["Answer briefly.", "How many legs have 1 ducks?"]
+    prompts = training_prompts(eval_test, [first, second])
+    assert match_rows(prompts, rows, eval_test.qualified_name)[2].ground_truth == "6"
+    with pytest.raises(ConfigError, match="names no row"):  # the keys are these rows', not the eval's own
+        match_rows(prompts, eval_rows(eval_test), eval_test.qualified_name)
+
+
+@pytest.mark.parametrize("env_path, source", [
+    (f"{MESSAGES}::test_qa_messages", "input_messages"),
+    (ROWS, "input_rows"),
+    (f"{LOADER}::test_qa_loader", "data_loaders"),
+])
+def test_an_input_dataset_for_an_eval_without_one_is_refused(env_path, source, tmp_path):
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"question": "?", "answer": "!"}])
+    with pytest.raises(UnsupportedEvalError) as error:
+        eval_rows(resolve(env_path), [rows])
+    assert (f"reads its rows from {source}, not from an input_dataset with a dataset_adapter" in str(error.value)
+            and "Drop the input dataset" in str(error.value))
+
+
+def test_an_input_dataset_file_that_is_missing_is_refused(tmp_path, monkeypatch):
+    eval_test = resolve(f"{DATASET}::test_qa_dataset")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"input dataset 'nope\.jsonl': no such file \(from .*\)\. Give JSONL files"):
+        eval_rows(eval_test, ["nope.jsonl"])
+
+
+def relative_dataset_eval(folder):
+    """An eval file whose input_dataset is relative to its own directory, as eval-protocol's benchmarks are to its
+    repository."""
+    (folder / "data").mkdir(parents=True)
+    write_jsonl(folder / "data" / "rows.jsonl", [{"id": "near-1", "question": "Two plus two?", "answer": "4"}])
+    source = (Path(DATASET).read_text().replace("input_dataset=[QA]", "input_dataset=['data/rows.jsonl']")
+              .replace("def test_qa_dataset", "def test_relative"))
+    (folder / "eval_relative.py").write_text(source)
+    return f"{folder / 'eval_relative.py'}::test_relative"
+
+
+def test_a_relative_input_dataset_missing_here_is_read_beside_the_evals_module(tmp_path, monkeypatch, caplog):
+    env_path = relative_dataset_eval(tmp_path / "evals")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    caplog.set_level(logging.INFO, logger="ep_trl")
+    rows = eval_rows(resolve(env_path))
+    assert [row.input_metadata.row_id for row in rows] == ["near-1"]
+    assert (f"its input_dataset 'data/rows.jsonl' is not in the working directory ({tmp_path / 'elsewhere'}); using "
+            f"{tmp_path / 'evals' / 'data' / 'rows.jsonl'}") in caplog.text
+    (tmp_path / "evals" / "data" / "rows.jsonl").unlink()
+    with pytest.raises(UnsupportedEvalError) as error:
+        eval_rows(resolve(env_path))
+    message = str(error.value)
+    assert f"{tmp_path / 'elsewhere' / 'data' / 'rows.jsonl'} (from the working directory)" in message
+    assert f"{tmp_path / 'evals' / 'data' / 'rows.jsonl'} (from the root its module" in message
+    assert "ep-trl train --input-dataset FILE.jsonl" in message

@@ -82,3 +82,38 @@ def test_an_eval_with_another_processor_builds_and_says_what_plays_it(caplog):
 def test_unknown_option_is_a_type_error_naming_it():
     with pytest.raises(TypeError, match="max_turnz"):
         create_openenv_vllm_rollout_func("tests.evals.eval_letters", max_turnz=3)
+
+
+def test_the_import_root_is_where_the_top_level_package_was_imported_from():
+    """Relative paths in an eval (``server_script_path``, ``input_dataset``) are found under this root when the working
+    directory lacks them: for a module, the directory that holds its top-level package; for a file, its directory."""
+    import eval_protocol
+
+    frozen_lake = resolve_eval_test("eval_protocol.benchmarks.test_frozen_lake::test_frozen_lake_evaluation")
+    assert frozen_lake.import_root == Path(eval_protocol.__file__).resolve().parents[1]
+    assert resolve_eval_test("tests.evals.eval_letters").import_root == EVALS.parent.parent.resolve()
+    assert resolve_eval_test(str(EVALS / "eval_letters.py")).import_root == EVALS.resolve()
+
+
+def test_an_eval_file_is_taken_from_the_working_directory_else_from_the_import_root(tmp_path, monkeypatch):
+    from ep_trl.evalprotocol.resolve import eval_file
+
+    eval_test = resolve_eval_test("tests.evals.eval_letters")
+    root = EVALS.parent.parent.resolve()
+    monkeypatch.chdir(root)
+    assert eval_file(eval_test, "tests/evals/eval_letters.py", "input_dataset").note is None
+    (tmp_path / "tests" / "evals").mkdir(parents=True)
+    (tmp_path / "tests" / "evals" / "eval_letters.py").write_text("# the working directory's own copy\n")
+    monkeypatch.chdir(tmp_path)
+    here = eval_file(eval_test, "tests/evals/eval_letters.py", "input_dataset")
+    assert (here.path, here.note) == ("tests/evals/eval_letters.py", None)  # as eval-protocol reads it: from here
+    monkeypatch.chdir(tmp_path / "tests")
+    beside = eval_file(eval_test, "tests/evals/eval_letters.py", "server_script_path")
+    assert beside.path == str(root / "tests" / "evals" / "eval_letters.py")
+    assert f"using {beside.path}, under the root its module was imported from" in beside.note
+    assert "server_script_path 'tests/evals/eval_letters.py' is not in the working directory" in beside.note
+    with pytest.raises(EnvPathError) as error:
+        eval_file(eval_test, "tests/evals/no_such_file.py", "server_script_path")
+    message = str(error.value)
+    assert f"does not exist at {tmp_path / 'tests' / 'tests' / 'evals' / 'no_such_file.py'} (from the working " in message
+    assert f"and {root / 'tests' / 'evals' / 'no_such_file.py'} (from the root its module tests.evals" in message

@@ -70,10 +70,24 @@ def test_stop_string_ends_the_turn_at_the_token_that_completes_it(model_and_toke
         assert r.finish_reason == "stop"
 
 
-def test_non_positive_temperature_is_refused(model_and_tokenizer):
+def test_negative_temperature_is_refused_and_zero_decodes_greedily(model_and_tokenizer):
+    """Temperature 0 is greedy decoding (held-out episodes, ``ep-trl train --held-out``): each token is the most likely
+    one after the tokens before it, whatever the random state."""
     model, tokenizer = model_and_tokenizer
     with pytest.raises(ValueError, match="temperature"):
-        run_concurrently(make_generator(model, tokenizer), [[1, 2]], [SamplingParams(temperature=0.0)])
+        run_concurrently(make_generator(model, tokenizer), [[1, 2]], [SamplingParams(temperature=-1.0)])
+    prompt = tokenizer.encode("greedy please")
+    results = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        results += run_concurrently(make_generator(model, tokenizer), [prompt], [SamplingParams(temperature=0.0,
+                                                                                                 max_tokens=6)])
+    assert results[0].token_ids == results[1].token_ids
+    ids = list(prompt)
+    with torch.no_grad():
+        for token in results[0].token_ids:
+            assert token == int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(token)
 
 
 def test_it_implements_the_whole_generator_protocol(model_and_tokenizer):

@@ -37,6 +37,7 @@ def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_id
         "episode_status": [ep.status for ep in episodes],
         "episode_error": [ep.error for ep in episodes],
         "template_realigned": [t.realigned for t in trajectories],
+        "instance": [None if ep.instance is None else dict(ep.instance) for ep in episodes],
         "rollout_id": list(rollout_ids),
         **images,
     }

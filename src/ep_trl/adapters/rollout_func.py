@@ -33,6 +33,9 @@ from ..trajectory.types import Prompt
 if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
     from trl import GRPOTrainer
 
+    from ..engine.call_setup import CallSetup
+    from ..sources.episode import Episode
+
     from .sharded import ShardedRolloutFunction
 
 logger = logging.getLogger(__name__)
@@ -113,10 +116,36 @@ class RolloutFunction:
         released (in a forked child, nothing: all of it is the parent's)."""
         self.engine.close()
 
+    def play(self, prompts: Sequence[Prompt], caller: RolloutCaller,
+             first_group: int | None = None) -> "list[tuple[Episode, Scored]]":
+        """Play and score ``prompts`` as one rollout call does, and return each episode with the eval's verdict, in
+        prompt order, instead of TRL's dict; no metrics are handed to ``caller`` (``ep-trl train --held-out`` plays
+        its held-out episodes with it)."""
+        if not prompts:
+            raise ValueError("play() was called with no prompts")
+        shutdown.raise_if_terminating()
+        _, episodes, scored, _ = self.engine.run(self._play(list(prompts), caller, first_group))
+        return list(zip(episodes, scored))
+
     async def _rollout(self, prompts: Sequence[Prompt], caller: RolloutCaller,
                        first_group: int | None) -> dict[str, list[Any]]:
         started = time.perf_counter()
         self.calls += 1
+        engine = self.engine
+        setup, episodes, scored, rollout_ids = await self._play(prompts, caller, first_group)
+        seconds = time.perf_counter() - started
+        engine.log_final(setup.context, episodes, scored, seconds)
+        metrics = call_metrics(episodes, scored, seconds, engine.env_sessions)
+        caller.record_metrics(metrics)
+        logger.info(summary_line(setup.context.step, episodes, scored, seconds, metrics))
+        budget = budget_warning(episodes, setup.limits.max_episode_tokens)
+        if budget:
+            logger.warning(budget)
+        engine.observe_signal(episodes, scored)
+        return trl_output(episodes, scored, rollout_ids, setup.limits.stop_token_ids[0])
+
+    async def _play(self, prompts: Sequence[Prompt], caller: RolloutCaller,
+                    first_group: int | None) -> "tuple[CallSetup, list[Episode], list[Scored], list[str]]":
         engine = self.engine
         setup = engine.setup(caller)
         engine.check(prompts)
@@ -135,17 +164,7 @@ class RolloutFunction:
                     played[episode.request.index] = episode
                     verdicts[episode.request.index] = verdict
         episodes = [played[i].episode for i in range(len(prompts))]
-        scored = [verdicts[i] for i in range(len(prompts))]
-        seconds = time.perf_counter() - started
-        engine.log_final(setup.context, episodes, scored, seconds)
-        metrics = call_metrics(episodes, scored, seconds, engine.env_sessions)
-        caller.record_metrics(metrics)
-        logger.info(summary_line(setup.context.step, episodes, scored, seconds, metrics))
-        budget = budget_warning(episodes, setup.limits.max_episode_tokens)
-        if budget:
-            logger.warning(budget)
-        engine.observe_signal(episodes, scored)
-        return trl_output(episodes, scored, rollout_ids, setup.limits.stop_token_ids[0])
+        return setup, episodes, [verdicts[i] for i in range(len(prompts))], rollout_ids
 
 
 def create_openenv_vllm_rollout_func(
@@ -197,7 +216,9 @@ def create_openenv_vllm_rollout_func(
     Returns:
         A callable ``rollout_func(prompts, trainer)`` whose output holds ``prompt_ids``, ``completion_ids``,
         ``logprobs``, ``env_mask``, ``eval_score``, ``step_rewards``, ``num_turns``, ``episode_status``,
-        ``template_realigned`` and ``rollout_id`` (the row's id in ``ep logs``), one entry per prompt, in order.
+        ``template_realigned``, ``instance`` (what the environment's reset observation said the episode played, in
+        its ``metadata``; None when it said nothing) and ``rollout_id`` (the row's id in ``ep logs``), one entry per
+        prompt, in order.
     """
     refuse_unknown(unknown)
     check_keywords(backend, vllm_base_url, max_episode_tokens, log_rollouts, overrides, vllm, options)

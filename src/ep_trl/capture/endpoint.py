@@ -19,6 +19,13 @@ local process can connect to 127.0.0.1:
 * a model name that is no rollout is remembered for the current call only, bounded in number and length, and only
   when the request carried the key (so only the eval's own processor can make it fail a call).
 
+A call that ep_trl cannot serve as configured (a ``ConfigError`` or ``UnsupportedEvalError`` raised while serving it,
+e.g. tools offered to a model whose chat template has no tool-call format) is answered 400, its message in the
+OpenAI error body: the OpenAI client retries 5xx answers and not 4xx, and the same call would fail the same way
+again. The capture keeps the error and the rollout raises it once the processor returns. (LiteLLM's own
+``num_retries``, which eval-protocol's MCP-gym policy sets to 8, retries any error when ``tenacity`` is installed,
+4xx included; ``ep-trl train`` refuses the usual cause, tools without a tool-call format, before anything starts.)
+
 Why not a proxy that exists: openenv 0.10's capture proxy forwards to an HTTP engine that renders and parses
 (so not to the in-process trainer backend), tells rollouts apart by API key (AgentRolloutProcessor sends none of
 its own), and is not part of openenv-core 0.3; eval-protocol's token-in client speaks Fireworks' API only.
@@ -35,6 +42,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError, UnsupportedEvalError
 from ..sources.episode import EpisodeFailure
 from .placement import RolloutCapture, TurnRequest
 from ..trajectory.types import JSONObject
@@ -183,6 +191,8 @@ class CaptureEndpoint:
             reply = await capture.turn(turn)
         except EpisodeFailure as exc:
             return _error(502, f"generation failed: {exc}")
+        except (ConfigError, UnsupportedEvalError) as exc:  # the same answer on every try: retrying cannot help
+            return _error(400, f"ep_trl cannot serve this eval as configured: {exc}", kind="invalid_request_error")
         except Exception as exc:  # kept by the capture and raised by the rollout once the processor returns
             return _error(500, f"ep_trl could not serve this call: {type(exc).__name__}: {exc}")
         return web.json_response({
@@ -255,7 +265,7 @@ def _asks(body: Mapping[str, object], key: str) -> bool:
     return bool(value)
 
 
-def _error(status: int, message: str) -> web.Response:
+def _error(status: int, message: str, kind: str = "ep_trl_error") -> web.Response:
     from aiohttp import web
 
-    return web.json_response({"error": {"message": message, "type": "ep_trl_error", "code": status}}, status=status)
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)

@@ -22,7 +22,7 @@ import json
 import logging
 from dataclasses import dataclass, field, replace
 
-from ..sources.episode import EpisodeFailure, StopReason, check_first_prompt
+from ..sources.episode import EpisodeFailure, ModelTurn, StopReason, check_first_prompt
 from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
 from ..trajectory.tokens import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
@@ -84,6 +84,9 @@ class RolloutCapture:
         self.budget_blocked_tokens = 0
         self.failure: EpisodeFailure | None = None  # this rollout's generation failed
         self.fatal: BaseException | None = None  # an error that is not the episode's own: raised by the driver
+        #: The model's replies in order, each well formed when the call offered no tools or it parsed into a call of
+        #: an offered one (``reply_message``).
+        self.turns: list[ModelTurn] = []
 
     def trajectory(self, fallback_messages: MessagesView) -> Trajectory:
         """The last segment's tokens; before any call, the rendered ``fallback_messages`` as prompt alone."""
@@ -130,6 +133,7 @@ class RolloutCapture:
             text = text[: text.find(generation.stop_text)]
         parsed = self._parser(generation.token_ids, prompt_ids, request.tools) if request.tools else {}
         message = reply_message(parsed, text, tool_names(request.tools), f"call-{self.token}-{self.calls}")
+        self.turns.append(ModelTurn(text, well_formed=bool(message.get("tool_calls")) if request.tools else True))
         segment.transcript.append(canonical(message))
         finish = "tool_calls" if message.get("tool_calls") else generation.finish_reason
         return TurnReply(message, finish, len(prompt_ids), generation.token_ids)

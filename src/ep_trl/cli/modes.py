@@ -32,10 +32,13 @@ if TYPE_CHECKING:
     from trl import GRPOConfig
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from ..capture.parsing import ChosenTemplate
     from ..openenv.servers import Provider
     from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions
 
 SERVER, COLOCATE = "server", "colocate"
+#: ``--vllm-server-url local``: the run starts a CPU vLLM server on the policy itself (``ep-trl train`` only).
+LOCAL_SERVER = "local"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
 
 
@@ -185,18 +188,20 @@ class TrainingMode:
     def describe(self) -> str:
         """One line: where episodes are generated, and by which trainer."""
         device = "GPU" if self.on_gpu else "CPU"
+        server = ("a CPU vLLM server this run starts on the policy" if self.vllm_base_url == LOCAL_SERVER
+                  else f"the vLLM server at {self.vllm_base_url}")
         if self.asynchronous:
             name = "AsyncImagesGRPOTrainer" if self.images else "AsyncGRPOTrainer"
             trainer = f"{name}, NCCL weight transfer" if self.on_gpu else \
                 f"CPU{name}, weights pushed through disk by DiskWeightTransfer"
-            return (f"generation: the vLLM server at {self.vllm_base_url}, by ep_trl's EvalRolloutWorker while "
+            return (f"generation: {server}, by ep_trl's EvalRolloutWorker while "
                     f"training steps run ({trainer}, {device})")
         if self.colocate:
             trainer = "GRPOTrainer" if self.on_gpu else "CPUColocateGRPOTrainer"
             return f"generation: TRL's colocated vLLM engine, in the training process ({trainer}, {device})"
         if self.synced_server:
             how = "by TRL (GRPOTrainer" if self.on_gpu else "through disk (DiskSyncGRPOTrainer"
-            return f"generation: the vLLM server at {self.vllm_base_url}, kept on the trainer's weights {how}, {device})"
+            return f"generation: {server}, kept on the trainer's weights {how}, {device})"
         return f"generation: in-process, with the trainer's model (GRPOTrainer, {device})"
 
     def config(self, **values: Any) -> GRPOConfig | AsyncGRPOConfig:
@@ -255,34 +260,39 @@ class TrainingMode:
     @contextlib.contextmanager
     def trainer(self, env_path: str, *, model: str, args: GRPOConfig | AsyncGRPOConfig, train_dataset: Dataset,
                 callbacks: Sequence[TrainerCallback] = (), peft_config: PeftConfig | None = None, images: bool = False,
+                chat_template: ChosenTemplate | None = None,
                 **rollout_options: Unpack[RolloutKeywords]) -> Iterator[Trainer]:
         """The trainer for ``env_path`` in this mode (:meth:`trainer_class`), with its rollout function (or rollout
         worker) built from ``rollout_options`` (keywords of ``create_openenv_vllm_rollout_func``: ``overrides``,
         ``max_concurrent_rollouts``, ...); both are closed when the block ends. ``images``: the rollouts carry
-        screenshots the loss must see."""
+        screenshots the loss must see. ``chat_template``: the template the trainer's processing class renders and
+        parses every turn with, instead of the model's own (``--chat-template``)."""
         if self.asynchronous:
             # config() builds an AsyncGRPOConfig for an asynchronous mode
             with self._async_trainer(env_path, model=model, args=cast("AsyncGRPOConfig", args),
                                      train_dataset=train_dataset, callbacks=callbacks, peft_config=peft_config,
-                                     images=images, **rollout_options) as trainer:
+                                     images=images, chat_template=chat_template, **rollout_options) as trainer:
                 yield trainer
             return
         from .. import create_openenv_vllm_rollout_func
         from ..rewards import eval_score
 
+        # the processing class TRL would load itself, with the chosen template
+        given = {"processing_class": processing_class(model, chat_template)} if chat_template is not None else {}
         # colocated or on a synced server, the rollout function generates where the trainer keeps its weights
         rollout = create_openenv_vllm_rollout_func(env_path, **rollout_options)
         try:
             yield self.trainer_class(images)(model=model, reward_funcs=[eval_score], args=args,
                                              train_dataset=train_dataset, rollout_func=rollout,
-                                             callbacks=list(callbacks), peft_config=peft_config)
+                                             callbacks=list(callbacks), peft_config=peft_config, **given)
         finally:
             rollout.close()
 
     @contextlib.contextmanager
     def _async_trainer(self, env_path: str, *, model: str, args: AsyncGRPOConfig, train_dataset: Dataset,
                        callbacks: Sequence[TrainerCallback], peft_config: PeftConfig | None, images: bool,
-                       **rollout_options: Unpack[RolloutKeywords]) -> Iterator[Trainer]:
+                       chat_template: ChosenTemplate | None, **rollout_options: Unpack[RolloutKeywords]
+                       ) -> Iterator[Trainer]:
         """``AsyncGRPOTrainer`` (``CPUAsyncGRPOTrainer`` with ``DiskWeightTransfer`` on CPU) fed by an
         ``EvalRolloutWorker`` that plays ``train_dataset``'s prompts; with ``images``, the worker renders them with the
         model's processor and the trainer is ``AsyncImagesGRPOTrainer`` (``CPUAsyncImagesGRPOTrainer``). The trainer
@@ -293,11 +303,17 @@ class TrainingMode:
         from .. import EvalRolloutWorker
         from ..trainers.disk_weights import DiskWeightTransfer
 
+        from ..capture.parsing import use_chat_template
+
         processing_class = AutoProcessor.from_pretrained(model) if images else AutoTokenizer.from_pretrained(model)
+        if chat_template is not None:
+            use_chat_template(processing_class, chat_template)
         worker = EvalRolloutWorker(env_path, args=args, processing_class=processing_class, dataset=train_dataset,
                                    **rollout_options)
         trainer_cls = self.trainer_class(images)
         common = dict(args=args, train_dataset=train_dataset, rollout_worker=worker, callbacks=list(callbacks))
+        if chat_template is not None and not images:  # the trainer's tokenizer, the worker's template
+            common["processing_class"] = processing_class
         try:
             if images:  # LoRA refused by check_generation_flags
                 transfer = {} if self.on_gpu else {"weight_transfer": DiskWeightTransfer(self.server_url, model)}
@@ -314,3 +330,15 @@ class TrainingMode:
             yield trainer
         finally:
             worker.stop()
+
+
+def processing_class(model: str, chat_template: ChosenTemplate) -> Any:
+    """``model``'s processing class as ``GRPOTrainer`` loads it when given none (``AutoProcessor``, truncating and
+    padding on the left), with ``chat_template`` in place of the model's own."""
+    from transformers import AutoProcessor
+
+    from ..capture.parsing import use_chat_template
+
+    loaded = AutoProcessor.from_pretrained(model, truncation_side="left", padding_side="left")
+    use_chat_template(loaded, chat_template)
+    return loaded

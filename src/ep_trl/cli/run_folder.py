@@ -7,8 +7,9 @@ or SIGTERM keeps what it had written.
   flushed as it is written;
 * ``reward_curve.png``: the eval's score per step (:mod:`ep_trl.cli.reward_curve`);
 * ``result.json``: the run record (command, commit when run in a git checkout, versions, machine, wall), the first
-  and last steps' mean score, each step's score and gradient norm, the held-out scores with each held-out row's reply,
-  where the plot and the checkpoint are, and how the run ended;
+  and last steps' mean score, each step's score and gradient norm, the held-out episodes before and after training
+  (each one's instance, turns, well-formed flags, score, status and tokens) with their three figures, where the plot
+  and the checkpoint are, and how the run ended (docs/cli.md lists the fields);
 * ``checkpoint/``: the trained model (or LoRA adapter) and its tokenizer, once training ended normally.
 """
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from transformers import TrainerCallback
 
 if TYPE_CHECKING:
-    from .heldout import HeldOutScore
+    from .heldout import HeldOutPlay
 
 CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = "config.yaml", "metrics.jsonl", "reward_curve.png", "result.json", \
     "checkpoint"
@@ -61,13 +62,15 @@ def versions() -> dict[str, str]:
     return found
 
 
-def held_out_rows(score: "HeldOutScore | None") -> list[dict[str, object]] | None:
-    """Each held-out row's reply, score and the eval body's reason (a ``HeldOutScore``; None when not scored), so a
-    result shows what the held-out score counted."""
-    if score is None:
-        return None
-    return [{"reply": reply, "score": value, "reason": reason}
-            for reply, value, reason in zip(score.replies, score.scores, score.reasons)]
+def held_out_instances(play: "HeldOutPlay | None") -> dict[str, object]:
+    """What ``result.json`` says of the held-out instances: how many, and for an OpenEnv eval which reset seeds or
+    which tasks (``--held-out-tasks``) are held out (the rows of an eval with its own processor name their own
+    ``row_id``)."""
+    if play is None:
+        return {"held_out_rows": 0}
+    return {"held_out_rows": len(play.prompts),
+            "held_out_seeds": list(play.split.held_out) if play.split is not None else None,
+            "held_out_tasks": list(play.tasks) or None}
 
 
 def write_config(folder: Path, resolved: Mapping[str, object]) -> Path:

@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
+from .. import ConfigError, EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
 from . import modes, run_folder
 
 if TYPE_CHECKING:
@@ -36,10 +37,13 @@ if TYPE_CHECKING:
     from trl import GRPOConfig, TrlParser
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from ..capture.parsing import ChosenTemplate
     from ..devtools.run_record import RunStart
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
-    from .heldout import HeldOutScore
+    from .heldout import HeldOutEpisodes, HeldOutPlay
+    from .time_budget import TimeBudget
+    from .warm_start import Demonstrations, WarmStartReport, WarmStartSettings
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
@@ -60,11 +64,14 @@ class RunArguments:
     model: str | None = field(default=None, metadata={
         "help": "the policy: a Hugging Face model directory or hub id (required)"})
     held_out: float = field(default=0, metadata={
-        "help": "score N of the eval's rows (N below 1: that share of them), kept out of training, before and after "
-                "training: greedy, through the eval's own processor and body, on the vLLM server the run generates "
-                "with (--vllm-server-url)"})
+        "help": "play N held-out instances that training never sees, greedily through the eval's own wiring and "
+                "scored by its body, before and after training: N of the eval's rows (N below 1: that share of "
+                "them) for an eval with its own processor; N environment reset seeds for an OpenEnv eval"})
     held_out_seed: int | None = field(default=None, metadata={
-        "help": "seed of the split into training and held-out rows (default: --seed)"})
+        "help": "seed of the held-out split: which rows, or which reset seeds (default: --seed)"})
+    held_out_tasks: list[str] | None = field(default=None, metadata={
+        "help": "an OpenEnv eval with tasks: hold out these tasks instead of reset seeds (for an environment that "
+                "does not honour seeds): training plays the others, the --held-out N episodes rotate over these"})
     env_server: str | None = field(default=None, metadata={
         "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
                 "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
@@ -75,11 +82,36 @@ class RunArguments:
         "help": "the path of --env-server that answers 2xx once it is ready"})
     env_server_timeout_s: float = field(default=120.0, metadata={
         "help": "how long --env-server may take to answer its health path"})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "replace the model's chat template for the run: the name of a template TRL ships (e.g. qwen2_5: "
+                "ChatML with tool calls in <tool_call> blocks, for a model without a tool-call format) or a .jinja "
+                "file. The trainer's processing class renders and parses every turn with it"})
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights"})
     lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 2 x --lora-r)"})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     lora_target_modules: str = field(default="all-linear", metadata={
         "help": "comma-separated module names, or all-linear"})
+    warm_start: str | None = field(default=None, metadata={
+        "help": "before GRPO (and before the held-out 'before' score), fine-tune --model on these demonstrations: "
+                "JSON lines, each an eval-protocol EvaluationRow or {\"messages\": [...], \"tools\": [...]}; the "
+                "loss is on the assistant turns only (python -m ep_trl.devtools.record_demonstrations records them; "
+                "docs/cli.md). Its seconds count in the training time"})
+    warm_start_epochs: int = field(default=1, metadata={"help": "passes over the --warm-start demonstrations"})
+    warm_start_learning_rate: float = field(default=5e-5, metadata={"help": "AdamW's learning rate in the warm start"})
+    warm_start_batch_size: int = field(default=4, metadata={
+        "help": "demonstrations per optimizer step of the warm start"})
+    warm_start_max_length: int | None = field(default=None, metadata={
+        "help": "tokens kept per demonstration (default: its first prompt plus --max-completion-length, as an "
+                "episode is cut)"})
+    time_budget_s: float | None = field(default=None, metadata={
+        "help": "seconds of training (the warm start included): training stops at the end of the step after which "
+                "one more step, judged by the longest so far, would pass them (the checkpoint and the held-out "
+                "'after' still follow)"})
+
+
+#: Tokens a local vLLM server's context holds beyond the longest training prompt and ``--max-completion-length``: the
+#: tool schemas an agent eval's processor puts in the prompt, which the rows do not carry.
+LOCAL_PROMPT_MARGIN = 1024
 
 
 @dataclass
@@ -93,7 +125,15 @@ class GenerationArguments:
         "aliases": ["--vllm-base-url"],
         "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model), kept "
                 "on the trainer's weights: by TRL over NCCL on GPU; on CPU, without --async, through disk by "
-                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots)"})
+                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots). `local` (CPU): "
+                "the run starts vLLM's CPU build (.venv-vllm) on --model itself and stops it however the run ends"})
+    vllm_max_model_len: int | None = field(default=None, metadata={
+        "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
+                f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
+                "eval's processor adds, up to the model's max_position_embeddings)"})
+    vllm_server_args: str | None = field(default=None, metadata={
+        "help": "with --vllm-server-url local: more arguments of the server's command line, after '=', e.g. "
+                "--vllm-server-args='--max-num-seqs 8'"})
     async_training: bool = field(default=False, metadata={
         "aliases": ["--async"],
         "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
@@ -122,6 +162,10 @@ class EvalArguments:
     max_turn_tokens: int | None = field(default=None, metadata={"help": "tokens per model turn"})
     stop: list[str] | None = field(default=None, metadata={"help": "stop strings per model turn"})
     max_concurrent_rollouts: int | None = field(default=None, metadata={"help": "episodes played at once"})
+    input_dataset: list[str] | None = field(default=None, metadata={
+        "help": "JSONL files of rows to train on (and hold out from) in place of the eval's input_dataset, read "
+                "through the eval's own dataset_adapter and max_dataset_rows (several: space- or comma-separated); the "
+                "eval must read an input_dataset"})
 
 
 @dataclass
@@ -213,8 +257,22 @@ class TrainJob:
     #: The command line, its executable first (the run record's and the plot's).
     command: Sequence[str]
     preset: Preset
-    #: The served model's id on the vLLM server (held-out scoring asks for it by name).
+    #: The served model's id on the vLLM server.
     served_model: str | None = None
+    #: ``--vllm-server-url local``: the ``--max-model-len`` of the server the run starts (None: no such server).
+    local_max_model_len: int | None = None
+    #: ``--vllm-server-args``: more arguments of that server's command line.
+    local_server_args: Sequence[str] = ()
+    #: ``--chat-template``'s template, read; None: the model's own.
+    chat_template: "ChosenTemplate | None" = None
+    #: How the eval offers the model tools (``evalprotocol.spec.tools_offered``); None when it offers none.
+    tools_offered: str | None = None
+    #: The eval plays an OpenEnv environment loop (its held-out instances are reset seeds, not rows).
+    openenv: bool = False
+    #: With --held-out-tasks: the tasks training plays (the eval's others).
+    training_tasks: tuple[str, ...] = ()
+    #: ``--warm-start``'s demonstrations, read and checked.
+    demonstrations: "Demonstrations | None" = None
 
 
 def make_parser(preset: Preset | None = None) -> "TrlParser":
@@ -295,16 +353,32 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     if run_args.model:
         _check_model(parser, run_args.model)
     _check_env_server(parser, run_args)
-    spec = _check_eval(parser, env_path)
+    spec, offered = _check_eval(parser, env_path, _absolute(evals.input_dataset))
+    template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
-    _check_held_out(parser, env_path, run_args, mode, spec)
-    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) if mode.vllm_base_url else None
+    _check_rows(parser, env_path, overrides.input_dataset)
+    training_tasks = _check_held_out(parser, env_path, run_args, spec, overrides)
+    demonstrations = _check_warm_start(parser, run_args, mode, options, template)
+    local_len = None
+    if mode.vllm_base_url == modes.LOCAL_SERVER:
+        local_len = _check_local_server(parser, env_path, run_args.model, gen.vllm_max_model_len, mode,
+                                        int(trl_values["max_completion_length"]), overrides.input_dataset)
+    else:
+        for flag, value in (("--vllm-max-model-len", gen.vllm_max_model_len), ("--vllm-server-args",
+                                                                               gen.vllm_server_args)):
+            if value is not None:
+                parser.error(f"{flag} is for the vLLM server the run starts itself: add --vllm-server-url local, or "
+                             f"drop {flag} (a server you start takes its arguments on its own command line)")
+    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) \
+        if mode.vllm_base_url and not local_len else None
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
     return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served)
+                    served_model=served, chat_template=template, tools_offered=offered,
+                    openenv=spec.processor is None, training_tasks=training_tasks, local_max_model_len=local_len,
+                    local_server_args=shlex.split(gen.vllm_server_args or ""), demonstrations=demonstrations)
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -384,14 +458,71 @@ def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -
                      "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
 
 
-def _check_eval(parser: argparse.ArgumentParser, env_path: str) -> "EvalSpec":
-    """The eval's spec; its import, its processor and its settings checked (their errors name the fix)."""
-    from ..evalprotocol import read_eval_spec, resolve_eval_test
+def _check_eval(parser: argparse.ArgumentParser, env_path: str,
+                input_dataset: Sequence[str] | None = None) -> "tuple[EvalSpec, str | None]":
+    """The eval's spec, and how it offers the model tools (None: it offers none; its rows: read from
+    ``input_dataset`` when given); its import, its processor and its settings checked (their errors name the fix)."""
+    from ..evalprotocol import eval_rows, read_eval_spec, resolve_eval_test
+    from ..evalprotocol.spec import tools_offered
 
     try:
-        return read_eval_spec(resolve_eval_test(env_path))
+        eval_test = resolve_eval_test(env_path)
+        spec = read_eval_spec(eval_test)
+        return spec, tools_offered(spec, eval_rows(eval_test, input_dataset) if spec.processor is not None else ())
     except EpTrlError as error:
-        parser.error(f"ENV_PATH {env_path}: {error}")
+        flag = f"--input-dataset {' '.join(input_dataset)}" if input_dataset is not None else f"ENV_PATH {env_path}"
+        parser.error(f"{flag}: {error}")
+
+
+def _check_chat_template(parser: argparse.ArgumentParser, run_args: RunArguments, offered: str | None,
+                         env_path: str) -> "ChosenTemplate | None":
+    """``--chat-template``'s template, read; refused when it names none, when it writes control tokens the model's
+    tokenizer lacks, or when the eval offers tools and the template the run renders with has no tool-call format.
+    Without ``--model`` (a preset's own model) the tokenizer is checked once the model exists (:func:`run`)."""
+    from ..capture.parsing import load_chat_template
+
+    chosen = None
+    if run_args.chat_template:
+        try:
+            chosen = load_chat_template(run_args.chat_template)
+        except EpTrlError as error:
+            parser.error(f"--chat-template {run_args.chat_template}: {error}")
+    if run_args.model and (chosen is not None or offered is not None):
+        problem = template_problem(run_args.model, chosen, offered, env_path)
+        if problem:
+            parser.error(problem)
+    return chosen
+
+
+def template_problem(model: str, chosen: "ChosenTemplate | None", offered: str | None, env_path: str) -> str | None:
+    """What is wrong with the template the run renders ``model``'s turns with (``chosen``, else the model's own),
+    naming the fix; None when nothing is. ``offered``: how the eval offers tools (None: it offers none)."""
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from ..capture.parsing import tool_call_format_missing, tool_templates_for, use_chat_template
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as error:
+        return f"--model {model}: its tokenizer could not be loaded ({error})"
+    if chosen is not None:
+        try:
+            use_chat_template(tokenizer, chosen)
+        except EpTrlError as error:
+            return f"--chat-template {chosen.name}: {error}"
+    if offered is None:
+        return None
+    if tool_call_format_missing(tokenizer) is None:
+        return None
+    fitting = tool_templates_for(copy.copy(tokenizer))
+    suggested = "qwen2_5" if "qwen2_5" in fitting or not fitting else fitting[0]
+    whose = f"--chat-template {chosen.name}" if chosen is not None else f"--model {model}'s chat template"
+    return (f"ENV_PATH {env_path}: {offered}, and {whose} has no tool-call format TRL knows, so ep_trl could not read "
+            f"the model's tool calls. Add --chat-template {suggested} (a template TRL ships with a tool-call format; "
+            f"those that use only this tokenizer's special tokens: {', '.join(fitting) or 'none'}), or a .jinja file "
+            "with one, or use a model whose own template has one (Qwen, Llama 3.1, GLM, gpt-oss, Gemma 4).")
 
 
 def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: RolloutArguments, vl: VLLMArguments,
@@ -401,7 +532,8 @@ def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: Roll
     try:
         overrides = EvalOverrides(env_base_url=ev.env_base_url, request_timeout_s=ev.env_request_timeout_s,
                                   tasks=ev.tasks, task_var=ev.task_var, reset_task_kwarg=ev.reset_task_kwarg,
-                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop)
+                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop,
+                                  input_dataset=_absolute(ev.input_dataset))
         rollout = {k: v for k, v in asdict(ro).items() if v is not None}
         if chat_template_kwargs:
             rollout["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", chat_template_kwargs)
@@ -411,6 +543,15 @@ def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: Roll
     except EpTrlError as error:
         parser.error(str(error))
     return overrides, options, vllm, ev.max_concurrent_rollouts
+
+
+def _absolute(paths: Sequence[str] | None) -> list[str] | None:
+    """``--input-dataset``'s files, each split at commas, as absolute paths (the run's processes read them, whatever
+    their working directory)."""
+    if paths is None:
+        return None
+    return [str(Path(part.strip()).expanduser().resolve())
+            for path in paths for part in path.split(",") if part.strip()]
 
 
 def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "JSONObject":
@@ -424,28 +565,152 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "
     return loaded
 
 
-def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, mode: modes.TrainingMode,
-                    spec: "EvalSpec") -> None:
+def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, spec: "EvalSpec",
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """``--held-out`` and ``--held-out-tasks`` checked; the tasks training plays when tasks are held out (else ())."""
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
                      "between 0 and 1")
+    if run_args.held_out_tasks and not held:
+        parser.error("--held-out-tasks names the tasks held out of training: add --held-out N, the number of held-out "
+                     "episodes (rotated over those tasks)")
     if not held:
-        return
+        return ()
     if spec.processor is None:
-        parser.error(f"--held-out: {spec.qualified_name} plays an OpenEnv environment loop, and held-out rows are "
-                     "scored through the eval's own processor, which such an eval does not run here. Drop --held-out "
-                     "(the per-step score is the eval's score on the training episodes)")
+        if held < 1:
+            parser.error(f"--held-out {held:g}: {spec.qualified_name} plays an OpenEnv environment, whose held-out "
+                         "instances are reset seeds: give their number (a whole number), e.g. --held-out 16")
+        return _training_tasks(parser, spec, run_args.held_out_tasks, overrides)
+    if run_args.held_out_tasks:
+        parser.error(f"--held-out-tasks: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances "
+                     "are rows (--held-out N); tasks are held out of OpenEnv evals only")
     from .. import dataset_from_eval
 
-    if not mode.vllm_base_url:
-        parser.error("--held-out scores the rows greedily on the vLLM server the run trains, before and after: give "
-                     "--vllm-server-url URL (the trainer keeps it on its weights; with or without --async), or drop "
-                     "--held-out")
-    rows = len(dataset_from_eval(env_path))
+    rows = len(dataset_from_eval(env_path, input_dataset=overrides.input_dataset))
     if held >= rows:
         parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
+    return ()
+
+
+def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_tasks: Sequence[str] | None,
+                    overrides: EvalOverrides) -> tuple[str, ...]:
+    """The eval's tasks (``--tasks`` when given) less ``--held-out-tasks``: each held-out task must be one of them and
+    one at least must be left to train on."""
+    if not held_tasks:
+        return ()
+    assert spec.env is not None
+    tasks = tuple(overrides.tasks if overrides.tasks is not None else spec.env.tasks)
+    unknown = [task for task in held_tasks if task not in tasks]
+    if unknown:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)}: {unknown} are not tasks of {spec.qualified_name} "
+                     f"({list(tasks) or 'it has none'}); name some of its tasks")
+    left = tuple(task for task in tasks if task not in held_tasks)
+    if not left:
+        parser.error(f"--held-out-tasks {' '.join(held_tasks)} holds out every task of {spec.qualified_name}: leave "
+                     "one at least to train on")
+    return left
+
+
+def _check_warm_start(parser: argparse.ArgumentParser, run_args: RunArguments, mode: modes.TrainingMode,
+                      options: RolloutOptions, template: "ChosenTemplate | None") -> "Demonstrations | None":
+    """``--warm-start``'s file read and checked, its settings checked, and (given --model) the first demonstration
+    rendered with the run's chat template (``--chat-template``'s, else the model's); None without ``--warm-start``."""
+    from ..capture.parsing import use_chat_template
+    from .warm_start import check_template, load_processing_class, read_demonstrations
+
+    if run_args.warm_start is None:
+        given = [f"--{f.name.replace('_', '-')}" for f in fields(RunArguments) if f.name.startswith("warm_start_")
+                 and getattr(run_args, f.name) != f.default]
+        if given:
+            parser.error(f"{', '.join(given)} set the warm start: add --warm-start DEMOS.jsonl, or drop them")
+        return None
+    if mode.images:
+        parser.error("--warm-start trains a text model on text demonstrations; drop --screenshots or --warm-start")
+    try:
+        _warm_start_settings(run_args, {})
+        demonstrations = read_demonstrations(run_args.warm_start)
+        if run_args.model:
+            try:
+                processing_class = load_processing_class(run_args.model)
+            except OSError as error:  # a hub id that cannot be fetched, files that cannot be read
+                parser.error(f"--warm-start renders the demonstrations with --model {run_args.model}'s chat template, "
+                             f"whose processing class cannot be loaded ({error}): give a model directory or a hub id "
+                             "this machine can fetch")
+            if template is not None:
+                use_chat_template(processing_class, template)
+            check_template(processing_class, demonstrations, options.chat_template_kwargs)
+    except EpTrlError as error:
+        parser.error(str(error))
+    return demonstrations
+
+
+def _warm_start_settings(run_args: RunArguments, config_values: "Settings") -> "WarmStartSettings":
+    from .warm_start import WarmStartSettings
+
+    return WarmStartSettings(epochs=run_args.warm_start_epochs, learning_rate=run_args.warm_start_learning_rate,
+                             batch_size=run_args.warm_start_batch_size, max_length=run_args.warm_start_max_length,
+                             max_completion_length=int(config_values.get("max_completion_length") or 256),
+                             seed=int(config_values.get("seed", 42)))
+
+
+def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[str] | None) -> None:
+    """The training rows, read once now: the eval's own, or ``--input-dataset``'s (files that exist, for an eval that
+    reads an ``input_dataset``), so that a dataset that is not there, or a row the eval's adapter cannot read, is
+    refused before anything starts."""
+    from .. import dataset_from_eval
+
+    flag = f"--input-dataset {' '.join(paths)}" if paths is not None else f"ENV_PATH {env_path}"
+    try:
+        rows = len(dataset_from_eval(env_path, input_dataset=paths))
+    except EpTrlError as error:
+        parser.error(f"{flag}: {error}")
+    except (ValueError, KeyError, TypeError) as error:  # the eval's dataset_adapter on rows it cannot read
+        parser.error(f"{flag}: the eval's dataset_adapter cannot read these rows ({type(error).__name__}: {error}); "
+                     "write them in the format the eval's adapter reads")
+    if paths is not None:
+        print(f"input dataset: {rows} rows from {', '.join(paths)}", flush=True)
+
+
+def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: str | None, max_model_len: int | None,
+                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None) -> int:
+    """``--vllm-server-url local``: vLLM's CPU build installed, on a CPU machine, with a model; the server's
+    ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length`` (held-out
+    episodes are played through the same rollout path, within the same budget)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .. import dataset_from_eval
+    from ..devtools.cpu_vllm import missing_vllm_message, vllm_installed
+    from ..evalprotocol import strip_row_key
+
+    flag = f"--vllm-server-url {modes.LOCAL_SERVER}"
+    if mode.on_gpu:
+        parser.error(f"{flag} starts vLLM's CPU build, and torch sees a GPU here: start a server on the GPU "
+                     "(`trl vllm-serve --model M`) and pass its URL")
+    if not vllm_installed():
+        parser.error(f"{flag}: {missing_vllm_message()}")
+    if model is None:
+        parser.error(f"{flag} starts the server on --model: give --model")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = {json.dumps(prompt, sort_keys=True): prompt
+               for prompt in dataset_from_eval(env_path, input_dataset=input_dataset)["prompt"]}
+    longest = max(len(tokenizer(tokenizer.apply_chat_template(strip_row_key(prompt), tokenize=False,
+                                                              add_generation_prompt=True),
+                                add_special_tokens=False)["input_ids"]) for prompt in prompts.values())
+    needed = longest + completion
+    limit = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    if limit is not None and needed > limit:
+        parser.error(f"{flag}: the longest training prompt ({longest} tokens) plus --max-completion-length "
+                     f"{completion} is {needed} tokens, over {model}'s context of {limit}: lower "
+                     "--max-completion-length")
+    if max_model_len is None:
+        wanted = needed + LOCAL_PROMPT_MARGIN
+        return min(wanted, limit) if limit is not None else wanted
+    if max_model_len < needed:
+        parser.error(f"--vllm-max-model-len {max_model_len}: the longest training prompt ({longest} tokens) plus "
+                     f"--max-completion-length {completion} needs {needed}: give at least that, or drop it")
+    return max_model_len
 
 
 def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, vllm: VLLMOptions) -> str:
@@ -485,6 +750,7 @@ def run(job: TrainJob) -> int:
     from ..runtime import shutdown
     from ..devtools import run_record
     from .progress import ProgressPrinter, script_logging
+    from .time_budget import TimeBudget
 
     script_logging()
     shutdown.handle_sigterm()
@@ -493,36 +759,57 @@ def run(job: TrainJob) -> int:
     where = Path(job.command[1]).resolve().parent if job.preset.command else Path.cwd()
     record = run_record.start_anywhere(where, job.command[1:], executable=job.command[0])
     folder = Path(job.config_values["output_dir"])
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / run_folder.METRICS).unlink(missing_ok=True)
     print(job.mode.describe(), flush=True)
     state = _RunState()
     try:
-        with _environment(job) as env_url:
+        # closed last in, first out: the vLLM server the run started, the held-out play, the environment server
+        with _environment(job) as env_url, _held_out_play(job) as held_out, contextlib.ExitStack() as servers:
+            if held_out is not None and held_out.split is not None:
+                problem = held_out.seed_problem()
+                if problem is not None:
+                    _refuse_held_out(job, problem, folder if made else None)
+                    return 2
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
-            train_rows, held_out = _datasets(job)
-            if held_out:
-                print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {len(held_out)} held-out "
-                      "rows", flush=True)
-            state.held_out_rows = len(held_out)
-            state.before = _held_out(job, held_out, "before")
+            if job.model is None and (job.chat_template is not None or job.tools_offered is not None):
+                problem = template_problem(model, job.chat_template, job.tools_offered, job.env_path)
+                if problem:  # the preset's own model: plan() could not check its tokenizer
+                    raise ConfigError(problem)
+            model, state.warm_start = _warm_start(job, model, folder)
+            train_rows = _datasets(job)[0]
+            job = servers.enter_context(_local_vllm_server(job, model, folder))
+            if held_out is not None:
+                what = (f"{len(held_out.prompts)} held-out rows" if not job.openenv else
+                        f"{len(held_out.prompts)} held-out reset seeds" if held_out.split is not None else
+                        f"{len(held_out.prompts)} held-out episodes of the held-out tasks {list(held_out.tasks)}")
+                print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {what}", flush=True)
+                state.held_out = held_out
+            overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
             config = job.mode.config(**_config_values(job))
             run_folder.write_config(folder, _resolved(job, model, config))
+            budget = (TimeBudget(job.run.time_budget_s, state.warm_start.seconds if state.warm_start else 0.0)
+                      if job.run.time_budget_s is not None else None)
+            state.budget = budget
             # the metrics line is written before the progress line is printed: a step a reader saw is on disk
             with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
-                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()],
-                                  peft_config=_lora(job.run), images=job.mode.images, overrides=job.overrides,
-                                  options=job.options, vllm=job.vllm,
+                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter(),
+                                             *([budget] if budget is not None else [])],
+                                  peft_config=_lora(job.run), images=job.mode.images, overrides=overrides,
+                                  options=job.options, vllm=job.vllm, chat_template=job.chat_template,
                                   max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
                 _print_lora(trainer, job.run)
+                state.before = _play_held_out(held_out, trainer, "before training")
                 training = time.monotonic()  # train_s: the trainer's construction to train()'s return
                 trainer.train()
-                state.train_s = time.monotonic() - training
+                # the warm start is part of training: its seconds count in the training time
+                state.train_s = time.monotonic() - training + (state.warm_start.seconds if state.warm_start else 0.0)
                 state.checkpoint = _save_checkpoint(trainer, folder)
-            state.after = _held_out(job, held_out, "after")
+                state.after = _play_held_out(held_out, trainer, "after training")
             if job.preset.after_training is not None:
                 job.preset.after_training(trainer)
     except KeyboardInterrupt:
@@ -542,12 +829,14 @@ def run(job: TrainJob) -> int:
 @dataclass
 class _RunState:
     trainer: "Trainer | None" = None
-    before: "HeldOutScore | None" = None
-    after: "HeldOutScore | None" = None
+    held_out: "HeldOutPlay | None" = None
+    before: "HeldOutEpisodes | None" = None
+    after: "HeldOutEpisodes | None" = None
     checkpoint: Path | None = None
     ended: str = "finished"
-    held_out_rows: int = 0
     train_s: float | None = None
+    budget: "TimeBudget | None" = None
+    warm_start: "WarmStartReport | None" = None
 
 
 @contextlib.contextmanager
@@ -564,19 +853,102 @@ def _environment(job: TrainJob) -> Iterator[str | None]:
         yield url
 
 
+@contextlib.contextmanager
+def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[TrainJob]:
+    """``--vllm-server-url local``: a CPU vLLM server on ``model`` for the block (its log in the run folder), and the
+    job generating on it; stopped, its process group with it, when the block ends, however. Other jobs: as they
+    are."""
+    if job.local_max_model_len is None:
+        yield job
+        return
+    from dataclasses import replace
+
+    from ..devtools.cpu_vllm import start_vllm_server, stop_vllm_server
+    from ..generation.probe import probe_server
+
+    print(f"vLLM server: starting vLLM's CPU build on {model} (--max-model-len {job.local_max_model_len}; its log "
+          f"in {folder})", flush=True)
+    started = time.monotonic()
+    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len,
+                               extra_args=job.local_server_args)
+    try:
+        served = probe_server(server.base_url, job.vllm.connect_timeout_s).model
+        print(f"vLLM server: {server.base_url} (pid {server.pid}), ready in {time.monotonic() - started:.0f} s",
+              flush=True)
+        yield replace(job, mode=replace(job.mode, vllm_base_url=server.base_url), served_model=served)
+    finally:
+        stop_vllm_server(server)
+        print(f"vLLM server: stopped (pid {server.pid})", flush=True)
+
+
+@contextlib.contextmanager
+def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
+    """The run's held-out instances and the rollout function that plays them (None without ``--held-out``); closed
+    when the block ends, however. Built once the environment server is up (an OpenEnv eval's seed check resets it)."""
+    if not job.run.held_out:
+        yield None
+        return
+    from .. import dataset_from_eval
+    from .heldout import HeldOutPlay
+
+    prompts = (list(dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)["prompt"])
+               if job.openenv else _datasets(job)[1])
+    play = HeldOutPlay(job.env_path, prompts, openenv=job.openenv, count=int(job.run.held_out) if job.openenv
+                       else len(prompts), seed=_held_out_seed(job), overrides=job.overrides, options=job.options,
+                       vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts,
+                       tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks))
+    try:
+        yield play
+    finally:
+        play.close()
+
+
+def _held_out_seed(job: TrainJob) -> int:
+    if job.run.held_out_seed is not None:
+        return job.run.held_out_seed
+    seed = job.config_values.get("seed", 42)
+    assert isinstance(seed, int), "GRPOConfig's seed is an int"
+    return seed
+
+
+def _refuse_held_out(job: TrainJob, problem: str, made_folder: Path | None) -> None:
+    """``--held-out`` refused once the environment could be asked (exit status 2, as for bad input): nothing was
+    trained, and the run folder this run made is removed again."""
+    import shutil
+
+    tasks = held_out_tasks_hint(job)
+    message = (f"{PROG}: error: --held-out: {job.env_path}: {problem}. Make the environment's reset(seed=...) choose "
+               "the instance, as OpenEnv's Environment.reset(seed=...) does (the same seed, the same first "
+               f"observation), {tasks}or drop --held-out (the per-step score is the eval's score on the training "
+               "episodes)")
+    print(message, file=sys.stderr, flush=True)
+    if made_folder is not None:
+        shutil.rmtree(made_folder, ignore_errors=True)
+
+
+def held_out_tasks_hint(job: TrainJob) -> str:
+    """The refusal's hint for an eval with tasks: hold some of them out instead of seeds."""
+    from ..evalprotocol import read_eval_spec, resolve_eval_test
+
+    env = read_eval_spec(resolve_eval_test(job.env_path)).env
+    tasks = list(job.overrides.tasks if job.overrides.tasks is not None else env.tasks if env is not None else ())
+    if len(tasks) < 2:
+        return ""
+    return f"hold out some of its tasks instead (--held-out-tasks {tasks[-1]}: training plays {tasks[:-1]}), "
+
+
 def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     """The training rows (the eval's rows minus the held-out ones, repeated to fill ``max_steps``) and the held-out
-    prompts."""
+    prompts (none for an OpenEnv eval, whose held-out instances are reset seeds)."""
     from datasets import concatenate_datasets
 
     from .. import dataset_from_eval
 
-    rows = dataset_from_eval(job.env_path)
+    rows = dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)
     held_out: "list[Prompt]" = []
     held = job.run.held_out
-    if held:  # fewer than the eval's rows (plan checked); below 1, a share of them
-        seed = job.run.held_out_seed if job.run.held_out_seed is not None else job.config_values.get("seed", 42)
-        split = rows.train_test_split(test_size=held if held < 1 else int(held), seed=seed)
+    if held and not job.openenv:  # fewer than the eval's rows (plan checked); below 1, a share of them
+        split = rows.train_test_split(test_size=held if held < 1 else int(held), seed=_held_out_seed(job))
         rows, held_out = split["train"], list(split["test"]["prompt"])
     if job.preset.train_rows is not None:
         rows = job.preset.train_rows(rows)
@@ -591,16 +963,36 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     return rows, held_out
 
 
-def _held_out(job: TrainJob, prompts: "list[Prompt]", when: str) -> "HeldOutScore | None":
-    if not prompts:
-        return None
-    from .heldout import score_held_out
+def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStartReport | None]":
+    """``--warm-start``: ``model`` fine-tuned on the demonstrations, saved in the run folder and, when the run
+    generates on a vLLM server, loaded into it; the model GRPO starts from (``model`` itself without a warm start)."""
+    if job.demonstrations is None:
+        return model, None
+    from ..capture.parsing import use_chat_template
+    from .warm_start import WARM_START_DIR, load_processing_class, warm_start
 
-    base_url, served = job.mode.vllm_base_url, job.served_model
-    assert base_url is not None and served is not None, "plan() refuses --held-out without a vLLM server"
-    score = score_held_out(job.env_path, prompts, base_url=base_url, model=served)
-    print(f"held-out score {when} training: {score.mean:.4f} (greedy, {len(prompts)} rows)", flush=True)
-    return score
+    print(f"warm start: {len(job.demonstrations.lines)} demonstrations from {job.demonstrations.path}, "
+          f"{job.run.warm_start_epochs} epoch(s)", flush=True)
+    processing_class = load_processing_class(model)
+    if job.chat_template is not None:  # the run renders with --chat-template: so do the demonstrations
+        use_chat_template(processing_class, job.chat_template)
+    report = warm_start(model, job.demonstrations, folder / WARM_START_DIR,
+                        _warm_start_settings(job.run, job.config_values), processing_class=processing_class,
+                        chat_template_kwargs=job.options.chat_template_kwargs,
+                        # a server the run starts itself (local) is started after, on the warm-started model
+                        server_url=None if job.mode.vllm_base_url == modes.LOCAL_SERVER else job.mode.vllm_base_url)
+    print(f"warm start: {report.tokens_trained} assistant tokens trained in {report.seconds:.1f} s, loss "
+          f"{report.loss_first_epoch:.4f} (first epoch) -> {report.loss_last_epoch:.4f} (last); GRPO starts from "
+          f"{report.model_dir}", flush=True)
+    return report.model_dir, report
+
+
+def _play_held_out(held_out: "HeldOutPlay | None", trainer: "Trainer", when: str) -> "HeldOutEpisodes | None":
+    if held_out is None:
+        return None
+    played = held_out.play(trainer)
+    print(played.summary(when), flush=True)
+    return played
 
 
 def _config_values(job: TrainJob) -> dict[str, object]:
@@ -648,6 +1040,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
     """``config.yaml``'s content: ENV_PATH, the model, the mode, ep_trl's options and the trainer config."""
     return {"env_path": job.env_path, "model": model, "generation": job.mode.describe(),
             **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
+            "chat_template_file": str(job.chat_template.path) if job.chat_template is not None else None,
             "eval_overrides": {k: v for k, v in asdict(job.overrides).items() if v is not None},
             "rollout_options": asdict(job.options), "vllm_options": asdict(job.vllm),
             "max_concurrent_rollouts": job.max_concurrent_rollouts,
@@ -657,6 +1050,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
 def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
     """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
     from ..devtools import run_record
+    from .heldout import held_out_change
     from .progress import report_training
     from .reward_curve import step_scores
 
@@ -666,9 +1060,9 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
     per_step = int(values.get("per_device_train_batch_size") or 8) * int(values.get("gradient_accumulation_steps") or 1)
     summary = plot = None
     if steps:
-        marks = [(0, state.before.mean, "held-out before")] if state.before is not None else []
+        marks = [(0, state.before.success, "held-out before")] if state.before is not None else []
         if state.after is not None:
-            marks.append((steps[-1].step, state.after.mean, "held-out after"))
+            marks.append((steps[-1].step, state.after.success, "held-out after"))
         title = job.preset.title or f"{PROG}: eval score on {job.env_path.rsplit('::', 1)[-1]}"
         summary = report_training(history, folder / run_folder.PLOT, episodes_per_step=per_step, started=started,
                                   title=title, marks=marks, command=record.command)
@@ -676,20 +1070,24 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
     else:
         print(f"no step logged a score ({state.ended}): no summary, no plot", flush=True)
     if state.before is not None and state.after is not None:
-        print(f"held-out score {state.before.mean:.4f} -> {state.after.mean:.4f} "
-              f"({state.after.mean - state.before.mean:+.4f})", flush=True)
+        print(held_out_change(state.before, state.after), flush=True)
     result = {"run": run_record.finish(record), "ended": state.ended, "versions": run_folder.versions(),
               "env_path": job.env_path, "seed": values.get("seed"), "steps": len(steps),
               "train_first": summary.first if summary else None, "train_last": summary.last if summary else None,
               "wall_s": round(time.monotonic() - started, 1),
               "train_s": round(state.train_s, 1) if state.train_s is not None else None,
-              "held_out_rows": state.held_out_rows,
-              "held_out_before": state.before.mean if state.before is not None else None,
-              "held_out_after": state.after.mean if state.after is not None else None,
+              **run_folder.held_out_instances(state.held_out),
+              "held_out_before": state.before.success if state.before is not None else None,
+              "held_out_after": state.after.success if state.after is not None else None,
+              "held_out_before_figures": state.before.figures() if state.before is not None else None,
+              "held_out_after_figures": state.after.figures() if state.after is not None else None,
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
               "steps_logged": run_folder.steps_logged(history),
-              "held_out_before_rows": run_folder.held_out_rows(state.before),
-              "held_out_after_rows": run_folder.held_out_rows(state.after)}
+              "warm_start": state.warm_start.record() if state.warm_start is not None else None,
+              "time_budget_s": job.run.time_budget_s,
+              "stopped_by_time_budget_at": state.budget.stopped_at if state.budget is not None else None,
+              "held_out_before_rows": state.before.rows() if state.before is not None else None,
+              "held_out_after_rows": state.after.rows() if state.after is not None else None}
     path = run_folder.write_result(folder, result)
     print(f"run folder: {folder} (result: {path})", flush=True)

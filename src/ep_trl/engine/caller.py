@@ -13,7 +13,7 @@ Two callers implement :class:`RolloutCaller`, and a rollout call never asks whic
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from ..errors import ConfigError
@@ -173,6 +173,48 @@ class DetachedCaller:
 
     def record_metrics(self, metrics: dict[str, float]) -> None:
         self.metrics_sink(metrics)
+
+
+class GreedyCaller:
+    """Another caller (a trainer's) with greedy sampling (temperature 0) and one episode per prompt: ``ep-trl train
+    --held-out`` plays its held-out episodes through the rollout path with the trainer's processing class, model (or
+    the vLLM server kept on its weights) and episode budget, and hands no metrics to the trainer's log."""
+
+    def __init__(self, caller: RolloutCaller) -> None:
+        self._caller = caller
+        self.config = replace(caller.config, num_generations=1, sampling=SamplingParams(temperature=0.0))
+
+    @property
+    def step(self) -> int:
+        return self._caller.step
+
+    @property
+    def process_index(self) -> int:
+        return self._caller.process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self._caller.num_processes
+
+    @property
+    def model_name(self) -> str | None:
+        return self._caller.model_name
+
+    @property
+    def takes_rollout_images(self) -> bool:
+        return self._caller.takes_rollout_images
+
+    def synced_server(self) -> "SyncedServer | None":
+        return self._caller.synced_server()
+
+    def colocated_trainer(self) -> "GRPOTrainer | None":
+        return self._caller.colocated_trainer()
+
+    def model_provider(self) -> Callable[[], Model] | None:
+        return self._caller.model_provider()
+
+    def record_metrics(self, metrics: dict[str, float]) -> None:
+        return None  # held-out play is not a training step: nothing of it goes into the trainer's log
 
 
 class GroupNumbers:

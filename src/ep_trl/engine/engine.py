@@ -199,7 +199,7 @@ def build_engine(env_path: str, *, backend: Backend = "auto", vllm_base_url: str
                                                    max_concurrent_rollouts=max_concurrent_rollouts)
     eval_test = evalprotocol.resolve_eval_test(env_path)
     spec, servers = _resolve(eval_test, merged, provider)
-    source = make_source(spec, eval_test, options, servers)
+    source = make_source(spec, eval_test, options, servers, merged.input_dataset)
     for note in settings.notes(spec):
         logger.info(note)
     logger.info("ep_trl: training on %s (mode %s): %s", spec.qualified_name, spec.mode, source.describe())

@@ -55,7 +55,8 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
     if o.env_client_cls is not None or o.env_base_url is not None:
         env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
     for name, field_name in (("env_client_cls", "client_cls"), ("env_base_url", "base_url"), ("tasks", "tasks"),
-                             ("task_var", "task_var"), ("reset_task_kwarg", "reset_task_kwarg")):
+                             ("task_var", "task_var"), ("reset_task_kwarg", "reset_task_kwarg"),
+                             ("reset_seed", "reset_seed")):
         if getattr(o, name) is not None:
             env_changes[field_name] = getattr(o, name)
     # never bound an environment call tighter than the eval's own run would (a stock client waits 60 s per reply),
@@ -84,7 +85,7 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
 
 #: Overrides that only mean something to the OpenEnv loop ep_trl drives itself.
 OPENENV_OVERRIDES = ("env_factory", "env_client_cls", "env_base_url", "request_timeout_s", "prompt_builder",
-                     "action_parser", "tasks", "task_var", "reset_task_kwarg", "max_steps")
+                     "action_parser", "tasks", "task_var", "reset_task_kwarg", "max_steps", "reset_seed")
 
 
 def _apply_to_processor_eval(spec: EvalSpec, o: EvalOverrides) -> EvalSpec:
@@ -196,19 +197,32 @@ def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
     """The settings every OpenEnv episode of one rollout call shares."""
     assert spec.env is not None and spec.prompt_builder is not None and spec.action_parser is not None
     return EpisodeConfig(env=spec.env, prompt_builder=spec.prompt_builder, action_parser=spec.action_parser,
-                         max_steps=spec.max_steps, limits=limits, eval_name=spec.qualified_name)
+                         max_steps=spec.max_steps, limits=limits, eval_name=spec.qualified_name,
+                         fallback_action=fallback_action(spec.action_parser))
+
+
+def fallback_action(action_parser: Callable[[str], object]) -> tuple[object] | None:
+    """What ``action_parser`` returns for a reply with no action in it (``action_parser("")``), in a 1-tuple; None
+    when it raises there (a parser with no fallback: an action it returns was found in the text). An action equal
+    to the fallback counts as not well formed (``ModelTurn``)."""
+    try:
+        return (action_parser(""),)
+    except Exception:  # the parser refuses text with no action: it has no fallback, which is what this asks
+        return None
 
 
 def plan_episode(prompt: Prompt, index: int, group: int, generation: int, tasks: Sequence[str],
-                 system_prompt: str | None) -> EpisodePlan:
+                 system_prompt: str | None, reset_seed: Callable[[int], int] | None = None) -> EpisodePlan:
     """The plan of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
     ``tasks[group % len(tasks)]``), ``generation`` within the group. The eval's ``system_prompt`` is put first
     unless the prompt already has a system message.
 
     Tasks rotate per prompt group: group ``k`` of the run (counting the groups of earlier calls and, under
-    ``accelerate launch``, of the other processes) plays ``tasks[k % len(tasks)]``."""
+    ``accelerate launch``, of the other processes) plays ``tasks[k % len(tasks)]``, and resets with seed
+    ``reset_seed(k)`` when the run names reset seeds (every episode of a group plays the same instance)."""
     task = tasks[group % len(tasks)] if tasks else None
     messages = initial_messages(prompt, index)
     if system_prompt and not any(m.get("role") == "system" for m in messages):
         messages = ({"role": "system", "content": system_prompt},) + messages
-    return EpisodePlan(index=index, group=group, generation=generation, task=task, initial_messages=messages)
+    return EpisodePlan(index=index, group=group, generation=generation, task=task, initial_messages=messages,
+                       seed=reset_seed(group) if reset_seed is not None else None)

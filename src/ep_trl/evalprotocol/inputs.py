@@ -9,13 +9,14 @@ position in :func:`eval_rows` and its eval-protocol ``row_id``) into the first m
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..trajectory.content import content_text
-from ..errors import ConfigError, UnsupportedEvalError
+from ..errors import ConfigError, EnvPathError, UnsupportedEvalError
 from ._private import private_name
-from .resolve import EvalTest
+from .resolve import EvalTest, eval_file
 from ..trajectory.types import JSONObject, Message, MessageView, Messages, MessagesView, Prompt, Row
 
 if TYPE_CHECKING:  # eval-protocol's names, for the checker only (eval-protocol ships no types: they document)
@@ -34,7 +35,7 @@ _VOLATILE_FIELDS = {"created_at", "execution_metadata", "pid"}
 _noted_combined: set[str] = set()
 
 
-def eval_rows(eval_test: EvalTest) -> list[Row]:
+def eval_rows(eval_test: EvalTest, input_dataset: Sequence[str] | None = None) -> list[Row]:
     """The rows ``@evaluation_test`` would hand the eval's processor, in order, with their ``row_id`` set.
 
     Each parametrization of the inputs (eval-protocol's own ``generate_parameter_combinations``) is read as one
@@ -43,8 +44,14 @@ def eval_rows(eval_test: EvalTest) -> list[Row]:
     per message list) or ``input_rows`` (deep copies); then ``filtered_row_ids``, ``preprocess_fn`` and
     eval-protocol's stable ``row_id`` for rows without one. Several parametrizations (several message lists,
     dataset paths with ``combine_datasets=False``, several loaders) are concatenated in order, and logged once.
+
+    ``input_dataset``: JSONL files read in place of the eval's own ``input_dataset``, exactly as it would be read
+    (its ``dataset_adapter``, ``max_dataset_rows``, ``combine_datasets``, ...); an eval without an ``input_dataset``
+    of its own has no adapter for such files, and is refused (:func:`check_input_dataset`).
     """
-    combinations = _input_combinations(eval_test)
+    if input_dataset is not None:
+        check_input_dataset(eval_test, input_dataset)
+    combinations = _input_combinations(eval_test, input_dataset)
     if len(combinations) > 1 and eval_test.qualified_name not in _noted_combined:
         _noted_combined.add(eval_test.qualified_name)
         logger.warning("%s parametrizes its inputs %d ways; ep_trl trains on all of their rows together, "
@@ -60,10 +67,11 @@ def row_key(index: int, row: Row) -> str:
     return f"{index}:{row.input_metadata.row_id}"
 
 
-def training_prompts(eval_test: EvalTest) -> list[Messages]:
-    """One conversational prompt per eval row: its messages as chat dicts, the first carrying ``ROW_KEY``."""
+def training_prompts(eval_test: EvalTest, input_dataset: Sequence[str] | None = None) -> list[Messages]:
+    """One conversational prompt per eval row (``input_dataset``: as :func:`eval_rows`): its messages as chat dicts,
+    the first carrying ``ROW_KEY``."""
     prompts = []
-    for index, row in enumerate(eval_rows(eval_test)):
+    for index, row in enumerate(eval_rows(eval_test, input_dataset)):
         messages = [_message_dict(message) for message in row.messages]
         messages[0][ROW_KEY] = row_key(index, row)
         prompts.append(messages)
@@ -106,12 +114,37 @@ def _matching_rows(prompts: Sequence[Prompt], rows: Sequence[Row],
     return matched
 
 
-def _input_combinations(eval_test: EvalTest) -> list[CombinationTuple]:
-    """The eval's input parametrizations, as eval-protocol builds them for pytest (one completion-params slot)."""
+def check_input_dataset(eval_test: EvalTest, paths: Sequence[str]) -> None:
+    """Raise unless ``paths`` can stand in for the eval's ``input_dataset``: the eval reads an ``input_dataset``
+    through its ``dataset_adapter`` (not inline rows, messages or data loaders), and every path is a file."""
+    params = eval_test.wrapper.__ep_params__
+    if params.input_dataset is None or params.data_loaders is not None:
+        given = ("data_loaders" if params.data_loaders is not None else "input_rows" if params.input_rows is not None
+                 else "input_messages" if params.input_messages is not None else "no input")
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name} reads its rows from {given}, not from an input_dataset with a "
+            "dataset_adapter, so nothing here says how JSONL rows become its EvaluationRows. Drop the input dataset "
+            "(training uses the eval's own rows), or give the eval input_dataset=[...] and the dataset_adapter that "
+            "reads your rows."
+        )
+    if not paths:
+        raise ConfigError("the input dataset names no file: give one or more JSONL files of the eval's rows.")
+    missing = [path for path in paths if not Path(path).expanduser().is_file()]
+    if missing:
+        raise ConfigError(
+            f"input dataset {', '.join(map(repr, missing))}: no such file (from {Path.cwd()}). Give JSONL files of "
+            f"rows in the format {eval_test.qualified_name}'s dataset_adapter reads."
+        )
+
+
+def _input_combinations(eval_test: EvalTest, input_dataset: Sequence[str] | None = None) -> list[CombinationTuple]:
+    """The eval's input parametrizations, as eval-protocol builds them for pytest (one completion-params slot),
+    ``input_dataset`` in place of the eval's own when given."""
     params = eval_test.wrapper.__ep_params__
     generate = private_name("eval_protocol.pytest.generate_parameter_combinations", "generate_parameter_combinations")
+    dataset = list(input_dataset) if input_dataset is not None else params.input_dataset
     try:
-        return generate(params.input_dataset, [None], params.input_messages, params.input_rows, None,
+        return generate(dataset, [None], params.input_messages, params.input_rows, None,
                         params.max_dataset_rows, params.combine_datasets, params.data_loaders)
     except ValueError as exc:
         raise _no_rows(eval_test, f"eval-protocol finds no input in it ({exc})") from exc
@@ -160,7 +193,8 @@ def _from_dataset(eval_test: EvalTest, paths: Sequence[str]) -> list[Row]:
 
     params = eval_test.wrapper.__ep_params__
     records: list[JSONObject] = []
-    for path in paths:
+    for given in paths:
+        path = _dataset_path(eval_test, given)
         try:
             records.extend(load_jsonl(path))
         except OSError as exc:
@@ -172,6 +206,22 @@ def _from_dataset(eval_test: EvalTest, paths: Sequence[str]) -> list[Row]:
     if params.max_dataset_rows is not None:
         records = records[: params.max_dataset_rows]
     return params.dataset_adapter(records)
+
+
+def _dataset_path(eval_test: EvalTest, given: str) -> str:
+    """A dataset path as eval-protocol would read it, a relative one that the working directory lacks found beside
+    the eval's package (``resolve.eval_file``; logged)."""
+    if given.startswith(("http://", "https://")):  # eval-protocol's load_jsonl fetches URLs
+        return given
+    try:
+        found = eval_file(eval_test, given, "input_dataset")
+    except EnvPathError as exc:
+        raise UnsupportedEvalError(f"{exc} Or train on rows of your own: ep-trl train --input-dataset FILE.jsonl "
+                                   "(dataset_from_eval(..., input_dataset=[...]) and EvalOverrides(input_dataset=[...]) "
+                                   "in Python).") from exc
+    if found.note:
+        logger.info("%s", found.note)
+    return found.path
 
 
 def _ensure_row_id(row: Row) -> None:

@@ -43,6 +43,53 @@ class EvalTest:
     def qualified_name(self) -> str:
         return f"{self.module_name}::{self.name}"
 
+    @property
+    def import_root(self) -> Path | None:
+        """The directory the eval's module was imported from: the one holding its top-level package (for
+        ``eval_protocol.benchmarks.test_frozen_lake``, the site-packages that holds ``eval_protocol/``), or the
+        file's own directory for an eval imported from a file path; None for a module without a file."""
+        module = sys.modules.get(self.module_name)
+        filename = getattr(module, "__file__", None)
+        if not filename:
+            return None
+        path = Path(filename).resolve()
+        depth = self.module_name.count(".") + (1 if path.stem == "__init__" else 0)
+        return path.parents[depth] if depth < len(path.parents) else None
+
+
+@dataclass(frozen=True)
+class EvalFile:
+    """A path an eval names (``server_script_path``, an ``input_dataset`` file), as training uses it."""
+
+    given: str
+    path: str
+    #: Why ``path`` differs from ``given`` (None when the path is used as given).
+    note: str | None = None
+
+
+def eval_file(eval_test: EvalTest, given: str, what: str) -> EvalFile:
+    """``given`` as the eval names it: an absolute path, or a relative one that exists from the working directory (as
+    eval-protocol reads it), is used as given; a relative path that does not is taken from the root the eval's
+    module was imported from (:attr:`EvalTest.import_root`), when it exists there, made absolute. Neither: an
+    ``EnvPathError`` naming both places."""
+    path = Path(given).expanduser()
+    if path.is_absolute() or path.exists():
+        return EvalFile(given=given, path=given)
+    root = eval_test.import_root
+    beside = root / path if root is not None else None
+    if beside is not None and beside.exists():
+        return EvalFile(given=given, path=str(beside), note=(
+            f"{eval_test.qualified_name}: its {what} {given!r} is not in the working directory ({Path.cwd()}); "
+            f"using {beside}, under the root its module was imported from"))
+    places = f"{Path.cwd() / path} (from the working directory)"
+    if beside is not None:
+        places += f" and {beside} (from the root its module {eval_test.module_name} was imported from)"
+    raise EnvPathError(
+        f"{eval_test.qualified_name}: its {what} {given!r} is relative and does not exist at {places}. Run from the "
+        "directory the eval's paths are relative to (the eval's own repository), or point the eval at an absolute "
+        "path."
+    )
+
 
 def is_eval_test(obj: object) -> bool:
     """eval-protocol attaches ``__ep_params__`` to every ``@evaluation_test`` wrapper."""

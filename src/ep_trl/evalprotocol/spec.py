@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
 from ._private import private_attr, private_name
-from .resolve import EvalTest
+from .resolve import EvalTest, eval_file
 from ..trajectory.types import Settings
 
 if TYPE_CHECKING:  # eval-protocol ships no types: to the checker the name documents what is held
@@ -102,10 +102,33 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         notes.append(f"{eval_test.qualified_name}: MCPGymRolloutProcessor starts a server per processor call "
                      "('per_run', on one port); ep_trl calls the processor once per row, so training runs it with "
                      "server_mode='shared': one server for the run, stopped when the process exits.")
-    settings = {"mcp_config_path": params.mcp_config_path or "", "server_script_path": params.server_script_path,
-                "kwargs": kwargs}
+    script = params.server_script_path
+    if script is not None:  # relative paths are the eval repository's: found beside the eval's package if need be
+        resolved = eval_file(eval_test, script, "server_script_path")
+        script = resolved.path
+        if resolved.note:
+            notes.append(resolved.note)
+    settings = {"mcp_config_path": params.mcp_config_path or "", "server_script_path": script, "kwargs": kwargs}
     return EvalSpec(**common, prompt_builder=None, action_parser=None, env=None, notes=tuple(notes),
                     processor=processor, processor_settings=settings)
+
+
+def tools_offered(spec: EvalSpec, rows: Iterable[object]) -> str | None:
+    """How the eval offers the model tools, in words; None when it offers none. ``MCPGymRolloutProcessor`` always does
+    (its environment's tools), ``AgentRolloutProcessor`` with an MCP config (its servers' tools), and any processor
+    whose rows carry ``tools``. An OpenEnv loop offers none (its prompt builder writes the prompt)."""
+    if spec.processor is None:
+        return None
+    kind = type(spec.processor).__name__
+    if kind == "MCPGymRolloutProcessor":
+        return "its MCPGymRolloutProcessor offers the model the environment's tools"
+    if kind == "AgentRolloutProcessor" and spec.processor_settings.get("mcp_config_path"):
+        return (f"its AgentRolloutProcessor offers the model the tools of its MCP servers "
+                f"({spec.processor_settings['mcp_config_path']})")
+    carrying = sum(1 for row in rows if getattr(row, "tools", None))
+    if carrying:
+        return f"{carrying} of its rows offer the model tools (their `tools`)"
+    return None
 
 
 #: Processors whose model calls happen outside this process (a remote server, GitHub's runners) and whose rows

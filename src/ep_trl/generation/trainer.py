@@ -91,8 +91,9 @@ class TrainerGenerator:
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                        images: PromptImages | None = None) -> Generation:
-        if params.temperature <= 0:
-            raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0")
+        if params.temperature < 0:
+            raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0 (0: greedy "
+                             "decoding, as held-out episodes are played)")
         if images is not None and self._processing_class is None:
             raise ValueError("a turn with images reached the trainer backend of a text-only processing class")
         return await self._batches.submit(_Request(tuple(prompt_ids), params, images))
@@ -119,12 +120,13 @@ class TrainerGenerator:
             if any(r.images for r in requests) else None
         pixels = {k: v.to(device) for k, v in vision.model_kwargs.items()} if vision else {}
         stop_ids = tuple(dict.fromkeys(self._eos + params.stop_token_ids))
+        greedy = params.temperature == 0  # held-out play: the most likely token, log-probabilities at temperature 1
+        sampling = {} if greedy else dict(temperature=params.temperature, top_p=params.top_p,
+                                          top_k=params.top_k if params.top_k > 0 else 0,
+                                          min_p=params.min_p if params.min_p > 0 else None)
         config = GenerationConfig(
-            do_sample=True,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else 0,
-            min_p=params.min_p if params.min_p > 0 else None,
+            do_sample=not greedy,
+            **sampling,
             repetition_penalty=params.repetition_penalty,
             max_new_tokens=max(r.params.max_tokens for r in requests),
             eos_token_id=list(stop_ids),
@@ -140,7 +142,7 @@ class TrainerGenerator:
                 out = generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                                generation_config=config, **pixels)
                 sampled = out.sequences[:, width:]
-                logits = torch.stack(out.logits, dim=1).float() / params.temperature
+                logits = torch.stack(out.logits, dim=1).float() / (params.temperature or 1.0)
                 logps = torch.log_softmax(logits, dim=-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
         finally:
             model.train(was_training)

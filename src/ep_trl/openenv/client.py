@@ -77,6 +77,8 @@ class EnvSettings:
     hub_repo_id: str | None = None
     reset_task_kwarg: str = "task_name"
     task_urls: Mapping[str, str] = field(default_factory=dict)
+    #: ``(group) -> seed`` for each episode's ``reset(seed=...)`` (``EvalOverrides.reset_seed``); None: no seed.
+    reset_seed: Callable[[int], int] | None = None
 
     def describe(self) -> str:
         if self.factory is not None:

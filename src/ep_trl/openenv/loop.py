@@ -10,7 +10,7 @@ cannot render) raises out of the rollout call: it would fail every episode alike
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -23,6 +23,7 @@ from ..sources.episode import (
     EpisodeFailure,
     EpisodePlan,
     FailureKind,
+    ModelTurn,
     StopReason,
     check_first_prompt,
     ended_episode,
@@ -59,11 +60,13 @@ class _State:
     builder: TrajectoryBuilder | None = None
     step_rewards: list[float] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    turns: list[ModelTurn] = field(default_factory=list)
     history: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     builder_failures: int = 0
     budget_blocked_tokens: int = 0
     stop_reason: StopReason = "max_steps"
+    instance: Mapping[str, object] | None = None
 
 
 async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
@@ -71,13 +74,14 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
     """Play one episode on a session from ``envs``; ``on_step(messages, step_rewards)`` is called after every
     environment step. The session goes back to ``envs`` for reuse only if the episode ended cleanly."""
     start = time.perf_counter()
-    label = f"episode {plan.index} (task {plan.task!r})"
+    label = f"episode {plan.index} (task {plan.task!r}" + (f", seed {plan.seed})" if plan.seed is not None else ")")
     state = _State(messages=[dict(m) for m in plan.initial_messages])
     failure: EpisodeFailure | None = None
     session = None
     clean = cancelled = False
     try:
-        session, outcome = await _guarded("environment", envs.start(label, plan.task))
+        session, outcome = await _guarded("environment", envs.start(label, plan.task, plan.seed))
+        state.instance = instance_of(outcome.observation)
         await _take_turns(state, session, outcome, cfg, template, generator, on_step, episode=label)
         clean = True
     except EpisodeFailure as exc:
@@ -102,11 +106,21 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
         messages=tuple(state.messages),
         step_rewards=tuple(state.step_rewards),
         actions=tuple(state.actions),
+        turns=tuple(state.turns),
         duration_s=time.perf_counter() - start,
         prompt_tokens=state.prompt_tokens,
         prompt_builder_failures=state.builder_failures,
         budget_blocked_tokens=state.budget_blocked_tokens,
+        instance=state.instance,
     )
+
+
+def instance_of(observation: object) -> dict[str, object] | None:
+    """What a reset observation says the episode plays: a copy of its ``metadata`` (OpenEnv's ``Observation`` field)
+    when that is a non-empty mapping, else None. A stock OpenEnv server leaves ``metadata`` off the wire, so for a
+    served environment it is the client that fills it (``ep_trl.envs.doors.DoorsEnv`` does)."""
+    metadata = getattr(observation, "metadata", None)
+    return dict(metadata) if isinstance(metadata, Mapping) and metadata else None
 
 
 async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
@@ -135,7 +149,12 @@ async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, 
         text = template.decode(last.token_ids)
         if last.stop_text:
             text = text[: text.find(last.stop_text)] if last.stop_text in text else text
-        action = await _guarded("eval_code", _parse(cfg, text))
+        try:
+            action = await _guarded("eval_code", _parse(cfg, text))
+        except EpisodeFailure:
+            state.turns.append(ModelTurn(text, well_formed=False))  # the parser raised: no action
+            raise
+        state.turns.append(ModelTurn(text, well_formed=well_formed(cfg, action)))
         state.messages.append({"role": "assistant", "content": text})
         action_text = action_label(action)  # once: for a pydantic action, a missing action_str is a slow lookup
         state.actions.append(action_text)
@@ -146,6 +165,16 @@ async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, 
         if on_step is not None:
             on_step(state.messages, state.step_rewards)
     state.stop_reason = "done" if outcome.done else "max_steps"
+
+
+def well_formed(cfg: EpisodeConfig, action: Action) -> bool:
+    """An action the parser found in the text: anything but its fallback (``cfg.fallback_action``)."""
+    if cfg.fallback_action is None:
+        return True
+    try:
+        return bool(action != cfg.fallback_action[0])
+    except (TypeError, ValueError):  # an action whose comparison raises (an array's ambiguous truth): not the fallback
+        return True
 
 
 async def _parse(cfg: EpisodeConfig, text: str) -> Action:

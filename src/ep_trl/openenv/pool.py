@@ -18,12 +18,13 @@ TRANSPORT_RETRIES = 3
 _CAPACITY = re.compile(r"at capacity: (\d+)/(\d+) sessions")
 
 
-def reset_kwargs(settings: EnvSettings, task: str | None) -> dict[str, object]:
+def reset_kwargs(settings: EnvSettings, task: str | None, seed: int | None = None) -> dict[str, object]:
     """A server given by URL learns its task at reset (OpenEnv's BrowserGym takes ``task_name``); a server that
-    ep_trl started for one task already plays it."""
+    ep_trl started for one task already plays it. ``seed``: OpenEnv's ``reset(seed=...)``, when the run names one."""
+    kwargs: dict[str, object] = {} if seed is None else {"seed": seed}
     if task is None or settings.task_urls:
-        return {}
-    return {settings.reset_task_kwarg: task}
+        return kwargs
+    return {settings.reset_task_kwarg: task, **kwargs}
 
 
 def is_transport_error(error: BaseException) -> bool:
@@ -107,8 +108,9 @@ class EnvPool:
         #: Sessions opened during this call (a metric: without reuse, one per episode).
         self.opened = 0
 
-    async def start(self, label: str, task: str | None) -> tuple[EnvSession, StepOutcome]:
-        """A session for ``label`` playing ``task``, reset: an idle one of this call, else a new one."""
+    async def start(self, label: str, task: str | None, seed: int | None = None) -> tuple[EnvSession, StepOutcome]:
+        """A session for ``label`` playing ``task``, reset (with ``seed`` when given): an idle one of this call, else
+        a new one."""
         url = self._settings.url_for(task)
         deadline = time.monotonic() + CAPACITY_WAIT_S
         attempt = 0
@@ -116,7 +118,7 @@ class EnvPool:
             session = await self._session(url, label, task, deadline)
             others = self._open.get(url, 0) - 1
             try:
-                outcome = await session.reset(**reset_kwargs(self._settings, task))
+                outcome = await session.reset(**reset_kwargs(self._settings, task, seed))
             except BaseException as exc:
                 # also when the episode is cancelled: no session outlives the call
                 await self._close(session, cancelled=isinstance(exc, asyncio.CancelledError))

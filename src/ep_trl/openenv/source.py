@@ -62,6 +62,24 @@ class OpenEnvSource:
         finally:
             await envs.aclose()
 
+    async def first_observation(self, seed: int, task: str | None) -> str:
+        """What the model would first be shown after ``reset(seed=seed)`` of ``task`` (the eval's prompt builder on
+        the observation, else its text), on a session of its own, closed after: ``ep-trl train --held-out`` resets
+        twice with one seed to check that the environment honours seeds."""
+        spec = self._spec
+        assert spec.env is not None and spec.prompt_builder is not None
+        envs = EnvPool(spec.env, reuse=False, notes=self._notes)
+        session, outcome = await envs.start(f"seed check (task {task!r}, seed {seed})", task, seed)
+        try:
+            try:
+                shown = spec.prompt_builder(outcome.observation, 1, [])
+            except Exception:  # the loop shows str(observation) when the prompt builder raises; so does this
+                shown = str(outcome.observation)
+            return shown if isinstance(shown, str) else repr(shown)
+        finally:
+            await envs.release(session, reusable=False)
+            await envs.aclose()
+
     async def aclose(self) -> None:
         if self._servers is not None:
             self._servers.close()
@@ -78,7 +96,8 @@ class _OpenEnvPlayer:
     async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         assert self._spec.env is not None
         plan = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
-                                     self._spec.env.tasks, self._spec.completion_params.get("system_prompt"))
+                                     self._spec.env.tasks, self._spec.completion_params.get("system_prompt"),
+                                     self._spec.env.reset_seed)
         episode = await run_episode(plan, self._cfg, self._setup.template, generator, self._envs,
                                     _step_logger(self._setup, request, plan))
         return episode, request.context.episode_row(episode, request.rollout_id, request.prompt)

@@ -45,6 +45,9 @@ class EpisodeConfig:
     max_steps: int
     limits: TurnLimits
     eval_name: str = "the eval"
+    #: What the action parser returns for a reply with no action (``action_parser("")``), in a 1-tuple (the fallback
+    #: may itself be None); None when the parser raises on it, so that every action it returns is well formed.
+    fallback_action: tuple[object] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,18 @@ class EpisodePlan:
     generation: int
     task: str | None
     initial_messages: tuple[MessageView, ...]
+    #: The ``seed`` its environment's reset asks for (``EvalOverrides(reset_seed=...)``); None: reset names none.
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """One model turn of an episode: the text it sampled, and whether it was a well-formed action (OpenEnv loop: the
+    eval's action parser neither raised nor returned its fallback, ``action_parser("")``; a processor that offered
+    tools: the reply parsed into a call of one of them; a processor that offered none: always)."""
+
+    text: str
+    well_formed: bool
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,10 @@ class Episode:
     prompt_builder_failures: int = 0
     budget_blocked_tokens: int = 0  # the bridge that no longer fit when stop_reason is "token_budget"
     forked_segments: int = 0  # conversations a processor abandoned (ep_trl.capture.placement), not trained on
+    turns: tuple[ModelTurn, ...] = ()  # the model's turns, in order, each with whether its action was well formed
+    #: Which instance the episode played, as the environment's reset observation says in its ``metadata`` (e.g. the
+    #: doors game's ``{"seed": ..., "wording": ...}``); None when it says nothing.
+    instance: Mapping[str, object] | None = None
 
     @property
     def num_turns(self) -> int:
@@ -95,6 +114,8 @@ class EpisodeFields(TypedDict):
     prompt_builder_failures: NotRequired[int]
     budget_blocked_tokens: NotRequired[int]
     forked_segments: NotRequired[int]
+    turns: NotRequired[tuple[ModelTurn, ...]]
+    instance: NotRequired[Mapping[str, object] | None]
 
 
 class EpisodeFailure(Exception):

@@ -147,6 +147,7 @@ class ProcessorSource:
             messages=messages,
             step_rewards=(),
             actions=tuple(_tool_calls(messages)),
+            turns=tuple(capture.turns),
             duration_s=time.perf_counter() - start,
             prompt_tokens=capture.prompt_tokens,
             budget_blocked_tokens=capture.budget_blocked_tokens,

@@ -186,6 +186,25 @@ def attach_vllm_generation(trainer: GRPOTrainer, generation: _VLLMGenerationStan
     trainer._last_loaded_step = -1  # as GRPOTrainer.__init__ sets it: the first rollout call syncs
 
 
+def sync_vllm_weights(trainer: object) -> None:
+    """Bring the trainer's vLLM engine (its server, or its colocated engine) onto its current weights, as
+    ``GRPOTrainer`` does before it generates (``_last_loaded_step``, ``vllm_generation.sync_weights()``): the last
+    optimizer step's weights reach it only at the next generation, and held-out play after training must not use the
+    step before. Nothing to do for a trainer that generates in-process or is already in sync."""
+    if not getattr(getattr(trainer, "args", None), "use_vllm", False):
+        return
+    step = getattr(getattr(trainer, "state", None), "global_step", 0)
+    last = getattr(trainer, "_last_loaded_step", None)
+    generation = getattr(trainer, "vllm_generation", None)
+    if last is None or generation is None:
+        raise VersionError("this TRL's GRPOTrainer has no _last_loaded_step or vllm_generation: ep_trl cannot bring "
+                           "its vLLM engine onto the trained weights before held-out play; install the TRL that "
+                           "pyproject.toml pins")
+    if last != step:
+        generation.sync_weights()
+        trainer._last_loaded_step = step  # type: ignore[attr-defined]
+
+
 def uses_sharded_parameters(trainer: object) -> bool:
     """Whether the trainer shards parameters across processes (FSDP or DeepSpeed ZeRO-3), so that no single
     process holds the full weights."""

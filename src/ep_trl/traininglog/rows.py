@@ -87,7 +87,7 @@ class RowContext:
             "mean_sampled_logprob": sum(sampled_lps) / len(sampled_lps) if sampled_lps else None,
             "min_sampled_logprob": min(sampled_lps) if sampled_lps else None,
             "template_realigned": traj.realigned, "prompt_builder_failures": episode.prompt_builder_failures,
-            "forked_segments": episode.forked_segments,
+            "forked_segments": episode.forked_segments, "instance": episode.instance,
         }
         usage = {"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
                  "total_tokens": episode.prompt_tokens + traj.sampled_tokens}

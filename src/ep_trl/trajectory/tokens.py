@@ -344,13 +344,14 @@ class ChatTemplate:
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
-    def render(self, messages: MessagesView, tools: Tools | None = None) -> str:
-        """The conversation as the model sees it, ending with the assistant's generation prompt; ``tools`` (JSON
+    def render(self, messages: MessagesView, tools: Tools | None = None, *, generation_prompt: bool = True) -> str:
+        """The conversation as the model sees it, ending with the assistant's generation prompt (without it when
+        ``generation_prompt`` is false: a conversation whose last assistant turn is complete); ``tools`` (JSON
         schemas, as an OpenAI request carries them) are rendered the template's way."""
-        return self._render(messages, tools)[0]
+        return self._render(messages, tools, generation_prompt)[0]
 
-    def _render(self, messages: MessagesView,
-                tools: Tools | None) -> tuple[str, list[MessageView]]:
+    def _render(self, messages: MessagesView, tools: Tools | None,
+                generation_prompt: bool = True) -> tuple[str, list[MessageView]]:
         """The rendered text and the image parts it holds, in placeholder order."""
         converted, dropped = template_messages(messages, images=self._images)
         if dropped and not self._warned_dropped_images:
@@ -360,7 +361,7 @@ class ChatTemplate:
                            type(self._renderer).__name__)
         extra: Settings = {"tools": list(tools)} if tools else {}
         text = self._renderer.apply_chat_template(
-            converted, tokenize=False, add_generation_prompt=True, **extra, **self._kwargs
+            converted, tokenize=False, add_generation_prompt=generation_prompt, **extra, **self._kwargs
         )
         assert isinstance(text, str), "apply_chat_template(tokenize=False) returns the text"
         return text, image_parts(converted)

@@ -12,12 +12,17 @@ from ep_trl.envs.doors.models import DoorsAction, DoorsObservation, DoorsState
 class DoorsEnv(EnvClient[DoorsAction, DoorsObservation, DoorsState]):
     """WebSocket client for one doors session.
 
-    ``seeds``, when given, is called at each reset that names no seed and its value is the house drawn (a training
-    script hands out training or held-out houses this way, since eval-protocol's processor resets without
-    arguments). Other keyword arguments go to OpenEnv's ``EnvClient``."""
+    ``seeds``, when given, is called at each reset that names no seed and its value is the house drawn: a seed, or a
+    ``(seed, wording)`` pair whose wording (a name in ``ep_trl.envs.doors.WORDINGS``) every sign of the house takes
+    (a training script hands out training or held-out houses this way, since eval-protocol's processor resets without
+    arguments). Other keyword arguments go to OpenEnv's ``EnvClient``.
 
-    def __init__(self, base_url: str, *, seeds: Optional[Callable[[], int]] = None, rooms: Optional[int] = None,
-                 max_moves: Optional[int] = None, **kwargs: Any) -> None:
+    Each observation's ``metadata`` is ``{"seed": ..., "wording": ...}``, the house it plays (openenv's server leaves
+    ``metadata`` off the wire, so the client puts it back from the observation's fields): ep_trl records the reset's
+    as the episode's ``instance``, in its row and in held-out results."""
+
+    def __init__(self, base_url: str, *, seeds: Optional[Callable[[], int | tuple[int, Optional[str]]]] = None,
+                 rooms: Optional[int] = None, max_moves: Optional[int] = None, **kwargs: Any) -> None:
         super().__init__(base_url=base_url, **kwargs)
         self._seeds = seeds
         self._defaults = {k: v for k, v in (("rooms", rooms), ("max_moves", max_moves)) if v is not None}
@@ -26,7 +31,11 @@ class DoorsEnv(EnvClient[DoorsAction, DoorsObservation, DoorsState]):
         arguments = {**self._defaults, **kwargs}
         arguments.pop("task_name", None)  # the doors game has one task; a loop that rotates tasks may name it
         if self._seeds is not None and arguments.get("seed") is None:
-            arguments["seed"] = self._seeds()
+            drawn = self._seeds()
+            if isinstance(drawn, tuple):
+                arguments["seed"], arguments["wording"] = drawn
+            else:
+                arguments["seed"] = drawn
         return await super().reset(**arguments)
 
     def _step_payload(self, action: DoorsAction) -> dict[str, Any]:
@@ -36,6 +45,7 @@ class DoorsEnv(EnvClient[DoorsAction, DoorsObservation, DoorsState]):
         reward = payload.get("reward")
         done = bool(payload.get("done", False))
         obs = DoorsObservation(**payload.get("observation", {}), reward=reward, done=done)
+        obs.metadata = {"seed": obs.seed, "wording": obs.wording}
         return StepResult(observation=obs, reward=reward, done=done)
 
     def _parse_state(self, payload: dict[str, Any]) -> DoorsState:

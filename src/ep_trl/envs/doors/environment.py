@@ -1,11 +1,17 @@
 """The doors game: a seeded multi-turn text environment in which the observation must be read to act right.
 
 A house (drawn from the reset's ``seed``) has ``rooms`` rooms of four coloured doors each; one door of each room
-opens. Each room says which, in one of two ways: "The blue door is open; the others are locked." or "Every door is
-locked except the blue one.". Each move tries one door: the open one leads to the next room, a locked one stays shut
-(the next observation says so), and the player has ``max_moves`` moves in all. The episode's reward is 1 when the
-player leaves the last room, else 0: a player that reads each room leaves in ``rooms`` moves; one that guesses
-usually runs out.
+opens. Each room's sign says which, in a wording (:data:`WORDINGS`). Training plays the two
+:data:`TRAINING_WORDINGS`, drawn per room from the seed: "The blue door is open; the others are locked." or "Every
+door is locked except the blue one." A reset that names a ``wording`` puts every room's sign in that one: the
+:data:`HELD_OUT_WORDINGS` are for held-out play only (``ep_trl.devtools.doors_houses``), and two of them name only the
+locked doors, so the player must find the open one as the door the sign leaves out. Each move tries one door: the
+open one leads to the next room, a locked one stays shut (the next observation says so), and the player has
+``max_moves`` moves in all. The episode's reward is 1 when the player leaves the last room, else 0: a player that
+reads each room leaves in ``rooms`` moves; one that guesses usually runs out.
+
+Each observation reports the house's ``seed`` and the reset's ``wording`` (None: the training wordings, drawn per
+room), so an episode's row can say which house it played.
 """
 
 import random
@@ -22,6 +28,23 @@ DOORS_PER_ROOM = 4
 DEFAULT_ROOMS = 2
 DEFAULT_MAX_MOVES = 4
 
+#: Sign wordings by name: ``{open}`` is the open door, ``{locked}`` the three locked ones in the room's order
+#: ("red, green and white"), ``{locked_or}`` the same joined with "or".
+WORDINGS: dict[str, str] = {
+    "is-open": "The {open} door is open; the others are locked.",
+    "except": "Every door is locked except the {open} one.",
+    "only": "Only the {open} door opens.",
+    "opens-but-not": "The {open} door opens, but the {locked} doors do not.",
+    "locked": "The {locked} doors are locked.",
+    "do-not-try": "Do not try the {locked_or} door: each of them is locked.",
+}
+#: The wordings training shows, each room's drawn from the house's seed.
+TRAINING_WORDINGS: tuple[str, ...] = ("is-open", "except")
+#: Wordings training never shows, played only on held-out houses.
+HELD_OUT_WORDINGS: tuple[str, ...] = ("only", "opens-but-not", "locked", "do-not-try")
+#: Held-out wordings whose sign names only the locked doors, never the open one.
+LOCKED_ONLY_WORDINGS: tuple[str, ...] = ("locked", "do-not-try")
+
 
 @dataclass(frozen=True)
 class Room:
@@ -32,18 +55,28 @@ class Room:
     sign: str
 
 
-def house(seed: int, rooms: int = DEFAULT_ROOMS) -> tuple[Room, ...]:
-    """The rooms of the house drawn from ``seed`` (the same seed, the same house)."""
+def sign(wording: str, doors: tuple[str, ...], open_door: str) -> str:
+    """The sign of a room with ``doors`` whose ``open_door`` opens, in ``wording`` (a name in :data:`WORDINGS`)."""
+    if wording not in WORDINGS:
+        raise ValueError(f"doors: no sign wording {wording!r}; the wordings are {', '.join(WORDINGS)}")
+    locked = [d for d in doors if d != open_door]
+    return WORDINGS[wording].format(open=open_door, locked=f"{', '.join(locked[:-1])} and {locked[-1]}",
+                                    locked_or=f"{', '.join(locked[:-1])} or {locked[-1]}")
+
+
+def house(seed: int, rooms: int = DEFAULT_ROOMS, wording: Optional[str] = None) -> tuple[Room, ...]:
+    """The rooms of the house drawn from ``seed`` (the same seed, the same house): each room's sign in one of the
+    :data:`TRAINING_WORDINGS` drawn from the seed, or, given ``wording``, every sign in that one (the same doors and
+    open doors either way)."""
+    if wording is not None and wording not in WORDINGS:
+        raise ValueError(f"doors: no sign wording {wording!r}; the wordings are {', '.join(WORDINGS)}")
     rng = random.Random(f"ep_trl doors house {seed}")
     drawn = []
     for _ in range(rooms):
         doors = tuple(rng.sample(COLOURS, DOORS_PER_ROOM))
         open_door = rng.choice(doors)
-        if rng.random() < 0.5:
-            sign = f"The {open_door} door is open; the others are locked."
-        else:
-            sign = f"Every door is locked except the {open_door} one."
-        drawn.append(Room(doors=doors, open_door=open_door, sign=sign))
+        drawn_wording = TRAINING_WORDINGS[0] if rng.random() < 0.5 else TRAINING_WORDINGS[1]
+        drawn.append(Room(doors=doors, open_door=open_door, sign=sign(wording or drawn_wording, doors, open_door)))
     return tuple(drawn)
 
 
@@ -59,8 +92,9 @@ class DoorsEnvironment(Environment[DoorsAction, DoorsObservation, DoorsState]):
         self._max_moves = DEFAULT_MAX_MOVES
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, rooms: Optional[int] = None,
-              max_moves: Optional[int] = None, **kwargs: Any) -> DoorsObservation:
-        """Draw the house from ``seed`` (a random one when None) and stand in its first room."""
+              max_moves: Optional[int] = None, wording: Optional[str] = None, **kwargs: Any) -> DoorsObservation:
+        """Draw the house from ``seed`` (a random one when None), its signs in ``wording`` (None: the training
+        wordings, drawn per room), and stand in its first room."""
         if seed is None:
             seed = random.randrange(2**31)
         rooms = DEFAULT_ROOMS if rooms is None else int(rooms)
@@ -68,8 +102,8 @@ class DoorsEnvironment(Environment[DoorsAction, DoorsObservation, DoorsState]):
         if rooms < 1 or self._max_moves < rooms:
             raise ValueError(f"doors: rooms={rooms}, max_moves={self._max_moves}: need rooms >= 1 and max_moves >= "
                              "rooms (a player that reads every room needs one move per room)")
-        self._house = house(int(seed), rooms)
-        self._state = DoorsState(episode_id=episode_id, step_count=0, seed=int(seed))
+        self._house = house(int(seed), rooms, wording)
+        self._state = DoorsState(episode_id=episode_id, step_count=0, seed=int(seed), wording=wording)
         return self._observation(message="", reward=None)
 
     def step(self, action: DoorsAction, timeout_s: Optional[float] = None, **kwargs: Any) -> DoorsObservation:
@@ -115,4 +149,5 @@ class DoorsEnvironment(Environment[DoorsAction, DoorsObservation, DoorsState]):
             text = (f"{lead}Room {st.room} of {rooms}. Doors: {', '.join(room.doors)}. {room.sign} "
                     f"Moves left: {self._max_moves - st.step_count}. Which door do you take?")
         return DoorsObservation(text=text, room=st.room, rooms=rooms, doors=doors, moves=st.step_count,
-                                max_moves=self._max_moves, escaped=st.escaped, done=st.done, reward=reward)
+                                max_moves=self._max_moves, escaped=st.escaped, seed=st.seed, wording=st.wording,
+                                metadata={"seed": st.seed, "wording": st.wording}, done=st.done, reward=reward)

@@ -23,12 +23,16 @@ class DoorsObservation(Observation):
     moves: int = Field(ge=0, description="Moves made so far")
     max_moves: int = Field(ge=1, description="Moves allowed")
     escaped: bool = Field(default=False, description="Whether the player left the last room")
+    seed: int | None = Field(default=None, description="Reset seed the house was drawn from (which house this is)")
+    wording: str | None = Field(default=None, description="The signs' wording named at reset (a name in "
+                                "ep_trl.envs.doors.WORDINGS); None: the training wordings, drawn per room")
 
 
 class DoorsState(State):
     """Server-side episode state (``episode_id`` and ``step_count`` inherited)."""
 
     seed: int | None = Field(default=None, description="Seed the house was drawn from")
+    wording: str | None = Field(default=None, description="The signs' wording named at reset; None: training's")
     room: int = Field(default=1, description="Current room (1-based)")
     moves: list[str] = Field(default_factory=list, description="Doors tried, in order")
     escaped: bool = Field(default=False)

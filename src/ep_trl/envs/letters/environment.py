@@ -135,7 +135,7 @@ class LettersEnvironment(Environment[LettersAction, LettersObservation, LettersS
         step_latency_s: Optional[float] = None,
         **kwargs: Any,
     ) -> LettersObservation:
-        """Start an episode; ``seed`` is accepted but unused (the game is deterministic).
+        """Start an episode; ``seed`` is recorded in the episode log but unused (the game is deterministic).
 
         Each setting comes from its argument, else the server's environment
         (``LETTERS_TASK``, ``LETTERS_MAX_STEPS``, ``LETTERS_STEP_LATENCY_S``),
@@ -156,7 +156,7 @@ class LettersEnvironment(Environment[LettersAction, LettersObservation, LettersS
         self._state = LettersState(
             episode_id=eid, step_count=0, task_name=task, max_steps=steps, alphabet=alphabet
         )
-        self._log.start(eid, task)
+        self._log.start(eid, task, seed)
         logger.debug("reset episode=%s task=%s max_steps=%d", eid, task, steps)
         return LettersObservation(
             task_name=task,

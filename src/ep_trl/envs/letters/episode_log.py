@@ -25,6 +25,8 @@ class EpisodeRecord:
     rewards: list[float] = field(default_factory=list)
     done: bool = False
     error: Optional[str] = None
+    #: The ``seed`` its reset named (the game ignores it; tests read which seeds a run reset with).
+    seed: Optional[int] = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON shape served by ``GET /episodes``."""
@@ -35,6 +37,7 @@ class EpisodeRecord:
             "rewards": list(self.rewards),
             "done": self.done,
             "error": self.error,
+            "seed": self.seed,
         }
 
 
@@ -46,11 +49,11 @@ class EpisodeLog:
         self._episodes: "OrderedDict[str, EpisodeRecord]" = OrderedDict()
         self._max_episodes = max_episodes
 
-    def start(self, episode_id: str, task_name: str) -> None:
+    def start(self, episode_id: str, task_name: str, seed: Optional[int] = None) -> None:
         """Open a record at reset; re-using an id starts that episode afresh."""
         with self._lock:
             self._episodes.pop(episode_id, None)
-            self._episodes[episode_id] = EpisodeRecord(episode_id=episode_id, task_name=task_name)
+            self._episodes[episode_id] = EpisodeRecord(episode_id=episode_id, task_name=task_name, seed=seed)
             while len(self._episodes) > self._max_episodes:
                 self._episodes.popitem(last=False)
 

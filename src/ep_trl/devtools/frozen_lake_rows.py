@@ -1,0 +1,51 @@
+"""Rows for eval-protocol's FrozenLake benchmark (``eval_protocol.benchmarks.test_frozen_lake``), one lake per row.
+
+The benchmark reads its rows from a JSONL file (``input_dataset``) through its own ``dataset_adapter``: each line has an
+``id``, a ``system_prompt``, a ``user_prompt_template`` (``{observation}`` is the grid its MCP server renders) and an
+``environment_context`` whose ``seed`` draws the 4x4 lake (gymnasium's ``generate_random_map``). eval-protocol keeps
+three such rows in its repository, not in its package; this module writes any number of them, in the same format,
+with this project's own wording, so that ``ep-trl train ... --input-dataset FILE`` can train on many lakes and hold
+some out. The wording says what the benchmark's rules are and nothing more: which moves reach the goal is for the
+model to read from the grid.
+
+    python -m ep_trl.devtools.frozen_lake_rows --rows 1024 --first-seed 0 --out lakes.jsonl
+"""
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+SYSTEM_PROMPT = ("You play FrozenLake on a 4x4 grid of tiles: S is the start, F is safe ice, H is a hole and G is the "
+                 "goal. The ice is not slippery: each move goes where you say. Falling into a hole ends the game. "
+                 "Call the lake_move tool once per turn with one action: LEFT, DOWN, RIGHT or UP.")
+USER_PROMPT_TEMPLATE = "The lake now:\n{observation}\n\nPick your next move (LEFT, DOWN, RIGHT or UP) and call lake_move."
+
+
+def rows(count: int, first_seed: int = 0) -> Iterator[dict[str, object]]:
+    """``count`` rows, lake seeds ``first_seed`` .. ``first_seed + count - 1``, ids ``lake-<seed>``."""
+    for seed in range(first_seed, first_seed + count):
+        yield {"id": f"lake-{seed}", "system_prompt": SYSTEM_PROMPT, "user_prompt_template": USER_PROMPT_TEMPLATE,
+               "environment_context": {"game": "FrozenLake", "map_name": "4x4", "seed": seed}}
+
+
+def write(path: Path, count: int, first_seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows(count, first_seed)))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1024, help="how many lakes (rows)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first lake's seed")
+    parser.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+    args = parser.parse_args(argv)
+    if args.rows < 1:
+        parser.error(f"--rows {args.rows}: write one row or more")
+    print(write(args.out, args.rows, args.first_seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
