@@ -112,6 +112,9 @@ ADAPTERS = PACKAGE / "adapters"
 #: The only attribute accesses ``x._name`` in ``adapters/`` where ``x`` is not ``self`` or ``cls``, each with why.
 PRIVATE_ACCESS_ALLOWED = {
     "os._exit": "the standard library's public exit without cleanup (a shard process whose trainer is gone)",
+    "atexit._run_exitfuncs": "the standard library's only way to run the exit handlers now: a shard process runs "
+                             "them once its rollout function is closed, then ends without the interpreter's teardown "
+                             "(sharded._exit), which would hold up the trainer's close for seconds",
     "multiprocessing.process._children": "multiprocessing's list of a process's children, which has no public API: a "
                                          "forked child must take its parent's shard processes off it "
                                          "(ShardedRolloutFunction.disown_shards)",

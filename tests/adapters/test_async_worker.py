@@ -26,6 +26,7 @@ from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_le
 from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import assert_trained
 from tests.support.vllm_server import vllm_server
+from tests.runtime.test_shutdown import lines, run_program, SEND, since_sent
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
@@ -583,6 +584,57 @@ def test_check_health_raises_when_the_worker_produces_nothing(tiny_model_dir, le
             started = time.monotonic()
             worker.stop()
             assert time.monotonic() - started < 30  # the hanging call is cancelled, not waited for
+
+
+@pytest.mark.timeout(180)
+def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_the_worker(tiny_model_dir,
+                                                                                          letters_server, tmp_path):
+    """Issue 48: no trainer-thread path raised a swallowed SIGTERM, so async training ran on until the stop grace
+    forced the exit. The trainer takes samples as TRL's own ``RolloutQueueDataset`` does; after the swallowed signal
+    each of its calls into the worker raises ``Terminated``, and the process ends with 143 well within the grace."""
+    result, _ = run_program(f"""
+        from collections import defaultdict
+        from transformers import AutoTokenizer
+        from trl.experimental.async_grpo import AsyncGRPOConfig
+        from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset
+        from ep_trl import EvalRolloutWorker
+        from tests.support.faulty_vllm import FaultyVLLMServer
+
+        server = FaultyVLLMServer().__enter__()  # a stand-in vLLM server: canned completions
+        args = AsyncGRPOConfig(output_dir={str(tmp_path / "out")!r}, use_cpu=True, bf16=False, num_generations=4,
+                               per_device_train_batch_size=8, max_completion_length=256, report_to=[],
+                               token_budget=0, save_strategy="no", vllm_server_base_url=server.url)
+        worker = EvalRolloutWorker({LETTERS!r}, args=args, log_rollouts=False,
+                                   processing_class=AutoTokenizer.from_pretrained({str(tiny_model_dir)!r}))
+        worker.start()
+        dataset = RolloutQueueDataset(worker.rollout_buffer, lambda: 0, worker.check_health, 300.0,
+                                      defaultdict(list), poll_interval_s=0.5)
+        samples = iter(dataset)
+        next(samples)
+        print("TRAINING", flush=True)
+        try:
+            {SEND}
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException:  # library code that swallows everything
+            print("SWALLOWED", flush=True)
+        for name, call in (("update_model_version", lambda: worker.update_model_version(1)),
+                           ("check_health", lambda: worker.check_health(300.0)), ("sample", lambda: next(samples))):
+            try:
+                call()
+                print("PASSED", name, flush=True)
+            except BaseException as error:  # swallowed again, to try the next
+                print("RAISED", name, type(error).__name__, flush=True)
+        for sample in dataset:  # the trainer trains on
+            pass
+        print("SURVIVED", flush=True)
+    """, timeout=150, grace="20")
+    seconds = since_sent(result)
+    assert lines(result.stdout) == ["TRAINING", "SWALLOWED", "RAISED update_model_version Terminated",
+                                    "RAISED check_health Terminated", "RAISED sample Terminated", "CLOSED"], (
+        result.stdout, result.stderr[-3000:])
+    assert result.returncode == 143 and "did not exit within" not in result.stderr, result.stderr[-3000:]
+    assert seconds < 10, seconds  # its next call, not the 20 s grace
 
 
 def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_the_pixels(tiny_vlm_dir, tmp_path):

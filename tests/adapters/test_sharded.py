@@ -1,6 +1,12 @@
 """Episodes played by shard processes (``RolloutOptions(worker_processes=N)``): the same output, in prompt order."""
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
+import uuid
 
 import pytest
 
@@ -8,9 +14,11 @@ from ep_trl import ConfigError, RolloutOptions, create_openenv_vllm_rollout_func
 from ep_trl.adapters.sharded import join_metrics, join_outputs, shard_bounds
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import make_trainer
-from tests.runtime.test_shutdown import lines, run_program
+from tests.runtime.test_shutdown import (CHILD_PYTHONPATH, GRACE_ENV, REPO, child_environment, lines,
+                                         processes_tagged, run_program)
 
 ARITHMETIC = "tests.evals.eval_arithmetic"
+LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 
 def test_shards_are_whole_contiguous_groups():
@@ -163,3 +171,61 @@ def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_term
         result.stdout, result.stderr[-3000:])
     assert "was forked from it and cannot use them" in out[1] and "was closed (close())" in out[3], out
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_trainer_ended_mid_call_has_its_shards_cancel_the_call_and_write_their_rows(signum, tiny_model_dir,
+                                                                                     letters_server, tmp_path):
+    """Issue 48: at SIGTERM, close() waited 30 s on each shard in turn for a call it never cancelled, past the 20 s
+    grace here, and the shards, their trainer force-exited, ended with os._exit(1), their queued rows lost. Now
+    both shards' calls (every episode waiting on a generation that never comes) are cancelled at once, their rows
+    written, and the trainer ends by itself within seconds; a trainer SIGKILLed has its shards do the same."""
+    tag, home = uuid.uuid4().hex, tmp_path / "home"
+    program = textwrap.dedent(f"""
+        from transformers import AutoTokenizer
+        from ep_trl.adapters.sharded import ShardedRolloutFunction
+        from ep_trl.engine.caller import DetachedCaller, TrainingConfig
+        from ep_trl.generation import SamplingParams
+        from ep_trl.options import RolloutOptions
+        from tests.support.shard_faults import rows_held_until_closed
+
+        config = TrainingConfig(AutoTokenizer.from_pretrained({str(tiny_model_dir)!r}), num_generations=2,
+                                max_completion_length=32, sampling=SamplingParams(), vllm_mode="server")
+        sharded = ShardedRolloutFunction({LETTERS!r}, dict(vllm_base_url=URL, options=RolloutOptions(
+            log_home={str(home)!r})), 2, "sharded", build=rows_held_until_closed)
+        sharded.run([[{{"role": "user", "content": "Play the letters game."}}]] * 4,
+                    DetachedCaller(config, 0, None, {{}}.update))
+        print("ANSWERED", flush=True)
+    """)
+    with FaultyVLLMServer(default="hang") as server:  # every generation waits until the server closes
+        env = {**child_environment(), "PYTHONPATH": CHILD_PYTHONPATH, "EP_TRL_TEST_RUN": tag, GRACE_ENV: "20"}
+        trainer = subprocess.Popen([sys.executable, "-c", program.replace("URL", repr(server.url))], cwd=REPO,
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 180
+            while server.max_concurrent_prompts < 4:  # both shards' episodes are waiting on their first turn
+                assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()
+                time.sleep(0.2)
+            trainer.send_signal(signum)
+            sent = time.monotonic()
+            stdout, stderr = trainer.communicate(timeout=60)
+            seconds = time.monotonic() - sent
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait()
+        gone = time.monotonic() + 15
+        while (left := processes_tagged(tag)) and time.monotonic() < gone:
+            time.sleep(0.2)
+        for pid, _ in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, left
+        shards_gone_s = time.monotonic() - sent
+    if signum == signal.SIGTERM:
+        assert trainer.returncode == 143 and "did not exit within" not in stderr, stderr[-3000:]
+        assert "ANSWERED" not in stdout and seconds < 10, (seconds, stderr[-3000:])  # not the 20 s grace
+    from ep_trl.evalprotocol.store import StoreLogger
+
+    rows = StoreLogger(home / ".eval_protocol" / "logs.db").read()
+    assert len({row.execution_metadata.rollout_id for row in rows}) == 4, (shards_gone_s, stderr[-3000:])

@@ -1,5 +1,7 @@
 """Which errors fail one episode (environment, the eval's action parser, generation) and which raise (the rest)."""
 
+import re
+
 import pytest
 
 from ep_trl import EvalOverrides, RolloutOptions, UnsupportedEvalError, create_openenv_vllm_rollout_func
@@ -97,3 +99,21 @@ def test_episodes_cut_by_the_token_budget_are_counted_and_explained(tiny_model_d
     assert stopped == [float(sum(n < 3 for n in out["num_turns"]))] and stopped[0] > 0
     assert "stopped early at the token budget of 40 completion tokens" in caplog.text
     assert "Raise GRPOConfig(max_completion_length=...) or max_episode_tokens=..." in caplog.text
+
+
+def test_a_prompt_builder_that_raises_after_the_first_step_is_warned_about_naming_its_episode(
+        tiny_model_dir, letters_server, tmp_path, caplog):
+    """Issue 48: the episode's label was reassigned to the action's, so from step 2 on the warning named the action
+    the model had just taken instead of the episode."""
+    def builder(observation, step, history):
+        if step >= 2:
+            raise KeyError(f"no prompt for step {step}")
+        return observation.prompt
+
+    caplog.set_level("WARNING", logger="ep_trl.openenv.loop")
+    out, _, _ = call_once(tiny_model_dir, tmp_path, letters_server, prompt_builder=builder)
+    warned = [r.getMessage() for r in caplog.records if "prompt_builder raised" in r.getMessage()]
+    assert any("no prompt for step 2" in message for message in warned), warned
+    assert warned and all(re.match(r"episode \d+ \(task '(vowels|digits)'\): prompt_builder raised KeyError", message)
+                          for message in warned), warned
+    assert len({message.split(":")[0] for message in warned}) == len(out["num_turns"]) == 4, warned  # each episode

@@ -99,7 +99,7 @@ def test_rows_queued_after_the_writer_thread_died_are_written_by_flush_in_the_ow
         assert store.read() == []
         writer.flush()
         assert sorted(r.execution_metadata.rollout_id for r in store.read()) == ["r1", "r2"]
-        assert (writer.queued, writer.written, writer.failures) == (3, 2, 0)
+        assert (writer.queued, writer.written, writer.failures) == (3, 2, 1)  # the row it died on: counted
         assert "the rollout log writer thread has ended" in caplog.text and "writing the 2 row updates" in caplog.text
         writer.log("r3", lambda: make_row("r3", [2.0]))
     finally:
@@ -129,6 +129,62 @@ def test_a_flush_waiting_when_the_writer_thread_dies_writes_the_rows_itself_at_o
         assert time.monotonic() - started < 5  # not the 30 s timeout: it saw the thread die
         assert died == [KillsTheWriterThread]
         assert [r.execution_metadata.rollout_id for r in store.read()] == ["r1"]
+    finally:
+        writer.close()
+
+
+def test_a_writer_thread_that_dies_mid_batch_leaves_the_rest_of_the_batch_to_flush_and_counts_its_row(
+        tmp_path, monkeypatch, caplog):
+    """Issue 48: the rows after the fatal one in its batch were already off the queue, and were lost uncounted (the
+    earlier tests kept the fatal row alone in its batch). Here it is in the middle of one batch, with a flush
+    waiting on it."""
+    died: list[type] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: died.append(hook.exc_type))
+    store = StoreLogger(tmp_path / "logs.db")
+    writer = RolloutLogWriter(store, min_interval_s=5.0)  # the thread waits 5 s for more: one batch, cut short by flush
+
+    def kill():
+        raise KillsTheWriterThread()
+
+    try:
+        writer.log("r1", lambda: make_row("r1", [1.0]))
+        writer.log("kills-the-thread", kill)
+        writer.log("r2", lambda: make_row("r2", [1.0]))
+        writer.log("r3", lambda: make_row("r3", [1.0]))
+        started = time.monotonic()
+        writer.flush(timeout_s=30)  # its marker is in the same batch
+        assert time.monotonic() - started < 5  # released, not the 30 s timeout
+        assert died == [KillsTheWriterThread] and not writer._thread.is_alive()
+        assert [r.execution_metadata.rollout_id for r in store.read()] == ["r1", "r2", "r3"]
+        assert (writer.queued, writer.written, writer.failures) == (4, 3, 1)  # the fatal row counted, not lost
+        assert "could not write rollout kills-the-thread" in caplog.text and "2 row updates after it" in caplog.text
+    finally:
+        writer.close()
+
+
+def test_updates_left_by_a_dead_writer_thread_are_superseded_by_newer_ones(tmp_path, monkeypatch):
+    """The batch's rest goes back ahead of what was queued after it: an episode's newer update still wins."""
+    monkeypatch.setattr(threading, "excepthook", lambda hook: None)
+    store = StoreLogger(tmp_path / "logs.db")
+    writer = RolloutLogWriter(store, min_interval_s=5.0)
+    building, release = threading.Event(), threading.Event()
+
+    def kill_when_released():
+        building.set()
+        release.wait(10)
+        raise KillsTheWriterThread()
+
+    try:
+        writer.log("first", kill_when_released)  # the thread waits up to 5 s for more before its batch
+        writer.log("r1", lambda: make_row("r1", [0.1]))
+        writer._hurry.set()  # the thread takes the batch now
+        assert building.wait(10)
+        writer.log("r1", lambda: make_row("r1", [0.1, 0.2]))  # queued while the batch with r1's older update is out
+        release.set()
+        writer._thread.join(10)
+        writer.flush()
+        assert [r.execution_metadata.extra["step_rewards"] for r in store.read()] == [[0.1, 0.2]]
+        assert (writer.written, writer.failures) == (1, 1)
     finally:
         writer.close()
 

@@ -40,7 +40,12 @@ by kind), from the same stream (``ep_trl.engine.stream``):
 * **failure**: an episode's failure costs that episode; an error that ends the worker (a server gone for good,
   rounds without a score, a bug) is kept and raised by ``check_health`` in the trainer's thread, as is a worker that
   released nothing for ``stale_after_s``. ``stop`` cancels the episodes in flight and closes every session, server
-  and thread the worker started.
+  and thread the worker started;
+* **SIGTERM**: no rollout call runs in the trainer's thread to raise a SIGTERM that code swallowed
+  (``ep_trl.runtime.shutdown.raise_if_terminating``), so the trainer's calls into the worker do: each sample it
+  takes from ``rollout_buffer``, ``check_health`` and ``update_model_version`` raise ``Terminated`` in the main thread
+  once a SIGTERM arrived (``ProcessExitingError`` in any thread once ep_trl has closed for the exit), and training
+  ends at its next sample, not when the stop grace forces the exit.
 """
 
 import asyncio
@@ -69,6 +74,7 @@ from ..errors import ConfigError, RolloutWorkerError
 from ..generation.probe import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
+from ..runtime import shutdown
 from ..runtime.threads import run_blocking
 from ..evalprotocol import EvalSpec
 from ..trajectory.types import ProcessingClass, Prompt, Tokenizer
@@ -188,7 +194,7 @@ class EvalRolloutWorker:
             getattr(args, "gradient_accumulation_steps", 1) or 1)
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
         self.groups_per_report = max(1, per_step // self._config.num_generations)
-        self._buffer: queue.Queue = queue.Queue(maxsize=buffer_size or max(2 * per_step, self.slots))
+        self._buffer: queue.Queue = _SampleBuffer(maxsize=buffer_size or max(2 * per_step, self.slots))
         self.metrics_queue: queue.Queue | MPQueue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
         self.metrics_dropped = 0
         self.meter = SlotMeter()
@@ -261,6 +267,7 @@ class EvalRolloutWorker:
         trainer loaded for this version is looked up first (``GET /v1/models``, retried if the server is briefly
         busy), so that no turn asks for a version's adapter before it is known; an adapter of that name the server
         served before this run (``foreign_adapters``) is not this run's and is never used."""
+        shutdown.raise_if_terminating()  # the trainer's thread, after each sync: a swallowed SIGTERM ends it here
         version = int(model_version)
         if self.server_lora:
             name = trl_seam.async_lora_adapter(version)
@@ -283,7 +290,9 @@ class EvalRolloutWorker:
         return name
 
     def check_health(self, stale_after_s: float) -> None:
-        """Raise, in the trainer's thread, what ended the worker, or that it released nothing for ``stale_after_s``."""
+        """Raise, in the trainer's thread, what ended the worker, or that it released nothing for ``stale_after_s``;
+        after a SIGTERM, ``Terminated`` (``ep_trl.runtime.shutdown.raise_if_terminating``)."""
+        shutdown.raise_if_terminating()
         if self._error is not None:
             raise RolloutWorkerError(f"ep_trl's rollout worker for {self.env_path} stopped: "
                                      f"{type(self._error).__name__}: {self._error}") from self._error
@@ -469,6 +478,16 @@ class EvalRolloutWorker:
                 except queue.Empty:
                     continue
 
+
+
+class _SampleBuffer(queue.Queue):
+    """The worker's ``rollout_buffer``. The trainer takes each sample from it in the thread it trains in, the one
+    place it reaches ep_trl at every sample: taking one first raises a SIGTERM that code swallowed
+    (``ep_trl.runtime.shutdown.raise_if_terminating``)."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        shutdown.raise_if_terminating()
+        return super().get(block, timeout)
 
 
 def _images_in(samples: "Iterable[RolloutSample]") -> int:

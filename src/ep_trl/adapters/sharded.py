@@ -11,22 +11,33 @@ Nothing outlives the trainer: a shard process ends when its pipe to the trainer 
 death), and a thread in it ends it when its parent process is gone; the servers a shard process starts run under the
 watchdog, which ends them with the shard process.
 
+Closing fits in the stop grace, and loses no ``ep logs`` row: ``close()`` stops every shard process at once and waits
+for them together, at most ``STOP_WAIT_S``, and after a SIGTERM at most what the trainer's grace leaves (less
+ep_trl's reserve for its own exit). A shard process in the middle of a call (the stop message waits behind it) is sent
+SIGTERM, which cancels the call the way it does in the trainer: its episodes are cancelled and its rollout function is
+closed, sessions, servers and the log rows still queued written. A shard process whose trainer is gone ends the same
+way. One still running when the wait ends is killed.
+
 The shard processes are the trainer's: a process forked from it (``os.fork``, a fork-context data-loader worker) shares
 their pipes but owns none of them. Its ``close()`` stops none, its rollout calls are refused, and its exit leaves
 them alone (``multiprocessing``, which would terminate the daemon processes it believes are its children when a
 forked child exits, is told they are not the child's).
 """
 
+import atexit
 import logging
 import multiprocessing
 import multiprocessing.process
 import os
 import pickle
+import signal
+import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..runtime import shutdown
 from . import trl_seam
@@ -46,7 +57,8 @@ logger = logging.getLogger(__name__)
 
 #: How often a shard process checks that the trainer process is still its parent.
 PARENT_CHECK_S = 1.0
-#: How long ``close()`` waits for a shard process to end by itself before terminating it.
+#: How long ``close()`` waits for the shard processes, all together, to end before killing them (after a SIGTERM,
+#: at most what the stop grace leaves, less ``shutdown.CLOSE_RESERVE_S``, or half of it when less is left).
 STOP_WAIT_S = 30.0
 
 
@@ -123,6 +135,7 @@ class ShardedRolloutFunction:
         self.calls = 0
         self._owner = os.getpid()  # the shard processes are this process's: a forked child owns none of them
         self._closed = False
+        self._in_call: set[int] = set()  # shards sent a call whose answer was not read: busy, or answered
         context = multiprocessing.get_context("spawn")  # the trainer has threads and an event loop: never fork it
         self._shards = []
         for k in range(processes):
@@ -162,6 +175,7 @@ class ShardedRolloutFunction:
             try:
                 pipe.send((list(prompts[start:end]), config, caller.step, server, caller.model_name,
                            first + start // size))
+                self._in_call.add(k)
             except (BrokenPipeError, ConnectionResetError):  # the shard process is gone: said below
                 unsent.add(k)
         self._sent = caller.config
@@ -171,7 +185,9 @@ class ShardedRolloutFunction:
                 if k in unsent:
                     raise EOFError
                 status, value, shard_metrics = pipe.recv()
+                self._in_call.discard(k)  # not when the wait is interrupted: close() must know the shard is busy
             except EOFError:
+                self._in_call.discard(k)
                 self._sent = None
                 process.join(1)
                 errors.append(RuntimeError(f"ep_trl shard process {process.name} (pid {process.pid}) ended during a "
@@ -204,8 +220,10 @@ class ShardedRolloutFunction:
         """Rows are written by each shard process before it answers a call (its log writer is flushed)."""
 
     def close(self) -> None:
-        """End the shard processes (each closes its rollout function: servers, endpoint, log rows). In a forked child it
-        ends none: they are the parent's, and the stop message would go down the pipes the child shares with it."""
+        """End the shard processes, all at once (each closes its rollout function: servers, endpoint, log rows); a
+        call in flight in one is cancelled (SIGTERM), and one still running when the wait ends (``STOP_WAIT_S``, or
+        what the stop grace leaves) is killed. In a forked child it ends none: they are the parent's, and the stop
+        message would go down the pipes the child shares with it."""
         if os.getpid() != self._owner:
             logger.debug("not stopping process %d's shard processes from its child %d", self._owner, os.getpid())
             return
@@ -216,15 +234,23 @@ class ShardedRolloutFunction:
                 pipe.send(None)
             except (BrokenPipeError, OSError):  # already gone
                 pass
-        for process, pipe in self._shards:
-            process.join(STOP_WAIT_S)
-            if process.is_alive():
-                logger.warning("ep_trl shard process %s did not stop within %.0f s; terminating it",
-                               process.name, STOP_WAIT_S)
+        for k in sorted(self._in_call):  # the stop message waits behind the call: cancel it as a SIGTERM does
+            process, pipe = self._shards[k]
+            if process.is_alive() and not _answered(pipe):
                 process.terminate()
+        wait = _stop_wait_s()
+        deadline = time.monotonic() + wait
+        for process, _ in self._shards:  # together: one deadline for all
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process, _ in self._shards:
+            if process.is_alive():
+                logger.warning("ep_trl shard process %s did not stop within %.1f s; killing it", process.name, wait)
+                process.kill()
                 process.join(5)
+        for _, pipe in self._shards:
             pipe.close()
         self._shards = []
+        self._in_call.clear()
 
     def disown_shards(self) -> None:
         """Called in a child that ``os.fork`` made from this function's process (``_disown_parents_shards``): take
@@ -236,6 +262,23 @@ class ShardedRolloutFunction:
 
 
 _live: "weakref.WeakSet[ShardedRolloutFunction]" = weakref.WeakSet()
+
+
+def _answered(pipe: "Connection") -> bool:
+    """Whether a shard's answer waits unread in ``pipe``: the shard has ended its call and reads the stop message."""
+    try:
+        return pipe.poll()
+    except (OSError, EOFError):  # the shard is gone
+        return True
+
+
+def _stop_wait_s() -> float:
+    """How long ``close()`` waits for the shard processes: ``STOP_WAIT_S``, and after a SIGTERM what the stop grace
+    leaves less ``shutdown.CLOSE_RESERVE_S`` (for the trainer's own exit), or half of it when less is left."""
+    left = shutdown.seconds_left()
+    if left is None:
+        return STOP_WAIT_S
+    return min(STOP_WAIT_S, max(left - shutdown.CLOSE_RESERVE_S, left / 2))
 
 
 def _disown_parents_shards() -> None:
@@ -250,8 +293,37 @@ os.register_at_fork(after_in_child=_disown_parents_shards)
 
 
 def _serve(pipe: "Connection", build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any],
-           parent: int) -> None:
-    """A shard process: one rollout function, one call at a time from the pipe, until ``None`` or the pipe's end."""
+           parent: int) -> NoReturn:
+    """A shard process: :func:`_play`, then its exit handlers and ``os._exit``. Its rollout function is closed by then
+    (servers, sessions, log rows), and the interpreter's teardown (seconds for a process that loaded torch, several
+    times that on a loaded machine) would only hold up the trainer's ``close()``, which waits for the shard to end."""
+    status = 1
+    try:
+        _play(pipe, build, env_path, factory_kwargs, parent)
+        status = 0
+    except SystemExit as stop:  # Terminated: a SIGTERM cancelled the call (the trainer's close, or the trainer gone)
+        status = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # printed as multiprocessing would have printed it
+        traceback.print_exc()
+    finally:
+        _exit(status)
+
+
+def _exit(status: int) -> NoReturn:
+    try:
+        atexit._run_exitfuncs()  # ep_trl's close at exit, multiprocessing's, the eval's own
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed stream: nothing left to flush there
+                continue
+        os._exit(status)
+
+
+def _play(pipe: "Connection", build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any],
+          parent: int) -> None:
+    """One rollout function, one call at a time from the pipe, until ``None``, the pipe's end or a SIGTERM."""
     threading.Thread(target=_end_with_parent, args=(parent,), name="ep-trl-parent-watch", daemon=True).start()
     options = factory_kwargs.pop("options", None) or RolloutOptions()
     rollout = build(env_path, options=RolloutOptions(**{**vars(options), "worker_processes": 1}), **factory_kwargs)
@@ -289,6 +361,11 @@ def _portable(exc: Exception) -> Exception:
 
 
 def _end_with_parent(parent: int) -> None:
+    """When the trainer is gone, end this shard process as a SIGTERM does (the call in flight cancelled, the rollout
+    function closed, its log rows written); if nothing did within the stop grace, exit. The watchdogs end this shard
+    process's servers with it."""
     while os.getppid() == parent:
         time.sleep(PARENT_CHECK_S)
-    os._exit(1)  # the trainer is gone: the watchdogs end this shard process's servers with it
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(shutdown.current_grace_s() + PARENT_CHECK_S)
+    os._exit(1)

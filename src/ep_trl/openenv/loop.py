@@ -82,7 +82,7 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
     try:
         session, outcome = await _guarded("environment", envs.start(label, plan.task, plan.seed))
         state.instance = instance_of(outcome.observation)
-        await _take_turns(state, session, outcome, cfg, template, generator, on_step, label)
+        await _take_turns(state, session, outcome, cfg, template, generator, on_step, episode=label)
         clean = True
     except EpisodeFailure as exc:
         failure = exc
@@ -124,14 +124,16 @@ def instance_of(observation: object) -> dict[str, object] | None:
 
 
 async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
-                      template: ChatTemplate, generator: Generator, on_step: StepCallback | None, label: str) -> None:
-    """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget."""
+                      template: ChatTemplate, generator: Generator, on_step: StepCallback | None, *,
+                      episode: str) -> None:
+    """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget.
+    ``episode`` names the episode in its warnings (an action's label has a name of its own)."""
     last: Generation | None = None
     for step in range(1, cfg.max_steps + 1):
         if outcome.done:
             state.stop_reason = "done"
             return
-        state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, label)})
+        state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, episode)})
         if not _extend_held(state, template, cfg, last):
             state.stop_reason = "token_budget"
             state.messages.pop()
@@ -154,12 +156,12 @@ async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, 
             raise
         state.turns.append(ModelTurn(text, well_formed=well_formed(cfg, action)))
         state.messages.append({"role": "assistant", "content": text})
-        label = action_label(action)  # once: for a pydantic action, a missing action_str is a slow lookup
-        state.actions.append(label)
+        action_text = action_label(action)  # once: for a pydantic action, a missing action_str is a slow lookup
+        state.actions.append(action_text)
         outcome = await _guarded("environment", session.step(action))
         reward = float(outcome.reward or 0.0)
         state.step_rewards.append(reward)
-        state.history.append(history_line(step, action, reward, outcome.observation, label))
+        state.history.append(history_line(step, action, reward, outcome.observation, action_text))
         if on_step is not None:
             on_step(state.messages, state.step_rewards)
     state.stop_reason = "done" if outcome.done else "max_steps"
@@ -185,7 +187,7 @@ async def _parse(cfg: EpisodeConfig, text: str) -> Action:
         raise
 
 
-def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, label: str) -> object:
+def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, episode: str) -> object:
     """The prompt builder's message for this step; if it raises, ``str(observation)``, as the processor does."""
     try:
         return cfg.prompt_builder(outcome.observation, step, state.history)
@@ -195,7 +197,7 @@ def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step:
         # same fallback as OpenEnvRolloutProcessor, but counted and logged
         state.builder_failures += 1
         logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
-                       label, type(exc).__name__, exc)
+                       episode, type(exc).__name__, exc)
         return str(outcome.observation)
 
 

@@ -145,6 +145,12 @@ def unregister(resource: Closable) -> None:
     _release_if_idle()
 
 
+def seconds_left() -> float | None:
+    """Seconds until the stop grace ends and ep_trl forces the exit, once a SIGTERM arrived; None before (or in a
+    process whose SIGTERM handler is not ep_trl's). What a close that waits on others must fit in."""
+    return _state.seconds_left()
+
+
 def before_forced_exit(flush: Callable[[float], None]) -> None:
     """Call ``flush(seconds_left)`` when ep_trl closes for a forced exit, before anything else is closed (the
     ``ep logs`` rows still queued); it must return within ``seconds_left``."""

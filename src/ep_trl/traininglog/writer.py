@@ -6,7 +6,9 @@ only that one is built and written. The writer waits ``min_interval_s`` after th
 draining (``ep logs`` polls for new rows once a second anyway), so rows reach the store within about that
 time, and an episode costs one write per second it runs plus its final one, not one per step. Training never
 waits on row building or SQLite, except in ``flush()``/``close()`` (which cut the wait short). Should the writer
-thread die (an error it does not expect), ``flush()``/``close()`` write what is still queued themselves.
+thread die (an error it does not expect), ``flush()``/``close()`` write what is still queued themselves, the rest of
+the batch it died in included: the row it died on is counted in ``failures``, the updates after it are queued again
+ahead of newer ones, and the flushes waiting on that batch are released by whoever writes them.
 
 The final row of an episode also carries the token view that the ``ep logs`` UI draws in its "Token Debug"
 panel (``execution_metadata.extra["full_episode"]``: token ids, the loss mask by turn, sampled-token logprobs,
@@ -111,6 +113,8 @@ class RolloutLogWriter:
         self._thread = threading.Thread(target=self._drain, name="ep-trl-rollout-log", daemon=True)
         self._owner = os.getpid()  # a forked child's copy has no writer thread: its rows are the parent's to write
         self._here = threading.Lock()  # one caller at a time writes here once the thread has ended
+        self._left: list[_Queued] = []  # what a batch left unwritten when an error ended its writing: taken first
+        self._left_lock = threading.Lock()
         self._closed = False
         self._told_thread_ended = False
         self.queued = 0
@@ -189,7 +193,9 @@ class RolloutLogWriter:
                 return
 
     def _take_queued(self) -> list[_Queued]:
-        batch = []
+        """What an interrupted batch left (older updates), then what is queued."""
+        with self._left_lock:
+            batch, self._left = self._left, []
         while True:
             try:
                 batch.append(self._queue.get_nowait())
@@ -211,13 +217,30 @@ class RolloutLogWriter:
                 rollout_id, build, tokens = item
                 newest.pop(rollout_id, None)  # re-insert: rows are written in the order of their last update
                 newest[rollout_id] = (build, tokens)
-        for rollout_id, (build, tokens) in newest.items():
+        pending = list(newest.items())
+        for index, (rollout_id, (build, tokens)) in enumerate(pending):
             started = time.perf_counter()
-            self._write(rollout_id, build, tokens)
+            try:
+                self._write(rollout_id, build, tokens)
+            except BaseException:  # what _write does not expect, ending this thread: the batch's rest is not lost
+                self._hand_back(rollout_id, pending[index + 1:], markers)
+                raise
             self.write_s += time.perf_counter() - started
         for marker in markers:
             marker.set()
         return stop
+
+    def _hand_back(self, failed: str, rest: list[tuple[str, tuple[Callable[[], Row], EpisodeTokens | None]]],
+                   markers: list[threading.Event]) -> None:
+        """An error ``_write`` does not expect ended the writing of a batch at rollout ``failed``: that row is
+        counted as a failure (written again, the same error could end the caller of ``flush()``), the updates after
+        it and the batch's flush markers go back ahead of the queue, for the next batch or the ``flush()``/``close()``
+        that writes in its own thread to write and release."""
+        self.failures += 1
+        logger.warning("could not write rollout %s to the eval-protocol log: an error ended its writing (shown "
+                       "next); the %d row updates after it in the batch are queued again", failed, len(rest))
+        with self._left_lock:
+            self._left[:0] = [(rollout_id, build, tokens) for rollout_id, (build, tokens) in rest] + list(markers)
 
     def _write(self, rollout_id: str, build: Callable[[], Row], tokens: EpisodeTokens | None) -> None:
         try:
