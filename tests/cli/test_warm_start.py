@@ -113,9 +113,14 @@ def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(qwen_template_
     assert calls[0]["function"]["arguments"]["action"] in MOVES, calls
 
 
-def refusal(tmp_path, capsys, *flags) -> str:
+#: An eval that offers no tools: the refusals of a template for the demonstrations' own sake (with the FrozenLake eval,
+#: a template without a tool-call format is refused earlier, for the eval's tools: tests/cli/test_train.py).
+NO_TOOLS = f"{ROOT / 'tests' / 'evals' / 'eval_single_turn.py'}::test_single_turn"
+
+
+def refusal(tmp_path, capsys, *flags, env_path=LAKE) -> str:
     with pytest.raises(SystemExit) as exited:
-        train.main([LAKE, "--output-dir", str(tmp_path / "run"), *flags])
+        train.main([env_path, "--output-dir", str(tmp_path / "run"), *flags])
     assert exited.value.code == 2
     return capsys.readouterr().err
 
@@ -174,7 +179,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(qwen_template_model_d
     lines = [{"messages": [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "LEFT"},
                            {"role": "user", "content": "Again."}, {"role": "assistant", "content": "UP"}]}]
     err = refusal(tmp_path, capsys, "--model", str(model), "--warm-start",
-                  str(write_lines(tmp_path / "demos.jsonl", lines)))
+                  str(write_lines(tmp_path / "demos.jsonl", lines)), env_path=NO_TOOLS)
     assert ("line 1: the chat template renders the conversation up to message 3 (an assistant turn) so that what came "
             "before it reads differently") in err, err
     assert "renders earlier turns the same whatever follows" in err, err
@@ -183,7 +188,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(qwen_template_model_d
 def test_a_template_without_a_tool_call_format_is_refused(tiny_model_dir, tmp_path, capsys):
     """The tiny model's own template renders no tool calls: a demonstration of calls would train an empty turn."""
     path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
-    err = refusal(tmp_path, capsys, "--model", str(tiny_model_dir), "--warm-start", str(path))
+    err = refusal(tmp_path, capsys, "--model", str(tiny_model_dir), "--warm-start", str(path), env_path=NO_TOOLS)
     assert "line 1: message 2 calls move, and the chat template leaves the call out of the turn it renders" in err, err
     assert "Give the model a chat template with a tool-call format" in err, err
 
@@ -199,7 +204,7 @@ def test_a_model_without_a_chat_template_is_refused(qwen_template_model_dir, tmp
     config.pop("chat_template", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
-    err = refusal(tmp_path, capsys, "--model", str(model), "--warm-start", str(path))
+    err = refusal(tmp_path, capsys, "--model", str(model), "--warm-start", str(path), env_path=NO_TOOLS)
     assert "--warm-start renders the demonstrations with the model's chat template: The trainer's processing class " \
            "has no chat template" in err, err
 
