@@ -4,6 +4,8 @@
 * ``real_model``: SmolLM2-135M-Instruct as a Hugging Face checkpoint, built offline (``build_smollm2``);
 * ``cpu_vllm``: a CPU vLLM server started and stopped by PID;
 * ``batches``: training rows interleaved by ground truth (``interleave_by_ground_truth``);
+* ``frozen_lake_rows``: rows for eval-protocol's FrozenLake benchmark, one lake per seed (``--input-dataset``);
+* ``record_demonstrations``: demonstrations of an eval's tool calls by a scripted player (``--warm-start``);
 * ``run_record``: what a result file records about its run (command, commit, clean tree or not, machine, load),
   written by the benchmarks, the training scripts and ``ep-trl train``.
 
