@@ -358,8 +358,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     spec, offered = _check_eval(parser, env_path, _absolute(evals.input_dataset))
     template = _check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
-    _check_rows(parser, env_path, overrides.input_dataset)
-    training_tasks = _check_held_out(parser, env_path, run_args, spec, overrides)
+    rows = _check_rows(parser, env_path, overrides.input_dataset)
+    training_tasks = _check_held_out(parser, run_args, spec, overrides, rows)
     demonstrations = _check_warm_start(parser, run_args, mode, options, template)
     local_len = None
     if mode.vllm_base_url == modes.LOCAL_SERVER:
@@ -580,9 +580,10 @@ def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "
     return loaded
 
 
-def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: RunArguments, spec: "EvalSpec",
-                    overrides: EvalOverrides) -> tuple[str, ...]:
-    """``--held-out`` and ``--held-out-tasks`` checked; the tasks training plays when tasks are held out (else ())."""
+def _check_held_out(parser: argparse.ArgumentParser, run_args: RunArguments, spec: "EvalSpec",
+                    overrides: EvalOverrides, rows: int) -> tuple[str, ...]:
+    """``--held-out`` and ``--held-out-tasks`` checked against the eval's ``rows`` (their number, as
+    :func:`_check_rows` read them); the tasks training plays when tasks are held out (else ())."""
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
         parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
@@ -600,9 +601,6 @@ def _check_held_out(parser: argparse.ArgumentParser, env_path: str, run_args: Ru
     if run_args.held_out_tasks:
         parser.error(f"--held-out-tasks: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances "
                      "are rows (--held-out N); tasks are held out of OpenEnv evals only")
-    from .. import dataset_from_eval
-
-    rows = len(dataset_from_eval(env_path, input_dataset=overrides.input_dataset))
     if held >= rows:
         parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
                      f"least one: give --held-out {rows - 1} or fewer")
@@ -670,10 +668,10 @@ def _warm_start_settings(run_args: RunArguments, config_values: "Settings") -> "
                              seed=int(config_values.get("seed", 42)))
 
 
-def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[str] | None) -> None:
-    """The training rows, read once now: the eval's own, or ``--input-dataset``'s (files that exist, for an eval that
-    reads an ``input_dataset``), so that a dataset that is not there, or a row the eval's adapter cannot read, is
-    refused before anything starts."""
+def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[str] | None) -> int:
+    """The number of training rows, read once now: the eval's own, or ``--input-dataset``'s (files that exist, for an
+    eval that reads an ``input_dataset``), so that a dataset that is not there, or a row the eval's adapter cannot
+    read, is refused before anything starts."""
     from .. import dataset_from_eval
 
     flag = f"--input-dataset {' '.join(paths)}" if paths is not None else f"ENV_PATH {env_path}"
@@ -686,6 +684,7 @@ def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[
                      "write them in the format the eval's adapter reads")
     if paths is not None:
         print(f"input dataset: {rows} rows from {', '.join(paths)}", flush=True)
+    return rows
 
 
 def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: str | None, max_model_len: int | None,
