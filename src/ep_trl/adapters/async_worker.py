@@ -480,12 +480,12 @@ class EvalRolloutWorker:
 
 
 
-class _SampleBuffer(queue.Queue):
+class _SampleBuffer(queue.Queue["RolloutSample"]):
     """The worker's ``rollout_buffer``. The trainer takes each sample from it in the thread it trains in, the one
     place it reaches ep_trl at every sample: taking one first raises a SIGTERM that code swallowed
     (``ep_trl.runtime.shutdown.raise_if_terminating``)."""
 
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+    def get(self, block: bool = True, timeout: float | None = None) -> "RolloutSample":
         shutdown.raise_if_terminating()
         return super().get(block, timeout)
 

@@ -37,7 +37,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from ..runtime import shutdown
 from . import trl_seam
@@ -52,6 +52,11 @@ if TYPE_CHECKING:  # named for the checker only
     from multiprocessing.connection import Connection
 
     from trl import GRPOTrainer
+
+    from .rollout_func import RolloutFunction
+
+#: The factory a shard builds its rollout function with (``create_openenv_vllm_rollout_func`` and its kind).
+Build: TypeAlias = "Callable[..., RolloutFunction | ShardedRolloutFunction]"
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +106,7 @@ def join_metrics(metrics: Sequence[Mapping[str, float]], episodes: Sequence[int]
     return joined
 
 
-def sharded_rollout_func(env_path: str, processes: int, build: Callable[..., Any],
+def sharded_rollout_func(env_path: str, processes: int, build: Build,
                          kwargs: dict[str, Any]) -> "ShardedRolloutFunction":
     """The rollout function of ``RolloutOptions(worker_processes=N)``: ``build(env_path, **kwargs)`` (the factory)
     run in each of ``processes`` processes."""
@@ -121,7 +126,7 @@ class ShardedRolloutFunction:
     it reaches the shard process by name)."""
 
     def __init__(self, env_path: str, factory_kwargs: Settings, processes: int, name: str,
-                 build: Callable[..., Any]) -> None:
+                 build: Build) -> None:
         try:
             pickle.dumps(dict(factory_kwargs))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -292,7 +297,7 @@ def _disown_parents_shards() -> None:
 os.register_at_fork(after_in_child=_disown_parents_shards)
 
 
-def _serve(pipe: "Connection", build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any],
+def _serve(pipe: "Connection", build: Build, env_path: str, factory_kwargs: dict[str, Any],
            parent: int) -> NoReturn:
     """A shard process: :func:`_play`, then its exit handlers and ``os._exit``. Its rollout function is closed by then
     (servers, sessions, log rows), and the interpreter's teardown (seconds for a process that loaded torch, several
@@ -321,12 +326,15 @@ def _exit(status: int) -> NoReturn:
         os._exit(status)
 
 
-def _play(pipe: "Connection", build: Callable[..., Any], env_path: str, factory_kwargs: dict[str, Any],
+def _play(pipe: "Connection", build: Build, env_path: str, factory_kwargs: dict[str, Any],
           parent: int) -> None:
     """One rollout function, one call at a time from the pipe, until ``None``, the pipe's end or a SIGTERM."""
     threading.Thread(target=_end_with_parent, args=(parent,), name="ep-trl-parent-watch", daemon=True).start()
     options = factory_kwargs.pop("options", None) or RolloutOptions()
+    from .rollout_func import RolloutFunction
+
     rollout = build(env_path, options=RolloutOptions(**{**vars(options), "worker_processes": 1}), **factory_kwargs)
+    assert isinstance(rollout, RolloutFunction), "with worker_processes=1 the factory builds one process's function"
     config: TrainingConfig | None = None
     try:
         while True:

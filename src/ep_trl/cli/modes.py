@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from ..capture.parsing import ChosenTemplate
+    from ..trajectory.types import ProcessingClass
     from ..openenv.servers import Provider
     from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions
 
@@ -332,7 +333,7 @@ class TrainingMode:
             worker.stop()
 
 
-def processing_class(model: str, chat_template: ChosenTemplate) -> Any:
+def processing_class(model: str, chat_template: ChosenTemplate) -> "ProcessingClass":
     """``model``'s processing class as ``GRPOTrainer`` loads it when given none (``AutoProcessor``, truncating and
     padding on the left), with ``chat_template`` in place of the model's own."""
     from transformers import AutoProcessor
