@@ -5,6 +5,7 @@ This is command-line output, so it prints; the library itself only logs.
 """
 
 import logging
+import math
 import shlex
 import sys
 import time
@@ -76,19 +77,29 @@ class ProgressPrinter(TrainerCallback):
         step, total = state.global_step, state.max_steps
         elapsed = time.monotonic() - self._started
         eta = elapsed / step * (total - step) if step else float("nan")
-        score = logs.get("rewards/eval_score/mean")
         parts = [
             f"step {step}/{total}",
-            f"reward {logs['reward']:.4f} (std {logs.get('reward_std', float('nan')):.4f})",
-            f"eval_score {score:.4f}" if score is not None else None,
-            f"episodes/s {logs['ep_trl/episodes_per_s']:.2f}" if "ep_trl/episodes_per_s" in logs else None,
-            f"failed {logs['ep_trl/failed_fraction']:.0%}" if "ep_trl/failed_fraction" in logs else None,
-            f"turns {logs['ep_trl/mean_turns']:.1f}" if "ep_trl/mean_turns" in logs else None,
-            f"grad_norm {logs['grad_norm']:.4g}" if "grad_norm" in logs else None,
+            f"reward {_figure(logs['reward'], '.4f')} (std {_figure(logs.get('reward_std', math.nan), '.4f')})",
+            _part(logs, "rewards/eval_score/mean", "eval_score {}", ".4f"),
+            _part(logs, "ep_trl/episodes_per_s", "episodes/s {}", ".2f"),
+            _part(logs, "ep_trl/failed_fraction", "failed {}", ".0%"),
+            _part(logs, "ep_trl/mean_turns", "turns {}", ".1f"),
+            _part(logs, "grad_norm", "grad_norm {}", ".4g"),
             bar(step, total),
             f"ETA {eta:.0f}s",
         ]
         print(" | ".join(p for p in parts if p), file=self._stream, flush=True)
+
+
+def _figure(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec``; ``n/a`` where the trainer logged None (a step in which every episode failed
+    has no reward to average)."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def _part(logs: Mapping[str, float | None], key: str, template: str, spec: str) -> str | None:
+    """``template`` with ``logs[key]`` formatted, or None (the part is left out) where ``key`` was not logged."""
+    return template.format(_figure(logs[key], spec)) if key in logs else None
 
 
 def report_training(log_history: Sequence[Mapping[str, float]], plot_path: Path, *, episodes_per_step: int,
