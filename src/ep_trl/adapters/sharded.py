@@ -37,7 +37,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, runtime_checkable
 
 from ..runtime import shutdown
 from . import trl_seam
@@ -53,10 +53,22 @@ if TYPE_CHECKING:  # named for the checker only
 
     from trl import GRPOTrainer
 
-    from .rollout_func import RolloutFunction
+#: The factory a shard builds its rollout function with (``create_openenv_vllm_rollout_func`` and its kind): with
+#: ``worker_processes=1`` it builds a :class:`ShardRollout`.
+Build: TypeAlias = Callable[..., object]
 
-#: The factory a shard builds its rollout function with (``create_openenv_vllm_rollout_func`` and its kind).
-Build: TypeAlias = "Callable[..., RolloutFunction | ShardedRolloutFunction]"
+
+@runtime_checkable
+class ShardRollout(Protocol):
+    """What a shard process calls on the rollout function it built (``adapters.rollout_func.RolloutFunction``, named
+    here by its methods: that module builds this one's)."""
+
+    def run(self, prompts: Sequence[Prompt], caller: RolloutCaller,
+            first_group: int | None = None) -> dict[str, list[Any]]: ...
+
+    def flush_logs(self) -> None: ...
+
+    def close(self) -> None: ...
 
 logger = logging.getLogger(__name__)
 
@@ -331,10 +343,8 @@ def _play(pipe: "Connection", build: Build, env_path: str, factory_kwargs: dict[
     """One rollout function, one call at a time from the pipe, until ``None``, the pipe's end or a SIGTERM."""
     threading.Thread(target=_end_with_parent, args=(parent,), name="ep-trl-parent-watch", daemon=True).start()
     options = factory_kwargs.pop("options", None) or RolloutOptions()
-    from .rollout_func import RolloutFunction
-
     rollout = build(env_path, options=RolloutOptions(**{**vars(options), "worker_processes": 1}), **factory_kwargs)
-    assert isinstance(rollout, RolloutFunction), "with worker_processes=1 the factory builds one process's function"
+    assert isinstance(rollout, ShardRollout), "with worker_processes=1 the factory builds one process's function"
     config: TrainingConfig | None = None
     try:
         while True:
