@@ -11,6 +11,7 @@ splitting (rows and columns of frames) and on a realigned bridge.
 """
 
 import asyncio
+import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from transformers import AutoProcessor, Idefics3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
 from ep_trl.capture.parsing import ToolCallParser
+from ep_trl.devtools.tiny_vlm import IMAGE_SEQ_LEN
 from ep_trl.capture.placement import RolloutCapture, TurnRequest
 from ep_trl.generation import Generation, SamplingParams
 from ep_trl.openenv.client import EnvSettings
@@ -223,3 +225,71 @@ def test_a_realigned_bridge_splices_the_new_image_as_the_whole_processing_does(p
     assert tail == "\n" + template.render(messages)[len(template.render(messages[:2], generation_prompt=False)):]
     assert bridge.ids == tuple(int(t) for t in processor(text=[tail], images=[[bridge.images[0]]],
                                                          add_special_tokens=False)["input_ids"][0])
+
+
+def play_openenv(template, episodes):
+    """``episodes`` OpenEnv episodes of ``STEPS`` screenshots each, with ``template``."""
+    tokenizer = template.tokenizer
+    config = EpisodeConfig(env=EnvSettings(factory=ScreenshotEnv), prompt_builder=screenshot_prompt,
+                           action_parser=lambda text: text, max_steps=STEPS, limits=limits(tokenizer))
+
+    async def play():
+        envs = EnvPool(config.env, reuse=False)
+        try:
+            return [await run_episode(EpisodePlan(index=i, group=0, generation=i, task=None, initial_messages=()),
+                                      config, template, ScriptedGenerator(tokenizer), envs) for i in range(episodes)]
+        finally:
+            await envs.aclose()
+
+    return asyncio.run(play())
+
+
+def test_the_rollout_worker_takes_the_pixels_its_episodes_made_as_they_rendered(processor):
+    """With a template that keeps pixels (an ``EvalRolloutWorker``'s), the samples carry what the episodes' renders
+    made of their screenshots: from the first render to the samples, each screenshot is processed once, and the
+    carried pixels are those one processing of all the episode's screenshots makes."""
+    import torch
+
+    from ep_trl.adapters.async_worker import group_samples
+    from ep_trl.trajectory.sample_images import process_images
+    from tests.support.async_training import released_group
+
+    template = ChatTemplate(processor, keep_pixels=True)
+    calls = ImageProcessorCalls(processor)
+    try:
+        episodes = play_openenv(template, 2)
+        made = group_samples(released_group(0, "Task", [e.trajectory for e in episodes], scores=(1.0, 0.0)),
+                             processor.tokenizer, processor)
+    finally:
+        calls.remove()
+    assert len(made.samples) == 2 and made.image_mismatches == 0
+    assert calls.images == 2 * STEPS  # the renders' processings, none in group_samples
+    for episode, sample in zip(episodes, made.samples):
+        carried = sample.input_ids.processed
+        assert carried is episode.trajectory.processed
+        once = process_images(processor, episode.trajectory.images)
+        assert carried.image_tokens == once.image_tokens == STEPS * IMAGE_SEQ_LEN
+        assert carried.pixels.keys() == once.pixels.keys()
+        assert all(torch.equal(carried.pixels[key], once.pixels[key]) for key in once.pixels)
+    assert episodes[0].trajectory.without_images().processed is None
+
+
+def test_kept_pixels_of_split_images_of_different_shapes_join_as_one_processing_makes_them(splitting_processor):
+    """SmolVLM-style splitting: images of different shapes make different numbers and sizes of frames, which one
+    processing pads to a row; the kept pixels joined are the same tensors."""
+    import torch
+
+    from ep_trl.trajectory.sample_images import process_images
+    from ep_trl.trajectory.tokens import EpisodeImages
+
+    template = ChatTemplate(splitting_processor, keep_pixels=True)
+    images = EpisodeImages()
+    messages = [user_with_image(f"Step {k}", SCREENSHOTS[k]) for k in range(3)]
+    trajectory = template.carried(TrajectoryBuilder.start(template.prompt(messages, images=images)).build(), images)
+    once = process_images(splitting_processor, trajectory.images)
+    assert trajectory.processed is not None and trajectory.processed.image_tokens == once.image_tokens
+    assert {key: value.shape for key, value in trajectory.processed.pixels.items()} == {
+        key: value.shape for key, value in once.pixels.items()}
+    assert all(torch.equal(trajectory.processed.pixels[key], once.pixels[key]) for key in once.pixels)
+    unkept = dataclasses.replace(trajectory, processed=None)
+    assert ChatTemplate(splitting_processor).carried(unkept, images).processed is None  # keeps no pixels

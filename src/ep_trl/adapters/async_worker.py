@@ -329,7 +329,7 @@ class EvalRolloutWorker:
         """The worker as its engine's caller: the config, the current policy version, the server the
         trainer keeps on its weights, the metrics queue."""
         return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics,
-                              takes_rollout_images=self.renders_images)
+                              takes_rollout_images=self.renders_images, takes_processed_images=self.renders_images)
 
     def _plans(self) -> Iterator[GroupPlan]:
         """The prompts of the dataset, in order and over again, one group of ``num_generations`` episodes each; the
@@ -647,7 +647,9 @@ def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
         ids = prompt_ids + completion_ids
         processed = None
         if processing_class is not None:
-            processed = process_images(processing_class, trajectory.images) if trajectory.images else None
+            processed = trajectory.processed  # kept as the episode rendered its images, else processed now
+            if processed is None and trajectory.images:
+                processed = process_images(processing_class, trajectory.images)
             mismatch = placeholder_mismatch(processing_class, ids, processed)
             if mismatch is not None:
                 logger.warning("Episode %d of prompt group %d is left out: its images do not match its image tokens "

@@ -94,9 +94,9 @@ class RolloutCapture:
         """The last segment's tokens; before any call, the rendered ``fallback_messages`` as prompt alone (their
         images processed in a thread first by ``prepare_fallback``, when the caller is on the event loop)."""
         if self._segments:
-            return self._segments[-1].builder.build()
+            return self._template.carried(self._segments[-1].builder.build(), self._images)
         prompt = self._template.prompt(template_form(fallback_messages), images=self._images)
-        return TrajectoryBuilder.start(prompt).build()
+        return self._template.carried(TrajectoryBuilder.start(prompt).build(), self._images)
 
     async def prepare_fallback(self, fallback_messages: MessagesView) -> None:
         """Before any call: process the images of ``fallback_messages`` in a thread, for ``trajectory`` to render."""

@@ -105,7 +105,7 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
         plan,
         failure,
         state.stop_reason,
-        trajectory=state.builder.build(),
+        trajectory=template.carried(state.builder.build(), state.images),
         messages=tuple(state.messages),
         step_rewards=tuple(state.step_rewards),
         actions=tuple(state.actions),

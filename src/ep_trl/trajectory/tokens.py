@@ -46,11 +46,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING, cast
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages, tokenizer_of
 from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
 from ..runtime.threads import run_blocking
-from .types import Image, MessageView, MessagesView, Model, ProcessingClass, Settings, Tokenizer, Tools
+from .types import (Image, MessageView, MessagesView, Model, MultimodalProcessor, ProcessingClass, Settings, Tokenizer,
+                    Tools)
+
+if TYPE_CHECKING:  # torch and numpy are imported by the processing class, not with ep_trl
+    import torch
+
+    from .sample_images import ProcessedImages
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +189,9 @@ class Trajectory:
     env_mask: tuple[int, ...]
     realigned: int = 0
     images: tuple[Image, ...] = ()
+    #: What the processing class made of ``images`` when they were rendered (their pixel tensors joined as one row),
+    #: for a consumer that would otherwise process them again (``EvalRolloutWorker``'s samples); None: not kept.
+    processed: ProcessedImages | None = None
 
     @property
     def sampled_tokens(self) -> int:
@@ -207,7 +217,7 @@ class Trajectory:
     def without_images(self) -> "Trajectory":
         """The same tokens without the images, for what keeps an episode after its images are handed on (metrics,
         the rollout log): they are freed with the samples that carry them."""
-        return replace(self, images=()) if self.images else self
+        return replace(self, images=(), processed=None) if self.images else self
 
 
 def eos_token_ids(processing_class: ProcessingClass, model: "Model | None") -> tuple[int, ...]:
@@ -322,10 +332,13 @@ class TrajectoryBuilder:
 
 @dataclass(frozen=True)
 class ImageExpansion:
-    """One image as the processing class expands it on its own: ``ids`` replace its placeholder's id."""
+    """One image as the processing class expands it on its own: ``ids`` replace its placeholder's id; ``pixels`` are
+    the pixel tensors it made of the image (one row holding it alone), kept when the chat template keeps them
+    (``ChatTemplate(keep_pixels=True)``), else None."""
 
     image: Image
     ids: tuple[int, ...]
+    pixels: Mapping[str, torch.Tensor] | None = None
 
 
 class EpisodeImages:
@@ -337,6 +350,7 @@ class EpisodeImages:
 
     def __init__(self) -> None:
         self._expansions: dict[str | int, ImageExpansion] = {}
+        self._by_image: dict[int, ImageExpansion] = {}  # by the decoded image's identity (each entry holds its image)
         self._objects: list[Image] = []  # the image objects keyed by identity, alive while their ids are keys
         #: How many images the processing class expanded for this episode (one each).
         self.processed = 0
@@ -344,11 +358,16 @@ class EpisodeImages:
     def get(self, source: str | Image) -> ImageExpansion | None:
         return self._expansions.get(source if isinstance(source, str) else id(source))
 
+    def of(self, image: Image) -> ImageExpansion | None:
+        """The expansion of a decoded image this episode rendered (an ``Encoded``'s image), by identity."""
+        return self._by_image.get(id(image))
+
     def put(self, source: str | Image, expansion: ImageExpansion) -> None:
         """Keep ``expansion`` as ``source``'s (counted as one processing)."""
         if not isinstance(source, str):
             self._objects.append(source)
         self._expansions[source if isinstance(source, str) else id(source)] = expansion
+        self._by_image[id(expansion.image)] = expansion
         self.processed += 1
 
     def __len__(self) -> int:
@@ -358,8 +377,11 @@ class EpisodeImages:
 class ChatTemplate:
     """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
 
-    def __init__(self, processing_class: ProcessingClass, template_kwargs: Settings | None = None) -> None:
+    def __init__(self, processing_class: ProcessingClass, template_kwargs: Settings | None = None, *,
+                 keep_pixels: bool = False) -> None:
         self._renderer = processing_class
+        #: Keep the pixel tensors each image's expansion makes, for trajectories to carry (``carried``).
+        self._keep_pixels = keep_pixels
         self._tokenizer = tokenizer_of(processing_class)
         self._kwargs = dict(template_kwargs or {})
         self._images = supports_images(processing_class)  # else image parts are dropped, text parts joined
@@ -395,8 +417,8 @@ class ChatTemplate:
         if isinstance(self._image_token, str):
             cuts = cut_tokens(self._tokenizer)
             if self._image_token in cuts:
-                self._image_token_id = int(self._tokenizer.convert_tokens_to_ids(self._image_token))
-                self._cut_ids = frozenset(int(self._tokenizer.convert_tokens_to_ids(t)) for t in cuts)
+                self._image_token_id = _token_id(self._tokenizer, self._image_token)
+                self._cut_ids = frozenset(_token_id(self._tokenizer, t) for t in cuts)
             else:
                 self._whole_images(f"its image placeholder {self._image_token!r} is not a token the tokenizer "
                                    "always splits the text at")
@@ -482,12 +504,37 @@ class ChatTemplate:
         runs it in a thread). When the expansion does not start and end with a cut token, splicing it would not give
         the ids of the whole text: every later render's images are processed whole (with a warning)."""
         assert self._image_token is not None
-        made = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False)["input_ids"][0]
-        ids = tuple(int(t) for t in made)
+        if self._keep_pixels:
+            from .sample_images import pixel_outputs
+
+            made = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False,
+                                  return_tensors="pt")
+            pixels = pixel_outputs(cast("MultimodalProcessor", self._renderer), made, 1)  # it names an image token
+        else:
+            made, pixels = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False), None
+        ids = tuple(int(t) for t in made["input_ids"][0])
         if self._image_token_id is not None and not (ids and ids[0] in self._cut_ids and ids[-1] in self._cut_ids):
             self._whole_images(f"an image's expanded tokens ({len(ids)}) do not start and end with tokens the "
                                "tokenizer always splits the text at")
-        return ImageExpansion(image, ids)
+        return ImageExpansion(image, ids, pixels)
+
+    def carried(self, trajectory: Trajectory, images: EpisodeImages) -> Trajectory:
+        """``trajectory`` carrying what the processing class made of its images as the episode rendered them (their
+        kept pixel tensors joined as one row, and the image tokens they expand into), so that nothing processes them
+        again; unchanged when this template keeps no pixels or one of its images was not expanded alone."""
+        if not self._keep_pixels or not trajectory.images:
+            return trajectory
+        from .sample_images import ProcessedImages, image_token_id
+        from .vision_inputs import joined_pixels
+
+        expansions = [images.of(image) for image in trajectory.images]
+        kept = [e for e in expansions if e is not None and e.pixels is not None]
+        if len(kept) != len(expansions):
+            return trajectory
+        token = image_token_id(self._renderer)
+        processed = ProcessedImages(joined_pixels([e.pixels for e in kept if e.pixels is not None]),
+                                    sum(e.ids.count(token) for e in kept))
+        return replace(trajectory, processed=processed)
 
     async def prepare_images(self, messages: MessagesView, images: EpisodeImages) -> None:
         """Decode and expand, in a thread, the images of ``messages`` that the episode (``images``) has not
@@ -591,6 +638,14 @@ class ChatTemplate:
                 f"the new messages add {new}: it rewrites earlier images, which ep_trl cannot train on token-exactly."
             )
         return self.encode_with_images(tail, parts[len(parts) - new:], images), True
+
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    """The id of one token the tokenizer has."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, int):
+        raise TypeError(f"the tokenizer gave {found!r} as the id of {token!r}")
+    return found
 
 
 def _spliced(ids: Sequence[int], placeholder: int, expansions: Sequence[ImageExpansion]) -> tuple[int, ...]:
