@@ -623,7 +623,8 @@ def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
                   processing_class: "ProcessingClass | None" = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's ``input_ids``
-    carry its episode's images and what the processing class made of them, processed here once (``ep_trl.trajectory.sample_images``),
+    carry its episode's images and what the processing class made of them: what the episode's renders kept
+    (``Trajectory.processed``), else processed here once (``ep_trl.trajectory.sample_images``),
     and an episode whose images do not match its image tokens is left out (logged, counted in ``image_mismatches``).
     The worker calls it in a thread, off its event loop (``EvalRolloutWorker._samples``)."""
     import numpy as np
