@@ -6,8 +6,10 @@ screenshots. Now each image is expanded alone, once per episode, in a thread (``
 spliced into the text's ids. Checked on the real per-turn paths (the OpenEnv loop, a processor eval's captured
 calls) with the tiny VLM's processing class: n processings for n images, none on the loop's thread, a second episode
 with the same screenshots processing them again (nothing is shared across episodes), and the ids equal to the
-processing class run over the whole conversation; and, for the splice itself, equal ids for SmolVLM's image
-splitting (rows and columns of frames) and on a realigned bridge.
+processing class run over the whole conversation; for the splice itself, equal ids for SmolVLM's image splitting
+(rows and columns of frames) and on a realigned bridge; with the worker's template (``keep_pixels``), samples that take
+the renders' pixels, equal to one processing of the episode's images, and nothing processed again; and a processing
+class whose placeholder is no cut token processed whole, with a warning.
 """
 
 import asyncio
@@ -20,7 +22,7 @@ from transformers import AutoProcessor, Idefics3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
 from ep_trl.capture.parsing import ToolCallParser
-from ep_trl.devtools.tiny_vlm import IMAGE_SEQ_LEN
+from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
 from ep_trl.capture.placement import RolloutCapture, TurnRequest
 from ep_trl.generation import Generation, SamplingParams
 from ep_trl.openenv.client import EnvSettings
@@ -293,3 +295,31 @@ def test_kept_pixels_of_split_images_of_different_shapes_join_as_one_processing_
     assert all(torch.equal(trajectory.processed.pixels[key], once.pixels[key]) for key in once.pixels)
     unkept = dataclasses.replace(trajectory, processed=None)
     assert ChatTemplate(splitting_processor).carried(unkept, images).processed is None  # keeps no pixels
+
+
+def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_whole_and_says_so(tiny_vlm_dir,
+                                                                                                  caplog):
+    """A placeholder that strips the whitespace before it (``lstrip``) is no cut token: a text's ids with the
+    expansions spliced in need not be the whole text's. Such a processing class has every render processed whole, as
+    before, with a warning; the ids are the processing class's."""
+    import logging
+
+    from tokenizers import AddedToken
+
+    from ep_trl.trajectory.tokens import EpisodeImages
+
+    stripping = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    stripping.tokenizer.backend_tokenizer.add_special_tokens([AddedToken(IMAGE, lstrip=True, special=True,
+                                                                         normalized=False)])
+    with caplog.at_level(logging.WARNING, logger="ep_trl.trajectory.tokens"):
+        template = ChatTemplate(stripping)
+    assert f"its image placeholder {IMAGE!r} is not a token the tokenizer always splits the text at" in caplog.text
+    messages = [user_with_image("Step 1", SCREENSHOTS[0]), {"role": "assistant", "content": "click('13')"},
+                user_with_image("Step 2", SCREENSHOTS[1])]
+    calls = ImageProcessorCalls(stripping)
+    try:
+        prompt = template.prompt(messages, images=EpisodeImages())
+    finally:
+        calls.remove()
+    assert calls.images == 2 and len(calls.calls) == 1  # the whole text with its images, in one call
+    assert prompt.ids == whole(stripping, template, messages)
