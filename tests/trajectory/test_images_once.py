@@ -199,7 +199,8 @@ def test_spliced_images_are_the_ids_of_the_whole_processing_turn_after_turn(whic
     assert builder.held().ids == whole(processing_class, template, messages)
     for step in range(1, STEPS + 1):
         builder.add_sampled(turn)
-        messages += [{"role": "assistant", "content": "click('13')"}, user_with_image(f"Step {step}", SCREENSHOTS[step])]
+        messages += [{"role": "assistant", "content": "click('13')"},
+                     user_with_image(f"Step {step}", SCREENSHOTS[step])]
         bridge, realigned = template.bridge(messages, builder.held(), turn, [end], images=images)
         builder.add_inserted(bridge)
         assert not realigned and builder.held().ids == whole(processing_class, template, messages)

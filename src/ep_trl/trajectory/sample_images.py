@@ -11,10 +11,10 @@ trained on (the packed row is dropped after its step) or dropped (stale, oversiz
 reads them off the ids it packs.
 
 Each image is processed once: an episode processes each of its images as the turn that brings it is rendered, in a
-thread (``ChatTemplate.prepare_images``), and the worker's chat template keeps the pixel tensors (``keep_pixels``), which
-the episode's trajectory carries joined (``Trajectory.processed``) into its sample. An episode whose images were not all
-kept so (a shard process's) has ``EvalRolloutWorker`` run :func:`process_images` over its images in a thread of its
-own, off the event loop that plays the episodes, as it makes the sample. The trainer's collator joins the
+thread (``ChatTemplate.prepare_images``), and the worker's chat template keeps the pixel tensors (``keep_pixels``),
+which the episode's trajectory carries joined (``Trajectory.processed``) into its sample. An episode whose images
+were not all kept so (a shard process's) has ``EvalRolloutWorker`` run :func:`process_images` over its images in a
+thread of its own, off the event loop that plays the episodes, as it makes the sample. The trainer's collator joins the
 carried tensors into a row's vision inputs and checks the row's image tokens against the carried counts, processing
 nothing again. A sample whose ids carry images and nothing processed (a custom worker's ``ids_with_images(ids,
 images)``) is processed once by the collator (:func:`processed_images_of`), in the trainer's data loading.

@@ -190,8 +190,9 @@ class Trajectory:
     realigned: int = 0
     images: tuple[Image, ...] = ()
     #: What the processing class made of ``images`` when they were rendered (their pixel tensors joined as one row),
-    #: for a consumer that would otherwise process them again (``EvalRolloutWorker``'s samples); None: not kept.
-    processed: ProcessedImages | None = None
+    #: for a consumer that would otherwise process them again (``EvalRolloutWorker``'s samples); None: not kept. Not
+    #: compared: tensors have no truth value.
+    processed: ProcessedImages | None = field(default=None, compare=False)
 
     @property
     def sampled_tokens(self) -> int:
@@ -464,7 +465,8 @@ class ChatTemplate:
                        "processings for an episode of n images, on the episode's event loop) instead of each image "
                        "once (docs/benchmarks.md).", type(self._renderer).__name__, why)
 
-    def encode_with_images(self, text: str, parts: Sequence[MessageView], images: EpisodeImages | None = None) -> Encoded:
+    def encode_with_images(self, text: str, parts: Sequence[MessageView],
+                           images: EpisodeImages | None = None) -> Encoded:
         """``text`` as ids with the images of ``parts`` (one per placeholder in ``text``, in order) expanded by the
         processing class; each image's expansion is taken from ``images`` (the episode's), or made and kept there
         (None: made for this call alone)."""
@@ -586,7 +588,8 @@ class ChatTemplate:
         assert isinstance(text, str), "decode of one sequence returns its text"
         return text
 
-    def prompt(self, messages: MessagesView, tools: Tools | None = None, images: EpisodeImages | None = None) -> Encoded:
+    def prompt(self, messages: MessagesView, tools: Tools | None = None,
+               images: EpisodeImages | None = None) -> Encoded:
         """The rendered conversation as ids, with its images (expanded once per episode: ``images``)."""
         return self.encode_with_images(*self._render(messages, tools), images)
 
