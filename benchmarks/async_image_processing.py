@@ -8,8 +8,15 @@ worker runs on its event loop before this change and in a thread after it) and c
 ``AsyncImagesGRPOTrainer`` collates them (``ImagesRolloutCollator`` over TRL ``TreeRow`` micro-batches of
 ``--batch-size``). An instrument around the real image processor (tests/support/images.py) counts the images it
 processes. The forward pass is not timed: no version processes images there. ``--render`` also times how episodes
-render their turns (``ep_trl.trajectory.tokens.ChatTemplate.prompt`` over each turn's conversation so far, as an episode
-does on its event loop), which the one-processing change does not touch.
+render their turns (``ep_trl.trajectory.tokens.ChatTemplate.prompt`` over each turn's conversation so far, as an
+episode does): before issue 48, every render processed every screenshot in the conversation, on the event loop;
+since, each episode's new screenshots are processed in a thread (``ChatTemplate.prepare_images``), each once per
+episode (``EpisodeImages``), and with the worker's template (``keep_pixels``) the samples take those pixels instead of
+processing the screenshots again. With ``--render`` a row also has the step's image CPU (``image_cpu_ms``: the
+renders' CPU less that of their text, ``render_text_cpu_ms``, the same turns rendered by the text tokenizer with the
+image parts dropped; plus the samples' and the collator's), the processings per image over the whole step, and
+``image_cpu_over_one_processing``: the image CPU over ``one_processing_cpu_ms``, the CPU of processing each of the
+step's screenshots once (one processing of each episode's screenshots, timed after the step).
 
 Processors (``--processors``): ``tiny``, the tiny VLM's (64-pixel frames, what CI trains); ``smolvlm``, SmolVLM's
 image settings (splitting into 512-pixel frames, 64 image tokens each) over the tiny VLM's tokenizer, built locally.
@@ -83,33 +90,61 @@ def conversation(uris: list[str], turns: int) -> list[dict[str, Any]]:
     return messages
 
 
+def renders_once() -> bool:
+    """Whether the ep_trl imported renders each image once per episode (``EpisodeImages``; the code before did not)."""
+    from ep_trl.trajectory import tokens
+
+    return hasattr(tokens, "EpisodeImages")
+
+
 def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) -> dict[str, Any]:
+    import asyncio
+
     from trl.experimental.async_grpo.packing import TreeRow
 
     from ep_trl.adapters.async_worker import group_samples
-    from ep_trl.trajectory.sample_images import images_of
+    from ep_trl.trajectory.sample_images import images_of, process_images
     from ep_trl.trainers.async_images import ImagesRolloutCollator
     from ep_trl.trajectory.tokens import ChatTemplate, Trajectory
     from tests.support.async_training import released_group
     from tests.support.images import ImageProcessorCalls
 
-    template = ChatTemplate(processor)
+    once = renders_once()
+    # the worker's template: it keeps the pixels of each image's one processing for the samples (this code on)
+    template = ChatTemplate(processor, keep_pixels=True) if once else ChatTemplate(processor)
     completion = tuple(processor.tokenizer.encode("click('13')"))
+    text_only = ChatTemplate(processor.tokenizer)  # the renders' text part: the same turns, image parts dropped
+    text_cpu = time.process_time()
+    for episode in uris:
+        for k in (range(1, args.screenshots + 1) if args.render else [args.screenshots]):
+            text_only.prompt(conversation(episode, k))
+    text_cpu = time.process_time() - text_cpu
+    calls = ImageProcessorCalls(processor)  # every image processed in the step: renders, samples, collator
     render_cpu = time.process_time()
-    prompts = []
-    for episode in uris:  # each turn renders the conversation so far, every screenshot in it through the processor
+    trajectories = []
+    for episode in uris:  # each turn renders the conversation so far, as an episode does
         turns = range(1, args.screenshots + 1) if args.render else [args.screenshots]
-        prompts.append([template.prompt(conversation(episode, k)) for k in turns][-1])
+        if once:
+            from ep_trl.trajectory.tokens import EpisodeImages
+
+            episode_images = EpisodeImages()
+            for k in turns:  # the turn's new screenshots processed in a thread, then the render on the "loop"
+                asyncio.run(template.prepare_images(conversation(episode, k), episode_images))
+                prompt = template.prompt(conversation(episode, k), images=episode_images)
+        else:
+            for k in turns:
+                prompt = template.prompt(conversation(episode, k))
+        trajectory = Trajectory(prompt.ids, completion, (-0.5,) * len(completion), (1,) * len(completion),
+                                images=prompt.images)
+        trajectories.append(template.carried(trajectory, episode_images) if once else trajectory)
     render_cpu = time.process_time() - render_cpu
-    groups = []
-    for g in range(args.groups):
-        trajectories = [Trajectory(p.ids, completion, (-0.5,) * len(completion), (1,) * len(completion),
-                                   images=p.images) for p in prompts[g * args.generations:(g + 1) * args.generations]]
-        groups.append(released_group(g, f"Task {g}", trajectories, scores=[float(k) for k in range(len(trajectories))]))
-    calls = ImageProcessorCalls(processor)
+    rendered = calls.images
+    groups = [released_group(g, f"Task {g}", trajectories[g * args.generations:(g + 1) * args.generations],
+                             scores=[float(k) for k in range(args.generations)]) for g in range(args.groups)]
     worker_cpu, worker_wall = time.process_time(), time.perf_counter()
     samples = [s for group in groups for s in group_samples(group, processor.tokenizer, processor).samples]
     worker_cpu, worker_wall = time.process_time() - worker_cpu, time.perf_counter() - worker_wall
+    after_render = calls.images
     carried = sum(t.numel() * t.element_size() for s in samples if getattr(s.input_ids, "processed", None)
                   for t in s.input_ids.processed.pixels.values())
     collator = ImagesRolloutCollator(pad_token_id=processor.tokenizer.pad_token_id or 0, processing_class=processor)
@@ -122,14 +157,29 @@ def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) ->
         collator.torch_call([[row]])
     collate_cpu, collate_wall = time.process_time() - collate_cpu, time.perf_counter() - collate_wall
     images = sum(len(images_of(s.input_ids)) for s in samples)
+    step_processed = calls.images
     calls.remove()  # the next step counts afresh
-    return {"images": images, "worker_cpu_ms": round(worker_cpu * 1e3, 1),
+    # the yardstick: each of the step's images processed once (one processing of each episode's screenshots)
+    once_cpu = time.process_time()
+    for s in samples:
+        process_images(processor, images_of(s.input_ids))
+    once_cpu = time.process_time() - once_cpu
+    image_cpu = (render_cpu - text_cpu if args.render else 0.0) + worker_cpu + collate_cpu
+    return {"images": images, "renders_once": once, "worker_cpu_ms": round(worker_cpu * 1e3, 1),
             "worker_wall_ms": round(worker_wall * 1e3, 1),
             "collate_cpu_ms": round(collate_cpu * 1e3, 1), "collate_wall_ms": round(collate_wall * 1e3, 1),
             "step_cpu_ms": round((worker_cpu + collate_cpu) * 1e3, 1),
-            "images_processed": calls.images, "processings_per_image": round(calls.images / images, 2),
+            "images_processed": step_processed - rendered,
+            "processings_per_image": round((step_processed - rendered) / images, 2),
             "carried_mb": round(carried / 1e6, 1), "carried_mb_per_image": round(carried / images / 1e6, 2),
-            "render_cpu_ms": round(render_cpu * 1e3, 1) if args.render else None}
+            "render_cpu_ms": round(render_cpu * 1e3, 1) if args.render else None,
+            "render_images_processed": rendered if args.render else None,
+            "render_text_cpu_ms": round(text_cpu * 1e3, 1) if args.render else None,
+            "step_processings_per_image": round(step_processed / images, 2) if args.render else None,
+            "image_cpu_ms": round(image_cpu * 1e3, 1) if args.render else None,
+            "one_processing_cpu_ms": round(once_cpu * 1e3, 1),
+            "image_cpu_over_one_processing": round(image_cpu / once_cpu, 2) if args.render else None,
+            "worker_images_processed": after_render - rendered}
 
 
 def main() -> None:
@@ -163,11 +213,18 @@ def main() -> None:
             print(json.dumps(row), flush=True)
         rows = [r for r in runs if r["processor"] == name]
         median = {key: statistics.median(r[key] for r in rows) for key in ("step_cpu_ms", "worker_cpu_ms",
-                                                                             "collate_cpu_ms")}
+                                                                             "collate_cpu_ms", "one_processing_cpu_ms")}
         print(f"{name}: {rows[0]['images']} images, step CPU {median['step_cpu_ms']:.0f} ms (worker "
               f"{median['worker_cpu_ms']:.0f}, collator {median['collate_cpu_ms']:.0f}), "
               f"{rows[0]['processings_per_image']} processings per image, carried {rows[0]['carried_mb']} MB",
               flush=True)
+        if args.render:
+            image_cpu = statistics.median(r["image_cpu_ms"] for r in rows)
+            print(f"{name}: with the renders, image CPU {image_cpu:.0f} ms (render "
+                  f"{statistics.median(r['render_cpu_ms'] for r in rows):.0f}), "
+                  f"{rows[0]['step_processings_per_image']} processings per image; each image processed once costs "
+                  f"{median['one_processing_cpu_ms']:.0f} ms: {image_cpu / median['one_processing_cpu_ms']:.2f}x",
+                  flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"run": run_record.finish(record), "runs": runs}, indent=1) + "\n")

@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: script -> its smallest run (``{out}``: the result file, ``{vllm}``: the shared vLLM server's URL).
 SMALLEST: dict[str, list[str]] = {
-    "async_image_processing.py": ["--processors", "tiny", "--repeats", "1", "--groups", "1", "--screenshots", "1",
-                                  "--out", "{out}"],
+    "async_image_processing.py": ["--processors", "tiny", "--repeats", "1", "--groups", "1", "--screenshots", "2",
+                                  "--render", "--width", "320", "--height", "200", "--out", "{out}"],
     "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--repeats", "2", "--out",
                          "{out}"],
     "ceiling_table.py": ["--results", "benchmarks/results/history", "--out", "{out}"],
@@ -75,8 +75,20 @@ def async_overlap_interleaved_its_repeats(result: dict, stdout: str) -> None:
     assert "median of 2: async / sync wall" in stdout
 
 
+def async_image_processing_processed_each_image_once(result: dict, stdout: str) -> None:
+    """Over the whole step (the episodes' renders, two turns each, the samples, the collator) each screenshot is
+    processed once, by the renders, and the ratio to one processing is reported."""
+    for row in result["runs"]:
+        assert row["renders_once"] and row["images"] == 4
+        assert row["render_images_processed"] == 4 and row["step_processings_per_image"] == 1.0
+        assert row["worker_images_processed"] == 0 and row["images_processed"] == 0
+        assert row["image_cpu_over_one_processing"] > 0
+    assert "processings per image; each image processed once costs" in stdout
+
+
 #: script -> what its smallest run must also show, beyond a result file with a run record and rows.
 CHECKS = {"rollout_throughput.py": rollout_throughput_ran_every_arm,
+          "async_image_processing.py": async_image_processing_processed_each_image_once,
           "async_overlap.py": async_overlap_interleaved_its_repeats}
 NEEDS_VLLM = sorted(name for name, args in SMALLEST.items() if "{vllm}" in args)
 STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)

@@ -226,9 +226,10 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
 def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_server, tiny_vlm_dir, letters_server,
                                                                           tmp_path):
     """The worker alone (no trainer) until its buffer is full: an instrument around the processor's image processor
-    records the thread of every call. Each released sample's images are processed once, in the worker's thread for
-    its group's samples ("ep-trl samples of prompt group N"), never on the event loop that plays the episodes (which
-    runs the processor only to render turns, ep_trl.trajectory.tokens)."""
+    records the thread of every call. Each image is processed alone, as the turn that brings it is rendered, in a
+    thread (ChatTemplate.prepare_images), never on the event loop that plays the episodes; the samples carry the
+    pixels those processings made, so the worker's thread for a group's samples ("ep-trl samples of prompt group N")
+    processes none."""
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
                            per_device_train_batch_size=2, max_completion_length=256, temperature=1.0, report_to=[],
                            vllm_server_base_url=vlm_server.base_url)
@@ -256,9 +257,12 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_se
     for released in worker.groups:
         images = [len(images_of(s.input_ids)) for s in samples if s.group_id == released.group]
         made = [c for c in calls.calls if c.thread_name == f"ep-trl samples of prompt group {released.group}"]
-        assert len(images) == released.samples >= 1
-        assert sorted(c.images for c in made) == sorted(images), (released.group, made, images)  # once per sample
-        assert loop_threads and all(c.thread_id != loop_threads[0] for c in made)
+        assert len(images) == released.samples >= 1 and all(images)
+        assert made == [], (released.group, made)  # the samples take what the renders processed
+    assert loop_threads and calls.calls and all(c.thread_id != loop_threads[0] for c in calls.calls)
+    assert all(c.images == 1 for c in calls.calls)  # each image alone (EpisodeImages: once per episode)
+    # every sample's images among them (episodes still playing at the stop processed theirs too)
+    assert sum(len(images_of(s.input_ids)) for s in samples) <= calls.images
     assert all(s.input_ids.processed is not None for s in samples)  # carried to the trainer
 
 

@@ -329,7 +329,7 @@ class EvalRolloutWorker:
         """The worker as its engine's caller: the config, the current policy version, the server the
         trainer keeps on its weights, the metrics queue."""
         return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics,
-                              takes_rollout_images=self.renders_images)
+                              takes_rollout_images=self.renders_images, takes_processed_images=self.renders_images)
 
     def _plans(self) -> Iterator[GroupPlan]:
         """The prompts of the dataset, in order and over again, one group of ``num_generations`` episodes each; the
@@ -623,7 +623,8 @@ def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
                   processing_class: "ProcessingClass | None" = None) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
     the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's ``input_ids``
-    carry its episode's images and what the processing class made of them, processed here once (``ep_trl.trajectory.sample_images``),
+    carry its episode's images and what the processing class made of them: what the episode's renders kept
+    (``Trajectory.processed``), else processed here once (``ep_trl.trajectory.sample_images``),
     and an episode whose images do not match its image tokens is left out (logged, counted in ``image_mismatches``).
     The worker calls it in a thread, off its event loop (``EvalRolloutWorker._samples``)."""
     import numpy as np
@@ -647,7 +648,9 @@ def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
         ids = prompt_ids + completion_ids
         processed = None
         if processing_class is not None:
-            processed = process_images(processing_class, trajectory.images) if trajectory.images else None
+            processed = trajectory.processed  # kept as the episode rendered its images, else processed now
+            if processed is None and trajectory.images:
+                processed = process_images(processing_class, trajectory.images)
             mismatch = placeholder_mismatch(processing_class, ids, processed)
             if mismatch is not None:
                 logger.warning("Episode %d of prompt group %d is left out: its images do not match its image tokens "

@@ -109,6 +109,11 @@ class GRPOTrainerCaller:
         ``tests/trainers/test_images.py``)."""
         return bool(getattr(type(self.trainer), "takes_rollout_images", False))
 
+    @property
+    def takes_processed_images(self) -> bool:
+        """A trainer's forward passes process its rollouts' images themselves (``ep_trl.trajectory.vision_inputs``)."""
+        return False
+
     def wait_for_weight_sync(self) -> None:
         """With several processes and ``vllm_mode="server"``, wait until every process reached ``rollout_func``.
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from ..sources.episode import EpisodeFailure, ModelTurn, StopReason, check_first_prompt
 from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
-from ..trajectory.tokens import ChatTemplate, Trajectory, TrajectoryBuilder, TurnLimits
+from ..trajectory.tokens import ChatTemplate, EpisodeImages, Trajectory, TrajectoryBuilder, TurnLimits
 from .parsing import ToolCallParser
 from .wire import Canonical, canonical, reply_message, template_form, tool_names
 from ..trajectory.types import Message, MessageView, MessagesView, Tool
@@ -75,6 +75,8 @@ class RolloutCapture:
         self._generator = generator
         self._parser = parser
         self._segments: list[_Segment] = []
+        #: The rollout's images, each processed once (``ChatTemplate.prepare_images``, before a call is placed).
+        self._images = EpisodeImages()
         self._lock = asyncio.Lock()
         self.calls = 0
         self.unauthorized = 0  # requests that named this rollout without the call's key (answered 401)
@@ -89,10 +91,17 @@ class RolloutCapture:
         self.turns: list[ModelTurn] = []
 
     def trajectory(self, fallback_messages: MessagesView) -> Trajectory:
-        """The last segment's tokens; before any call, the rendered ``fallback_messages`` as prompt alone."""
+        """The last segment's tokens; before any call, the rendered ``fallback_messages`` as prompt alone (their
+        images processed in a thread first by ``prepare_fallback``, when the caller is on the event loop)."""
         if self._segments:
-            return self._segments[-1].builder.build()
-        return TrajectoryBuilder.start(self._template.prompt(template_form(fallback_messages))).build()
+            return self._template.carried(self._segments[-1].builder.build(), self._images)
+        prompt = self._template.prompt(template_form(fallback_messages), images=self._images)
+        return self._template.carried(TrajectoryBuilder.start(prompt).build(), self._images)
+
+    async def prepare_fallback(self, fallback_messages: MessagesView) -> None:
+        """Before any call: process the images of ``fallback_messages`` in a thread, for ``trajectory`` to render."""
+        if not self._segments:
+            await self._template.prepare_images(template_form(fallback_messages), self._images)
 
     async def turn(self, request: TurnRequest) -> TurnReply:
         """Generate the reply to one call and record its tokens. A generation error is the episode's own (kept in
@@ -112,7 +121,9 @@ class RolloutCapture:
         if self.stop_reason == "token_budget":
             return self._spent()
         self._parser.check(request.tools)
-        segment = self._place(request)
+        messages = template_form(request.messages)
+        await self._template.prepare_images(messages, self._images)  # the call's new images, in a thread
+        segment = self._place(request, messages)
         if segment is None:
             return self._spent()
         prompt_ids = segment.builder.held_ids()
@@ -138,9 +149,9 @@ class RolloutCapture:
         finish = "tool_calls" if message.get("tool_calls") else generation.finish_reason
         return TurnReply(message, finish, len(prompt_ids), generation.token_ids)
 
-    def _place(self, request: TurnRequest) -> _Segment | None:
-        """The segment this call continues (its bridge inserted), a new one, or None when the budget is spent."""
-        messages = template_form(request.messages)
+    def _place(self, request: TurnRequest, messages: MessagesView) -> _Segment | None:
+        """The segment this call continues (its bridge inserted), a new one, or None when the budget is spent;
+        ``messages`` are the request's in template form, their images processed already."""
         tools = list(request.tools) if request.tools else None
         sent = [canonical(m) for m in request.messages]
         tools_key = json.dumps(tools, sort_keys=True, default=str) if tools else ""
@@ -148,7 +159,7 @@ class RolloutCapture:
         if current is not None and _extends(current, sent, tools_key):
             assert current.last is not None
             bridge, realigned = self._template.bridge(messages, current.builder.held(), current.last,
-                                                      self._limits.stop_token_ids, tools)
+                                                      self._limits.stop_token_ids, tools, self._images)
             if not current.builder.fits(len(bridge.ids) + 1, self._limits):
                 self.budget_blocked_tokens = len(bridge.ids)
                 self.stop_reason = "token_budget"
@@ -162,7 +173,7 @@ class RolloutCapture:
             logger.warning("%s: call %d does not continue the conversation the rollout holds (%s); its tokens start a "
                            "new segment and the earlier one is not trained on (docs/processors.md, forks)",
                            self.label, self.calls, _why_not(current, sent, tools_key))
-        prompt = self._template.prompt(messages, tools)
+        prompt = self._template.prompt(messages, tools, self._images)
         check_first_prompt(len(prompt.ids), self._limits, "shorten the eval's messages")
         segment = _Segment(TrajectoryBuilder.start(prompt), tools_key, sent)
         self._segments.append(segment)

@@ -64,7 +64,8 @@ class CallReader:
         config = caller.config
         provider = caller.model_provider()
         if self._template is None:
-            self._template = ChatTemplate(config.processing_class, self._chat_template_kwargs)
+            self._template = ChatTemplate(config.processing_class, self._chat_template_kwargs,
+                                          keep_pixels=caller.takes_processed_images)
             note = settings.sampling_note(self._spec, config.sampling)
             if note:
                 logger.info(note)

@@ -130,6 +130,13 @@ class RolloutCaller(Protocol):
         """Whether the caller puts the ``images`` a rollout returns into its forward passes."""
         ...
 
+    @property
+    def takes_processed_images(self) -> bool:
+        """Whether the caller takes what the processing class made of an episode's images as it rendered them (the
+        trajectory's ``processed`` pixel tensors) instead of processing the images again: the chat template then keeps
+        them from the episode's renders (``ChatTemplate(keep_pixels=True)``)."""
+        ...
+
     def synced_server(self) -> SyncedServer | None:
         """The vLLM server the caller keeps on the policy's weights, if it has one."""
         ...
@@ -161,6 +168,7 @@ class DetachedCaller:
     num_processes: int = 1
     model_name: str | None = None
     takes_rollout_images: bool = False
+    takes_processed_images: bool = False
 
     def synced_server(self) -> SyncedServer | None:
         return self.server
@@ -203,6 +211,10 @@ class GreedyCaller:
     @property
     def takes_rollout_images(self) -> bool:
         return self._caller.takes_rollout_images
+
+    @property
+    def takes_processed_images(self) -> bool:
+        return self._caller.takes_processed_images
 
     def synced_server(self) -> "SyncedServer | None":
         return self._caller.synced_server()

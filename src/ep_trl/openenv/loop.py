@@ -29,7 +29,7 @@ from ..sources.episode import (
     ended_episode,
     pytest_outcome,
 )
-from ..trajectory.tokens import ChatTemplate, TrajectoryBuilder
+from ..trajectory.tokens import ChatTemplate, EpisodeImages, TrajectoryBuilder
 from .client import Action, EnvSession, StepOutcome
 from .pool import EnvPool
 from ..trajectory.types import Messages, MessagesView
@@ -67,6 +67,8 @@ class _State:
     budget_blocked_tokens: int = 0
     stop_reason: StopReason = "max_steps"
     instance: Mapping[str, object] | None = None
+    #: The episode's images, each processed once (``ChatTemplate.prepare_images``, before each render).
+    images: EpisodeImages = field(default_factory=EpisodeImages)
 
 
 async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
@@ -97,12 +99,13 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
         known: MessagesView = state.messages
         if not known:
             known = list(plan.initial_messages)
-        state.builder = TrajectoryBuilder.start(template.prompt(known))
+        await template.prepare_images(known, state.images)
+        state.builder = TrajectoryBuilder.start(template.prompt(known, images=state.images))
     return ended_episode(
         plan,
         failure,
         state.stop_reason,
-        trajectory=state.builder.build(),
+        trajectory=template.carried(state.builder.build(), state.images),
         messages=tuple(state.messages),
         step_rewards=tuple(state.step_rewards),
         actions=tuple(state.actions),
@@ -134,6 +137,7 @@ async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, 
             state.stop_reason = "done"
             return
         state.messages.append({"role": "user", "content": _user_content(state, cfg, outcome, step, episode)})
+        await template.prepare_images(state.messages, state.images)  # the new screenshots, in a thread
         if not _extend_held(state, template, cfg, last):
             state.stop_reason = "token_budget"
             state.messages.pop()
@@ -203,14 +207,16 @@ def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step:
 
 def _extend_held(state: _State, template: ChatTemplate, cfg: EpisodeConfig, last: Generation | None) -> bool:
     """Add the new user message to the held tokens (the first prompt, or the masked bridge after a turn);
-    False when the bridge and one more token no longer fit the budget."""
+    False when the bridge and one more token no longer fit the budget. The conversation's images are processed
+    already (``ChatTemplate.prepare_images``): rendering it here, on the event loop, processes none."""
     if state.builder is None:
-        state.builder = TrajectoryBuilder.start(template.prompt(state.messages))
+        state.builder = TrajectoryBuilder.start(template.prompt(state.messages, images=state.images))
         n = len(state.builder.prompt_ids)
         check_first_prompt(n, cfg.limits, "shorten the prompt builder's output")
         return True
     assert last is not None
-    bridge, realigned = template.bridge(state.messages, state.builder.held(), last, cfg.limits.stop_token_ids)
+    bridge, realigned = template.bridge(state.messages, state.builder.held(), last, cfg.limits.stop_token_ids,
+                                        images=state.images)
     if not state.builder.fits(len(bridge.ids) + 1, cfg.limits):
         state.budget_blocked_tokens = len(bridge.ids)
         return False

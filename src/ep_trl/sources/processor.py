@@ -139,11 +139,13 @@ class ProcessorSource:
         if failure is not None:
             logger.warning("%s failed (%s): %s", label, failure.kind, failure)
         messages = tuple(_message_dicts(row.messages))
+        fallback = list(plan.initial_messages)
+        await capture.prepare_fallback(fallback)  # rendered if no call was placed: its images in a thread
         episode = ended_episode(
             plan,
             failure,
             capture.stop_reason,
-            trajectory=capture.trajectory(list(plan.initial_messages)),
+            trajectory=capture.trajectory(fallback),
             messages=messages,
             step_rewards=(),
             actions=tuple(_tool_calls(messages)),

@@ -10,8 +10,11 @@ the number of image tokens they expand into). They go wherever the ids go and ar
 trained on (the packed row is dropped after its step) or dropped (stale, oversize). ``ep_trl.trainers.async_images``
 reads them off the ids it packs.
 
-Each image is processed once: ``EvalRolloutWorker`` runs :func:`process_images` over an episode's images in a thread
-of its own, off the event loop that plays the episodes, as it makes the sample; the trainer's collator joins the
+Each image is processed once: an episode processes each of its images as the turn that brings it is rendered, in a
+thread (``ChatTemplate.prepare_images``), and the worker's chat template keeps the pixel tensors (``keep_pixels``),
+which the episode's trajectory carries joined (``Trajectory.processed``) into its sample. An episode whose images
+were not all kept so (a shard process's) has ``EvalRolloutWorker`` run :func:`process_images` over its images in a
+thread of its own, off the event loop that plays the episodes, as it makes the sample. The trainer's collator joins the
 carried tensors into a row's vision inputs and checks the row's image tokens against the carried counts, processing
 nothing again. A sample whose ids carry images and nothing processed (a custom worker's ``ids_with_images(ids,
 images)``) is processed once by the collator (:func:`processed_images_of`), in the trainer's data loading.
@@ -129,12 +132,19 @@ def process_images(processing_class: ProcessingClass | None, images: Sequence[Im
                          "use the vision-language model's own processing class (AutoProcessor.from_pretrained(model)).")
     processor = cast("MultimodalProcessor", processing_class)  # it names an image placeholder: a multimodal processor
     made = processor(text=[token * len(images)], images=[list(images)], add_special_tokens=False, return_tensors="pt")
+    return ProcessedImages(pixel_outputs(processor, made, len(images)),
+                           int((made["input_ids"][0] == image_token_id(processing_class)).sum()))
+
+
+def pixel_outputs(processor: MultimodalProcessor, made: Mapping[str, object], images: int) -> dict[str, torch.Tensor]:
+    """The pixel tensors of what a processor call ``made`` (``return_tensors="pt"``) of ``images`` image(s): every
+    output but the text's."""
     text_keys = {*processor.tokenizer.model_input_names, "mm_token_type_ids", "token_type_ids"}
-    pixels = {key: value for key, value in made.items() if key not in text_keys}
+    pixels = {key: cast("torch.Tensor", value) for key, value in made.items() if key not in text_keys}
     if "pixel_values" not in pixels:
-        raise ValueError(f"{type(processing_class).__name__} made no pixel_values of {len(images)} image(s) (it returned "
+        raise ValueError(f"{type(processor).__name__} made no pixel_values of {images} image(s) (it returned "
                          f"{sorted(made)}): it is not a vision-language model's processing class.")
-    return ProcessedImages(pixels, int((made["input_ids"][0] == image_token_id(processing_class)).sum()))
+    return pixels
 
 
 def placeholder_mismatch(processing_class: ProcessingClass | None, ids: Sequence[int], processed: ProcessedImages | None) -> str | None:

@@ -25,6 +25,16 @@ merged patch; Idefics3: ``<fake_token_around_image><global-img>`` + n ``<image>`
 images in placeholder order across prompt and completion; an image that arrives with an observation is part of a
 bridge, so its tokens are ``env_mask`` 0. It also keeps the same ids with the placeholders unexpanded, which is how a
 vLLM engine takes a prompt with its images (``generation.PromptImages``).
+
+Each image is processed once per episode. An episode renders its whole conversation every turn, so the processing class
+would process every earlier screenshot again each turn (1 + 2 + ... + n processings). Instead the processing class
+expands each image alone, once (:class:`EpisodeImages` keeps the expansion for the episode), and the expanded ids of a
+text are its ids with each placeholder id replaced by its image's expansion: the same ids as the processing class gives
+the whole text, for a fast tokenizer whose image placeholder and the tokens each expansion starts and ends with are
+cut tokens (``cut_tokens``; a text cut there encodes part by part to the ids of the whole). A processing class for
+which that does not hold has each render's images processed whole, with a warning. The episodes process an
+observation's new images in a thread before they render it (:meth:`ChatTemplate.prepare_images`), so the event loop
+that plays every episode in flight processes none.
 """
 
 from __future__ import annotations
@@ -36,10 +46,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING, cast
 
 from .content import image_parts, image_source, load_image, supports_images, template_messages, tokenizer_of
 from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
-from .types import Image, MessageView, MessagesView, Model, ProcessingClass, Settings, Tokenizer, Tools
+from ..runtime.threads import run_blocking
+from .types import (Image, MessageView, MessagesView, Model, MultimodalProcessor, ProcessingClass, Settings, Tokenizer,
+                    Tools)
+
+if TYPE_CHECKING:  # torch and numpy are imported by the processing class, not with ep_trl
+    import torch
+
+    from .sample_images import ProcessedImages
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +73,8 @@ _PREFIX_LOOKUPS = 16
 #: Texts after the last cut (a template's generation prompt, mostly) kept with their ids, and the longest kept.
 _TAIL_CACHE_SIZE = 64
 _TAIL_MAX_CHARS = 256
+#: How long an episode waits for its new images to be processed (a thread) before the rollout fails.
+_PREPARE_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +189,10 @@ class Trajectory:
     env_mask: tuple[int, ...]
     realigned: int = 0
     images: tuple[Image, ...] = ()
+    #: What the processing class made of ``images`` when they were rendered (their pixel tensors joined as one row),
+    #: for a consumer that would otherwise process them again (``EvalRolloutWorker``'s samples); None: not kept. Not
+    #: compared: tensors have no truth value.
+    processed: ProcessedImages | None = field(default=None, compare=False)
 
     @property
     def sampled_tokens(self) -> int:
@@ -194,7 +218,7 @@ class Trajectory:
     def without_images(self) -> "Trajectory":
         """The same tokens without the images, for what keeps an episode after its images are handed on (metrics,
         the rollout log): they are freed with the samples that carry them."""
-        return replace(self, images=()) if self.images else self
+        return replace(self, images=(), processed=None) if self.images else self
 
 
 def eos_token_ids(processing_class: ProcessingClass, model: "Model | None") -> tuple[int, ...]:
@@ -307,16 +331,68 @@ class TrajectoryBuilder:
         return max(1, min(max_tokens or limits.sampling.max_tokens, remaining))
 
 
+@dataclass(frozen=True)
+class ImageExpansion:
+    """One image as the processing class expands it on its own: ``ids`` replace its placeholder's id; ``pixels`` are
+    the pixel tensors it made of the image (one row holding it alone), kept when the chat template keeps them
+    (``ChatTemplate(keep_pixels=True)``), else None."""
+
+    image: Image
+    ids: tuple[int, ...]
+    pixels: Mapping[str, torch.Tensor] | None = None
+
+
+class EpisodeImages:
+    """The images one episode has rendered, each with its expansion, processed once (``ChatTemplate.prepare_images``
+    or at the first render that holds it). Keyed by the image part's source: a data URI, URL or path as the
+    conversation holds it, or an image object by identity (the object is kept here, so its id is not reused). One per
+    episode, dropped with it: nothing is shared across episodes, and an image is kept no longer than its episode
+    keeps its messages anyway."""
+
+    def __init__(self) -> None:
+        self._expansions: dict[str | int, ImageExpansion] = {}
+        self._by_image: dict[int, ImageExpansion] = {}  # by the decoded image's identity (each entry holds its image)
+        self._objects: list[Image] = []  # the image objects keyed by identity, alive while their ids are keys
+        #: How many images the processing class expanded for this episode (one each).
+        self.processed = 0
+
+    def get(self, source: str | Image) -> ImageExpansion | None:
+        return self._expansions.get(source if isinstance(source, str) else id(source))
+
+    def of(self, image: Image) -> ImageExpansion | None:
+        """The expansion of a decoded image this episode rendered (an ``Encoded``'s image), by identity."""
+        return self._by_image.get(id(image))
+
+    def put(self, source: str | Image, expansion: ImageExpansion) -> None:
+        """Keep ``expansion`` as ``source``'s (counted as one processing)."""
+        if not isinstance(source, str):
+            self._objects.append(source)
+        self._expansions[source if isinstance(source, str) else id(source)] = expansion
+        self._by_image[id(expansion.image)] = expansion
+        self.processed += 1
+
+    def __len__(self) -> int:
+        return len(self._expansions)
+
+
 class ChatTemplate:
     """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
 
-    def __init__(self, processing_class: ProcessingClass, template_kwargs: Settings | None = None) -> None:
+    def __init__(self, processing_class: ProcessingClass, template_kwargs: Settings | None = None, *,
+                 keep_pixels: bool = False) -> None:
         self._renderer = processing_class
+        #: Keep the pixel tensors each image's expansion makes, for trajectories to carry (``carried``).
+        self._keep_pixels = keep_pixels
         self._tokenizer = tokenizer_of(processing_class)
         self._kwargs = dict(template_kwargs or {})
         self._images = supports_images(processing_class)  # else image parts are dropped, text parts joined
         #: The placeholder the template writes per image, counted to tell which images a piece of text holds.
         self._image_token = getattr(processing_class, "image_token", None) if self._images else None
+        #: The placeholder's id, and the ids of the tokens an image's expansion may start and end with for the
+        #: expanded ids to be spliced into a text's own (the tokenizer's cut tokens); None: every render's images are
+        #: processed whole (the placeholder is not a cut token).
+        self._image_token_id: int | None = None
+        self._cut_ids: frozenset[int] = frozenset()
         #: Ids that stand for pixels (image and video placeholders); a turn never keeps one it sampled.
         self._placeholder_ids = frozenset(
             getattr(processing_class, name) for name in ("image_token_id", "video_token_id")
@@ -339,6 +415,14 @@ class ChatTemplate:
                 "piece of template text holds cannot be counted; use a processing class that names its image placeholder "
                 "(Qwen-VL, Idefics3/SmolVLM, LLaVA processing classes do)."
             )
+        if isinstance(self._image_token, str):
+            cuts = cut_tokens(self._tokenizer)
+            if self._image_token in cuts:
+                self._image_token_id = _token_id(self._tokenizer, self._image_token)
+                self._cut_ids = frozenset(_token_id(self._tokenizer, t) for t in cuts)
+            else:
+                self._whole_images(f"its image placeholder {self._image_token!r} is not a token the tokenizer "
+                                   "always splits the text at")
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -374,9 +458,18 @@ class ChatTemplate:
     def _encode_whole(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_with_images(self, text: str, parts: Sequence[MessageView]) -> Encoded:
+    def _whole_images(self, why: str) -> None:
+        """Process every render's images whole from now on (the expansions cannot be spliced), and say why once."""
+        self._image_token_id = None
+        logger.warning("%s: %s, so each render processes every image of the conversation again (1 + 2 + ... + n "
+                       "processings for an episode of n images, on the episode's event loop) instead of each image "
+                       "once (docs/benchmarks.md).", type(self._renderer).__name__, why)
+
+    def encode_with_images(self, text: str, parts: Sequence[MessageView],
+                           images: EpisodeImages | None = None) -> Encoded:
         """``text`` as ids with the images of ``parts`` (one per placeholder in ``text``, in order) expanded by the
-        processing class."""
+        processing class; each image's expansion is taken from ``images`` (the episode's), or made and kept there
+        (None: made for this call alone)."""
         ids = self.encode(text)
         if not self._images:
             return Encoded(tuple(ids))
@@ -389,9 +482,83 @@ class ChatTemplate:
             )
         if not parts:
             return Encoded(tuple(ids))
-        images = tuple(self._image(p) for p in parts)
-        expanded = self._renderer(text=[text], images=[list(images)], add_special_tokens=False)["input_ids"][0]
-        return Encoded(tuple(int(t) for t in expanded), images, tuple(ids))
+        if self._image_token_id is not None:
+            episode = images if images is not None else EpisodeImages()
+            expansions = [self._expansion(p, episode) for p in parts]
+            if self._image_token_id is not None:  # each expansion starts and ends with a cut token
+                return Encoded(_spliced(ids, self._image_token_id, expansions), tuple(e.image for e in expansions),
+                               tuple(ids))
+        decoded = tuple(self._image(p) for p in parts)
+        expanded = self._renderer(text=[text], images=[list(decoded)], add_special_tokens=False)["input_ids"][0]
+        return Encoded(tuple(int(t) for t in expanded), decoded, tuple(ids))
+
+    def _expansion(self, part: MessageView, images: EpisodeImages) -> ImageExpansion:
+        """The part's image and its expansion: the episode's, or made now and kept there."""
+        source = image_source(part)
+        found = images.get(source)
+        if found is None:
+            found = self.expand(self._image(part))
+            images.put(source, found)
+        return found
+
+    def expand(self, image: Image) -> ImageExpansion:
+        """``image`` processed on its own: the ids its placeholder expands into. Thread-safe (``prepare_images``
+        runs it in a thread). When the expansion does not start and end with a cut token, splicing it would not give
+        the ids of the whole text: every later render's images are processed whole (with a warning)."""
+        assert self._image_token is not None
+        if self._keep_pixels:
+            from .sample_images import pixel_outputs
+
+            made = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False,
+                                  return_tensors="pt")
+            pixels = pixel_outputs(cast("MultimodalProcessor", self._renderer), made, 1)  # it names an image token
+        else:
+            made, pixels = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False), None
+        ids = tuple(int(t) for t in made["input_ids"][0])
+        if self._image_token_id is not None and not (ids and ids[0] in self._cut_ids and ids[-1] in self._cut_ids):
+            self._whole_images(f"an image's expanded tokens ({len(ids)}) do not start and end with tokens the "
+                               "tokenizer always splits the text at")
+        return ImageExpansion(image, ids, pixels)
+
+    def carried(self, trajectory: Trajectory, images: EpisodeImages) -> Trajectory:
+        """``trajectory`` carrying what the processing class made of its images as the episode rendered them (their
+        kept pixel tensors joined as one row, and the image tokens they expand into), so that nothing processes them
+        again; unchanged when this template keeps no pixels or one of its images was not expanded alone."""
+        if not self._keep_pixels or not trajectory.images:
+            return trajectory
+        from .sample_images import ProcessedImages, image_token_id
+        from .vision_inputs import joined_pixels
+
+        expansions = [images.of(image) for image in trajectory.images]
+        kept = [e for e in expansions if e is not None and e.pixels is not None]
+        if len(kept) != len(expansions):
+            return trajectory
+        token = image_token_id(self._renderer)
+        processed = ProcessedImages(joined_pixels([e.pixels for e in kept if e.pixels is not None]),
+                                    sum(e.ids.count(token) for e in kept))
+        return replace(trajectory, processed=processed)
+
+    async def prepare_images(self, messages: MessagesView, images: EpisodeImages) -> None:
+        """Decode and expand, in a thread, the images of ``messages`` that the episode (``images``) has not
+        processed yet, so that rendering them on the event loop processes none."""
+        if self._image_token_id is None:
+            return
+        converted, _ = template_messages(messages, images=True)
+        new: dict[str | int, MessageView] = {}  # a screenshot the conversation holds twice is one image
+        for part in image_parts(converted):
+            source = image_source(part)
+            if images.get(source) is None:
+                new.setdefault(source if isinstance(source, str) else id(source), part)
+        if not new:
+            return
+        parts = list(new.values())
+
+        def expand_all() -> list[tuple[str | Image, ImageExpansion]]:
+            return [(image_source(p), self.expand(load_image(image_source(p)))) for p in parts]
+
+        for source, expansion in await run_blocking(expand_all, timeout_s=_PREPARE_TIMEOUT_S,
+                                                    what=f"processing {len(parts)} image(s) of an episode"):
+            images.put(source, expansion)
 
     def _image(self, part: MessageView) -> Image:
         """The part's image, decoded once per source while something holds it (an episode re-renders its screenshots
@@ -421,9 +588,10 @@ class ChatTemplate:
         assert isinstance(text, str), "decode of one sequence returns its text"
         return text
 
-    def prompt(self, messages: MessagesView, tools: Tools | None = None) -> Encoded:
-        """The rendered conversation as ids, with its images."""
-        return self.encode_with_images(*self._render(messages, tools))
+    def prompt(self, messages: MessagesView, tools: Tools | None = None,
+               images: EpisodeImages | None = None) -> Encoded:
+        """The rendered conversation as ids, with its images (expanded once per episode: ``images``)."""
+        return self.encode_with_images(*self._render(messages, tools), images)
 
     def prompt_ids(self, messages: MessagesView,
                    tools: Tools | None = None) -> list[int]:
@@ -431,19 +599,20 @@ class ChatTemplate:
 
     def bridge(
         self, messages: MessagesView, held: Encoded, last_turn: Generation, stop_ids: Sequence[int],
-        tools: Tools | None = None,
+        tools: Tools | None = None, images: EpisodeImages | None = None,
     ) -> tuple[Encoded, bool]:
         """Tokens between the last sampled turn and the next generation prompt (with the images they hold), and
         whether they were realigned.
 
         ``messages`` is the whole conversation, ending with the new user (or tool) messages; the last assistant
         message holds what ``last_turn`` sampled (its text, or the tool calls parsed from it). ``held`` is what
-        the episode holds so far (``TrajectoryBuilder.held()``).
+        the episode holds so far (``TrajectoryBuilder.held()``); ``images`` the episode's image expansions, so that
+        the conversation's earlier images are not processed again.
         """
         text, parts = self._render(messages, tools)
         # sampled text that reads as an image placeholder re-renders as one: then only the realignment rule applies
         if self._image_token is None or text.count(self._image_token) == len(parts):
-            full = self.encode_with_images(text, parts)
+            full = self.encode_with_images(text, parts, images)
             n, k = len(held.ids), len(held.unexpanded_ids)
             if full.ids[:n] == held.ids and full.unexpanded_ids[:k] == held.unexpanded_ids:
                 new_images = full.images[len(held.images):]
@@ -471,4 +640,28 @@ class ChatTemplate:
                 f"the chat template renders {len(parts)} image(s) where the episode holds {len(held.images)} and "
                 f"the new messages add {new}: it rewrites earlier images, which ep_trl cannot train on token-exactly."
             )
-        return self.encode_with_images(tail, parts[len(parts) - new:]), True
+        return self.encode_with_images(tail, parts[len(parts) - new:], images), True
+
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    """The id of one token the tokenizer has."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, int):
+        raise TypeError(f"the tokenizer gave {found!r} as the id of {token!r}")
+    return found
+
+
+def _spliced(ids: Sequence[int], placeholder: int, expansions: Sequence[ImageExpansion]) -> tuple[int, ...]:
+    """``ids`` with each ``placeholder`` replaced by the next expansion's ids, in order."""
+    out: list[int] = []
+    start = 0
+    for expansion in expansions:
+        at = ids.index(placeholder, start)
+        out.extend(ids[start:at])
+        out.extend(expansion.ids)
+        start = at + 1
+    if placeholder in ids[start:]:
+        raise ValueError(f"the text's ids hold more image placeholders ({placeholder}) than its {len(expansions)} "
+                         "image part(s)")
+    out.extend(ids[start:])
+    return tuple(out)

@@ -59,21 +59,28 @@ def joined_vision_inputs(processing_class: Any, input_ids: torch.Tensor,
     that give each row its own (Idefics2/3's), each image zero-padded to the largest height and width as those pad a
     batch; else along the first axis (Qwen-VL's patches and grids). Equal to :func:`vision_inputs` over the same
     images, without processing them again."""
-    import torch
-
     if input_ids.shape[0] != 1:
         raise ValueError(f"joined_vision_inputs builds one row, got {input_ids.shape[0]} rows of token ids")
+    return _with_token_types(processing_class, input_ids, joined_pixels(pixels), [num_images])
+
+
+def joined_pixels(pixels: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The image processor's outputs for parts of one row's images (each for one row, in placeholder order) joined
+    as it lays out the row's images at once: along the per-row image axis for processors that give each row its own
+    (Idefics2/3's), each image zero-padded to the largest height and width; else along the first axis (Qwen-VL's
+    patches and grids)."""
+    import torch
+
     if not pixels:
-        raise ValueError("joined_vision_inputs needs the processed pixels of at least one image")
+        raise ValueError("joined_pixels needs the processed pixels of at least one image")
     if not _per_row(pixels[0], 1):
-        return _with_token_types(processing_class, input_ids, {key: torch.cat([part[key] for part in pixels])
-                                                        for key in pixels[0]}, [num_images])
+        return {key: torch.cat([part[key] for part in pixels]) for key in pixels[0]}
     kwargs = {}
     for key in pixels[0]:
         parts = [part[key] for part in pixels]
         frame = [max(sizes) for sizes in zip(*(part.shape[2:] for part in parts))]
         kwargs[key] = torch.cat([_zero_padded(part, frame) for part in parts], dim=1)
-    return _with_token_types(processing_class, input_ids, kwargs, [num_images])
+    return kwargs
 
 
 def _zero_padded(part: torch.Tensor, frame: list[int]) -> torch.Tensor:
