@@ -26,7 +26,8 @@ from ep_trl.trajectory.sample_images import images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory.tokens import ChatTemplate
-from tests.support.async_training import Recorded, VersionSnapshots, turn_source, wait_until
+from tests.support.async_training import (Recorded, SampleTurns, TurnGaps, VersionSnapshots, check_turn_versions,
+                                          wait_until)
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 from tests.support.trainers import assert_trained
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
@@ -98,11 +99,13 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     """EvalRolloutWorker on the processor, CPUAsyncImagesGRPOTrainer, weights through disk to the real server: every
     sampled turn's logprobs equal the teacher-forced logprobs WITH the pixels of the version the turn recorded (or
     the next one, the sync race docs/async.md describes), except a turn in flight when a sync paused the server,
-    whose first token is one policy's (at most one such turn per slot and sync: the rule of the text test,
-    tests.support.async_training.turn_source); they differ from the logprobs without the pixels and from those with
-    another sample's screenshots; turns of the trained policy match it, so the vision weights reached the server; the
-    steps move the vision tower; the trainer's sampling_logp_difference (|its logprobs - sampled|, from the forward
-    with pixels) is < 1e-3 at step 1."""
+    whose first token is one policy's (at most one such turn per slot at each sync); every sample is tagged with its
+    oldest turn's version (at most one older than the policy that sampled that turn); adjacent versions tell more
+    than half the turns apart, so the rule can fail (the text test's rule, one function:
+    tests.support.async_training.check_turn_versions); they differ from the logprobs without the pixels and from
+    those with another sample's screenshots; turns of the trained policy match it, so the vision weights reached the
+    server; the steps move the vision tower; the trainer's sampling_logp_difference (|its logprobs - sampled|, from
+    the forward with pixels) is < 1e-3 at step 1."""
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
                            per_device_train_batch_size=4, max_completion_length=256, max_steps=3, logging_steps=1,
                            learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no", max_staleness=0,
@@ -136,7 +139,7 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     by_group = {}
     for sample in worker.rollout_buffer.samples:
         by_group.setdefault(sample.group_id, []).append(sample)
-    exact, checked, held_across_sync, text_only_gap, swapped_gap = set(), 0, 0, float("inf"), float("inf")
+    checked, text_only_gap, swapped_gap = [], float("inf"), float("inf")
     for released in worker.groups:
         samples = by_group.get(released.group, [])
         if len(samples) != released.samples:
@@ -149,32 +152,36 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
             assert len(turns) == len(versions)
             if max(versions) + 1 not in snapshots.states:
                 continue  # played on weights of a step whose snapshot the run ended before taking
-            for turn, version in zip(turns, versions):
-                gaps = {}
-                for v in (version, version + 1):
-                    reference = token_logprobs(policy(v), processor, ids, images)
-                    gaps[v] = [abs(reference[at - 1] - logprob) for at, logprob in turn]
-                source = turn_source(gaps[version], gaps[version + 1], version, LOGPROB_TOL)
-                held_across_sync += source.held
-                if not source.held and source.policy == version:
-                    exact.add(version)
+            reference = {v: token_logprobs(policy(v), processor, ids, images)
+                         for v in set(versions) | {v + 1 for v in versions}}
+
+            def gaps(v, turn):  # each of the turn's tokens: |policy v's teacher-forced logprob - the sampled one|
+                return tuple(abs(reference[v][at - 1] - logprob) for at, logprob in turn)
+
+            checked.append(SampleTurns(sample.model_version, tuple(
+                TurnGaps(version, gaps(version, turn), gaps(version + 1, turn))
+                for turn, version in zip(turns, versions))))
             without = token_logprobs(policy(versions[0]), processor, ids, images, pixels=False)
             text_only_gap = min(text_only_gap, max(abs(without[at - 1] - lp) for at, lp in turns[0]))
             other = other_pictures(sample, worker.rollout_buffer.samples)  # another sample's screenshots, as many
             if other is not None:
                 swapped = token_logprobs(policy(versions[0]), processor, ids, other)
                 swapped_gap = min(swapped_gap, max(abs(swapped[at - 1] - lp) for at, lp in turns[0]))
-            checked += 1
-    assert checked >= 8 and 1 in exact and max(exact) >= 2, (checked, sorted(exact))
+    # each turn its recorded policy's or the next one's, each sample tagged with its oldest turn's version, most turns
+    # told apart by adjacent versions, at most one held turn per slot and sync
+    check = check_turn_versions(checked, worker.slots, LOGPROB_TOL)
+    exact, held_across_sync = sorted(check.exact), sum(check.held.values())
+    assert len(checked) >= 8 and 1 in exact and max(exact) >= 2, (len(checked), exact)
     # a sync holds at most the turns then in flight, one per episode slot
-    assert held_across_sync <= trainer.weight_transfer.syncs * worker.slots, (held_across_sync, checked)
+    assert held_across_sync <= trainer.weight_transfer.syncs * worker.slots, (check.held, len(checked))
     assert text_only_gap > 0.1  # scored without the pixels, every checked sample moves
     assert swapped_gap > 0.1  # scored with another sample's screenshots, every checked sample moves
     assert worker.dropped_stale + sum(h.get("sample/dropped_stale_total", 0) for h in trainer.state.log_history) > 0
-    print(f"async VLM run: {seconds:.1f} s for 3 steps, {checked} samples checked, {worker.dropped_stale} dropped "
-          f"stale by the worker, versions exact {sorted(exact)}, "
-          f"text-only gap >= {text_only_gap:.3f}, swapped-pictures gap >= {swapped_gap:.3f}, "
-          f"{held_across_sync} turns held across a sync, step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
+    print(f"async VLM run: {seconds:.1f} s for 3 steps, {len(checked)} samples checked, {worker.dropped_stale} "
+          f"dropped stale by the worker, versions exact {exact}, {check.told_apart} of {check.turns} turns told "
+          f"apart, text-only gap >= {text_only_gap:.3f}, swapped-pictures gap >= {swapped_gap:.3f}, turns held per "
+          f"sync {dict(check.held)} ({worker.slots} slots, {trainer.weight_transfer.syncs} syncs), "
+          f"step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
           f"sampling_logp_difference/max per step "
           f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
 

@@ -20,7 +20,8 @@ from ep_trl.adapters import trl_seam
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.probe import served_models
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
-from tests.support.async_training import Recorded, VersionSnapshots, turn_source, wait_until
+from tests.support.async_training import (Recorded, SampleTurns, TurnGaps, VersionSnapshots, check_turn_versions,
+                                          wait_until)
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_letters_server
 from tests.support.references import teacher_forced_logprobs
@@ -159,9 +160,11 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     old_log_probs are the teacher-forced logprobs of the policy version the worker recorded for it (or of the next
     one: the server's weights change before the trainer calls update_model_version, the race the tag is
     conservative about), except a turn in flight when a sync paused the server, which finishes on the new weights
-    over the old ones' cache (its first token is one policy's; at most one such turn per slot and sync). A sample
-    whose turns span a weight sync is tagged with its oldest turn's version. TRL's own
-    ratio is 1 at step 1, and the server's weights change with training."""
+    over the old ones' cache (its first token is one policy's; at most one such turn per slot at each sync). Every
+    sample is tagged with its oldest turn's version (at most one older than the policy that sampled that turn), and
+    a sample whose turns span a weight sync with the older one. Adjacent versions tell more than half the turns
+    apart, so the rule can fail (tests.support.async_training.check_turn_versions). TRL's own ratio is 1 at step 1,
+    and the server's weights change with training."""
     snapshots = VersionSnapshots(model_dir, AutoModelForCausalLM)
     args = config(tmp_path, server_url)
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[snapshots], buffer_size=64)
@@ -183,30 +186,23 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
     for sample in worker.rollout_buffer.samples:
         assert len(sample.input_ids) == len(sample.completion_mask) == len(sample.old_log_probs)
         assert np.all(sample.old_log_probs[sample.completion_mask == 0] == 0.0)
-    exact, spanning, told_apart, turns, held_across_sync = {}, [], 0, 0, 0
+    checked, spanning = [], []
     for sample, versions in samples_with_turn_versions(worker):
         if max(versions) + 1 not in snapshots.states:
             continue  # played on weights of a step whose snapshot the run ended before taking
         gaps = {v: turn_gaps(policy(v), sample) for v in set(versions) | {v + 1 for v in versions}}
         assert len(gaps[versions[0]]) == len(versions)  # one recorded version per sampled turn
-        sampled_by = []  # the policy whose logprobs each turn carries: its recorded version, or the next one
-        for turn, version in enumerate(versions):
-            source = turn_source(gaps[version][turn], gaps[version + 1][turn], version, TOLERANCE)
-            sampled_by.append(source.policy)
-            if source.held:  # in flight when the trainer synced: its first token is one policy's
-                held_across_sync += 1
-                continue
-            turns, told_apart = turns + 1, told_apart + source.told_apart
-            if source.policy == version:
-                exact[version] = sample
-        # the tag the trainer sees: its oldest turn's version, never newer than the weights that sampled that turn
-        assert min(sampled_by) - 1 <= sample.model_version <= min(sampled_by), (sample.model_version, sampled_by)
+        checked.append((sample, SampleTurns(sample.model_version, tuple(
+            TurnGaps(version, tuple(gaps[version][turn]), tuple(gaps[version + 1][turn]))
+            for turn, version in enumerate(versions)))))
         if len(set(versions)) > 1:
             spanning.append((sample, versions))
-    # adjacent policies tell a turn apart (a turn of near-certain tokens can match both; most do not)
-    assert told_apart > turns / 2, (told_apart, turns)
+    # each turn its recorded policy's or the next one's, each sample tagged with its oldest turn's version, most turns
+    # told apart by adjacent versions, at most one held turn per slot and sync
+    check = check_turn_versions([turns for _, turns in checked], worker.slots, TOLERANCE)
+    exact = {version: checked[index][0] for version, index in check.exact.items()}
     # a sync holds at most the turns then in flight, one per episode slot
-    assert held_across_sync <= trainer.weight_transfer.syncs * worker.slots, (held_across_sync, turns)
+    assert sum(check.held.values()) <= trainer.weight_transfer.syncs * worker.slots, (check.held, check.turns)
     assert 1 in exact and max(exact) >= 2, sorted(exact)  # turns of the first policy and of a trained one
     assert spanning, "no sample spanned a weight sync"
     assert all(sample.model_version == min(versions) < max(versions) for sample, versions in spanning)

@@ -1,10 +1,11 @@
 """What the asynchronous training tests record (every sample the worker put on its buffer, the policy of each version
-the trainer synced), the rule that tells which policy sampled a turn, released groups built as the stream releases
-them, and a wait for a condition."""
+the trainer synced), the rule that tells which policy sampled a turn and the check of a run's turns against it
+(``check_turn_versions``, shared by the text and the vision-language tests), released groups built as the stream
+releases them, and a wait for a condition."""
 
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +60,68 @@ def turn_source(recorded: Sequence[float], next_one: Sequence[float], version: i
         policy = version if max(recorded) < tolerance else version + 1
         return TurnSource(policy, held=False, told_apart=(max(recorded) < tolerance) != (max(next_one) < tolerance))
     first_by = [v for v, gaps in ((version, recorded), (version + 1, next_one)) if gaps[0] < tolerance]
-    assert first_by, (version, list(recorded), list(next_one))
+    assert first_by, f"a turn recorded under {version} matches neither it nor the next version: {recorded}, {next_one}"
     return TurnSource(first_by[0], held=True, told_apart=False)
+
+
+@dataclass(frozen=True)
+class TurnGaps:
+    """One sampled turn: the version the worker recorded for it, and its tokens' gaps to the teacher-forced logprobs of
+    that version (``recorded``) and of the next one (``next_one``), in token order."""
+
+    version: int
+    recorded: tuple[float, ...]
+    next_one: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class SampleTurns:
+    """A sample's sampled turns in order, and the version the trainer sees on it (``sample.model_version``)."""
+
+    model_version: int
+    turns: tuple[TurnGaps, ...]
+
+
+@dataclass(frozen=True)
+class VersionCheck:
+    """What ``check_turn_versions`` found: ``turns`` not held, ``told_apart`` of them matched by exactly one of the two
+    policies; ``held``: per sync, named by the version it replaced, the turns held across it; ``exact``: per version,
+    the index of the last sample with a turn (not held) of that version's own policy."""
+
+    turns: int
+    told_apart: int
+    held: Mapping[int, int]
+    exact: Mapping[int, int]
+
+
+def check_turn_versions(samples: Sequence[SampleTurns], slots: int, tolerance: float) -> VersionCheck:
+    """The rule of a run's recorded versions, on every turn of ``samples`` (a worker with ``slots`` episode slots):
+
+    * each turn's logprobs are its recorded version's or the next one's, or it is held (``turn_source``);
+    * a sample is tagged with its oldest turn's version, never newer than the policy that sampled that turn and at
+      most one older: ``min(sampled_by) - 1 <= model_version <= min(sampled_by)``;
+    * adjacent versions tell more than half the turns not held apart (a turn of near-certain tokens can match both;
+      most do not), so the first two rules can fail;
+    * a sync holds at most the turns then in flight, one per slot: at most ``slots`` turns per sync (the sync from
+      the policy a held turn's first token matches to the next one), not only in total."""
+    turns, told_apart, held, exact = 0, 0, {}, {}
+    for index, sample in enumerate(samples):
+        assert sample.turns, f"sample {index} has no sampled turn"
+        sampled_by = []  # the policy whose logprobs each turn carries
+        for turn in sample.turns:
+            source = turn_source(turn.recorded, turn.next_one, turn.version, tolerance)
+            sampled_by.append(source.policy)
+            if source.held:  # in flight when the trainer synced away from source.policy
+                held[source.policy] = held.get(source.policy, 0) + 1
+                continue
+            turns, told_apart = turns + 1, told_apart + source.told_apart
+            if source.policy == turn.version:
+                exact[turn.version] = index
+        assert min(sampled_by) - 1 <= sample.model_version <= min(sampled_by), (
+            f"sample {index} is tagged {sample.model_version}, its turns were sampled by {sampled_by}")
+    assert told_apart > turns / 2, f"adjacent versions tell only {told_apart} of {turns} turns apart"
+    assert all(count <= slots for count in held.values()), f"turns held per sync {held}, more than {slots} slots"
+    return VersionCheck(turns, told_apart, held, exact)
 
 
 def released_group(group: int, prompt: str, trajectories: Sequence[Any], scores: Sequence[float],
