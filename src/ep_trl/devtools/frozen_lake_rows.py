@@ -12,8 +12,11 @@ model to read from the grid.
 """
 
 import argparse
+import ast
 import json
-from collections.abc import Iterator
+import re
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 SYSTEM_PROMPT = ("You play FrozenLake on a 4x4 grid of tiles: S is the start, F is safe ice, H is a hole and G is the "
@@ -27,6 +30,59 @@ def rows(count: int, first_seed: int = 0) -> Iterator[dict[str, object]]:
     for seed in range(first_seed, first_seed + count):
         yield {"id": f"lake-{seed}", "system_prompt": SYSTEM_PROMPT, "user_prompt_template": USER_PROMPT_TEMPLATE,
                "environment_context": {"game": "FrozenLake", "map_name": "4x4", "seed": seed}}
+
+
+#: The moves, as the benchmark's tool takes them, and where each goes (row, column).
+MOVES = {"LEFT": (0, -1), "DOWN": (1, 0), "RIGHT": (0, 1), "UP": (-1, 0)}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def lake_in(messages: Sequence[Mapping[str, object]]) -> tuple[list[str], int]:
+    """The latest lake the messages show (its rows of S, F, H, G) and the player's position: the MCP server's
+    observation, a JSON object in a tool result or its Python form in the first user message (``{observation}``).
+    ValueError when no message shows one."""
+    for message in reversed(messages):
+        content = message.get("content")
+        if not isinstance(content, str) or "grid" not in content:
+            continue
+        found = re.search(r"\{.*\}", content, flags=re.S)
+        if found is None:
+            continue
+        try:
+            observation = json.loads(found.group(0))
+        except json.JSONDecodeError:
+            observation = ast.literal_eval(found.group(0))
+        grid = _ANSI.sub("", str(observation["grid"]))
+        rows = [line for line in grid.splitlines() if line and set(line) <= set("SFHG")]
+        return rows, int(observation["position"])
+    raise ValueError("no message shows the lake (a grid and a position)")
+
+
+def shortest_path_move(messages: Sequence[Mapping[str, object]]) -> str:
+    """The first move of a shortest path from the player's position to the goal that avoids the holes, on the lake
+    the messages show last: a scripted expert for ``python -m ep_trl.devtools.record_demonstrations --player``."""
+    rows, position = lake_in(messages)
+    size = len(rows)
+    start = divmod(position, size)
+    queue: deque[tuple[tuple[int, int], str | None]] = deque([(start, None)])
+    seen = {start}
+    while queue:
+        (r, c), first = queue.popleft()
+        if rows[r][c] == "G":
+            return first or _in_place(start, size)
+        for move, (dr, dc) in MOVES.items():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < size and 0 <= nc < size and (nr, nc) not in seen and rows[nr][nc] != "H":
+                seen.add((nr, nc))
+                queue.append(((nr, nc), first or move))
+    raise ValueError(f"no safe path to the goal on {rows} from {position}")
+
+
+def _in_place(position: tuple[int, int], size: int) -> str:
+    """On the goal (the episode has ended; the benchmark's processor asks for one more turn): a move into the lake's
+    edge, which leaves the player where it is."""
+    r, c = position
+    return next(move for move, (dr, dc) in MOVES.items() if not (0 <= r + dr < size and 0 <= c + dc < size))
 
 
 def write(path: Path, count: int, first_seed: int = 0) -> Path:

@@ -4,6 +4,7 @@
 
     python -m ep_trl.devtools.record_demonstrations ENV_PATH --out DEMOS.jsonl --choices LEFT,DOWN,RIGHT,UP \\
         [--argument action] [--tool lake_move] [--rows N] [--repeat R] [--seed S]
+    python -m ep_trl.devtools.record_demonstrations ENV_PATH --out DEMOS.jsonl --player MODULE:FUNCTION
 
 The eval's own processor plays ``--rows`` of its rows (``--repeat`` episodes each), as ``ep-trl train --held-out``
 scores rows (its ``evalprotocol.processors``), against a scripted player: an OpenAI-compatible server on 127.0.0.1,
@@ -14,6 +15,11 @@ messages and the tools the processor offered (as the scripted server received th
 
 The moves are random: the demonstrations teach the format of a turn (a tool call with a valid argument), not how to
 win. A warm start on them gives GRPO a policy whose turns are actions, and leaves finding the good ones to GRPO.
+
+With ``--player MODULE:FUNCTION`` the argument is what ``FUNCTION(messages)`` returns for the messages of the request
+(the conversation so far, the latest observation last) instead of a random draw: a scripted expert, e.g.
+``ep_trl.devtools.frozen_lake_rows:shortest_path_move`` (a shortest safe path on the lake the messages show).
+Demonstrations of an expert teach the moves too; "before" is then the warm-started policy, which already reads some.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import random
 import sys
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +49,9 @@ if TYPE_CHECKING:
 #: The model name each episode's calls carry (``scripted-<episode>``): the server tells episodes apart by it.
 MODEL_PREFIX = "scripted-"
 
+#: A scripted expert: the request's messages (the latest observation last) to the tool argument's value.
+Policy = Callable[[Sequence[Mapping[str, object]]], str]
+
 #: How long one episode may take.
 EPISODE_TIMEOUT_S = 600.0
 
@@ -50,19 +60,22 @@ EPISODE_TIMEOUT_S = 600.0
 class ScriptedPlayer:
     """What the scripted server answers: a call of ``tool`` (None: the one tool a request offers) with
     ``{argument: choice}`` (``argument`` None: the tool's only parameter), ``choice`` drawn from ``choices`` by a
-    generator seeded with ``seed``, the episode's model name and the turn."""
+    generator seeded with ``seed``, the episode's model name and the turn; or, with ``policy``, what it returns for
+    the request's messages (one of ``choices`` when those are given)."""
 
     choices: tuple[str, ...]
     tool: str | None = None
     argument: str | None = None
     seed: int = 0
+    policy: Policy | None = None
 
     def __post_init__(self) -> None:
-        if not self.choices or not all(self.choices):
+        if self.policy is None and not self.choices or not all(self.choices):
             raise ValueError(f"--choices {','.join(self.choices)!r}: give the argument's values, comma-separated, e.g. "
-                             "--choices LEFT,DOWN,RIGHT,UP")
+                             "--choices LEFT,DOWN,RIGHT,UP (or a scripted expert with --player MODULE:FUNCTION)")
 
-    def answer(self, tools: Sequence[Mapping[str, object]], model: str, turn: int) -> tuple[str, dict[str, str]]:
+    def answer(self, tools: Sequence[Mapping[str, object]], model: str, turn: int,
+               messages: Sequence[Mapping[str, object]] = ()) -> tuple[str, dict[str, str]]:
         """The tool to call and its arguments; ValueError naming the fix when the request's tools do not allow one
         call."""
         offered = {str(f.get("name")): f for t in tools if isinstance(f := t.get("function"), Mapping)}
@@ -86,7 +99,11 @@ class ScriptedPlayer:
             argument = names[0]
         elif names and argument not in names:
             raise ValueError(f"--argument {argument}: tool {name} takes {', '.join(names)}")
-        choice = random.Random(f"{self.seed}:{model}:{turn}").choice(self.choices)
+        if self.policy is None:
+            return name, {argument: random.Random(f"{self.seed}:{model}:{turn}").choice(self.choices)}
+        choice = self.policy(messages)
+        if self.choices and choice not in self.choices:
+            raise ValueError(f"the player answered {choice!r}, not one of --choices {','.join(self.choices)}")
         return name, {argument: choice}
 
 
@@ -166,7 +183,7 @@ class ScriptedServer:
         turn = self.turns.get(model, 0)
         self.turns[model] = turn + 1
         try:
-            name, arguments = self.player.answer(tools, model, turn)
+            name, arguments = self.player.answer(tools, model, turn, list(body.get("messages") or []))
         except ValueError as error:
             self.error = self.error or str(error)
             return web.json_response({"error": {"message": str(error), "type": "invalid_request_error"}}, status=400)
@@ -264,16 +281,34 @@ class _NoLog:
         return []
 
 
+def load_policy(spec: str) -> Policy:
+    """``MODULE:FUNCTION`` imported; ValueError naming the fix when it does not name a function."""
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise ValueError(f"--player {spec!r}: give MODULE:FUNCTION, e.g. ep_trl.devtools.frozen_lake_rows:shortest_path_move")
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"--player {spec}: {error}") from error
+    if not callable(function):
+        raise ValueError(f"--player {spec}: {function_name} is not a function")
+    return function  # type: ignore[no-any-return]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ep_trl.devtools.record_demonstrations",
-        description="Play an eval's rows with a scripted player that calls the eval's tool with random arguments, "
+        description="Play an eval's rows with a scripted player that calls the eval's tool with random arguments (or "
+                    "a scripted expert's), "
                     "and write each episode as a JSON line: demonstrations for `ep-trl train --warm-start`.")
     parser.add_argument("env_path", metavar="ENV_PATH",
                         help="the eval: path/to/eval.py::test_name or module::test_name")
     parser.add_argument("--out", required=True, help="the JSON-lines file to write")
-    parser.add_argument("--choices", required=True,
+    parser.add_argument("--choices", default="",
                         help="the argument's values, comma-separated, one drawn per turn, e.g. LEFT,DOWN,RIGHT,UP")
+    parser.add_argument("--player", default=None, metavar="MODULE:FUNCTION",
+                        help="a scripted expert instead of random draws: FUNCTION(messages) returns the argument's "
+                             "value for the request's messages, e.g. ep_trl.devtools.frozen_lake_rows:shortest_path_move")
     parser.add_argument("--argument", default=None, help="the tool's argument the player sets (default: its only one)")
     parser.add_argument("--tool", default=None, help="the tool the player calls (needed when the eval offers several)")
     parser.add_argument("--rows", type=int, default=None, help="play the eval's first N rows (default: all)")
@@ -291,8 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..errors import EpTrlError
 
     try:
-        player = ScriptedPlayer(tuple(c.strip() for c in args.choices.split(",")), tool=args.tool,
-                                argument=args.argument, seed=args.seed)
+        choices = tuple(c.strip() for c in args.choices.split(",")) if args.choices else ()
+        player = ScriptedPlayer(choices, tool=args.tool, argument=args.argument, seed=args.seed,
+                                policy=load_policy(args.player) if args.player else None)
         recording = record(args.env_path, args.out, player, rows=args.rows, repeat=args.repeat,
                            concurrency=args.concurrency, input_dataset=args.input_dataset)
     except (ValueError, EpTrlError) as error:
