@@ -84,3 +84,47 @@ def test_a_tool_the_eval_does_not_offer_is_refused_through_the_command(tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--tool jump: the eval offers lake_move" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "d.jsonl").exists()
+
+
+def test_a_scripted_expert_answers_from_the_messages_and_is_loaded_by_module_and_name():
+    from ep_trl.devtools.record_demonstrations import load_policy
+
+    tools = [{"type": "function", "function": {"name": "lake_move", "parameters": {
+        "type": "object", "properties": {"action": {"type": "string"}}}}}]
+    expert = load_policy("ep_trl.devtools.frozen_lake_rows:shortest_path_move")
+    # the first observation as the benchmark's user prompt shows it (Python's form), the player at the start
+    first = [{"role": "user", "content": "The lake now:\n{'position': 0, 'grid': '\\n\\x1b[41mS\\x1b[0mFFH\\nFFFF\\n"
+                                         "HHHF\\nFFFG\\n'}\n\nPick your next move."}]
+    assert ScriptedPlayer((), policy=expert).answer(tools, "scripted-0", 0, first) == ("lake_move", {"action": "DOWN"})
+    # a later one as the MCP server's tool result (JSON): from tile 6 the only safe way is RIGHT, then down
+    later = [*first, {"role": "tool", "content": json.dumps(
+        {"position": 6, "grid": "  (Right)\nSF\x1b[41mF\x1b[0mH\nFFFF\nHHHF\nFFFG\n", "action": "RIGHT"})}]
+    assert ScriptedPlayer((), policy=expert).answer(tools, "scripted-0", 1, later)[1] == {"action": "RIGHT"}
+    with pytest.raises(ValueError, match="not one of --choices LEFT,UP"):
+        ScriptedPlayer(("LEFT", "UP"), policy=expert).answer(tools, "scripted-0", 0, first)
+    for spec, message in (("no_colon", "give MODULE:FUNCTION"), ("ep_trl.devtools.frozen_lake_rows:nothing", "nothing"),
+                          ("ep_trl.nowhere:f", "No module named")):
+        with pytest.raises(ValueError, match=message):
+            load_policy(spec)
+
+
+def test_the_expert_takes_a_shortest_safe_path_and_stays_put_on_the_goal():
+    from ep_trl.devtools.frozen_lake_rows import lake_in, shortest_path_move
+
+    lake = ["SFFH", "FHFF", "FFHF", "HFFG"]
+
+    def observe(position: int) -> list[dict]:
+        return [{"role": "tool", "content": json.dumps({"position": position, "grid": "\n".join(lake) + "\n"})}]
+
+    moves = {"LEFT": -1, "RIGHT": 1, "UP": -4, "DOWN": 4}
+    position, path = 0, []
+    while lake[position // 4][position % 4] != "G":
+        move = shortest_path_move(observe(position))
+        position += moves[move]
+        assert lake[position // 4][position % 4] != "H", path
+        path.append(move)
+    assert len(path) == 6  # no shorter way exists on this lake
+    assert lake_in(observe(15)) == (lake, 15)
+    assert shortest_path_move(observe(15)) in ("DOWN", "RIGHT")  # into the edge: the player stays on the goal
+    with pytest.raises(ValueError, match="no message shows the lake"):
+        shortest_path_move([{"role": "user", "content": "hello"}])
