@@ -10,7 +10,8 @@ milliseconds without importing ep_trl (or torch). It
 
 * leads a process group of its own, in which the command runs, so stopping the group stops whatever the command
   started too;
-* forwards SIGTERM, SIGINT and SIGHUP to the command and exits with the command's status;
+* forwards SIGTERM, SIGINT and SIGHUP to the command (one that comes while the command starts, once it has) and exits
+  with the command's status;
 * watches its parent: when the process that started it is gone (killed with SIGKILL, crashed), the guard is handed
   to another parent, and it terminates the command (SIGTERM, SIGKILL after ``KILL_AFTER_S``) within
   ``POLL_S``. Why not Linux's parent-death signal alone: it follows the *thread* that started the child, so a
@@ -45,6 +46,8 @@ KILL_AFTER_S = 5.0
 #: stderr lines kept in the log, and the prefix of its last line.
 KEPT_LINES = 40
 EXIT_MARK = "[ep_trl guard] exit status"
+#: The signals a guard passes on to its command (or that end the process it adopted).
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         os.setpgid(0, 0)  # lead a group of our own; the command inherits it
     if args.adopt is not None:
         return _adopt(args.adopt, args.parent)
+    early: list[int] = []  # signals that came while the command was starting: passed on once it has
+    for sig in SIGNALS:
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
     child = subprocess.Popen(command, stderr=subprocess.PIPE if args.stderr_log else None)
     _detach_stdio()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in SIGNALS:
         signal.signal(sig, lambda signum, _frame: _forward(child, signum))
+    for signum in early:
+        _forward(child, signum)
     pump = _StderrPump(child, args.stderr_log) if args.stderr_log else None
     while child.poll() is None:
         if os.getppid() != args.parent:  # the parent is gone: this guard was handed to another process
@@ -119,7 +127,7 @@ def _adopt(pid: int, parent: int) -> int:
     if adopted is None:
         return 0  # ended before the guard began
     asked: list[int] = []  # a signal's number, once one came (a handler takes no lock)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in SIGNALS:
         signal.signal(sig, lambda signum, _frame: asked.append(signum))
     while adopted.alive():
         if asked or os.getppid() != parent:
