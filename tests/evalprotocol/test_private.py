@@ -55,3 +55,12 @@ def test_a_moved_internal_module_fails_naming_it(monkeypatch):
     monkeypatch.setattr(_private, "MODULE_NAMES", _private.MODULE_NAMES + (("eval_protocol.no_such_module", "X"),))
     with pytest.raises(UnsupportedEvalError, match=r"eval_protocol.no_such_module.X cannot be imported"):
         private_name("eval_protocol.no_such_module", "X")
+
+
+def test_the_mcp_server_manager_still_lists_its_servers():
+    """ep_trl finds the MCP-gym servers to hand to its watchdog in this list (ep_trl.evalprotocol.mcp_servers)."""
+    from ep_trl.evalprotocol._private import SERVER_MANAGERS_ATTRIBUTE
+    from ep_trl.evalprotocol.mcp_servers import MANAGER_MODULE
+
+    manager = private_name(MANAGER_MODULE, "MCPServerManager")
+    assert isinstance(private_attr(manager, SERVER_MANAGERS_ATTRIBUTE), list)

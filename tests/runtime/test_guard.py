@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ep_trl.runtime.guard import EXIT_MARK, KEPT_LINES
+from ep_trl.runtime.guard import EXIT_MARK, KEPT_LINES, KILL_AFTER_S
 from ep_trl.runtime.processes import GUARD
 
 
@@ -98,3 +98,90 @@ def test_stdin_and_stdout_belong_to_the_command():
 def test_a_guard_without_a_command_is_refused(argv):
     result = subprocess.run([sys.executable, str(GUARD), *argv], capture_output=True, text=True, timeout=10)
     assert result.returncode == 2 and "no command" in result.stderr
+
+
+# --- --adopt: a process someone else started (eval-protocol's MCP-gym server) ------------------------------------
+
+def adopting(pid: int, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(GUARD), "--parent", str(os.getpid()), "--adopt", str(pid)], **popen)
+
+
+def test_an_adopted_process_and_its_descendants_end_when_the_parent_is_killed():
+    """The parent starts a server itself, in its own process group (as eval-protocol's MCPServerManager does), the
+    server starts a helper that ignores SIGTERM, and the parent hands the server's pid to a guard. SIGKILLed, the
+    parent runs no cleanup: the guard ends the server at once and the helper with SIGKILL after KILL_AFTER_S."""
+    server = ("import signal, subprocess, sys, time\n"
+              "helper = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(300)'], "
+              "stdout=subprocess.PIPE)\n"
+              "helper.stdout.readline()\n"
+              "print(helper.pid, flush=True)\n"
+              "time.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys, time\n"
+        f"server = subprocess.Popen([sys.executable, '-c', {server!r}], stdout=subprocess.PIPE, text=True)\n"
+        "helper = int(server.stdout.readline())\n"
+        f"g = subprocess.Popen([sys.executable, {str(GUARD)!r}, '--parent', str(os.getpid()), '--adopt', "
+        "str(server.pid)])\n"
+        "print(server.pid, helper, g.pid, flush=True)\n"
+        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    started: list[int] = []
+    try:
+        started = list(map(int, parent.stdout.readline().split()))
+        server_pid, helper_pid, guard_pid = started
+        assert psutil.Process(server_pid).ppid() == parent.pid and os.getpgid(server_pid) == os.getpgid(parent.pid)
+        time.sleep(0.5)  # the guard is watching
+        assert alive(server_pid) and alive(helper_pid) and alive(guard_pid)
+        killed = time.monotonic()
+        parent.kill()
+        parent.wait()
+        assert wait_gone(server_pid, 3.0), "the adopted server outlived its SIGKILLed parent"
+        assert alive(helper_pid)  # it ignores SIGTERM: SIGKILL comes KILL_AFTER_S later
+        assert wait_gone(helper_pid, KILL_AFTER_S + 3.0) and wait_gone(guard_pid, 3.0)
+        assert time.monotonic() - killed >= KILL_AFTER_S
+    finally:
+        parent.kill()
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_guard_of_an_adopted_process_leaves_when_the_process_ends_by_itself():
+    server = subprocess.Popen(["sleep", "300"])
+    guard = adopting(server.pid)
+    try:
+        time.sleep(0.6)
+        assert server.poll() is None and guard.poll() is None  # the guard watches; it does not end a live parent's
+        server.terminate()
+        server.wait(10)
+        assert guard.wait(3) == 0
+    finally:
+        server.kill()
+        guard.kill()
+
+
+def test_a_signalled_adopting_guard_ends_its_process():
+    """The guard stands for the process it adopted, as a command guard forwards its signals to the command."""
+    server = subprocess.Popen(["sleep", "300"])
+    guard = adopting(server.pid)
+    try:
+        time.sleep(0.5)
+        guard.send_signal(signal.SIGTERM)
+        assert guard.wait(10) == 0
+        assert server.wait(3) == -signal.SIGTERM
+    finally:
+        server.kill()
+        guard.kill()
+
+
+def test_an_adopted_pid_that_is_gone_ends_the_guard_at_once():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert adopting(gone.pid).wait(5) == 0
+
+
+@pytest.mark.parametrize("argv", [["--adopt", "1", "--", "sleep", "1"], ["--adopt", "1", "--stderr-log", "x"]])
+def test_an_adopting_guard_with_a_command_is_refused(argv):
+    result = subprocess.run([sys.executable, str(GUARD), "--parent", "1", *argv], capture_output=True, text=True,
+                            timeout=10)
+    assert result.returncode == 2 and "--adopt PID watches a running process" in result.stderr

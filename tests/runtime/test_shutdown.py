@@ -5,7 +5,8 @@ in the middle of a rollout call, while TRL collects a call's rollouts, between c
 collection, where Python drops an exception a signal handler raises inside a ``__del__`` or a weakref callback (before
 issue 24 that process trained on, 3 times in 4). Every one must exit with status 143 within seconds, with the rows
 of its finished episodes in the ``ep logs`` store and no environment or MCP server left. With SIGKILL nothing runs in
-the process, and the watchdog each server runs under stops it. Each way the first raise can be lost is also pinned on
+the process, and the watchdog each server runs under stops it (for the MCP-gym server eval-protocol's processor starts
+itself, the watchdog that adopted it). Each way the first raise can be lost is also pinned on
 a small program of its own.
 """
 
@@ -14,6 +15,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -28,6 +30,7 @@ import psutil
 import pytest
 
 from ep_trl.runtime import shutdown
+from ep_trl.runtime.processes import port_holder
 
 REPO = Path(__file__).resolve().parents[2]
 #: The child programs import this checkout's ep_trl (src/) and its tests package.
@@ -114,12 +117,28 @@ CASES = {  # the eval, and what marks its servers in their command lines
     "docker": ("tests.evals.eval_guess_docker", "tests.fixtures.guess_env.server.app:app"),
     "stdio_mcp": ("tests.evals.eval_calculator_agent", "calc_mcp_server.py stdio"),
 }
+#: eval-protocol's FrozenLake MCP-gym server, which its MCPGymRolloutProcessor starts itself with a plain Popen (not
+#: 9700, its default: other runs may hold it). Killed with its trainer before, it held its port and failed the next
+#: run's every episode ("Port 9700 is already in use").
+MCP_GYM_PORT = 9713
+SIGKILL_CASES = {**CASES, "mcp_gym": ("tests.evals.eval_frozen_lake_other_port",
+                                      f"frozen_lake/server.py --port {MCP_GYM_PORT}")}
+#: The port a case's server answers on once it is up (the processor starts it inside its call and waits for it).
+SERVER_PORTS = {"mcp_gym": MCP_GYM_PORT}
+
+
+def port_answers(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex(("localhost", port)) == 0
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(SIGKILL_CASES))
 def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_dir, tmp_path, stdio_agent_config):
-    env_path, marker = CASES[case]
+    env_path, marker = SIGKILL_CASES[case]
+    port = SERVER_PORTS.get(case)
+    assert port is None or not port_answers(port), f"port {port} is taken before the run: {port_holder(port)}"
     env = {**os.environ, "CALC_MCP_CONFIG": str(stdio_agent_config), "PYTHONPATH": CHILD_PYTHONPATH}
     trainer = subprocess.Popen([sys.executable, "-m", "tests.support.killable_training", env_path,
                                 str(tiny_model_dir), str(tmp_path / "out")], cwd=REPO, env=env,
@@ -134,6 +153,9 @@ def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_di
         while not [p for p in descendants(trainer.pid) if marker in command(p)]:  # the call is under way
             assert trainer.poll() is None and time.monotonic() < deadline, "".join(output)[-4000:]
             time.sleep(0.2)
+        while port is not None and not port_answers(port):  # its server is up
+            assert trainer.poll() is None and time.monotonic() < deadline, "".join(output)[-4000:]
+            time.sleep(0.2)
         started = {p: command(p) for p in descendants(trainer.pid)}
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(60)
@@ -146,7 +168,11 @@ def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_di
     while [p for p in started if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [f"{p.pid}: {line}" for p, line in started.items() if alive(p)]
+    for p in started:
+        if alive(p):
+            p.kill()  # this test's leftovers, by pid: the next run finds its port free
     assert not left, left
+    assert port is None or not port_answers(port)
 
 
 # --- SIGTERM at chosen moments of real training -----------------------------------------------------------------

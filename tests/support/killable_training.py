@@ -4,8 +4,8 @@
 
 Trains ENV_PATH through ``env_path`` alone with a real ``GRPOTrainer.train()``. Generation goes to a fault-injection
 server that never answers (``tests/support/faulty_vllm.py``, ``"hang"``), so from the first rollout call on the
-process is inside that call, with the eval's environment servers (started by ep_trl for a Docker-image eval) or
-its stdio MCP servers (started by the eval's processor) up, whenever the test kills it. Prints ``TRAINING`` just
+process is inside that call, with the eval's environment servers (started by ep_trl for a Docker-image eval), its
+stdio MCP servers or its MCP-gym server (started by the eval's processor) up, whenever the test kills it. Prints ``TRAINING`` just
 before ``train()``.
 """
 

@@ -1,7 +1,7 @@
 """The one guarded door to eval-protocol names that are not its public API.
 
 ep_trl reads the ``OpenEnvRolloutProcessor``'s settings (kept in private attributes), the eval wrapper's
-``_origin_func`` and a few internal modules of eval-protocol's log store. Every such name is listed here and read
+``_origin_func``, a few internal modules of eval-protocol's log store, and the servers ``MCPServerManager`` runs. Every such name is listed here and read
 through :func:`private_attr` or :func:`private_name`, so a rename in a new eval-protocol release fails at
 construction with a message naming the name, the installed version and the supported range, and
 ``tests/evalprotocol/test_private.py`` walks these lists against the installed eval-protocol.
@@ -20,6 +20,9 @@ PROCESSOR_ATTRIBUTES = ("_provided_env_factory", "_env_client_cls", "_env_base_u
 #: The attribute of an ``@evaluation_test`` wrapper that holds the undecorated body.
 BODY_ATTRIBUTE = "_origin_func"
 
+#: The class attribute of ``MCPServerManager`` that lists every server manager not stopped yet.
+SERVER_MANAGERS_ATTRIBUTE = "_active_servers"
+
 #: Names in eval-protocol modules that its package does not export.
 MODULE_NAMES = (
     ("eval_protocol.pytest.openenv_rollout_processor", "OpenEnvRolloutProcessor"),
@@ -27,6 +30,7 @@ MODULE_NAMES = (
     ("eval_protocol.event_bus.sqlite_event_bus_database", "SqliteEventBusDatabase"),
     ("eval_protocol.dataset_logger.dataset_logger", "LOG_EVENT_TYPE"),
     ("eval_protocol.pytest.generate_parameter_combinations", "generate_parameter_combinations"),
+    ("eval_protocol.pytest.default_mcp_gym_rollout_processor", "MCPServerManager"),
 )
 
 
@@ -44,7 +48,7 @@ def _unsupported(what: str) -> UnsupportedEvalError:
 
 def private_attr(obj: object, name: str) -> Any:
     """``obj.name`` for a listed private attribute; a clear error when this eval-protocol lacks it."""
-    if name not in PROCESSOR_ATTRIBUTES and name != BODY_ATTRIBUTE:
+    if name not in PROCESSOR_ATTRIBUTES and name not in (BODY_ATTRIBUTE, SERVER_MANAGERS_ATTRIBUTE):
         raise AssertionError(f"{name!r} is not listed in ep_trl.evalprotocol._private; list it before reading it")
     if not hasattr(obj, name):
         raise _unsupported(f"{type(obj).__name__} has no attribute {name!r}")

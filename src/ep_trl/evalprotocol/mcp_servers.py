@@ -1,4 +1,5 @@
-"""The stdio MCP servers an agent eval's processor starts, run under ep_trl's watchdog.
+"""The MCP servers an eval's processor starts, each under ep_trl's watchdog: an agent eval's stdio servers, and the
+servers eval-protocol's ``MCPServerManager`` starts (``MCPGymRolloutProcessor``'s MCP-gym server).
 
 An ``AgentRolloutProcessor`` eval names its MCP servers in a config file (``mcp_config_path``); the processor starts
 each stdio server itself, once per row, with MCP's stdio client, whose stderr goes to the console only. ep_trl hands
@@ -9,17 +10,32 @@ each row a copy of that config in which every stdio server's command runs under 
   the server's own words, instead of MCP's bare ``Connection closed``.
 
 URL servers are left as they are; a config without stdio servers is handed over unchanged.
+
+An ``MCPGymRolloutProcessor`` starts its server itself, inside its call (``MCPServerManager.start``: a plain
+``subprocess.Popen`` of ``python SERVER --port N``, then a wait of up to 15 s for the port), and stops it at the
+interpreter's exit only: a trainer killed with SIGKILL left it running, holding its port, and the next run's every
+episode failed ("Port 9700 is already in use"). While ep_trl calls a processor, ``watching_started_servers`` looks for
+every server an ``MCPServerManager`` of this process has started every ``WATCH_S`` and hands each new one to a
+watchdog (``guard.py --adopt PID``), which ends it and its descendants when the trainer ends, however it ends. What
+is left unwatched is the ``WATCH_S`` after the server's start.
 """
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._private import SERVER_MANAGERS_ATTRIBUTE, private_attr, private_name
 from ..runtime.guard import EXIT_MARK
-from ..runtime.processes import guarded
+from ..runtime.processes import adopting, guarded
 from ..trajectory.types import JSONObject
 
 #: How much of a server's stderr an episode error quotes.
@@ -112,3 +128,74 @@ class StdioServers:
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
+
+
+#: The module of eval-protocol's ``MCPServerManager`` (no manager exists before it is imported).
+MANAGER_MODULE = "eval_protocol.pytest.default_mcp_gym_rollout_processor"
+#: How often a processor's call is looked at for servers it started.
+WATCH_S = 0.05
+
+
+class _AdoptedServers:
+    """The watchdogs of this process's ``MCPServerManager`` servers, one per server for as long as it runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner = os.getpid()
+        self._watchdogs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def adopt_started(self) -> tuple[int, ...]:
+        """Hand every running server that an ``MCPServerManager`` of this process started, and no watchdog watches
+        yet, to one; the pids handed over."""
+        if MANAGER_MODULE not in sys.modules:
+            return ()
+        managers = private_attr(private_name(MANAGER_MODULE, "MCPServerManager"), SERVER_MANAGERS_ATTRIBUTE)
+        adopted = []
+        with self._lock:
+            if self._owner != os.getpid():  # a fork: the parent's watchdogs and servers are the parent's
+                self._owner, self._watchdogs = os.getpid(), {}
+            for pid, watchdog in list(self._watchdogs.items()):
+                if watchdog.poll() is not None:  # its server ended, and so did it
+                    del self._watchdogs[pid]
+            for manager in list(managers):
+                process = manager.process
+                if process is None or process.pid in self._watchdogs or not _runs_as_child(process.pid):
+                    continue
+                self._watchdogs[process.pid] = subprocess.Popen(adopting(process.pid), stdin=subprocess.DEVNULL,
+                                                                stdout=subprocess.DEVNULL)
+                adopted.append(process.pid)
+        return tuple(adopted)
+
+
+def _runs_as_child(pid: int) -> bool:
+    """``pid`` is a live child of this process (a fork's copy of its parent's managers names the parent's)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return process.ppid() == os.getpid() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+_ADOPTED = _AdoptedServers()
+
+
+@contextmanager
+def watching_started_servers() -> Iterator[None]:
+    """Around a processor's call: every ``WATCH_S`` while it runs, and once more when it returns or raises, each
+    server an ``MCPServerManager`` started is handed to a watchdog (``guard.py --adopt``)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(WATCH_S):
+            _ADOPTED.adopt_started()
+
+    watcher = threading.Thread(target=watch, name="ep-trl MCP server watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        _ADOPTED.adopt_started()

@@ -18,6 +18,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from .mcp_servers import watching_started_servers
 from .spec import EvalSpec
 from .store import DatasetLogger
 from ..trajectory.types import Row, Settings
@@ -96,7 +97,8 @@ async def run_row(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio
                   dataset_logger: DatasetLogger, mcp_config_path: str | None) -> Row:
     """One row through the eval's processor with ``params`` as its completion params (the config and the row carry
     the same ones, as ``evaluation_test`` sets them) and the rollout's copy of the eval's MCP config
-    (``mcp_servers``); returns the row the processor finished with."""
+    (``mcp_servers``); returns the row the processor finished with. A server the processor starts with eval-protocol's
+    ``MCPServerManager`` is handed to a watchdog as it starts (``mcp_servers.watching_started_servers``)."""
     from eval_protocol.pytest.types import RolloutProcessorConfig
 
     settings = spec.processor_settings
@@ -110,7 +112,8 @@ async def run_row(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio
         semaphore=semaphore,
         kwargs=dict(settings.get("kwargs") or {}),
     )
-    tasks = _processor(spec)([row], config)
+    with watching_started_servers():  # the server an MCP-gym processor starts in its call ends with the trainer
+        tasks = _processor(spec)([row], config)
     if len(tasks) != 1:
         raise RuntimeError(f"{spec.processor_name} returned {len(tasks)} tasks for one row")
     return await tasks[0]

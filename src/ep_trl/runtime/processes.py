@@ -5,7 +5,8 @@ the tests. Each server runs in its own session (process group) so helpers it spa
 (e.g. vLLM engine workers) are killed with it, and its stdout/stderr go to a
 log file (not a pipe, which a chatty server could fill and block on) whose
 tail is put into error messages. Each runs under ``ep_trl/runtime/guard.py``, a watchdog that stops it when the process
-that started it is gone, killed with SIGKILL included (``guarded``).
+that started it is gone, killed with SIGKILL included (``guarded``); a process a library started is handed to one
+(``adopting``).
 """
 
 import logging
@@ -147,6 +148,13 @@ def guarded(cmd: Sequence[str], stderr_log: Path | None = None) -> list[str]:
     included), and with ``stderr_log`` its last stderr lines are kept there."""
     log = ["--stderr-log", str(stderr_log)] if stderr_log is not None else []
     return [sys.executable, str(GUARD), "--parent", str(os.getpid()), *log, "--", *cmd]
+
+
+def adopting(pid: int) -> list[str]:
+    """The watchdog for ``pid``, a process this process started by other means (a library's ``subprocess.Popen``):
+    :mod:`ep_trl.runtime.guard` with ``--adopt`` ends it and its descendants when this process ends, however this
+    process ends (SIGKILL included)."""
+    return [sys.executable, str(GUARD), "--parent", str(os.getpid()), "--adopt", str(pid)]
 
 
 def start_server(

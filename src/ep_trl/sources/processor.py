@@ -234,8 +234,9 @@ def _environment_detail(exc: BaseException, mcp: RolloutServers) -> str | None:
     if found:
         port = int(found.group(1))
         holder = port_holder(port)
-        held = (f"port {port} is held by {holder}: stop it (it may be a server left behind by a training run that "
-                "was killed) or give the eval's server another port" if holder else
+        held = (f"port {port} is held by {holder}: stop it if no run needs it (another run's server, or one left "
+                "by a run that ep_trl did not drive; a killed ep_trl run's ends within seconds) or give the eval's "
+                "server another port" if holder else
                 f"port {port} is held by a process this user cannot see: free the port or give the server another")
     return "; ".join(part for part in (held, mcp.stderr_summary()) if part) or None
 
