@@ -7,7 +7,14 @@ input), for the vLLM server, the trainer backend and the async worker (the coloc
 ``tests/colocate/test_real_model_colocate.py``): mask-1 logprobs equal teacher-forced fp32 ones (< 1e-3), the decoded
 mask-1 text is exactly what the environment received, and the template's default system message stands once, at the
 start of the prompt. Then a short run that trains the real model through the sentiment eval on the CPU vLLM server,
-with the held-out score read through the eval's own processor and body.
+with the held-out score read through the eval's own processor and body, and one through the doors game (an OpenEnv
+eval, multi-turn).
+
+BrowserGym through the real model had a test here too (``train_smollm2_browsergym.py`` at 2 steps, 425 s in CI, the
+second slowest): cut to keep ``.ci/run`` under 60 minutes (issue 48), since faster tests cover what it checked: the
+real model on-policy through an OpenEnv eval's episodes (the doors test below, the same loop and server sync), the
+BrowserGym eval, warm start, held-out play and script end to end (``tests/test_train_browsergym_script.py`` and
+``tests/openenv/``, the tiny model).
 """
 
 import importlib.util
@@ -40,7 +47,6 @@ def _load_script(path: Path):
 
 
 train_smollm2 = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_trl.py")
-train_smollm2_browsergym = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_browsergym.py")
 train_smollm2_doors = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_doors.py")
 
 
@@ -166,38 +172,6 @@ def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
     assert sentiment.label_score("I cannot tell.", "negative")[0] == 0.0
     rows = [json.loads(line) for line in (Path(sentiment.DATASET)).read_text().splitlines()]
     assert len(rows) == 120 and sum(r["label"] == "positive" for r in rows) == 60
-
-
-@pytest.mark.timeout(1500)
-def test_the_real_model_trains_on_browsergym_tasks_through_the_environment_eval(real_url, real_model_dir, real_model,
-                                                                                 tmp_path):
-    """The real-model environment command (``train_smollm2_browsergym.py``), at its smallest: the warm start (three
-    training pages per task: fewer and it learns their element ids rather than the format), held-out instances played greedily before and after with every turn and whether its action
-    parsed, and two GRPO steps through the BrowserGym eval on the module's server (multi-turn episodes: enter-text
-    fills, then submits), on-policy (TRL's own sampling/logp check at rounding level) with a non-zero gradient, the
-    server left on the trained weights. Two groups of 6 per step: the warm-started policy completes click-button about
-    one time in four and enter-text about one in ten, so all four groups score alike with p < 0.01."""
-    out = tmp_path / "run"
-    assert train_smollm2_browsergym.main([
-        "--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "12", "--num-generations", "6",
-        "--held-out", "1", "--output-dir", str(out)]) == 0
-    result = json.loads((out / "result.json").read_text())
-    assert result["run"]["command"].split()[1] == "train_smollm2_browsergym.py" and len(result["run"]["commit"]) == 40
-    assert result["steps"] == 2 and result["tasks"] == ["click-button", "enter-text"]
-    for when in ("before", "after"):
-        episodes = result[f"held_out_{when}_episodes"]
-        assert [e["task"] for e in episodes] == ["click-button", "enter-text"]
-        assert all(e["turns"] and len(e["parsed"]) == len(e["turns"]) and e["status"] == "finished" for e in episodes)
-        figures = result[f"held_out_{when}"]
-        assert figures["episodes"] == 2 and 0.0 <= figures["success"] <= 1.0
-        assert all(e["prompt_tokens"] > 300 and e["completion_tokens"] > 0 for e in episodes)
-    steps = result["steps_logged"]
-    assert [s["step"] for s in steps] == [1, 2]
-    assert all(s["sampling/sampling_logp_difference/max"] < TOLERANCE for s in steps)
-    assert any(s["grad_norm"] > 0 for s in steps) and all(s["ep_trl/failed_fraction"] == 0.0 for s in steps)
-    assert max(s["ep_trl/mean_turns"] for s in steps) > 1.0  # some episodes took a second model turn
-    # the server serves the trained weights now, not the checkpoint's
-    assert_the_server_left_the_checkpoint(real_url, real_model_dir, real_model, 'Goal: Click on the "ok" button.')
 
 
 #: The doors test's size: 2 steps of 6 groups (houses drawn per episode) of 8 episodes, 96 episodes in all
