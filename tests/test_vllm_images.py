@@ -9,6 +9,7 @@ module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm
 """
 
 import asyncio
+import gc
 import re
 import threading
 import time
@@ -306,16 +307,82 @@ def worker_config(tmp_path, url):
                            temperature=1.0, report_to=[], vllm_server_base_url=url)
 
 
-@pytest.mark.timeout(300)
-def test_max_buffered_images_bounds_every_image_the_worker_holds(vlm_server, tiny_vlm_dir, letters_server, tmp_path,
-                                                                  monkeypatch):
-    """8 episode slots, groups of two episodes holding one picture each (a picture no other observation shares, so
-    each is its own decoded image), max_buffered_images=2. Every image the chat template decodes is watched (a weak
-    reference): while nobody drains the buffer, and then as the test takes one group's samples at a time, the images
-    alive, and the worker's own count (held_images), never exceed 2; the worker starts one group per group taken.
-    Before, only the buffer's images were bounded: all 8 slots started at once, 8 images in flight."""
-    from ep_trl.trajectory import tokens as trajectory_module
+def live_images(size):
+    """The decoded images of ``size`` alive in this process, found among every object the garbage collector tracks
+    (whoever holds them: samples, episodes, messages, rows, queues), and their bytes. Images still being read from their
+    file (``ImageFile``, the moment a data URI is decoded) are not counted. Objects are told by ``type``: asking a
+    lazy module proxy for its ``__class__`` warns."""
+    from PIL import Image, ImageFile
 
+    found = [obj for obj in gc.get_objects()
+             if issubclass(type(obj), Image.Image) and not issubclass(type(obj), ImageFile.ImageFile)
+             and obj.size == size]
+    return len(found), sum(image.width * image.height * len(image.getbands()) for image in found)
+
+
+def live_pixel_bytes(frames):
+    """The bytes of the pixel tensors alive in this process (tensors whose trailing dimensions are one of ``frames``,
+    the shapes the processing class gives an image's pixels), each storage counted once, found as ``live_images``
+    finds images."""
+    import torch
+
+    storages = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.dim() >= 4 and tuple(obj.shape[-2:]) in frames:
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+class MemoryWatch:
+    """What a rollout worker keeps alive, sampled in a thread while it runs: the decoded images the chat template
+    made (weak references: exact, none of the processing class's passing copies), the bytes of every pixel tensor
+    alive (``live_pixel_bytes``), and the worker's own count (``held_images``)."""
+
+    def __init__(self, worker, frames, decoded):
+        self.worker, self.frames, self.decoded = worker, frames, decoded
+        self.images, self.pixel_bytes, self.held = [0], [0], [0]
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="memory-watch")
+
+    def _poll(self):
+        while not self._done.is_set():
+            self.images.append(sum(ref() is not None for ref in list(self.decoded)))
+            self.pixel_bytes.append(live_pixel_bytes(self.frames))
+            self.held.append(self.worker.held_images() or 0)
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+
+@pytest.mark.timeout(420)
+def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_holds(vlm_server, tiny_vlm_dir,
+                                                                                   letters_server, tmp_path,
+                                                                                   monkeypatch):
+    """8 episode slots, groups of two episodes holding one 1280x720 screenshot each (a picture no other observation
+    shares, so each is its own decoded image), the rollout log on. Measured in this process while the worker runs:
+    the decoded images alive and the bytes of every pixel tensor alive, sampled every 20 ms, and at rest (buffer full,
+    nothing may start) every decoded screenshot alive, whoever holds it (samples, episodes' messages, log rows, the
+    metrics window). With max_buffered_images=2, while nobody drains the buffer and as the test takes one group's
+    samples at a time: never more than 2 images, 2 images' pixel bytes, 2 screenshots at rest. With the bound off, the
+    same measurements exceed all three (8 episodes at once): the test fails if the bound stops bounding."""
+    from ep_trl.trajectory import tokens as trajectory_module
+    from ep_trl.trajectory.sample_images import process_images
+    from PIL import Image
+    from tests.evals.eval_letters_new_pictures import SCREENSHOT_SIZE
+
+    processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
+    one = process_images(processor, [Image.new("RGB", SCREENSHOT_SIZE)]).pixels
+    frames = {tuple(t.shape[-2:]) for t in one.values()}
+    per_image = sum(t.untyped_storage().nbytes() for t in one.values())  # one screenshot's pixels, as processed
+    image_bytes = SCREENSHOT_SIZE[0] * SCREENSHOT_SIZE[1] * 3
+    del one
     decoded, real_load = [], trajectory_module.load_image
 
     def watched_load(source):
@@ -324,35 +391,49 @@ def test_max_buffered_images_bounds_every_image_the_worker_holds(vlm_server, tin
         return image
 
     monkeypatch.setattr(trajectory_module, "load_image", watched_load)
-    worker = EvalRolloutWorker(NEW_PICTURES_EVAL, args=worker_config(tmp_path, vlm_server.base_url),
-                               processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir), log_rollouts=False,
-                               max_buffered_images=2)
-    worker.take_images("test")
-    assert (worker.slots, worker.max_episode_images) == (8, 1)  # one picture per episode: its one environment step
-    alive, held, polling = [], [], threading.Event()
+    assert live_images(SCREENSHOT_SIZE)[0] == 0 and live_pixel_bytes(frames) == 0  # nothing before the worker
 
-    def poll():
-        while not polling.is_set():
-            alive.append(sum(ref() is not None for ref in list(decoded)))
-            held.append(worker.held_images())
-            time.sleep(0.005)
+    def worker(bound, out):
+        made = EvalRolloutWorker(NEW_PICTURES_EVAL, args=worker_config(tmp_path / out, vlm_server.base_url),
+                                 processing_class=processor, max_buffered_images=bound)
+        made.take_images("test")
+        return made
 
-    poller = threading.Thread(target=poll, name="images-poller")
-    poller.start()
-    worker.start()
-    try:
-        for taken in range(3):
-            wait_until(lambda: worker.rollout_buffer.qsize() == 2, 120)
-            time.sleep(1.0)  # nobody drains the buffer: no episode starts meanwhile
-            assert worker.meter.episodes == 2 * (taken + 1)
-            for _ in range(2):  # as a trainer takes them: the samples, and their images, leave the worker
-                worker.rollout_buffer.get_nowait()
-    finally:
-        polling.set()
-        poller.join()
-        worker.stop()
-    assert len(decoded) >= 6 and max(alive) >= 2, (len(decoded), max(alive))  # the watch sees the worker's images
-    assert max(alive) <= 2 and max(held) <= 2, (max(alive), max(held))
+    bounded = worker(2, "bounded")
+    assert (bounded.slots, bounded.max_episode_images) == (8, 1)  # one picture per episode: its one environment step
+    at_rest = []
+    with MemoryWatch(bounded, frames, decoded) as watch:
+        bounded.start()
+        try:
+            for taken in range(3):
+                wait_until(lambda: bounded.rollout_buffer.qsize() == 2, 120)
+                time.sleep(1.0)  # nobody drains the buffer: no episode starts meanwhile
+                assert bounded.meter.episodes == 2 * (taken + 1)
+                at_rest.append(live_images(SCREENSHOT_SIZE))
+                for _ in range(2):  # as a trainer takes them: the samples, and their images, leave the worker
+                    bounded.rollout_buffer.get_nowait()
+        finally:
+            bounded.stop()
+    assert len(decoded) >= 6 and max(watch.images) == 2, (len(decoded), max(watch.images))  # the watch sees them
+    assert max(watch.held) <= 2, max(watch.held)
+    assert max(watch.pixel_bytes) <= 2 * per_image, (max(watch.pixel_bytes), per_image)
+    assert all(count <= 2 and size <= 2 * image_bytes for count, size in at_rest), at_rest
+    assert bounded.engine.log_writer is not None and bounded.engine.log_writer.queued >= 6  # rows were logged
+    del bounded, watch
+    gc.collect()
+    decoded.clear()
+    assert live_images(SCREENSHOT_SIZE)[0] == 0 and live_pixel_bytes(frames) == 0  # the bounded worker's are gone
+    unbounded = worker(None, "unbounded")
+    with MemoryWatch(unbounded, frames, decoded) as watch:
+        unbounded.start()
+        try:
+            wait_until(lambda: unbounded.rollout_buffer.full(), 120)  # 8 samples; nothing starts while it is full
+            time.sleep(1.0)
+            rest = live_images(SCREENSHOT_SIZE)
+        finally:
+            unbounded.stop()
+    assert max(watch.images) > 2 and max(watch.pixel_bytes) > 2 * per_image and rest[0] > 2, (
+        max(watch.images), max(watch.pixel_bytes), rest)
 
 
 @pytest.mark.timeout(300)

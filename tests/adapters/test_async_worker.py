@@ -714,6 +714,39 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
             worker.stop()
 
 
+def test_a_released_group_kept_for_the_metrics_report_holds_none_of_its_images():
+    """What the report window keeps of a released group (``_without_images``): its episodes without their images,
+    pixels or messages (a screenshot's data URI each), its verdicts without their rows; the report's numbers are the
+    same. Before, the window kept each episode's messages and each verdict's row, screenshots included, for as many
+    groups as a report spans, outside max_buffered_images."""
+    import dataclasses
+
+    from PIL import Image
+
+    from ep_trl.engine.metrics import call_metrics
+    from ep_trl.trajectory.sample_images import ProcessedImages
+    from ep_trl.trajectory.tokens import Trajectory
+    from tests.support.async_training import released_group
+    from tests.support.images import png_data_uri, user_with_image
+
+    screenshot = png_data_uri((1, 2, 3), (1280, 720))
+    trajectory = Trajectory(prompt_ids=(1, 2), completion_ids=(3,), logprobs=(-0.5,), env_mask=(1,),
+                            images=(Image.new("RGB", (1280, 720)),),
+                            processed=ProcessedImages({"pixel_values": torch.zeros(1, 1, 3, 8, 8)}, 1))
+    group = released_group(0, "Task", [trajectory, trajectory], scores=(1.0, 0.0))
+    row = {"messages": [user_with_image("Step 1", screenshot)]}  # a stand-in for the body's row
+    group = dataclasses.replace(group, played=tuple(dataclasses.replace(
+        p, episode=dataclasses.replace(p.episode, messages=(user_with_image("Step 1", screenshot),)), row=row)
+        for p in group.played), scored=tuple(dataclasses.replace(s, row=row) for s in group.scored))
+
+    kept = worker_module._without_images(group)
+    assert screenshot not in repr(kept)  # no data URI in any field
+    assert all(ep.trajectory.images == () and ep.trajectory.processed is None and ep.messages == ()
+               for ep in kept.episodes)
+    assert all(s.row is None for s in kept.scored) and kept.seconds == group.seconds
+    assert call_metrics(kept.episodes, kept.scored, 1.0, 0) == call_metrics(group.episodes, group.scored, 1.0, 0)
+
+
 def test_worker_processes_are_refused_by_the_worker(tiny_model_dir, tmp_path):
     from ep_trl import RolloutOptions
 

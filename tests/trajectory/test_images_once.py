@@ -324,3 +324,20 @@ def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_
         calls.remove()
     assert calls.images == 2 and len(calls.calls) == 1  # the whole text with its images, in one call
     assert prompt.ids == whole(stripping, template, messages)
+
+
+def test_an_episode_with_one_image_carries_its_kept_pixels_without_a_copy(splitting_processor):
+    """The pixels a trajectory carries are the ones its one image's expansion kept, not a joined copy: a copy would
+    hold that image's pixels twice while the episode's images are alive (what EvalRolloutWorker(max_buffered_images)
+    counts as one image). Several images are joined into one row (one copy, test above)."""
+    from ep_trl.trajectory.tokens import EpisodeImages
+
+    template = ChatTemplate(splitting_processor, keep_pixels=True)
+    images = EpisodeImages()
+    trajectory = template.carried(
+        TrajectoryBuilder.start(template.prompt([user_with_image("Step 0", SCREENSHOTS[0])], images=images)).build(),
+        images)
+    kept = images.of(trajectory.images[0])
+    assert trajectory.processed is not None and kept is not None and kept.pixels is not None
+    assert trajectory.processed.pixels.keys() == kept.pixels.keys()
+    assert all(trajectory.processed.pixels[key] is kept.pixels[key] for key in kept.pixels)

@@ -35,8 +35,9 @@ by kind), from the same stream (``ep_trl.engine.stream``):
   episodes in flight, and each image is processed there once; an episode whose images do not match its image tokens
   is left out (counted, ``ep_trl/worker/image_mismatch_total``). Such a worker is refused
   by any other trainer (it would train on image tokens without their pixels): reading ``rollout_buffer`` before an
-  images trainer took the worker (``take_images``) raises ``ConfigError``; ``max_buffered_images`` bounds every
-  image the worker holds (see :meth:`EvalRolloutWorker.held_images`);
+  images trainer took the worker (``take_images``) raises ``ConfigError``; ``max_buffered_images`` bounds the
+  decoded images the worker holds with their pixel tensors, not the samples the trainer took (see
+  :meth:`EvalRolloutWorker.held_images`);
 * **failure**: an episode's failure costs that episode; an error that ends the worker (a server gone for good,
   rounds without a score, a bug) is kept and raised by ``check_health`` in the trainer's thread, as is a worker that
   released nothing for ``stale_after_s``. ``stop`` cancels the episodes in flight and closes every session, server
@@ -73,9 +74,11 @@ from ..dataset import dataset_from_eval
 from ..errors import ConfigError, RolloutWorkerError
 from ..generation.probe import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
+from ..engine.scoring import Scored
 from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
 from ..runtime import shutdown
 from ..runtime.threads import run_blocking
+from ..sources.episode import Episode
 from ..evalprotocol import EvalSpec
 from ..trajectory.types import ProcessingClass, Prompt, Tokenizer
 
@@ -113,6 +116,17 @@ class ReleaseRecord:
     image_mismatches: int = 0  # episodes left out because their images did not match their image tokens
 
 
+@dataclass(frozen=True)
+class _Reported:
+    """What the metrics report keeps of a released group until its window is reported: the episodes without their
+    images, pixels or messages, the verdicts without their rows (the report reads neither; the messages and rows hold
+    the eval's image sources, a screenshot's data URI each), and how long the group took."""
+
+    episodes: tuple[Episode, ...]
+    scored: tuple[Scored, ...]
+    seconds: float
+
+
 class EvalRolloutWorker:
     """TRL's ``RolloutWorkerProtocol`` for an eval: pass it as ``AsyncGRPOTrainer(rollout_worker=...)``::
 
@@ -132,12 +146,14 @@ class EvalRolloutWorker:
         dataset: the prompts to play (``dataset_from_eval(env_path)`` by default).
         buffer_size: most samples waiting for the trainer (default: two training steps' worth, at least the
             episode slots).
-        max_buffered_images: most decoded images the worker holds at once (default: no bound beyond
-            ``buffer_size``): those of the samples in the buffer and of those released, waiting for room, plus
-            ``max_episode_images`` reserved for each episode started and not yet released (playing, or ended in a
-            group still playing). An episode starts only if its reservation fits, so the bound holds at all times; it
-            must be at least ``num_generations * max_episode_images`` (a group is released whole), and
-            ``slots * max_episode_images`` keeps every slot busy. Not counted: the samples the trainer took.
+        max_buffered_images: most images the worker holds at once, each its decoded image with the pixel tensors
+            the processing class made of it (default: no bound beyond ``buffer_size``): those of the samples in the
+            buffer and of those released, waiting for room, plus ``max_episode_images`` reserved for each episode
+            started and not yet released (playing, or ended in a group still playing). An episode starts only if its
+            reservation fits, so the bound holds at all times; it must be at least ``num_generations *
+            max_episode_images`` (a group is released whole), and ``slots * max_episode_images`` keeps every slot
+            busy. Not counted (:meth:`held_images`): the samples the trainer took, passing copies while an image is
+            decoded or processed, and the image sources (data URIs) in messages and log rows.
         max_episode_images: the most images one episode may hold, what ``max_buffered_images`` reserves per
             episode; a turn that would pass it is not sent and stops the worker (``ConfigError``). Default, with
             ``max_buffered_images`` on an OpenEnv eval: its prompt's images plus one per environment step (the
@@ -361,12 +377,18 @@ class EvalRolloutWorker:
         return _images_in(pending) + _images_in(buffered)
 
     def held_images(self) -> int | None:
-        """An upper bound on the decoded images the worker holds now, what ``max_buffered_images`` bounds: the
-        images of the samples in the buffer and of the released ones waiting for room (each sample's own), plus
-        ``max_episode_images`` for each episode started and not yet released (an episode never holds more: a turn
-        that would is not sent). Released groups keep no image past their samples (the metrics window keeps their
-        episodes without images), and the chat template's decode cache holds images weakly. Not counted: samples
-        the trainer took, transient copies while a turn is rendered. None without ``max_episode_images``."""
+        """An upper bound on the images the worker holds now, what ``max_buffered_images`` bounds; an image is its
+        decoded form with the pixel tensors the processing class made of it (one copy: the samples carry the tensors
+        their episodes' renders made). Counted: the images of the samples in the buffer and of the released ones
+        waiting for room (each sample's own), plus ``max_episode_images`` for each episode started and not yet
+        released (an episode never holds more: a turn that would is not sent; its pixels live from the turn that
+        brought the image). Holding none: released groups past their samples (the metrics window keeps their
+        episodes without images, pixels, messages or rows), the rollout log's rows (their messages hold the sources
+        the eval wrote, data URIs, never decoded images), the chat template's decode cache (weak). Not counted:
+        samples the trainer took (the trainer's), passing copies while an image is decoded or processed, the one
+        copy that joins an ended episode's several images' pixels into one row (its per-image tensors are freed with
+        the episode), and the encoded sources in the messages of episodes in flight and in log rows queued for
+        writing. None without ``max_episode_images``."""
         if self.max_episode_images is None:
             return None
         unreleased = self.meter.episodes - self._released_episodes  # before the samples: a release is never missed
@@ -374,7 +396,7 @@ class EvalRolloutWorker:
 
     async def _stream(self) -> None:
         pump = asyncio.ensure_future(self._pump())
-        window: list[tuple[ScoredGroup, ReleaseRecord]] = []
+        window: list[tuple[_Reported, ReleaseRecord]] = []
         window_started, sessions_before = time.monotonic(), 0
         stream = self.engine.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
                                     turn_version=lambda: self._version, model_for=self.served_model,
@@ -440,7 +462,7 @@ class EvalRolloutWorker:
                 self._heartbeat = time.monotonic()  # waiting for the trainer counts as alive
             await asyncio.sleep(BUFFER_POLL_S)
 
-    def _report(self, window: Sequence[tuple[ScoredGroup, ReleaseRecord]], seconds: float,
+    def _report(self, window: Sequence[tuple[_Reported, ReleaseRecord]], seconds: float,
                 env_sessions: int) -> None:
         """One step's worth of groups: the ``ep_trl/*`` numbers of a rollout call and the worker's own."""
         episodes = [ep for g, _ in window for ep in g.episodes]
@@ -497,12 +519,12 @@ def _images_in(samples: "Iterable[RolloutSample]") -> int:
     return sum(len(images_of(sample.input_ids)) for sample in samples)
 
 
-def _without_images(group: ScoredGroup) -> ScoredGroup:
-    """``group`` with its episodes' trajectories stripped of their images (kept for the metrics report; the images
-    live on in the group's samples only)."""
-    played = tuple(dataclasses.replace(p, episode=dataclasses.replace(
-        p.episode, trajectory=p.episode.trajectory.without_images())) for p in group.played)
-    return dataclasses.replace(group, played=played)
+def _without_images(group: ScoredGroup) -> _Reported:
+    """What the metrics report needs of ``group``, holding none of its images in any form: the images and their
+    pixel tensors live on in the group's samples only, their sources in the rollout log's rows until written."""
+    episodes = tuple(dataclasses.replace(ep, trajectory=ep.trajectory.without_images(), messages=())
+                     for ep in group.episodes)
+    return _Reported(episodes, tuple(dataclasses.replace(s, row=None) for s in group.scored), group.seconds)
 
 
 def _episode_images(spec: EvalSpec, prompts: Sequence[Prompt], num_generations: int, max_buffered_images: int | None,

@@ -19,7 +19,8 @@ carried tensors into a row's vision inputs and checks the row's image tokens aga
 nothing again. A sample whose ids carry images and nothing processed (a custom worker's ``ids_with_images(ids,
 images)``) is processed once by the collator (:func:`processed_images_of`), in the trainer's data loading.
 Processed pixels are float tensors, larger than the decoded images they come from (measured in docs/benchmarks.md):
-``max_buffered_images`` bounds how many the worker holds.
+``EvalRolloutWorker(max_buffered_images=...)`` bounds how many images the worker holds, each with its pixels (not
+those of the samples the trainer took; ``EvalRolloutWorker.held_images`` says what it counts).
 
 An episode whose images do not match its placeholders (a different number of image tokens than the processing class expands
 its images into) would make the model's forward pass raise in the trainer; :func:`placeholder_mismatch` says so before

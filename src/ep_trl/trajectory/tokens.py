@@ -534,7 +534,9 @@ class ChatTemplate:
         if len(kept) != len(expansions):
             return trajectory
         token = image_token_id(self._renderer)
-        processed = ProcessedImages(joined_pixels([e.pixels for e in kept if e.pixels is not None]),
+        pixels = [e.pixels for e in kept if e.pixels is not None]
+        # one image's tensors are carried as they are: joining copies, and the copy would hold its pixels twice
+        processed = ProcessedImages(dict(pixels[0]) if len(pixels) == 1 else joined_pixels(pixels),
                                     sum(e.ids.count(token) for e in kept))
         return replace(trajectory, processed=processed)
 
