@@ -11,6 +11,11 @@ the same lakes, with gymnasium's own environment (what the benchmark's MCP serve
 * RIGHT and DOWN alternating (either first);
 * the shortest safe path (breadth-first search on the lake): the ceiling.
 
+With ``--sequence MOVES`` (e.g. ``RIGHT,DOWN,RIGHT,DOWN,RIGHT,RIGHT,DOWN,RIGHT``, repeatable) a fixed sequence of moves
+is played too, the same on every lake, its last move repeated: what a policy that plays one route whatever the lake
+scores. With ``--lakes-of RESULT.json`` the lakes are the held-out rows of an ``ep-trl train`` run (row ids
+``lake-<seed>``) instead of ``--first-seed`` and ``--lakes``.
+
 Random policies are averaged over ``--draws`` seeded draws per lake. Move caps: the eval's own steps (30, eval-protocol's
 default for an eval that names none) and the moves that fit a run's token budget (``--caps``).
 
@@ -74,6 +79,17 @@ def play(desc: list[str], policy: Policy, cap: int, rng: random.Random) -> float
     return 0.0
 
 
+def sequence_policy(moves: list[int]) -> Policy:
+    """The same ``moves`` on every lake, turn by turn, the last one repeated."""
+    return lambda rng, turn, desc, state: moves[min(turn, len(moves) - 1)]
+
+
+def held_out_seeds(path: Path) -> list[int]:
+    """The lake seeds of a run's held-out rows (``held_out_before_rows``, row ids ``lake-<seed>``)."""
+    rows = json.loads(path.read_text())["held_out_before_rows"]
+    return [int(str(row["row_id"]).removeprefix("lake-")) for row in rows]
+
+
 def policies() -> dict[str, tuple[Policy, bool]]:
     """name -> (policy, random?)."""
     fixed: dict[str, tuple[Policy, bool]] = {
@@ -103,13 +119,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lakes", type=int, default=1024)
     parser.add_argument("--caps", default="6,8,10,30", help="move caps, comma-separated")
     parser.add_argument("--draws", type=int, default=8, help="draws per lake of each random policy")
+    parser.add_argument("--sequence", action="append", default=[], metavar="MOVES",
+                        help="a fixed sequence of moves, comma-separated (LEFT, DOWN, RIGHT, UP), played on every lake")
+    parser.add_argument("--lakes-of", type=Path, default=None, metavar="RESULT",
+                        help="play the held-out lakes of this ep-trl train result.json instead")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    chosen = policies()
+    for text in args.sequence:
+        moves = [m.strip().upper() for m in text.split(",")]
+        if not moves or any(m not in NAMES for m in moves):
+            parser.error(f"--sequence {text}: give moves from {', '.join(NAMES)}, comma-separated")
+        chosen[f"sequence {','.join(moves)}"] = (sequence_policy([NAMES.index(m) for m in moves]), False)
     record = run_record.start(REPO, [__file__, *(sys.argv[1:] if argv is None else argv)])
-    lakes = [lake(seed) for seed in range(args.first_seed, args.first_seed + args.lakes)]
+    seeds = (held_out_seeds(args.lakes_of) if args.lakes_of is not None
+             else list(range(args.first_seed, args.first_seed + args.lakes)))
+    lakes = [lake(seed) for seed in seeds]
     caps = [int(c) for c in args.caps.split(",")]
     table: list[dict[str, object]] = []
-    for name, (policy, is_random) in policies().items():
+    for name, (policy, is_random) in chosen.items():
         draws = args.draws if is_random else 1
         line = []
         for cap in caps:
@@ -119,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             line.append(f"cap {cap}: {wins / (len(lakes) * draws):.3f}")
         print(f"{name:32s} " + "  ".join(line), flush=True)
     path_lengths = [len(shortest_path(desc)) for desc in lakes]
-    result = {"run": run_record.finish(record), "first_seed": args.first_seed, "lakes": args.lakes,
+    result = {"run": run_record.finish(record), "seeds": seeds, "lakes": len(lakes),
               "draws": args.draws, "table": table,
               "shortest_path_moves": {str(k): path_lengths.count(k) for k in sorted(set(path_lengths))}}
     if args.out:

@@ -27,7 +27,7 @@ SMALLEST: dict[str, list[str]] = {
                           "--turns", "1", "--logs", "on", "--episodes", "2", "--repeats", "1", "--out", "{out}"],
     "compare_code.py": ["--before", "HEAD", "--rounds", "1", "--field", "cpu_ms", "--out", "{out}", "--",
                         "benchmarks/http_client_cpu.py", "--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1"],
-    "frozen_lake_baselines.py": ["--lakes", "4", "--draws", "1", "--caps", "6", "--out", "{out}"],
+    "frozen_lake_baselines.py": ["--lakes", "4", "--draws", "1", "--caps", "6", "--sequence", "RIGHT,DOWN", "--out", "{out}"],
     "episode_processes.py": ["--concurrency", "1", "--episodes", "1", "--guard-runs", "2", "--out", "{out}"],
     "generation_backends.py": ["--arms", "trainer", "--episodes", "4", "--concurrency", "1", "--repeats", "1",
                                "--no-warm-up", "--out", "{out}"],
