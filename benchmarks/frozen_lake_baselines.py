@@ -105,12 +105,10 @@ def policies() -> dict[str, tuple[Policy, bool]]:
 
 
 def _next_on_path(desc: list[str], state: int) -> int:
-    n = len(desc)
-    here = [row for row in desc]
-    r, c = divmod(state, n)
-    here[0] = here[0].replace("S", "F")
-    here[r] = here[r][:c] + "S" + here[r][c + 1:]
-    return shortest_path(here)[0]
+    """The shortest safe path's next move from ``state``: the scripted expert's (``frozen_lake_rows.first_move``)."""
+    from ep_trl.devtools.frozen_lake_rows import first_move
+
+    return NAMES.index(first_move(desc, state))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,6 +62,12 @@ def shortest_path_move(messages: Sequence[Mapping[str, object]]) -> str:
     """The first move of a shortest path from the player's position to the goal that avoids the holes, on the lake
     the messages show last: a scripted expert for ``python -m ep_trl.devtools.record_demonstrations --player``."""
     rows, position = lake_in(messages)
+    return first_move(rows, position)
+
+
+def first_move(rows: Sequence[str], position: int) -> str:
+    """The first move of a shortest path from ``position`` to the goal on the lake ``rows`` that avoids the holes
+    (breadth-first, moves tried in ``MOVES`` order); on the goal, a move into the lake's edge."""
     size = len(rows)
     start = divmod(position, size)
     queue: deque[tuple[tuple[int, int], str | None]] = deque([(start, None)])
@@ -75,7 +81,7 @@ def shortest_path_move(messages: Sequence[Mapping[str, object]]) -> str:
             if 0 <= nr < size and 0 <= nc < size and (nr, nc) not in seen and rows[nr][nc] != "H":
                 seen.add((nr, nc))
                 queue.append(((nr, nc), first or move))
-    raise ValueError(f"no safe path to the goal on {rows} from {position}")
+    raise ValueError(f"no safe path to the goal on {list(rows)} from {position}")
 
 
 def _in_place(position: tuple[int, int], size: int) -> str:
