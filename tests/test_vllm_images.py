@@ -307,16 +307,23 @@ def worker_config(tmp_path, url):
                            temperature=1.0, report_to=[], vllm_server_base_url=url)
 
 
-def live_images(size):
+def screenshots_alive(size):
     """The decoded images of ``size`` alive in this process, found among every object the garbage collector tracks
-    (whoever holds them: samples, episodes, messages, rows, queues), and their bytes. Images still being read from their
-    file (``ImageFile``, the moment a data URI is decoded) are not counted. Objects are told by ``type``: asking a
-    lazy module proxy for its ``__class__`` warns."""
+    (whoever holds them: samples, episodes, messages, rows, queues). Images still being read from their file
+    (``ImageFile``, the moment a data URI is decoded) are not counted. Objects are told by ``type``: asking a lazy
+    module proxy for its ``__class__`` warns."""
     from PIL import Image, ImageFile
 
-    found = [obj for obj in gc.get_objects()
-             if issubclass(type(obj), Image.Image) and not issubclass(type(obj), ImageFile.ImageFile)
-             and obj.size == size]
+    return [obj for obj in gc.get_objects()
+            if issubclass(type(obj), Image.Image) and not issubclass(type(obj), ImageFile.ImageFile) and obj.size == size]
+
+
+def live_images(size, earlier=()):
+    """The number and bytes of the decoded images of ``size`` alive now (``screenshots_alive``), less ``earlier``:
+    weak references to those alive before the measured worker started, which are not its own (an earlier test of
+    this process can leave some: 2 in a full CI run)."""
+    before = {id(ref()) for ref in earlier if ref() is not None}
+    found = [image for image in screenshots_alive(size) if id(image) not in before]
     return len(found), sum(image.width * image.height * len(image.getbands()) for image in found)
 
 
@@ -392,9 +399,9 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
 
     monkeypatch.setattr(trajectory_module, "load_image", watched_load)
     gc.collect()
-    assert live_images(SCREENSHOT_SIZE)[0] == 0  # no screenshot before the worker
-    # pixel tensors of these shapes that are alive before the worker starts are not its own: an earlier test of this
-    # process can leave some (6.9 MB after the mismatched-images test, in a full run of this module)
+    # screenshots and pixel tensors of these shapes alive before the worker starts are not its own: an earlier test of
+    # this process can leave some (2 screenshots in a full CI run; 6.9 MB of pixels after the mismatched-images test)
+    earlier = [weakref.ref(image) for image in screenshots_alive(SCREENSHOT_SIZE)]
     before = live_pixel_bytes(frames)
 
     def worker(bound, out):
@@ -413,7 +420,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
                 wait_until(lambda: bounded.rollout_buffer.qsize() == 2, 120)
                 time.sleep(1.0)  # nobody drains the buffer: no episode starts meanwhile
                 assert bounded.meter.episodes == 2 * (taken + 1)
-                at_rest.append(live_images(SCREENSHOT_SIZE))
+                at_rest.append(live_images(SCREENSHOT_SIZE, earlier))
                 for _ in range(2):  # as a trainer takes them: the samples, and their images, leave the worker
                     bounded.rollout_buffer.get_nowait()
         finally:
@@ -426,14 +433,15 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     del bounded, watch
     gc.collect()
     decoded.clear()
-    assert live_images(SCREENSHOT_SIZE)[0] == 0 and live_pixel_bytes(frames) <= before  # the bounded worker's are gone
+    # the bounded worker's are gone
+    assert live_images(SCREENSHOT_SIZE, earlier)[0] == 0 and live_pixel_bytes(frames) <= before
     unbounded = worker(None, "unbounded")
     with MemoryWatch(unbounded, frames, decoded) as watch:
         unbounded.start()
         try:
             wait_until(lambda: unbounded.rollout_buffer.full(), 120)  # 8 samples; nothing starts while it is full
             time.sleep(1.0)
-            rest = live_images(SCREENSHOT_SIZE)
+            rest = live_images(SCREENSHOT_SIZE, earlier)
         finally:
             unbounded.stop()
     assert max(watch.images) > 2 and max(watch.pixel_bytes) - before > 2 * per_image and rest[0] > 2, (
