@@ -564,12 +564,19 @@ def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_mo
 
     It plays rollout calls and claims no training: the eval scores 1.0 for reaching the goal, six moves from the
     start on a 4x4 lake, in the eval's four steps, so every reward is 0 and a GRPO step would have no gradient.
-    (Training through processor evals is asserted by the single-turn, agent and rewriting tests above.)"""
+    (Training through processor evals is asserted by the single-turn, agent and rewriting tests above.)
+
+    Every episode starts on its row's lake (the one eval-protocol's adapter builds from the row's seed): before
+    ``ep_trl.evalprotocol.mcp_gym``, every episode's new server session played an unseeded, random lake."""
+    from ep_trl.devtools.frozen_lake_rows import lake_in
+    from tests.evalprotocol.test_mcp_gym import seeded_lake
+
     caplog.set_level(logging.INFO, logger="ep_trl")
     monkeypatch.chdir(tmp_path)  # the processor writes its server's log to the working directory
     env_path = "tests.evals.eval_frozen_lake"
     rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
     assert "server_mode='shared'" in caplog.text
+    scored = record_scored_rows(rollout)
     prompts = [p for p in dataset_from_eval(env_path)["prompt"] for _ in range(2)]
     trainer = make_trainer(qwen_template_model_dir, tmp_path, rollout, num_generations=2, batch_size=4,
                            max_steps=1, max_completion_length=48, prompts=prompts)
@@ -579,6 +586,11 @@ def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_mo
             assert out["episode_status"] == ["finished"] * 4, out["episode_error"]
             assert all(n >= 1 for n in out["num_turns"])
             assert all(score is not None for score in out["eval_score"])
+        assert len(scored) == 8
+        for row in scored:
+            seed = row.input_metadata.dataset_info["environment_context"]["seed"]
+            first = [m.model_dump() for m in row.messages if m.role == "user"][:1]
+            assert lake_in(first) == (seeded_lake(seed), 0), (row.input_metadata.row_id, first)
     finally:
         rollout.close()
         stop_mcp_gym_shared_server()

@@ -18,6 +18,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from . import mcp_gym
 from .mcp_servers import watching_started_servers
 from .spec import EvalSpec
 from .store import DatasetLogger
@@ -82,15 +83,26 @@ def _processor(spec: EvalSpec) -> RolloutProcessor:
     return spec.processor
 
 
+def _mcp_gym(spec: EvalSpec) -> bool:
+    return type(_processor(spec)).__name__ == mcp_gym.PROCESSOR
+
+
 def setup(spec: EvalSpec) -> None:
-    """The processor's ``setup()``, as ``evaluation_test`` calls it once per invocation."""
+    """The processor's ``setup()``, as ``evaluation_test`` calls it once per invocation; for an MCP-gym processor,
+    its sessions start on their row's seed from now until :func:`cleanup` (``mcp_gym``)."""
     _processor(spec).setup()
+    if _mcp_gym(spec):
+        mcp_gym.start_seeded_sessions()
 
 
 async def cleanup(spec: EvalSpec) -> None:
     """The processor's async and sync cleanup."""
-    await _processor(spec).acleanup()
-    _processor(spec).cleanup()
+    try:
+        await _processor(spec).acleanup()
+        _processor(spec).cleanup()
+    finally:
+        if _mcp_gym(spec):
+            mcp_gym.stop_seeded_sessions()
 
 
 async def run_row(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio.Semaphore,

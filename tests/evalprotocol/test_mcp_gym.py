@@ -1,0 +1,85 @@
+"""MCP-gym sessions start on their row's seed (``ep_trl.evalprotocol.mcp_gym``), pinned against the installed
+eval-protocol and its own FrozenLake MCP server (started as its processor starts it, on a free port)."""
+
+import asyncio
+import re
+
+import pytest
+
+from ep_trl.evalprotocol import mcp_gym
+from ep_trl.runtime.processes import free_port
+
+SEEDS = (339, 42, 7)  # lakes of 4x4 whose seeded map differs from most unseeded draws
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def seeded_lake(seed):
+    """The lake eval-protocol's FrozenLake adapter builds for ``seed`` (4x4, p=0.8)."""
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    return generate_random_map(size=4, p=0.8, seed=seed)
+
+
+@pytest.fixture
+def frozen_lake_server(tmp_path, monkeypatch):
+    """eval-protocol's FrozenLake server, started with its ``MCPServerManager`` (as ``MCPGymRolloutProcessor`` does)
+    and stopped by it; its log goes to ``tmp_path``."""
+    import os
+
+    import eval_protocol
+    from eval_protocol.pytest.default_mcp_gym_rollout_processor import MCPServerManager
+
+    monkeypatch.chdir(tmp_path)
+    script = os.path.join(os.path.dirname(eval_protocol.__file__), "mcp_servers", "frozen_lake", "server.py")
+    server = MCPServerManager(script, port=free_port())
+    server.start()
+    try:
+        yield f"http://localhost:{server.port}/mcp/"
+    finally:
+        server.stop()
+
+
+def first_lakes(url, tag):
+    """The lake each of ``SEEDS``'s rows starts on, as the processor's client reads it (a new session per row, named
+    by a model name of its own, as ep_trl names every episode's)."""
+    import eval_protocol as ep
+    from eval_protocol.models import EvaluationRow, InputMetadata, Message
+
+    async def main():
+        lakes = []
+        for seed in SEEDS:
+            row = EvaluationRow(messages=[Message(role="system", content="Play.")], input_metadata=InputMetadata(
+                row_id=f"lake-{seed}", dataset_info={"environment_context": {"game": "FrozenLake", "seed": seed},
+                                                     "user_prompt_template": "{observation}"}))
+            envs = ep.make(url, evaluation_rows=[row], model_id=f"hosted_vllm/ep-trl/{tag}-{seed}")
+            session = envs.sessions[0]
+            observation, _ = await envs.reset(session)
+            await envs.connection_manager.close_session(session)
+            lakes.append([line for line in ANSI.sub("", observation["grid"]).splitlines() if line])
+        return lakes
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+def test_a_new_session_plays_its_rows_seeded_lake_only_with_ep_trl(frozen_lake_server):
+    """Alone, the installed eval-protocol's server ignores a new session's seed (if this half fails, eval-protocol
+    has fixed it and ``mcp_gym`` can go); while ep_trl's seeding is on, every row starts on its seeded lake; after
+    it, eval-protocol's own method is back."""
+    expected = [seeded_lake(seed) for seed in SEEDS]
+    assert not mcp_gym.seeded_sessions_on()
+    alone = first_lakes(frozen_lake_server, "alone")
+    assert alone != expected, "eval-protocol's server now honours a new session's seed: ep_trl.evalprotocol.mcp_gym " \
+                              "is no longer needed"
+    mcp_gym.start_seeded_sessions()
+    mcp_gym.start_seeded_sessions()  # two users (training and a held-out evaluation, say): counted
+    try:
+        assert mcp_gym.seeded_sessions_on()
+        assert first_lakes(frozen_lake_server, "seeded") == expected
+        mcp_gym.stop_seeded_sessions()
+        assert mcp_gym.seeded_sessions_on()  # the other user still has it
+    finally:
+        mcp_gym.stop_seeded_sessions()
+    assert not mcp_gym.seeded_sessions_on()
+    with pytest.raises(AssertionError, match="without start_seeded_sessions"):
+        mcp_gym.stop_seeded_sessions()
