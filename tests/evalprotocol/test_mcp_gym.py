@@ -83,3 +83,36 @@ def test_a_new_session_plays_its_rows_seeded_lake_only_with_ep_trl(frozen_lake_s
     assert not mcp_gym.seeded_sessions_on()
     with pytest.raises(AssertionError, match="without start_seeded_sessions"):
         mcp_gym.stop_seeded_sessions()
+
+
+def test_rows_of_seed_zero_are_named_they_play_a_random_lake():
+    """eval-protocol's server builds a seeded environment only ``if seed:``: seed 0 is no seed there."""
+    from eval_protocol.models import EvaluationRow, InputMetadata, Message
+
+    def row(row_id, context):
+        return EvaluationRow(messages=[Message(role="system", content="Play.")], input_metadata=InputMetadata(
+            row_id=row_id, dataset_info={"environment_context": context} if context is not None else None))
+
+    rows = [row("lake-0", {"seed": 0}), row("lake-1", {"seed": 1}), row("plain", None), row("none", {"seed": None})]
+    assert mcp_gym.seed_zero_rows(rows) == ["lake-0"]
+
+
+def test_an_mcp_gym_source_warns_of_rows_of_seed_zero(caplog):
+    """The training source of an MCP-gym eval names its rows of seed 0 and the fix, once, as it is built."""
+    import copy
+    import logging
+
+    from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
+    from ep_trl.sources.processor import ProcessorSource
+    from tests.evals.eval_frozen_lake import ROWS
+
+    spec = read_eval_spec(resolve_eval_test("tests.evals.eval_frozen_lake"))
+    zero = copy.deepcopy(ROWS[0])
+    zero.input_metadata.row_id = "lake-0"
+    zero.input_metadata.dataset_info["environment_context"]["seed"] = 0
+    caplog.set_level(logging.WARNING, logger="ep_trl")
+    ProcessorSource(spec, ROWS)
+    assert "environment seed 0" not in caplog.text
+    ProcessorSource(spec, [*ROWS, zero])
+    assert re.search(r"1 row\(s\) have environment seed 0 \(lake-0\), which eval-protocol's MCP-gym server takes for "
+                     r"no seed: .* Give those rows another seed\.", caplog.text), caplog.text

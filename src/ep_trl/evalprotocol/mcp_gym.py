@@ -22,8 +22,10 @@ under ep_trl every episode plays its row's lake.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
+
+from ..trajectory.types import Row
 
 
 class _Session(Protocol):
@@ -95,3 +97,16 @@ def stop_seeded_sessions() -> None:
 def seeded_sessions_on() -> bool:
     """Whether MCP-gym sessions start on their row's seed now."""
     return bool(getattr(getattr(_manager_class(), "get_initial_state"), "ep_trl_seeded", False))
+
+
+def seed_zero_rows(rows: Iterable[Row]) -> list[str]:
+    """The row ids of ``rows`` whose environment seed is 0. eval-protocol's MCP-gym server builds a seeded environment
+    only for a true seed (``if seed:`` in ``McpGym._new_env``), so seed 0 means no seed there: such a row plays a
+    random environment in every episode, with or without this module."""
+    found = []
+    for row in rows:
+        info = row.input_metadata.dataset_info or {}
+        context = info.get("environment_context") or {}
+        if isinstance(context, dict) and context.get("seed") == 0 and not isinstance(context.get("seed"), bool):
+            found.append(str(row.input_metadata.row_id))
+    return found

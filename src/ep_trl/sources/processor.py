@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .episode import Episode, EpisodeFailure, EpisodePlan, FailureKind, ended_episode, pytest_outcome
 from ..errors import ConfigError, UnsupportedEvalError
-from ..evalprotocol import EvalSpec, check_rows, match_rows, processors
+from ..evalprotocol import EvalSpec, check_rows, match_rows, mcp_gym, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
 from ..capture.placement import RolloutCapture
 from ..capture.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
@@ -58,6 +58,10 @@ class ProcessorSource:
         self._variables = processors.RoutingVariables()
         self._parser: ToolCallParser | None = None
         self._mcp = StdioServers(spec.processor_settings.get("mcp_config_path"))
+        if type(spec.processor).__name__ == mcp_gym.PROCESSOR and (zero := mcp_gym.seed_zero_rows(self._rows)):
+            logger.warning("%s: %d row(s) have environment seed 0 (%s), which eval-protocol's MCP-gym server takes for "
+                           "no seed: each of their episodes plays a random environment, not the row's. Give those rows "
+                           "another seed.", spec.qualified_name, len(zero), ", ".join(zero[:5]))
 
     def describe(self) -> str:
         return (f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
