@@ -116,3 +116,25 @@ def test_an_mcp_gym_source_warns_of_rows_of_seed_zero(caplog):
     ProcessorSource(spec, [*ROWS, zero])
     assert re.search(r"1 row\(s\) have environment seed 0 \(lake-0\), which eval-protocol's MCP-gym server takes for "
                      r"no seed: .* Give those rows another seed\.", caplog.text), caplog.text
+
+
+def test_setup_and_cleanup_of_an_mcp_gym_processor_turn_the_seeding_on_and_off(monkeypatch):
+    """``processors.setup`` turns it on for an MCP-gym processor once its ``setup()`` succeeded, ``cleanup`` off; a
+    ``setup()`` that raised leaves it off, and the clean-up after it (as ``evaluation_test`` does one) raises nothing."""
+    from ep_trl.evalprotocol import processors, read_eval_spec, resolve_eval_test
+
+    spec = read_eval_spec(resolve_eval_test("tests.evals.eval_frozen_lake"))
+    processors.setup(spec)
+    assert mcp_gym.seeded_sessions_on()
+    asyncio.run(processors.cleanup(spec))
+    assert not mcp_gym.seeded_sessions_on()
+
+    def failing_setup():
+        raise RuntimeError("the processor's setup failed")
+
+    monkeypatch.setattr(spec.processor, "setup", failing_setup)
+    with pytest.raises(RuntimeError, match="setup failed"):
+        processors.setup(spec)
+    assert not mcp_gym.seeded_sessions_on()
+    asyncio.run(processors.cleanup(spec))
+    assert not mcp_gym.seeded_sessions_on()

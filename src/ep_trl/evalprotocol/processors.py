@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from . import mcp_gym
@@ -83,25 +84,30 @@ def _processor(spec: EvalSpec) -> RolloutProcessor:
     return spec.processor
 
 
-def _mcp_gym(spec: EvalSpec) -> bool:
-    return type(_processor(spec)).__name__ == mcp_gym.PROCESSOR
+#: MCP-gym processors set up and not cleaned up yet (by ``id``), each as often as it was: their sessions start on
+#: their row's seed (``mcp_gym``) meanwhile.
+_seeding: Counter[int] = Counter()
 
 
 def setup(spec: EvalSpec) -> None:
-    """The processor's ``setup()``, as ``evaluation_test`` calls it once per invocation; for an MCP-gym processor,
-    its sessions start on their row's seed from now until :func:`cleanup` (``mcp_gym``)."""
-    _processor(spec).setup()
-    if _mcp_gym(spec):
+    """The processor's ``setup()``, as ``evaluation_test`` calls it once per invocation; once it succeeded, an MCP-gym
+    processor's sessions start on their row's seed until :func:`cleanup` (``mcp_gym``)."""
+    processor = _processor(spec)
+    processor.setup()
+    if type(processor).__name__ == mcp_gym.PROCESSOR:
         mcp_gym.start_seeded_sessions()
+        _seeding[id(processor)] += 1
 
 
 async def cleanup(spec: EvalSpec) -> None:
-    """The processor's async and sync cleanup."""
+    """The processor's async and sync cleanup (also after a ``setup()`` that raised, as ``evaluation_test`` does)."""
+    processor = _processor(spec)
     try:
-        await _processor(spec).acleanup()
-        _processor(spec).cleanup()
+        await processor.acleanup()
+        processor.cleanup()
     finally:
-        if _mcp_gym(spec):
+        if _seeding[id(processor)] > 0:
+            _seeding[id(processor)] -= 1
             mcp_gym.stop_seeded_sessions()
 
 
