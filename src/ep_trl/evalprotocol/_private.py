@@ -31,6 +31,7 @@ MODULE_NAMES = (
     ("eval_protocol.dataset_logger.dataset_logger", "LOG_EVENT_TYPE"),
     ("eval_protocol.pytest.generate_parameter_combinations", "generate_parameter_combinations"),
     ("eval_protocol.pytest.default_mcp_gym_rollout_processor", "MCPServerManager"),
+    ("eval_protocol.mcp.client.connection", "MCPConnectionManager"),
 )
 
 

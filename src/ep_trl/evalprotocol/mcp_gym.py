@@ -25,6 +25,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
+from ._private import private_name
 from ..trajectory.types import Row
 
 
@@ -51,9 +52,9 @@ _original: _InitialState | None = None
 
 
 def _manager_class() -> type:
-    from eval_protocol.mcp.client.connection import MCPConnectionManager
-
-    return MCPConnectionManager  # type: ignore[no-any-return]
+    """eval-protocol's ``MCPConnectionManager``, through the guarded door (its package does not export it)."""
+    manager: type = private_name("eval_protocol.mcp.client.connection", "MCPConnectionManager")
+    return manager
 
 
 def _seeded(original: _InitialState) -> _InitialState:
