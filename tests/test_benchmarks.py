@@ -44,6 +44,9 @@ SMALLEST: dict[str, list[str]] = {
     "rollout_throughput.py": ["--vllm-url", "{vllm}", "--episodes", "2", "--concurrency", "2", "--repeats", "1",
                               "--env-latency-s", "0", "--no-warm-up", "--out", "{out}"],
     "soak.py": ["--calls", "2", "--episodes", "4"],
+    "main_job_spread.py": ["--runs", "1", "--steps", "1", "--out", "{out}"],
+    "repeat_tests.py": ["--runs", "2", "--load", "1", "--out", "{out}", "--", "tests/runtime/test_shutdown.py", "-k",
+                        "stop_grace"],
 }
 
 
@@ -86,10 +89,27 @@ def async_image_processing_processed_each_image_once(result: dict, stdout: str) 
     assert "processings per image; each image processed once costs" in stdout
 
 
+def repeat_tests_ran_each_run(result: dict, stdout: str) -> None:
+    """Both runs of the selection ran under the load, passed, and are counted."""
+    assert result["load_processes"] == 1 and result["runs_total"] == 2 and result["runs_passed"] == 2
+    assert all(run["returncode"] == 0 and run["passed"] >= 1 and run["failed"] == [] for run in result["runs"])
+    assert "2 of 2 runs passed" in stdout
+
+
+def main_job_spread_read_the_probabilities(result: dict, stdout: str) -> None:
+    """The run's right-action probabilities before and after, read from the main job's output, for both tasks."""
+    [run] = result["runs"]
+    assert set(run["before"]) == set(run["after"]) == {"click-test", "focus-text"}
+    assert all(0 < p <= 1 for p in [*run["before"].values(), *run["after"].values()])
+    assert result["after_right_probability_lowest_task"]["min"] == min(run["after"].values())
+
+
 #: script -> what its smallest run must also show, beyond a result file with a run record and rows.
 CHECKS = {"rollout_throughput.py": rollout_throughput_ran_every_arm,
           "async_image_processing.py": async_image_processing_processed_each_image_once,
-          "async_overlap.py": async_overlap_interleaved_its_repeats}
+          "async_overlap.py": async_overlap_interleaved_its_repeats,
+          "repeat_tests.py": repeat_tests_ran_each_run,
+          "main_job_spread.py": main_job_spread_read_the_probabilities}
 NEEDS_VLLM = sorted(name for name, args in SMALLEST.items() if "{vllm}" in args)
 STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)
 

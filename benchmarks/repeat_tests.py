@@ -1,0 +1,68 @@
+"""A pytest selection run N times in a row under a CPU load (issue 48: tests that cannot flake on correct code pass
+20 times in a row under a load of twice the cores). The load is ``--load`` processes that spin on the CPU for as long
+as the runs last (2 x the cores by default). Every run's outcome, pass counts and seconds are recorded; the runs go
+on after a failure, so the record says how many of N passed.
+
+    python benchmarks/repeat_tests.py --runs 20 --out benchmarks/results/shutdown_repeated.json -- \\
+        tests/runtime/test_shutdown.py -k "not every_time and not sigkilled"
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from ep_trl.devtools import run_record  # noqa: E402
+
+
+def _spin(stop: "multiprocessing.synchronize.Event") -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--load", type=int, default=2 * (os.cpu_count() or 1), help="spinning processes")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("pytest_args", nargs="+", help="after --: what pytest runs")
+    args = parser.parse_args(argv)
+    record = run_record.start(REPO, [__file__, *(sys.argv[1:] if argv is None else argv)])
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=_spin, args=(stop,), daemon=True) for _ in range(args.load)]
+    for spinner in spinners:
+        spinner.start()
+    runs = []
+    try:
+        for k in range(args.runs):
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args],
+                                  cwd=REPO, capture_output=True, text=True)
+            summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+            counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", summary)}
+            runs.append({"returncode": proc.returncode, "seconds": round(time.monotonic() - started, 1),
+                         "summary": summary, "failed": re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M),
+                         **counts})
+            print(f"run {k + 1}/{args.runs}: {summary}", flush=True)
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join()
+    passed = sum(run["returncode"] == 0 for run in runs)
+    result = {"run": run_record.finish(record), "load_processes": args.load, "pytest_args": args.pytest_args,
+              "runs": runs, "runs_passed": passed, "runs_total": len(runs)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{passed} of {len(runs)} runs passed")
+
+
+if __name__ == "__main__":
+    main()
