@@ -35,18 +35,13 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from ep_trl.devtools import run_record  # noqa: E402
+from ep_trl.devtools.frozen_lake_rows import first_move, seeded_lake  # noqa: E402
 
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 NAMES = ("LEFT", "DOWN", "RIGHT", "UP")
 MOVES = {LEFT: (0, -1), DOWN: (1, 0), RIGHT: (0, 1), UP: (-1, 0)}
 
 Policy = Callable[[random.Random, int, list[str], int], int]
-
-
-def lake(seed: int) -> list[str]:
-    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
-
-    return list(generate_random_map(size=4, p=0.8, seed=seed))
 
 
 def shortest_path(desc: list[str]) -> list[int]:
@@ -106,8 +101,6 @@ def policies() -> dict[str, tuple[Policy, bool]]:
 
 def _next_on_path(desc: list[str], state: int) -> int:
     """The shortest safe path's next move from ``state``: the scripted expert's (``frozen_lake_rows.first_move``)."""
-    from ep_trl.devtools.frozen_lake_rows import first_move
-
     return NAMES.index(first_move(desc, state))
 
 
@@ -132,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     record = run_record.start(REPO, [__file__, *(sys.argv[1:] if argv is None else argv)])
     seeds = (held_out_seeds(args.lakes_of) if args.lakes_of is not None
              else list(range(args.first_seed, args.first_seed + args.lakes)))
-    lakes = [lake(seed) for seed in seeds]
+    lakes = [seeded_lake(seed) for seed in seeds]
     caps = [int(c) for c in args.caps.split(",")]
     table: list[dict[str, object]] = []
     for name, (policy, is_random) in chosen.items():

@@ -6,18 +6,12 @@ import re
 
 import pytest
 
+from ep_trl.devtools.frozen_lake_rows import seeded_lake
 from ep_trl.evalprotocol import mcp_gym
 from ep_trl.runtime.processes import free_port
 
 SEEDS = (339, 42, 7)  # lakes of 4x4 whose seeded map differs from most unseeded draws
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def seeded_lake(seed):
-    """The lake eval-protocol's FrozenLake adapter builds for ``seed`` (4x4, p=0.8)."""
-    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
-
-    return generate_random_map(size=4, p=0.8, seed=seed)
 
 
 @pytest.fixture

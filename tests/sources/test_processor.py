@@ -568,8 +568,7 @@ def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_mo
 
     Every episode starts on its row's lake (the one eval-protocol's adapter builds from the row's seed): before
     ``ep_trl.evalprotocol.mcp_gym``, every episode's new server session played an unseeded, random lake."""
-    from ep_trl.devtools.frozen_lake_rows import lake_in
-    from tests.evalprotocol.test_mcp_gym import seeded_lake
+    from ep_trl.devtools.frozen_lake_rows import lake_in, seeded_lake
 
     caplog.set_level(logging.INFO, logger="ep_trl")
     monkeypatch.chdir(tmp_path)  # the processor writes its server's log to the working directory

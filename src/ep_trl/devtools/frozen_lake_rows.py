@@ -37,6 +37,14 @@ MOVES = {"LEFT": (0, -1), "DOWN": (1, 0), "RIGHT": (0, 1), "UP": (-1, 0)}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def seeded_lake(seed: int) -> list[str]:
+    """The 4x4 lake eval-protocol's FrozenLake adapter draws for ``seed``: gymnasium's ``generate_random_map(size=4,
+    p=0.8, seed=seed)``, its rows of S, F, H, G."""
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    return list(generate_random_map(size=4, p=0.8, seed=seed))
+
+
 def lake_in(messages: Sequence[Mapping[str, object]]) -> tuple[list[str], int]:
     """The latest lake the messages show (its rows of S, F, H, G) and the player's position: the MCP server's
     observation, a JSON object in a tool result or its Python form in the first user message (``{observation}``).
