@@ -9,7 +9,6 @@ runs differ. The test's threshold is set well below the lowest value measured he
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -18,24 +17,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from ep_trl.devtools import run_record  # noqa: E402
-
-SCRIPT = REPO / "train_browsergym_trl.py"
-RIGHT = {"click-test": "click('13')", "focus-text": "click('12')"}
-
-
-def first_turn_answers(stdout: str, when: str) -> dict[str, dict[str, float]]:
-    """The script's ``before training`` / ``after training`` block: task -> answer -> the policy's probability."""
-    block = stdout.split(f"{when}, the policy's first-turn answers (probability):\n", 1)[1]
-    answers = {}
-    for line in block.splitlines():
-        if not line.startswith("  "):
-            break
-        task, listed = line.strip().split(": ", 1)
-        answers[task] = {a: float(p) for a, p in re.findall(r"(\S+\(.*?\)) ([0-9.]+)", listed)}
-    return answers
+from tests.test_train_browsergym_script import RIGHT, SCRIPT, first_turn_answers  # noqa: E402  (what the test reads)
 
 
 def one_run(steps: int) -> dict[str, object]:

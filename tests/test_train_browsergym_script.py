@@ -20,6 +20,8 @@ from tests.support.trainers import assert_script_trained
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train_browsergym_trl.py"
+#: The task's right first action (what the learning test reads the policy's probability of).
+RIGHT = {"click-test": "click('13')", "focus-text": "click('12')"}
 pytestmark = pytest.mark.slow
 
 
@@ -147,8 +149,7 @@ def test_the_main_job_learns_the_eval_and_plots_it(tmp_path):
     first, last = float(summary.group(1)), float(summary.group(2))
     assert abs(first - sum(scores[:2]) / 2) < 1e-4 and abs(last - sum(scores[-2:]) / 2) < 1e-4
     before, after = first_turn_answers(run.stdout, "before training"), first_turn_answers(run.stdout, "after training")
-    right = {"click-test": "click('13')", "focus-text": "click('12')"}
-    for task, answer in right.items():
+    for task, answer in RIGHT.items():
         assert abs(before[task][answer] - 1 / 3) < 0.1 and len(before[task]) == 3, run.stdout
         assert after[task][answer] >= 0.6, run.stdout
     plot = tmp_path / "reward_curve.png"
