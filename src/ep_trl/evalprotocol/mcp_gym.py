@@ -43,8 +43,13 @@ class _Manager(Protocol):
 
 _InitialState = Callable[[_Manager, _Session], Awaitable[object]]
 
-#: The processor whose sessions this applies to (by class name, as ``spec`` tells it).
+#: The processor whose sessions this applies to, told by class name (eval-protocol is imported only where it is used).
 PROCESSOR = "MCPGymRolloutProcessor"
+
+
+def is_mcp_gym(processor: object) -> bool:
+    """Whether ``processor`` is eval-protocol's ``MCPGymRolloutProcessor``."""
+    return type(processor).__name__ == PROCESSOR
 
 _lock = threading.Lock()
 _users = 0

@@ -94,7 +94,7 @@ def setup(spec: EvalSpec) -> None:
     processor's sessions start on their row's seed until :func:`cleanup` (``mcp_gym``)."""
     processor = _processor(spec)
     processor.setup()
-    if type(processor).__name__ == mcp_gym.PROCESSOR:
+    if mcp_gym.is_mcp_gym(processor):
         mcp_gym.start_seeded_sessions()
         _seeding[id(processor)] += 1
 

@@ -58,7 +58,7 @@ class ProcessorSource:
         self._variables = processors.RoutingVariables()
         self._parser: ToolCallParser | None = None
         self._mcp = StdioServers(spec.processor_settings.get("mcp_config_path"))
-        if type(spec.processor).__name__ == mcp_gym.PROCESSOR and (zero := mcp_gym.seed_zero_rows(self._rows)):
+        if mcp_gym.is_mcp_gym(spec.processor) and (zero := mcp_gym.seed_zero_rows(self._rows)):
             logger.warning("%s: %d row(s) have environment seed 0 (%s), which eval-protocol's MCP-gym server takes for "
                            "no seed: each of their episodes plays a random environment, not the row's. Give those rows "
                            "another seed.", spec.qualified_name, len(zero), ", ".join(zero[:5]))
