@@ -12,10 +12,11 @@ group's scores differ. This is a test of the pipeline (the recipe's template, wa
 MCP-gym episodes on their rows' lakes, steps with a gradient), not of learning to read the lake
 (``docs/benchmarks.md``).
 
-The chance of no gradient in both steps: measured, the step mean was 0.06 and 0.0 at temperature 1 (too few goals),
-0.94 and 0.88 at 0.7 (too many), 0.19 and 0.50 at 0.85. A group of 8 episodes with success rate p scores alike with
-chance p^8 + (1-p)^8: 0.19 at p = 0.19 and 0.008 at p = 0.5, so all 4 groups (2 steps of 2 lakes) alike about
-0.19^2 x 0.008^2, below 1e-5; were every group's rate as low as 0.1, it would be 0.43^4, about 0.03."""
+The chance of no gradient in both steps: as the test printed them (one run each, no result file), the step mean was
+0.06 and 0.0 at temperature 1 (too few goals), 0.94 and 0.88 at 0.7 (too many), 0.19 and 0.50 at 0.85. A group of 8
+episodes with success rate p scores alike with chance p^8 + (1-p)^8: 0.19 at p = 0.19 and 0.008 at p = 0.5, so all 4
+groups (2 steps of 2 lakes) alike about 0.19^2 x 0.008^2, below 1e-5; were every group's rate as low as 0.1, it would
+be 0.43^4, about 0.03."""
 
 import json
 import subprocess
