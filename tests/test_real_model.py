@@ -171,24 +171,28 @@ def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
 @pytest.mark.timeout(1500)
 def test_the_real_model_trains_on_browsergym_tasks_through_the_environment_eval(real_url, real_model_dir, real_model,
                                                                                  tmp_path):
-    """The real-model environment command (``train_smollm2_browsergym.py``), at its smallest: the warm start (three
-    training pages per task: fewer and it learns their element ids rather than the format), held-out instances played greedily before and after with every turn and whether its action
-    parsed, and two GRPO steps through the BrowserGym eval on the module's server (multi-turn episodes: enter-text
-    fills, then submits), on-policy (TRL's own sampling/logp check at rounding level) with a non-zero gradient, the
-    server left on the trained weights. Two groups of 6 per step: the warm-started policy completes click-button about
-    one time in four and enter-text about one in ten, so all four groups score alike with p < 0.01."""
+    """The real-model environment command (``train_smollm2_browsergym.py``, a preset of ``ep-trl train``), at its
+    smallest: the warm start (three training pages per task: fewer and it learns their element ids rather than the
+    format), held-out instances played greedily before and after with every turn and whether its action parsed, and
+    two GRPO steps through the BrowserGym eval on the module's server (multi-turn episodes: enter-text fills, then
+    submits), on-policy (TRL's own sampling/logp check at rounding level) with a non-zero gradient, the server left
+    on the trained weights. Two groups of 6 per step: the warm-started policy completes click-button about one time
+    in four and enter-text about one in ten, so were a group's episodes independent, all four groups would score
+    alike with p < 0.01. Under ``ep-trl train`` a group plays one page (its reset seed), which makes its episodes
+    alike more often than that; the chance is not measured (the script before it was a preset gave every episode a
+    page of its own)."""
     out = tmp_path / "run"
     assert train_smollm2_browsergym.main([
         "--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "12", "--num-generations", "6",
         "--held-out", "1", "--output-dir", str(out)]) == 0
     result = json.loads((out / "result.json").read_text())
     assert result["run"]["command"].split()[1] == "train_smollm2_browsergym.py" and len(result["run"]["commit"]) == 40
-    assert result["steps"] == 2 and result["tasks"] == ["click-button", "enter-text"]
+    assert result["steps"] == 2 and result["held_out_rows"] == 2 and result["start_model_s"] > 0  # the warm start
     for when in ("before", "after"):
-        episodes = result[f"held_out_{when}_episodes"]
+        episodes = result[f"held_out_{when}_rows"]
         assert [e["task"] for e in episodes] == ["click-button", "enter-text"]
         assert all(e["turns"] and len(e["parsed"]) == len(e["turns"]) and e["status"] == "finished" for e in episodes)
-        figures = result[f"held_out_{when}"]
+        figures = result[f"held_out_{when}_figures"]
         assert figures["episodes"] == 2 and 0.0 <= figures["success"] <= 1.0
         assert all(e["prompt_tokens"] > 300 and e["completion_tokens"] > 0 for e in episodes)
     steps = result["steps_logged"]
@@ -200,7 +204,7 @@ def test_the_real_model_trains_on_browsergym_tasks_through_the_environment_eval(
     assert_the_server_left_the_checkpoint(real_url, real_model_dir, real_model, 'Goal: Click on the "ok" button.')
 
 
-#: The doors test's size: 2 steps of 6 groups (houses drawn per episode) of 8 episodes, 96 episodes in all
+#: The doors test's size: 2 steps of 6 groups (one house each) of 8 episodes, 96 episodes in all
 #: (forward/backward passes of 4 episodes: a pass of 8 peaked near 8 GB and was killed on a shared 23 GB machine).
 DOORS_STEPS, DOORS_GROUPS, DOORS_GROUP_SIZE = 2, 6, 8
 DOORS_RESULTS = [Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"smollm2_doors_{name}.json"
@@ -209,23 +213,24 @@ DOORS_RESULTS = [Path(__file__).resolve().parents[1] / "benchmarks" / "results" 
 
 @pytest.mark.timeout(2400)
 def test_the_real_model_trains_on_the_doors_game_through_its_eval(real_url, real_model_dir, real_model, tmp_path):
-    """The real-model environment command (``train_smollm2_doors.py``) at its smallest: held-out houses played
-    greedily before and after under every sign wording, each row recording its house and wording, and two GRPO steps
-    through the doors eval on the module's server (multi-turn episodes: two rooms, up to four moves), on-policy
-    (TRL's own sampling/logp check at rounding level) with a non-zero gradient, the server left on the trained
-    weights.
+    """The real-model environment command (``train_smollm2_doors.py``, a preset of ``ep-trl train``) at its smallest:
+    held-out houses (reset seeds) played greedily before and after under every sign wording
+    (``--held-out-reset-kwarg wording=...``), each row recording its house and wording, and two GRPO steps through the
+    doors eval on the module's server (multi-turn episodes: two rooms, up to four moves), on-policy (TRL's own
+    sampling/logp check at rounding level) with a non-zero gradient, the server left on the trained weights.
 
-    Sized so that a step with no gradient at all is rare enough: every episode resets to a new house, so a group is
-    8 episodes of 8 houses, and it gives no gradient when all 8 score alike. At step 1 of the three result files
-    (the base model, the training temperature 0.7) 4 of 48 episodes scored 1: p = 1/12. While no step has trained,
-    the weights are the base model's (no KL term, no weight decay), so each group is alike with chance
-    (11/12)^8 + (1/12)^8 = 0.4985, and both steps' 12 groups are with chance 0.4985^12 = 2.4e-4 < 0.001
-    (``ep_trl.devtools.doors_houses.no_gradient_chance``, checked below from the files). It stays below 0.001 for
-    any p >= 0.07. The former size, 2 steps of 2 groups of 6, had (11/12)^24 = 0.12. The cost is time: measured
-    once on this 2-core machine while other jobs shared it (load 5-7), the script took 1,123 s (1,024 s of it the two
-    steps; its process used 8 CPU-minutes), plus the module's vLLM server start; the time-out leaves room for such
-    load."""
-    from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, HouseSplit, no_gradient_chance
+    Sized so that a step with no gradient at all is rare: a group gives none when all 8 of its episodes score alike.
+    At step 1 of the three result files (the base model, the training temperature 0.7) 4 of 48 episodes scored 1:
+    p = 1/12. Were a group's episodes independent, each with chance p, a group would be alike with chance
+    (11/12)^8 + (1/12)^8 = 0.4985 and both steps' 12 groups with chance 0.4985^12 = 2.4e-4 < 0.001
+    (``ep_trl.devtools.doors_houses.no_gradient_chance``, checked below from the files). They are not quite: those
+    files' runs reset every episode to a new house, while ``ep-trl train`` plays one house per group (its reset seed),
+    so a house the base model always fails (or always leaves) makes its group alike more often than the bound says;
+    that chance is not measured. The cost is time: measured once on this 2-core machine while other jobs shared it
+    (load 5-7), the script before it was a preset took 1,123 s (1,024 s of it the two steps), plus the module's vLLM
+    server start; the time-out leaves room for such load."""
+    from ep_trl.cli.heldout import SeedSplit
+    from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, no_gradient_chance
 
     step_one = [json.loads(path.read_text()) for path in DOORS_RESULTS]
     wins = sum(round(r["steps_logged"][0]["rewards/eval_score/mean"] * r["episodes_per_step"]) for r in step_one)
@@ -241,18 +246,18 @@ def test_the_real_model_trains_on_the_doors_game_through_its_eval(real_url, real
     print(f"doors run: {time.monotonic() - started:.0f} s")
     result = json.loads((out / "result.json").read_text())
     assert result["run"]["command"].split()[1] == "train_smollm2_doors.py" and len(result["run"]["commit"]) == 40
-    assert result["steps"] == 2 and len(result["held_out_houses"]) == 2
-    split = HouseSplit.draw(0, 2)
-    assert result["held_out_houses"] == list(split.held_out) and result["wordings"]["played"] == list(PLAYED_WORDINGS)
+    held = list(SeedSplit.draw(0, 2).held_out)
+    assert result["steps"] == 2 and result["held_out_seeds"] == held and result["held_out_rows"] == 12
+    assert result["held_out_reset_kwarg"] == {"name": "wording", "values": list(PLAYED_WORDINGS)}
     for when in ("before", "after"):
-        episodes = result[f"held_out_{when}_episodes"]
+        episodes = result[f"held_out_{when}_rows"]
         assert len(episodes) == 2 * len(PLAYED_WORDINGS) and all(e["status"] == "finished" for e in episodes)
         assert all(e["turns"] and len(e["parsed"]) == len(e["turns"]) for e in episodes)
         assert all((e["score"] == 1.0) == (e["score"] > 0) for e in episodes)  # the eval's body: left the house or not
-        # every house under every wording, each row saying which it played
-        assert sorted((e["instance"]["seed"], e["instance"]["wording"]) for e in episodes) == sorted(
-            split.held_out_plays())
-        per_wording = result[f"held_out_{when}_per_wording"]
+        # every house under every wording, wording by wording, each row saying which it played
+        assert [(e["instance"]["seed"], e["instance"]["wording"]) for e in episodes] == [
+            (seed, wording) for wording in PLAYED_WORDINGS for seed in held]
+        per_wording = result[f"held_out_{when}_per_value"]
         assert list(per_wording) == list(PLAYED_WORDINGS) and all(f["episodes"] == 2 for f in per_wording.values())
         assert all(per_wording[w]["success"] == sum(e["score"] for e in episodes if e["instance"]["wording"] == w) / 2
                    for w in PLAYED_WORDINGS)
