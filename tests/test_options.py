@@ -20,6 +20,7 @@ EVAL = "tests.evals.eval_letters::test_letters_pointwise"
     ({"env_base_url": "localhost:8001"}, r"must be a URL such as 'http://127\.0\.0\.1:8001'"),
     ({"env_client_cls": "LettersEnv"}, "pass the client class itself"),
     ({"action_parser": "parse"}, "action_parser must be callable"),
+    ({"reset_kwargs": {"wording": "locked"}}, "reset_kwargs must be callable"),
     ({"task_var": "MY TASK"}, "task_var must be a name"),
     ({"evaluation_test_kwargs": [("bonus", 1)]}, "must be a mapping"),
     ({"env_factory": lambda: None, "env_base_url": "http://127.0.0.1:1"}, "pass one of them"),

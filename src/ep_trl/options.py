@@ -85,6 +85,9 @@ class EvalOverrides:
         reset_seed: ``(group) -> seed``: each episode's ``reset(seed=...)``, from its run-wide prompt group number
             (OpenEnv's ``Environment.reset(seed=...)``); the episodes of a group play the same instance. ``ep-trl
             train --held-out`` sets it to keep training off the held-out seeds.
+        reset_kwargs: ``(group) -> {name: value}``: more keyword arguments of each episode's ``reset()``, from its
+            run-wide prompt group number (e.g. a variant of the instance the environment's reset takes). ``ep-trl
+            train --held-out-reset-kwarg`` sets it to play each held-out instance under each value.
         max_tokens: tokens per model turn.
         stop: stop strings per model turn (a single string is one stop string).
         max_concurrent_rollouts: episodes run at once.
@@ -104,6 +107,7 @@ class EvalOverrides:
     reset_task_kwarg: str | None = None
     max_steps: int | None = None
     reset_seed: Callable[[int], int] | None = None
+    reset_kwargs: Callable[[int], Mapping[str, object]] | None = None
     max_tokens: int | None = None
     stop: Sequence[str] | str | None = None
     max_concurrent_rollouts: int | None = None
@@ -114,7 +118,7 @@ class EvalOverrides:
         owner = "EvalOverrides"
         object.__setattr__(self, "input_dataset", _strings(owner, "input_dataset", self.input_dataset,
                                                            "['rows.jsonl']"))
-        for name in ("env_factory", "prompt_builder", "action_parser", "reset_seed"):
+        for name in ("env_factory", "prompt_builder", "action_parser", "reset_seed", "reset_kwargs"):
             _callable(owner, name, getattr(self, name))
         if self.env_client_cls is not None and not isinstance(self.env_client_cls, type):
             raise ConfigError(f"{owner}(env_client_cls={self.env_client_cls!r}): pass the client class itself "

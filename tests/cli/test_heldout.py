@@ -1,6 +1,6 @@
 """Held-out play (``ep-trl train --held-out N``): the three figures (task success, well-formed actions, success among
 well-formed episodes), the seed split of OpenEnv evals, and end to end on an OpenEnv eval, an MCP-gym eval and an
-environment that ignores seeds; the environment scripts' ``play_held_out`` reading turns back from sampled ids."""
+environment that ignores seeds; each held-out instance under several values of a reset keyword."""
 
 import json
 import re
@@ -12,14 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ep_trl.cli.heldout import HeldOutEpisode, HeldOutEpisodes, SeedSplit, _sampled_turns, play_held_out
+from ep_trl.cli.heldout import HeldOutEpisode, HeldOutEpisodes, ResetVariants, SeedSplit, per_value_summary
 from ep_trl.devtools.miniwob_demonstrations import page_actions_of
 from tests.sources.test_processor import agent_eval, agent_model_dir, calc_server  # noqa: F401  (fixtures)
-
-
-def test_each_run_of_sampled_ids_is_one_model_turn():
-    assert _sampled_turns([1, 2, 9, 9, 3, 4, 9], [1, 1, 0, 0, 1, 1, 0]) == [[1, 2], [3, 4]]
-    assert _sampled_turns([5], [0]) == []
 
 
 def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen_back_action():
@@ -46,33 +41,31 @@ def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen
     assert played.rows()[3]["instance"] is None
 
 
-class FakeRollout:
-    """Named fake: stands in for a rollout function's output, to check how play_held_out reads it."""
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, prompts, caller, first_group=None):
-        self.calls.append((prompts, caller, first_group))
-        return {"prompt_ids": [[1, 2, 3], [1, 2]], "completion_ids": [[7, 8, 0, 9], [7]], "env_mask": [[1, 1, 0, 1], [1]],
-                "eval_score": [1.0, 0.0],
-                "episode_status": ["finished", "finished"], "instance": [{"seed": 3, "wording": "locked"}, None]}
-
-
-def test_play_held_out_plays_greedily_one_episode_per_group_and_rotates_tasks():
-    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: {(7, 8): "click('1')", (9,): "done",
-                                                                         (7,): "hm"}[tuple(ids)])
-    rollout = FakeRollout()
-    played = play_held_out(rollout, "P", tasks=["a", "b"], episodes=2, tokenizer=tokenizer, base_url="http://x",
-                           parsed=lambda text: "(" in text, max_episode_tokens=64)
-    (prompts, caller, first_group), = rollout.calls
-    assert prompts == ["P", "P"] and first_group == 0
-    assert caller.config.sampling.temperature == 0.0 and caller.config.num_generations == 1
-    assert caller.synced_server().url == "http://x"
-    assert [(e.task, e.turns, e.parsed, e.score) for e in played.episodes] == [
-        ("a", ("click('1')", "done"), (True, False), 1.0), ("b", ("hm",), (False,), 0.0)]
-    assert [(e.prompt_tokens, e.completion_tokens) for e in played.episodes] == [(3, 4), (2, 1)]
-    assert [e.instance for e in played.episodes] == [{"seed": 3, "wording": "locked"}, None]  # what each reset said
+def test_reset_variants_play_each_instance_under_each_value_value_by_value_and_figures_split_by_value():
+    variants = ResetVariants.parse(" wording = is-open, locked ", instances=2)
+    assert (variants.name, variants.values, variants.episodes) == ("wording", ("is-open", "locked"), 4)
+    assert [(variants.instance(g), variants.kwargs(g)) for g in range(4)] == [
+        (0, {"wording": "is-open"}), (1, {"wording": "is-open"}),
+        (0, {"wording": "locked"}), (1, {"wording": "locked"})]
+    with pytest.raises(ValueError, match="are 4 episodes"):
+        variants.kwargs(4)
+    for text, problem in (("wording", "is not NAME=V1,V2"), ("=a,b", "is not NAME=V1,V2"), ("w=", "is not NAME"),
+                          ("seed=1,2", "the reset seed is the held-out instance"), ("w=a,b,a", "more than once")):
+        with pytest.raises(ValueError, match=problem):
+            ResetVariants.parse(text, instances=2)
+    played = HeldOutEpisodes((
+        HeldOutEpisode(None, ("red",), (True,), 1.0, "finished", seed=5, reset_kwargs={"wording": "is-open"}),
+        HeldOutEpisode(None, ("hm",), (False,), 0.0, "finished", seed=5, reset_kwargs={"wording": "locked"}),
+        HeldOutEpisode(None, ("blue",), (True,), 1.0, "finished", seed=6, reset_kwargs={"wording": "locked"}),
+    ))
+    figures = played.per_value("wording", ("is-open", "locked", "never-played"))
+    assert list(figures) == ["is-open", "locked"]
+    assert (figures["locked"]["success"], figures["locked"]["episodes"]) == (0.5, 2)
+    assert figures["locked"]["success_when_well_formed"] == 1.0 and figures["is-open"]["success"] == 1.0
+    assert played.rows()[1]["reset_kwargs"] == {"wording": "locked"} and "reset_kwargs" not in HeldOutEpisodes((
+        HeldOutEpisode(None, (), (), None, "error"),)).rows()[0]
+    assert per_value_summary(variants, played, "after training") == (
+        "held-out after training, task success per wording: is-open 1.000, locked 0.500")
 
 
 def test_the_format_demonstrated_on_a_page_is_every_click_and_every_fill_with_the_goal_s_text():
@@ -214,6 +207,92 @@ def test_held_out_is_refused_for_an_environment_that_ignores_reset_seeds(tiny_mo
                      r"then 'Word: [a-j]{8}'\).*Make the environment's reset\(seed=\.\.\.\) choose the instance",
                      proc.stderr, re.S), proc.stderr[-3000:]
     assert "held-out reset seeds" not in proc.stdout and not (tmp_path / "run").exists()
+
+
+DOORS = f"{ROOT / 'examples' / 'doors' / 'eval_doors.py'}::test_doors"
+DOORS_SERVER = ["--env-server", "python -m ep_trl.envs.doors --port {port}", "--env-url-var", "DOORS_ENV_URL"]
+
+
+@pytest.mark.timeout(400)
+def test_held_out_reset_kwarg_plays_each_held_out_seed_under_each_value(tiny_model_dir, tmp_path):
+    """The doors eval (OpenEnv; its reset takes a sign ``wording``) with --held-out 2 --held-out-reset-kwarg
+    wording=is-open,locked: each held-out seed is played under each wording, value by value, before and after
+    training; each row records the keyword its reset was given, and the house and wording the environment says it
+    played agree with it; result.json has the three figures per wording, those of the rows."""
+    proc = train_cli([DOORS, "--model", str(tiny_model_dir), *DOORS_SERVER, "--max-steps", "1",
+                      "--per-device-train-batch-size", "4", "--num-generations", "2", "--max-completion-length", "48",
+                      "--held-out", "2", "--held-out-seed", "3", "--held-out-reset-kwarg", "wording=is-open,locked",
+                      "--output-dir", "run"], tmp_path, timeout=380)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "2 held-out reset seeds, each under 2 values of wording (is-open, locked): 4 held-out episodes" in out, out
+    for when in ("before", "after"):
+        assert re.search(SUMMARY.format(when=when, tasks="", n=4), out, re.M), out
+        assert re.search(rf"^held-out {when} training, task success per wording: is-open [0-9.]+, locked [0-9.]+$",
+                         out, re.M), out
+    assert re.search(r"^held-out task success per wording, before -> after: is-open [0-9.]+ -> [0-9.]+, locked "
+                     r"[0-9.]+ -> [0-9.]+$", out, re.M), out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    held = list(SeedSplit.draw(3, 2).held_out)
+    assert result["held_out_seeds"] == held and result["held_out_rows"] == 4
+    assert result["held_out_reset_kwarg"] == {"name": "wording", "values": ["is-open", "locked"]}
+    for when in ("before", "after"):
+        rows = result[f"held_out_{when}_rows"]
+        check_figures(rows, result[f"held_out_{when}_figures"], result[f"held_out_{when}"])
+        plays = [(seed, wording) for wording in ("is-open", "locked") for seed in held]
+        assert [(r["seed"], r["reset_kwargs"]) for r in rows] == [(s, {"wording": w}) for s, w in plays]
+        assert [r["instance"] for r in rows] == [{"seed": s, "wording": w} for s, w in plays]  # what each reset said
+        per_value = result[f"held_out_{when}_per_value"]
+        assert list(per_value) == ["is-open", "locked"]
+        for wording, figures in per_value.items():
+            chosen = [r for r in rows if r["reset_kwargs"]["wording"] == wording]
+            check_figures(chosen, figures, figures["success"])
+
+
+@pytest.mark.timeout(200)
+def test_a_reset_kwarg_value_the_environment_refuses_is_refused_before_the_model_loads(tiny_model_dir, tmp_path):
+    """A wording the doors game does not have: its reset fails once the environment server is up, so the run is
+    refused with exit status 2, naming the keyword, the value and the environment's answer, and leaves no run
+    folder."""
+    proc = train_cli([DOORS, "--model", str(tiny_model_dir), *DOORS_SERVER, "--held-out", "2",
+                      "--held-out-reset-kwarg", "wording=is-open,shouted", "--output-dir", "run"], tmp_path,
+                     timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert re.search(r"--held-out-reset-kwarg wording=is-open,shouted: .*eval_doors\.py::test_doors: its environment's "
+                     r"reset\(wording='shouted'\) failed \(.*\), so held-out instances cannot be played under that "
+                     r"wording\. Give a keyword and values the environment's reset\(\) takes", proc.stderr,
+                     re.S), proc.stderr[-3000:]
+    assert "held-out reset seeds" not in proc.stdout and not (tmp_path / "run").exists()
+
+
+MINIWOB = f"{ROOT / 'examples' / 'browsergym' / 'eval_miniwob.py'}::test_miniwob"
+BROWSERGYM_SERVER = ["--env-server", "python -m ep_trl.envs.browsergym --host 127.0.0.1 --port {port}",
+                     "--env-url-var", "BROWSERGYM_ENV_URL"]
+
+
+@pytest.mark.timeout(500)
+def test_held_out_on_the_browsergym_eval_plays_held_out_miniwob_seeds_task_by_task(tiny_model_dir, tmp_path):
+    """What ``train_smollm2_browsergym.py`` runs, with the tiny model in-process: the BrowserGym server (headless
+    Chromium) honours reset seeds (the seed check passes), and the 2 held-out seeds are played one per task, each
+    row saying which task and seed the environment played."""
+    proc = train_cli([MINIWOB, "--model", str(tiny_model_dir), *BROWSERGYM_SERVER, "--tasks", "click-test",
+                      "focus-text", "--env-steps", "1", "--max-concurrent-rollouts", "2", "--max-steps", "1",
+                      "--per-device-train-batch-size", "4", "--num-generations", "2", "--max-completion-length",
+                      "24", "--held-out", "2", "--held-out-seed", "4", "--output-dir", "run"], tmp_path, timeout=480)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for when in ("before", "after"):
+        assert re.search(SUMMARY.format(when=when, tasks=r" \(click-test [0-9.]+, focus-text [0-9.]+\)", n=2),
+                         proc.stdout, re.M), proc.stdout
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    held = list(SeedSplit.draw(4, 2).held_out)
+    assert result["held_out_seeds"] == held
+    for when in ("before", "after"):
+        rows = result[f"held_out_{when}_rows"]
+        check_figures(rows, result[f"held_out_{when}_figures"], result[f"held_out_{when}"])
+        assert [(r["seed"], r["task"], r["status"]) for r in rows] == [
+            (held[0], "click-test", "finished"), (held[1], "focus-text", "finished")]
+        assert [(r["instance"]["seed"], r["instance"]["task_name"]) for r in rows] == [
+            (held[0], "click-test"), (held[1], "focus-text")]
 
 
 def test_training_seeds_never_hit_a_held_out_seed_and_two_split_seeds_hold_out_different_sets():

@@ -201,6 +201,23 @@ def silent_port():
                  id="held-out-tasks-all"),
     pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out-tasks", "abc"],
                  r"--held-out-tasks names the tasks held out of training: add --held-out N", id="held-out-tasks-alone"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out-reset-kwarg", "level=1,2"],
+                 r"--held-out-reset-kwarg level=1,2 plays each held-out instance under each value: add --held-out N",
+                 id="held-out-reset-kwarg-alone"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level"],
+                 r"--held-out-reset-kwarg level: 'level' is not NAME=V1,V2,\.\.\.: name the reset keyword and its "
+                 r"values", id="held-out-reset-kwarg-no-values"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "seed=1,2"],
+                 r"the reset seed is the held-out instance itself", id="held-out-reset-kwarg-seed"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level=1,1"],
+                 r"\['1'\] are given more than once: give each value once", id="held-out-reset-kwarg-repeated"),
+    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg",
+                                  "task_name=vowels,abc"],
+                 r"task_name names the task of each episode .*--held-out-tasks instead",
+                 id="held-out-reset-kwarg-task"),
+    pytest.param(lambda d, t, u: [SENTIMENT, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level=1,2"],
+                 r"uses .*whose held-out instances are rows played by its own processor; reset keywords are for "
+                 r"OpenEnv evals", id="held-out-reset-kwarg-processor-eval"),
 ])
 def test_bad_input_is_refused_before_anything_starts(args, message, tiny_model_dir, tmp_path, other_model_server,
                                                      capsys):
@@ -292,6 +309,69 @@ def test_train_smollm2_script_is_a_preset_of_the_command(monkeypatch, tiny_model
     assert (values["learning_rate"], values["temperature"], values["max_completion_length"]) == (2e-5, 0.8, 24)
     assert (values["shuffle_dataset"], values["output_dir"]) == (False, "outputs/smollm2")
     assert preset.command[1].endswith("train_smollm2_trl.py") and preset.command[2:] == argv
+
+
+def test_train_smollm2_doors_script_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path):
+    """The doors script is ``ep-trl train`` with its flags: the doors eval and server, the held-out houses drawn from
+    --seed, each played under every sign wording (--held-out-reset-kwarg), its GRPO sizes (micro-batches as gradient
+    accumulation), the time budget, --result a copy of the run's result.json; it trains nothing of its own."""
+    from ep_trl.envs.doors import HELD_OUT_WORDINGS, TRAINING_WORDINGS
+
+    url = "http://127.0.0.1:8011"
+    argv = ["--model", str(tiny_model_dir), "--vllm-base-url", url, "--max-steps", "3", "--held-out", "4",
+            "--seed", "2", "--batch-size", "16", "--micro-batch-size", "4", "--time-budget-s", "600",
+            "--output-dir", str(tmp_path / "run"), "--result", str(tmp_path / "kept" / "doors.json")]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "result.json").write_text('{"steps": 3}')  # what the run (replaced here) would write
+    assert script("train_smollm2_doors").main(argv) == 0
+    assert (tmp_path / "kept" / "doors.json").read_text() == '{"steps": 3}'  # --result: a copy of the run's
+    (job,) = planned
+    values = job.config_values
+    assert job.env_path.endswith("eval_doors.py::test_doors") and job.model == str(tiny_model_dir)
+    assert job.mode.vllm_base_url == url and job.openenv
+    assert "ep_trl.envs.doors" in job.run.env_server and job.run.env_url_var == "DOORS_ENV_URL"
+    assert (job.run.held_out, job.run.held_out_seed, job.run.time_budget_s) == (4, 2, 600.0)
+    variants = job.held_out_variants
+    assert (variants.name, variants.values, variants.episodes) == (
+        "wording", (*TRAINING_WORDINGS, *HELD_OUT_WORDINGS), 24)
+    assert (values["max_steps"], values["per_device_train_batch_size"], values["gradient_accumulation_steps"],
+            values["num_generations"]) == (3, 4, 4, 8)
+    assert (values["learning_rate"], values["temperature"], values["max_completion_length"], values["seed"]) == (
+        3e-5, 0.7, 320, 2)
+    assert values["vllm_importance_sampling_correction"] is False and values["gradient_checkpointing"] is False
+    assert job.command[1].endswith("train_smollm2_doors.py") and job.command[2:] == argv
+
+
+def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path,
+                                                                    monkeypatch):
+    """The real-model BrowserGym script is ``ep-trl train`` with its flags: the BrowserGym eval and server (its
+    sessions capped), its tasks and episode length, --held-out per task times the tasks, its GRPO sizes; its warm
+    start is the preset's model, on pages none of which is a held-out one."""
+    from ep_trl.cli.heldout import SeedSplit
+    from ep_trl.devtools.miniwob_instances import page_seed
+
+    monkeypatch.delenv("BROWSERGYM_ENV_URL", raising=False)
+    module = script("train_smollm2_browsergym")
+    argv = ["--model", str(tiny_model_dir), "--vllm-base-url", "http://127.0.0.1:8011", "--max-steps", "2",
+            "--held-out", "3", "--seed", "1", "--output-dir", str(tmp_path / "run")]
+    assert module.main(argv) == 0
+    (job,) = planned
+    values = job.config_values
+    assert job.env_path.endswith("eval_miniwob.py::test_miniwob") and job.model == str(tiny_model_dir)
+    assert "ep_trl.envs.browsergym" in job.run.env_server and job.run.env_url_var == "BROWSERGYM_ENV_URL"
+    assert job.preset.env_server_env == {"BROWSERGYM_MAX_SESSIONS": "2"} and job.preset.start_model is not None
+    assert list(job.overrides.tasks) == ["click-button", "enter-text"] and job.overrides.max_steps == 2
+    assert job.overrides.request_timeout_s == 60.0 and job.max_concurrent_rollouts == 2
+    assert (job.run.held_out, job.run.held_out_seed, job.held_out_variants) == (6, 1, None)
+    assert (values["max_steps"], values["per_device_train_batch_size"], values["gradient_accumulation_steps"],
+            values["num_generations"], values["learning_rate"], values["max_completion_length"]) == (
+        2, 2, 4, 4, 2e-5, 384)
+    assert job.command[1].endswith("train_smollm2_browsergym.py") and job.command[2:] == argv
+    args = module.parse_args(["--held-out", "16", "--warm-start-pages", "40"])
+    pages = module.warm_start_pages(args)
+    held = {page_seed(s) for s in SeedSplit.draw(0, 32).held_out}
+    assert [t for t, _ in pages] == ["click-button"] * 40 + ["enter-text"] * 40
+    assert not {page_seed(s) for _, s in pages} & held and pages == module.warm_start_pages(args)
 
 
 def test_train_smollm2_script_help_names_its_flags(capsys):

@@ -1,5 +1,5 @@
-"""The doors game's held-out bookkeeping (``ep_trl.devtools.doors_houses``): figures per sign wording from each
-episode's recorded house, the no-gradient chance the real-model CI test is sized by, and the figures
+"""The doors game's held-out bookkeeping (``ep_trl.devtools.doors_houses``): the wordings a held-out set plays, the
+no-gradient chance the real-model CI test is sized by, and the figures
 docs/benchmarks.md quotes from the doors result files."""
 
 import json
@@ -8,34 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl.cli.heldout import HeldOutEpisode, HeldOutEpisodes
-from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, no_gradient_chance, per_wording, per_wording_summary
-from ep_trl.envs.doors import COLOURS, DoorsAction, DoorsEnvironment, house, parse_door
+from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, no_gradient_chance
+from ep_trl.envs.doors import (COLOURS, HELD_OUT_WORDINGS, TRAINING_WORDINGS, DoorsAction, DoorsEnvironment, house,
+                               parse_door)
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 RESULT_FILES = ("smollm2_doors_seed0.json", "smollm2_doors_seed1.json", "smollm2_doors_seed0_rerun.json")
 
 
-def episode(seed, wording, score, parsed=(True,)):
-    return HeldOutEpisode("doors", ("blue",) * len(parsed), parsed, score, "finished",
-                          instance={"seed": seed, "wording": wording})
-
-
-def test_figures_per_wording_come_from_the_wording_each_episode_recorded():
-    played = HeldOutEpisodes((episode(1, "locked", 0.0), episode(2, "is-open", 1.0), episode(1, "is-open", 1.0),
-                              episode(2, "locked", 1.0, parsed=(False, True)), episode(3, "only", 0.0)))
-    figures = per_wording(played)
-    assert list(figures) == ["is-open", "only", "locked"]  # PLAYED_WORDINGS order, wordings not played left out
-    assert figures["locked"] == {"success": 0.5, "well_formed_rate": pytest.approx(2 / 3),
-                                 "success_when_well_formed": 0.0, "per_task": {"doors": 0.5}, "episodes": 2}
-    assert figures["is-open"]["success"] == 1.0 and figures["only"]["episodes"] == 1
-    assert per_wording_summary(figures, "after training") == (
-        "held-out after training, success per sign wording (* never in training, ! names only locked doors): "
-        "is-open 1.000, only* 0.000, locked*! 0.500")
-    unrecorded = HeldOutEpisodes((episode(1, "locked", 0.0), HeldOutEpisode("doors", (), (), None, "error")))
-    with pytest.raises(ValueError, match=r"held-out episodes \[1\] recorded no sign wording"):
-        per_wording(unrecorded)
-    assert PLAYED_WORDINGS[:2] == ("is-open", "except")
+def test_a_held_out_set_plays_training_s_wordings_then_those_training_never_shows():
+    assert PLAYED_WORDINGS == (*TRAINING_WORDINGS, *HELD_OUT_WORDINGS) and PLAYED_WORDINGS[:2] == ("is-open", "except")
 
 
 def load(name):

@@ -27,6 +27,20 @@ def test_training_never_draws_a_held_out_page_and_each_seed_holds_out_its_own_se
     assert not other.held_out_pages & split.held_out_pages
 
 
+def test_the_held_out_seeds_of_the_browsergym_preset_keep_their_pages_out_of_the_first_training_groups():
+    """``ep-trl train --held-out`` (which ``train_smollm2_browsergym.py`` runs) keeps reset seeds apart, not pages: a
+    training group shows one of 32 held-out pages with chance 32 / 1,000,000. On the preset's held-out sets (16 per
+    task, seeds 0 and 1) the pages are distinct and none of the first 2,000 training groups (a default run plays 40)
+    shows one of them."""
+    from ep_trl.cli.heldout import SeedSplit
+
+    for seed in (0, 1):
+        split = SeedSplit.draw(seed, 32)
+        pages = {page_seed(s) for s in split.held_out}
+        assert len(pages) == 32
+        assert not {page_seed(split.training_seed(group)) for group in range(2_000)} & pages
+
+
 def test_a_training_stream_skips_every_reset_seed_whose_page_is_held_out():
     free = list(itertools.islice(InstanceSplit(seed=0, held_out={}).training_seeds(), 6))
     # hold out the page the free stream draws first and third: the same stream skips exactly those

@@ -85,3 +85,19 @@ def test_the_evals_system_prompt_goes_first_unless_the_prompt_has_one():
     specs = [plan_episode(p, i, i, 0, (), "Be brief.") for i, p in enumerate(["hi", own])]
     assert specs[0].initial_messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"})
     assert specs[1].initial_messages[0] == {"role": "system", "content": "own"}
+
+
+def test_an_episode_s_reset_seed_and_keywords_come_from_its_prompt_group():
+    from ep_trl.openenv.client import EnvSettings
+    from ep_trl.openenv.pool import reset_kwargs
+
+    plans = [plan_episode("hi", i, group, 0, ("a", "b"), None, reset_seed=lambda g: 100 + g,
+                          reset_kwargs=lambda g: {"wording": ("is-open", "locked")[g % 2]})
+             for i, group in enumerate((4, 5))]
+    assert [(p.task, p.seed, p.reset_kwargs) for p in plans] == [("a", 104, {"wording": "is-open"}),
+                                                                  ("b", 105, {"wording": "locked"})]
+    assert plan_episode("hi", 0, 0, 0, (), None).reset_kwargs is None
+    settings = EnvSettings(base_url="http://127.0.0.1:1", tasks=("a", "b"))
+    assert reset_kwargs(settings, "a", 104, {"wording": "locked"}) == {"task_name": "a", "seed": 104,
+                                                                      "wording": "locked"}
+    assert reset_kwargs(settings, None, None, {"wording": "locked"}) == {"wording": "locked"}

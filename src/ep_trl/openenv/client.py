@@ -79,6 +79,8 @@ class EnvSettings:
     task_urls: Mapping[str, str] = field(default_factory=dict)
     #: ``(group) -> seed`` for each episode's ``reset(seed=...)`` (``EvalOverrides.reset_seed``); None: no seed.
     reset_seed: Callable[[int], int] | None = None
+    #: ``(group) -> {name: value}``: more keyword arguments of each episode's reset (``EvalOverrides.reset_kwargs``).
+    reset_kwargs: Callable[[int], Mapping[str, object]] | None = None
 
     def describe(self) -> str:
         if self.factory is not None:

@@ -76,13 +76,15 @@ async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTempl
     """Play one episode on a session from ``envs``; ``on_step(messages, step_rewards)`` is called after every
     environment step. The session goes back to ``envs`` for reuse only if the episode ended cleanly."""
     start = time.perf_counter()
-    label = f"episode {plan.index} (task {plan.task!r}" + (f", seed {plan.seed})" if plan.seed is not None else ")")
+    label = (f"episode {plan.index} (task {plan.task!r}" + (f", seed {plan.seed}" if plan.seed is not None else "")
+             + "".join(f", {name} {value!r}" for name, value in (plan.reset_kwargs or {}).items()) + ")")
     state = _State(messages=[dict(m) for m in plan.initial_messages])
     failure: EpisodeFailure | None = None
     session = None
     clean = cancelled = False
     try:
-        session, outcome = await _guarded("environment", envs.start(label, plan.task, plan.seed))
+        session, outcome = await _guarded("environment", envs.start(label, plan.task, plan.seed,
+                                                                           plan.reset_kwargs))
         state.instance = instance_of(outcome.observation)
         await _take_turns(state, session, outcome, cfg, template, generator, on_step, episode=label)
         clean = True

@@ -18,10 +18,12 @@ TRANSPORT_RETRIES = 3
 _CAPACITY = re.compile(r"at capacity: (\d+)/(\d+) sessions")
 
 
-def reset_kwargs(settings: EnvSettings, task: str | None, seed: int | None = None) -> dict[str, object]:
+def reset_kwargs(settings: EnvSettings, task: str | None, seed: int | None = None,
+                 extra: Mapping[str, object] | None = None) -> dict[str, object]:
     """A server given by URL learns its task at reset (OpenEnv's BrowserGym takes ``task_name``); a server that
-    ep_trl started for one task already plays it. ``seed``: OpenEnv's ``reset(seed=...)``, when the run names one."""
-    kwargs: dict[str, object] = {} if seed is None else {"seed": seed}
+    ep_trl started for one task already plays it. ``seed``: OpenEnv's ``reset(seed=...)``, when the run names one;
+    ``extra``: more keyword arguments the run names (``EvalOverrides.reset_kwargs``)."""
+    kwargs: dict[str, object] = {**(extra or {}), **({} if seed is None else {"seed": seed})}
     if task is None or settings.task_urls:
         return kwargs
     return {settings.reset_task_kwarg: task, **kwargs}
@@ -108,9 +110,10 @@ class EnvPool:
         #: Sessions opened during this call (a metric: without reuse, one per episode).
         self.opened = 0
 
-    async def start(self, label: str, task: str | None, seed: int | None = None) -> tuple[EnvSession, StepOutcome]:
-        """A session for ``label`` playing ``task``, reset (with ``seed`` when given): an idle one of this call, else
-        a new one."""
+    async def start(self, label: str, task: str | None, seed: int | None = None,
+                    extra: Mapping[str, object] | None = None) -> tuple[EnvSession, StepOutcome]:
+        """A session for ``label`` playing ``task``, reset (with ``seed`` and the keyword arguments ``extra`` when
+        given): an idle one of this call, else a new one."""
         url = self._settings.url_for(task)
         deadline = time.monotonic() + CAPACITY_WAIT_S
         attempt = 0
@@ -118,7 +121,7 @@ class EnvPool:
             session = await self._session(url, label, task, deadline)
             others = self._open.get(url, 0) - 1
             try:
-                outcome = await session.reset(**reset_kwargs(self._settings, task, seed))
+                outcome = await session.reset(**reset_kwargs(self._settings, task, seed, extra))
             except BaseException as exc:
                 # also when the episode is cancelled: no session outlives the call
                 await self._close(session, cancelled=isinstance(exc, asyncio.CancelledError))

@@ -1,7 +1,7 @@
 """Episodes of an ``OpenEnvRolloutProcessor`` eval, played by ep_trl itself: its environment, prompt builder and
 action parser in ep_trl's token-exact loop (``ep_trl.openenv.loop``), on sessions from an ``EnvPool``."""
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -62,14 +62,17 @@ class OpenEnvSource:
         finally:
             await envs.aclose()
 
-    async def first_observation(self, seed: int, task: str | None) -> str:
-        """What the model would first be shown after ``reset(seed=seed)`` of ``task`` (the eval's prompt builder on
-        the observation, else its text), on a session of its own, closed after: ``ep-trl train --held-out`` resets
-        twice with one seed to check that the environment honours seeds."""
+    async def first_observation(self, seed: int | None, task: str | None,
+                                extra: Mapping[str, object] | None = None) -> str:
+        """What the model would first be shown after ``reset(seed=seed)`` of ``task`` (with the keyword arguments
+        ``extra``; the eval's prompt builder on the observation, else its text), on a session of its own, closed after:
+        ``ep-trl train --held-out`` resets twice with one seed to check that the environment honours seeds, and once
+        per value of ``--held-out-reset-kwarg``."""
         spec = self._spec
         assert spec.env is not None and spec.prompt_builder is not None
         envs = EnvPool(spec.env, reuse=False, notes=self._notes)
-        session, outcome = await envs.start(f"seed check (task {task!r}, seed {seed})", task, seed)
+        label = f"reset check (task {task!r}, seed {seed}" + "".join(f", {k} {v!r}" for k, v in (extra or {}).items())
+        session, outcome = await envs.start(label + ")", task, seed, extra)
         try:
             try:
                 shown = spec.prompt_builder(outcome.observation, 1, [])
@@ -97,7 +100,7 @@ class _OpenEnvPlayer:
         assert self._spec.env is not None
         plan = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
                                      self._spec.env.tasks, self._spec.completion_params.get("system_prompt"),
-                                     self._spec.env.reset_seed)
+                                     self._spec.env.reset_seed, self._spec.env.reset_kwargs)
         episode = await run_episode(plan, self._cfg, self._setup.template, generator, self._envs,
                                     _step_logger(self._setup, request, plan))
         return episode, request.context.episode_row(episode, request.rollout_id, request.prompt)

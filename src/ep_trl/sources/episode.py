@@ -62,6 +62,8 @@ class EpisodePlan:
     initial_messages: tuple[MessageView, ...]
     #: The ``seed`` its environment's reset asks for (``EvalOverrides(reset_seed=...)``); None: reset names none.
     seed: int | None = None
+    #: More keyword arguments of its reset (``EvalOverrides(reset_kwargs=...)``); None: none.
+    reset_kwargs: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ class DoorsEnv(EnvClient[DoorsAction, DoorsObservation, DoorsState]):
 
     ``seeds``, when given, is called at each reset that names no seed and its value is the house drawn: a seed, or a
     ``(seed, wording)`` pair whose wording (a name in ``ep_trl.envs.doors.WORDINGS``) every sign of the house takes
-    (a training script hands out training or held-out houses this way, since eval-protocol's processor resets without
-    arguments). Other keyword arguments go to OpenEnv's ``EnvClient``.
+    (a caller that builds its own environment factory hands out houses this way, e.g. with
+    ``ep_trl.devtools.doors_houses.SeedSource``, since eval-protocol's processor resets without arguments; ``ep-trl
+    train`` names seeds and wordings in the reset's arguments instead). Other keyword arguments go to OpenEnv's ``EnvClient``.
 
     Each observation's ``metadata`` is ``{"seed": ..., "wording": ...}``, the house it plays (openenv's server leaves
     ``metadata`` off the wire, so the client puts it back from the observation's fields): ep_trl records the reset's
