@@ -5,6 +5,12 @@ on after a failure, so the record says how many of N passed.
 
     python benchmarks/repeat_tests.py --runs 20 --out benchmarks/results/shutdown_repeated.json -- \\
         tests/runtime/test_shutdown.py -k "not every_time and not sigkilled"
+
+With ``--durations N`` each run also records pytest's N slowest test phases (``--durations=N``); one quiet run of the
+whole suite publishes its time and slowest tests (issue 48, docs/benchmarks.md):
+
+    python benchmarks/repeat_tests.py --runs 1 --load 0 --durations 30 --out benchmarks/results/suite_durations.json \\
+        -- tests
 """
 
 import argparse
@@ -28,10 +34,19 @@ def _spin(stop: "multiprocessing.synchronize.Event") -> None:
         sum(range(10_000))
 
 
+def slowest(stdout: str) -> list[dict[str, object]]:
+    """pytest's ``--durations`` block: each phase's seconds, phase (setup, call, teardown) and test id, slowest
+    first."""
+    block = stdout.split("slowest ", 1)[1] if "slowest " in stdout else ""
+    return [{"seconds": float(s), "phase": phase, "test": test}
+            for s, phase, test in re.findall(r"^([0-9.]+)s (setup|call|teardown) +(\S+)$", block, flags=re.M)]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--load", type=int, default=2 * (os.cpu_count() or 1), help="spinning processes")
+    parser.add_argument("--durations", type=int, default=0, help="record each run's N slowest test phases")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("pytest_args", nargs="+", help="after --: what pytest runs")
     args = parser.parse_args(argv)
@@ -44,13 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for k in range(args.runs):
             started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args],
-                                  cwd=REPO, capture_output=True, text=True)
-            summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+            durations = [f"--durations={args.durations}"] if args.durations else []
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *durations,
+                                   *args.pytest_args], cwd=REPO, capture_output=True, text=True)
+            # pytest's own last line (a plugin may print after it)
+            summary = next((line.strip("= ") for line in reversed(proc.stdout.splitlines())
+                            if re.search(r"\d+ (passed|failed|error)", line)), "")
             counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", summary)}
             runs.append({"returncode": proc.returncode, "seconds": round(time.monotonic() - started, 1),
                          "summary": summary, "failed": re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M),
-                         **counts})
+                         **counts, **({"slowest": slowest(proc.stdout)} if args.durations else {})})
             print(f"run {k + 1}/{args.runs}: {summary}", flush=True)
     finally:
         stop.set()

@@ -45,8 +45,8 @@ SMALLEST: dict[str, list[str]] = {
                               "--env-latency-s", "0", "--no-warm-up", "--out", "{out}"],
     "soak.py": ["--calls", "2", "--episodes", "4"],
     "main_job_spread.py": ["--runs", "1", "--steps", "1", "--out", "{out}"],
-    "repeat_tests.py": ["--runs", "2", "--load", "1", "--out", "{out}", "--", "tests/runtime/test_shutdown.py", "-k",
-                        "stop_grace"],
+    "repeat_tests.py": ["--runs", "2", "--load", "1", "--durations", "3", "--out", "{out}", "--",
+                        "tests/runtime/test_shutdown.py", "-k", "stop_grace"],
 }
 
 
@@ -90,10 +90,15 @@ def async_image_processing_processed_each_image_once(result: dict, stdout: str) 
 
 
 def repeat_tests_ran_each_run(result: dict, stdout: str) -> None:
-    """Both runs of the selection ran under the load, passed, and are counted."""
+    """Both runs of the selection ran under the load, passed, and are counted, with their slowest tests."""
     assert result["load_processes"] == 1 and result["runs_total"] == 2 and result["runs_passed"] == 2
     assert all(run["returncode"] == 0 and run["passed"] >= 1 and run["failed"] == [] for run in result["runs"])
     assert "2 of 2 runs passed" in stdout
+    # --durations 3: each run's slowest test phases, slowest first, each a test of the selection
+    for run in result["runs"]:
+        assert 1 <= len(run["slowest"]) <= 3 and all(s["test"].startswith("tests/runtime/test_shutdown.py::")
+                                                     for s in run["slowest"])
+        assert [s["seconds"] for s in run["slowest"]] == sorted((s["seconds"] for s in run["slowest"]), reverse=True)
 
 
 def main_job_spread_read_the_probabilities(result: dict, stdout: str) -> None:
