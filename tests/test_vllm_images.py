@@ -10,6 +10,7 @@ module (~40-60 s to start); the vLLM venv comes from ``bash scripts/install_vllm
 
 import asyncio
 import gc
+import logging
 import re
 import threading
 import time
@@ -96,7 +97,8 @@ def sampled_turns(sample):
 
 
 @pytest.mark.timeout(400)
-def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vlm_dir, letters_server, tmp_path):
+def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vlm_dir, letters_server, tmp_path,
+                                                             caplog):
     """EvalRolloutWorker on the processor, CPUAsyncImagesGRPOTrainer, weights through disk to the real server: every
     sampled turn's logprobs equal the teacher-forced logprobs WITH the pixels of the version the turn recorded (or
     the next one, the sync race docs/async.md describes), except a turn in flight when a sync paused the server,
@@ -106,7 +108,13 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     tests.support.async_training.check_turn_versions); they differ from the logprobs without the pixels and from
     those with another sample's screenshots; turns of the trained policy match it, so the vision weights reached the
     server; the steps move the vision tower; the trainer's sampling_logp_difference (|its logprobs - sampled|, from
-    the forward with pixels) is < 1e-3 at step 1."""
+    the forward with pixels) is < 1e-3 at step 1.
+
+    A turn whose first sampled token is an image placeholder keeps no token (``ChatTemplate.sampled_turn`` ends the
+    turn before it, and logs it): its sample has a version for a turn with no run of mask 1. Such samples are left out
+    of the turn-by-turn check, no more of them than the log says (once, at random, a sample had one: the check
+    compared turns with versions and failed on correct code)."""
+    caplog.set_level(logging.INFO, logger="ep_trl.trajectory.tokens")
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
                            per_device_train_batch_size=4, max_completion_length=256, max_steps=3, logging_steps=1,
                            learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no", max_staleness=0,
@@ -141,6 +149,7 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     for sample in worker.rollout_buffer.samples:
         by_group.setdefault(sample.group_id, []).append(sample)
     checked, text_only_gap, swapped_gap = [], float("inf"), float("inf")
+    empty_turns = 0  # turns that kept no token: their first sampled token was an image placeholder
     for released in worker.groups:
         samples = by_group.get(released.group, [])
         if len(samples) != released.samples:
@@ -150,7 +159,10 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
             ids = sample.input_ids.tolist()
             assert len(images) == len(versions) >= 1  # one picture per observation, each turn after one
             turns = sampled_turns(sample)
-            assert len(turns) == len(versions)
+            if len(turns) != len(versions):
+                assert len(turns) < len(versions)
+                empty_turns += len(versions) - len(turns)
+                continue
             if max(versions) + 1 not in snapshots.states:
                 continue  # played on weights of a step whose snapshot the run ended before taking
             reference = {v: token_logprobs(policy(v), processor, ids, images)
@@ -168,6 +180,9 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
             if other is not None:
                 swapped = token_logprobs(policy(versions[0]), processor, ids, other)
                 swapped_gap = min(swapped_gap, max(abs(swapped[at - 1] - lp) for at, lp in turns[0]))
+    placeholder_first = sum("sampled an image placeholder" in r.getMessage() and "after 0 tokens" in r.getMessage()
+                            for r in caplog.records)
+    assert empty_turns <= placeholder_first, (empty_turns, placeholder_first)
     # each turn its recorded policy's or the next one's, each sample tagged with its oldest turn's version, most turns
     # told apart by adjacent versions, at most one held turn per slot and sync
     check = check_turn_versions(checked, worker.slots, LOGPROB_TOL)
