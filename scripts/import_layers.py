@@ -4,8 +4,10 @@
 
 Every ``import`` of an ``ep_trl`` module by another counts, at module level or inside a function (a lazy import is
 still a dependency); imports under ``if TYPE_CHECKING:`` do not (they name a type and run nothing). ``from .pkg import
-name`` counts as an import of ``pkg.name`` when that is a module, else of ``pkg``. A package's ``__init__`` is a module
-of its own, and importing a submodule is not counted as importing its package.
+name`` counts as an import of ``pkg.name`` when that is a module, else of ``pkg``. A module-level table ``_LAZY = {name:
+".module", ...}`` (the root package's lazy loader, which imports each module at its name's first use) counts as an
+import of each module it names. A package's ``__init__`` is a module of its own, and importing a submodule is not
+counted as importing its package.
 
 * **Layers**: the number of modules on the longest import chain from ``ep_trl`` (the package users import) down to a
   module that imports nothing of ep_trl's. ``ep_trl.devtools`` (tooling that drives the public API as a script does)
@@ -65,7 +67,13 @@ def imports(found: dict[str, Path]) -> dict[str, set[str]]:
                     stack.extend(child.orelse)
                     continue
                 wanted: list[str] = []
-                if isinstance(child, ast.Import):
+                if (isinstance(child, ast.Assign) and isinstance(node, ast.Module) and isinstance(child.value, ast.Dict)
+                        and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in child.targets)):
+                    for value in child.value.values:
+                        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                            relative = value.value.startswith(".")
+                            wanted.append(f"{package}{value.value}" if relative else value.value)
+                elif isinstance(child, ast.Import):
                     wanted = [alias.name for alias in child.names]
                 elif isinstance(child, ast.ImportFrom):
                     if child.level:

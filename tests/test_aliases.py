@@ -1,5 +1,6 @@
-"""The module paths ep_trl had before issue 41 grouped its modules into packages: each still imports, warns with its
-new path, and is the new module object itself (so patching either name patches the same module)."""
+"""The old names users were shown (``ep_trl.compat``): each old module path still imports, warns with its new path and
+the release that removes it, and is the new module object itself (so patching either name patches the same module);
+the module paths before issue 41's regrouping are gone."""
 
 import importlib
 import subprocess
@@ -10,12 +11,13 @@ from pathlib import Path
 import pytest
 
 import ep_trl
-from ep_trl import MOVED
+from ep_trl.compat import MOVED, REMOVED_IN
 
 SRC = Path(ep_trl.__file__).resolve().parent
 
 
 def test_every_moved_path_names_an_existing_module_and_no_old_file_is_left():
+    assert sorted(MOVED) == ["ep_trl.serve", "ep_trl.shutdown"]
     for old, new in MOVED.items():
         new_path = SRC.parent.joinpath(*new.split("."))
         assert new_path.with_suffix(".py").is_file() or (new_path / "__init__.py").is_file(), new
@@ -27,7 +29,7 @@ def test_every_moved_path_names_an_existing_module_and_no_old_file_is_left():
 def test_an_old_path_warns_and_is_the_new_module(old):
     new = importlib.import_module(MOVED[old])
     sys.modules.pop(old, None)  # an earlier import of the old path would not warn again
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED[old]}") as caught:
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED[old]}.*removed in ep_trl {REMOVED_IN}") as caught:
         alias = importlib.import_module(old)
     assert alias is new
     assert alias.__name__ == MOVED[old] and alias.__spec__.name == MOVED[old]  # the new module's own spec kept
@@ -44,30 +46,26 @@ def test_patching_the_old_path_patches_the_new_module(monkeypatch):
     assert shutdown.CLOSE_RESERVE_S == 123.0 and old is shutdown
 
 
-def test_from_an_old_package_import_a_moved_module():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from ep_trl.processors import endpoint
-    from ep_trl.capture import endpoint as new
-
-    assert endpoint is new
+@pytest.mark.parametrize("old", ["ep_trl.rollout", "ep_trl.env_pool", "ep_trl.processors.endpoint", "ep_trl.guard"])
+def test_the_paths_before_the_regrouping_are_gone(old):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
-def test_the_trajectory_package_gives_the_old_modules_names_without_a_warning():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        from ep_trl.trajectory import ChatTemplate, TrajectoryBuilder
-    from ep_trl.trajectory import tokens
+def test_the_trajectory_package_holds_no_names_of_its_modules():
+    with pytest.raises(ImportError):
+        from ep_trl.trajectory import ChatTemplate  # noqa: F401
 
-    assert ChatTemplate is tokens.ChatTemplate and TrajectoryBuilder is tokens.TrajectoryBuilder
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        getattr(importlib.import_module("ep_trl.trajectory"), "no_such_name")
+
+def test_a_keyword_that_moved_into_an_option_object_is_named_with_its_new_home():
+    with pytest.raises(TypeError, match=r"'vllm_max_retries'.*it is now vllm=VLLMOptions\(max_retries=\.\.\.\)"):
+        ep_trl.create_rollout_func("tests.evals.eval_letters::test_letters_pointwise", vllm_max_retries=3)
 
 
 def test_python_dash_m_runs_an_old_path():
-    """``python -m ep_trl.guard`` (the watchdog's old path) still runs the module, now ``ep_trl.runtime.guard``."""
-    done = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "ep_trl.guard", "--help"],
+    """``python -m ep_trl.serve`` (the README's command before ``ep-trl serve``) still runs ``ep_trl.cli.serve``."""
+    done = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "ep_trl.serve", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "--parent" in done.stdout
-    assert "ep_trl.guard moved to ep_trl.runtime.guard" in done.stderr
+    assert "MODEL_DIR" in done.stdout or "model" in done.stdout.lower()
+    assert "ep_trl.serve moved to ep_trl.cli.serve" in done.stderr

@@ -33,8 +33,10 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
     (package / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import f\n"
                                           "from .. import c\n")
     (package / "c.py").write_text("def g():\n    import ep_trl.a\n")
+    (package / "d.py").write_text('_LAZY = {"f": ".sub.b", "g": "ep_trl.c"}\n')  # the lazy loader's table
     graph = import_layers.imports(import_layers.modules(package))
     assert graph["ep_trl"] == {"ep_trl.a"} and graph["ep_trl.a"] == {"ep_trl.sub.b"}
+    assert graph["ep_trl.d"] == {"ep_trl.sub.b", "ep_trl.c"}
     assert graph["ep_trl.sub.b"] == {"ep_trl.c"}  # the TYPE_CHECKING import is not counted
     assert import_layers.upward(graph) == [("ep_trl.a", "ep_trl.sub.b"), ("ep_trl.c", "ep_trl.a"),
                                            ("ep_trl.sub.b", "ep_trl.c")]
@@ -103,9 +105,10 @@ def test_the_table_check_sees_a_new_module_and_a_gone_one(tmp_path):
     assert listed_modules(doc) == {"__init__.py", "engine/old.py"}
 
 
-def test_src_ep_trl_has_at_most_18_entries_besides_its_init():
+def test_src_ep_trl_has_at_most_19_entries_besides_its_init():
+    """18 since issue 41's regrouping, and ``compat.py``: the one home of the old names (issue 49)."""
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__init__.py", "__pycache__"))
-    assert len(entries) <= 18, entries
+    assert len(entries) <= 19, entries
 
 
 ADAPTERS = PACKAGE / "adapters"

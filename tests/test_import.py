@@ -70,13 +70,14 @@ def test_import_ep_trl_loads_no_openenv():
 
 
 def test_import_ep_trl_alone_loads_only_the_errors_and_options():
-    """``import ep_trl`` costs what its errors and options cost (issue 40: it loaded the whole bridge, eval-protocol,
-    aiohttp and transformers); each public name is imported at first use and is the object its module defines."""
+    """``import ep_trl`` costs what its errors and options cost, with the finder of the old paths (``compat``: issue
+    40: it loaded the whole bridge, eval-protocol, aiohttp and transformers); each public name is imported at first
+    use and is the object its module defines."""
     loaded = run_python("import json, sys, ep_trl; print(json.dumps({"
                         "'ep_trl': sorted(m for m in sys.modules if m.startswith('ep_trl')), "
                         "'libraries': sorted({m.split('.')[0] for m in sys.modules} & "
                         "{'aiohttp', 'eval_protocol', 'litellm', 'transformers', 'torch', 'numpy', 'trl'})}))")
-    assert loaded == {"ep_trl": ["ep_trl", "ep_trl.errors", "ep_trl.options"], "libraries": []}
+    assert loaded == {"ep_trl": ["ep_trl", "ep_trl.compat", "ep_trl.errors", "ep_trl.options"], "libraries": []}
     public = run_python("""
 import json, ep_trl, ep_trl.dataset, ep_trl.adapters.rollout_func, ep_trl.adapters.async_worker, ep_trl.errors, ep_trl.options
 from ep_trl import *
@@ -112,3 +113,16 @@ def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir, tmp_path
     agent_statuses, agent_turns = result["statuses"]["agent"]
     assert agent_statuses == ["finished", "finished"] and min(agent_turns) >= 1
     assert result["loaded"] == []
+
+
+def test_importing_every_module_of_the_cli_runs_no_command():
+    """A tool that imports every module of a package (``pkgutil``, a documentation builder) with argv of its own:
+    ``ep_trl.cli.__main__`` ran ``ep-trl`` on import and exited 2; it runs only as ``python -m ep_trl.cli``."""
+    code = ("import importlib, pkgutil, sys; import ep_trl.cli as cli; sys.argv = ['a-doc-builder', '--its-own-flag']; "
+            "names = [m.name for m in pkgutil.walk_packages(cli.__path__, 'ep_trl.cli.')]; "
+            "[importlib.import_module(n) for n in names]; print(sorted(names))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "'ep_trl.cli.__main__'" in done.stdout
+    ran = subprocess.run([sys.executable, "-m", "ep_trl.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and "ep-trl" in ran.stdout

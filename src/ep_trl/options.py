@@ -248,19 +248,6 @@ class RolloutOptions:
         _positive_float("RolloutOptions", "stop_grace_s", self.stop_grace_s)
 
 
-#: Keywords of earlier releases and where they live now (named in the TypeError a stale call gets).
-_MOVED = {**{f.name: f"overrides=EvalOverrides({f.name}=...)" for f in fields(EvalOverrides)},
-          **{f"vllm_{f.name}": f"vllm=VLLMOptions({f.name}=...)" for f in fields(VLLMOptions)},
-          **{f.name: f"options=RolloutOptions({f.name}=...)" for f in fields(RolloutOptions)}}
-
-
-def refuse_unknown(unknown: Mapping[str, object]) -> None:
-    """A TypeError for keywords the factory does not take, saying where a keyword of an earlier release lives now."""
-    for name in unknown:
-        hint = f"; it is now {_MOVED[name]}" if name in _MOVED else ""
-        raise TypeError(f"create_openenv_vllm_rollout_func() got an unexpected keyword argument {name!r}{hint}")
-
-
 def check_keywords(backend: object, vllm_base_url: object, max_episode_tokens: object, log_rollouts: object,
                    overrides: object, vllm: object, options: object) -> None:
     """Check the factory's plain keywords (the option objects check themselves when built)."""

@@ -20,7 +20,8 @@ from ..engine.caller import GroupNumbers, RolloutCaller
 from ..engine.engine import RolloutEngine, build_engine
 from ..evalprotocol import EvalSpec
 from ..engine.metrics import budget_warning, call_metrics, summary_line
-from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
+from ..compat import refuse_unknown
+from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
 from .output import trl_output
 from ..traininglog.writer import RolloutLogWriter
 from ..engine.scoring import Scored, group_indices

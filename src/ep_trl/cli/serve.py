@@ -25,7 +25,7 @@ from ..options import VLLMOptions
 from ..capture.placement import RolloutCapture
 from ..capture.endpoint import CaptureEndpoint
 from ..capture.parsing import ToolCallParser
-from ..trajectory import ChatTemplate, TurnLimits, eos_token_ids
+from ..trajectory.tokens import ChatTemplate, TurnLimits, eos_token_ids
 
 logger = logging.getLogger(__name__)
 

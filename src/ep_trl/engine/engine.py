@@ -23,7 +23,8 @@ from ..generation.probe import probe_server
 from ..openenv import servers as env_servers
 from ..openenv.client import EnvFactory
 from ..openenv.servers import LaunchedServers, Provider
-from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords, refuse_unknown
+from ..compat import refuse_unknown
+from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
 from ..runtime import shutdown
 from ..runtime.runner import LoopRunner
 from ..sources import EpisodePlayer, EpisodeSource
