@@ -209,3 +209,39 @@ def test_the_backend_import_check_sees_a_backend_imported_from_outside(tmp_path)
     (package / "devtools" / "tool.py").write_text("from ..generation.probe import probe_server\n"
                                                   "def g():\n    from ep_trl.generation import vllm\n")
     assert backend_importers(package) == {"ep_trl.devtools.tool": {"ep_trl.generation.vllm"}}
+
+
+def package_docstring_problems(package: Path) -> list[str]:
+    """What a package docstring under ``package`` gets wrong about its package: a module or subpackage it does not
+    name (as ``name``, ``name.py`` or a dotted path ending in it), or a module it names in a bullet (``* ``name``:``)
+    that is not there. ``__main__`` and private modules need not be named."""
+    problems = []
+    for init in sorted(package.rglob("__init__.py")):
+        if init.parent == package:
+            continue  # the root's docstring lists the public API (tests/test_import.py)
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        members = {p.stem for p in init.parent.glob("*.py") if not p.stem.startswith("_")}
+        members |= {p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()}
+        where = init.parent.relative_to(package.parent).as_posix()
+        for member in sorted(members):
+            if not re.search(rf"``(?:[\w.]*\.)?{member}(?:\.py|\.[\w.]+)?``", doc):
+                problems.append(f"{where}: the docstring does not name {member}")
+        for named in re.findall(r"^\* ``(\w+)``:", doc, flags=re.M):
+            if named not in members and not (init.parent / f"{named}.py").exists():
+                problems.append(f"{where}: the docstring names {named}, which is not there")
+    return problems
+
+
+def test_every_package_docstring_names_its_modules_and_no_gone_one():
+    assert package_docstring_problems(PACKAGE) == []
+
+
+def test_the_docstring_check_sees_an_unnamed_module_and_a_gone_one(tmp_path):
+    package = tmp_path / "ep_trl"
+    (package / "engine").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "engine" / "__init__.py").write_text('"""The engine.\n\n* ``stream``: x;\n* ``old``: y.\n"""\n')
+    for name in ("stream.py", "new.py", "_private.py", "__main__.py"):
+        (package / "engine" / name).write_text("")
+    assert package_docstring_problems(package) == ["ep_trl/engine: the docstring does not name new",
+                                                   "ep_trl/engine: the docstring names old, which is not there"]

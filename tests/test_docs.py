@@ -163,3 +163,30 @@ def test_the_figure_check_catches_an_uncited_timing_and_spares_settings_and_code
             "```\nwall 340s and 3.4 s\n```\n\n| a | 3 s |\n\nThe install takes about 3 minutes and 3.4 GB.\n")
     assert uncited_figures(page) == ["The server starts in 35-60 s on 2 cores.",
                                      "The install takes about 3 minutes and 3.4 GB."]
+
+
+def stale_test_names(text: str, root: Path) -> list[str]:
+    """``tests/...py`` paths (and ``::test_name``) in ``text`` that name no file, or no such test in it."""
+    stale = []
+    for path, name in re.findall(r"\b(tests/[\w/]+\.py)(?:::(\w+))?", text):
+        if not (root / path).is_file():
+            stale.append(path)
+        elif name and not re.search(rf"^(async )?def {name}\b", (root / path).read_text(), flags=re.M):
+            stale.append(f"{path}::{name}")
+    return stale
+
+
+def test_every_test_the_docs_and_docstrings_name_exists():
+    """The docs and ep_trl's own docstrings name tests by path: each is there (``docs/vllm-cpu.md`` and
+    ``docs/browsergym.md`` named tests that had moved or gone)."""
+    texts = {page: page.read_text() for page in PAGES}
+    texts.update({path: path.read_text() for path in sorted((ROOT / "src" / "ep_trl").rglob("*.py"))})
+    stale = {_name(page): found for page, text in texts.items() if (found := stale_test_names(text, ROOT))}
+    assert stale == {}
+
+
+def test_the_stale_test_check_sees_a_gone_file_and_a_gone_test(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_here():\n    pass\n")
+    text = "`tests/test_a.py::test_here`, `tests/test_a.py::test_gone`, `tests/test_b.py`"
+    assert stale_test_names(text, tmp_path) == ["tests/test_a.py::test_gone", "tests/test_b.py"]

@@ -1,2 +1,8 @@
-"""The ways TRL drives a rollout: the GRPO ``rollout_func``, the async worker and the shard processes, with the one
-seam where TRL's internals are read (docs/architecture.md)."""
+"""The ways TRL drives a rollout, each an adapter on one ``ep_trl.engine`` engine (docs/architecture.md):
+
+* ``rollout_func``: ``create_openenv_vllm_rollout_func`` and ``RolloutFunction``, GRPOTrainer's ``rollout_func``;
+* ``async_worker``: ``EvalRolloutWorker``, ``AsyncGRPOTrainer``'s rollout worker;
+* ``sharded``: a call's prompt groups played by shard processes (``RolloutOptions(worker_processes=N)``);
+* ``output``: the dict returned to TRL;
+* ``trl_seam``: the one place that reads TRL's internals and the TRL versions each path is tested with.
+"""

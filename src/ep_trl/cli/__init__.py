@@ -1,11 +1,17 @@
-"""``ep-trl``: the command line of ep_trl (``[project.scripts]`` in ``pyproject.toml``).
+"""``ep-trl``: the command line of ep_trl (``[project.scripts]`` in ``pyproject.toml``; ``python -m ep_trl.cli`` runs
+the same command, docs/cli.md).
 
-* ``ep-trl train ENV_PATH --model MODEL [flags]``: GRPO on an eval-protocol eval (:mod:`ep_trl.cli.train`,
-  ``docs/cli.md``);
-* ``ep-trl serve MODEL_DIR``: a local model behind the endpoint training uses, to run the same eval under
-  ``pytest`` (:mod:`ep_trl.cli.serve`).
-
-``python -m ep_trl.cli ...`` runs the same command.
+* ``train``: ``ep-trl train ENV_PATH --model MODEL [flags]``, GRPO on an eval-protocol eval;
+* ``serve``: ``ep-trl serve MODEL_DIR``, a local model behind the endpoint training uses, to run the eval under pytest;
+* ``modes``: the generation modes (flags, refused combinations, config and trainer per mode);
+* ``env_server``: ``--env-server``, a local environment server started and stopped with the run;
+* ``heldout``: ``--held-out``, held-out rows or reset seeds played greedily before and after training;
+* ``warm_start``: ``--warm-start``, a supervised fine-tune on demonstrations before GRPO;
+* ``time_budget``: ``--time-budget-s``, no step starts that would end past the budget;
+* ``progress``: the per-step line with its bar and ETA, and the closing summary;
+* ``reward_curve``: the eval's score per optimizer step, and its plot;
+* ``run_folder``: the run folder (resolved config, metrics per step, result with its run record);
+* ``presets``: the training scripts' flags as the command's defaults.
 """
 
 import sys

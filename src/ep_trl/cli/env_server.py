@@ -1,6 +1,6 @@
 """The environment server of a run: started before training, its URL exported in the variable the eval reads, and
 stopped however the run ends (normal exit, an error, Ctrl-C, SIGTERM through ``ep_trl.runtime.shutdown``, and by its
-watchdog, ``ep_trl/guard.py``, if the training process is killed).
+watchdog, ``ep_trl/runtime/guard.py``, if the training process is killed).
 
 ``ep-trl train --env-server 'CMD --port {port}' --env-url-var NAME`` runs CMD with ``{port}`` replaced by a free
 port; the training scripts start their own environments' modules (:func:`local_env_server`).

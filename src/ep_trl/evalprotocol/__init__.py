@@ -5,6 +5,9 @@
 * ``body``: rows shaped like its processor's (``build_row``) and its scoring body run on them (``run_body``);
 * ``inputs``: its own input rows as ``evaluation_test`` reads them (``eval_rows``), as training prompts carrying
   a row key (``training_prompts``), and TRL prompts mapped back to rows (``match_rows``);
+* ``processors``: its processor run on one row as ``evaluation_test`` does, the model routed to ep_trl's endpoint;
+* ``mcp_servers``: its stdio MCP servers under the watchdog, and what they said on stderr;
+* ``mcp_gym``: MCP-gym episodes started on their row's seed;
 * ``store``: the row store ``ep logs`` reads (``make_dataset_logger``);
 * ``_private``: the one guarded door to eval-protocol names that are not public API.
 """

@@ -1,8 +1,14 @@
 """Generation backends: what every backend takes and returns, so episodes and the rollout never ask which one runs.
 
-One module per backend, each implementing :class:`Generator`: ``trainer`` (in-process, with ``trainer.model``),
-``vllm`` (a vLLM server) and ``colocate`` (TRL's vLLM engine inside the trainer's process,
-``vllm_mode="colocate"``). ``ep_trl.generation.choice`` picks and builds one for a rollout call.
+One module per backend, each implementing :class:`Generator`, and the modules that serve them:
+
+* ``trainer`` (backend): in-process, with ``trainer.model``;
+* ``vllm`` (backend): a vLLM server;
+* ``colocate`` (backend): TRL's vLLM engine inside the trainer's process (``vllm_mode="colocate"``);
+* ``choice``: picks and builds one for a rollout call;
+* ``batching``: the queue and thread that serve an in-process model's turns in batches (``trainer``, ``colocate``);
+* ``versioned``: an episode's view of a backend that records each turn's policy version;
+* ``probe``: asking a vLLM server what it serves, without a backend.
 
 A backend receives the exact token ids the model must condition on and returns the ids it sampled with the
 log-probability of each sampled token at the trainer's temperature, the quantity TRL's loss and

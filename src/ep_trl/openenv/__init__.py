@@ -1,3 +1,10 @@
-"""Everything OpenEnv: the client session, the pool of sessions, the servers ep_trl starts, the episode loop and the
-OpenEnv episode source. ``import openenv`` inside this package still means the OpenEnv distribution (absolute imports);
-ep_trl's own modules are imported relatively (docs/architecture.md)."""
+"""Everything OpenEnv. ``import openenv`` inside this package still means the OpenEnv distribution (absolute imports);
+ep_trl's own modules are imported relatively (docs/architecture.md).
+
+* ``client``: the OpenEnv seam (which distribution is installed, building and calling clients with timeouts);
+* ``pool``: the sessions of one call (reuse, waiting for servers at capacity, retries at reset);
+* ``loop``: one OpenEnv episode (reset, turn, action, step);
+* ``source``: the episode source of an ``OpenEnvRolloutProcessor`` eval;
+* ``servers``: environment servers ep_trl starts through OpenEnv's provider interface;
+* ``local_provider``: ``LocalAppProvider``, serving an environment's app from its installed package.
+"""

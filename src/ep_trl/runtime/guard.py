@@ -1,8 +1,8 @@
 """The watchdog between ep_trl and every process it starts: the command ends when the process that started it ends,
 however that process ends.
 
-    python /path/to/ep_trl/guard.py --parent PID [--stderr-log FILE] -- COMMAND [ARG ...]
-    python /path/to/ep_trl/guard.py --parent PID --adopt SERVER_PID
+    python /path/to/ep_trl/runtime/guard.py --parent PID [--stderr-log FILE] -- COMMAND [ARG ...]
+    python /path/to/ep_trl/runtime/guard.py --parent PID --adopt SERVER_PID
 
 ``ep_trl.runtime.processes`` starts environment servers through it and ``ep_trl.evalprotocol.mcp_servers`` the stdio MCP
 servers of an agent eval. It is run by path and uses only the standard library, so it starts in a few tens of

@@ -1,11 +1,15 @@
 """Episode sources: where episodes come from, so the stream that plays them never asks which source it holds.
 
-One module per source, each implementing :class:`EpisodeSource`: ``openenv`` (ep_trl drives an
-``OpenEnvRolloutProcessor`` eval's environment loop itself) and ``processor`` (any other eval-protocol processor
-runs unchanged while ep_trl captures its model calls). ``choice`` picks one for an eval.
+Each source implements :class:`EpisodeSource`: ``ep_trl.openenv.source`` (ep_trl drives an ``OpenEnvRolloutProcessor``
+eval's environment loop itself) and ``processor`` (any other eval-protocol processor runs unchanged while ep_trl
+captures its model calls).
 
-A source plays one episode at a time for :mod:`ep_trl.engine.stream`, which decides how many run at once, when the next
-one starts and when a prompt group is complete: ``session(setup)`` opens what a run of episodes shares (environment
+* ``processor``: episodes of any other processor, its calls captured;
+* ``choice``: which source plays an eval;
+* ``episode``: what an episode is, whichever source plays it (plans, episodes, failures, the first prompt).
+
+A source plays one episode at a time for :mod:`ep_trl.engine.stream`, which decides how many run at once, when the
+next one starts and when a prompt group is complete: ``session(setup)`` opens what a run of episodes shares (environment
 sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`. ``setup`` is the call's
 :class:`~ep_trl.engine.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller once.
 """

@@ -1,2 +1,5 @@
-"""The training log: the rows of training rollouts that ``ep logs`` shows, and the writer that stores them
-(docs/ep-logs.md)."""
+"""The training log (docs/ep-logs.md):
+
+* ``rows``: the eval-protocol rows of training rollouts that ``ep logs`` shows;
+* ``writer``: the background writer that stores them, and their token view.
+"""

@@ -1,10 +1,19 @@
 """BrowserGym MiniWoB++ as a local OpenEnv environment, plus its action parser and prompts.
 
-Serve it with ``python -m ep_trl.envs.browsergym --port 8020`` (after
-``scripts/install_browser.sh``) and talk to it with ``BrowserGymEnv(base_url=...)``.
-Only light modules are imported here (models, parser, prompts, client): the
-environment and server modules pull in BrowserGym/Playwright and are imported
-by the server process alone.
+Serve it with ``python -m ep_trl.envs.browsergym --port 8020`` (after ``scripts/install_browser.sh``) and talk to it
+with ``BrowserGymEnv(base_url=...)``. Only light modules are imported here (models, parser, prompts, client): the
+environment and server modules pull in BrowserGym and Playwright and are imported by the server process alone.
+
+* ``client``: the async OpenEnv client (``.sync()`` for the blocking one);
+* ``models``: the wire types (action, observation, state);
+* ``actions``: free-form model output turned into exactly one BrowserGym action;
+* ``prompts``: the prompt builder eval-protocol's processor calls;
+* ``tasks``: the MiniWoB++ task catalogue;
+* ``config``: the server's settings, from environment variables;
+* ``observation``: BrowserGym's raw observation as a JSON-ready observation;
+* ``runtime``: BrowserGym's browser runtime adapted to several sessions in one server;
+* ``environment``: the environment, one Chromium per session;
+* ``server``: the ASGI app on openenv's stock server.
 """
 
 from ep_trl.envs.browsergym.actions import (
