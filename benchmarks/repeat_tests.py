@@ -42,6 +42,15 @@ def slowest(stdout: str) -> list[dict[str, object]]:
             for s, phase, test in re.findall(r"^([0-9.]+)s (setup|call|teardown) +(\S+)$", block, flags=re.M)]
 
 
+def failures_section(stdout: str, limit: int = 12_000) -> str:
+    """pytest's report of what failed (its FAILURES and ERRORS sections, up to the short summary), at most ``limit``
+    characters from each end."""
+    starts = [at for at in (stdout.find("= ERRORS ="), stdout.find("= FAILURES =")) if at >= 0]
+    section = stdout[min(starts):] if starts else stdout
+    section = section.split("short test summary info", 1)[0]
+    return section if len(section) <= 2 * limit else section[:limit] + "\n[...]\n" + section[-limit:]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -60,16 +69,21 @@ def main(argv: list[str] | None = None) -> None:
         for k in range(args.runs):
             started = time.monotonic()
             durations = [f"--durations={args.durations}"] if args.durations else []
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *durations,
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *durations,
                                    *args.pytest_args], cwd=REPO, capture_output=True, text=True)
             # pytest's own last line (a plugin may print after it)
             summary = next((line.strip("= ") for line in reversed(proc.stdout.splitlines())
                             if re.search(r"\d+ (passed|failed|error)", line)), "")
             counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", summary)}
             runs.append({"returncode": proc.returncode, "seconds": round(time.monotonic() - started, 1),
-                         "summary": summary, "failed": re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M),
+                         "summary": summary, "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M),
+                         # a failed run keeps pytest's reasons and the end of its report, to read what went wrong
+                         **({"reasons": re.findall(r"^(?:FAILED|ERROR) \S+ - (.*)$", proc.stdout, flags=re.M),
+                             "report": failures_section(proc.stdout)} if proc.returncode else {}),
                          **counts, **({"slowest": slowest(proc.stdout)} if args.durations else {})})
-            print(f"run {k + 1}/{args.runs}: {summary}", flush=True)
+            print(f"run {k + 1}/{args.runs}: {summary}", *runs[-1]["failed"], flush=True)
+            if proc.returncode:
+                print(runs[-1]["report"], flush=True)
     finally:
         stop.set()
         for spinner in spinners:

@@ -6,6 +6,7 @@ line, commit and machine load in it (``ep_trl.devtools.run_record``). The script
 share the session's (``shared_vllm_url``), through their ``--vllm-url``.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -159,3 +160,15 @@ def test_script_runs_at_its_smallest_size(name, tmp_path):
 def test_script_runs_at_its_smallest_size_on_the_shared_vllm_server(name, shared_vllm_url, tmp_path):
     out = tmp_path / "result.json"
     check(run_script(name, out, shared_vllm_url), name, out)
+
+
+def test_repeat_tests_keeps_what_a_failed_run_reported():
+    """A failed run's record keeps pytest's FAILURES section (the traceback and assertion), not only its name: a
+    shutdown test failed once in 20 and the record said only that it failed."""
+    spec = importlib.util.spec_from_file_location("repeat_tests", REPO / "benchmarks" / "repeat_tests.py")
+    repeat_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat_tests)
+    report = ("..F\n=================== FAILURES ===================\n___ test_a ___\n>   assert 1 == 2\nE   assert 1 == 2\n"
+              "=========== short test summary info ===========\nFAILED tests/t.py::test_a - assert 1 == 2\n")
+    section = repeat_tests.failures_section(report)
+    assert "E   assert 1 == 2" in section and "FAILED tests/t.py" not in section and not section.startswith("..F")
