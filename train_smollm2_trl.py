@@ -37,12 +37,18 @@ HERE = Path(__file__).resolve().parent
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env-path", default=str(HERE / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment",
-                   help="eval test to train on (module::test or file.py::test); its processor must not be OpenEnv's")
+    p.add_argument(
+        "--env-path",
+        default=str(HERE / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment",
+        help="eval test to train on (module::test or file.py::test); its processor must not be OpenEnv's",
+    )
     p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")
-    p.add_argument("--vllm-base-url", default=None,
-                   help="a CPU vLLM server already serving --model in dev mode (VLLM_SERVER_DEV_MODE=1); default: "
-                        "start one from .venv-vllm (bash scripts/install_vllm_cpu.sh)")
+    p.add_argument(
+        "--vllm-base-url",
+        default=None,
+        help="a CPU vLLM server already serving --model in dev mode (VLLM_SERVER_DEV_MODE=1); default: "
+        "start one from .venv-vllm (bash scripts/install_vllm_cpu.sh)",
+    )
     p.add_argument("--max-steps", type=int, default=20)
     p.add_argument("--num-generations", type=int, default=16, help="episodes per prompt group (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=32, help="episodes per optimizer step")
@@ -51,8 +57,11 @@ def parse_args(argv=None):
     p.add_argument("--held-out", type=float, default=0.3, help="share of the eval's rows kept out of training")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the train/held-out split")
     p.add_argument("--seed", type=int, default=0, help="training seed (sampling and data order)")
-    p.add_argument("--shuffled", action="store_true",
-                   help="TRL's shuffled batches instead of batches that hold as many rows of each ground truth")
+    p.add_argument(
+        "--shuffled",
+        action="store_true",
+        help="TRL's shuffled batches instead of batches that hold as many rows of each ground truth",
+    )
     p.add_argument("--output-dir", default="outputs/smollm2")
     return p.parse_args(argv)
 
@@ -73,17 +82,32 @@ def main(argv=None) -> int:
     def balanced(rows):
         return rows if args.shuffled else interleave_by_ground_truth(rows, args.env_path, seed=args.seed)
 
-    defaults = common_defaults(args, model=model, held_out=args.held_out, held_out_seed=args.split_seed,
-                               shuffle_dataset=args.shuffled, max_completion_length=24, gradient_checkpointing=False)
-    started = nullcontext(None) if args.vllm_base_url else vllm_server(model, Path(args.output_dir) / "logs",
-                                                                      max_model_len=1024)
+    defaults = common_defaults(
+        args,
+        model=model,
+        held_out=args.held_out,
+        held_out_seed=args.split_seed,
+        shuffle_dataset=args.shuffled,
+        max_completion_length=24,
+        gradient_checkpointing=False,
+    )
+    started = (
+        nullcontext(None)
+        if args.vllm_base_url
+        else vllm_server(model, Path(args.output_dir) / "logs", max_model_len=1024)
+    )
     with started as server:
         url = args.vllm_base_url or server.base_url
-        return train.main([], train.Preset(
-            prog=Path(__file__).name, title=f"{Path(__file__).name}: SmolLM2-135M-Instruct on "
-                                            f"{args.env_path.rsplit('::', 1)[-1]}",
-            defaults={**defaults, "vllm_server_url": url}, train_rows=balanced,
-            command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]))
+        return train.main(
+            [],
+            train.Preset(
+                prog=Path(__file__).name,
+                title=f"{Path(__file__).name}: SmolLM2-135M-Instruct on {args.env_path.rsplit('::', 1)[-1]}",
+                defaults={**defaults, "vllm_server_url": url},
+                train_rows=balanced,
+                command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
+            ),
+        )
 
 
 if __name__ == "__main__":

@@ -101,18 +101,33 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tail-every", type=int, default=0, help="one episode in k is a straggler (0: none)")
     parser.add_argument("--tail-latency-s", type=float, default=0.0, help="a straggler's env latency per step")
     parser.add_argument("--arms", default="sync,async", help="comma-separated: sync, async, per-call")
-    parser.add_argument("--server", choices=["vllm", "sleep"], default="vllm",
-                        help="generation: a CPU vLLM server, or a stand-in sleeping --per-token-s per token")
+    parser.add_argument(
+        "--server",
+        choices=["vllm", "sleep"],
+        default="vllm",
+        help="generation: a CPU vLLM server, or a stand-in sleeping --per-token-s per token",
+    )
     parser.add_argument("--per-token-s", type=float, default=0.01, help="--server sleep: seconds per sampled token")
     parser.add_argument("--reply-tokens", type=int, default=12, help="--server sleep: tokens per scripted reply")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="episodes in flight in every arm (EvalOverrides(max_concurrent_rollouts)); default: the "
-                             "eval's own, 4")
-    parser.add_argument("--trainer-width", type=int, default=0,
-                        help="--server sleep: train a wider model than the tiny one (hidden size; 0: the tiny model)")
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="episodes in flight in every arm (EvalOverrides(max_concurrent_rollouts)); default: the eval's own, 4",
+    )
+    parser.add_argument(
+        "--trainer-width",
+        type=int,
+        default=0,
+        help="--server sleep: train a wider model than the tiny one (hidden size; 0: the tiny model)",
+    )
     parser.add_argument("--trainer-layers", type=int, default=2, help="--server sleep: its number of layers")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of every arm, interleaved (sync, async, sync, async, ...); medians in `summary`")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every arm, interleaved (sync, async, sync, async, ...); medians in `summary`",
+    )
     parser.add_argument("--smoke", action="store_true", help="the smallest run: --steps 2 --batch 4, no latency")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "async_overlap.json")
     args = parser.parse_args()
@@ -133,9 +148,22 @@ def sleeping_server(model_dir: Path, log_dir: Path, per_token_s: float, reply_to
 
     port = free_port()
     reply = " ".join("abcdefghijklmnopqrstuvwxyz"[k % 26] for k in range(reply_tokens))
-    cmd = [sys.executable, str(REPO_ROOT / "benchmarks/fixtures/instant_vllm.py"), "--model-dir", str(model_dir),
-           "--port", str(port), "--reply", reply, "--model", str(model_dir), "--max-model-len", "1024",
-           "--per-token-s", str(per_token_s)]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "benchmarks/fixtures/instant_vllm.py"),
+        "--model-dir",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--reply",
+        reply,
+        "--model",
+        str(model_dir),
+        "--max-model-len",
+        "1024",
+        "--per-token-s",
+        str(per_token_s),
+    ]
     server = start_server("sleeping-vllm", cmd, port=port, log_dir=log_dir, cwd=REPO_ROOT)
     try:
         yield server
@@ -158,8 +186,16 @@ def wider_model(tiny_dir: Path, out: Path, width: int, layers: int) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(tiny_dir)
-    config.update({"hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
-                   "num_attention_heads": width // 64, "num_key_value_heads": 1, "head_dim": 64})
+    config.update(
+        {
+            "hidden_size": width,
+            "intermediate_size": 2 * width,
+            "num_hidden_layers": layers,
+            "num_attention_heads": width // 64,
+            "num_key_value_heads": 1,
+            "head_dim": 64,
+        }
+    )
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = [config.layer_types[0]] * layers
     torch.manual_seed(0)
@@ -193,15 +229,34 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
 
     rollout = create_rollout_func(EVAL, log_rollouts=False, overrides=overrides(args))
     timed = TimedRollout(rollout)
-    config = GRPOConfig(output_dir=str(work / "sync"), use_cpu=True, bf16=False, per_device_train_batch_size=args.batch,
-                        num_generations=4, max_completion_length=256, max_steps=args.steps, logging_steps=1,
-                        report_to=[], learning_rate=1e-4, save_strategy="no", seed=0, temperature=TEMPERATURE,
-                        use_vllm=True, vllm_mode="server", vllm_server_base_url=url)
-    trainer = DiskSyncGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[eval_score],
-                                  args=config, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                                  train_dataset=Dataset.from_dict({"prompt": dataset_from_eval(EVAL, repeat=4 * args.steps
-                                                                                               * args.batch)["prompt"]}),
-                                  rollout_func=timed)
+    config = GRPOConfig(
+        output_dir=str(work / "sync"),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=args.batch,
+        num_generations=4,
+        max_completion_length=256,
+        max_steps=args.steps,
+        logging_steps=1,
+        report_to=[],
+        learning_rate=1e-4,
+        save_strategy="no",
+        seed=0,
+        temperature=TEMPERATURE,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=url,
+    )
+    trainer = DiskSyncGRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        reward_funcs=[eval_score],
+        args=config,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        train_dataset=Dataset.from_dict(
+            {"prompt": dataset_from_eval(EVAL, repeat=4 * args.steps * args.batch)["prompt"]}
+        ),
+        rollout_func=timed,
+    )
     try:
         started = time.perf_counter()
         trainer.train()
@@ -209,8 +264,16 @@ def sync_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path) ->
     finally:
         rollout.close()
     rollout_s = sum(timed.seconds)
-    return {"arm": "sync", "slots": rollout.spec.max_concurrent_rollouts, "wall_s": wall, "rollout_s": rollout_s, "train_s": wall - rollout_s, "waiting_s": None,
-            "samples": args.steps * args.batch, "calls": len(timed.seconds)}
+    return {
+        "arm": "sync",
+        "slots": rollout.spec.max_concurrent_rollouts,
+        "wall_s": wall,
+        "rollout_s": rollout_s,
+        "train_s": wall - rollout_s,
+        "waiting_s": None,
+        "samples": args.steps * args.batch,
+        "calls": len(timed.seconds),
+    }
 
 
 def per_call_worker_class() -> type:
@@ -229,9 +292,17 @@ def per_call_worker_class() -> type:
                     while not self._has_room():
                         await asyncio.sleep(BUFFER_POLL_S)
                     call = [next(plans) for _ in range(self.groups_per_report)]
-                    finished = [group async for group in self.engine.groups(
-                        self._caller(), iter(call), slots=self.slots, turn_version=lambda: self._version,
-                        model_for=self.served_model, meter=self.meter)]
+                    finished = [
+                        group
+                        async for group in self.engine.groups(
+                            self._caller(),
+                            iter(call),
+                            slots=self.slots,
+                            turn_version=lambda: self._version,
+                            model_for=self.served_model,
+                            meter=self.meter,
+                        )
+                    ]
                     for group in finished:
                         self._release(group, await self._samples(group))
             finally:
@@ -254,15 +325,38 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
     from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
     from ep_trl.trainers.disk_weights import DiskWeightTransfer
 
-    config = AsyncGRPOConfig(output_dir=str(work / arm), use_cpu=True, bf16=False, num_generations=4,
-                             per_device_train_batch_size=args.batch, max_completion_length=256, max_steps=args.steps,
-                             logging_steps=1, learning_rate=1e-4, temperature=TEMPERATURE, report_to=[], token_budget=0,
-                             save_strategy="no", vllm_server_base_url=url, max_staleness=args.max_staleness)
+    config = AsyncGRPOConfig(
+        output_dir=str(work / arm),
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        per_device_train_batch_size=args.batch,
+        max_completion_length=256,
+        max_steps=args.steps,
+        logging_steps=1,
+        learning_rate=1e-4,
+        temperature=TEMPERATURE,
+        report_to=[],
+        token_budget=0,
+        save_strategy="no",
+        vllm_server_base_url=url,
+        max_staleness=args.max_staleness,
+    )
     worker_class = EvalRolloutWorker if arm == "async" else per_call_worker_class()
-    worker = worker_class(EVAL, args=config, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                          log_rollouts=False, overrides=overrides(args))
-    trainer = CPUAsyncGRPOTrainer(str(model_dir), args=config, train_dataset=dataset_from_eval(EVAL, repeat=8),
-                                  rollout_worker=worker, weight_transfer=DiskWeightTransfer(url, model_dir))
+    worker = worker_class(
+        EVAL,
+        args=config,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        log_rollouts=False,
+        overrides=overrides(args),
+    )
+    trainer = CPUAsyncGRPOTrainer(
+        str(model_dir),
+        args=config,
+        train_dataset=dataset_from_eval(EVAL, repeat=8),
+        rollout_worker=worker,
+        weight_transfer=DiskWeightTransfer(url, model_dir),
+    )
     occupancy: list[float] = []
     stop = worker.stop
     worker.stop = lambda: (occupancy.append(worker.slot_occupancy()), stop())[1]  # measured up to the stop
@@ -270,17 +364,29 @@ def async_arm(args: argparse.Namespace, model_dir: Path, url: str, work: Path, a
     trainer.train()
     wall = time.perf_counter() - started
     steps = [h for h in trainer.state.log_history if "perf/fwd_bwd_s" in h]
-    train_s = sum(h["perf/fwd_bwd_s"] + h.get("perf/optimizer_s", 0.0) + h.get("perf/weight_sync_s", 0.0)
-                  for h in steps)
+    train_s = sum(
+        h["perf/fwd_bwd_s"] + h.get("perf/optimizer_s", 0.0) + h.get("perf/weight_sync_s", 0.0) for h in steps
+    )
     durations = [d for g in worker.groups for d in g.episode_seconds]
-    return {"arm": arm, "wall_s": wall, "rollout_s": worker.meter.busy_s / worker.slots, "train_s": train_s,
-            "waiting_s": sum(h.get("perf/rollout_wait_s", 0.0) for h in steps), "samples": args.steps * args.batch,
-            "slots": worker.slots, "slot_occupancy": occupancy[0], "episodes_started": worker.meter.episodes,
-            "groups_released": len(worker.groups), "samples_produced": worker.samples_put,
-            "samples_produced_per_s": worker.samples_put / wall, "samples_trained_per_s": args.steps * args.batch / wall,
-            "dropped_stale": worker.dropped_stale, "episode_p50_s": percentile(durations, 50),
-            "episode_p99_s": percentile(durations, 99),
-            "staleness_mean": [h.get("sample/staleness_mean") for h in steps]}
+    return {
+        "arm": arm,
+        "wall_s": wall,
+        "rollout_s": worker.meter.busy_s / worker.slots,
+        "train_s": train_s,
+        "waiting_s": sum(h.get("perf/rollout_wait_s", 0.0) for h in steps),
+        "samples": args.steps * args.batch,
+        "slots": worker.slots,
+        "slot_occupancy": occupancy[0],
+        "episodes_started": worker.meter.episodes,
+        "groups_released": len(worker.groups),
+        "samples_produced": worker.samples_put,
+        "samples_produced_per_s": worker.samples_put / wall,
+        "samples_trained_per_s": args.steps * args.batch / wall,
+        "dropped_stale": worker.dropped_stale,
+        "episode_p50_s": percentile(durations, 50),
+        "episode_p99_s": percentile(durations, 99),
+        "staleness_mean": [h.get("sample/staleness_mean") for h in steps],
+    }
 
 
 def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -294,21 +400,30 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
         if sync is None or run is None:
             continue
         schedule = sync["rollout_s"] + run["train_s"]
-        per_repeat.append({
-            "repeat": r, "async_over_sync": run["wall_s"] / sync["wall_s"],
-            "overlap_only": run["wall_s"] / schedule,
-            "overlap_floor": max(sync["rollout_s"], run["train_s"]) / schedule,
-            "rollout_bound": run["rollout_s"] / schedule,
-            "sync_rest_share": sync["train_s"] / sync["wall_s"]})
+        per_repeat.append(
+            {
+                "repeat": r,
+                "async_over_sync": run["wall_s"] / sync["wall_s"],
+                "overlap_only": run["wall_s"] / schedule,
+                "overlap_floor": max(sync["rollout_s"], run["train_s"]) / schedule,
+                "rollout_bound": run["rollout_s"] / schedule,
+                "sync_rest_share": sync["train_s"] / sync["wall_s"],
+            }
+        )
     arms = {}
     for arm in dict.fromkeys(row["arm"] for row in results):
         rows = [row for row in results if row["arm"] == arm]
-        fields = [k for k, v in rows[0].items()
-                  if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat"]
-        arms[arm] = {k: statistics.median([row[k] for row in rows if row.get(k) is not None]) for k in fields
-                     if any(row.get(k) is not None for row in rows)}
-    ratios = ({k: statistics.median([p[k] for p in per_repeat]) for k in per_repeat[0] if k != "repeat"}
-              if per_repeat else {})
+        fields = [
+            k for k, v in rows[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "repeat"
+        ]
+        arms[arm] = {
+            k: statistics.median([row[k] for row in rows if row.get(k) is not None])
+            for k in fields
+            if any(row.get(k) is not None for row in rows)
+        }
+    ratios = (
+        {k: statistics.median([p[k] for p in per_repeat]) for k in per_repeat[0] if k != "repeat"} if per_repeat else {}
+    )
     return {"repeats": len(repeats), "per_repeat": per_repeat, "median": ratios, "arms": arms}
 
 
@@ -331,8 +446,11 @@ def main() -> None:
     if args.tail_every:
         letters_env.update(LETTERS_TAIL_EVERY=str(args.tail_every), LETTERS_TAIL_LATENCY_S=str(args.tail_latency_s))
     results = []
-    serve = (vllm_server(model_dir, work / "logs", max_model_len=1024) if args.server == "vllm" else
-             sleeping_server(model_dir, work / "logs", args.per_token_s, args.reply_tokens))
+    serve = (
+        vllm_server(model_dir, work / "logs", max_model_len=1024)
+        if args.server == "vllm"
+        else sleeping_server(model_dir, work / "logs", args.per_token_s, args.reply_tokens)
+    )
     with serve as server:
         for repeat in range(args.repeats):  # interleaved: sync, async, sync, async, ...
             for arm in arms:  # a fresh letters server per run: each sees the same stragglers
@@ -340,8 +458,11 @@ def main() -> None:
                 os.environ["LETTERS_ENV_URL"] = letters.base_url
                 try:
                     load_before = os.getloadavg()[0]
-                    row = (sync_arm(args, model_dir, server.base_url, work / str(repeat)) if arm == "sync" else
-                           async_arm(args, model_dir, server.base_url, work / str(repeat), arm))
+                    row = (
+                        sync_arm(args, model_dir, server.base_url, work / str(repeat))
+                        if arm == "sync"
+                        else async_arm(args, model_dir, server.base_url, work / str(repeat), arm)
+                    )
                     row["repeat"] = repeat
                     row["load_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
                 finally:
@@ -352,28 +473,47 @@ def main() -> None:
                 if "episodes_started" in row:
                     row["untrained_share"] = 1 - row["samples"] / row["episodes_started"]
                 results.append(row)
-                extra = (f" | slots busy {row['slot_occupancy']:.0%} | {row['samples_produced_per_s']:.2f} samples/s "
-                         f"produced | episodes p50 {row['episode_p50_s']:.2f} s p99 {row['episode_p99_s']:.2f} s"
-                         if "slot_occupancy" in row else "")
-                print(f"repeat {repeat} {row['arm']:>8}: wall {row['wall_s']:6.1f} s | rollout "
-                      f"{row['rollout_s']:6.1f} s | "
-                      f"train {row['train_s']:6.1f} s | wall / max {row['wall_over_max']:.2f} | wall / sum "
-                      f"{row['wall_over_sum']:.2f} | episode per slot {row['episode_slot_s']:.2f} s{extra}", flush=True)
+                extra = (
+                    f" | slots busy {row['slot_occupancy']:.0%} | {row['samples_produced_per_s']:.2f} samples/s "
+                    f"produced | episodes p50 {row['episode_p50_s']:.2f} s p99 {row['episode_p99_s']:.2f} s"
+                    if "slot_occupancy" in row
+                    else ""
+                )
+                print(
+                    f"repeat {repeat} {row['arm']:>8}: wall {row['wall_s']:6.1f} s | rollout "
+                    f"{row['rollout_s']:6.1f} s | "
+                    f"train {row['train_s']:6.1f} s | wall / max {row['wall_over_max']:.2f} | wall / sum "
+                    f"{row['wall_over_sum']:.2f} | episode per slot {row['episode_slot_s']:.2f} s{extra}",
+                    flush=True,
+                )
     summary = compare(results)
     for ratios in summary["per_repeat"]:
-        print(f"repeat {ratios['repeat']}: async / sync wall {ratios['async_over_sync']:.2f} | overlap only "
-              f"{ratios['overlap_only']:.2f} (floor {ratios['overlap_floor']:.2f}, async rollouts "
-              f"{ratios['rollout_bound']:.2f})", flush=True)
+        print(
+            f"repeat {ratios['repeat']}: async / sync wall {ratios['async_over_sync']:.2f} | overlap only "
+            f"{ratios['overlap_only']:.2f} (floor {ratios['overlap_floor']:.2f}, async rollouts "
+            f"{ratios['rollout_bound']:.2f})",
+            flush=True,
+        )
     if summary["median"]:
         m = summary["median"]
-        print(f"median of {summary['repeats']}: async / sync wall {m['async_over_sync']:.2f} | overlap only "
-              f"{m['overlap_only']:.2f} (floor {m['overlap_floor']:.2f}, async rollouts {m['rollout_bound']:.2f})",
-              flush=True)
+        print(
+            f"median of {summary['repeats']}: async / sync wall {m['async_over_sync']:.2f} | overlap only "
+            f"{m['overlap_only']:.2f} (floor {m['overlap_floor']:.2f}, async rollouts {m['rollout_bound']:.2f})",
+            flush=True,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "run": run_record.finish(record),
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "summary": summary, "results": results}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "run": run_record.finish(record),
+                "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "summary": summary,
+                "results": results,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

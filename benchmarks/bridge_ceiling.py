@@ -44,6 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from ep_trl.devtools import run_record  # noqa: E402
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -68,8 +69,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--turns", type=int, nargs="+", default=[3], help="turns per episode (openenv, chat)")
     parser.add_argument("--logs", nargs="+", default=["on", "off"], choices=["on", "off"], help="ep logs rows")
     parser.add_argument("--episodes", type=int, default=64, help="episodes per call (at least 2 x concurrency)")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1],
-                        help="RolloutOptions(worker_processes=...): CPU then counts the workers' too")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="RolloutOptions(worker_processes=...): CPU then counts the workers' too",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="print this process's pid and wait 5 s before timing")
     parser.add_argument("--out", type=Path, default=None)
@@ -106,15 +112,27 @@ def start_servers(stack: ExitStack, work: Path, model_dir: Path) -> dict[str, st
 
     port = free_port()
     replies = scripted_replies()
-    cmd = [sys.executable, str(REPO / "benchmarks/fixtures/instant_vllm.py"), "--model-dir", str(model_dir),
-           "--port", str(port)] + [a for r in replies for a in ("--reply", r)]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks/fixtures/instant_vllm.py"),
+        "--model-dir",
+        str(model_dir),
+        "--port",
+        str(port),
+    ] + [a for r in replies for a in ("--reply", r)]
     instant = start_server("instant-vllm", cmd, port=port, log_dir=work, cwd=REPO)
     stack.callback(instant.stop)
     letters = start_letters_server(work, env={"LETTERS_STEP_LATENCY_S": "0", "LETTERS_MAX_STEPS": "100"})
     stack.callback(letters.stop)
     port = free_port()
-    calc = start_server("calc-mcp", [sys.executable, str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
-                        port=port, log_dir=work, cwd=REPO, env={"CALC_LATENCY_S": "0"})
+    calc = start_server(
+        "calc-mcp",
+        [sys.executable, str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
+        port=port,
+        log_dir=work,
+        cwd=REPO,
+        env={"CALC_LATENCY_S": "0"},
+    )
     stack.callback(calc.stop)
     config = work / "calc_mcp.json"
     config.write_text(json.dumps({"mcpServers": {"calc": {"url": f"{calc.base_url}/mcp"}}}))
@@ -186,10 +204,14 @@ def build(arm: str, turns: int, concurrency: int, logs: str, url: str, workers: 
     if arm == CLIENT_ARM:
         return EnvClientAlone(turns, concurrency)
 
-    overrides = EvalOverrides(max_concurrent_rollouts=concurrency,
-                              max_steps=turns if arm == "openenv" else None)
-    return create_openenv_vllm_rollout_func(EVALS[arm], vllm_base_url=url, log_rollouts=logs == "on",
-                                            overrides=overrides, options=RolloutOptions(worker_processes=workers))
+    overrides = EvalOverrides(max_concurrent_rollouts=concurrency, max_steps=turns if arm == "openenv" else None)
+    return create_openenv_vllm_rollout_func(
+        EVALS[arm],
+        vllm_base_url=url,
+        log_rollouts=logs == "on",
+        overrides=overrides,
+        options=RolloutOptions(worker_processes=workers),
+    )
 
 
 def cpu_seconds(rollout: Any) -> float:
@@ -223,10 +245,18 @@ def timed_call(rollout: Any, trainer: Any, arm: str, turns: int, prompts: list[A
     played = sum(out["num_turns"])
     want = expected_turns(arm, turns) * len(prompts)
     if out["episode_status"] != ["finished"] * len(prompts) or played != want:
-        raise RuntimeError(f"{arm}: episodes did not play as scripted: {played} turns (want {want}), "
-                           f"{sorted(set(out['episode_status']))}")
-    result = {"wall_s": wall, "cpu_s": cpu, "episodes_per_s": len(prompts) / wall, "turns_per_s": played / wall,
-              "cpu_ms_per_turn": cpu * 1000 / played, "cpu_ms_per_episode": cpu * 1000 / len(prompts)}
+        raise RuntimeError(
+            f"{arm}: episodes did not play as scripted: {played} turns (want {want}), "
+            f"{sorted(set(out['episode_status']))}"
+        )
+    result = {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "episodes_per_s": len(prompts) / wall,
+        "turns_per_s": played / wall,
+        "cpu_ms_per_turn": cpu * 1000 / played,
+        "cpu_ms_per_episode": cpu * 1000 / len(prompts),
+    }
     if requests:  # the openenv_client arm sends none
         result["turns_per_request"] = (after["prompts"] - before["prompts"]) / requests
     return result
@@ -250,14 +280,20 @@ def main() -> None:
         configs = []
         trainer = None
         for arm in args.arms:
-            for turns in (args.turns if arm in TURNED else [expected_turns(arm, 0)]):
+            for turns in args.turns if arm in TURNED else [expected_turns(arm, 0)]:
                 for c, workers in ((c, w) for c in args.concurrency for w in args.workers):
-                    for logs in (["off"] if arm == CLIENT_ARM else args.logs):
+                    for logs in ["off"] if arm == CLIENT_ARM else args.logs:
                         rollout = build(arm, turns, c, logs, urls["vllm"], workers)
                         stack.callback(rollout.close)
                         if trainer is None:
-                            trainer = make_trainer(model_dir, work / "trainer", rollout, num_generations=4,
-                                                   max_completion_length=4096, temperature=1.0)
+                            trainer = make_trainer(
+                                model_dir,
+                                work / "trainer",
+                                rollout,
+                                num_generations=4,
+                                max_completion_length=4096,
+                                temperature=1.0,
+                            )
                         episodes = max(args.episodes, 2 * c)
                         prompts = prompts_for(arm, episodes)
                         timed_call(rollout, trainer, arm, turns, prompts[: min(8, episodes)], urls["vllm"])  # warm-up
@@ -267,18 +303,26 @@ def main() -> None:
             time.sleep(5)
         for repeat in range(args.repeats):  # interleaved: a burst of load elsewhere hits every configuration alike
             for arm, turns, c, workers, logs, rollout, prompts in configs:
-                row = {"arm": arm, "turns": turns, "concurrency": c, "workers": workers, "logs": logs,
-                       "episodes": len(prompts),
-                       "repeat": repeat, **timed_call(rollout, trainer, arm, turns, prompts, urls["vllm"]),
-                       "loadavg_1min": os.getloadavg()[0]}
+                row = {
+                    "arm": arm,
+                    "turns": turns,
+                    "concurrency": c,
+                    "workers": workers,
+                    "logs": logs,
+                    "episodes": len(prompts),
+                    "repeat": repeat,
+                    **timed_call(rollout, trainer, arm, turns, prompts, urls["vllm"]),
+                    "loadavg_1min": os.getloadavg()[0],
+                }
                 runs.append(row)
                 print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     summary = summarize(runs)
     print(markdown(summary))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"run": run_record.finish(record), "summary": summary, "runs": runs},
-                                       indent=1) + "\n")
+        args.out.write_text(
+            json.dumps({"run": run_record.finish(record), "summary": summary, "runs": runs}, indent=1) + "\n"
+        )
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -288,18 +332,35 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for arm, turns, c, workers, logs in sorted({key(r) for r in runs}):
         mine = [r for r in runs if key(r) == (arm, turns, c, workers, logs)]
-        rows.append({"arm": arm, "turns": turns, "concurrency": c, "workers": workers, "logs": logs, **{
-            field: statistics.median(r[field] for r in mine)
-            for field in ("episodes_per_s", "turns_per_s", "cpu_ms_per_turn", "turns_per_request") if field in mine[0]}})
+        rows.append(
+            {
+                "arm": arm,
+                "turns": turns,
+                "concurrency": c,
+                "workers": workers,
+                "logs": logs,
+                **{
+                    field: statistics.median(r[field] for r in mine)
+                    for field in ("episodes_per_s", "turns_per_s", "cpu_ms_per_turn", "turns_per_request")
+                    if field in mine[0]
+                },
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| arm | turns | concurrency | workers | ep logs | episodes/s | turns/s | CPU ms/turn | turns/request |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['arm']} | {r['turns']} | {r['concurrency']} | {r['workers']} | {r['logs']} | {r['episodes_per_s']:.1f} | "
-              f"{r['turns_per_s']:.1f} | {r['cpu_ms_per_turn']:.2f} | "
-              f"{format(r['turns_per_request'], '.1f') if 'turns_per_request' in r else '-'} |" for r in rows]
+    lines = [
+        "| arm | turns | concurrency | workers | ep logs | episodes/s | turns/s | CPU ms/turn | turns/request |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['arm']} | {r['turns']} | {r['concurrency']} | {r['workers']} | {r['logs']} | {r['episodes_per_s']:.1f} "
+        "| "
+        f"{r['turns_per_s']:.1f} | {r['cpu_ms_per_turn']:.2f} | "
+        f"{format(r['turns_per_request'], '.1f') if 'turns_per_request' in r else '-'} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

@@ -59,8 +59,9 @@ def export_src(rev: str, into: Path) -> Path:
 
 
 def commit_of(rev: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), "rev-parse", rev], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", rev], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def start(script: list[str], src: Path, out: Path) -> subprocess.Popen:
@@ -83,8 +84,10 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ep-trl-compare-") as tmp:
         work = Path(tmp)
-        codes = {"before": export_src(args.before, work / "before"),
-                 "after": export_src(args.after, work / "after") if args.after else REPO / "src"}
+        codes = {
+            "before": export_src(args.before, work / "before"),
+            "after": export_src(args.after, work / "after") if args.after else REPO / "src",
+        }
         for round_ in range(args.rounds):
             order = ("after", "before") if round_ % 2 == 0 else ("before", "after")
             outs = {code: work / f"{code}-{round_}.json" for code in order}
@@ -99,18 +102,38 @@ def main() -> None:
             for code in order:
                 runs += [{"code": code, "round": round_, **row} for row in rows_of(json.loads(outs[code].read_text()))]
     if args.field:
-        configs = sorted({tuple((k, v) for k, v in row.items() if k not in NOT_CONFIG and not isinstance(v, float))
-                          for row in runs if args.field in row}, key=str)
+        configs = sorted(
+            {
+                tuple((k, v) for k, v in row.items() if k not in NOT_CONFIG and not isinstance(v, float))
+                for row in runs
+                if args.field in row
+            },
+            key=str,
+        )
         for config in configs:
             mine = [r for r in runs if all(r.get(k) == v for k, v in config) and args.field in r]
-            medians = {code: statistics.median(r[args.field] for r in mine if r["code"] == code)
-                       for code in ("before", "after") if any(r["code"] == code for r in mine)}
+            medians = {
+                code: statistics.median(r[args.field] for r in mine if r["code"] == code)
+                for code in ("before", "after")
+                if any(r["code"] == code for r in mine)
+            }
             print(dict(c for c in config if c[0] != "code"), {k: round(v, 3) for k, v in medians.items()})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "run": run_record.finish(record), "note": args.note, "script": args.script,
-        "before": commit_of(args.before), "after": commit_of(args.after) if args.after else "this checkout",
-        "together": args.together, "runs": runs}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "run": run_record.finish(record),
+                "note": args.note,
+                "script": args.script,
+                "before": commit_of(args.before),
+                "after": commit_of(args.after) if args.after else "this checkout",
+                "together": args.together,
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ sees it.
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
-import statistics
 import threading
 import time
 from contextlib import ExitStack
@@ -27,7 +27,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bridge_ceiling as ceiling  # noqa: E402  (sets HOME and the repo path first)
-
 import psutil  # noqa: E402
 
 from ep_trl.devtools import run_record  # noqa: E402
@@ -94,8 +93,15 @@ def guard_cost(runs: int) -> dict[str, float]:
 
     bare_cpu, bare_wall = per_run(["true"])
     guard_cpu, guard_wall = per_run(guarded(["true"]))
-    return {"runs": runs, "true_cpu_ms": bare_cpu, "true_wall_ms": bare_wall, "guarded_cpu_ms": guard_cpu,
-            "guarded_wall_ms": guard_wall, "guard_cpu_ms": guard_cpu - bare_cpu, "guard_wall_ms": guard_wall - bare_wall}
+    return {
+        "runs": runs,
+        "true_cpu_ms": bare_cpu,
+        "true_wall_ms": bare_wall,
+        "guarded_cpu_ms": guard_cpu,
+        "guarded_wall_ms": guard_wall,
+        "guard_cpu_ms": guard_cpu - bare_cpu,
+        "guard_wall_ms": guard_wall - bare_wall,
+    }
 
 
 def main() -> None:
@@ -116,8 +122,18 @@ def main() -> None:
         model_dir = ceiling.tool_model_dir(work)
         urls = ceiling.start_servers(stack, work, model_dir)
         stdio = work / "calc_stdio.json"
-        stdio.write_text(json.dumps({"mcpServers": {"calc": {
-            "command": sys.executable, "args": [str(ceiling.REPO / "tests/fixtures/calc_mcp_server.py"), "stdio"]}}}))
+        stdio.write_text(
+            json.dumps(
+                {
+                    "mcpServers": {
+                        "calc": {
+                            "command": sys.executable,
+                            "args": [str(ceiling.REPO / "tests/fixtures/calc_mcp_server.py"), "stdio"],
+                        }
+                    }
+                }
+            )
+        )
         from tests.support.trainers import make_trainer
 
         trainer = None
@@ -126,12 +142,16 @@ def main() -> None:
             sys.modules.pop("tests.evals.eval_calculator_agent", None)  # it reads the config path at import
             for concurrency in sorted({1, args.concurrency}):
                 rollout = create_openenv_vllm_rollout_func(
-                    ceiling.EVALS["agent"], vllm_base_url=urls["vllm"], log_rollouts=False,
-                    overrides=EvalOverrides(max_concurrent_rollouts=concurrency))
+                    ceiling.EVALS["agent"],
+                    vllm_base_url=urls["vllm"],
+                    log_rollouts=False,
+                    overrides=EvalOverrides(max_concurrent_rollouts=concurrency),
+                )
                 stack.callback(rollout.close)
                 if trainer is None:
-                    trainer = make_trainer(model_dir, work / "trainer", rollout, num_generations=4,
-                                           max_completion_length=4096)
+                    trainer = make_trainer(
+                        model_dir, work / "trainer", rollout, num_generations=4, max_completion_length=4096
+                    )
                 episodes = args.episodes if concurrency > 1 else min(8, args.episodes)
                 prompts = ceiling.prompts_for("agent", episodes)
                 ceiling.timed_call(rollout, trainer, "agent", 3, prompts[:4], urls["vllm"])  # warm-up
@@ -139,21 +159,36 @@ def main() -> None:
                 with Sampler(args.sample_s) as sampler:
                     timing = ceiling.timed_call(rollout, trainer, "agent", 3, prompts, urls["vllm"])
                 children1 = os.times()
-                child_cpu = (children1.children_user + children1.children_system
-                             - children0.children_user - children0.children_system)
-                row = {"transport": transport, "concurrency": concurrency, "episodes": episodes,
-                       "wall_s_per_episode": timing["wall_s"] / episodes,
-                       "trainer_cpu_ms_per_episode": timing["cpu_ms_per_episode"],
-                       "children_cpu_ms_per_episode": child_cpu * 1000 / episodes,
-                       "peak": sampler.peak}
+                child_cpu = (
+                    children1.children_user
+                    + children1.children_system
+                    - children0.children_user
+                    - children0.children_system
+                )
+                row = {
+                    "transport": transport,
+                    "concurrency": concurrency,
+                    "episodes": episodes,
+                    "wall_s_per_episode": timing["wall_s"] / episodes,
+                    "trainer_cpu_ms_per_episode": timing["cpu_ms_per_episode"],
+                    "children_cpu_ms_per_episode": child_cpu * 1000 / episodes,
+                    "peak": sampler.peak,
+                }
                 results.setdefault("runs", []).append(row)
                 print(json.dumps(row), flush=True)
     for row in results["runs"]:
-        peaks = ", ".join(f"{kind}: {p['processes']} processes, {p['rss_mb']:.0f} MB"
-                          for kind, p in sorted(row["peak"].items())) or "no child processes"
-        print(f"{row['transport']:5s} c={row['concurrency']:3d}: {row['wall_s_per_episode'] * 1000:7.1f} ms wall/episode, "
-              f"trainer CPU {row['trainer_cpu_ms_per_episode']:6.1f} ms/episode, children CPU "
-              f"{row['children_cpu_ms_per_episode']:7.1f} ms/episode; peak {peaks}")
+        peaks = (
+            ", ".join(
+                f"{kind}: {p['processes']} processes, {p['rss_mb']:.0f} MB" for kind, p in sorted(row["peak"].items())
+            )
+            or "no child processes"
+        )
+        print(
+            f"{row['transport']:5s} c={row['concurrency']:3d}: {row['wall_s_per_episode'] * 1000:7.1f} ms "
+            "wall/episode, "
+            f"trainer CPU {row['trainer_cpu_ms_per_episode']:6.1f} ms/episode, children CPU "
+            f"{row['children_cpu_ms_per_episode']:7.1f} ms/episode; peak {peaks}"
+        )
     if args.out:
         args.out.write_text(json.dumps({"run": run_record.finish(record), **results}, indent=1) + "\n")
 

@@ -16,10 +16,11 @@ is played too, the same on every lake, its last move repeated: what a policy tha
 scores. With ``--lakes-of RESULT.json`` the lakes are the held-out rows of an ``ep-trl train`` run (row ids
 ``lake-<seed>``) instead of ``--first-seed`` and ``--lakes``.
 
-Random policies are averaged over ``--draws`` seeded draws per lake. Move caps: the eval's own steps (30, eval-protocol's
-default for an eval that names none) and the moves that fit a run's token budget (``--caps``).
+Random policies are averaged over ``--draws`` seeded draws per lake. Move caps: the eval's own steps (30,
+eval-protocol's default for an eval that names none) and the moves that fit a run's token budget (``--caps``).
 
-    python benchmarks/frozen_lake_baselines.py --first-seed 0 --lakes 1024 --out benchmarks/results/frozen_lake_baselines.json
+    python benchmarks/frozen_lake_baselines.py --first-seed 0 --lakes 1024 --out
+    benchmarks/results/frozen_lake_baselines.json
 """
 
 import argparse
@@ -88,7 +89,8 @@ def held_out_seeds(path: Path) -> list[int]:
 def policies() -> dict[str, tuple[Policy, bool]]:
     """name -> (policy, random?)."""
     fixed: dict[str, tuple[Policy, bool]] = {
-        f"fixed {NAMES[a]}": ((lambda a: lambda rng, turn, desc, state: a)(a), False) for a in range(4)}
+        f"fixed {NAMES[a]}": ((lambda a: lambda rng, turn, desc, state: a)(a), False) for a in range(4)
+    }
     return {
         **fixed,
         "uniform random": (lambda rng, turn, desc, state: rng.randrange(4), True),
@@ -110,10 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lakes", type=int, default=1024)
     parser.add_argument("--caps", default="6,8,10,30", help="move caps, comma-separated")
     parser.add_argument("--draws", type=int, default=8, help="draws per lake of each random policy")
-    parser.add_argument("--sequence", action="append", default=[], metavar="MOVES",
-                        help="a fixed sequence of moves, comma-separated (LEFT, DOWN, RIGHT, UP), played on every lake")
-    parser.add_argument("--lakes-of", type=Path, default=None, metavar="RESULT",
-                        help="play the held-out lakes of this ep-trl train result.json instead")
+    parser.add_argument(
+        "--sequence",
+        action="append",
+        default=[],
+        metavar="MOVES",
+        help="a fixed sequence of moves, comma-separated (LEFT, DOWN, RIGHT, UP), played on every lake",
+    )
+    parser.add_argument(
+        "--lakes-of",
+        type=Path,
+        default=None,
+        metavar="RESULT",
+        help="play the held-out lakes of this ep-trl train result.json instead",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     chosen = policies()
@@ -123,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--sequence {text}: give moves from {', '.join(NAMES)}, comma-separated")
         chosen[f"sequence {','.join(moves)}"] = (sequence_policy([NAMES.index(m) for m in moves]), False)
     record = run_record.start(REPO, [__file__, *(sys.argv[1:] if argv is None else argv)])
-    seeds = (held_out_seeds(args.lakes_of) if args.lakes_of is not None
-             else list(range(args.first_seed, args.first_seed + args.lakes)))
+    seeds = (
+        held_out_seeds(args.lakes_of)
+        if args.lakes_of is not None
+        else list(range(args.first_seed, args.first_seed + args.lakes))
+    )
     lakes = [seeded_lake(seed) for seed in seeds]
     caps = [int(c) for c in args.caps.split(",")]
     table: list[dict[str, object]] = []
@@ -138,9 +153,14 @@ def main(argv: list[str] | None = None) -> int:
             line.append(f"cap {cap}: {wins / (len(lakes) * draws):.3f}")
         print(f"{name:32s} " + "  ".join(line), flush=True)
     path_lengths = [len(shortest_path(desc)) for desc in lakes]
-    result = {"run": run_record.finish(record), "seeds": seeds, "lakes": len(lakes),
-              "draws": args.draws, "table": table,
-              "shortest_path_moves": {str(k): path_lengths.count(k) for k in sorted(set(path_lengths))}}
+    result = {
+        "run": run_record.finish(record),
+        "seeds": seeds,
+        "lakes": len(lakes),
+        "draws": args.draws,
+        "table": table,
+        "shortest_path_moves": {str(k): path_lengths.count(k) for k in sorted(set(path_lengths))},
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

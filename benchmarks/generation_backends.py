@@ -56,8 +56,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed batches per arm and concurrency")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "generation_backends.json")
-    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
+    parser.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)",
+    )
     return parser.parse_args()
 
 
@@ -66,13 +70,25 @@ def grpo_config(out_dir: Path, episodes: int, **vllm: Any) -> Any:
     it: ``per_device_train_batch_size x steps_per_generation``)."""
     from trl import GRPOConfig
 
-    return GRPOConfig(output_dir=str(out_dir), use_cpu=True, bf16=False, per_device_train_batch_size=episodes,
-                      num_generations=4, max_completion_length=256, max_steps=1, report_to=[], save_strategy="no",
-                      seed=0, temperature=TEMPERATURE, **vllm)
+    return GRPOConfig(
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=episodes,
+        num_generations=4,
+        max_completion_length=256,
+        max_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        temperature=TEMPERATURE,
+        **vllm,
+    )
 
 
-def build_arm(arm: str, concurrency: int, episodes: int, model_dir: Path, work: Path,
-              server_url: str | None) -> tuple[Callable, Any]:
+def build_arm(
+    arm: str, concurrency: int, episodes: int, model_dir: Path, work: Path, server_url: str | None
+) -> tuple[Callable, Any]:
     """A function running one batch through ``arm``, and the rollout function to close afterwards."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -82,15 +98,25 @@ def build_arm(arm: str, concurrency: int, episodes: int, model_dir: Path, work: 
     from ep_trl.rewards import eval_score
     from ep_trl.trainers.cpu_colocate import CPUColocateGRPOTrainer
 
-    rollout = create_rollout_func(EVAL, max_concurrent_rollouts=concurrency, log_rollouts=False,
-                                  vllm_base_url=server_url if arm == "server" else None)
-    parts = dict(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[eval_score],
-                 train_dataset=Dataset.from_dict({"prompt": [PROMPT] * episodes}),
-                 processing_class=AutoTokenizer.from_pretrained(model_dir), rollout_func=rollout)
+    rollout = create_rollout_func(
+        EVAL,
+        max_concurrent_rollouts=concurrency,
+        log_rollouts=False,
+        vllm_base_url=server_url if arm == "server" else None,
+    )
+    parts = dict(
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        reward_funcs=[eval_score],
+        train_dataset=Dataset.from_dict({"prompt": [PROMPT] * episodes}),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        rollout_func=rollout,
+    )
     out_dir = work / f"{arm}-{concurrency}"
     if arm == "colocate":
-        trainer = CPUColocateGRPOTrainer(args=grpo_config(out_dir, episodes, use_vllm=True, vllm_mode="colocate",
-                                                          vllm_max_model_length=1024), **parts)
+        trainer = CPUColocateGRPOTrainer(
+            args=grpo_config(out_dir, episodes, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024),
+            **parts,
+        )
     else:
         trainer = GRPOTrainer(args=grpo_config(out_dir, episodes), **parts)
 
@@ -107,8 +133,13 @@ def measure(run: Callable[[list[str]], dict[str, Any]], episodes: int) -> dict[s
     wall0 = time.perf_counter()
     result = run([PROMPT] * episodes)
     wall = time.perf_counter() - wall0
-    return {"wall_s": wall, "episodes_per_s": episodes / wall, "tokens_per_s": result["sampled_tokens"] / wall,
-            "loadavg_1min_after": os.getloadavg()[0], **result}
+    return {
+        "wall_s": wall,
+        "episodes_per_s": episodes / wall,
+        "tokens_per_s": result["sampled_tokens"] / wall,
+        "loadavg_1min_after": os.getloadavg()[0],
+        **result,
+    }
 
 
 def main() -> None:
@@ -142,19 +173,34 @@ def main() -> None:
                 results.append(row)
                 print(json.dumps(row), flush=True)
     summary = []
-    for (arm, concurrency) in arms:
+    for arm, concurrency in arms:
         rows = [r for r in results if r["arm"] == arm and r["concurrency"] == concurrency]
-        summary.append({"arm": arm, "concurrency": concurrency,
-                        "episodes_per_s": statistics.median(r["episodes_per_s"] for r in rows),
-                        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows)})
+        summary.append(
+            {
+                "arm": arm,
+                "concurrency": concurrency,
+                "episodes_per_s": statistics.median(r["episodes_per_s"] for r in rows),
+                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+            }
+        )
     for row in summary:
-        print(f"{row['arm']:>9} c={row['concurrency']:<2} {row['episodes_per_s']:6.2f} episodes/s "
-              f"{row['tokens_per_s']:7.1f} tokens/s")
+        print(
+            f"{row['arm']:>9} c={row['concurrency']:<2} {row['episodes_per_s']:6.2f} episodes/s "
+            f"{row['tokens_per_s']:7.1f} tokens/s"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "run": run_record.finish(record),
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "summary": summary, "batches": results}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "run": run_record.finish(record),
+                "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "summary": summary,
+                "batches": results,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

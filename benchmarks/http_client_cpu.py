@@ -34,16 +34,20 @@ def body(model: str) -> dict:
 
 async def with_aiohttp(url: str, payload: dict, n: int) -> tuple[float, float]:
     async with aiohttp.ClientSession() as session:
+
         async def once() -> None:
             async with session.post(f"{url}/v1/completions", json=payload) as response:
                 json.loads(await response.text())
+
         return await timed(once, n)
 
 
 async def with_httpx_async(url: str, payload: dict, n: int) -> tuple[float, float]:
     async with httpx.AsyncClient(timeout=60) as client:
+
         async def once() -> None:
             (await client.post(f"{url}/v1/completions", json=payload)).json()
+
         return await timed(once, n)
 
 
@@ -88,11 +92,16 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, runs in results.items():
         cpu = [c for c, _ in runs]
-        print(f"| {name} | {statistics.median(cpu):.2f} | {min(cpu):.2f}-{max(cpu):.2f} | "
-              f"{statistics.median(w for _, w in runs):.1f} |")
+        print(
+            f"| {name} | {statistics.median(cpu):.2f} | {min(cpu):.2f}-{max(cpu):.2f} | "
+            f"{statistics.median(w for _, w in runs):.1f} |"
+        )
     if args.out:
-        runs = [{"client": name, "repeat": repeat, "requests": args.requests, "cpu_ms": cpu, "wall_ms": wall}
-                for name, measured in results.items() for repeat, (cpu, wall) in enumerate(measured)]
+        runs = [
+            {"client": name, "repeat": repeat, "requests": args.requests, "cpu_ms": cpu, "wall_ms": wall}
+            for name, measured in results.items()
+            for repeat, (cpu, wall) in enumerate(measured)
+        ]
         args.out.write_text(json.dumps({"run": run_record.finish(record), "runs": runs}, indent=1) + "\n")
 
 

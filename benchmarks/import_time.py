@@ -10,9 +10,10 @@ measured (the test suite's smoke run):
 
 * ``import``: ``import ep_trl``, timed inside the interpreter (``time.perf_counter`` around the import), and the
   interpreter's wall clock from start to exit;
-* ``worker_start``: what a ``RolloutOptions(worker_processes=N)`` worker does before its first job (``ep_trl.adapters.sharded``
-  imported, as the spawned process unpickles its target, then the rollout function built for the single-turn
-  eval ``tests/evals/eval_arithmetic.py``, its generation server probed): the interpreter's wall clock;
+* ``worker_start``: what a ``RolloutOptions(worker_processes=N)`` worker does before its first job
+  (``ep_trl.adapters.sharded`` imported, as the spawned process unpickles its target, then the rollout function built
+  for the single-turn eval ``tests/evals/eval_arithmetic.py``, its generation server probed): the interpreter's wall
+  clock;
 * ``processor_run``: a user script on the processor path: ``import ep_trl``, a CPU ``GRPOTrainer`` on the tiny
   model, the single-turn eval's rollout function, one call of ``--episodes`` episodes, closed: the interpreter's
   wall clock.
@@ -83,8 +84,9 @@ print(json.dumps({{"loaded": {LOADED}}}))
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", default=None, help="the commit to compare against (its src/); none: this "
-                        "checkout alone")
+    parser.add_argument(
+        "--before", default=None, help="the commit to compare against (its src/); none: this checkout alone"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=8, help="episodes of the processor run")
     parser.add_argument("--measures", nargs="+", choices=list(CODE), default=list(CODE))
@@ -95,8 +97,9 @@ def parse_args() -> argparse.Namespace:
 def measure(name: str, src: Path, args: list[str]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(REPO)])}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CODE[name], *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", CODE[name], *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"{name} under {src} failed:\n{done.stderr[-3000:]}")
@@ -117,29 +120,60 @@ def main() -> None:
             codes["before"] = export_src(args.before, work / "before")
         model_dir = build_tiny_model(work / "tiny", seed=0)
         port = free_port()
-        server = start_server("instant-vllm", [sys.executable, str(REPO / "benchmarks/fixtures/instant_vllm.py"),
-                                               "--model-dir", str(model_dir), "--port", str(port), "--reply", "5"],
-                              port=port, log_dir=work, cwd=REPO)
+        server = start_server(
+            "instant-vllm",
+            [
+                sys.executable,
+                str(REPO / "benchmarks/fixtures/instant_vllm.py"),
+                "--model-dir",
+                str(model_dir),
+                "--port",
+                str(port),
+                "--reply",
+                "5",
+            ],
+            port=port,
+            log_dir=work,
+            cwd=REPO,
+        )
         try:
             for repeat in range(args.repeats):
                 for code in sorted(codes, reverse=repeat % 2 == 1):  # after first on even repeats
                     for name in args.measures:
-                        extra = {"import": [], "worker_start": [server.base_url],
-                                 "processor_run": [server.base_url, str(model_dir), str(work / f"run-{code}-{repeat}"),
-                                                   str(args.episodes)]}[name]
-                        row = {"code": code, "measure": name, "repeat": repeat,
-                               **measure(name, codes[code], extra), "loadavg_1min": os.getloadavg()[0]}
+                        extra = {
+                            "import": [],
+                            "worker_start": [server.base_url],
+                            "processor_run": [
+                                server.base_url,
+                                str(model_dir),
+                                str(work / f"run-{code}-{repeat}"),
+                                str(args.episodes),
+                            ],
+                        }[name]
+                        row = {
+                            "code": code,
+                            "measure": name,
+                            "repeat": repeat,
+                            **measure(name, codes[code], extra),
+                            "loadavg_1min": os.getloadavg()[0],
+                        }
                         runs.append(row)
-                        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
-                              flush=True)
+                        print(
+                            json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
+                            flush=True,
+                        )
         finally:
             server.stop()
     summary = []
     for name in args.measures:
         for code in sorted(codes, reverse=True):  # before, after
             mine = [r for r in runs if r["measure"] == name and r["code"] == code]
-            entry = {"measure": name, "code": code, "wall_s": statistics.median(r["wall_s"] for r in mine),
-                     "loaded": mine[0]["loaded"]}
+            entry = {
+                "measure": name,
+                "code": code,
+                "wall_s": statistics.median(r["wall_s"] for r in mine),
+                "loaded": mine[0]["loaded"],
+            }
             if name == "import":
                 entry["import_s"] = statistics.median(r["import_s"] for r in mine)
             summary.append(entry)
@@ -149,8 +183,12 @@ def main() -> None:
         print(f"| {e['measure']} | {e['code']} | {e['wall_s']:.2f} | {import_s} | {', '.join(e['loaded']) or '-'} |")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"run": run_record.finish(record), "before": args.before,
-                                        "summary": summary, "runs": runs}, indent=1) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {"run": run_record.finish(record), "before": args.before, "summary": summary, "runs": runs}, indent=1
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

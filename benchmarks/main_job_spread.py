@@ -26,15 +26,25 @@ from tests.test_train_browsergym_script import RIGHT, SCRIPT, first_turn_answers
 def one_run(steps: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="main-job-") as folder:
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--max-steps", str(steps), "--output-dir", folder],
-                              cwd=folder, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), "--max-steps", str(steps), "--output-dir", folder],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         seconds = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(f"the main job exited {proc.returncode}: {proc.stderr[-2000:]}")
-    before, after = first_turn_answers(proc.stdout, "before training"), first_turn_answers(proc.stdout, "after training")
-    return {"seconds": round(seconds, 1),
-            "before": {task: before[task][answer] for task, answer in RIGHT.items()},
-            "after": {task: after[task][answer] for task, answer in RIGHT.items()}}
+    before, after = (
+        first_turn_answers(proc.stdout, "before training"),
+        first_turn_answers(proc.stdout, "after training"),
+    )
+    return {
+        "seconds": round(seconds, 1),
+        "before": {task: before[task][answer] for task, answer in RIGHT.items()},
+        "after": {task: after[task][answer] for task, answer in RIGHT.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,9 +59,16 @@ def main(argv: list[str] | None = None) -> None:
         runs.append(one_run(args.steps))
         print(f"run {k + 1}/{args.runs}: {runs[-1]}", flush=True)
     lowest = [min(run["after"].values()) for run in runs]  # type: ignore[union-attr]
-    result = {"run": run_record.finish(record), "steps": args.steps, "runs": runs,
-              "after_right_probability_lowest_task": {"min": min(lowest), "median": statistics.median(lowest),
-                                                      "max": max(lowest)}}
+    result = {
+        "run": run_record.finish(record),
+        "steps": args.steps,
+        "runs": runs,
+        "after_right_probability_lowest_task": {
+            "min": min(lowest),
+            "median": statistics.median(lowest),
+            "max": max(lowest),
+        },
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["after_right_probability_lowest_task"]))

@@ -35,8 +35,12 @@ def main() -> None:
     parser.add_argument("--tool-latency-s", type=float, default=0.2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
+    parser.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)",
+    )
     args = parser.parse_args()
     record = run_record.start(REPO)
 
@@ -48,8 +52,14 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ep_trl_overlap_"))
     port = free_port()
-    server = start_server("calc-mcp", [sys.executable, str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
-                          port=port, log_dir=work, cwd=REPO, env={"CALC_LATENCY_S": str(args.tool_latency_s)})
+    server = start_server(
+        "calc-mcp",
+        [sys.executable, str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
+        port=port,
+        log_dir=work,
+        cwd=REPO,
+        env={"CALC_LATENCY_S": str(args.tool_latency_s)},
+    )
     config = work / "calc_mcp.json"
     config.write_text(json.dumps({"mcpServers": {"calc": {"url": f"{server.base_url}/mcp"}}}))
     os.environ["CALC_MCP_CONFIG"] = str(config)
@@ -58,17 +68,29 @@ def main() -> None:
         from tests.evals.eval_calculator_agent import SYSTEM
 
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is (1 + 2) + (3 + 4)?"}]
-        model_dir = tool_model.build_tool_model(build_tiny_model(work / "tiny", seed=0), work / "tool_model", messages,
-                                                tool_model.mcp_tools(server.base_url),
-                                                tool_result=lambda r: json.dumps({"result": int(r)}))
+        model_dir = tool_model.build_tool_model(
+            build_tiny_model(work / "tiny", seed=0),
+            work / "tool_model",
+            messages,
+            tool_model.mcp_tools(server.base_url),
+            tool_result=lambda r: json.dumps({"result": int(r)}),
+        )
         eval_path = "tests.evals.eval_calculator_agent"
         prompts = list(dataset_from_eval(eval_path)["prompt"]) * args.episodes
         for concurrency in args.concurrency:
             rollout = create_openenv_vllm_rollout_func(
-                eval_path, log_rollouts=False, overrides=EvalOverrides(max_concurrent_rollouts=concurrency))
-            trainer = make_trainer(model_dir, work / "out", rollout, num_generations=args.episodes,
-                                   batch_size=args.episodes, max_completion_length=400, prompts=prompts,
-                                   temperature=0.5)
+                eval_path, log_rollouts=False, overrides=EvalOverrides(max_concurrent_rollouts=concurrency)
+            )
+            trainer = make_trainer(
+                model_dir,
+                work / "out",
+                rollout,
+                num_generations=args.episodes,
+                batch_size=args.episodes,
+                max_completion_length=400,
+                prompts=prompts,
+                temperature=0.5,
+            )
             try:
                 if args.warm_up:
                     rollout(prompts, trainer)  # warm-up: MCP connections, first generate
@@ -82,9 +104,16 @@ def main() -> None:
             finally:
                 rollout.close()
             median = statistics.median(times)
-            results.append({"concurrency": concurrency, "episodes_per_s": args.episodes / median,
-                            "median_call_s": median, "tool_bound_episodes_per_s":
-                                concurrency / (2 * args.tool_latency_s) if args.tool_latency_s else None})
+            results.append(
+                {
+                    "concurrency": concurrency,
+                    "episodes_per_s": args.episodes / median,
+                    "median_call_s": median,
+                    "tool_bound_episodes_per_s": concurrency / (2 * args.tool_latency_s)
+                    if args.tool_latency_s
+                    else None,
+                }
+            )
     finally:
         server.stop()
     base = results[0]["episodes_per_s"]
@@ -93,9 +122,17 @@ def main() -> None:
         bound = f"{r['tool_bound_episodes_per_s']:.2f}" if r["tool_bound_episodes_per_s"] else "-"
         print(f"{r['concurrency']:>11} {r['episodes_per_s']:>10.2f} {r['episodes_per_s'] / base:>7.2f}x {bound:>10}")
     if args.out:
-        args.out.write_text(json.dumps({"run": run_record.finish(record),
-                                        "args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                       indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "run": run_record.finish(record),
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -57,12 +57,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--episodes", type=int, default=32, help="episodes per measured rollout call")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--train-steps", type=int, default=3, help="DiskSyncGRPOTrainer steps timed (0: none)")
-    p.add_argument("--model", default=None, help="model directory (default: the SmolLM2 checkpoint, built offline, or "
-                                                 "the model of --vllm-url)")
-    p.add_argument("--vllm-url", default=None, help="use this running CPU vLLM server (dev mode) instead of starting one")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model directory (default: the SmolLM2 checkpoint, built offline, or the model of --vllm-url)",
+    )
+    p.add_argument(
+        "--vllm-url", default=None, help="use this running CPU vLLM server (dev mode) instead of starting one"
+    )
     p.add_argument("--out", default=None, help="write the result JSON here")
-    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
+    p.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)",
+    )
     return p.parse_args(argv)
 
 
@@ -85,8 +94,9 @@ def process_group_stats(pid: int | None) -> tuple[float, float]:
     return cpu, rss / 2**30
 
 
-def rollouts(model_dir: Path, server: Any, concurrency: int, episodes: int, work: Path,
-             warm_up: bool = True) -> dict[str, Any]:
+def rollouts(
+    model_dir: Path, server: Any, concurrency: int, episodes: int, work: Path, warm_up: bool = True
+) -> dict[str, Any]:
     from ep_trl import create_rollout_func, dataset_from_eval
     from tests.support.trainers import make_trainer
     from tests.support.vllm_server import generation_tokens_total
@@ -94,8 +104,9 @@ def rollouts(model_dir: Path, server: Any, concurrency: int, episodes: int, work
     prompts = dataset_from_eval(EVAL)["prompt"]
     batch = [prompts[i % len(prompts)] for i in range(episodes)]
     rollout = create_rollout_func(EVAL, vllm_base_url=server.base_url, max_concurrent_rollouts=concurrency)
-    trainer = make_trainer(model_dir, work, rollout, num_generations=4, batch_size=4, temperature=TEMPERATURE,
-                           prompts=batch)
+    trainer = make_trainer(
+        model_dir, work, rollout, num_generations=4, batch_size=4, temperature=TEMPERATURE, prompts=batch
+    )
     try:
         if warm_up:
             rollout(batch[:4], trainer)  # warm: the endpoint, LiteLLM's first import-time work, the server's first call
@@ -109,14 +120,22 @@ def rollouts(model_dir: Path, server: Any, concurrency: int, episodes: int, work
     finally:
         rollout.close()
     failed = sum(status != "finished" for status in out["episode_status"])
-    return {"concurrency": concurrency, "episodes": episodes, "failed": failed, "wall_s": round(wall, 3),
-            "episodes_per_s": round(episodes / wall, 3), "tokens_generated": int(tokens),
-            "tokens_per_s": round(tokens / wall, 1), "bridge_cpu_s": round(cpu, 3),
-            "bridge_cpu_s_per_episode": round(cpu / episodes, 4),
-            "server_cpu_s": None if server_cpu is None else round(server_cpu, 3),
-            "bridge_cpu_share": None if server_cpu is None else round(cpu / (cpu + server_cpu), 3),
-            "mean_score": round(statistics.fmean(s for s in out["eval_score"] if s is not None), 4),
-            "loadavg_1min_before": load, "loadavg_1min_after": os.getloadavg()[0]}
+    return {
+        "concurrency": concurrency,
+        "episodes": episodes,
+        "failed": failed,
+        "wall_s": round(wall, 3),
+        "episodes_per_s": round(episodes / wall, 3),
+        "tokens_generated": int(tokens),
+        "tokens_per_s": round(tokens / wall, 1),
+        "bridge_cpu_s": round(cpu, 3),
+        "bridge_cpu_s_per_episode": round(cpu / episodes, 4),
+        "server_cpu_s": None if server_cpu is None else round(server_cpu, 3),
+        "bridge_cpu_share": None if server_cpu is None else round(cpu / (cpu + server_cpu), 3),
+        "mean_score": round(statistics.fmean(s for s in out["eval_score"] if s is not None), 4),
+        "loadavg_1min_before": load,
+        "loadavg_1min_after": os.getloadavg()[0],
+    }
 
 
 def training_steps(model_dir: Path, server: Any, steps: int, work: Path) -> dict[str, Any]:
@@ -142,30 +161,57 @@ def training_steps(model_dir: Path, server: Any, steps: int, work: Path) -> dict
     pushes: list[float] = []
     timed = _timed(rollout, calls, pushes)
     clock = StepClock()
-    args = GRPOConfig(output_dir=str(work / "train"), use_cpu=True, bf16=False, seed=0, use_vllm=True,
-                      vllm_mode="server", vllm_server_base_url=server.base_url, per_device_train_batch_size=16,
-                      num_generations=8, max_completion_length=24, temperature=TEMPERATURE, learning_rate=2e-5,
-                      max_steps=steps, logging_steps=1, save_strategy="no", gradient_checkpointing=False,
-                      report_to=[], disable_tqdm=True)
+    args = GRPOConfig(
+        output_dir=str(work / "train"),
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=server.base_url,
+        per_device_train_batch_size=16,
+        num_generations=8,
+        max_completion_length=24,
+        temperature=TEMPERATURE,
+        learning_rate=2e-5,
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        report_to=[],
+        disable_tqdm=True,
+    )
     load = os.getloadavg()[0]
     try:
-        trainer = DiskSyncGRPOTrainer(model=str(model_dir), reward_funcs=[eval_score], args=args,
-                                      train_dataset=dataset_from_eval(EVAL), rollout_func=timed, callbacks=[clock])
+        trainer = DiskSyncGRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=[eval_score],
+            args=args,
+            train_dataset=dataset_from_eval(EVAL),
+            rollout_func=timed,
+            callbacks=[clock],
+        )
         trainer.train()
     finally:
         rollout.close()
     walls = clock.walls[1:] or clock.walls  # the first step also pays one-time set-up (allocations, first backward)
-    return {"steps": steps, "episodes_per_step": 16, "step_wall_s": [round(w, 2) for w in clock.walls],
-            "median_step_wall_s": round(statistics.median(walls), 2),
-            "median_rollout_call_s": round(statistics.median(calls), 2),
-            "median_weight_push_s": round(statistics.median(pushes), 2),
-            "trainer_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-            "loadavg_1min_before": load, "loadavg_1min_after": os.getloadavg()[0]}
+    return {
+        "steps": steps,
+        "episodes_per_step": 16,
+        "step_wall_s": [round(w, 2) for w in clock.walls],
+        "median_step_wall_s": round(statistics.median(walls), 2),
+        "median_rollout_call_s": round(statistics.median(calls), 2),
+        "median_weight_push_s": round(statistics.median(pushes), 2),
+        "trainer_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "loadavg_1min_before": load,
+        "loadavg_1min_after": os.getloadavg()[0],
+    }
 
 
 def _timed(rollout: Any, calls: list[float], pushes: list[float]) -> Any:
     """The rollout function, its calls' wall times appended to ``calls`` and the weight push TRL made before each
     (``DiskWeightSync.last_push_s``) to ``pushes``."""
+
     def timed_rollout(prompts, trainer):
         pushes.append(trainer.weight_sync.last_push_s)
         started = time.perf_counter()
@@ -186,8 +232,11 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="ep-trl-bench-real-"))
     result: dict[str, Any] = {"eval": EVAL, "temperature": TEMPERATURE, "runs": []}
-    with (_Running(args.vllm_url) if args.vllm_url else vllm_server(
-            args.model or build_smollm2(), work / "logs", max_model_len=1024)) as server:
+    with (
+        _Running(args.vllm_url)
+        if args.vllm_url
+        else vllm_server(args.model or build_smollm2(), work / "logs", max_model_len=1024)
+    ) as server:
         model_dir = Path(args.model or probe_server(server.base_url, 10.0).model)
         result["model"] = str(model_dir)
         for concurrency in args.concurrency:
@@ -201,8 +250,9 @@ def main(argv=None) -> int:
         result["server_rss_gib"] = round(process_group_stats(server.pid)[1], 2) if server.pid is not None else None
     print(f"server resident memory: {result['server_rss_gib']} GiB", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"run": run_record.finish(record), "settings": vars(args), **result},
-                                             indent=1) + "\n")
+        Path(args.out).write_text(
+            json.dumps({"run": run_record.finish(record), "settings": vars(args), **result}, indent=1) + "\n"
+        )
         print(f"wrote {args.out}")
     return 0
 

@@ -38,15 +38,17 @@ def slowest(stdout: str) -> list[dict[str, object]]:
     """pytest's ``--durations`` block: each phase's seconds, phase (setup, call, teardown) and test id, slowest
     first."""
     block = stdout.split("slowest ", 1)[1] if "slowest " in stdout else ""
-    return [{"seconds": float(s), "phase": phase, "test": test}
-            for s, phase, test in re.findall(r"^([0-9.]+)s (setup|call|teardown) +(\S+)$", block, flags=re.M)]
+    return [
+        {"seconds": float(s), "phase": phase, "test": test}
+        for s, phase, test in re.findall(r"^([0-9.]+)s (setup|call|teardown) +(\S+)$", block, flags=re.M)
+    ]
 
 
 def failures_section(stdout: str, limit: int = 12_000) -> str:
     """pytest's report of what failed (its FAILURES and ERRORS sections, up to the short summary), at most ``limit``
     characters from each end."""
     starts = [at for at in (stdout.find("= ERRORS ="), stdout.find("= FAILURES =")) if at >= 0]
-    section = stdout[min(starts):] if starts else stdout
+    section = stdout[min(starts) :] if starts else stdout
     section = section.split("short test summary info", 1)[0]
     return section if len(section) <= 2 * limit else section[:limit] + "\n[...]\n" + section[-limit:]
 
@@ -69,18 +71,41 @@ def main(argv: list[str] | None = None) -> None:
         for k in range(args.runs):
             started = time.monotonic()
             durations = [f"--durations={args.durations}"] if args.durations else []
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *durations,
-                                   *args.pytest_args], cwd=REPO, capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *durations, *args.pytest_args],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+            )
             # pytest's own last line (a plugin may print after it)
-            summary = next((line.strip("= ") for line in reversed(proc.stdout.splitlines())
-                            if re.search(r"\d+ (passed|failed|error)", line)), "")
+            summary = next(
+                (
+                    line.strip("= ")
+                    for line in reversed(proc.stdout.splitlines())
+                    if re.search(r"\d+ (passed|failed|error)", line)
+                ),
+                "",
+            )
             counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", summary)}
-            runs.append({"returncode": proc.returncode, "seconds": round(time.monotonic() - started, 1),
-                         "summary": summary, "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M),
-                         # a failed run keeps pytest's reasons and the end of its report, to read what went wrong
-                         **({"reasons": re.findall(r"^(?:FAILED|ERROR) \S+ - (.*)$", proc.stdout, flags=re.M),
-                             "report": failures_section(proc.stdout)} if proc.returncode else {}),
-                         **counts, **({"slowest": slowest(proc.stdout)} if args.durations else {})})
+            runs.append(
+                {
+                    "returncode": proc.returncode,
+                    "seconds": round(time.monotonic() - started, 1),
+                    "summary": summary,
+                    "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M),
+                    # a failed run keeps pytest's reasons and the end of its report, to read what went wrong
+                    **(
+                        {
+                            "reasons": re.findall(r"^(?:FAILED|ERROR) \S+ - (.*)$", proc.stdout, flags=re.M),
+                            "report": failures_section(proc.stdout),
+                        }
+                        if proc.returncode
+                        else {}
+                    ),
+                    **counts,
+                    **({"slowest": slowest(proc.stdout)} if args.durations else {}),
+                }
+            )
             print(f"run {k + 1}/{args.runs}: {summary}", *runs[-1]["failed"], flush=True)
             if proc.returncode:
                 print(runs[-1]["report"], flush=True)
@@ -89,8 +114,14 @@ def main(argv: list[str] | None = None) -> None:
         for spinner in spinners:
             spinner.join()
     passed = sum(run["returncode"] == 0 for run in runs)
-    result = {"run": run_record.finish(record), "load_processes": args.load, "pytest_args": args.pytest_args,
-              "runs": runs, "runs_passed": passed, "runs_total": len(runs)}
+    result = {
+        "run": run_record.finish(record),
+        "load_processes": args.load,
+        "pytest_args": args.pytest_args,
+        "runs": runs,
+        "runs_passed": passed,
+        "runs_total": len(runs),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{passed} of {len(runs)} runs passed")

@@ -37,9 +37,10 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rollout_throughput as bench  # noqa: E402  (sets HOME and the repo path first)
 
-from ep_trl.openenv import pool as env_pool, client as environment  # noqa: E402
-from ep_trl.generation import vllm  # noqa: E402
 from ep_trl.devtools import run_record  # noqa: E402
+from ep_trl.generation import vllm  # noqa: E402
+from ep_trl.openenv import client as environment
+from ep_trl.openenv import pool as env_pool  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PHASES: dict[str, list[float]] = collections.defaultdict(list)
@@ -67,7 +68,7 @@ def count_prompts() -> None:
         # the body is the request's JSON; only "prompt" holds lists of lists (ids), so "],[" separates its prompts
         # (counted in C: no parse added to the CPU this process measures)
         start = body.find(b'"prompt":')
-        BATCH_SIZES.append(body.count(b"],[", start) + 1 if body[start + 9:start + 11] == b"[[" else 1)
+        BATCH_SIZES.append(body.count(b"],[", start) + 1 if body[start + 9 : start + 11] == b"[[" else 1)
         return await original(self, body, what, url)
 
     vllm.VLLMServerGenerator._post = post
@@ -118,8 +119,12 @@ def main() -> None:
     parser.add_argument("--no-env-reuse", action="store_true")
     parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
     parser.add_argument("--out", type=Path, default=None, help="write every batch's figures as JSON here")
-    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
+    parser.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)",
+    )
     args = parser.parse_args()
     record = run_record.start(bench.REPO_ROOT)
     batches: list[dict[str, Any]] = []
@@ -128,8 +133,10 @@ def main() -> None:
     timed(environment.EnvSession, "step", "step")
     timed(vllm.VLLMServerGenerator, "generate", "generate")
     count_prompts()
-    with tempfile.TemporaryDirectory(prefix="ep-trl-phases-") as tmp, \
-            bench.servers(args, Path(tmp)) as (url, letters, model):
+    with (
+        tempfile.TemporaryDirectory(prefix="ep-trl-phases-") as tmp,
+        bench.servers(args, Path(tmp)) as (url, letters, model),
+    ):
         os.environ["LETTERS_ENV_URL"] = letters
         run, close = bench.ep_trl_arm(url, model, Path(tmp), args.concurrency, args)
         pids = process_ids()
@@ -142,27 +149,50 @@ def main() -> None:
                 before = cpu_snapshot(pids)
                 result = bench.measure(run, args.episodes, url)
                 after = cpu_snapshot(pids)
-                print(f"batch {number}: {result['episodes_per_s']:.2f} episodes/s, mean episode "
-                      f"{result['mean_episode_wall_s']:.3f} s")
+                print(
+                    f"batch {number}: {result['episodes_per_s']:.2f} episodes/s, mean episode "
+                    f"{result['mean_episode_wall_s']:.3f} s"
+                )
                 for phase, values in PHASES.items():
-                    print(f"  {phase:9s} n={len(values):3d}  median {statistics.median(values) * 1000:6.1f} ms  "
-                          f"mean {statistics.mean(values) * 1000:6.1f} ms  max {max(values) * 1000:6.1f} ms")
+                    print(
+                        f"  {phase:9s} n={len(values):3d}  median {statistics.median(values) * 1000:6.1f} ms  "
+                        f"mean {statistics.mean(values) * 1000:6.1f} ms  max {max(values) * 1000:6.1f} ms"
+                    )
                 per_request = dict(sorted(collections.Counter(BATCH_SIZES).items()))
-                cpu_ms = {k: round((after[k] - before.get(k, 0.0)) * 1000 / args.episodes, 1)
-                          for k in after if after[k] - before.get(k, 0.0) > 0}
+                cpu_ms = {
+                    k: round((after[k] - before.get(k, 0.0)) * 1000 / args.episodes, 1)
+                    for k in after
+                    if after[k] - before.get(k, 0.0) > 0
+                }
                 print("  prompts per request:", per_request)
                 print("  CPU ms per episode:", cpu_ms)
-                batches.append({"batch": number, **result, "prompts_per_request": per_request,
-                                "cpu_ms_per_episode": cpu_ms, "phases_ms": {
-                                    phase: {"n": len(v), "median": statistics.median(v) * 1000,
-                                            "max": max(v) * 1000} for phase, v in PHASES.items()},
-                                "loadavg_1min": os.getloadavg()[0]})
+                batches.append(
+                    {
+                        "batch": number,
+                        **result,
+                        "prompts_per_request": per_request,
+                        "cpu_ms_per_episode": cpu_ms,
+                        "phases_ms": {
+                            phase: {"n": len(v), "median": statistics.median(v) * 1000, "max": max(v) * 1000}
+                            for phase, v in PHASES.items()
+                        },
+                        "loadavg_1min": os.getloadavg()[0],
+                    }
+                )
         finally:
             close()
     if args.out:
-        args.out.write_text(json.dumps({"run": run_record.finish(record), "settings": {
-            k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "batches": batches},
-            indent=1) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "run": run_record.finish(record),
+                    "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                    "batches": batches,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -64,14 +64,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--env-latency-s", type=float, default=0.05, help="letters env latency per step")
     parser.add_argument("--repeats", type=int, default=3, help="timed batches per arm and concurrency")
     parser.add_argument("--arms", nargs="+", default=["ep_trl", "eval_protocol", "sequential"])
-    parser.add_argument("--batch-window-s", type=float, default=0.005,
-                        help="ep_trl's vllm_batch_window_s (0 = one request per turn)")
-    parser.add_argument("--no-env-reuse", action="store_true",
-                        help="ep_trl opens one environment session per episode (reuse_env_sessions=False)")
+    parser.add_argument(
+        "--batch-window-s", type=float, default=0.005, help="ep_trl's vllm_batch_window_s (0 = one request per turn)"
+    )
+    parser.add_argument(
+        "--no-env-reuse",
+        action="store_true",
+        help="ep_trl opens one environment session per episode (reuse_env_sessions=False)",
+    )
     parser.add_argument("--vllm-url", help="use this running server (tiny model) instead of starting one")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "rollout_throughput.json")
-    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)")
+    parser.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="no warm-up call before the timed ones (for smoke runs: the first call's set-up is timed)",
+    )
     return parser.parse_args()
 
 
@@ -111,22 +119,35 @@ def measure(run: Callable[[list[str]], dict[str, Any]], episodes: int, url: str)
     extra = run(prompts)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     tokens = generation_tokens(url) - tokens0
-    return {"wall_s": wall, "episodes_per_s": episodes / wall, "generated_tokens": tokens,
-            "tokens_per_s": tokens / wall, "cpu_s_per_episode": cpu / episodes,
-            "loadavg_1min_after": os.getloadavg()[0], **extra}
+    return {
+        "wall_s": wall,
+        "episodes_per_s": episodes / wall,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "cpu_s_per_episode": cpu / episodes,
+        "loadavg_1min_after": os.getloadavg()[0],
+        **extra,
+    }
 
 
-def ep_trl_arm(url: str, model_dir: Path, work: Path, concurrency: int,
-               options: argparse.Namespace) -> tuple[Callable, Callable]:
-    from ep_trl import RolloutOptions, VLLMOptions, create_openenv_vllm_rollout_func
+def ep_trl_arm(
+    url: str, model_dir: Path, work: Path, concurrency: int, options: argparse.Namespace
+) -> tuple[Callable, Callable]:
     from eval_protocol.dataset_logger import default_logger
+
+    from ep_trl import RolloutOptions, VLLMOptions, create_openenv_vllm_rollout_func
     from tests.support.trainers import make_trainer
 
-    rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=url, max_concurrent_rollouts=concurrency,
-                                               vllm=VLLMOptions(batch_window_s=options.batch_window_s),
-                                               options=RolloutOptions(reuse_env_sessions=not options.no_env_reuse))
-    trainer = make_trainer(model_dir, work / f"trainer-{concurrency}", rollout, num_generations=4,
-                           temperature=TEMPERATURE)
+    rollout = create_openenv_vllm_rollout_func(
+        EVAL,
+        vllm_base_url=url,
+        max_concurrent_rollouts=concurrency,
+        vllm=VLLMOptions(batch_window_s=options.batch_window_s),
+        options=RolloutOptions(reuse_env_sessions=not options.no_env_reuse),
+    )
+    trainer = make_trainer(
+        model_dir, work / f"trainer-{concurrency}", rollout, num_generations=4, temperature=TEMPERATURE
+    )
 
     def run(prompts: list[str]) -> dict[str, Any]:
         out = rollout(prompts, trainer)
@@ -135,8 +156,11 @@ def ep_trl_arm(url: str, model_dir: Path, work: Path, concurrency: int,
         durations = []
         for rid in out["rollout_id"]:
             rows = default_logger.read(rollout_id=rid)
-            durations += [r.execution_metadata.rollout_duration_seconds for r in rows
-                          if r.execution_metadata.rollout_duration_seconds]
+            durations += [
+                r.execution_metadata.rollout_duration_seconds
+                for r in rows
+                if r.execution_metadata.rollout_duration_seconds
+            ]
         mean_episode = statistics.mean(durations) if len(durations) == len(prompts) else None
         return {"sampled_tokens": sum(sum(m) for m in out["env_mask"]), "mean_episode_wall_s": mean_episode}
 
@@ -158,7 +182,9 @@ class _TrlClientFactory:
             vllm_client.is_vllm_available = original
 
 
-def eval_protocol_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: argparse.Namespace) -> tuple[Callable, Callable]:
+def eval_protocol_arm(
+    url: str, model_dir: Path, work: Path, concurrency: int, _: argparse.Namespace
+) -> tuple[Callable, Callable]:
     from eval_protocol.pytest.integrations.openenv_trl_vllm import create_openenv_vllm_rollout_func
     from transformers import AutoTokenizer
     from trl import GRPOConfig
@@ -166,14 +192,26 @@ def eval_protocol_arm(url: str, model_dir: Path, work: Path, concurrency: int, _
     from tests.evals import letters_parts as parts
 
     rollout = create_openenv_vllm_rollout_func(
-        env_factory=parts.make_env_factory(), prompt_builder=parts.prompt_builder, action_parser=parts.action_parser,
-        vllm_base_url=url, max_steps=STEPS, completion_params={"max_tokens": MAX_TOKENS}, concurrency=concurrency,
+        env_factory=parts.make_env_factory(),
+        prompt_builder=parts.prompt_builder,
+        action_parser=parts.action_parser,
+        vllm_base_url=url,
+        max_steps=STEPS,
+        completion_params={"max_tokens": MAX_TOKENS},
+        concurrency=concurrency,
         env_path=EVAL_MODULE,
     )
-    args = GRPOConfig(output_dir=str(work / "ep-bridge"), use_cpu=True, bf16=False, num_generations=4,
-                      temperature=TEMPERATURE, report_to=[])
-    trainer = SimpleNamespace(args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                              vllm_client=_TrlClientFactory.build(url))
+    args = GRPOConfig(
+        output_dir=str(work / "ep-bridge"),
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        temperature=TEMPERATURE,
+        report_to=[],
+    )
+    trainer = SimpleNamespace(
+        args=args, processing_class=AutoTokenizer.from_pretrained(model_dir), vllm_client=_TrlClientFactory.build(url)
+    )
 
     def run(prompts: list[str]) -> dict[str, Any]:
         out = rollout(prompts, trainer)
@@ -182,7 +220,9 @@ def eval_protocol_arm(url: str, model_dir: Path, work: Path, concurrency: int, _
     return run, lambda: None
 
 
-def sequential_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: argparse.Namespace) -> tuple[Callable, Callable]:
+def sequential_arm(
+    url: str, model_dir: Path, work: Path, concurrency: int, _: argparse.Namespace
+) -> tuple[Callable, Callable]:
     import httpx
     from transformers import AutoTokenizer
 
@@ -204,10 +244,15 @@ def sequential_arm(url: str, model_dir: Path, work: Path, concurrency: int, _: a
             if result.done:
                 break
             messages.append({"role": "user", "content": parts.prompt_builder(result.observation, step + 1, history)})
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                return_dict=False)
-            body = {"model": model, "prompt": list(ids), "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE,
-                    "logprobs": 0, "return_token_ids": True}
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            body = {
+                "model": model,
+                "prompt": list(ids),
+                "max_tokens": MAX_TOKENS,
+                "temperature": TEMPERATURE,
+                "logprobs": 0,
+                "return_token_ids": True,
+            }
             choice = client.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
             text = tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
             messages.append({"role": "assistant", "content": text})
@@ -243,7 +288,7 @@ def main() -> None:
         runners: list[tuple[str, int, Callable, Callable]] = []
         try:
             for arm in args.arms:
-                for c in ([1] if arm == "sequential" else args.concurrency):
+                for c in [1] if arm == "sequential" else args.concurrency:
                     run, close = ARMS[arm](url, model, Path(tmp), c, args)
                     runners.append((arm, c, run, close))
                     if args.warm_up:
@@ -251,17 +296,28 @@ def main() -> None:
             # repeats interleave the arms, so a burst of load from elsewhere hits all of them alike
             for repeat in range(args.repeats):
                 for arm, c, run, _ in runners:
-                    row = {"arm": arm, "concurrency": c, "repeat": repeat, "episodes": args.episodes,
-                           **measure(run, args.episodes, url)}
+                    row = {
+                        "arm": arm,
+                        "concurrency": c,
+                        "repeat": repeat,
+                        "episodes": args.episodes,
+                        **measure(run, args.episodes, url),
+                    }
                     results.append(row)
-                    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
-                          flush=True)
+                    print(
+                        json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True
+                    )
         finally:
             for _, _, _, close in runners:
                 close()
     summary = summarize(results)
-    report = {"run": run_record.finish(record), "settings": vars(args) | {"out": str(args.out)},
-              "versions": versions(), "summary": summary, "runs": results}
+    report = {
+        "run": run_record.finish(record),
+        "settings": vars(args) | {"out": str(args.out)},
+        "versions": versions(),
+        "summary": summary,
+        "runs": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(markdown(summary))
@@ -284,8 +340,14 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row["arm"] != "ep_trl":
             continue
-        other = next((r["episodes_per_s"] for r in rows if r["arm"] == "eval_protocol"
-                      and r["concurrency"] == row["concurrency"]), None)
+        other = next(
+            (
+                r["episodes_per_s"]
+                for r in rows
+                if r["arm"] == "eval_protocol" and r["concurrency"] == row["concurrency"]
+            ),
+            None,
+        )
         row["x_sequential"] = row["episodes_per_s"] / sequential if sequential else None
         row["x_eval_protocol"] = row["episodes_per_s"] / other if other else None
     return rows
@@ -295,13 +357,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     def fmt(value: Any, spec: str) -> str:
         return "" if value is None else format(value, spec)
 
-    lines = ["| arm | concurrency | episodes/s | generated tokens/s | CPU ms/episode | episode wall s | CPU share "
-             "| x sequential | x eval-protocol |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | concurrency | episodes/s | generated tokens/s | CPU ms/episode | episode wall s | CPU share "
+        "| x sequential | x eval-protocol |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['arm']} | {r['concurrency']} | {fmt(r['episodes_per_s'], '.2f')} | "
-                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r['cpu_s_per_episode'] * 1000, '.1f')} | "
-                     f"{fmt(r.get('mean_episode_wall_s'), '.2f')} | {fmt(r.get('cpu_share_of_episode_wall'), '.1%')} | "
-                     f"{fmt(r.get('x_sequential'), '.1f')} | {fmt(r.get('x_eval_protocol'), '.1f')} |")
+        lines.append(
+            f"| {r['arm']} | {r['concurrency']} | {fmt(r['episodes_per_s'], '.2f')} | "
+            f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r['cpu_s_per_episode'] * 1000, '.1f')} | "
+            f"{fmt(r.get('mean_episode_wall_s'), '.2f')} | {fmt(r.get('cpu_share_of_episode_wall'), '.1%')} | "
+            f"{fmt(r.get('x_sequential'), '.1f')} | {fmt(r.get('x_eval_protocol'), '.1f')} |"
+        )
     return "\n".join(lines)
 
 

@@ -31,10 +31,15 @@ def process_sample() -> dict[str, int]:
             children += len((task / "children").read_text().split())
         except OSError:
             continue
-    rss = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
-               if line.startswith("VmRSS:"))
-    return {"fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(), "children": children,
-            "rss_kb": rss}
+    rss = next(
+        int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS:")
+    )
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": threading.active_count(),
+        "children": children,
+        "rss_kb": rss,
+    }
 
 
 def soak(calls: int, episodes: int, faults: bool, work: Path) -> list[dict[str, int]]:
@@ -50,10 +55,10 @@ def soak(calls: int, episodes: int, faults: bool, work: Path) -> list[dict[str, 
     with local_env_server("ep_trl.envs.letters") as url:
         os.environ["LETTERS_ENV_URL"] = url
         tasks = ["crash", "vowels"] if faults else ["vowels"]
-        rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters", log_rollouts=False,
-                                                   overrides=EvalOverrides(tasks=tasks))
-        trainer = make_trainer(model_dir, work / "out", rollout, num_generations=episodes // 2,
-                               batch_size=episodes)
+        rollout = create_openenv_vllm_rollout_func(
+            "tests.evals.eval_letters", log_rollouts=False, overrides=EvalOverrides(tasks=tasks)
+        )
+        trainer = make_trainer(model_dir, work / "out", rollout, num_generations=episodes // 2, batch_size=episodes)
         try:
             prompts = [f"Play the letters game, round {i // (episodes // 2)}." for i in range(episodes)]
             for call in range(calls):
@@ -82,8 +87,10 @@ def main() -> None:
     print(f"soak: {args.calls} calls x {args.episodes} episodes under {openenv}", flush=True)
     samples = soak(args.calls, args.episodes, args.faults, Path(tempfile.mkdtemp(prefix="ep-trl-soak-")))
     first, last = samples[min(1, len(samples) - 1)], samples[-1]
-    print("growth from call 2 to the last: " + ", ".join(f"{k} {last[k] - first[k]:+d}"
-                                                            for k in ("fds", "threads", "children", "rss_kb")))
+    print(
+        "growth from call 2 to the last: "
+        + ", ".join(f"{k} {last[k] - first[k]:+d}" for k in ("fds", "threads", "children", "rss_kb"))
+    )
 
 
 def _installed(distribution: str) -> bool:

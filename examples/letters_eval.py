@@ -31,8 +31,11 @@ def parse_action(text: str) -> LettersAction:
     input_messages=[[[Message(role="system", content="You play a word game. Answer with one short word.")]]],
     completion_params=[{"model": "local-policy", "temperature": 0.0, "max_tokens": 8}],
     rollout_processor=OpenEnvRolloutProcessor(
-        env_factory=make_env, prompt_builder=build_prompt, action_parser=parse_action,
-        tasks=["vowels", "abc"], task_var="LETTERS_TASK",
+        env_factory=make_env,
+        prompt_builder=build_prompt,
+        action_parser=parse_action,
+        tasks=["vowels", "abc"],
+        task_var="LETTERS_TASK",
     ),
     steps=2,
     max_concurrent_rollouts=8,

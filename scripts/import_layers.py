@@ -44,7 +44,8 @@ def _is_type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 def imports(found: dict[str, Path]) -> dict[str, set[str]]:
@@ -67,8 +68,12 @@ def imports(found: dict[str, Path]) -> dict[str, set[str]]:
                     stack.extend(child.orelse)
                     continue
                 wanted: list[str] = []
-                if (isinstance(child, ast.Assign) and isinstance(node, ast.Module) and isinstance(child.value, ast.Dict)
-                        and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in child.targets)):
+                if (
+                    isinstance(child, ast.Assign)
+                    and isinstance(node, ast.Module)
+                    and isinstance(child.value, ast.Dict)
+                    and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in child.targets)
+                ):
                     for value in child.value.values:
                         if isinstance(value, ast.Constant) and isinstance(value.value, str):
                             relative = value.value.startswith(".")

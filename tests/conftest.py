@@ -2,8 +2,8 @@
 
 The environment variables below are set at import time, before any test module
 imports eval_protocol/LiteLLM/TRL: the suite runs offline, and eval-protocol's
-store (``~/.eval_protocol``) lives in a per-session temporary HOME. Heavy imports (transformers, openenv-core, which pulls in
-gradio) happen inside the fixtures so tests that need neither start fast.
+store (``~/.eval_protocol``) lives in a per-session temporary HOME. Heavy imports (transformers, openenv-core, which
+pulls in gradio) happen inside the fixtures so tests that need neither start fast.
 """
 
 import atexit
@@ -42,8 +42,8 @@ from tests.support.letters import LETTERS_ENV_URL_VAR  # noqa: E402  (light: std
 pytest_plugins = ["tests.support.leaks", "pytester"]
 
 if TYPE_CHECKING:
-    from tests.support.letters import LettersEpisodes
     from ep_trl.runtime.processes import ServerProcess
+    from tests.support.letters import LettersEpisodes
 
 
 @pytest.fixture(scope="session")
@@ -143,8 +143,13 @@ def shared_vllm_server(sharp_model_dir: Path, tmp_path_factory: pytest.TempPathF
     uses ``tests/support/faulty_vllm.py``, and a module whose server needs other flags (``--enable-lora``, a vision
     model) starts its own.
     """
-    from tests.support.vllm_server import (SHARED_SERVER, missing_vllm_message, start_vllm_server, stop_vllm_server,
-                                           vllm_installed)
+    from tests.support.vllm_server import (
+        SHARED_SERVER,
+        missing_vllm_message,
+        start_vllm_server,
+        stop_vllm_server,
+        vllm_installed,
+    )
 
     if not vllm_installed():
         pytest.fail(missing_vllm_message())
@@ -164,8 +169,10 @@ def shared_vllm_url(shared_vllm_server: "ServerProcess") -> str:
     import warnings
 
     if shared_vllm_server.proc.poll() is not None:
-        pytest.fail(f"the shared vLLM server (pid {shared_vllm_server.pid}) exited with status "
-                    f"{shared_vllm_server.proc.returncode}:\n{shared_vllm_server.output_tail()}")
+        pytest.fail(
+            f"the shared vLLM server (pid {shared_vllm_server.pid}) exited with status "
+            f"{shared_vllm_server.proc.returncode}:\n{shared_vllm_server.output_tail()}"
+        )
     url = shared_vllm_server.base_url
     with urllib.request.urlopen(f"{url}/is_paused", timeout=30) as resp:  # noqa: S310 - local test URL
         paused = json.loads(resp.read())["is_paused"]

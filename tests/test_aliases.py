@@ -29,7 +29,9 @@ def test_every_moved_path_names_an_existing_module_and_no_old_file_is_left():
 def test_an_old_path_warns_and_is_the_new_module(old):
     new = importlib.import_module(MOVED[old])
     sys.modules.pop(old, None)  # an earlier import of the old path would not warn again
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED[old]}.*removed in ep_trl {REMOVED_IN}") as caught:
+    with pytest.warns(
+        DeprecationWarning, match=f"{old} moved to {MOVED[old]}.*removed in ep_trl {REMOVED_IN}"
+    ) as caught:
         alias = importlib.import_module(old)
     assert alias is new
     assert alias.__name__ == MOVED[old] and alias.__spec__.name == MOVED[old]  # the new module's own spec kept
@@ -64,8 +66,12 @@ def test_a_keyword_that_moved_into_an_option_object_is_named_with_its_new_home()
 
 def test_python_dash_m_runs_an_old_path():
     """``python -m ep_trl.serve`` (the README's command before ``ep-trl serve``) still runs ``ep_trl.cli.serve``."""
-    done = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "ep_trl.serve", "--help"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-W", "always::DeprecationWarning", "-m", "ep_trl.serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "MODEL_DIR" in done.stdout or "model" in done.stdout.lower()
     assert "ep_trl.serve moved to ep_trl.cli.serve" in done.stderr

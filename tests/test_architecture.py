@@ -30,22 +30,26 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
     (package / "__init__.py").write_text("from .a import f\n")
     (package / "a.py").write_text("def f():\n    from .sub import b\n")
     (package / "sub" / "__init__.py").write_text("")
-    (package / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import f\n"
-                                          "from .. import c\n")
+    (package / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import f\nfrom .. import c\n"
+    )
     (package / "c.py").write_text("def g():\n    import ep_trl.a\n")
     (package / "d.py").write_text('_LAZY = {"f": ".sub.b", "g": "ep_trl.c"}\n')  # the lazy loader's table
     graph = import_layers.imports(import_layers.modules(package))
     assert graph["ep_trl"] == {"ep_trl.a"} and graph["ep_trl.a"] == {"ep_trl.sub.b"}
     assert graph["ep_trl.d"] == {"ep_trl.sub.b", "ep_trl.c"}
     assert graph["ep_trl.sub.b"] == {"ep_trl.c"}  # the TYPE_CHECKING import is not counted
-    assert import_layers.upward(graph) == [("ep_trl.a", "ep_trl.sub.b"), ("ep_trl.c", "ep_trl.a"),
-                                           ("ep_trl.sub.b", "ep_trl.c")]
+    assert import_layers.upward(graph) == [
+        ("ep_trl.a", "ep_trl.sub.b"),
+        ("ep_trl.c", "ep_trl.a"),
+        ("ep_trl.sub.b", "ep_trl.c"),
+    ]
 
 
 def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
     """Issue 34: the caller went into settings, backend choice and rows, each asking it again. Now
-    ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the engine that
-    hands a caller to it (``engine.engine``) and the adapters that receive a caller (``adapters.rollout_func``,
+    ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the engine
+    that hands a caller to it (``engine.engine``) and the adapters that receive a caller (``adapters.rollout_func``,
     ``adapters.sharded``) name the caller protocol."""
     naming = set()
     for name, path in import_layers.modules().items():
@@ -53,12 +57,20 @@ def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
         names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
         names |= {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
         names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
-        names |= {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
-                  and isinstance(node.value, str) and node.value == "RolloutCaller"}  # a quoted annotation
+        names |= {
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value == "RolloutCaller"
+        }  # a quoted annotation
         if "RolloutCaller" in names:
             naming.add(name)
-    assert naming == {"ep_trl.engine.caller", "ep_trl.engine.call_setup", "ep_trl.engine.engine",
-                      "ep_trl.adapters.rollout_func", "ep_trl.adapters.sharded"}, sorted(naming)
+    assert naming == {
+        "ep_trl.engine.caller",
+        "ep_trl.engine.call_setup",
+        "ep_trl.engine.engine",
+        "ep_trl.adapters.rollout_func",
+        "ep_trl.adapters.sharded",
+    }, sorted(naming)
 
 
 def _docstring_only(path: Path) -> bool:
@@ -116,11 +128,11 @@ ADAPTERS = PACKAGE / "adapters"
 PRIVATE_ACCESS_ALLOWED = {
     "os._exit": "the standard library's public exit without cleanup (a shard process whose trainer is gone)",
     "atexit._run_exitfuncs": "the standard library's only way to run the exit handlers now: a shard process runs "
-                             "them once its rollout function is closed, then ends without the interpreter's teardown "
-                             "(sharded._exit), which would hold up the trainer's close for seconds",
+    "them once its rollout function is closed, then ends without the interpreter's teardown "
+    "(sharded._exit), which would hold up the trainer's close for seconds",
     "multiprocessing.process._children": "multiprocessing's list of a process's children, which has no public API: a "
-                                         "forked child must take its parent's shard processes off it "
-                                         "(ShardedRolloutFunction.disown_shards)",
+    "forked child must take its parent's shard processes off it "
+    "(ShardedRolloutFunction.disown_shards)",
 }
 
 
@@ -149,8 +161,10 @@ def test_no_adapter_reaches_into_another_objects_private_members():
 
 
 def test_the_private_access_check_sees_what_it_must():
-    source = ("self._a; cls._b; x.__name__; os._exit(1); self._function.run(); other._c; self.engine._runner.run()\n"
-              "multiprocessing.process._children; import x as _y; _y.z\n")
+    source = (
+        "self._a; cls._b; x.__name__; os._exit(1); self._function.run(); other._c; self.engine._runner.run()\n"
+        "multiprocessing.process._children; import x as _y; _y.z\n"
+    )
     assert private_accesses(source) == ["1: other._c", "1: self.engine._runner"]
 
 
@@ -163,15 +177,17 @@ def test_the_async_worker_holds_an_engine_not_a_rollout_function():
     named = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     named |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert "build_engine" in imported and "engine.engine" in imported
-    assert not {"RolloutFunction", "create_rollout_func", "create_openenv_vllm_rollout_func",
-                "rollout_func"} & (imported | named)
+    assert not {"RolloutFunction", "create_rollout_func", "create_openenv_vllm_rollout_func", "rollout_func"} & (
+        imported | named
+    )
 
 
 #: What code outside ``generation/`` may import of it: the protocol (the package), backend choice, server probing and
 #: the versioned view of a backend. The backends themselves (``trainer``, ``vllm``, ``colocate``, and ``batching``,
 #: which only they use) are reached through ``generation.choice``.
-GENERATION_ENTRIES = frozenset({"ep_trl.generation", "ep_trl.generation.choice", "ep_trl.generation.probe",
-                                "ep_trl.generation.versioned"})
+GENERATION_ENTRIES = frozenset(
+    {"ep_trl.generation", "ep_trl.generation.choice", "ep_trl.generation.probe", "ep_trl.generation.versioned"}
+)
 #: Modules outside ``generation/`` that import a backend module, with the reason (none today: the trainers that drive
 #: TRL's engine take nothing of ep_trl's backends, and ``devtools``, ``envs`` and ``cli`` build theirs through
 #: ``generation.choice`` like everything else).
@@ -187,8 +203,12 @@ def backend_importers(package: Path = PACKAGE) -> dict[str, set[str]]:
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = import_layers.imports(found)
     inside = f"{package.name}.generation"
-    return {name: backends for name, targets in graph.items() if not (name == inside or name.startswith(inside + "."))
-            if (backends := {t for t in targets if t.startswith(inside + ".") and t not in GENERATION_ENTRIES})}
+    return {
+        name: backends
+        for name, targets in graph.items()
+        if not (name == inside or name.startswith(inside + "."))
+        if (backends := {t for t in targets if t.startswith(inside + ".") and t not in GENERATION_ENTRIES})
+    }
 
 
 def test_no_module_outside_generation_imports_a_backend_module():
@@ -206,8 +226,9 @@ def test_the_backend_import_check_sees_a_backend_imported_from_outside(tmp_path)
     for name in ("__init__.py", "generation/__init__.py", "generation/vllm.py", "generation/probe.py"):
         (package / name).write_text("")
     (package / "generation" / "choice.py").write_text("def f():\n    from .vllm import X\n")
-    (package / "devtools" / "tool.py").write_text("from ..generation.probe import probe_server\n"
-                                                  "def g():\n    from ep_trl.generation import vllm\n")
+    (package / "devtools" / "tool.py").write_text(
+        "from ..generation.probe import probe_server\ndef g():\n    from ep_trl.generation import vllm\n"
+    )
     assert backend_importers(package) == {"ep_trl.devtools.tool": {"ep_trl.generation.vllm"}}
 
 
@@ -243,5 +264,7 @@ def test_the_docstring_check_sees_an_unnamed_module_and_a_gone_one(tmp_path):
     (package / "engine" / "__init__.py").write_text('"""The engine.\n\n* ``stream``: x;\n* ``old``: y.\n"""\n')
     for name in ("stream.py", "new.py", "_private.py", "__main__.py"):
         (package / "engine" / name).write_text("")
-    assert package_docstring_problems(package) == ["ep_trl/engine: the docstring does not name new",
-                                                   "ep_trl/engine: the docstring names old, which is not there"]
+    assert package_docstring_problems(package) == [
+        "ep_trl/engine: the docstring does not name new",
+        "ep_trl/engine: the docstring names old, which is not there",
+    ]

@@ -45,8 +45,10 @@ def problems(path: Path, is_ancestor) -> list[str]:
     if found:
         return found
     if absolute_paths(run["command"]):
-        found.append(f"the command names paths outside the repository {absolute_paths(run['command'])}: rerun it "
-                     f"with repository-relative paths")
+        found.append(
+            f"the command names paths outside the repository {absolute_paths(run['command'])}: rerun it "
+            f"with repository-relative paths"
+        )
     if run["dirty"] is not False:
         found.append(f"dirty: {run['dirty']!r}: measured on uncommitted code; commit, then rerun on the clean tree")
     if not (isinstance(run["commit"], str) and len(run["commit"]) == 40):
@@ -68,15 +70,23 @@ def is_ancestor():
     try:
         shallow = run_record.git(REPO, "rev-parse", "--is-shallow-repository")
     except run_record.NotACheckoutError as error:
-        pytest.fail(f"{error} (the check of benchmarks/results asks git whether each file's commit is an ancestor of "
-                    f"HEAD; CI runs in a full clone)")
+        pytest.fail(
+            f"{error} (the check of benchmarks/results asks git whether each file's commit is an ancestor of "
+            f"HEAD; CI runs in a full clone)"
+        )
     if shallow == "true":
-        pytest.fail("this checkout is shallow: the check of benchmarks/results needs the full history to tell whether "
-                    "each file's commit is an ancestor of HEAD (`git fetch --unshallow`; CI runs in a full clone)")
+        pytest.fail(
+            "this checkout is shallow: the check of benchmarks/results needs the full history to tell whether "
+            "each file's commit is an ancestor of HEAD (`git fetch --unshallow`; CI runs in a full clone)"
+        )
 
     def check(commit: str) -> bool:
-        return subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", commit, "HEAD"],
-                              capture_output=True).returncode == 0  # 1: not an ancestor; 128: no such commit
+        return (
+            subprocess.run(
+                ["git", "-C", str(REPO), "merge-base", "--is-ancestor", commit, "HEAD"], capture_output=True
+            ).returncode
+            == 0
+        )  # 1: not an ancestor; 128: no such commit
 
     return check
 
@@ -86,14 +96,20 @@ def test_every_result_file_names_a_clean_commit_of_this_history(is_ancestor):
     assert files, f"no result files under {RESULTS}"
     bad = {path.relative_to(REPO).as_posix(): found for path in files if (found := problems(path, is_ancestor))}
     assert not bad, "result files that stand on nothing committed:\n" + "\n".join(
-        f"  {name}: {'; '.join(found)}" for name, found in sorted(bad.items()))
+        f"  {name}: {'; '.join(found)}" for name, found in sorted(bad.items())
+    )
 
 
 def test_the_check_refuses_each_defect(tmp_path):
     """Each requirement fails a file that breaks it alone (a check that passes everything would pass the test
     above too)."""
-    good = {"command": "python benchmarks/x.py --out benchmarks/results/x.json", "commit": "a" * 40, "dirty": False,
-            "started": "2026-01-01T00:00:00+00:00", "machine": {"cpus": 2}}
+    good = {
+        "command": "python benchmarks/x.py --out benchmarks/results/x.json",
+        "commit": "a" * 40,
+        "dirty": False,
+        "started": "2026-01-01T00:00:00+00:00",
+        "machine": {"cpus": 2},
+    }
     cases = {
         "good": ({"run": good}, []),
         "no run": ({"runs": []}, ["no `run` record"]),

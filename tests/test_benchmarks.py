@@ -19,42 +19,198 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: script -> its smallest run (``{out}``: the result file, ``{vllm}``: the shared vLLM server's URL).
 SMALLEST: dict[str, list[str]] = {
-    "async_image_processing.py": ["--processors", "tiny", "--repeats", "1", "--groups", "1", "--screenshots", "2",
-                                  "--render", "--width", "320", "--height", "200", "--out", "{out}"],
-    "async_overlap.py": ["--server", "sleep", "--smoke", "--arms", "sync,async,per-call", "--repeats", "2", "--out",
-                         "{out}"],
+    "async_image_processing.py": [
+        "--processors",
+        "tiny",
+        "--repeats",
+        "1",
+        "--groups",
+        "1",
+        "--screenshots",
+        "2",
+        "--render",
+        "--width",
+        "320",
+        "--height",
+        "200",
+        "--out",
+        "{out}",
+    ],
+    "async_overlap.py": [
+        "--server",
+        "sleep",
+        "--smoke",
+        "--arms",
+        "sync,async,per-call",
+        "--repeats",
+        "2",
+        "--out",
+        "{out}",
+    ],
     "ceiling_table.py": ["--results", "benchmarks/results/history", "--out", "{out}"],
-    "bridge_ceiling.py": ["--arms", "openenv", "openenv_client", "single_turn", "agent", "chat", "--concurrency", "1",
-                          "--turns", "1", "--logs", "on", "--episodes", "2", "--repeats", "1", "--out", "{out}"],
-    "compare_code.py": ["--before", "HEAD", "--rounds", "1", "--field", "cpu_ms", "--out", "{out}", "--",
-                        "benchmarks/http_client_cpu.py", "--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1"],
-    "frozen_lake_baselines.py": ["--lakes", "4", "--draws", "1", "--caps", "6", "--sequence", "RIGHT,DOWN", "--out", "{out}"],
+    "bridge_ceiling.py": [
+        "--arms",
+        "openenv",
+        "openenv_client",
+        "single_turn",
+        "agent",
+        "chat",
+        "--concurrency",
+        "1",
+        "--turns",
+        "1",
+        "--logs",
+        "on",
+        "--episodes",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        "{out}",
+    ],
+    "compare_code.py": [
+        "--before",
+        "HEAD",
+        "--rounds",
+        "1",
+        "--field",
+        "cpu_ms",
+        "--out",
+        "{out}",
+        "--",
+        "benchmarks/http_client_cpu.py",
+        "--vllm-url",
+        "{vllm}",
+        "--requests",
+        "2",
+        "--repeats",
+        "1",
+    ],
+    "frozen_lake_baselines.py": [
+        "--lakes",
+        "4",
+        "--draws",
+        "1",
+        "--caps",
+        "6",
+        "--sequence",
+        "RIGHT,DOWN",
+        "--out",
+        "{out}",
+    ],
     "episode_processes.py": ["--concurrency", "1", "--episodes", "1", "--guard-runs", "2", "--out", "{out}"],
-    "generation_backends.py": ["--arms", "trainer", "--episodes", "4", "--concurrency", "1", "--repeats", "1",
-                               "--no-warm-up", "--out", "{out}"],
+    "generation_backends.py": [
+        "--arms",
+        "trainer",
+        "--episodes",
+        "4",
+        "--concurrency",
+        "1",
+        "--repeats",
+        "1",
+        "--no-warm-up",
+        "--out",
+        "{out}",
+    ],
     "http_client_cpu.py": ["--vllm-url", "{vllm}", "--requests", "2", "--repeats", "1", "--out", "{out}"],
     "import_time.py": ["--repeats", "1", "--episodes", "2", "--measures", "import", "processor_run", "--out", "{out}"],
-    "logging_overhead.py": ["--repeats", "1", "--episodes", "4", "--max-steps", "1", "--max-tokens", "2",
-                            "--no-warm-up", "--out", "{out}"],
-    "real_model.py": ["--vllm-url", "{vllm}", "--concurrency", "1", "--episodes", "2", "--repeats", "1",
-                      "--train-steps", "1", "--no-warm-up", "--out", "{out}"],
-    "processor_overlap.py": ["--episodes", "2", "--concurrency", "2", "--repeats", "1", "--tool-latency-s", "0",
-                             "--no-warm-up", "--out", "{out}"],
-    "rollout_phases.py": ["--vllm-url", "{vllm}", "--concurrency", "2", "--episodes", "2", "--batches", "1",
-                          "--env-latency-s", "0", "--no-warm-up", "--out", "{out}"],
-    "rollout_throughput.py": ["--vllm-url", "{vllm}", "--episodes", "2", "--concurrency", "2", "--repeats", "1",
-                              "--env-latency-s", "0", "--no-warm-up", "--out", "{out}"],
+    "logging_overhead.py": [
+        "--repeats",
+        "1",
+        "--episodes",
+        "4",
+        "--max-steps",
+        "1",
+        "--max-tokens",
+        "2",
+        "--no-warm-up",
+        "--out",
+        "{out}",
+    ],
+    "real_model.py": [
+        "--vllm-url",
+        "{vllm}",
+        "--concurrency",
+        "1",
+        "--episodes",
+        "2",
+        "--repeats",
+        "1",
+        "--train-steps",
+        "1",
+        "--no-warm-up",
+        "--out",
+        "{out}",
+    ],
+    "processor_overlap.py": [
+        "--episodes",
+        "2",
+        "--concurrency",
+        "2",
+        "--repeats",
+        "1",
+        "--tool-latency-s",
+        "0",
+        "--no-warm-up",
+        "--out",
+        "{out}",
+    ],
+    "rollout_phases.py": [
+        "--vllm-url",
+        "{vllm}",
+        "--concurrency",
+        "2",
+        "--episodes",
+        "2",
+        "--batches",
+        "1",
+        "--env-latency-s",
+        "0",
+        "--no-warm-up",
+        "--out",
+        "{out}",
+    ],
+    "rollout_throughput.py": [
+        "--vllm-url",
+        "{vllm}",
+        "--episodes",
+        "2",
+        "--concurrency",
+        "2",
+        "--repeats",
+        "1",
+        "--env-latency-s",
+        "0",
+        "--no-warm-up",
+        "--out",
+        "{out}",
+    ],
     "soak.py": ["--calls", "2", "--episodes", "4"],
     "main_job_spread.py": ["--runs", "1", "--steps", "1", "--out", "{out}"],
-    "repeat_tests.py": ["--runs", "2", "--load", "1", "--durations", "3", "--out", "{out}", "--",
-                        "tests/runtime/test_shutdown.py", "-k", "stop_grace"],
+    "repeat_tests.py": [
+        "--runs",
+        "2",
+        "--load",
+        "1",
+        "--durations",
+        "3",
+        "--out",
+        "{out}",
+        "--",
+        "tests/runtime/test_shutdown.py",
+        "-k",
+        "stop_grace",
+    ],
 }
 
 
 def rollout_throughput_ran_every_arm(result: dict, stdout: str) -> None:
     """Every arm of docs/benchmarks.md's throughput comparison ran against the server, and the table it quotes."""
     assert sorted((r["arm"], r["concurrency"]) for r in result["runs"]) == [
-        ("ep_trl", 2), ("eval_protocol", 2), ("sequential", 1)]
+        ("ep_trl", 2),
+        ("eval_protocol", 2),
+        ("sequential", 1),
+    ]
     assert all(r["generated_tokens"] > 0 and r["episodes_per_s"] > 0 for r in result["runs"])
     ep_trl = next(r for r in result["summary"] if r["arm"] == "ep_trl")
     assert ep_trl["x_sequential"] > 0 and ep_trl["x_eval_protocol"] > 0 and ep_trl["mean_episode_wall_s"] > 0
@@ -66,12 +222,19 @@ def async_overlap_interleaved_its_repeats(result: dict, stdout: str) -> None:
     from each repeat's own sync and async rows."""
     rows = result["results"]
     assert [(r["repeat"], r["arm"]) for r in rows] == [
-        (0, "sync"), (0, "async"), (0, "per-call"), (1, "sync"), (1, "async"), (1, "per-call")]
+        (0, "sync"),
+        (0, "async"),
+        (0, "per-call"),
+        (1, "sync"),
+        (1, "async"),
+        (1, "per-call"),
+    ]
     summary = result["summary"]
     assert summary["repeats"] == 2 and [p["repeat"] for p in summary["per_repeat"]] == [0, 1]
     for ratios in summary["per_repeat"]:
-        sync, run = (next(r for r in rows if r["repeat"] == ratios["repeat"] and r["arm"] == arm)
-                     for arm in ("sync", "async"))
+        sync, run = (
+            next(r for r in rows if r["repeat"] == ratios["repeat"] and r["arm"] == arm) for arm in ("sync", "async")
+        )
         assert ratios["overlap_only"] == pytest.approx(run["wall_s"] / (sync["rollout_s"] + run["train_s"]))
         assert ratios["async_over_sync"] == pytest.approx(run["wall_s"] / sync["wall_s"])
     walls = sorted(r["wall_s"] for r in rows if r["arm"] == "async")
@@ -97,8 +260,9 @@ def repeat_tests_ran_each_run(result: dict, stdout: str) -> None:
     assert "2 of 2 runs passed" in stdout
     # --durations 3: each run's slowest test phases, slowest first, each a test of the selection
     for run in result["runs"]:
-        assert 1 <= len(run["slowest"]) <= 3 and all(s["test"].startswith("tests/runtime/test_shutdown.py::")
-                                                     for s in run["slowest"])
+        assert 1 <= len(run["slowest"]) <= 3 and all(
+            s["test"].startswith("tests/runtime/test_shutdown.py::") for s in run["slowest"]
+        )
         assert [s["seconds"] for s in run["slowest"]] == sorted((s["seconds"] for s in run["slowest"]), reverse=True)
 
 
@@ -111,11 +275,13 @@ def main_job_spread_read_the_probabilities(result: dict, stdout: str) -> None:
 
 
 #: script -> what its smallest run must also show, beyond a result file with a run record and rows.
-CHECKS = {"rollout_throughput.py": rollout_throughput_ran_every_arm,
-          "async_image_processing.py": async_image_processing_processed_each_image_once,
-          "async_overlap.py": async_overlap_interleaved_its_repeats,
-          "repeat_tests.py": repeat_tests_ran_each_run,
-          "main_job_spread.py": main_job_spread_read_the_probabilities}
+CHECKS = {
+    "rollout_throughput.py": rollout_throughput_ran_every_arm,
+    "async_image_processing.py": async_image_processing_processed_each_image_once,
+    "async_overlap.py": async_overlap_interleaved_its_repeats,
+    "repeat_tests.py": repeat_tests_ran_each_run,
+    "main_job_spread.py": main_job_spread_read_the_probabilities,
+}
 NEEDS_VLLM = sorted(name for name, args in SMALLEST.items() if "{vllm}" in args)
 STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)
 
@@ -123,8 +289,14 @@ STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)
 def run_script(name: str, out: Path, vllm: str = "") -> subprocess.CompletedProcess:
     args = [a.format(out=out, vllm=vllm) for a in SMALLEST[name]]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=540)
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / name), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
 
 
 def check(done: subprocess.CompletedProcess, name: str, out: Path) -> None:
@@ -168,7 +340,9 @@ def test_repeat_tests_keeps_what_a_failed_run_reported():
     spec = importlib.util.spec_from_file_location("repeat_tests", REPO / "benchmarks" / "repeat_tests.py")
     repeat_tests = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(repeat_tests)
-    report = ("..F\n=================== FAILURES ===================\n___ test_a ___\n>   assert 1 == 2\nE   assert 1 == 2\n"
-              "=========== short test summary info ===========\nFAILED tests/t.py::test_a - assert 1 == 2\n")
+    report = (
+        "..F\n=================== FAILURES ===================\n___ test_a ___\n>   assert 1 == 2\nE   assert 1 == 2\n"
+        "=========== short test summary info ===========\nFAILED tests/t.py::test_a - assert 1 == 2\n"
+    )
     section = repeat_tests.failures_section(report)
     assert "E   assert 1 == 2" in section and "FAILED tests/t.py" not in section and not section.startswith("..F")

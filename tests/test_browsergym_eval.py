@@ -33,7 +33,8 @@ def observation(**fields) -> BrowserGymObservation:
     values = {
         "goal": 'Enter "Ashlea" into the text field and press Submit.',
         "url": "file:///site-packages/miniwob/html/miniwob/enter-text.html",
-        "axtree_txt": "RootWebArea 'Enter Text Task', focused\n\t[14] textbox '', clickable\n\t[15] button 'Submit', clickable",
+        "axtree_txt": "RootWebArea 'Enter Text Task', focused\n\t[14] textbox '', clickable\n\t[15] button 'Submit', "
+        "clickable",
         "clickable_bids": ["14", "15"],
     }
     return BrowserGymObservation(**{**values, **fields})
@@ -70,13 +71,16 @@ def test_prompt_with_a_screenshot_is_text_and_image_parts(eval_module):
     assert parts[1]["image_url"]["url"] == "data:image/png;base64,iVBORw0KGgo="
 
 
-@pytest.mark.parametrize(("output", "action", "fell_back"), [
-    ("Action: click('15')", "click('15')", False),
-    ("I will type the name.\n```python\ntype('14', 'Ashlea')\n```", "fill('14', 'Ashlea')", False),
-    ("scroll('down')", "scroll(0, 200)", False),
-    ("the button is at the bottom", "noop(0)", True),
-    ("", "noop(0)", True),
-])
+@pytest.mark.parametrize(
+    ("output", "action", "fell_back"),
+    [
+        ("Action: click('15')", "click('15')", False),
+        ("I will type the name.\n```python\ntype('14', 'Ashlea')\n```", "fill('14', 'Ashlea')", False),
+        ("scroll('down')", "scroll(0, 200)", False),
+        ("the button is at the bottom", "noop(0)", True),
+        ("", "noop(0)", True),
+    ],
+)
 def test_action_parser_normalises_and_falls_back_to_an_immediate_noop(eval_module, output, action, fell_back):
     parsed = eval_module.parse_model_action(output)
     assert parsed.action_str == action
@@ -88,8 +92,10 @@ def test_body_scores_the_task_reward_and_reports_fallbacks(eval_module):
     from eval_protocol.models import EvaluationRow, Message
 
     def row(rewards, answers):
-        r = EvaluationRow(messages=[Message(role="system", content="s")] + [
-            m for a in answers for m in (Message(role="user", content="obs"), Message(role="assistant", content=a))])
+        r = EvaluationRow(
+            messages=[Message(role="system", content="s")]
+            + [m for a in answers for m in (Message(role="user", content="obs"), Message(role="assistant", content=a))]
+        )
         r.execution_metadata.extra = {"step_rewards": rewards}
         return r
 
@@ -112,6 +118,7 @@ def test_tasks_rotate_per_environment_unless_pinned(eval_module, monkeypatch):
 
 
 # --------------------------------------------------------------------------- real server
+
 
 @pytest.fixture(scope="module")
 def browsergym_server(tmp_path_factory) -> Iterator[ServerProcess]:
@@ -137,8 +144,9 @@ def test_real_episodes_through_the_bridge(browsergym_server, tiny_model_dir, tmp
     """Two calls of one prompt group each: full episodes, scored by the eval body, tasks rotating per group."""
     rollout = create_openenv_vllm_rollout_func(ENV_PATH, overrides=EvalOverrides(max_steps=2), log_rollouts=False)
     prompts = list(dataset_from_eval(ENV_PATH, repeat=2)["prompt"])
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2,
-                           max_completion_length=640, prompts=prompts)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_completion_length=640, prompts=prompts
+    )
     tok = trainer.processing_class
     try:
         calls = [rollout(prompts, trainer), rollout(prompts, trainer)]

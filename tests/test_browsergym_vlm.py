@@ -17,8 +17,8 @@ from trl import GRPOTrainer
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
-from ep_trl.runtime.processes import ServerProcess
 from ep_trl.rewards import eval_score
+from ep_trl.runtime.processes import ServerProcess
 from ep_trl.trainers.images import RolloutImagesGRPOTrainer
 from tests.support.browsergym import browsergym_server
 from tests.support.images import token_logprobs
@@ -44,10 +44,19 @@ def sampled_positions(out, i):
 @pytest.mark.slow
 def test_screenshots_reach_sampling_and_the_loss(screenshot_server, tiny_vlm_dir, tmp_path):
     rollout = create_openenv_vllm_rollout_func(
-        ENV_PATH, backend="trainer", log_rollouts=False, overrides=EvalOverrides(max_steps=2, tasks=["click-test"]))
+        ENV_PATH, backend="trainer", log_rollouts=False, overrides=EvalOverrides(max_steps=2, tasks=["click-test"])
+    )
     prompts = list(dataset_from_eval(ENV_PATH, repeat=2)["prompt"])
-    trainer = make_vlm_trainer(RolloutImagesGRPOTrainer, tiny_vlm_dir, tmp_path, rollout, prompts * 4,
-                               reward_funcs=[eval_score], max_steps=2, max_completion_length=1024)
+    trainer = make_vlm_trainer(
+        RolloutImagesGRPOTrainer,
+        tiny_vlm_dir,
+        tmp_path,
+        rollout,
+        prompts * 4,
+        reward_funcs=[eval_score],
+        max_steps=2,
+        max_completion_length=1024,
+    )
     processor = trainer.processing_class
     model = trainer.model.eval()
     image = processor.tokenizer.convert_tokens_to_ids(IMAGE)
@@ -59,7 +68,9 @@ def test_screenshots_reach_sampling_and_the_loss(screenshot_server, tiny_vlm_dir
             images, ids = out["images"][i], out["prompt_ids"][i] + out["completion_ids"][i]
             assert len(images) == 2  # one screenshot per observation, prompt then bridge
             assert out["prompt_ids"][i].count(image) == IMAGE_SEQ_LEN
-            assert [m for t, m in zip(out["completion_ids"][i], out["env_mask"][i]) if t == image] == [0] * IMAGE_SEQ_LEN
+            assert [m for t, m in zip(out["completion_ids"][i], out["env_mask"][i]) if t == image] == [
+                0
+            ] * IMAGE_SEQ_LEN
             at = sampled_positions(out, i)
             sampled = [out["logprobs"][i][p - len(out["prompt_ids"][i])] for p in at]
             with_pixels = token_logprobs(model, processor, ids, images)
@@ -72,7 +83,10 @@ def test_screenshots_reach_sampling_and_the_loss(screenshot_server, tiny_vlm_dir
         changed = [out["images"][0][0], ImageOps.invert(out["images"][0][1].convert("RGB"))]
         ids = out["prompt_ids"][0] + out["completion_ids"][0]
         second_turn = [p for p in sampled_positions(out, 0) if p > ids.index(image, len(out["prompt_ids"][0]))]
-        before, after = token_logprobs(model, processor, ids, out["images"][0]), token_logprobs(model, processor, ids, changed)
+        before, after = (
+            token_logprobs(model, processor, ids, out["images"][0]),
+            token_logprobs(model, processor, ids, changed),
+        )
         gaps["screenshot changed"] = max(abs(before[p - 1] - after[p - 1]) for p in second_turn)
         assert gaps["screenshot changed"] > 1e-3
         model.train()
@@ -85,10 +99,12 @@ def test_screenshots_reach_sampling_and_the_loss(screenshot_server, tiny_vlm_dir
 
 
 @pytest.mark.slow
-def test_plain_grpo_trainer_is_refused_rather_than_trained_without_the_pixels(screenshot_server, tiny_vlm_dir,
-                                                                                tmp_path):
+def test_plain_grpo_trainer_is_refused_rather_than_trained_without_the_pixels(
+    screenshot_server, tiny_vlm_dir, tmp_path
+):
     rollout = create_openenv_vllm_rollout_func(
-        ENV_PATH, backend="trainer", log_rollouts=False, overrides=EvalOverrides(max_steps=1, tasks=["click-test"]))
+        ENV_PATH, backend="trainer", log_rollouts=False, overrides=EvalOverrides(max_steps=1, tasks=["click-test"])
+    )
     prompts = list(dataset_from_eval(ENV_PATH, repeat=2)["prompt"])
     trainer = make_vlm_trainer(GRPOTrainer, tiny_vlm_dir, tmp_path, rollout, prompts, reward_funcs=[eval_score])
     try:

@@ -59,8 +59,10 @@ def test_every_relative_link_and_anchor_resolves():
 def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path):
     page = tmp_path / "page.md"
     (tmp_path / "other.md").write_text("# Two GPUs: `trl vllm-serve` on one\n\n## On CPU\n\n## On CPU\n")
-    page.write_text("[a](other.md#two-gpus-trl-vllm-serve-on-one) [b](other.md#on-cpu-1) [c](gone.md) "
-                    "[d](other.md#on-cpu-2)\n```\n[e](inside-a-code-block.md)\n```\n")
+    page.write_text(
+        "[a](other.md#two-gpus-trl-vllm-serve-on-one) [b](other.md#on-cpu-1) [c](gone.md) "
+        "[d](other.md#on-cpu-2)\n```\n[e](inside-a-code-block.md)\n```\n"
+    )
     assert [b.split(" ")[0] for b in broken_links(page)] == ["gone.md", "other.md#on-cpu-2"]
 
 
@@ -72,7 +74,10 @@ def test_the_readme_test_command_is_the_one_ci_runs():
 
 def test_the_readme_keeps_its_install_and_main_job_command():
     readme = (ROOT / "README.md").read_text()
-    assert "```bash\nbash scripts/install.sh && bash scripts/install_browser.sh && python train_browsergym_trl.py\n```" in readme
+    assert (
+        "```bash\nbash scripts/install.sh && bash scripts/install_browser.sh && python train_browsergym_trl.py\n```"
+        in readme
+    )
     for script in re.findall(r"bash (scripts/\S+\.sh)", readme):
         assert (ROOT / script).is_file(), script
 
@@ -92,7 +97,7 @@ def _commands(program: str) -> list[list[str]]:
                 line = line.split("  #")[0]
                 if program in line:
                     words = shlex.split(line.replace('"${LETTERS[@]}"', ""))
-                    found.append(words[words.index(program.split()[-1]) + 1:])
+                    found.append(words[words.index(program.split()[-1]) + 1 :])
     return found
 
 
@@ -100,13 +105,16 @@ def _flags(words: list[str]) -> set[str]:
     return {w.split("=")[0] for w in words if w.startswith("--")}
 
 
-@pytest.mark.parametrize("script", ["train_browsergym_trl.py", "train_letters_trl.py", "train_smollm2_doors.py",
-                                    "train_smollm2_browsergym.py"])
+@pytest.mark.parametrize(
+    "script",
+    ["train_browsergym_trl.py", "train_letters_trl.py", "train_smollm2_doors.py", "train_smollm2_browsergym.py"],
+)
 def test_documented_flags_of_the_training_scripts_exist(script):
     commands = _commands(f"python {script}")
     assert commands, f"no documented command runs {script}"
-    helped = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT)
+    helped = subprocess.run(
+        [sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert helped.returncode == 0, helped.stderr[-2000:]
     known = set(re.findall(r"--[a-z][a-z0-9-]*", helped.stdout))
     unknown = {flag for words in commands for flag in _flags(words)} - known
@@ -125,12 +133,17 @@ def test_documented_flags_of_ep_trl_train_exist():
 
 #: A measured-looking figure in prose: a timing, a speedup or a size with its unit (``3.4 s``, ``1.58x``, ``2 GB``,
 #: ``5 minutes``). ``2 x rank`` and ``1280x720`` do not match (a space before ``x``, or a digit after it).
-FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?: ?(?:ms|s|MB|GB)|x| (?:minutes?|min|seconds))(?![\w.])")
+FIGURE = re.compile(
+    r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?: ?(?:ms|s|MB|GB)|x| (?:minutes?|min|seconds))(?![\w.])"
+)
 #: What makes a figure's paragraph cite its source: a link to docs/benchmarks.md or a result file's path.
 CITES = re.compile(r"benchmarks\.md|benchmarks/results/")
 #: Bounds and defaults the code sets, named with the setting or the words that say so; they are not measurements.
-SETTING = re.compile(r"default|timeout|time out|_s\b|_S\b|grace|bounded|up to|within|after|wait|poll|every|later|"
-                     r"by \d|at least|GiB|concurrency", flags=re.I)
+SETTING = re.compile(
+    r"default|timeout|time out|_s\b|_S\b|grace|bounded|up to|within|after|wait|poll|every|later|"
+    r"by \d|at least|GiB|concurrency",
+    flags=re.I,
+)
 
 
 def uncited_figures(text: str) -> list[str]:
@@ -157,12 +170,16 @@ def test_every_figure_in_the_docs_cites_its_result_file():
 
 
 def test_the_figure_check_catches_an_uncited_timing_and_spares_settings_and_code():
-    page = ("The server starts in 35-60 s on 2 cores.\n\n"
-            "Two processes play 1.58x the episodes of one ([benchmarks.md](benchmarks.md#x)).\n\n"
-            "Calls time out after 60 s. The grace is 25 s by default. LoRA alpha is 2 x rank; a 1280x720 page.\n\n"
-            "```\nwall 340s and 3.4 s\n```\n\n| a | 3 s |\n\nThe install takes about 3 minutes and 3.4 GB.\n")
-    assert uncited_figures(page) == ["The server starts in 35-60 s on 2 cores.",
-                                     "The install takes about 3 minutes and 3.4 GB."]
+    page = (
+        "The server starts in 35-60 s on 2 cores.\n\n"
+        "Two processes play 1.58x the episodes of one ([benchmarks.md](benchmarks.md#x)).\n\n"
+        "Calls time out after 60 s. The grace is 25 s by default. LoRA alpha is 2 x rank; a 1280x720 page.\n\n"
+        "```\nwall 340s and 3.4 s\n```\n\n| a | 3 s |\n\nThe install takes about 3 minutes and 3.4 GB.\n"
+    )
+    assert uncited_figures(page) == [
+        "The server starts in 35-60 s on 2 cores.",
+        "The install takes about 3 minutes and 3.4 GB.",
+    ]
 
 
 def stale_test_names(text: str, root: Path) -> list[str]:

@@ -14,8 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
-from tests.support.ep_logs import (chromium_page, row_text, start_ep_logs, table_url, wait_for_row,
-                                   wait_for_text)
+from tests.support.ep_logs import chromium_page, row_text, start_ep_logs, table_url, wait_for_row, wait_for_text
 from tests.support.trainers import PROMPT, make_trainer
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
@@ -38,9 +37,18 @@ def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_p
         return eval_score
 
     # two prompt groups per step; tasks rotate per group, and "crash" episodes fail at step 2 (error rows)
-    rollout = create_openenv_vllm_rollout_func(EVAL, overrides=EvalOverrides(tasks=["vowels", "digits", "crash"]))  # default store
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, reward_funcs=[recording_eval_score], max_steps=2,
-                           batch_size=8, prompts=PROMPTS * 8)
+    rollout = create_openenv_vllm_rollout_func(
+        EVAL, overrides=EvalOverrides(tasks=["vowels", "digits", "crash"])
+    )  # default store
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        reward_funcs=[recording_eval_score],
+        max_steps=2,
+        batch_size=8,
+        prompts=PROMPTS * 8,
+    )
     pool = ThreadPoolExecutor(1)
     booting = pool.submit(start_ep_logs, os.environ["HOME"], tmp_path / "logs")  # boots (~5 s) during training
     try:
@@ -83,12 +91,17 @@ def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_p
             clicked.click()
             wait_for_text(page, ["Token Debug", f"unmasked: {trained}", f"masked: {total - trained}"])
             # the clicked row just under the table's sticky header, the screenshot down to the token view's end
-            clicked.evaluate("row => { row.scrollIntoView({block: 'start'}); "
-                             "row.closest('.overflow-auto').scrollTop -= 40; }")
+            clicked.evaluate(
+                "row => { row.scrollIntoView({block: 'start'}); row.closest('.overflow-auto').scrollTop -= 40; }"
+            )
             box = page.locator("div.rounded", has_text="Text + Mask").last.bounding_box()
-            page.screenshot(path=str(images / "ep-logs-token-view.png"),
-                            clip={"x": 0, "y": 0, "width": 1600, "height": min(1450, box["y"] + box["height"] + 16)})
-        assert all((images / name).stat().st_size > 10_000 for name in ("ep-logs-training.png", "ep-logs-token-view.png"))
+            page.screenshot(
+                path=str(images / "ep-logs-token-view.png"),
+                clip={"x": 0, "y": 0, "width": 1600, "height": min(1450, box["y"] + box["height"] + 16)},
+            )
+        assert all(
+            (images / name).stat().st_size > 10_000 for name in ("ep-logs-training.png", "ep-logs-token-view.png")
+        )
         assert not [e for e in console_errors if "Failed to parse" in e], console_errors  # rows fit the UI schema
         assert server.output().count("WebSocket connected.") == 1  # the live rows came without a reconnect
     finally:

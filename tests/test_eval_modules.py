@@ -137,7 +137,9 @@ def test_eval_letters_end_to_end(letters_server: str, letters_episodes: LettersE
         ev.test_letters_pointwise._origin_func(empty)
 
 
-def test_eval_crash_fails_at_step_two(letters_server: str, letters_episodes: LettersEpisodes, tiny_model_dir: Path) -> None:
+def test_eval_crash_fails_at_step_two(
+    letters_server: str, letters_episodes: LettersEpisodes, tiny_model_dir: Path
+) -> None:
     params = load("eval_crash").test_letters_crash.__ep_params__
     proc = _with_tiny_policy(params.rollout_processor, tiny_model_dir)
     [outcome] = _run_processor(proc, params, _fresh_rows(params))

@@ -49,8 +49,9 @@ def letters_server_on(port, log_dir):
 def train(model_dir, tmp_path, env_path=EVAL, steps=2, callbacks=(), options=None, **factory):
     """A real GRPOTrainer run of ``steps`` steps through ``env_path``; the trainer and its per-step logs."""
     factory.setdefault("log_rollouts", False)
-    rollout = create_openenv_vllm_rollout_func(env_path, options=options or RolloutOptions(max_signal_free_calls=10),
-                                               **factory)
+    rollout = create_openenv_vllm_rollout_func(
+        env_path, options=options or RolloutOptions(max_signal_free_calls=10), **factory
+    )
     trainer = make_trainer(model_dir, tmp_path, rollout, max_steps=steps)
     for callback in callbacks:
         trainer.add_callback(callback)
@@ -99,8 +100,13 @@ def test_an_environment_killed_mid_run_and_restarted_on_the_same_port(tiny_model
         server["process"] = letters_server_on(port, tmp_path / "logs")
 
     try:
-        _, logs = train(tiny_model_dir, tmp_path, steps=3, callbacks=[AtStepEnd({1: kill, 2: restart})],
-                        overrides=at_url(f"http://127.0.0.1:{port}"))
+        _, logs = train(
+            tiny_model_dir,
+            tmp_path,
+            steps=3,
+            callbacks=[AtStepEnd({1: kill, 2: restart})],
+            overrides=at_url(f"http://127.0.0.1:{port}"),
+        )
     finally:
         server["process"].stop()
     assert [log["ep_trl/errors/environment"] for log in logs] == [0.0, 4.0, 0.0]
@@ -124,9 +130,15 @@ def test_an_environment_hung_then_resumed(tiny_model_dir, tmp_path):
         os.killpg(process.pid, signal.SIGCONT)
 
     try:
-        _, logs = train(tiny_model_dir, tmp_path, steps=3, callbacks=[AtStepEnd({1: stop, 2: resume})],
-                        overrides=EvalOverrides(env_client_cls=LettersEnv, env_base_url=f"http://127.0.0.1:{port}",
-                                                request_timeout_s=2.0))
+        _, logs = train(
+            tiny_model_dir,
+            tmp_path,
+            steps=3,
+            callbacks=[AtStepEnd({1: stop, 2: resume})],
+            overrides=EvalOverrides(
+                env_client_cls=LettersEnv, env_base_url=f"http://127.0.0.1:{port}", request_timeout_s=2.0
+            ),
+        )
     finally:
         os.killpg(process.pid, signal.SIGCONT)
         process.stop()
@@ -160,8 +172,9 @@ def test_a_sync_client_that_blocks_forever_twice_in_a_row(tiny_model_dir, tmp_pa
     """Before: abandoned calls kept asyncio's shared default executor busy, and the second call hung forever."""
     try:
         started = time.monotonic()
-        _, logs = train(tiny_model_dir, tmp_path, env_factory=BlockingForeverClient,
-                        overrides=EvalOverrides(request_timeout_s=1.0))
+        _, logs = train(
+            tiny_model_dir, tmp_path, env_factory=BlockingForeverClient, overrides=EvalOverrides(request_timeout_s=1.0)
+        )
         elapsed = time.monotonic() - started
     finally:
         BlockingForeverClient.release.set()
@@ -175,8 +188,9 @@ def test_calls_without_any_score_end_training_with_what_went_wrong(tiny_model_di
     """Before: with every episode failing, train() went on with loss 0 and grad norm 0, and nothing said so."""
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(NoTrainingSignalError) as raised:
-        train(tiny_model_dir, tmp_path, steps=5, overrides=at_url(dead),
-              options=RolloutOptions(max_signal_free_calls=2))
+        train(
+            tiny_model_dir, tmp_path, steps=5, overrides=at_url(dead), options=RolloutOptions(max_signal_free_calls=2)
+        )
     message = str(raised.value)
     assert "2 rollout calls in a row" in message and "max_signal_free_calls=2" in message
     assert "- environment: 4 episode(s); fix: check that the environment, tool or MCP servers are up" in message
@@ -199,12 +213,14 @@ def test_transient_vllm_errors_are_retried_inside_train(tiny_model_dir, tmp_path
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fault", ["hang", "dead", "no_token_ids", ("status", 500)])
-def test_a_vllm_server_that_fails_for_good_ends_train_with_the_request_named(tiny_model_dir, tmp_path,
-                                                                            letters_server, canned_ids, fault):
+def test_a_vllm_server_that_fails_for_good_ends_train_with_the_request_named(
+    tiny_model_dir, tmp_path, letters_server, canned_ids, fault
+):
     """A backend that is gone cannot be trained on: train() raises GenerationError within its timeouts. Before, a
     200 answer without token ids failed every episode quietly, call after call."""
     with FaultyVLLMServer(ok_token_ids=canned_ids) as server:
         if fault == "dead":
+
             def kill():  # a dead server: open keep-alive connections are cut too, new ones refused
                 server.set_plan([], default="drop")
                 server.__exit__(None, None, None)
@@ -231,11 +247,15 @@ def test_a_raising_body_leaves_rows_unscored_and_training_goes_on(tiny_model_dir
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("body", "returned"), [("test_returns_none", "NoneType"), ("test_returns_a_float", "float")])
-def test_a_body_that_returns_no_row_is_an_error_naming_the_eval(tiny_model_dir, tmp_path, letters_server, body,
-                                                                returned):
+def test_a_body_that_returns_no_row_is_an_error_naming_the_eval(
+    tiny_model_dir, tmp_path, letters_server, body, returned
+):
     """Before: every row went unscored without a word."""
-    with pytest.raises(UnsupportedEvalError, match=rf"{body} returned {returned} where eval-protocol expects the "
-                                                   r"EvaluationRow"):
+    with pytest.raises(
+        UnsupportedEvalError,
+        match=rf"{body} returned {returned} where eval-protocol expects the "
+        r"EvaluationRow",
+    ):
         train(tiny_model_dir, tmp_path, env_path=f"{BODIES}::{body}")
 
 
@@ -249,12 +269,12 @@ def test_nan_scores_are_counted_as_unscored_and_never_reach_the_reward(tiny_mode
 
 
 @pytest.mark.timeout(120)
-def test_a_body_slower_than_its_timeout_leaves_rows_unscored_in_bounded_time(tiny_model_dir, tmp_path,
-                                                                             letters_server):
+def test_a_body_slower_than_its_timeout_leaves_rows_unscored_in_bounded_time(tiny_model_dir, tmp_path, letters_server):
     """Before: the body had no timeout (a body sleeping 75 s made a call of 8 rows take 159 s)."""
     started = time.monotonic()
-    _, logs = train(tiny_model_dir, tmp_path, env_path=f"{BODIES}::test_slow", steps=1,
-                    options=RolloutOptions(body_timeout_s=1.0))
+    _, logs = train(
+        tiny_model_dir, tmp_path, env_path=f"{BODIES}::test_slow", steps=1, options=RolloutOptions(body_timeout_s=1.0)
+    )
     assert time.monotonic() - started < 60  # four bodies of 30 s each, cut at 1 s
     assert logs[0]["ep_trl/unscored_fraction"] == 1.0
 
@@ -263,8 +283,11 @@ def test_a_prompt_message_without_content_names_the_row_and_the_shape(tiny_model
     rollout = create_openenv_vllm_rollout_func(EVAL, log_rollouts=False)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     try:
-        with pytest.raises(ConfigError, match=r"prompt 2, message 0 is \{'role': 'user'\}: every message needs a "
-                                              r"'role' and a 'content'.*\[\{'role': 'user', 'content'"):
+        with pytest.raises(
+            ConfigError,
+            match=r"prompt 2, message 0 is \{'role': 'user'\}: every message needs a "
+            r"'role' and a 'content'.*\[\{'role': 'user', 'content'",
+        ):
             rollout([PROMPT, PROMPT, [{"role": "user"}], [{"role": "user"}]], trainer)
     finally:
         rollout.close()
@@ -305,9 +328,22 @@ def test_the_process_exits_cleanly_without_close(tiny_model_dir, tmp_path, backe
     try:
         with FaultyVLLMServer(ok_token_ids=canned_ids) as vllm:
             url = vllm.url if backend == "vllm" else "-"
-            proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT.format(), str(tiny_model_dir),
-                                   letters.base_url, str(tmp_path / "out"), url, ending],
-                                  capture_output=True, text=True, timeout=240, cwd=REPO)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    EXIT_SCRIPT.format(),
+                    str(tiny_model_dir),
+                    letters.base_url,
+                    str(tmp_path / "out"),
+                    url,
+                    ending,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=240,
+                cwd=REPO,
+            )
     finally:
         letters.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]

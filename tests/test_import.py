@@ -49,10 +49,14 @@ print(json.dumps({{"statuses": statuses, "loaded": {LOADED}}}))
 def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> dict:
     """``python -c code args`` from the repository root with this worktree's ``src`` first; its last stdout line
     as JSON."""
-    full_env = {**os.environ, **(env or {}),
-                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    full_env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -60,12 +64,15 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
 def test_import_ep_trl_loads_no_openenv():
     """``import ep_trl`` (every public name) imports neither OpenEnv nor gradio; the launcher of environment
     servers imports OpenEnv's provider interface when it starts one."""
-    loaded = run_python(f"import json, sys, ep_trl; from ep_trl import *; import ep_trl.openenv.servers; "
-                        f"print(json.dumps({LOADED}))")
+    loaded = run_python(
+        f"import json, sys, ep_trl; from ep_trl import *; import ep_trl.openenv.servers; print(json.dumps({LOADED}))"
+    )
     assert loaded == []
-    provider = run_python(f"import json, sys; from ep_trl.openenv.local_provider import LocalAppProvider; "
-                          f"from openenv.core.containers.runtime import RuntimeProvider; "
-                          f"print(json.dumps(issubclass(LocalAppProvider, RuntimeProvider)))")
+    provider = run_python(
+        "import json, sys; from ep_trl.openenv.local_provider import LocalAppProvider; "
+        "from openenv.core.containers.runtime import RuntimeProvider; "
+        "print(json.dumps(issubclass(LocalAppProvider, RuntimeProvider)))"
+    )
     assert provider is True
 
 
@@ -73,13 +80,16 @@ def test_import_ep_trl_alone_loads_only_the_errors_and_options():
     """``import ep_trl`` costs what its errors and options cost, with the finder of the old paths (``compat``: issue
     40: it loaded the whole bridge, eval-protocol, aiohttp and transformers); each public name is imported at first
     use and is the object its module defines."""
-    loaded = run_python("import json, sys, ep_trl; print(json.dumps({"
-                        "'ep_trl': sorted(m for m in sys.modules if m.startswith('ep_trl')), "
-                        "'libraries': sorted({m.split('.')[0] for m in sys.modules} & "
-                        "{'aiohttp', 'eval_protocol', 'litellm', 'transformers', 'torch', 'numpy', 'trl'})}))")
+    loaded = run_python(
+        "import json, sys, ep_trl; print(json.dumps({"
+        "'ep_trl': sorted(m for m in sys.modules if m.startswith('ep_trl')), "
+        "'libraries': sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'aiohttp', 'eval_protocol', 'litellm', 'transformers', 'torch', 'numpy', 'trl'})}))"
+    )
     assert loaded == {"ep_trl": ["ep_trl", "ep_trl.compat", "ep_trl.errors", "ep_trl.options"], "libraries": []}
     public = run_python("""
-import json, ep_trl, ep_trl.dataset, ep_trl.adapters.rollout_func, ep_trl.adapters.async_worker, ep_trl.errors, ep_trl.options
+import json, ep_trl, ep_trl.dataset, ep_trl.adapters.rollout_func, ep_trl.adapters.async_worker
+import ep_trl.errors, ep_trl.options
 from ep_trl import *
 homes = (ep_trl.dataset, ep_trl.adapters.rollout_func, ep_trl.adapters.async_worker, ep_trl.errors, ep_trl.options)
 same = {name: any(getattr(home, name, None) is globals()[name] is getattr(ep_trl, name) for home in homes)
@@ -100,13 +110,23 @@ def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir, tmp_path
     """A single-turn eval (``SingleTurnRolloutProcessor``) and an MCP agent eval (``AgentRolloutProcessor``, its
     tools from a real MCP server) play their episodes without OpenEnv, gradio, fastmcp or IPython being imported."""
     port = free_port()
-    calc = start_server("calc-mcp", [sys.executable, str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
-                        port=port, log_dir=tmp_path / "calc_logs", cwd=REPO)
+    calc = start_server(
+        "calc-mcp",
+        [sys.executable, str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
+        port=port,
+        log_dir=tmp_path / "calc_logs",
+        cwd=REPO,
+    )
     try:
         config = tmp_path / "calc_mcp.json"
         config.write_text(json.dumps({"mcpServers": {"calc": {"url": f"{calc.base_url}/mcp"}}}))
-        result = run_python(PROCESSOR_RUN, str(qwen_template_model_dir), str(tmp_path / "work"),
-                            env={"CALC_MCP_CONFIG": str(config)}, timeout=240)
+        result = run_python(
+            PROCESSOR_RUN,
+            str(qwen_template_model_dir),
+            str(tmp_path / "work"),
+            env={"CALC_MCP_CONFIG": str(config)},
+            timeout=240,
+        )
     finally:
         calc.stop()
     assert result["statuses"]["single_turn"] == [["finished", "finished"], [1, 1]]
@@ -118,9 +138,11 @@ def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir, tmp_path
 def test_importing_every_module_of_the_cli_runs_no_command():
     """A tool that imports every module of a package (``pkgutil``, a documentation builder) with argv of its own:
     ``ep_trl.cli.__main__`` ran ``ep-trl`` on import and exited 2; it runs only as ``python -m ep_trl.cli``."""
-    code = ("import importlib, pkgutil, sys; import ep_trl.cli as cli; sys.argv = ['a-doc-builder', '--its-own-flag']; "
-            "names = [m.name for m in pkgutil.walk_packages(cli.__path__, 'ep_trl.cli.')]; "
-            "[importlib.import_module(n) for n in names]; print(sorted(names))")
+    code = (
+        "import importlib, pkgutil, sys; import ep_trl.cli as cli; sys.argv = ['a-doc-builder', '--its-own-flag']; "
+        "names = [m.name for m in pkgutil.walk_packages(cli.__path__, 'ep_trl.cli.')]; "
+        "[importlib.import_module(n) for n in names]; print(sorted(names))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "'ep_trl.cli.__main__'" in done.stdout

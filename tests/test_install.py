@@ -92,9 +92,23 @@ def test_installing_ep_trl_would_install_nothing_but_itself(venv_python, tmp_pat
     openenv 0.10 does not satisfy (such as a hard ``openenv-core`` dependency).
     """
     report = tmp_path / "report.json"
-    _run([str(venv_python), "-m", "pip", "install", "--quiet", "--dry-run", "--report", str(report), "-e", str(REPO_ROOT)])
-    would_install = {item["metadata"]["name"]: item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    _run(
+        [
+            str(venv_python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--dry-run",
+            "--report",
+            str(report),
+            "-e",
+            str(REPO_ROOT),
+        ]
+    )
+    would_install = {
+        item["metadata"]["name"]: item["metadata"]["version"] for item in json.loads(report.read_text())["install"]
+    }
     assert "openenv-core" not in would_install, would_install
     assert "openenv" not in would_install, would_install  # neither replaced nor up/downgraded
     assert set(would_install) == {"ep-trl"}, would_install
-

@@ -7,24 +7,27 @@ from ep_trl import ConfigError, EvalOverrides, RolloutOptions, VLLMOptions, crea
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"tasks": "click-test"}, r"tasks='click-test'.*non-empty list of strings, e\.g\. tasks=\['click-test'\]"),
-    ({"tasks": []}, "non-empty list of strings"),
-    ({"tasks": ["ok", ""]}, "every entry must be a non-empty string"),
-    ({"max_tokens": 0}, r"max_tokens=0.*integer >= 1"),
-    ({"max_tokens": -5}, r"max_tokens=-5.*integer >= 1"),
-    ({"max_steps": 2.5}, r"max_steps=2\.5.*integer >= 1"),
-    ({"max_concurrent_rollouts": 0}, r"max_concurrent_rollouts=0.*integer >= 1"),
-    ({"request_timeout_s": 0}, r"request_timeout_s=0.*> 0"),
-    ({"request_timeout_s": float("inf")}, "finite"),
-    ({"env_base_url": "localhost:8001"}, r"must be a URL such as 'http://127\.0\.0\.1:8001'"),
-    ({"env_client_cls": "LettersEnv"}, "pass the client class itself"),
-    ({"action_parser": "parse"}, "action_parser must be callable"),
-    ({"reset_kwargs": {"wording": "locked"}}, "reset_kwargs must be callable"),
-    ({"task_var": "MY TASK"}, "task_var must be a name"),
-    ({"evaluation_test_kwargs": [("bonus", 1)]}, "must be a mapping"),
-    ({"env_factory": lambda: None, "env_base_url": "http://127.0.0.1:1"}, "pass one of them"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tasks": "click-test"}, r"tasks='click-test'.*non-empty list of strings, e\.g\. tasks=\['click-test'\]"),
+        ({"tasks": []}, "non-empty list of strings"),
+        ({"tasks": ["ok", ""]}, "every entry must be a non-empty string"),
+        ({"max_tokens": 0}, r"max_tokens=0.*integer >= 1"),
+        ({"max_tokens": -5}, r"max_tokens=-5.*integer >= 1"),
+        ({"max_steps": 2.5}, r"max_steps=2\.5.*integer >= 1"),
+        ({"max_concurrent_rollouts": 0}, r"max_concurrent_rollouts=0.*integer >= 1"),
+        ({"request_timeout_s": 0}, r"request_timeout_s=0.*> 0"),
+        ({"request_timeout_s": float("inf")}, "finite"),
+        ({"env_base_url": "localhost:8001"}, r"must be a URL such as 'http://127\.0\.0\.1:8001'"),
+        ({"env_client_cls": "LettersEnv"}, "pass the client class itself"),
+        ({"action_parser": "parse"}, "action_parser must be callable"),
+        ({"reset_kwargs": {"wording": "locked"}}, "reset_kwargs must be callable"),
+        ({"task_var": "MY TASK"}, "task_var must be a name"),
+        ({"evaluation_test_kwargs": [("bonus", 1)]}, "must be a mapping"),
+        ({"env_factory": lambda: None, "env_base_url": "http://127.0.0.1:1"}, "pass one of them"),
+    ],
+)
 def test_eval_overrides_refuse_bad_values_naming_them(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         EvalOverrides(**kwargs)
@@ -44,14 +47,17 @@ def test_a_keyword_and_an_override_must_agree():
         EvalOverrides(max_concurrent_rollouts=2).merged(max_concurrent_rollouts=3)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"max_in_flight": 0}, r"max_in_flight=0.*integer >= 1"),
-    ({"request_timeout_s": 0.0}, r"request_timeout_s=0\.0.*> 0"),
-    ({"connect_timeout_s": -1}, "connect_timeout_s"),
-    ({"max_retries": -1}, r"max_retries=-1.*integer >= 0"),
-    ({"batch_window_s": -0.1}, r"batch_window_s=-0\.1.*>= 0"),
-    ({"seed": "7"}, r"seed='7'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_in_flight": 0}, r"max_in_flight=0.*integer >= 1"),
+        ({"request_timeout_s": 0.0}, r"request_timeout_s=0\.0.*> 0"),
+        ({"connect_timeout_s": -1}, "connect_timeout_s"),
+        ({"max_retries": -1}, r"max_retries=-1.*integer >= 0"),
+        ({"batch_window_s": -0.1}, r"batch_window_s=-0\.1.*>= 0"),
+        ({"seed": "7"}, r"seed='7'"),
+    ],
+)
 def test_vllm_options_refuse_bad_values_naming_them(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         VLLMOptions(**kwargs)
@@ -72,15 +78,21 @@ def test_rollout_options_refuse_bad_values():
         RolloutOptions(stop_grace_s="30")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"backend": "sglang"}, "backend must be one of"),
-    ({"vllm_base_url": "http://127.0.0.1:8000/v1"}, r"ends with /v1; pass the server's root URL \('http://127\.0\.0\.1:8000'\)"),
-    ({"vllm_base_url": "127.0.0.1:8000"}, "root URL"),
-    ({"max_episode_tokens": 0}, r"max_episode_tokens=0 must be an integer >= 1"),
-    ({"max_concurrent_rollouts": -1}, r"max_concurrent_rollouts=-1.*integer >= 1"),
-    ({"overrides": {"max_steps": 2}}, r"overrides= takes an ep_trl\.EvalOverrides"),
-    ({"log_rollouts": "no"}, "log_rollouts"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend": "sglang"}, "backend must be one of"),
+        (
+            {"vllm_base_url": "http://127.0.0.1:8000/v1"},
+            r"ends with /v1; pass the server's root URL \('http://127\.0\.0\.1:8000'\)",
+        ),
+        ({"vllm_base_url": "127.0.0.1:8000"}, "root URL"),
+        ({"max_episode_tokens": 0}, r"max_episode_tokens=0 must be an integer >= 1"),
+        ({"max_concurrent_rollouts": -1}, r"max_concurrent_rollouts=-1.*integer >= 1"),
+        ({"overrides": {"max_steps": 2}}, r"overrides= takes an ep_trl\.EvalOverrides"),
+        ({"log_rollouts": "no"}, "log_rollouts"),
+    ],
+)
 def test_the_factory_checks_its_keywords_before_reading_the_eval(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         create_openenv_vllm_rollout_func(EVAL, **kwargs)

@@ -15,8 +15,23 @@ from ep_trl.trajectory.tokens import ChatTemplate, PrefixEncoder, TrajectoryBuil
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 LLAMA3_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 #: Message texts that sit on a cut: special token strings, halves of them, whitespace next to them.
-TRICKY = ["plain", " lead", "trail ", "<|im_start|>", "x<|im_end|>y", "<|im_", "|im_end|>", "\n\n", " <|im_end|> ",
-          "<|eot_id|>", "<|start_header_id|>user<|end_header_id|>", "é ü 中文", "<", "<<|im_start|>", ""]
+TRICKY = [
+    "plain",
+    " lead",
+    "trail ",
+    "<|im_start|>",
+    "x<|im_end|>y",
+    "<|im_",
+    "|im_end|>",
+    "\n\n",
+    " <|im_end|> ",
+    "<|eot_id|>",
+    "<|start_header_id|>user<|end_header_id|>",
+    "é ü 中文",
+    "<",
+    "<<|im_start|>",
+    "",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +51,10 @@ def grow(rng):
     """A conversation growing by one assistant and one user message per turn, made of the tricky texts."""
     messages = [{"role": "system", "content": rng.choice(TRICKY)}, {"role": "user", "content": rng.choice(TRICKY)}]
     for _ in range(12):
-        messages += [{"role": "assistant", "content": "".join(rng.choices(TRICKY, k=3))},
-                     {"role": "user", "content": "".join(rng.choices(TRICKY, k=2))}]
+        messages += [
+            {"role": "assistant", "content": "".join(rng.choices(TRICKY, k=3))},
+            {"role": "user", "content": "".join(rng.choices(TRICKY, k=2))},
+        ]
         yield list(messages)
 
 
@@ -56,15 +73,16 @@ def test_incremental_encoding_equals_the_whole_encoding(which, request):
 def test_a_turn_encodes_only_what_it_adds(chatml):
     """The second text starts with the first's kept part: only the rest goes to the tokenizer."""
     seen = []
-    encoder = PrefixEncoder(lambda text: seen.append(text) or chatml.encode(text, add_special_tokens=False),
-                            cut_tokens(chatml))
+    encoder = PrefixEncoder(
+        lambda text: seen.append(text) or chatml.encode(text, add_special_tokens=False), cut_tokens(chatml)
+    )
     first = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     second = first + "hi there<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
     assert encoder(first) == chatml.encode(first, add_special_tokens=False)
     seen.clear()
     assert encoder(second) == chatml.encode(second, add_special_tokens=False)
     prompt = "<|im_start|>assistant\n"  # after the last cut, the same both times: encoded once, with the first text
-    assert seen == [second[len(first) - len(prompt):len(second) - len(prompt)]]
+    assert seen == [second[len(first) - len(prompt) : len(second) - len(prompt)]]
 
 
 def test_what_follows_the_last_cut_is_encoded_once_and_long_or_many_tails_stay_exact(chatml):
@@ -72,8 +90,9 @@ def test_what_follows_the_last_cut_is_encoded_once_and_long_or_many_tails_stay_e
     tokenizer once; a long one every time; with more tails than are kept, the oldest is encoded again; the ids are
     always the whole encode's."""
     seen = []
-    encoder = PrefixEncoder(lambda text: seen.append(text) or chatml.encode(text, add_special_tokens=False),
-                            cut_tokens(chatml))
+    encoder = PrefixEncoder(
+        lambda text: seen.append(text) or chatml.encode(text, add_special_tokens=False), cut_tokens(chatml)
+    )
     whole = lambda text: chatml.encode(text, add_special_tokens=False)  # noqa: E731
     texts = [f"<|im_start|>user\nturn {i}<|im_end|>\n<|im_start|>assistant\n" for i in range(5)]
     assert [encoder(t) for t in texts] == [whole(t) for t in texts]
@@ -89,9 +108,16 @@ def test_what_follows_the_last_cut_is_encoded_once_and_long_or_many_tails_stay_e
 
 def test_tokens_that_strip_whitespace_or_hide_inside_others_are_no_cuts():
     tokenizer = build_hf_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": [
-        AddedToken("<lstrip>", lstrip=True, special=True), AddedToken("<rstrip>", rstrip=True, special=True),
-        AddedToken("[inner]", special=True), AddedToken("x[in", special=True)]})
+    tokenizer.add_special_tokens(
+        {
+            "additional_special_tokens": [
+                AddedToken("<lstrip>", lstrip=True, special=True),
+                AddedToken("<rstrip>", rstrip=True, special=True),
+                AddedToken("[inner]", special=True),
+                AddedToken("x[in", special=True),
+            ]
+        }
+    )
     cuts = cut_tokens(tokenizer)
     assert "<|im_start|>" in cuts and "<|im_end|>" in cuts
     assert not {"<lstrip>", "<rstrip>", "[inner]"} & set(cuts)
@@ -112,4 +138,3 @@ def test_bridges_of_a_long_episode_are_those_of_a_fresh_template(chatml):
         fresh, fresh_realigned = ChatTemplate(chatml).bridge(messages, builder.held(), last, [end])
         assert (bridge, realigned) == (fresh, fresh_realigned)
         builder.add_inserted(bridge)
-

@@ -31,13 +31,19 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from ep_trl import EvalRolloutWorker, create_openenv_vllm_rollout_func, create_rollout_func
 from ep_trl.devtools.real_model import build_smollm2
 from ep_trl.trainers.disk_weights import DiskWeightSync
-from tests.support.real_model import (TEMPERATURE, TOLERANCE, check_rollout_output, sampled_runs_and_logprob_gap,
-                                      sampled_texts)
+from tests.support.real_model import (
+    TEMPERATURE,
+    TOLERANCE,
+    check_rollout_output,
+    sampled_runs_and_logprob_gap,
+    sampled_texts,
+)
 from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import PROMPT, make_trainer
 from tests.support.vllm_server import start_vllm_server, stop_vllm_server
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
+
 
 def _load_script(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -90,11 +96,13 @@ def backend(request):
 
 
 @pytest.mark.timeout(600)
-def test_the_rollout_function_is_token_exact_on_the_real_model(backend, real_model_dir, real_model,
-                                                               letters_server, letters_episodes, tmp_path, request):
+def test_the_rollout_function_is_token_exact_on_the_real_model(
+    backend, real_model_dir, real_model, letters_server, letters_episodes, tmp_path, request
+):
     if backend == "vllm":
-        rollout = create_openenv_vllm_rollout_func(LETTERS, vllm_base_url=request.getfixturevalue("real_url"),
-                                                   log_rollouts=False)
+        rollout = create_openenv_vllm_rollout_func(
+            LETTERS, vllm_base_url=request.getfixturevalue("real_url"), log_rollouts=False
+        )
     else:
         rollout = create_rollout_func(LETTERS, backend="trainer", log_rollouts=False)
     trainer = make_trainer(real_model_dir, tmp_path, rollout, temperature=TEMPERATURE)
@@ -107,13 +115,23 @@ def test_the_rollout_function_is_token_exact_on_the_real_model(backend, real_mod
 
 
 @pytest.mark.timeout(600)
-def test_the_async_worker_is_token_exact_on_the_real_model(real_url, real_model_dir, real_model, letters_server,
-                                                           letters_episodes, tmp_path):
+def test_the_async_worker_is_token_exact_on_the_real_model(
+    real_url, real_model_dir, real_model, letters_server, letters_episodes, tmp_path
+):
     """The worker alone (no trainer: the server keeps the checkpoint's weights, one policy version): 4 samples."""
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, num_generations=4,
-                           per_device_train_batch_size=4, max_completion_length=256, temperature=TEMPERATURE,
-                           report_to=[], token_budget=0, vllm_server_base_url=real_url)
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        max_completion_length=256,
+        temperature=TEMPERATURE,
+        report_to=[],
+        token_budget=0,
+        vllm_server_base_url=real_url,
+    )
     worker = EvalRolloutWorker(LETTERS, args=args, processing_class=tokenizer, log_rollouts=False, buffer_size=4)
     worker.start()
     try:
@@ -129,8 +147,14 @@ def test_the_async_worker_is_token_exact_on_the_real_model(real_url, real_model_
     for sample in samples:
         ids, mask = sample.input_ids.tolist(), sample.completion_mask.tolist()
         start = mask.index(1)
-        gap = sampled_runs_and_logprob_gap(real_model, tokenizer, ids[:start], ids[start:],
-                                           [float(x) for x in sample.old_log_probs[start:]], mask[start:])
+        gap = sampled_runs_and_logprob_gap(
+            real_model,
+            tokenizer,
+            ids[:start],
+            ids[start:],
+            [float(x) for x in sample.old_log_probs[start:]],
+            mask[start:],
+        )
         assert gap < TOLERANCE
         runs.append(tuple(sampled_texts(tokenizer, {"completion_ids": [ids[start:]], "env_mask": [mask[start:]]})[0]))
     actions = {tuple(ep["actions"]) for ep in letters_episodes()}
@@ -144,8 +168,25 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     own sampling/logp check at rounding level) with a non-zero gradient, the plot and the result written, and the
     server left on the trained weights."""
     out = tmp_path / "run"
-    assert train_smollm2.main(["--vllm-base-url", real_url, "--max-steps", "2", "--batch-size", "8",
-                               "--num-generations", "4", "--held-out", "0.05", "--output-dir", str(out)]) == 0
+    assert (
+        train_smollm2.main(
+            [
+                "--vllm-base-url",
+                real_url,
+                "--max-steps",
+                "2",
+                "--batch-size",
+                "8",
+                "--num-generations",
+                "4",
+                "--held-out",
+                "0.05",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "result.json").read_text())
     assert result["run"]["command"].split()[1] == "train_smollm2_trl.py" and len(result["run"]["commit"]) == 40
     assert result["steps"] == 2 and result["held_out_rows"] == 6 and len(result["held_out_after_rows"]) == 6
@@ -156,8 +197,12 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     assert any(s["grad_norm"] > 0 for s in steps) and all(s["ep_trl/failed_fraction"] == 0.0 for s in steps)
     assert (out / "reward_curve.png").stat().st_size > 0
     # the server serves the trained weights now: what it samples is not what the checkpoint would give those logprobs
-    assert_the_server_left_the_checkpoint(real_url, real_model_dir, real_model, 'Review: "The soup was lovely." Is this '
-                                          'review positive or negative? Answer with one word.')
+    assert_the_server_left_the_checkpoint(
+        real_url,
+        real_model_dir,
+        real_model,
+        'Review: "The soup was lovely." Is this review positive or negative? Answer with one word.',
+    )
 
 
 def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
@@ -194,10 +239,28 @@ def test_the_real_model_plays_and_trains_on_the_doors_game_through_its_preset(re
 
     out = tmp_path / "run"
     started = time.monotonic()
-    assert train_smollm2_doors.main([
-        "--vllm-base-url", real_url, "--max-steps", "1", "--batch-size", "4", "--num-generations", "4",
-        "--micro-batch-size", "4", "--held-out", "1", "--importance-sampling-correction",
-        "--output-dir", str(out)]) == 0
+    assert (
+        train_smollm2_doors.main(
+            [
+                "--vllm-base-url",
+                real_url,
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "4",
+                "--num-generations",
+                "4",
+                "--micro-batch-size",
+                "4",
+                "--held-out",
+                "1",
+                "--importance-sampling-correction",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     print(f"doors run: {time.monotonic() - started:.0f} s")
     result = json.loads((out / "result.json").read_text())
     assert result["run"]["command"].split()[1] == "train_smollm2_doors.py" and len(result["run"]["commit"]) == 40
@@ -211,11 +274,14 @@ def test_the_real_model_plays_and_trains_on_the_doors_game_through_its_preset(re
         assert all((e["score"] == 1.0) == (e["score"] > 0) for e in episodes)  # the eval's body: left the house or not
         # the house under every wording, wording by wording, each row saying which it played
         assert [(e["instance"]["seed"], e["instance"]["wording"]) for e in episodes] == [
-            (seed, wording) for wording in PLAYED_WORDINGS for seed in held]
+            (seed, wording) for wording in PLAYED_WORDINGS for seed in held
+        ]
         per_wording = result[f"held_out_{when}_per_value"]
         assert list(per_wording) == list(PLAYED_WORDINGS) and all(f["episodes"] == 1 for f in per_wording.values())
-        assert all(per_wording[w]["success"] == sum(e["score"] for e in episodes if e["instance"]["wording"] == w)
-                   for w in PLAYED_WORDINGS)
+        assert all(
+            per_wording[w]["success"] == sum(e["score"] for e in episodes if e["instance"]["wording"] == w)
+            for w in PLAYED_WORDINGS
+        )
     # greedy play is the same every run: the base model's held-out episodes take more than one turn (several rooms
     # or moves), so the episodes are multi-turn
     assert max(len(e["turns"]) for e in result["held_out_before_rows"]) > 1
@@ -229,11 +295,23 @@ def assert_the_server_left_the_checkpoint(url, model_dir, model, content):
     """What the server samples for ``content`` is not what the checkpoint ``model`` gives those logprobs: it serves
     other (trained) weights."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                           return_dict=False)
-    reply = httpx.post(f"{url}/v1/completions", timeout=120, json={
-        "model": str(model_dir), "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "logprobs": 0,
-        "return_token_ids": True}).json()["choices"][0]
-    gaps = [abs(a - b) for a, b in zip(reply["logprobs"]["token_logprobs"],
-                                       teacher_forced_logprobs(model, prompt, reply["token_ids"]))]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, return_dict=False
+    )
+    reply = httpx.post(
+        f"{url}/v1/completions",
+        timeout=120,
+        json={
+            "model": str(model_dir),
+            "prompt": prompt,
+            "max_tokens": 8,
+            "temperature": 1.0,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
+    ).json()["choices"][0]
+    gaps = [
+        abs(a - b)
+        for a, b in zip(reply["logprobs"]["token_logprobs"], teacher_forced_logprobs(model, prompt, reply["token_ids"]))
+    ]
     assert max(gaps) > TOLERANCE

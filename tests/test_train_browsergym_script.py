@@ -75,7 +75,11 @@ def _sample_tree(server: psutil.Process, seen: dict[int, tuple[psutil.Process, s
 def run_script(args: list[str], cwd: Path, *, interrupt_after: str | None = None, timeout_s: float = 420) -> Run:
     """Run the script; with ``interrupt_after``, send SIGINT (Ctrl-C) once a stdout line starts with it."""
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, str(SCRIPT), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         # A shell's background jobs ignore SIGINT, and Python keeps it ignored: give the script a real Ctrl-C.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
@@ -107,10 +111,18 @@ def run_script(args: list[str], cwd: Path, *, interrupt_after: str | None = None
         sampler.join()
     drain.join(timeout=10)
     stdout = "".join(lines)
-    assert sampler is not None, f"the script never printed its environment server\n{stdout}\n{''.join(stderr_lines)[-3000:]}"
+    assert sampler is not None, (
+        f"the script never printed its environment server\n{stdout}\n{''.join(stderr_lines)[-3000:]}"
+    )
     elapsed = time.monotonic() - interrupted_at if interrupted_at is not None else None
-    return Run(returncode, stdout, elapsed, [p for p, _ in seen.values()], {name for _, name in seen.values()},
-               "".join(stderr_lines)[-3000:])
+    return Run(
+        returncode,
+        stdout,
+        elapsed,
+        [p for p, _ in seen.values()],
+        {name for _, name in seen.values()},
+        "".join(stderr_lines)[-3000:],
+    )
 
 
 def first_turn_answers(stdout: str, when: str) -> dict[str, dict[str, float]]:
@@ -139,12 +151,17 @@ def test_the_main_job_learns_the_eval_and_plots_it(tmp_path):
     """
     run = run_script(["--max-steps", "10", "--output-dir", str(tmp_path)], cwd=tmp_path, timeout_s=840)
     assert run.returncode == 0, run.stderr_tail
-    steps = re.findall(r"^step (\d+)/10 \| reward ([0-9.]+) .*\| episodes/s ([0-9.]+) .*\| ETA \d+s$", run.stdout,
-                       flags=re.M)
+    steps = re.findall(
+        r"^step (\d+)/10 \| reward ([0-9.]+) .*\| episodes/s ([0-9.]+) .*\| ETA \d+s$", run.stdout, flags=re.M
+    )
     assert [int(s) for s, _, _ in steps] == list(range(1, 11)), run.stdout
     scores = [float(r) for _, r, _ in steps]
-    summary = re.search(r"^done: 10 steps, 80 episodes, reward first ([0-9.]+) last ([0-9.]+) "
-                        r"\(mean eval score of steps 1-2 and 9-10\)", run.stdout, flags=re.M)
+    summary = re.search(
+        r"^done: 10 steps, 80 episodes, reward first ([0-9.]+) last ([0-9.]+) "
+        r"\(mean eval score of steps 1-2 and 9-10\)",
+        run.stdout,
+        flags=re.M,
+    )
     assert summary, run.stdout
     first, last = float(summary.group(1)), float(summary.group(2))
     assert abs(first - sum(scores[:2]) / 2) < 1e-4 and abs(last - sum(scores[-2:]) / 2) < 1e-4
@@ -164,8 +181,9 @@ def test_lora_trains_and_ctrl_c_stops_the_env_server(tmp_path):
     # The warm-started policy (cached by the main job's test) gets a right answer one time in three, so a group of 4
     # scores alike with p ~ 0.2 and all 4 groups of two steps with p < 0.002; the random policy scores 0 everywhere,
     # and GRPO gives it no gradient at all.
-    run = run_script(["--lora-r", "4", "--max-steps", "20", "--output-dir", str(tmp_path)], cwd=tmp_path,
-                     interrupt_after="step 2/20")
+    run = run_script(
+        ["--lora-r", "4", "--max-steps", "20", "--output-dir", str(tmp_path)], cwd=tmp_path, interrupt_after="step 2/20"
+    )
     lora = re.search(r"^LoRA r=4 alpha=8: (\d+) of (\d+) parameters trainable$", run.stdout, flags=re.M)
     assert lora and 0 < int(lora.group(1)) < int(lora.group(2)), run.stdout
     assert re.search(r"^step 2/20 \| reward [0-9.]+", run.stdout, flags=re.M)

@@ -9,8 +9,15 @@ from tests.support.trainers import assert_trained, make_trainer
 
 def test_grpo_trains_two_steps_through_the_eval(tiny_model_dir, letters_server, letters_episodes, tmp_path):
     rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters::test_letters_pointwise")
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, reward_funcs=[eval_score, step_reward_sum],
-                           max_steps=2, num_generations=4, batch_size=4)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        reward_funcs=[eval_score, step_reward_sum],
+        max_steps=2,
+        num_generations=4,
+        batch_size=4,
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     try:
         result = trainer.train()

@@ -15,15 +15,19 @@ _ANY = re.compile(r"(?<![A-Za-z0-9_])Any(?![A-Za-z0-9_])")
 
 
 def any_count(package: Path = PACKAGE) -> int:
-    return sum(len(_ANY.findall(path.read_text())) for path in package.rglob("*.py")
-               if path.relative_to(package).parts[0] not in ("devtools", "envs"))
+    return sum(
+        len(_ANY.findall(path.read_text()))
+        for path in package.rglob("*.py")
+        if path.relative_to(package).parts[0] not in ("devtools", "envs")
+    )
 
 
 def test_any_stays_at_or_below_its_ceiling():
     count = any_count()
     assert count <= ANY_CEILING, (
         f"{count} uses of Any in src/ep_trl (devtools/ and envs/ aside), above {ANY_CEILING}: name the type (an alias "
-        "of ep_trl.trajectory.types, a protocol, object where nothing is assumed)")
+        "of ep_trl.trajectory.types, a protocol, object where nothing is assumed)"
+    )
 
 
 def test_the_count_reads_whole_words_outside_devtools_and_envs(tmp_path):

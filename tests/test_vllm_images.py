@@ -24,12 +24,18 @@ from ep_trl import EvalRolloutWorker, dataset_from_eval
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.vllm import VLLMServerGenerator
 from ep_trl.options import VLLMOptions
-from ep_trl.trajectory.sample_images import images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
+from ep_trl.trajectory.sample_images import images_of
 from ep_trl.trajectory.tokens import ChatTemplate
-from tests.support.async_training import (Recorded, SampleTurns, TurnGaps, VersionSnapshots, check_turn_versions,
-                                          wait_until)
+from tests.support.async_training import (
+    Recorded,
+    SampleTurns,
+    TurnGaps,
+    VersionSnapshots,
+    check_turn_versions,
+    wait_until,
+)
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 from tests.support.trainers import assert_trained
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
@@ -43,8 +49,12 @@ LOGPROB_TOL = 1e-3  # measured ~7e-6 (vLLM CPU kernels against eager transformer
 def vlm_server(tiny_vlm_dir, tmp_path_factory):
     if not vllm_installed():
         pytest.fail(missing_vllm_message())
-    with vllm_server(tiny_vlm_dir, tmp_path_factory.mktemp("vllm_logs"), max_model_len=1024,
-                     extra_args=["--enable-scale-out", "--limit-mm-per-prompt", '{"image": 8}']) as server:
+    with vllm_server(
+        tiny_vlm_dir,
+        tmp_path_factory.mktemp("vllm_logs"),
+        max_model_len=1024,
+        extra_args=["--enable-scale-out", "--limit-mm-per-prompt", '{"image": 8}'],
+    ) as server:
         yield server
 
 
@@ -52,22 +62,27 @@ def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server, t
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
     template = ChatTemplate(processor)
-    prompt = template.prompt([user_with_image("Step 1", png_data_uri((255, 0, 0))),
-                              {"role": "assistant", "content": "click('13')"},
-                              user_with_image("Step 2", png_data_uri((0, 0, 255), (64, 48)))])
+    prompt = template.prompt(
+        [
+            user_with_image("Step 1", png_data_uri((255, 0, 0))),
+            {"role": "assistant", "content": "click('13')"},
+            user_with_image("Step 2", png_data_uri((0, 0, 255), (64, 48))),
+        ]
+    )
     generator = VLLMServerGenerator(vlm_server.base_url, VLLMOptions(seed=0))
 
     async def main():
         try:
-            return await generator.generate(prompt.ids, SamplingParams(max_tokens=8),
-                                            images=PromptImages(prompt.images, prompt.unexpanded_ids))
+            return await generator.generate(
+                prompt.ids, SamplingParams(max_tokens=8), images=PromptImages(prompt.images, prompt.unexpanded_ids)
+            )
         finally:
             await generator.aclose()
 
     turn = asyncio.run(main())  # the server's expansion of the two placeholders was checked against prompt.ids
     ids, n = list(prompt.ids) + list(turn.token_ids), len(prompt.ids)
-    with_pixels = token_logprobs(model, processor, ids, list(prompt.images))[n - 1:]
-    without = token_logprobs(model, processor, ids, list(prompt.images), pixels=False)[n - 1:]
+    with_pixels = token_logprobs(model, processor, ids, list(prompt.images))[n - 1 :]
+    without = token_logprobs(model, processor, ids, list(prompt.images), pixels=False)[n - 1 :]
     assert len(turn.token_ids) >= 1
     assert max(abs(a - b) for a, b in zip(with_pixels, turn.logprobs)) < LOGPROB_TOL
     assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * LOGPROB_TOL
@@ -97,8 +112,9 @@ def sampled_turns(sample):
 
 
 @pytest.mark.timeout(400)
-def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vlm_dir, letters_server, tmp_path,
-                                                             caplog):
+def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
+    vlm_server, tiny_vlm_dir, letters_server, tmp_path, caplog
+):
     """EvalRolloutWorker on the processor, CPUAsyncImagesGRPOTrainer, weights through disk to the real server: every
     sampled turn's logprobs equal the teacher-forced logprobs WITH the pixels of the version the turn recorded (or
     the next one, the sync race docs/async.md describes), except a turn in flight when a sync paused the server,
@@ -115,18 +131,36 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     of the turn-by-turn check, no more of them than the log says (once, at random, a sample had one: the check
     compared turns with versions and failed on correct code)."""
     caplog.set_level(logging.INFO, logger="ep_trl.trajectory.tokens")
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
-                           per_device_train_batch_size=4, max_completion_length=256, max_steps=3, logging_steps=1,
-                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no", max_staleness=0,
-                           vllm_server_base_url=vlm_server.base_url)  # max_staleness 0: later steps need new turns
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        token_budget=0,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_completion_length=256,
+        max_steps=3,
+        logging_steps=1,
+        learning_rate=1e-2,
+        temperature=1.0,
+        report_to=[],
+        save_strategy="no",
+        max_staleness=0,
+        vllm_server_base_url=vlm_server.base_url,
+    )  # max_staleness 0: later steps need new turns
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=4)
     worker.rollout_buffer = Recorded(4)
     snapshots = VersionSnapshots(tiny_vlm_dir, AutoModelForImageTextToText)
-    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
-                                        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=8), rollout_worker=worker,
-                                        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir),
-                                        callbacks=[snapshots])
+    trainer = CPUAsyncImagesGRPOTrainer(
+        str(tiny_vlm_dir),
+        args=args,
+        processing_class=processor,
+        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=8),
+        rollout_worker=worker,
+        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir),
+        callbacks=[snapshots],
+    )
     started = time.monotonic()
     trainer.train()
     seconds = time.monotonic() - started
@@ -165,23 +199,31 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
                 continue
             if max(versions) + 1 not in snapshots.states:
                 continue  # played on weights of a step whose snapshot the run ended before taking
-            reference = {v: token_logprobs(policy(v), processor, ids, images)
-                         for v in set(versions) | {v + 1 for v in versions}}
+            reference = {
+                v: token_logprobs(policy(v), processor, ids, images) for v in set(versions) | {v + 1 for v in versions}
+            }
 
             def gaps(v, turn):  # each of the turn's tokens: |policy v's teacher-forced logprob - the sampled one|
                 return tuple(abs(reference[v][at - 1] - logprob) for at, logprob in turn)
 
-            checked.append(SampleTurns(sample.model_version, tuple(
-                TurnGaps(version, gaps(version, turn), gaps(version + 1, turn))
-                for turn, version in zip(turns, versions))))
+            checked.append(
+                SampleTurns(
+                    sample.model_version,
+                    tuple(
+                        TurnGaps(version, gaps(version, turn), gaps(version + 1, turn))
+                        for turn, version in zip(turns, versions)
+                    ),
+                )
+            )
             without = token_logprobs(policy(versions[0]), processor, ids, images, pixels=False)
             text_only_gap = min(text_only_gap, max(abs(without[at - 1] - lp) for at, lp in turns[0]))
             other = other_pictures(sample, worker.rollout_buffer.samples)  # another sample's screenshots, as many
             if other is not None:
                 swapped = token_logprobs(policy(versions[0]), processor, ids, other)
                 swapped_gap = min(swapped_gap, max(abs(swapped[at - 1] - lp) for at, lp in turns[0]))
-    placeholder_first = sum("sampled an image placeholder" in r.getMessage() and "after 0 tokens" in r.getMessage()
-                            for r in caplog.records)
+    placeholder_first = sum(
+        "sampled an image placeholder" in r.getMessage() and "after 0 tokens" in r.getMessage() for r in caplog.records
+    )
     assert empty_turns <= placeholder_first, (empty_turns, placeholder_first)
     # each turn its recorded policy's or the next one's, each sample tagged with its oldest turn's version, most turns
     # told apart by adjacent versions, at most one held turn per slot and sync
@@ -193,19 +235,21 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(vlm_server, tiny_vl
     assert text_only_gap > 0.1  # scored without the pixels, every checked sample moves
     assert swapped_gap > 0.1  # scored with another sample's screenshots, every checked sample moves
     assert worker.dropped_stale + sum(h.get("sample/dropped_stale_total", 0) for h in trainer.state.log_history) > 0
-    print(f"async VLM run: {seconds:.1f} s for 3 steps, {len(checked)} samples checked, {worker.dropped_stale} "
-          f"dropped stale by the worker, versions exact {exact}, {check.told_apart} of {check.turns} turns told "
-          f"apart, text-only gap >= {text_only_gap:.3f}, swapped-pictures gap >= {swapped_gap:.3f}, turns held per "
-          f"sync {dict(check.held)} ({worker.slots} slots, {trainer.weight_transfer.syncs} syncs), "
-          f"step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
-          f"sampling_logp_difference/max per step "
-          f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}")
+    print(
+        f"async VLM run: {seconds:.1f} s for 3 steps, {len(checked)} samples checked, {worker.dropped_stale} "
+        f"dropped stale by the worker, versions exact {exact}, {check.told_apart} of {check.turns} turns told "
+        f"apart, text-only gap >= {text_only_gap:.3f}, swapped-pictures gap >= {swapped_gap:.3f}, turns held per "
+        f"sync {dict(check.held)} ({worker.slots} slots, {trainer.weight_transfer.syncs} syncs), "
+        f"step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
+        f"sampling_logp_difference/max per step "
+        f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}"
+    )
 
 
 @pytest.mark.timeout(300)
-def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sample(vlm_server, tiny_vlm_dir,
-                                                                                   letters_server, tmp_path,
-                                                                                   monkeypatch):
+def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sample(
+    vlm_server, tiny_vlm_dir, letters_server, tmp_path, monkeypatch
+):
     """Fault injection: every second episode's trajectory loses its last image (``losing_an_image``). Such an episode
     is left out by the worker and counted (ep_trl/worker/image_mismatch_total), never put in the buffer; the trainer
     trains a real step on the others without an error."""
@@ -222,19 +266,36 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
         return dataclasses.replace(made, images=made.images[:-1]) if len(built) % 2 == 0 and made.images else made
 
     monkeypatch.setattr(trajectory_module.TrajectoryBuilder, "build", losing_an_image)
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
-                           per_device_train_batch_size=2, max_completion_length=256, max_steps=1, logging_steps=1,
-                           learning_rate=1e-2, temperature=1.0, report_to=[], save_strategy="no",
-                           vllm_server_base_url=vlm_server.base_url)
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        token_budget=0,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        max_completion_length=256,
+        max_steps=1,
+        logging_steps=1,
+        learning_rate=1e-2,
+        temperature=1.0,
+        report_to=[],
+        save_strategy="no",
+        vllm_server_base_url=vlm_server.base_url,
+    )
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
     worker.rollout_buffer = Recorded(2)
     reported = []
     put_metrics = worker._put_metrics
     worker._put_metrics = lambda metrics: (reported.append(metrics), put_metrics(metrics))
-    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=args, processing_class=processor,
-                                        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=4), rollout_worker=worker,
-                                        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir))
+    trainer = CPUAsyncImagesGRPOTrainer(
+        str(tiny_vlm_dir),
+        args=args,
+        processing_class=processor,
+        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=4),
+        rollout_worker=worker,
+        weight_transfer=DiskWeightTransfer(vlm_server.base_url, tiny_vlm_dir),
+    )
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1]
     assert worker.image_mismatches >= 1 and worker.left_out >= worker.image_mismatches
@@ -242,20 +303,31 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     assert sum(m.get("ep_trl/worker/image_mismatch_total", 0.0) for m in reported) >= 1
     assert worker.rollout_buffer.samples and all(
         placeholder_mismatch(processor, s.input_ids.tolist(), s.input_ids.processed) is None
-        for s in worker.rollout_buffer.samples)
+        for s in worker.rollout_buffer.samples
+    )
 
 
 @pytest.mark.timeout(200)
-def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_server, tiny_vlm_dir, letters_server,
-                                                                          tmp_path):
+def test_the_worker_processes_each_samples_images_once_off_its_event_loop(
+    vlm_server, tiny_vlm_dir, letters_server, tmp_path
+):
     """The worker alone (no trainer) until its buffer is full: an instrument around the processor's image processor
     records the thread of every call. Each image is processed alone, as the turn that brings it is rendered, in a
     thread (ChatTemplate.prepare_images), never on the event loop that plays the episodes; the samples carry the
     pixels those processings made, so the worker's thread for a group's samples ("ep-trl samples of prompt group N")
     processes none."""
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
-                           per_device_train_batch_size=2, max_completion_length=256, temperature=1.0, report_to=[],
-                           vllm_server_base_url=vlm_server.base_url)
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        token_budget=0,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        max_completion_length=256,
+        temperature=1.0,
+        report_to=[],
+        vllm_server_base_url=vlm_server.base_url,
+    )
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     calls = ImageProcessorCalls(processor)
     worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
@@ -290,20 +362,43 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(vlm_se
 
 
 @pytest.mark.timeout(300)
-def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server, tiny_vlm_dir, letters_server,
-                                                                    tmp_path):
+def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(
+    vlm_server, tiny_vlm_dir, letters_server, tmp_path
+):
     """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.cli.modes, what
     train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
     model's processing class and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
     from ep_trl.cli.modes import TrainingMode
 
-    mode = TrainingMode(vllm_base_url=vlm_server.base_url, colocate=False, asynchronous=True,
-                        gpu_memory_utilization=0.3, on_gpu=False, images=True)
-    args = mode.config(output_dir=str(tmp_path / "out"), bf16=False, per_device_train_batch_size=4, num_generations=2,
-                       max_completion_length=256, max_steps=1, logging_steps=1, learning_rate=1e-2, temperature=1.0,
-                       report_to=[], save_strategy="no")
-    with mode.trainer(IMAGE_EVAL, model=str(tiny_vlm_dir), args=args, images=True, log_rollouts=False,
-                      train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=2)) as trainer:
+    mode = TrainingMode(
+        vllm_base_url=vlm_server.base_url,
+        colocate=False,
+        asynchronous=True,
+        gpu_memory_utilization=0.3,
+        on_gpu=False,
+        images=True,
+    )
+    args = mode.config(
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=256,
+        max_steps=1,
+        logging_steps=1,
+        learning_rate=1e-2,
+        temperature=1.0,
+        report_to=[],
+        save_strategy="no",
+    )
+    with mode.trainer(
+        IMAGE_EVAL,
+        model=str(tiny_vlm_dir),
+        args=args,
+        images=True,
+        log_rollouts=False,
+        train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=2),
+    ) as trainer:
         assert isinstance(trainer, CPUAsyncImagesGRPOTrainer) and trainer.rollout_worker.renders_images
         before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
         trainer.train()
@@ -317,9 +412,18 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(vlm_server,
 
 def worker_config(tmp_path, url):
     """The worker's AsyncGRPOConfig: groups of two episodes on ``url``."""
-    return AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0,
-                           num_generations=2, per_device_train_batch_size=2, max_completion_length=256,
-                           temperature=1.0, report_to=[], vllm_server_base_url=url)
+    return AsyncGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        token_budget=0,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        max_completion_length=256,
+        temperature=1.0,
+        report_to=[],
+        vllm_server_base_url=url,
+    )
 
 
 def screenshots_alive(size):
@@ -329,8 +433,11 @@ def screenshots_alive(size):
     module proxy for its ``__class__`` warns."""
     from PIL import Image, ImageFile
 
-    return [obj for obj in gc.get_objects()
-            if issubclass(type(obj), Image.Image) and not issubclass(type(obj), ImageFile.ImageFile) and obj.size == size]
+    return [
+        obj
+        for obj in gc.get_objects()
+        if issubclass(type(obj), Image.Image) and not issubclass(type(obj), ImageFile.ImageFile) and obj.size == size
+    ]
 
 
 def live_images(size, earlier=()):
@@ -384,9 +491,9 @@ class MemoryWatch:
 
 
 @pytest.mark.timeout(420)
-def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_holds(vlm_server, tiny_vlm_dir,
-                                                                                   letters_server, tmp_path,
-                                                                                   monkeypatch):
+def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_holds(
+    vlm_server, tiny_vlm_dir, letters_server, tmp_path, monkeypatch
+):
     """8 episode slots, groups of two episodes holding one 1280x720 screenshot each (a picture no other observation
     shares, so each is its own decoded image), the rollout log on. Measured in this process while the worker runs:
     the decoded images alive and the bytes of every pixel tensor alive, sampled every 20 ms, and at rest (buffer full,
@@ -394,9 +501,10 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     metrics window). With max_buffered_images=2, while nobody drains the buffer and as the test takes one group's
     samples at a time: never more than 2 images, 2 images' pixel bytes, 2 screenshots at rest. With the bound off, the
     same measurements exceed all three (8 episodes at once): the test fails if the bound stops bounding."""
+    from PIL import Image
+
     from ep_trl.trajectory import tokens as trajectory_module
     from ep_trl.trajectory.sample_images import process_images
-    from PIL import Image
     from tests.evals.eval_letters_new_pictures import SCREENSHOT_SIZE
 
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
@@ -420,8 +528,12 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     before = live_pixel_bytes(frames)
 
     def worker(bound, out):
-        made = EvalRolloutWorker(NEW_PICTURES_EVAL, args=worker_config(tmp_path / out, vlm_server.base_url),
-                                 processing_class=processor, max_buffered_images=bound)
+        made = EvalRolloutWorker(
+            NEW_PICTURES_EVAL,
+            args=worker_config(tmp_path / out, vlm_server.base_url),
+            processing_class=processor,
+            max_buffered_images=bound,
+        )
         made.take_images("test")
         return made
 
@@ -432,7 +544,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
         bounded.start()
         try:
             for taken in range(3):
-                wait_until(lambda: bounded.rollout_buffer.qsize() == 2, 120)
+                wait_until(lambda: bounded.rollout_buffer.qsize() == 2, 120)  # noqa: F821 (deleted after use)
                 time.sleep(1.0)  # nobody drains the buffer: no episode starts meanwhile
                 assert bounded.meter.episodes == 2 * (taken + 1)
                 at_rest.append(live_images(SCREENSHOT_SIZE, earlier))
@@ -460,19 +572,28 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
         finally:
             unbounded.stop()
     assert max(watch.images) > 2 and max(watch.pixel_bytes) - before > 2 * per_image and rest[0] > 2, (
-        max(watch.images), max(watch.pixel_bytes), before, rest)
+        max(watch.images),
+        max(watch.pixel_bytes),
+        before,
+        rest,
+    )
 
 
 @pytest.mark.timeout(300)
-def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(vlm_server, tiny_vlm_dir,
-                                                                               letters_server, tmp_path):
+def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(
+    vlm_server, tiny_vlm_dir, letters_server, tmp_path
+):
     """The image eval shows a picture at each of its 2 steps; with max_episode_images=1 the second turn would hold 2:
     the worker stops with the error naming the fix (that the turn is not sent: tests/engine/test_stream.py)."""
     from ep_trl import RolloutWorkerError
 
-    worker = EvalRolloutWorker(IMAGE_EVAL, args=worker_config(tmp_path, vlm_server.base_url),
-                               processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir), log_rollouts=False,
-                               max_episode_images=1)
+    worker = EvalRolloutWorker(
+        IMAGE_EVAL,
+        args=worker_config(tmp_path, vlm_server.base_url),
+        processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+        log_rollouts=False,
+        max_episode_images=1,
+    )
     worker.take_images("test")
 
     def health():
@@ -485,8 +606,11 @@ def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(vlm
     worker.start()
     try:
         wait_until(lambda: health() is not None, 120)
-        assert re.search(r"stopped: ConfigError: An episode's turn would hold 2 images, more than max_episode_images=1"
-                         r".*Pass EvalRolloutWorker\(max_episode_images=", health()), health()
+        assert re.search(
+            r"stopped: ConfigError: An episode's turn would hold 2 images, more than max_episode_images=1"
+            r".*Pass EvalRolloutWorker\(max_episode_images=",
+            health(),
+        ), health()
         assert not worker.groups  # no episode got past its first turn
     finally:
         worker.stop()

@@ -25,8 +25,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
-from ep_trl.runtime.processes import free_port
 from ep_trl.rewards import eval_score
+from ep_trl.runtime.processes import free_port
 from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightSync
 from tests.support.faulty_vllm import FaultyVLLMServer
@@ -76,7 +76,8 @@ def max_sampled_logprob_gap(model, out, temperature, shift=0):
 
 
 def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
-        vllm_url, model_dir, letters_server, letters_episodes, tmp_path, caplog):
+    vllm_url, model_dir, letters_server, letters_episodes, tmp_path, caplog
+):
     rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False)
     trainer = make_trainer(model_dir, tmp_path, rollout, temperature=TEMPERATURE)
     prompts = [PROMPT] * 4 + ["Play the letters game, round two."] * 4
@@ -100,7 +101,7 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
         assert score == pytest.approx(sum(rewards) / len(rewards))
     # no shared seed: the 4 episodes of a group (same prompt) sampled different first turns
     for group in (range(0, 4), range(4, 8)):
-        firsts = {tuple(out["completion_ids"][i][:out["env_mask"][i].index(0)]) for i in group}
+        firsts = {tuple(out["completion_ids"][i][: out["env_mask"][i].index(0)]) for i in group}
         assert len(firsts) > 1
     # mask-1 logprobs are the sampled tokens' logprobs at the trainer's temperature, masked ones 0.0
     model = trainer.model.eval()
@@ -114,8 +115,13 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
 def test_turns_fit_the_servers_max_model_len(vllm_url, model_dir, letters_server, tmp_path):
     """Turns of up to 400 tokens in a 3-turn episode would outgrow the server's context (1024 tokens, as the server
     reports it): long turns are clipped so no request is ever rejected."""
-    rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False, overrides=EvalOverrides(max_tokens=400),
-                                               max_episode_tokens=4000)
+    rollout = create_openenv_vllm_rollout_func(
+        EVAL,
+        vllm_base_url=vllm_url,
+        log_rollouts=False,
+        overrides=EvalOverrides(max_tokens=400),
+        max_episode_tokens=4000,
+    )
     trainer = make_trainer(model_dir, tmp_path, rollout, temperature=TEMPERATURE)
     try:
         out = rollout([PROMPT] * 4, trainer)
@@ -129,19 +135,34 @@ def test_turns_fit_the_servers_max_model_len(vllm_url, model_dir, letters_server
     assert max(lengths) > 400  # the budget was really the model's context, not the eval's 12 tokens per turn
 
 
-
-
 def build_disk_sync_trainer(model_dir, out_dir, rollout, url, callbacks=(), prompts=None, **config):
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=256, max_steps=2, logging_steps=1, report_to=[], learning_rate=3e-3,
-        save_strategy="no", seed=0, temperature=TEMPERATURE, use_vllm=True, vllm_mode="server",
-        vllm_server_base_url=url, **config,
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=256,
+        max_steps=2,
+        logging_steps=1,
+        report_to=[],
+        learning_rate=3e-3,
+        save_strategy="no",
+        seed=0,
+        temperature=TEMPERATURE,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        **config,
     )
     return DiskSyncGRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[eval_score], args=args,
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        reward_funcs=[eval_score],
+        args=args,
         train_dataset=Dataset.from_dict({"prompt": prompts or [PROMPT] * 8}),
-        processing_class=AutoTokenizer.from_pretrained(model_dir), rollout_func=rollout, callbacks=list(callbacks),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        rollout_func=rollout,
+        callbacks=list(callbacks),
     )
 
 
@@ -198,22 +219,45 @@ def test_a_single_turn_eval_trains_unchanged_on_policy_through_the_server(vllm_u
         rollout.close()
     steps = [h for h in trainer.state.log_history if "sampling/sampling_logp_difference/max" in h]
     assert [h["step"] for h in steps] == [1, 2]
-    assert all(h["sampling/sampling_logp_difference/max"] < LOGPROB_TOL and h["ep_trl/failed_fraction"] == 0.0
-               for h in steps)
+    assert all(
+        h["sampling/sampling_logp_difference/max"] < LOGPROB_TOL and h["ep_trl/failed_fraction"] == 0.0 for h in steps
+    )
     assert_trained(trainer)
 
 
 def test_two_processes_each_run_their_own_slice(vllm_url, model_dir, letters_server, tmp_path):
     """``torchrun --nproc_per_node 2`` (what ``accelerate launch`` runs): each process plays its own prompts and
     tasks through the same server, and waits for the main process's weight push before generating."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "tests.support.vllm_multiprocess_train", "--server", vllm_url, "--letters", letters_server,
-           "--model", str(model_dir), "--out", str(tmp_path)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "tests.support.vllm_multiprocess_train",
+        "--server",
+        vllm_url,
+        "--letters",
+        letters_server,
+        "--model",
+        str(model_dir),
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    seen = {rank: [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
-            for rank in (0, 1)}
+    seen = {
+        rank: [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+        for rank in (0, 1)
+    }
     assert [len(seen[0]), len(seen[1])] == [2, 2]  # two steps, one reward call each
     for step in range(2):
         a, b = seen[0][step], seen[1][step]
@@ -223,6 +267,8 @@ def test_two_processes_each_run_their_own_slice(vllm_url, model_dir, letters_ser
         assert a["status"] == b["status"] == ["finished"] * 4
         assert len(set(a["tasks"])) == len(set(b["tasks"])) == 1 and a["tasks"] != b["tasks"]  # tasks rotate per group
     history = json.loads((tmp_path / "log_history.json").read_text())
-    diffs = [h["sampling/sampling_logp_difference/max"] for h in history if "sampling/sampling_logp_difference/max" in h]
+    diffs = [
+        h["sampling/sampling_logp_difference/max"] for h in history if "sampling/sampling_logp_difference/max" in h
+    ]
     assert len(diffs) == 2 and max(diffs) < LOGPROB_TOL  # both processes generated from synced weights
     assert json.loads((tmp_path / "pushes.json").read_text())["pushes"] == 3  # 2 steps, then the trained weights

@@ -76,22 +76,29 @@ def parse_model_action(text) -> BrowserGymAction:
 def fallback_count(row: EvaluationRow) -> tuple[int, int]:
     """How many of the episode's assistant turns held no usable action, out of how many turns."""
     turns = [m for m in row.messages if m.role == "assistant"]
-    fell_back = sum(parse_action(m.content if isinstance(m.content, str) else str(m.content or "")).fell_back
-                    for m in turns)
+    fell_back = sum(
+        parse_action(m.content if isinstance(m.content, str) else str(m.content or "")).fell_back for m in turns
+    )
     return fell_back, len(turns)
 
 
 @evaluation_test(
     input_messages=[[[Message(role="system", content=SYSTEM_PROMPT)]]],
-    completion_params=[{
-        "model": "hosted_vllm/Qwen/Qwen2.5-0.5B-Instruct",
-        "base_url": "http://127.0.0.1:8000/v1",
-        "temperature": 0.0,
-        "max_tokens": 48,
-    }],
+    completion_params=[
+        {
+            "model": "hosted_vllm/Qwen/Qwen2.5-0.5B-Instruct",
+            "base_url": "http://127.0.0.1:8000/v1",
+            "temperature": 0.0,
+            "max_tokens": 48,
+        }
+    ],
     rollout_processor=OpenEnvRolloutProcessor(
-        env_factory=make_env, prompt_builder=build_prompt, action_parser=parse_model_action,
-        tasks=TASKS, task_var=TASK_VAR, request_timeout_s=REQUEST_TIMEOUT_S,
+        env_factory=make_env,
+        prompt_builder=build_prompt,
+        action_parser=parse_model_action,
+        tasks=TASKS,
+        task_var=TASK_VAR,
+        request_timeout_s=REQUEST_TIMEOUT_S,
     ),
     steps=5,
     max_concurrent_rollouts=2,
@@ -109,8 +116,11 @@ def test_miniwob(row: EvaluationRow) -> EvaluationRow:
         is_score_valid=True,
         reason=f"task reward {score:.0f} after {len(rewards)} steps; {fell_back}/{turns} outputs had no action",
         metrics={
-            "fallback_rate": MetricResult(score=fell_back / turns if turns else 0.0, is_score_valid=True,
-                                          reason=f"{fell_back} of {turns} turns fell back to {FALLBACK_ACTION}"),
+            "fallback_rate": MetricResult(
+                score=fell_back / turns if turns else 0.0,
+                is_score_valid=True,
+                reason=f"{fell_back} of {turns} turns fell back to {FALLBACK_ACTION}",
+            ),
         },
     )
     return row

@@ -44,10 +44,17 @@ def parse_action(text: str) -> DoorsAction:
 
 @evaluation_test(
     input_messages=[[[Message(role="system", content=SYSTEM_PROMPT)]]],
-    completion_params=[{"model": "hosted_vllm/SmolLM2-135M-Instruct", "base_url": "http://127.0.0.1:8000/v1",
-                        "temperature": 0.0, "max_tokens": 16}],
-    rollout_processor=OpenEnvRolloutProcessor(env_factory=make_env, prompt_builder=build_prompt,
-                                              action_parser=parse_action),
+    completion_params=[
+        {
+            "model": "hosted_vllm/SmolLM2-135M-Instruct",
+            "base_url": "http://127.0.0.1:8000/v1",
+            "temperature": 0.0,
+            "max_tokens": 16,
+        }
+    ],
+    rollout_processor=OpenEnvRolloutProcessor(
+        env_factory=make_env, prompt_builder=build_prompt, action_parser=parse_action
+    ),
     steps=4,
     max_concurrent_rollouts=8,
     mode="pointwise",
@@ -58,7 +65,9 @@ def test_doors(row: EvaluationRow) -> EvaluationRow:
     if not rewards:
         raise ValueError("the episode took no step")
     escaped = max(rewards) > 0
-    row.evaluation_result = EvaluateResult(score=1.0 if escaped else 0.0, is_score_valid=True,
-                                           reason=f"{'left the house' if escaped else 'still inside'} after "
-                                                  f"{len(rewards)} moves")
+    row.evaluation_result = EvaluateResult(
+        score=1.0 if escaped else 0.0,
+        is_score_valid=True,
+        reason=f"{'left the house' if escaped else 'still inside'} after {len(rewards)} moves",
+    )
     return row

@@ -35,8 +35,12 @@ def reviews_adapter(records: list[dict[str, Any]]) -> list[EvaluationRow]:
     """One row per review: the question as the only message; the label as the ground truth."""
     return [
         EvaluationRow(
-            messages=[Message(role="user", content=f'Review: "{r["review"]}" Is this review positive or negative? '
-                                                   "Answer with one word.")],
+            messages=[
+                Message(
+                    role="user",
+                    content=f'Review: "{r["review"]}" Is this review positive or negative? Answer with one word.',
+                )
+            ],
             ground_truth=r["label"],
             input_metadata=InputMetadata(row_id=r["id"]),
         )

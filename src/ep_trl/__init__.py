@@ -28,8 +28,17 @@ import importlib
 from typing import TYPE_CHECKING
 
 from . import compat
-from .errors import (ConfigError, EnvPathError, EpTrlError, GenerationError, NoTrainingSignalError,
-                     ProcessExitingError, RolloutWorkerError, UnsupportedEvalError, VersionError)
+from .errors import (
+    ConfigError,
+    EnvPathError,
+    EpTrlError,
+    GenerationError,
+    NoTrainingSignalError,
+    ProcessExitingError,
+    RolloutWorkerError,
+    UnsupportedEvalError,
+    VersionError,
+)
 from .options import EvalOverrides, RolloutOptions, VLLMOptions
 
 if TYPE_CHECKING:
@@ -40,9 +49,13 @@ if TYPE_CHECKING:
 #: Public names whose modules import eval-protocol, transformers and the rest of the bridge, and the module of each:
 #: imported at first use, so that ``import ep_trl`` alone (a shard process, a script's ``--help``) costs no more than
 #: the errors and options (tests/test_import.py).
-_LAZY = {"dataset_from_eval": ".dataset", "RolloutFunction": ".adapters.rollout_func",
-         "create_openenv_vllm_rollout_func": ".adapters.rollout_func", "create_rollout_func": ".adapters.rollout_func",
-         "EvalRolloutWorker": ".adapters.async_worker"}
+_LAZY = {
+    "dataset_from_eval": ".dataset",
+    "RolloutFunction": ".adapters.rollout_func",
+    "create_openenv_vllm_rollout_func": ".adapters.rollout_func",
+    "create_rollout_func": ".adapters.rollout_func",
+    "EvalRolloutWorker": ".adapters.async_worker",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -58,8 +71,23 @@ def __dir__() -> list[str]:
 
 
 compat.install()
-__all__ = ["ConfigError", "EnvPathError", "EpTrlError", "EvalOverrides", "EvalRolloutWorker", "GenerationError",
-           "NoTrainingSignalError", "ProcessExitingError", "RolloutFunction", "RolloutOptions", "RolloutWorkerError",
-           "UnsupportedEvalError", "VLLMOptions", "VersionError", "create_openenv_vllm_rollout_func",
-           "create_rollout_func", "dataset_from_eval"]
+__all__ = [
+    "ConfigError",
+    "EnvPathError",
+    "EpTrlError",
+    "EvalOverrides",
+    "EvalRolloutWorker",
+    "GenerationError",
+    "NoTrainingSignalError",
+    "ProcessExitingError",
+    "RolloutFunction",
+    "RolloutOptions",
+    "RolloutWorkerError",
+    "UnsupportedEvalError",
+    "VLLMOptions",
+    "VersionError",
+    "create_openenv_vllm_rollout_func",
+    "create_rollout_func",
+    "dataset_from_eval",
+]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The one home of ep_trl's old names: what the README and docs once showed users, kept working until :data:`REMOVED_IN`.
+"""The one home of ep_trl's old names: what the README and docs once showed users, kept working until
+:data:`REMOVED_IN`.
 
 * :data:`MOVED`: module paths users were shown, now elsewhere. ``python -m ep_trl.serve`` (the README's command before
   ``ep-trl serve``) and ``ep_trl.shutdown.Terminated`` (the exception a SIGTERM raises, which ``docs/failures.md``
@@ -32,9 +33,11 @@ MOVED = {
 }
 
 #: Keywords of earlier releases → where they live now.
-MOVED_KEYWORDS = {**{f.name: f"overrides=EvalOverrides({f.name}=...)" for f in fields(EvalOverrides)},
-                  **{f"vllm_{f.name}": f"vllm=VLLMOptions({f.name}=...)" for f in fields(VLLMOptions)},
-                  **{f.name: f"options=RolloutOptions({f.name}=...)" for f in fields(RolloutOptions)}}
+MOVED_KEYWORDS = {
+    **{f.name: f"overrides=EvalOverrides({f.name}=...)" for f in fields(EvalOverrides)},
+    **{f"vllm_{f.name}": f"vllm=VLLMOptions({f.name}=...)" for f in fields(VLLMOptions)},
+    **{f.name: f"options=RolloutOptions({f.name}=...)" for f in fields(RolloutOptions)},
+}
 
 
 def refuse_unknown(unknown: Mapping[str, object]) -> None:
@@ -48,14 +51,16 @@ class MovedModuleFinder:
     """Finds an old module path of :data:`MOVED` before the path finder does."""
 
     @staticmethod
-    def find_spec(fullname: str, path: Sequence[str] | None = None,
-                  target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(
+        fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         new = MOVED.get(fullname)
         if new is None:
             return None
         real = importlib.util.find_spec(new)
-        return importlib.util.spec_from_loader(fullname, _MovedModuleLoader(fullname, new),
-                                               origin=real.origin if real else None)
+        return importlib.util.spec_from_loader(
+            fullname, _MovedModuleLoader(fullname, new), origin=real.origin if real else None
+        )
 
 
 class _MovedModuleLoader(importlib.abc.Loader):
@@ -66,8 +71,11 @@ class _MovedModuleLoader(importlib.abc.Loader):
         self.real_spec: ModuleSpec | None = None
 
     def _warn(self) -> None:
-        warnings.warn(f"{self.old} moved to {self.new}; import {self.new} instead ({self.old} is removed in ep_trl "
-                      f"{REMOVED_IN})", DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{self.old} moved to {self.new}; import {self.new} instead ({self.old} is removed in ep_trl {REMOVED_IN})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
         self._warn()
@@ -82,8 +90,11 @@ class _MovedModuleLoader(importlib.abc.Loader):
         """``python -m <old path>``: code that runs the new module as ``__main__`` (runpy asks for the code, not the
         module; the new module's own code would run with the old path's package, where its relative imports fail)."""
         self._warn()
-        return compile(f"import runpy\nrunpy.run_module({self.new!r}, run_name='__main__', alter_sys=True)\n",
-                       f"<{self.old}: runs {self.new}>", "exec")
+        return compile(
+            f"import runpy\nrunpy.run_module({self.new!r}, run_name='__main__', alter_sys=True)\n",
+            f"<{self.old}: runs {self.new}>",
+            "exec",
+        )
 
 
 def install() -> None:

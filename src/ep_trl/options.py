@@ -36,8 +36,13 @@ def _positive_int(owner: str, name: str, value: object, *, minimum: int = 1) -> 
 def _positive_float(owner: str, name: str, value: object, *, allow_zero: bool = False) -> None:
     if value is None:
         return
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-            or (value == 0 and not allow_zero)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{owner}({name}={value!r}): {name} must be a finite number of seconds {bound}.")
 
@@ -52,8 +57,9 @@ def _strings(owner: str, name: str, value: object, example: str) -> tuple[str, .
     if value is None:
         return None
     if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-        raise ConfigError(f"{owner}({name}={value!r}): {name} must be a non-empty list of strings, e.g. "
-                          f"{name}={example}.")
+        raise ConfigError(
+            f"{owner}({name}={value!r}): {name} must be a non-empty list of strings, e.g. {name}={example}."
+        )
     bad = [v for v in value if not isinstance(v, str) or not v]
     if bad:
         raise ConfigError(f"{owner}({name}=...): every entry must be a non-empty string; got {bad!r}.")
@@ -116,13 +122,16 @@ class EvalOverrides:
 
     def __post_init__(self) -> None:
         owner = "EvalOverrides"
-        object.__setattr__(self, "input_dataset", _strings(owner, "input_dataset", self.input_dataset,
-                                                           "['rows.jsonl']"))
+        object.__setattr__(
+            self, "input_dataset", _strings(owner, "input_dataset", self.input_dataset, "['rows.jsonl']")
+        )
         for name in ("env_factory", "prompt_builder", "action_parser", "reset_seed", "reset_kwargs"):
             _callable(owner, name, getattr(self, name))
         if self.env_client_cls is not None and not isinstance(self.env_client_cls, type):
-            raise ConfigError(f"{owner}(env_client_cls={self.env_client_cls!r}): pass the client class itself "
-                              "(e.g. MyEnv), not an instance or a name.")
+            raise ConfigError(
+                f"{owner}(env_client_cls={self.env_client_cls!r}): pass the client class itself "
+                "(e.g. MyEnv), not an instance or a name."
+            )
         _url(owner, "env_base_url", self.env_base_url)
         _positive_float(owner, "request_timeout_s", self.request_timeout_s)
         object.__setattr__(self, "tasks", _strings(owner, "tasks", self.tasks, "['click-test']"))
@@ -136,12 +145,16 @@ class EvalOverrides:
             _positive_int(owner, name, getattr(self, name))
         if self.evaluation_test_kwargs is not None:
             if not isinstance(self.evaluation_test_kwargs, Mapping):
-                raise ConfigError(f"{owner}(evaluation_test_kwargs=...): must be a mapping of keyword arguments, "
-                                  f"not {type(self.evaluation_test_kwargs).__name__}.")
+                raise ConfigError(
+                    f"{owner}(evaluation_test_kwargs=...): must be a mapping of keyword arguments, "
+                    f"not {type(self.evaluation_test_kwargs).__name__}."
+                )
             object.__setattr__(self, "evaluation_test_kwargs", dict(self.evaluation_test_kwargs))
         if self.env_factory is not None and (self.env_client_cls is not None or self.env_base_url is not None):
-            raise ConfigError(f"{owner}: env_factory and env_client_cls/env_base_url both say how to build the "
-                              "environment; pass one of them.")
+            raise ConfigError(
+                f"{owner}: env_factory and env_client_cls/env_base_url both say how to build the "
+                "environment; pass one of them."
+            )
 
     def merged(self, **keywords: object) -> "EvalOverrides":
         """These overrides with the factory's plain keywords added; a keyword set in both places must agree."""
@@ -150,8 +163,10 @@ class EvalOverrides:
             if value is None:
                 continue
             if values[name] is not None and values[name] != value:
-                raise ConfigError(f"{name} is given twice, as a keyword ({value!r}) and in EvalOverrides "
-                                  f"({values[name]!r}); pass it once.")
+                raise ConfigError(
+                    f"{name} is given twice, as a keyword ({value!r}) and in EvalOverrides "
+                    f"({values[name]!r}); pass it once."
+                )
             values[name] = value
         return EvalOverrides(**values)
 
@@ -235,8 +250,10 @@ class RolloutOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.chat_template_kwargs, Mapping):
-            raise ConfigError(f"RolloutOptions(chat_template_kwargs={self.chat_template_kwargs!r}): must be a mapping "
-                              "such as {'enable_thinking': False}.")
+            raise ConfigError(
+                f"RolloutOptions(chat_template_kwargs={self.chat_template_kwargs!r}): must be a mapping "
+                "such as {'enable_thinking': False}."
+            )
         object.__setattr__(self, "chat_template_kwargs", dict(self.chat_template_kwargs))
         if not isinstance(self.reuse_env_sessions, bool):
             raise ConfigError(f"RolloutOptions(reuse_env_sessions={self.reuse_env_sessions!r}): must be True or False.")
@@ -248,24 +265,41 @@ class RolloutOptions:
         _positive_float("RolloutOptions", "stop_grace_s", self.stop_grace_s)
 
 
-def check_keywords(backend: object, vllm_base_url: object, max_episode_tokens: object, log_rollouts: object,
-                   overrides: object, vllm: object, options: object) -> None:
+def check_keywords(
+    backend: object,
+    vllm_base_url: object,
+    max_episode_tokens: object,
+    log_rollouts: object,
+    overrides: object,
+    vllm: object,
+    options: object,
+) -> None:
     """Check the factory's plain keywords (the option objects check themselves when built)."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, not {backend!r}.")
     if vllm_base_url is not None:
         if not isinstance(vllm_base_url, str) or not vllm_base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"vllm_base_url={vllm_base_url!r}: pass the server's root URL, e.g. 'http://127.0.0.1:8000'.")
+            raise ConfigError(
+                f"vllm_base_url={vllm_base_url!r}: pass the server's root URL, e.g. 'http://127.0.0.1:8000'."
+            )
         if vllm_base_url.rstrip("/").endswith("/v1"):
-            raise ConfigError(f"vllm_base_url={vllm_base_url!r} ends with /v1; pass the server's root URL "
-                              f"({vllm_base_url.rstrip('/')[:-3]!r}): ep_trl adds /v1/... itself.")
-    if max_episode_tokens is not None and (isinstance(max_episode_tokens, bool) or not isinstance(max_episode_tokens, int)
-                                           or max_episode_tokens < 1):
-        raise ConfigError(f"max_episode_tokens={max_episode_tokens!r} must be an integer >= 1 (or None for the "
-                          "GRPOConfig's max_completion_length).")
+            raise ConfigError(
+                f"vllm_base_url={vllm_base_url!r} ends with /v1; pass the server's root URL "
+                f"({vllm_base_url.rstrip('/')[:-3]!r}): ep_trl adds /v1/... itself."
+            )
+    if max_episode_tokens is not None and (
+        isinstance(max_episode_tokens, bool) or not isinstance(max_episode_tokens, int) or max_episode_tokens < 1
+    ):
+        raise ConfigError(
+            f"max_episode_tokens={max_episode_tokens!r} must be an integer >= 1 (or None for the "
+            "GRPOConfig's max_completion_length)."
+        )
     if not isinstance(log_rollouts, bool):
         raise ConfigError(f"log_rollouts={log_rollouts!r} must be True or False.")
-    for value, cls, name in ((overrides, EvalOverrides, "overrides"), (vllm, VLLMOptions, "vllm"),
-                             (options, RolloutOptions, "options")):
+    for value, cls, name in (
+        (overrides, EvalOverrides, "overrides"),
+        (vllm, VLLMOptions, "vllm"),
+        (options, RolloutOptions, "options"),
+    ):
         if value is not None and not isinstance(value, cls):
             raise ConfigError(f"{name}= takes an ep_trl.{cls.__name__}(...), not {type(value).__name__}.")

@@ -17,17 +17,23 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
 from ep_trl.adapters import async_worker as worker_module
 from ep_trl.adapters import trl_seam
-from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.generation.probe import served_models
+from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
-from tests.support.async_training import (Recorded, SampleTurns, TurnGaps, VersionSnapshots, check_turn_versions,
-                                          wait_until)
+from tests.runtime.test_shutdown import SEND, lines, run_program, since_sent
+from tests.support.async_training import (
+    Recorded,
+    SampleTurns,
+    TurnGaps,
+    VersionSnapshots,
+    check_turn_versions,
+    wait_until,
+)
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.letters import LETTERS_ENV_URL_VAR, LettersEpisodes, start_letters_server
 from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import assert_trained
 from tests.support.vllm_server import vllm_server
-from tests.runtime.test_shutdown import lines, run_program, SEND, since_sent
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
@@ -49,10 +55,22 @@ def server_url(shared_vllm_url):
 
 
 def config(tmp_path, url, **overrides):
-    values = dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, num_generations=4,
-                  per_device_train_batch_size=8, max_completion_length=256, max_steps=3, logging_steps=1,
-                  learning_rate=3e-3, temperature=TEMPERATURE, report_to=[], token_budget=0, save_strategy="no",
-                  vllm_server_base_url=url)
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=256,
+        max_steps=3,
+        logging_steps=1,
+        learning_rate=3e-3,
+        temperature=TEMPERATURE,
+        report_to=[],
+        token_budget=0,
+        save_strategy="no",
+        vllm_server_base_url=url,
+    )
     return AsyncGRPOConfig(**{**values, **overrides})
 
 
@@ -89,8 +107,9 @@ def letters_on(tmp_path, monkeypatch, **settings):
 @pytest.fixture
 def tail_letters(tmp_path, monkeypatch):
     """The first episode, and every 16th after it, is a straggler (3 s per step, 60x the others' 0.05 s)."""
-    server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.05", LETTERS_TAIL_EVERY="16",
-                        LETTERS_TAIL_LATENCY_S="3.0")
+    server = letters_on(
+        tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.05", LETTERS_TAIL_EVERY="16", LETTERS_TAIL_LATENCY_S="3.0"
+    )
     try:
         yield server.base_url
     finally:
@@ -109,13 +128,22 @@ def slow_letters(tmp_path, monkeypatch):
 
 
 def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options):
-    worker = EvalRolloutWorker(env_path, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                               log_rollouts=False, **worker_options)
+    worker = EvalRolloutWorker(
+        env_path,
+        args=args,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        log_rollouts=False,
+        **worker_options,
+    )
     worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
-    trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(env_path, repeat=8),
-                                  rollout_worker=worker, weight_transfer=DiskWeightTransfer(args.vllm_server_base_url,
-                                                                                            model_dir),
-                                  callbacks=list(callbacks))
+    trainer = CPUAsyncGRPOTrainer(
+        str(model_dir),
+        args=args,
+        train_dataset=dataset_from_eval(env_path, repeat=8),
+        rollout_worker=worker,
+        weight_transfer=DiskWeightTransfer(args.vllm_server_base_url, model_dir),
+        callbacks=list(callbacks),
+    )
     return worker, trainer
 
 
@@ -192,9 +220,18 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
             continue  # played on weights of a step whose snapshot the run ended before taking
         gaps = {v: turn_gaps(policy(v), sample) for v in set(versions) | {v + 1 for v in versions}}
         assert len(gaps[versions[0]]) == len(versions)  # one recorded version per sampled turn
-        checked.append((sample, SampleTurns(sample.model_version, tuple(
-            TurnGaps(version, tuple(gaps[version][turn]), tuple(gaps[version + 1][turn]))
-            for turn, version in enumerate(versions)))))
+        checked.append(
+            (
+                sample,
+                SampleTurns(
+                    sample.model_version,
+                    tuple(
+                        TurnGaps(version, tuple(gaps[version][turn]), tuple(gaps[version + 1][turn]))
+                        for turn, version in enumerate(versions)
+                    ),
+                ),
+            )
+        )
         if len(set(versions)) > 1:
             spanning.append((sample, versions))
     # each turn its recorded policy's or the next one's, each sample tagged with its oldest turn's version, most turns
@@ -223,9 +260,11 @@ def test_a_group_is_released_while_a_straggler_of_another_group_plays(model_dir,
     assert straggler.seconds > 8.0  # 3 steps of 3 s
     before = [g for g in worker.groups if g.released_at < straggler.released_at]
     assert {1, 2} <= {g.group for g in before}, [(g.group, round(g.seconds, 1)) for g in worker.groups]
-    first_step = [s.group_id for s in worker.rollout_buffer.samples[:args.per_device_train_batch_size]]
+    first_step = [s.group_id for s in worker.rollout_buffer.samples[: args.per_device_train_batch_size]]
     assert 0 not in first_step, first_step  # the buffer is FIFO: step 1 trained on groups released before it
     assert worker.slot_occupancy() > 0.5
+
+
 @pytest.mark.timeout(600)
 def test_a_processor_eval_trains_asynchronously(model_dir, server_url, tmp_path):
     """SingleTurnRolloutProcessor runs unchanged inside the worker; its calls are generated on the synced server."""
@@ -247,8 +286,9 @@ class SlowSteps(TrainerCallback):
 
 
 @pytest.mark.timeout(600)
-def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(model_dir, server_url, letters_server,
-                                                                           tmp_path):
+def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(
+    model_dir, server_url, letters_server, tmp_path
+):
     args = config(tmp_path, server_url, max_steps=3, max_staleness=0)
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[SlowSteps()], buffer_size=8)
     trainer.train()
@@ -272,8 +312,9 @@ class PushedTensors(DiskWeightTransfer):
 
 
 @pytest.mark.timeout(600)
-def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pushed_weights(model_dir, server_url,
-                                                                                             letters_server, tmp_path):
+def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pushed_weights(
+    model_dir, server_url, letters_server, tmp_path
+):
     """AsyncGRPOTrainer merges a peft adapter into the weights it streams and unmerges it afterwards, so
     DiskWeightTransfer pushes base + B·A·scaling under the checkpoint's names (what train_browsergym_trl.py --async
     --lora-r relies on)."""
@@ -281,13 +322,18 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
     from safetensors.torch import load_file
 
     args = config(tmp_path, server_url, max_steps=2, learning_rate=3e-2)
-    worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                               log_rollouts=False)
+    worker = EvalRolloutWorker(
+        LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir), log_rollouts=False
+    )
     transfer = PushedTensors(server_url, model_dir)
-    trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(LETTERS, repeat=8),
-                                  rollout_worker=worker, weight_transfer=transfer,
-                                  peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
-                                                         task_type="CAUSAL_LM"))
+    trainer = CPUAsyncGRPOTrainer(
+        str(model_dir),
+        args=args,
+        train_dataset=dataset_from_eval(LETTERS, repeat=8),
+        rollout_worker=worker,
+        weight_transfer=transfer,
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
     assert_trained(trainer)
@@ -304,9 +350,13 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
 @pytest.fixture(scope="module")
 def lora_server_url(model_dir, tmp_path_factory):
     """A second real CPU vLLM server, started with --enable-lora and runtime adapter loading (as TRL asks)."""
-    with vllm_server(model_dir, tmp_path_factory.mktemp("vllm_lora_logs"), max_model_len=1024,
-                     extra_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "6"],
-                     env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}) as server:
+    with vllm_server(
+        model_dir,
+        tmp_path_factory.mktemp("vllm_lora_logs"),
+        max_model_len=1024,
+        extra_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "6"],
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+    ) as server:
         yield server.base_url
 
 
@@ -325,8 +375,9 @@ class AdapterSnapshots(TrainerCallback):
 
 
 @pytest.mark.timeout(600)
-def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(model_dir, lora_server_url,
-                                                                              letters_server, tmp_path):
+def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
+    model_dir, lora_server_url, letters_server, tmp_path
+):
     """To a server started with --enable-lora, AsyncGRPOTrainer pushes the adapter alone (no merged weights), as
     trl-policy-v{N}. Every turn the worker plays is generated with the adapter of the version it records: each
     sample's old_log_probs are the teacher-forced logprobs of the peft policy of its version, and a trained
@@ -336,12 +387,23 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(m
     lora = dict(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
     args = config(tmp_path, lora_server_url, max_steps=2, learning_rate=3e-2)
     snapshots = AdapterSnapshots()
-    worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                               log_rollouts=False, buffer_size=64)
+    worker = EvalRolloutWorker(
+        LETTERS,
+        args=args,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        log_rollouts=False,
+        buffer_size=64,
+    )
     worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
-    trainer = CPUAsyncGRPOTrainer(str(model_dir), args=args, train_dataset=dataset_from_eval(LETTERS, repeat=8),
-                                  rollout_worker=worker, weight_transfer=None, peft_config=LoraConfig(**lora),
-                                  callbacks=[snapshots, BeforeStep2(worker, trained_policy_sample)])
+    trainer = CPUAsyncGRPOTrainer(
+        str(model_dir),
+        args=args,
+        train_dataset=dataset_from_eval(LETTERS, repeat=8),
+        rollout_worker=worker,
+        weight_transfer=None,
+        peft_config=LoraConfig(**lora),
+        callbacks=[snapshots, BeforeStep2(worker, trained_policy_sample)],
+    )
     assert trainer._lora_sync and trainer.weight_transfer is None  # TRL's adapter-only sync, nothing merged
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
@@ -389,9 +451,10 @@ def test_a_stale_adapter_on_the_lora_server_is_never_used(model_dir, lora_server
     from peft import LoraConfig, get_peft_model
 
     adapter = tmp_path / "earlier-run-adapter"
-    get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
-                   LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
-                   ).save_pretrained(adapter)
+    get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
+    ).save_pretrained(adapter)
     stale, ours = ["trl-policy-v1", "trl-policy-v2"], "trl-policy-v3"
     lora_adapters(lora_server_url, "unload", stale + [ours])  # whatever an earlier test of this module left
     lora_adapters(lora_server_url, "load", stale, adapter)
@@ -478,8 +541,9 @@ def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypat
 
 
 @pytest.mark.timeout(120)
-def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(tiny_model_dir, tmp_path, monkeypatch,
-                                                                              caplog):
+def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+):
     """32 slots on a letters server that admits 8 sessions (the eval's env_factory builds the clients): 8 episodes
     are inside a 30 s step and 24 wait for a free session. stop() ends all 32 within 5 s (a busy server's close
     handshake is not waited for); they are counted as cancelled, none as an environment failure, and the capacity
@@ -490,8 +554,14 @@ def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(t
             worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir, max_concurrent_rollouts=32)
             worker.start()
             try:
-                wait_until(lambda: worker.meter.in_flight == 32 and " admits " in caplog.text
-                           and len(LettersEpisodes(server.base_url)()) == 8, 60)
+                wait_until(
+                    lambda: (
+                        worker.meter.in_flight == 32
+                        and " admits " in caplog.text
+                        and len(LettersEpisodes(server.base_url)()) == 8
+                    ),
+                    60,
+                )
                 time.sleep(0.5)  # the 8 played their first turn and are inside an environment step
             finally:
                 started = time.monotonic()
@@ -556,8 +626,9 @@ def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_
 def test_check_health_raises_what_ended_the_worker(tiny_model_dir, letters_server, tmp_path):
     """A vLLM server gone for good ends the worker; the trainer's next check raises it, naming the request."""
     with FaultyVLLMServer(default=("status", 500)) as server:
-        worker = idle_worker(server.url, tmp_path, model_dir=tiny_model_dir,
-                             vllm=VLLMOptions(max_retries=0, request_timeout_s=5))
+        worker = idle_worker(
+            server.url, tmp_path, model_dir=tiny_model_dir, vllm=VLLMOptions(max_retries=0, request_timeout_s=5)
+        )
         worker.start()
         try:
             wait_until(lambda: health_error(worker) is not None, 60)  # the worker's thread ended with an error
@@ -574,7 +645,9 @@ def test_check_health_raises_when_the_worker_produces_nothing(tiny_model_dir, le
         worker.start()
         try:
             time.sleep(1.5)
-            with pytest.raises(RolloutWorkerError, match=r"produced nothing for \d+ s \(more than 1 s\).*heartbeat_stale_after_s"):
+            with pytest.raises(
+                RolloutWorkerError, match=r"produced nothing for \d+ s \(more than 1 s\).*heartbeat_stale_after_s"
+            ):
                 worker.check_health(1.0)
         finally:
             started = time.monotonic()
@@ -583,12 +656,14 @@ def test_check_health_raises_when_the_worker_produces_nothing(tiny_model_dir, le
 
 
 @pytest.mark.timeout(180)
-def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_the_worker(tiny_model_dir,
-                                                                                          letters_server, tmp_path):
+def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_the_worker(
+    tiny_model_dir, letters_server, tmp_path
+):
     """Issue 48: no trainer-thread path raised a swallowed SIGTERM, so async training ran on until the stop grace
     forced the exit. The trainer takes samples as TRL's own ``RolloutQueueDataset`` does; after the swallowed signal
     each of its calls into the worker raises ``Terminated``, and the process ends with 143 well within the grace."""
-    result, _ = run_program(f"""
+    result, _ = run_program(
+        f"""
         from collections import defaultdict
         from transformers import AutoTokenizer
         from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -624,11 +699,19 @@ def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_
         for sample in dataset:  # the trainer trains on
             pass
         print("SURVIVED", flush=True)
-    """, timeout=150, grace="20")
+    """,
+        timeout=150,
+        grace="20",
+    )
     seconds = since_sent(result)
-    assert lines(result.stdout) == ["TRAINING", "SWALLOWED", "RAISED update_model_version Terminated",
-                                    "RAISED check_health Terminated", "RAISED sample Terminated", "CLOSED"], (
-        result.stdout, result.stderr[-3000:])
+    assert lines(result.stdout) == [
+        "TRAINING",
+        "SWALLOWED",
+        "RAISED update_model_version Terminated",
+        "RAISED check_health Terminated",
+        "RAISED sample Terminated",
+        "CLOSED",
+    ], (result.stdout, result.stderr[-3000:])
     assert result.returncode == 143 and "did not exit within" not in result.stderr, result.stderr[-3000:]
     assert seconds < 10, seconds  # its next call, not the 20 s grace
 
@@ -641,32 +724,48 @@ def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_th
     args = config(tmp_path, "http://127.0.0.1:1")
     with FaultyVLLMServer() as server:
         args.vllm_server_base_url = server.url
-        worker = EvalRolloutWorker(LETTERS, args=args, processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
-                                   log_rollouts=False)
+        worker = EvalRolloutWorker(
+            LETTERS, args=args, processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir), log_rollouts=False
+        )
         try:
             assert worker.renders_images
-            with pytest.raises(ConfigError, match=r"renders images into its samples \(Idefics3Processor\).*without "
-                                                  r"their pixels.*AsyncImagesGRPOTrainer \(CPUAsyncImagesGRPOTrainer"):
-                CPUAsyncGRPOTrainer(str(tiny_vlm_dir), args=args, train_dataset=dataset_from_eval(LETTERS),
-                                    rollout_worker=worker, weight_transfer=DiskWeightTransfer(server.url, tiny_vlm_dir))
+            with pytest.raises(
+                ConfigError,
+                match=r"renders images into its samples \(Idefics3Processor\).*without "
+                r"their pixels.*AsyncImagesGRPOTrainer \(CPUAsyncImagesGRPOTrainer",
+            ):
+                CPUAsyncGRPOTrainer(
+                    str(tiny_vlm_dir),
+                    args=args,
+                    train_dataset=dataset_from_eval(LETTERS),
+                    rollout_worker=worker,
+                    weight_transfer=DiskWeightTransfer(server.url, tiny_vlm_dir),
+                )
         finally:
             worker.stop()
 
 
-def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(tiny_vlm_dir, model_dir, server_url,
-                                                                          tmp_path):
+def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(
+    tiny_vlm_dir, model_dir, server_url, tmp_path
+):
     """The session's server serves the text-only tiny model: a vision-language processor's images cannot reach it,
     so the worker refuses at construction, naming the fix."""
     from transformers import AutoProcessor
 
-    with pytest.raises(ConfigError, match=r"serves .*a text-only model \(qwen2\): it cannot take the images "
-                                          r"Idefics3Processor renders\. Start the server on the vision-language model"):
-        EvalRolloutWorker(LETTERS, args=config(tmp_path, server_url), log_rollouts=False,
-                          processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir))
+    with pytest.raises(
+        ConfigError,
+        match=r"serves .*a text-only model \(qwen2\): it cannot take the images "
+        r"Idefics3Processor renders\. Start the server on the vision-language model",
+    ):
+        EvalRolloutWorker(
+            LETTERS,
+            args=config(tmp_path, server_url),
+            log_rollouts=False,
+            processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+        )
 
 
-def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound_below_a_group(tiny_vlm_dir,
-                                                                                                tmp_path):
+def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound_below_a_group(tiny_vlm_dir, tmp_path):
     """The bound counts the images of the samples in the buffer and waiting for room, plus max_episode_images for each
     episode started and not released (the image eval: a picture per step, 2 steps); an episode starts only if its
     reservation fits. A bound below one group's reservations (num_generations=4 x 2) could never release a group and
@@ -678,28 +777,51 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
 
     def sample(images):
         return trl_seam.rollout_sample()(
-            prompt=[], completion=[], input_ids=ids_with_images([1, 2, 3], images), completion_mask=np.ones(3),
-            old_log_probs=np.zeros(3), advantage=0.0, model_version=0, group_id=0, metrics={}, enqueued_at=None)
+            prompt=[],
+            completion=[],
+            input_ids=ids_with_images([1, 2, 3], images),
+            completion_mask=np.ones(3),
+            old_log_probs=np.zeros(3),
+            advantage=0.0,
+            model_version=0,
+            group_id=0,
+            metrics={},
+            enqueued_at=None,
+        )
 
     args = config(tmp_path, "http://127.0.0.1:1")
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     with FaultyVLLMServer() as server:
         args.vllm_server_base_url = server.url
-        with pytest.raises(ConfigError, match=r"max_buffered_images=7\) is below one prompt group's worst case: "
-                                              r"num_generations=4 episodes of up to 2 images each \(its prompt's 0 "
-                                              r"plus one per environment step, steps=2.*Pass max_buffered_images >= 8"):
-            EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False,
-                              max_buffered_images=7)
-        with pytest.raises(ConfigError, match=r"max_buffered_images=8\).*runs SingleTurnRolloutProcessor.*Pass "
-                                              r"max_episode_images="):
-            EvalRolloutWorker(ARITHMETIC, args=args, processing_class=processor, log_rollouts=False,
-                              max_buffered_images=8)
+        with pytest.raises(
+            ConfigError,
+            match=r"max_buffered_images=7\) is below one prompt group's worst case: "
+            r"num_generations=4 episodes of up to 2 images each \(its prompt's 0 "
+            r"plus one per environment step, steps=2.*Pass max_buffered_images >= 8",
+        ):
+            EvalRolloutWorker(
+                IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, max_buffered_images=7
+            )
+        with pytest.raises(
+            ConfigError,
+            match=r"max_buffered_images=8\).*runs SingleTurnRolloutProcessor.*Pass "
+            r"max_episode_images=",
+        ):
+            EvalRolloutWorker(
+                ARITHMETIC, args=args, processing_class=processor, log_rollouts=False, max_buffered_images=8
+            )
         for bound in ("max_buffered_images", "max_episode_images"):
             with pytest.raises(ConfigError, match=rf"{bound}=8\) bounds the images.*renders none"):
-                EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=AutoTokenizer.from_pretrained(tiny_vlm_dir),
-                                  log_rollouts=False, **{bound: 8})
-        worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False,
-                                   buffer_size=8, max_buffered_images=8)
+                EvalRolloutWorker(
+                    IMAGE_EVAL,
+                    args=args,
+                    processing_class=AutoTokenizer.from_pretrained(tiny_vlm_dir),
+                    log_rollouts=False,
+                    **{bound: 8},
+                )
+        worker = EvalRolloutWorker(
+            IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=8, max_buffered_images=8
+        )
         try:
             worker.take_images("test")
             assert worker.max_episode_images == 2 and worker.held_images() == 0 and worker._has_room()
@@ -730,19 +852,32 @@ def test_a_released_group_kept_for_the_metrics_report_holds_none_of_its_images()
     from tests.support.images import png_data_uri, user_with_image
 
     screenshot = png_data_uri((1, 2, 3), (1280, 720))
-    trajectory = Trajectory(prompt_ids=(1, 2), completion_ids=(3,), logprobs=(-0.5,), env_mask=(1,),
-                            images=(Image.new("RGB", (1280, 720)),),
-                            processed=ProcessedImages({"pixel_values": torch.zeros(1, 1, 3, 8, 8)}, 1))
+    trajectory = Trajectory(
+        prompt_ids=(1, 2),
+        completion_ids=(3,),
+        logprobs=(-0.5,),
+        env_mask=(1,),
+        images=(Image.new("RGB", (1280, 720)),),
+        processed=ProcessedImages({"pixel_values": torch.zeros(1, 1, 3, 8, 8)}, 1),
+    )
     group = released_group(0, "Task", [trajectory, trajectory], scores=(1.0, 0.0))
     row = {"messages": [user_with_image("Step 1", screenshot)]}  # a stand-in for the body's row
-    group = dataclasses.replace(group, played=tuple(dataclasses.replace(
-        p, episode=dataclasses.replace(p.episode, messages=(user_with_image("Step 1", screenshot),)), row=row)
-        for p in group.played), scored=tuple(dataclasses.replace(s, row=row) for s in group.scored))
+    group = dataclasses.replace(
+        group,
+        played=tuple(
+            dataclasses.replace(
+                p, episode=dataclasses.replace(p.episode, messages=(user_with_image("Step 1", screenshot),)), row=row
+            )
+            for p in group.played
+        ),
+        scored=tuple(dataclasses.replace(s, row=row) for s in group.scored),
+    )
 
     kept = worker_module._without_images(group)
     assert screenshot not in repr(kept)  # no data URI in any field
-    assert all(ep.trajectory.images == () and ep.trajectory.processed is None and ep.messages == ()
-               for ep in kept.episodes)
+    assert all(
+        ep.trajectory.images == () and ep.trajectory.processed is None and ep.messages == () for ep in kept.episodes
+    )
     assert all(s.row is None for s in kept.scored) and kept.seconds == group.seconds
     assert call_metrics(kept.episodes, kept.scored, 1.0, 0) == call_metrics(group.episodes, group.scored, 1.0, 0)
 
@@ -751,21 +886,32 @@ def test_worker_processes_are_refused_by_the_worker(tiny_model_dir, tmp_path):
     from ep_trl import RolloutOptions
 
     with pytest.raises(ConfigError, match=r"worker_processes=2.*one continuous stream.*Leave worker_processes at 1"):
-        EvalRolloutWorker(LETTERS, args=config(tmp_path, "http://127.0.0.1:1"), options=RolloutOptions(worker_processes=2),
-                          processing_class=AutoTokenizer.from_pretrained(tiny_model_dir))
+        EvalRolloutWorker(
+            LETTERS,
+            args=config(tmp_path, "http://127.0.0.1:1"),
+            options=RolloutOptions(worker_processes=2),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        )
 
 
 def test_a_prompt_the_eval_cannot_play_is_refused_at_construction(tiny_model_dir, tmp_path):
     with FaultyVLLMServer() as server:
         with pytest.raises(ConfigError, match=r"prompt 1, message 0 is \{'role': 'user'\}: every message needs"):
-            EvalRolloutWorker(LETTERS, args=config(tmp_path, server.url), log_rollouts=False,
-                              processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-                              dataset={"prompt": ["Play the letters game.", [{"role": "user"}]]})
+            EvalRolloutWorker(
+                LETTERS,
+                args=config(tmp_path, server.url),
+                log_rollouts=False,
+                processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+                dataset={"prompt": ["Play the letters game.", [{"role": "user"}]]},
+            )
 
 
 def test_sampling_that_the_trainer_does_not_assume_is_refused(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"top_p=0.9.*leave top_p at 1.0"):
-        EvalRolloutWorker(LETTERS, args=config(tmp_path, "http://127.0.0.1:1", top_p=0.9),
-                          processing_class=AutoTokenizer.from_pretrained(tiny_model_dir))
+        EvalRolloutWorker(
+            LETTERS,
+            args=config(tmp_path, "http://127.0.0.1:1", top_p=0.9),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        )
     with pytest.raises(ConfigError, match="bf16=False"):
         CPUAsyncGRPOTrainer(str(tiny_model_dir), args=config(tmp_path, "http://127.0.0.1:1", bf16=True))

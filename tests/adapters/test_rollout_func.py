@@ -39,8 +39,17 @@ def test_rows_match_prompts_in_count_order_and_shape(pointwise, letters_episodes
     rollout, trainer = pointwise
     prompts = ["Play the letters game."] * 4 + ["Play the letters game, round two."] * 4
     out = rollout(prompts, trainer)
-    assert set(out) >= {"prompt_ids", "completion_ids", "logprobs", "env_mask", "eval_score", "step_rewards",
-                        "num_turns", "episode_status", "template_realigned"}
+    assert set(out) >= {
+        "prompt_ids",
+        "completion_ids",
+        "logprobs",
+        "env_mask",
+        "eval_score",
+        "step_rewards",
+        "num_turns",
+        "episode_status",
+        "template_realigned",
+    }
     for key, values in out.items():
         assert len(values) == len(prompts), key
     tok = trainer.processing_class
@@ -97,15 +106,22 @@ def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_
 
 
 def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, tmp_path):
-    out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, overrides=EvalOverrides(evaluation_test_kwargs={"bonus": 10.0}))
+    out = rollout_once(
+        EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, overrides=EvalOverrides(evaluation_test_kwargs={"bonus": 10.0})
+    )
     assert len(out["eval_score"]) == len(out["step_rewards"]) == 4
     for score, rewards in zip(out["eval_score"], out["step_rewards"]):
         assert score == pytest.approx(10.0 + sum(rewards) / len(rewards))
 
 
 def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server, tmp_path):
-    out = rollout_once("tests.evals.eval_letters_groupwise", tiny_model_dir, tmp_path,
-                       [PROMPT] * 4 + ["Another prompt."] * 4, trainer_kwargs=dict(num_generations=4, batch_size=8))
+    out = rollout_once(
+        "tests.evals.eval_letters_groupwise",
+        tiny_model_dir,
+        tmp_path,
+        [PROMPT] * 4 + ["Another prompt."] * 4,
+        trainer_kwargs=dict(num_generations=4, batch_size=8),
+    )
     assert len(out["eval_score"]) == len(out["step_rewards"]) == 8
     for group in (range(0, 4), range(4, 8)):
         sums = [sum(out["step_rewards"][i]) for i in group]
@@ -143,8 +159,14 @@ def test_raising_eval_body_leaves_rows_unscored(tiny_model_dir, letters_server, 
 
 def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir, letters_server, tmp_path):
     # the first prompt group plays the crashing task, the second a normal one (tasks rotate per group)
-    out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4 + ["Second prompt."] * 4,
-                       trainer_kwargs=dict(batch_size=8), overrides=EvalOverrides(tasks=["crash", "vowels"]))
+    out = rollout_once(
+        EVAL,
+        tiny_model_dir,
+        tmp_path,
+        [PROMPT] * 4 + ["Second prompt."] * 4,
+        trainer_kwargs=dict(batch_size=8),
+        overrides=EvalOverrides(tasks=["crash", "vowels"]),
+    )
     assert out["episode_status"] == ["error"] * 4 + ["finished"] * 4
     assert out["eval_score"][:4] == [None] * 4
     assert all(isinstance(s, float) for s in out["eval_score"][4:])
@@ -152,13 +174,17 @@ def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir, letters_ser
 
 
 @pytest.mark.parametrize("reuse", [True, False])
-def test_env_sessions_are_reused_within_a_call_and_all_closed(tiny_model_dir, letters_server, letters_episodes,
-                                                              tmp_path, reuse):
+def test_env_sessions_are_reused_within_a_call_and_all_closed(
+    tiny_model_dir, letters_server, letters_episodes, tmp_path, reuse
+):
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(
-        EVAL, env_factory=lambda: TrackedLettersEnv(base_url=letters_server),
-        overrides=EvalOverrides(tasks=["crash", "vowels"]), max_concurrent_rollouts=2,
-        options=RolloutOptions(reuse_env_sessions=reuse))
+        EVAL,
+        env_factory=lambda: TrackedLettersEnv(base_url=letters_server),
+        overrides=EvalOverrides(tasks=["crash", "vowels"]),
+        max_concurrent_rollouts=2,
+        options=RolloutOptions(reuse_env_sessions=reuse),
+    )
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, batch_size=8)
     try:
         out = rollout([PROMPT] * 4 + ["Second prompt."] * 4, trainer)
@@ -171,7 +197,7 @@ def test_env_sessions_are_reused_within_a_call_and_all_closed(tiny_model_dir, le
     assert all(c.events[-1] == "close" and c.events.count("close") == 1 for c in clients)  # none left open
     for client in clients:  # a session whose episode failed is never handed to another episode
         if "crash" in client.events:
-            assert client.events[client.events.index("crash") + 1:] == ["close"]
+            assert client.events[client.events.index("crash") + 1 :] == ["close"]
     opened = trainer._metrics["train"]["ep_trl/env_sessions_opened"]
     assert opened == [float(len(clients))]
     # 4 crashed sessions are replaced, the rest reused: at most 4 + 2 sessions, against one per episode without reuse
@@ -182,7 +208,8 @@ def test_env_sessions_are_reused_within_a_call_and_all_closed(tiny_model_dir, le
 def test_a_forked_child_that_closes_its_parents_rollout_function_releases_nothing(tmp_path, monkeypatch):
     """Issue 33: ``close()`` called in a forked child released its parent's resources; here the per-rollout copy of
     the eval's MCP config that the parent's episode in flight reads (the processor source's) was deleted. What a
-    rollout function holds belongs to the process that made it, as ``ep_trl.runtime.shutdown`` and ``ep_trl.runtime.runner`` have it."""
+    rollout function holds belongs to the process that made it, as ``ep_trl.runtime.shutdown`` and
+    ``ep_trl.runtime.runner`` have it."""
     agent = "tests.evals.eval_calculator_agent"
     config = tmp_path / "calc_stdio.json"  # a stdio server: ep_trl keeps per-rollout copies of the config
     config.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": ["-c", "pass"]}}}))

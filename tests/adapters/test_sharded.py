@@ -12,10 +12,17 @@ import pytest
 
 from ep_trl import ConfigError, RolloutOptions, create_openenv_vllm_rollout_func, dataset_from_eval
 from ep_trl.adapters.sharded import join_metrics, join_outputs, shard_bounds
+from tests.runtime.test_shutdown import (
+    CHILD_PYTHONPATH,
+    GRACE_ENV,
+    REPO,
+    child_environment,
+    lines,
+    processes_tagged,
+    run_program,
+)
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import make_trainer
-from tests.runtime.test_shutdown import (CHILD_PYTHONPATH, GRACE_ENV, REPO, child_environment, lines,
-                                         processes_tagged, run_program)
 
 ARITHMETIC = "tests.evals.eval_arithmetic"
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
@@ -31,14 +38,35 @@ def test_shards_are_whole_contiguous_groups():
 def test_outputs_join_in_shard_order_and_metrics_combine():
     a = {"prompt_ids": [[1], [2]], "eval_score": [1.0, 0.0]}
     b = {"prompt_ids": [[3]], "eval_score": [None], "images": [["img"]]}
-    assert join_outputs([a, b]) == {"prompt_ids": [[1], [2], [3]], "eval_score": [1.0, 0.0, None],
-                                    "images": [[], [], ["img"]]}
-    joined = join_metrics([{"ep_trl/failed_fraction": 0.5, "ep_trl/mean_turns": 2.0, "ep_trl/errors/generation": 1.0,
-                            "ep_trl/episodes_per_s": 9.0},
-                           {"ep_trl/failed_fraction": 0.0, "ep_trl/mean_turns": 5.0, "ep_trl/errors/generation": 2.0,
-                            "ep_trl/episodes_per_s": 9.0}], [2, 1], seconds=0.5)
-    assert joined == {"ep_trl/failed_fraction": pytest.approx(1 / 3), "ep_trl/mean_turns": pytest.approx(3.0),
-                      "ep_trl/errors/generation": 3.0, "ep_trl/episodes_per_s": 6.0}
+    assert join_outputs([a, b]) == {
+        "prompt_ids": [[1], [2], [3]],
+        "eval_score": [1.0, 0.0, None],
+        "images": [[], [], ["img"]],
+    }
+    joined = join_metrics(
+        [
+            {
+                "ep_trl/failed_fraction": 0.5,
+                "ep_trl/mean_turns": 2.0,
+                "ep_trl/errors/generation": 1.0,
+                "ep_trl/episodes_per_s": 9.0,
+            },
+            {
+                "ep_trl/failed_fraction": 0.0,
+                "ep_trl/mean_turns": 5.0,
+                "ep_trl/errors/generation": 2.0,
+                "ep_trl/episodes_per_s": 9.0,
+            },
+        ],
+        [2, 1],
+        seconds=0.5,
+    )
+    assert joined == {
+        "ep_trl/failed_fraction": pytest.approx(1 / 3),
+        "ep_trl/mean_turns": pytest.approx(3.0),
+        "ep_trl/errors/generation": 3.0,
+        "ep_trl/episodes_per_s": 6.0,
+    }
 
 
 def group_numbers(log_home, rollout_ids):
@@ -53,8 +81,9 @@ def shard_processes():
     """This process's shard processes (its children named ep-trl-shard-N), in order."""
     import multiprocessing
 
-    return sorted((p for p in multiprocessing.active_children() if p.name.startswith("ep-trl-shard-")),
-                  key=lambda p: p.name)
+    return sorted(
+        (p for p in multiprocessing.active_children() if p.name.startswith("ep-trl-shard-")), key=lambda p: p.name
+    )
 
 
 @pytest.mark.timeout(300)
@@ -64,19 +93,32 @@ def test_two_workers_return_what_one_process_returns(tiny_model_dir, tmp_path):
     prompt group numbers (task rotation, ep logs), call after call; close() ends the workers."""
     prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
     with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
-        one = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url,
-                                               options=RolloutOptions(log_home=str(tmp_path / "one")))
-        two = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url,
-                                               options=RolloutOptions(worker_processes=2,
-                                                                      log_home=str(tmp_path / "two")))
-        trainer = make_trainer(tiny_model_dir, tmp_path, one, num_generations=2, batch_size=4, max_steps=1,
-                               max_completion_length=32, prompts=prompts)
+        one = create_openenv_vllm_rollout_func(
+            ARITHMETIC, vllm_base_url=server.url, options=RolloutOptions(log_home=str(tmp_path / "one"))
+        )
+        two = create_openenv_vllm_rollout_func(
+            ARITHMETIC,
+            vllm_base_url=server.url,
+            options=RolloutOptions(worker_processes=2, log_home=str(tmp_path / "two")),
+        )
+        trainer = make_trainer(
+            tiny_model_dir,
+            tmp_path,
+            one,
+            num_generations=2,
+            batch_size=4,
+            max_steps=1,
+            max_completion_length=32,
+            prompts=prompts,
+        )
         try:
             expected, got = one(prompts, trainer), two(prompts, trainer)
             expected_again, again = one(prompts, trainer), two(prompts, trainer)  # settings sent once, then reused
             one.flush_logs()
             workers = shard_processes()
-            assert [w.name for w in workers] == ["ep-trl-shard-0", "ep-trl-shard-1"] and all(w.is_alive() for w in workers)
+            assert [w.name for w in workers] == ["ep-trl-shard-0", "ep-trl-shard-1"] and all(
+                w.is_alive() for w in workers
+            )
         finally:
             one.close()
             two.close()
@@ -101,10 +143,19 @@ def test_workers_need_a_server_and_a_batch_they_can_split():
 def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir, tmp_path):
     prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
     with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
-        two = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False,
-                                               options=RolloutOptions(worker_processes=2))
-        trainer = make_trainer(tiny_model_dir, tmp_path, two, num_generations=2, batch_size=4, max_steps=1,
-                               max_completion_length=32, prompts=prompts)
+        two = create_openenv_vllm_rollout_func(
+            ARITHMETIC, vllm_base_url=server.url, log_rollouts=False, options=RolloutOptions(worker_processes=2)
+        )
+        trainer = make_trainer(
+            tiny_model_dir,
+            tmp_path,
+            two,
+            num_generations=2,
+            batch_size=4,
+            max_steps=1,
+            max_completion_length=32,
+            prompts=prompts,
+        )
         try:
             two(prompts, trainer)
             first, second = shard_processes()
@@ -119,13 +170,15 @@ def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir, 
 
 @pytest.mark.timeout(300)
 def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_terminating_one_refuses_calls(
-        tiny_model_dir):
+    tiny_model_dir,
+):
     """Issue 40: a forked child's close() sent the stop message down the pipes it shares with the parent (and its
     exit had multiprocessing terminate the parent's workers); a call after close() returned {} (TRL failed far
     away); a call after a swallowed SIGTERM started anyway."""
     prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"][:2] for _ in range(2)]
     with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
-        result, _ = run_program(textwrap.dedent(f"""
+        result, _ = run_program(
+            textwrap.dedent(f"""
             from transformers import AutoTokenizer
             from ep_trl import create_openenv_vllm_rollout_func
             from ep_trl.engine.caller import DetachedCaller, TrainingConfig
@@ -163,20 +216,28 @@ def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_term
             except BaseException:  # library code that swallows everything
                 print("SWALLOWED", flush=True)
             call("AFTER SIGTERM")
-        """), timeout=240)
+        """),
+            timeout=240,
+        )
     out = lines(result.stdout)
     assert [line.split(":")[0] for line in out] == [
-        "FIRST ANSWERED 4", "IN THE CHILD REFUSED RuntimeError", "AFTER THE CHILD ANSWERED 4",
-        "AFTER CLOSE REFUSED RuntimeError", "SWALLOWED", "AFTER SIGTERM REFUSED Terminated", "CLOSED"], (
-        result.stdout, result.stderr[-3000:])
+        "FIRST ANSWERED 4",
+        "IN THE CHILD REFUSED RuntimeError",
+        "AFTER THE CHILD ANSWERED 4",
+        "AFTER CLOSE REFUSED RuntimeError",
+        "SWALLOWED",
+        "AFTER SIGTERM REFUSED Terminated",
+        "CLOSED",
+    ], (result.stdout, result.stderr[-3000:])
     assert "was forked from it and cannot use them" in out[1] and "was closed (close())" in out[3], out
     assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_a_trainer_ended_mid_call_has_its_shards_cancel_the_call_and_write_their_rows(signum, tiny_model_dir,
-                                                                                     letters_server, tmp_path):
+def test_a_trainer_ended_mid_call_has_its_shards_cancel_the_call_and_write_their_rows(
+    signum, tiny_model_dir, letters_server, tmp_path
+):
     """Issue 48: at SIGTERM, close() waited 30 s on each shard in turn for a call it never cancelled, past the 20 s
     grace here, and the shards, their trainer force-exited, ended with os._exit(1), their queued rows lost. Now
     both shards' calls (every episode waiting on a generation that never comes) are cancelled at once, their rows
@@ -200,8 +261,14 @@ def test_a_trainer_ended_mid_call_has_its_shards_cancel_the_call_and_write_their
     """)
     with FaultyVLLMServer(default="hang") as server:  # every generation waits until the server closes
         env = {**child_environment(), "PYTHONPATH": CHILD_PYTHONPATH, "EP_TRL_TEST_RUN": tag, GRACE_ENV: "20"}
-        trainer = subprocess.Popen([sys.executable, "-c", program.replace("URL", repr(server.url))], cwd=REPO,
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        trainer = subprocess.Popen(
+            [sys.executable, "-c", program.replace("URL", repr(server.url))],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 180
             while server.max_concurrent_prompts < 4:  # both shards' episodes are waiting on their first turn

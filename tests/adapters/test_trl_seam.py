@@ -7,8 +7,8 @@ import pytest
 from trl import GRPOConfig
 
 from ep_trl.adapters import trl_seam
-from ep_trl.engine.caller import SyncedServer
 from ep_trl.adapters.trl_seam import GRPOTrainerCaller, caller_of
+from ep_trl.engine.caller import SyncedServer
 
 
 def _trainer(args, **attributes):
@@ -24,8 +24,15 @@ def test_only_the_trainer_signature_is_taken(tmp_path):
 
 
 def test_the_trainers_vllm_mode_picks_its_server_or_its_colocated_engine(tmp_path):
-    server = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="server",
-                        vllm_server_host="127.0.0.9", vllm_server_port=8123, report_to=[])
+    server = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_host="127.0.0.9",
+        vllm_server_port=8123,
+        report_to=[],
+    )
     assert GRPOTrainerCaller(_trainer(server)).synced_server() == SyncedServer("http://127.0.0.9:8123")
     assert GRPOTrainerCaller(_trainer(server)).colocated_trainer() is None
     client = SimpleNamespace(base_url="http://10.0.0.1:8000/", model="Qwen/x")  # TRL's VLLMClient, once built
@@ -80,11 +87,11 @@ def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(mo
 
     import ep_trl.trainers.async_images
     import ep_trl.trainers.cpu_async
-    from ep_trl.errors import VersionError
     from ep_trl.adapters.async_worker import EvalRolloutWorker
-    from ep_trl.trainers.images import RolloutImagesGRPOTrainer
+    from ep_trl.errors import VersionError
     from ep_trl.trainers.cpu_colocate import CPUColocateGRPOTrainer
     from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
+    from ep_trl.trainers.images import RolloutImagesGRPOTrainer
 
     monkeypatch.setattr(trl_seam, "installed_version", lambda name: Version("1.18.0"))  # a TRL not installable here
     builds = {
@@ -95,13 +102,17 @@ def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(mo
         "CPUColocateGRPOTrainer": lambda: CPUColocateGRPOTrainer(None, None, None),
         "RolloutImagesGRPOTrainer": lambda: RolloutImagesGRPOTrainer(),
         "ep_trl.trainers.async_images": lambda: importlib.reload(ep_trl.trainers.async_images),
-        "AsyncImagesGRPOTrainer": lambda: ep_trl.trainers.async_images.AsyncImagesGRPOTrainer(None,
-                                                                                             processing_class=None),
+        "AsyncImagesGRPOTrainer": lambda: ep_trl.trainers.async_images.AsyncImagesGRPOTrainer(
+            None, processing_class=None
+        ),
     }
     for who, build in builds.items():
-        with pytest.raises(VersionError, match=rf"{who} is tested with TRL >=1.16,<1.17 only, and TRL 1\.18\.0 is "
-                                               r"installed: .*pip install 'trl>=1.16,<1.17'.*"
-                                               r"GRPOTrainer\(rollout_func=.*works with TRL >=1.16,<2"):
+        with pytest.raises(
+            VersionError,
+            match=rf"{who} is tested with TRL >=1.16,<1.17 only, and TRL 1\.18\.0 is "
+            r"installed: .*pip install 'trl>=1.16,<1.17'.*"
+            r"GRPOTrainer\(rollout_func=.*works with TRL >=1.16,<2",
+        ):
             build()
     assert str(trl_seam.check_version()).startswith("1.16.")  # the rollout_func path keeps the declared range
 

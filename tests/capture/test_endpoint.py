@@ -8,8 +8,8 @@ import json
 
 import aiohttp
 
-from ep_trl.capture.placement import RolloutCapture, TurnReply
 from ep_trl.capture.endpoint import MAX_NAME_CHARS, MAX_UNKNOWN_MODELS, MODEL_PREFIX, CaptureEndpoint, new_token
+from ep_trl.capture.placement import RolloutCapture, TurnReply
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -27,8 +27,9 @@ class RecordingCapture(RolloutCapture):
         return TurnReply({"role": "assistant", "content": "ok"}, "stop", 1, (1,))
 
 
-async def send(url, body=None, *, key=None, data=None, content_type="application/json", method="POST",
-               path="/chat/completions"):
+async def send(
+    url, body=None, *, key=None, data=None, content_type="application/json", method="POST", path="/chat/completions"
+):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if data is None and body is not None:
         data = json.dumps(body)
@@ -42,6 +43,7 @@ async def send(url, body=None, *, key=None, data=None, content_type="application
 
 def serve(scenario):
     """Run ``scenario(endpoint, capture, key)`` against a started endpoint holding one live rollout."""
+
     async def main():
         endpoint = CaptureEndpoint()
         capture = RecordingCapture()
@@ -62,8 +64,10 @@ def message(payload):
 
 def test_rollouts_are_never_listed_and_the_list_needs_the_key():
     async def scenario(endpoint, capture, key):
-        return (await send(endpoint.base_url, method="GET", path="/models", content_type=None),
-                await send(endpoint.base_url, method="GET", path="/models", content_type=None, key=key))
+        return (
+            await send(endpoint.base_url, method="GET", path="/models", content_type=None),
+            await send(endpoint.base_url, method="GET", path="/models", content_type=None, key=key),
+        )
 
     (anonymous, _), (status, listed) = serve(scenario)
     assert anonymous == 401 and status == 200
@@ -75,9 +79,11 @@ def test_a_request_without_the_calls_key_never_reaches_the_rollout():
     async def scenario(endpoint, capture, key):
         name = MODEL_PREFIX + capture.token
         body = {"model": name, "messages": [{"role": "user", "content": "INJECTED"}]}
-        results = [await send(endpoint.base_url, body),
-                   await send(endpoint.base_url, body, key="guessed"),
-                   await send(endpoint.base_url, {**body, "model": "hosted_vllm/" + name}, key=key + "x")]
+        results = [
+            await send(endpoint.base_url, body),
+            await send(endpoint.base_url, body, key="guessed"),
+            await send(endpoint.base_url, {**body, "model": "hosted_vllm/" + name}, key=key + "x"),
+        ]
         endpoint.new_call()  # the next rollout call: the last call's key stops working
         results.append(await send(endpoint.base_url, body, key=key))
         return results, capture
@@ -89,18 +95,31 @@ def test_a_request_without_the_calls_key_never_reaches_the_rollout():
 
 
 def test_a_malformed_field_is_answered_400_and_never_reaches_the_rollout():
-    malformed = [{"max_tokens": "abc"}, {"max_tokens": True}, {"max_tokens": 0}, {"max_completion_tokens": 2.5},
-                 {"stop": 3}, {"stop": [""]}, {"tools": "add"}, {"tools": [{"function": {}}]},
-                 {"messages": "hi"}, {"messages": [{"role": "hacker", "content": "x"}]},
-                 {"messages": [{"role": "user", "content": 5}]},
-                 {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 1}}]}]},
-                 {"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]},
-                 {"temperature": "hot"}, {"seed": "x"}, {"tool_choice": 3}]
+    malformed = [
+        {"max_tokens": "abc"},
+        {"max_tokens": True},
+        {"max_tokens": 0},
+        {"max_completion_tokens": 2.5},
+        {"stop": 3},
+        {"stop": [""]},
+        {"tools": "add"},
+        {"tools": [{"function": {}}]},
+        {"messages": "hi"},
+        {"messages": [{"role": "hacker", "content": "x"}]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 1}}]}]},
+        {"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]},
+        {"temperature": "hot"},
+        {"seed": "x"},
+        {"tool_choice": 3},
+    ]
 
     async def scenario(endpoint, capture, key):
         name = MODEL_PREFIX + capture.token
-        out = [await send(endpoint.base_url, {"model": name, "messages": MESSAGES, **fields}, key=key)
-               for fields in malformed]
+        out = [
+            await send(endpoint.base_url, {"model": name, "messages": MESSAGES, **fields}, key=key)
+            for fields in malformed
+        ]
         out.append(await send(endpoint.base_url, {"model": name, "messages": MESSAGES, "max_tokens": 4}, key=key))
         return out, capture
 
@@ -113,9 +132,11 @@ def test_bodies_that_are_not_a_json_object_are_refused():
     async def scenario(endpoint, capture, key):
         name = MODEL_PREFIX + capture.token
         text = json.dumps({"model": name, "messages": MESSAGES})
-        return ([await send(endpoint.base_url, data=text, key=key, content_type="text/plain")]
-                + [await send(endpoint.base_url, data=body, key=key) for body in ("[1,2,3]", "null", "{")],
-                capture)
+        return (
+            [await send(endpoint.base_url, data=text, key=key, content_type="text/plain")]
+            + [await send(endpoint.base_url, data=body, key=key) for body in ("[1,2,3]", "null", "{")],
+            capture,
+        )
 
     results, capture = serve(scenario)
     assert [status for status, _ in results] == [415, 400, 400, 400] and capture.turns == []
@@ -142,14 +163,27 @@ def test_unknown_model_names_are_kept_per_call_bounded_and_only_with_the_key():
 def test_streaming_several_choices_and_constrained_decoding_are_refused():
     async def scenario(endpoint, capture, key):
         name = MODEL_PREFIX + capture.token
-        bodies = [{"model": "ep-trl/unknown"}, {"model": name, "stream": True}, {"model": name, "n": 2},
-                  {"model": name, "response_format": {"type": "json"}}, {"model": name, "messages": []}]
+        bodies = [
+            {"model": "ep-trl/unknown"},
+            {"model": name, "stream": True},
+            {"model": name, "n": 2},
+            {"model": name, "response_format": {"type": "json"}},
+            {"model": name, "messages": []},
+        ]
         return [await send(endpoint.base_url, {"messages": MESSAGES, **body}, key=key) for body in bodies]
 
     unknown_rollout, stream, several, constrained, empty = serve(scenario)
     assert unknown_rollout[0] == 404 and "not a rollout ep_trl is capturing" in message(unknown_rollout[1])
-    assert stream == (400, {"error": {"message": "streaming is not served; ep_trl removes stream=True from the "
-                                                 "eval's completion_params", "type": "ep_trl_error", "code": 400}})
+    assert stream == (
+        400,
+        {
+            "error": {
+                "message": "streaming is not served; ep_trl removes stream=True from the eval's completion_params",
+                "type": "ep_trl_error",
+                "code": 400,
+            }
+        },
+    )
     assert several[0] == 400 and "n=1" in message(several[1])
     assert constrained[0] == 400 and "constrained decoding" in message(constrained[1])
     assert empty[0] == 400 and "messages" in message(empty[1])
@@ -162,8 +196,15 @@ def test_rollout_tokens_carry_128_random_bits():
 
 # --- configuration errors: answered 400, once -------------------------------------------------------------------
 
-TOOLS = [{"type": "function", "function": {"name": "lake_move", "parameters": {
-    "type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lake_move",
+            "parameters": {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]},
+        },
+    }
+]
 
 
 def chatml_capture(model_dir):
@@ -192,8 +233,7 @@ def serve_capture(capture, scenario):
     return asyncio.run(main())
 
 
-def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litellm_policy(tiny_model_dir,
-                                                                                        monkeypatch):
+def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litellm_policy(tiny_model_dir, monkeypatch):
     """Issue 47: tools offered to a model whose template has no tool-call format raised ConfigError while serving the
     call, answered 500 ("LiteLLM Retried: 8 times"). The call is made by eval-protocol's own LiteLLMPolicy, as its
     MCP-gym and agent processors make it (num_retries=8): one request reaches the endpoint, answered 400 with ep_trl's
@@ -208,8 +248,12 @@ def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litel
 
     async def scenario(endpoint, key):
         monkeypatch.setenv("HOSTED_VLLM_API_KEY", key)  # what ep_trl points the processor's LiteLLM at
-        policy = LiteLLMPolicy(model_id=f"hosted_vllm/{MODEL_PREFIX}{capture.token}", temperature=0.0, max_tokens=8,
-                               base_url=endpoint.base_url)
+        policy = LiteLLMPolicy(
+            model_id=f"hosted_vllm/{MODEL_PREFIX}{capture.token}",
+            temperature=0.0,
+            max_tokens=8,
+            base_url=endpoint.base_url,
+        )
         try:
             await policy._make_llm_call([{"role": "user", "content": "move"}], TOOLS)
         except litellm.BadRequestError as error:
@@ -233,8 +277,9 @@ def test_an_openai_client_does_not_retry_a_configuration_error(tiny_model_dir):
     async def scenario(endpoint, key):
         client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key)
         try:
-            await client.chat.completions.create(model=f"{MODEL_PREFIX}{capture.token}", tools=TOOLS,
-                                                 messages=[{"role": "user", "content": "move"}])
+            await client.chat.completions.create(
+                model=f"{MODEL_PREFIX}{capture.token}", tools=TOOLS, messages=[{"role": "user", "content": "move"}]
+            )
         except openai.BadRequestError as error:
             return error
         finally:

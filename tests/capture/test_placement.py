@@ -9,14 +9,21 @@ import pytest
 from transformers import AutoTokenizer
 
 from ep_trl import ConfigError
-from ep_trl.generation import Generation, SamplingParams
-from ep_trl.capture.placement import RolloutCapture, TurnRequest
 from ep_trl.capture.parsing import ToolCallParser
+from ep_trl.capture.placement import RolloutCapture, TurnRequest
 from ep_trl.capture.wire import canonical, reply_message, template_form
+from ep_trl.generation import Generation, SamplingParams
 from ep_trl.trajectory.tokens import ChatTemplate, TurnLimits
 
-TOOLS = ({"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},)
+TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    },
+)
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 
 
@@ -28,8 +35,10 @@ class ScriptedGenerator:
     failure = None
 
     def __init__(self, tokenizer, texts):
-        self._ids = [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-                     for t in texts]
+        self._ids = [
+            tokenizer.encode(t, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+            for t in texts
+        ]
         self.prompts = []
 
     async def begin_call(self):
@@ -83,8 +92,9 @@ def test_a_tool_loop_extends_one_segment_with_the_tool_result_masked(tokenizer):
     trajectory = rollout.trajectory(USER)
     assert rollout.forks == 0 and trajectory.realigned == 0
     # the second call was generated from exactly the held ids: prompt, sampled call, masked bridge
-    assert generator.prompts[1] == list(trajectory.prompt_ids) + list(trajectory.completion_ids[:len(
-        generator.prompts[1]) - len(trajectory.prompt_ids)])
+    assert generator.prompts[1] == list(trajectory.prompt_ids) + list(
+        trajectory.completion_ids[: len(generator.prompts[1]) - len(trajectory.prompt_ids)]
+    )
     texts = [tokenizer.decode(s, skip_special_tokens=True) for s in trajectory.sampled_segments()]
     assert texts == [CALL, "3"]
     inserted = [t for t, m in zip(trajectory.completion_ids, trajectory.env_mask) if not m]
@@ -94,8 +104,10 @@ def test_a_tool_loop_extends_one_segment_with_the_tool_result_masked(tokenizer):
 def test_rewritten_history_forks_counted_and_the_last_segment_is_kept(tokenizer):
     rollout, _ = capture(tokenizer, ["first draft", "second answer"])
     first = asyncio.run(rollout.turn(TurnRequest(tuple(USER))))
-    rewritten = USER + [{"role": "assistant", "content": "an answer the model never gave"},
-                        {"role": "user", "content": "again"}]
+    rewritten = USER + [
+        {"role": "assistant", "content": "an answer the model never gave"},
+        {"role": "user", "content": "again"},
+    ]
     asyncio.run(rollout.turn(TurnRequest(tuple(rewritten))))
     assert rollout.forks == 1 and first.message["content"] == "first draft"
     trajectory = rollout.trajectory(USER)
@@ -124,10 +136,21 @@ def test_a_spent_budget_answers_an_empty_unrecorded_reply(tokenizer):
 
 
 def test_wire_variants_of_one_message_compare_equal_and_render_once_encoded():
-    sent = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}
-    echoed = {"role": "assistant", "content": "", "function_call": None, "tool_calls": [
-        {"id": "other-id", "type": "function", "function": {"name": "add", "arguments": '{"b":2,"a":1}'}}]}
+    sent = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+        ],
+    }
+    echoed = {
+        "role": "assistant",
+        "content": "",
+        "function_call": None,
+        "tool_calls": [
+            {"id": "other-id", "type": "function", "function": {"name": "add", "arguments": '{"b":2,"a":1}'}}
+        ],
+    }
     assert canonical(sent) == canonical(echoed)
     assert canonical(sent) != canonical({**echoed, "content": "text"})
     [rendered] = template_form([echoed])
@@ -136,8 +159,11 @@ def test_wire_variants_of_one_message_compare_equal_and_render_once_encoded():
 
 
 def test_a_call_to_a_tool_that_was_not_offered_is_text():
-    parsed = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "rm_rf", "arguments": {}}}]}
+    parsed = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "rm_rf", "arguments": {}}}],
+    }
     assert reply_message(parsed, "raw text", {"add"}, "c") == {"role": "assistant", "content": "raw text"}
 
 
@@ -171,8 +197,9 @@ def test_a_configuration_error_of_a_turn_ends_the_call_not_only_the_episode(toke
     generation failure."""
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     limits = TurnLimits(SamplingParams(max_tokens=20), 2000, (end,))
-    rollout = RolloutCapture("t", "test", limits, ChatTemplate(tokenizer), ConfigErrorGenerator(tokenizer, []),
-                             ToolCallParser(tokenizer))
+    rollout = RolloutCapture(
+        "t", "test", limits, ChatTemplate(tokenizer), ConfigErrorGenerator(tokenizer, []), ToolCallParser(tokenizer)
+    )
     with pytest.raises(ConfigError, match="max_episode_images=2"):
         asyncio.run(rollout.turn(TurnRequest(tuple(USER))))
     assert isinstance(rollout.fatal, ConfigError) and rollout.failure is None

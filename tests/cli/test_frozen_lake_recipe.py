@@ -36,32 +36,85 @@ LAKE_IDS = ("lake-1", "lake-2")  # two rows of the recipe's lakes (seeds 1 and 2
 @pytest.mark.timeout(900)
 def test_the_frozen_lake_recipe_trains_two_steps_with_a_gradient(qwen_template_model_dir, tmp_path):
     assert not port_taken(MCP_PORT), "another FrozenLake MCP server holds port 9700"
-    rows = [line for line in (ROOT / "recipes" / "frozen_lake" / "lakes.jsonl").read_text().splitlines()
-            if json.loads(line)["id"] in LAKE_IDS]
+    rows = [
+        line
+        for line in (ROOT / "recipes" / "frozen_lake" / "lakes.jsonl").read_text().splitlines()
+        if json.loads(line)["id"] in LAKE_IDS
+    ]
     assert len(rows) == 2
     lakes = tmp_path / "lakes.jsonl"
     lakes.write_text("\n".join(rows) + "\n")
     demonstrations = tmp_path / "demonstrations.jsonl"
     record = subprocess.run(
-        [sys.executable, "-m", "ep_trl.devtools.record_demonstrations", FROZEN_LAKE, "--out", str(demonstrations),
-         "--player", "ep_trl.devtools.frozen_lake_rows:shortest_path_move", "--input-dataset", str(lakes),
-         "--repeat", "4"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "ep_trl.devtools.record_demonstrations",
+            FROZEN_LAKE,
+            "--out",
+            str(demonstrations),
+            "--player",
+            "ep_trl.devtools.frozen_lake_rows:shortest_path_move",
+            "--input-dataset",
+            str(lakes),
+            "--repeat",
+            "4",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert record.returncode == 0, record.stderr[-3000:]
     assert len(demonstrations.read_text().splitlines()) == 8
     folder = tmp_path / "run"
-    argv = [sys.executable, "-m", "ep_trl.cli", "train", "--config", str(RECIPE),
-            "--model", str(qwen_template_model_dir),
-            "--input-dataset", str(lakes), "--warm-start", str(demonstrations), "--warm-start-epochs", "150",
-            "--warm-start-learning-rate", "1e-3", "--warm-start-max-length", "2048", "--held-out", "0",
-            "--max-steps", "2", "--num-generations", "8", "--per-device-train-batch-size", "8",
-            "--gradient-accumulation-steps", "2", "--max-completion-length", "1024", "--learning-rate", "1e-4",
-            "--temperature", "0.85", "--time-budget-s", "3600", "--output-dir", str(folder)]
+    argv = [
+        sys.executable,
+        "-m",
+        "ep_trl.cli",
+        "train",
+        "--config",
+        str(RECIPE),
+        "--model",
+        str(qwen_template_model_dir),
+        "--input-dataset",
+        str(lakes),
+        "--warm-start",
+        str(demonstrations),
+        "--warm-start-epochs",
+        "150",
+        "--warm-start-learning-rate",
+        "1e-3",
+        "--warm-start-max-length",
+        "2048",
+        "--held-out",
+        "0",
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "8",
+        "--per-device-train-batch-size",
+        "8",
+        "--gradient-accumulation-steps",
+        "2",
+        "--max-completion-length",
+        "1024",
+        "--learning-rate",
+        "1e-4",
+        "--temperature",
+        "0.85",
+        "--time-budget-s",
+        "3600",
+        "--output-dir",
+        str(folder),
+    ]
     proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=780)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((folder / "result.json").read_text())
     steps = result["steps_logged"]
-    print("scores per step:", [s["rewards/eval_score/mean"] for s in steps],
-          "grad_norm:", [s["grad_norm"] for s in steps])
+    print(
+        "scores per step:", [s["rewards/eval_score/mean"] for s in steps], "grad_norm:", [s["grad_norm"] for s in steps]
+    )
     assert result["ended"] == "finished" and [s["step"] for s in steps] == [1, 2]
     assert result["env_path"] == FROZEN_LAKE
     assert result["warm_start"]["lines"] == 8 and result["warm_start"]["tokens_trained"] > 0

@@ -47,24 +47,40 @@ def refused(module, argv, capsys):
 
 
 @pytest.mark.parametrize("name", ["letters", "browsergym"])
-@pytest.mark.parametrize("argv, message", [
-    pytest.param(["--vllm-mode", "colocate", "--vllm-base-url", URL],
-                 r"--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
-                 r"drop --vllm-server-url", id="colocate-with-a-server"),
-    pytest.param(["--vllm-gpu-memory-utilization", "0.5"],
-                 r"--vllm-gpu-memory-utilization sizes the colocated engine: add --vllm-mode colocate, or drop it",
-                 id="memory-share-without-colocate"),
-    pytest.param(["--async"], r"--async needs --vllm-server-url URL.*`trl vllm-serve --model M`.*"
-                              r"\.venv-vllm/bin/python -m vllm\.entrypoints\.openai\.api_server",
-                 id="async-without-a-server"),
-    pytest.param(["--async", "--vllm-base-url", URL],
-                 r"--async needs --model: the model the server at http://127\.0\.0\.1:8011 was started on.*"
-                 r"build_tiny_model", id="async-without-a-model"),
-    pytest.param(["--async", "--vllm-mode", "colocate", "--vllm-base-url", URL, "--model", "m"],
-                 r"--async generates on a vLLM server .* drop --vllm-mode colocate", id="async-colocated"),
-])
-def test_a_combination_no_mode_trains_with_is_an_argparse_error(name, argv, message, request, capsys,
-                                                                   cpu_with_vllm):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        pytest.param(
+            ["--vllm-mode", "colocate", "--vllm-base-url", URL],
+            r"--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
+            r"drop --vllm-server-url",
+            id="colocate-with-a-server",
+        ),
+        pytest.param(
+            ["--vllm-gpu-memory-utilization", "0.5"],
+            r"--vllm-gpu-memory-utilization sizes the colocated engine: add --vllm-mode colocate, or drop it",
+            id="memory-share-without-colocate",
+        ),
+        pytest.param(
+            ["--async"],
+            r"--async needs --vllm-server-url URL.*`trl vllm-serve --model M`.*"
+            r"\.venv-vllm/bin/python -m vllm\.entrypoints\.openai\.api_server",
+            id="async-without-a-server",
+        ),
+        pytest.param(
+            ["--async", "--vllm-base-url", URL],
+            r"--async needs --model: the model the server at http://127\.0\.0\.1:8011 was started on.*"
+            r"build_tiny_model",
+            id="async-without-a-model",
+        ),
+        pytest.param(
+            ["--async", "--vllm-mode", "colocate", "--vllm-base-url", URL, "--model", "m"],
+            r"--async generates on a vLLM server .* drop --vllm-mode colocate",
+            id="async-colocated",
+        ),
+    ],
+)
+def test_a_combination_no_mode_trains_with_is_an_argparse_error(name, argv, message, request, capsys, cpu_with_vllm):
     err = refused(request.getfixturevalue(name), argv, capsys)
     assert re.search(message, err), err
 
@@ -72,8 +88,10 @@ def test_a_combination_no_mode_trains_with_is_an_argparse_error(name, argv, mess
 def test_colocate_without_vllm_names_the_colocate_venv(letters, monkeypatch, capsys):
     monkeypatch.setattr(training_modes, "vllm_importable", lambda: False)
     err = refused(letters, ["--vllm-mode", "colocate"], capsys)
-    assert "this Python has no vllm module. On CPU: `bash scripts/install_colocate.sh`, then run the script with " \
-           ".venv-colocate/bin/python" in err
+    assert (
+        "this Python has no vllm module. On CPU: `bash scripts/install_colocate.sh`, then run the script with "
+        ".venv-colocate/bin/python" in err
+    )
 
 
 def test_colocate_with_lora_on_cpu_is_refused(browsergym, cpu_with_vllm, capsys):
@@ -87,8 +105,9 @@ def test_colocate_with_screenshots_on_cpu_is_refused(browsergym, cpu_with_vllm, 
 
 
 def test_async_with_screenshots_and_lora_is_refused(browsergym, cpu_with_vllm, capsys):
-    err = refused(browsergym, ["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots", "--lora-r", "4"],
-                  capsys)
+    err = refused(
+        browsergym, ["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots", "--lora-r", "4"], capsys
+    )
     assert "AsyncImagesGRPOTrainer was not tested with a LoRA policy; drop --lora-r" in err
 
 
@@ -127,10 +146,13 @@ def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tm
     assert server.vllm_server_base_url == URL
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--lora-r", r"DiskSyncGRPOTrainer, which does not support LoRA .*add --async"),
-    ("--screenshots", r"DiskSyncGRPOTrainer, which does not support rollout images in the loss: add --async"),
-])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--lora-r", r"DiskSyncGRPOTrainer, which does not support LoRA .*add --async"),
+        ("--screenshots", r"DiskSyncGRPOTrainer, which does not support rollout images in the loss: add --async"),
+    ],
+)
 def test_a_synced_server_on_cpu_with_lora_or_screenshots_is_refused(browsergym, cpu_with_vllm, capsys, flag, message):
     """DiskSyncGRPOTrainer merges no adapter and puts no image into the loss: refused before anything starts."""
     argv = ["--vllm-base-url", URL, flag] + (["4"] if flag == "--lora-r" else [])

@@ -14,8 +14,16 @@ def step_line(logs: dict) -> str:
 
 
 def test_a_step_whose_figures_are_none_prints_n_a():
-    line = step_line({"reward": None, "reward_std": None, "rewards/eval_score/mean": None, "grad_norm": 0.0,
-                      "ep_trl/failed_fraction": 1.0, "ep_trl/episodes_per_s": None})
+    line = step_line(
+        {
+            "reward": None,
+            "reward_std": None,
+            "rewards/eval_score/mean": None,
+            "grad_norm": 0.0,
+            "ep_trl/failed_fraction": 1.0,
+            "ep_trl/episodes_per_s": None,
+        }
+    )
     assert line.startswith("step 1/4 | reward n/a (std n/a) | eval_score n/a | episodes/s n/a | failed 100% |")
     assert "grad_norm 0 |" in line
 

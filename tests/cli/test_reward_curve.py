@@ -4,8 +4,10 @@ import pytest
 
 from ep_trl.cli.reward_curve import StepScore, plot_scores, progress, step_scores
 
-HISTORY = [{"step": s, "rewards/eval_score/mean": m, "rewards/eval_score/std": 0.1, "loss": 0.0}
-           for s, m in zip(range(1, 11), [0.2, 0.4, 0.3, 0.5, 0.6, 0.7, 0.8, 0.8, 0.9, 1.0])]
+HISTORY = [
+    {"step": s, "rewards/eval_score/mean": m, "rewards/eval_score/std": 0.1, "loss": 0.0}
+    for s, m in zip(range(1, 11), [0.2, 0.4, 0.3, 0.5, 0.6, 0.7, 0.8, 0.8, 0.9, 1.0])
+]
 
 
 def test_the_summary_compares_the_first_and_last_fifth():
@@ -22,11 +24,16 @@ def test_without_the_eval_score_the_summary_reads_the_async_trainers_reward():
     """GRPOTrainer logs rewards/eval_score/mean (read even where reward is also logged); AsyncGRPOTrainer logs only
     reward and reward_std, which the step scores then come from. Entries without a score (the closing one) are
     skipped."""
-    sync = [{"step": 1, "reward": 0.9, "rewards/eval_score/mean": 0.2, "rewards/eval_score/std": 0.1},
-            {"step": 1, "train_runtime": 3.0}]
+    sync = [
+        {"step": 1, "reward": 0.9, "rewards/eval_score/mean": 0.2, "rewards/eval_score/std": 0.1},
+        {"step": 1, "train_runtime": 3.0},
+    ]
     assert step_scores(sync) == (StepScore(1, 0.2, 0.1),)
-    asynchronous = [{"step": 1, "reward": 0.25, "reward_std": 0.05}, {"step": 2, "reward": 0.5, "reward_std": 0.0},
-                    {"step": 2, "train_runtime": 3.0}]
+    asynchronous = [
+        {"step": 1, "reward": 0.25, "reward_std": 0.05},
+        {"step": 2, "reward": 0.5, "reward_std": 0.0},
+        {"step": 2, "train_runtime": 3.0},
+    ]
     assert step_scores(asynchronous) == (StepScore(1, 0.25, 0.05), StepScore(2, 0.5, 0.0))
 
 

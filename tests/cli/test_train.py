@@ -21,14 +21,30 @@ from ep_trl.cli import train
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = f"{ROOT / 'examples' / 'letters_eval.py'}::test_letters"
 ENV_SERVER = ["--env-server", "python -m ep_trl.envs.letters --port {port}", "--env-url-var", "LETTERS_ENV_URL"]
-SMALL = ["--max-steps", "2", "--per-device-train-batch-size", "8", "--num-generations", "4",
-         "--max-completion-length", "32", "--learning-rate", "3e-3"]
+SMALL = [
+    "--max-steps",
+    "2",
+    "--per-device-train-batch-size",
+    "8",
+    "--num-generations",
+    "4",
+    "--max-completion-length",
+    "32",
+    "--learning-rate",
+    "3e-3",
+]
 
 
 def cli(args, cwd, **kwargs):
     """``python -m ep_trl.cli train ARGS`` (what the ``ep-trl`` script runs) as a process."""
-    return subprocess.Popen([sys.executable, "-m", "ep_trl.cli", "train", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ep_trl.cli", "train", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def server_pid(stderr: str) -> int:
@@ -50,12 +66,20 @@ def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir, 
     proc = cli([LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--output-dir", "run"], tmp_path)
     out, err = proc.communicate(timeout=280)
     assert proc.returncode == 0, err[-3000:]
-    lines = re.findall(r"^step (\d)/2 \| reward [0-9.]+ .*\| eval_score ([0-9.]+) .*\| grad_norm ([0-9.e+-]+) \| "
-                       r"\[[#.]{20}\] +\d+% \| ETA \d+s$", out, flags=re.M)
+    lines = re.findall(
+        r"^step (\d)/2 \| reward [0-9.]+ .*\| eval_score ([0-9.]+) .*\| grad_norm ([0-9.e+-]+) \| "
+        r"\[[#.]{20}\] +\d+% \| ETA \d+s$",
+        out,
+        flags=re.M,
+    )
     assert [step for step, _, _ in lines] == ["1", "2"], out
     assert any(float(norm) > 0 for _, _, norm in lines), out  # the policy got a gradient
-    assert re.search(r"^done: 2 steps, 16 episodes, reward first [0-9.]+ last [0-9.]+ \(mean eval score of steps 1 "
-                     r"and 2\)", out, flags=re.M), out
+    assert re.search(
+        r"^done: 2 steps, 16 episodes, reward first [0-9.]+ last [0-9.]+ \(mean eval score of steps 1 "
+        r"and 2\)",
+        out,
+        flags=re.M,
+    ), out
     folder = tmp_path / "run"
     assert f"reward curve: {Path('run') / 'reward_curve.png'}" in out
     assert (folder / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
@@ -74,8 +98,10 @@ def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir, 
 
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_run_keeps_its_folder_and_the_server(tiny_model_dir, tmp_path):
-    proc = cli([LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--max-steps", "200",
-                "--output-dir", "run"], tmp_path)
+    proc = cli(
+        [LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--max-steps", "200", "--output-dir", "run"],
+        tmp_path,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -94,13 +120,32 @@ def test_sigterm_stops_the_run_keeps_its_folder_and_the_server(tiny_model_dir, t
 
 def test_help_lists_grpo_config_and_ep_trl_groups():
     text = train.make_parser().format_help()
-    for flag in ("--num_generations", "--beta", "--loss_type", "--max_completion_length", "--report_to", "--config",
-                 "--held_out", "--env_server", "--vllm_server_url", "--async", "--screenshots", "--lora_r",
-                 "--env_steps", "--worker_processes", "--vllm_max_in_flight"):
+    for flag in (
+        "--num_generations",
+        "--beta",
+        "--loss_type",
+        "--max_completion_length",
+        "--report_to",
+        "--config",
+        "--held_out",
+        "--env_server",
+        "--vllm_server_url",
+        "--async",
+        "--screenshots",
+        "--lora_r",
+        "--env_steps",
+        "--worker_processes",
+        "--vllm_max_in_flight",
+    ):
         assert flag in text, flag
-    for group in ("ep_trl: the run:", "ep_trl: generation", "ep_trl: the eval's settings (EvalOverrides",
-                  "ep_trl: the bridge (RolloutOptions", "ep_trl: the vLLM server client (VLLMOptions",
-                  "TRL: GRPOConfig"):
+    for group in (
+        "ep_trl: the run:",
+        "ep_trl: generation",
+        "ep_trl: the eval's settings (EvalOverrides",
+        "ep_trl: the bridge (RolloutOptions",
+        "ep_trl: the vLLM server client (VLLMOptions",
+        "TRL: GRPOConfig",
+    ):
         assert group in text, group
 
 
@@ -115,8 +160,10 @@ def test_docs_list_every_ep_trl_flag():
 
 def test_a_yaml_config_sets_grpo_fields_and_flags_win(tiny_model_dir, tmp_path):
     config = tmp_path / "grpo.yaml"
-    config.write_text(f"env_path: {LETTERS}\nmodel: {tiny_model_dir}\nlearning_rate: 0.01\nnum_generations: 2\n"
-                      "beta: 0.1\nlora_r: 4\nenv_steps: 1\nenv:\n  EP_TRL_TEST_FROM_YAML: '1'\n")
+    config.write_text(
+        f"env_path: {LETTERS}\nmodel: {tiny_model_dir}\nlearning_rate: 0.01\nnum_generations: 2\n"
+        "beta: 0.1\nlora_r: 4\nenv_steps: 1\nenv:\n  EP_TRL_TEST_FROM_YAML: '1'\n"
+    )
     parser = train.make_parser()
     (namespace,) = parser.parse_args_and_config(["--config", str(config), "--num_generations", "4"])
     job = train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), [])
@@ -165,62 +212,135 @@ def silent_port():
     return f"http://127.0.0.1:{free_port()}"
 
 
-@pytest.mark.parametrize("args, message", [
-    pytest.param(lambda d, t, u: ["--model", d], r"ENV_PATH is required: the eval to train on, e\.g\.",
-                 id="no-env-path"),
-    pytest.param(lambda d, t, u: [f"{ROOT / 'examples' / 'letters_eval.py'}::test_nope", "--model", d],
-                 r"has no attribute 'test_nope'.*Eval tests in that module: test_letters", id="env-path-no-such-test"),
-    pytest.param(lambda d, t, u: [f"{ROOT / 'tests' / 'evals' / 'eval_noop.py'}", "--model", d],
-                 r"NoOpRolloutProcessor.*calls no model, so there is nothing to train\. Give the eval the processor",
-                 id="processor-cannot-train"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--async", "--vllm-mode", "colocate",
-                                  "--vllm-server-url", "http://127.0.0.1:9"],
-                 r"--async generates on a vLLM server .* drop --vllm-mode colocate", id="async-with-colocate"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", not_a_model(t)],
-                 r"not a model directory \(no config\.json in it\)\. Point --model at the folder save_pretrained",
-                 id="model-not-a-model"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--vllm-server-url", silent_port(),
-                                  "--vllm-connect-timeout-s", "2"],
-                 r"No vLLM server answered at .*/v1/models.*Is it running", id="vllm-url-silent"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--vllm-server-url", u],
-                 r"serves 'some-org/another-model', not --model .*: start the server on --model",
-                 id="vllm-serves-another-model"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--use-vllm"],
-                 r"--use_vllm: ep-trl sets these from its generation flags\. Drop them and use --vllm-server-url",
-                 id="trl-mode-flag"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--env-server", "python -m ep_trl.envs.letters"],
-                 r"has no \{port\}: write where the server's port goes", id="env-server-without-port"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "0.5"],
-                 r"--held-out 0\.5: .*plays an OpenEnv environment, whose held-out instances are reset seeds: give "
-                 r"their number \(a whole number\)", id="held-out-share-of-openenv-seeds"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "digits"],
-                 r"--held-out-tasks digits: \['digits'\] are not tasks of .*\['vowels', 'abc'\]",
-                 id="held-out-tasks-unknown"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "vowels", "abc"],
-                 r"--held-out-tasks vowels abc holds out every task of .*leave one at least to train on",
-                 id="held-out-tasks-all"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out-tasks", "abc"],
-                 r"--held-out-tasks names the tasks held out of training: add --held-out N", id="held-out-tasks-alone"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out-reset-kwarg", "level=1,2"],
-                 r"--held-out-reset-kwarg level=1,2 plays each held-out instance under each value: add --held-out N",
-                 id="held-out-reset-kwarg-alone"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level"],
-                 r"--held-out-reset-kwarg level: 'level' is not NAME=V1,V2,\.\.\.: name the reset keyword and its "
-                 r"values", id="held-out-reset-kwarg-no-values"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "seed=1,2"],
-                 r"the reset seed is the held-out instance itself", id="held-out-reset-kwarg-seed"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level=1,1"],
-                 r"\['1'\] are given more than once: give each value once", id="held-out-reset-kwarg-repeated"),
-    pytest.param(lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg",
-                                  "task_name=vowels,abc"],
-                 r"task_name names the task of each episode .*--held-out-tasks instead",
-                 id="held-out-reset-kwarg-task"),
-    pytest.param(lambda d, t, u: [SENTIMENT, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level=1,2"],
-                 r"uses .*whose held-out instances are rows played by its own processor; reset keywords are for "
-                 r"OpenEnv evals", id="held-out-reset-kwarg-processor-eval"),
-])
-def test_bad_input_is_refused_before_anything_starts(args, message, tiny_model_dir, tmp_path, other_model_server,
-                                                     capsys):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param(
+            lambda d, t, u: ["--model", d], r"ENV_PATH is required: the eval to train on, e\.g\.", id="no-env-path"
+        ),
+        pytest.param(
+            lambda d, t, u: [f"{ROOT / 'examples' / 'letters_eval.py'}::test_nope", "--model", d],
+            r"has no attribute 'test_nope'.*Eval tests in that module: test_letters",
+            id="env-path-no-such-test",
+        ),
+        pytest.param(
+            lambda d, t, u: [f"{ROOT / 'tests' / 'evals' / 'eval_noop.py'}", "--model", d],
+            r"NoOpRolloutProcessor.*calls no model, so there is nothing to train\. Give the eval the processor",
+            id="processor-cannot-train",
+        ),
+        pytest.param(
+            lambda d, t, u: [
+                LETTERS,
+                "--model",
+                d,
+                "--async",
+                "--vllm-mode",
+                "colocate",
+                "--vllm-server-url",
+                "http://127.0.0.1:9",
+            ],
+            r"--async generates on a vLLM server .* drop --vllm-mode colocate",
+            id="async-with-colocate",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", not_a_model(t)],
+            r"not a model directory \(no config\.json in it\)\. Point --model at the folder save_pretrained",
+            id="model-not-a-model",
+        ),
+        pytest.param(
+            lambda d, t, u: [
+                LETTERS,
+                "--model",
+                d,
+                "--vllm-server-url",
+                silent_port(),
+                "--vllm-connect-timeout-s",
+                "2",
+            ],
+            r"No vLLM server answered at .*/v1/models.*Is it running",
+            id="vllm-url-silent",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--vllm-server-url", u],
+            r"serves 'some-org/another-model', not --model .*: start the server on --model",
+            id="vllm-serves-another-model",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--use-vllm"],
+            r"--use_vllm: ep-trl sets these from its generation flags\. Drop them and use --vllm-server-url",
+            id="trl-mode-flag",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--env-server", "python -m ep_trl.envs.letters"],
+            r"has no \{port\}: write where the server's port goes",
+            id="env-server-without-port",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out", "0.5"],
+            r"--held-out 0\.5: .*plays an OpenEnv environment, whose held-out instances are reset seeds: give "
+            r"their number \(a whole number\)",
+            id="held-out-share-of-openenv-seeds",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "digits"],
+            r"--held-out-tasks digits: \['digits'\] are not tasks of .*\['vowels', 'abc'\]",
+            id="held-out-tasks-unknown",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-tasks", "vowels", "abc"],
+            r"--held-out-tasks vowels abc holds out every task of .*leave one at least to train on",
+            id="held-out-tasks-all",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out-tasks", "abc"],
+            r"--held-out-tasks names the tasks held out of training: add --held-out N",
+            id="held-out-tasks-alone",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out-reset-kwarg", "level=1,2"],
+            r"--held-out-reset-kwarg level=1,2 plays each held-out instance under each value: add --held-out N",
+            id="held-out-reset-kwarg-alone",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level"],
+            r"--held-out-reset-kwarg level: 'level' is not NAME=V1,V2,\.\.\.: name the reset keyword and its "
+            r"values",
+            id="held-out-reset-kwarg-no-values",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "seed=1,2"],
+            r"the reset seed is the held-out instance itself",
+            id="held-out-reset-kwarg-seed",
+        ),
+        pytest.param(
+            lambda d, t, u: [LETTERS, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level=1,1"],
+            r"\['1'\] are given more than once: give each value once",
+            id="held-out-reset-kwarg-repeated",
+        ),
+        pytest.param(
+            lambda d, t, u: [
+                LETTERS,
+                "--model",
+                d,
+                "--held-out",
+                "2",
+                "--held-out-reset-kwarg",
+                "task_name=vowels,abc",
+            ],
+            r"task_name names the task of each episode .*--held-out-tasks instead",
+            id="held-out-reset-kwarg-task",
+        ),
+        pytest.param(
+            lambda d, t, u: [SENTIMENT, "--model", d, "--held-out", "2", "--held-out-reset-kwarg", "level=1,2"],
+            r"uses .*whose held-out instances are rows played by its own processor; reset keywords are for "
+            r"OpenEnv evals",
+            id="held-out-reset-kwarg-processor-eval",
+        ),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(
+    args, message, tiny_model_dir, tmp_path, other_model_server, capsys
+):
     """Each bad input: exit status 2 and a message naming the fix; the environment server is never started and no
     process is left (the process's children are the same before and after)."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -318,9 +438,28 @@ def test_train_smollm2_doors_script_is_a_preset_of_the_command(planned, probe_sk
     from ep_trl.envs.doors import HELD_OUT_WORDINGS, TRAINING_WORDINGS
 
     url = "http://127.0.0.1:8011"
-    argv = ["--model", str(tiny_model_dir), "--vllm-base-url", url, "--max-steps", "3", "--held-out", "4",
-            "--seed", "2", "--batch-size", "16", "--micro-batch-size", "4", "--time-budget-s", "600",
-            "--output-dir", str(tmp_path / "run"), "--result", str(tmp_path / "kept" / "doors.json")]
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--vllm-base-url",
+        url,
+        "--max-steps",
+        "3",
+        "--held-out",
+        "4",
+        "--seed",
+        "2",
+        "--batch-size",
+        "16",
+        "--micro-batch-size",
+        "4",
+        "--time-budget-s",
+        "600",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--result",
+        str(tmp_path / "kept" / "doors.json"),
+    ]
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "result.json").write_text('{"steps": 3}')  # what the run (replaced here) would write
     assert script("train_smollm2_doors").main(argv) == 0
@@ -333,17 +472,29 @@ def test_train_smollm2_doors_script_is_a_preset_of_the_command(planned, probe_sk
     assert (job.run.held_out, job.run.held_out_seed, job.run.time_budget_s) == (4, 2, 600.0)
     variants = job.held_out_variants
     assert (variants.name, variants.values, variants.episodes) == (
-        "wording", (*TRAINING_WORDINGS, *HELD_OUT_WORDINGS), 24)
-    assert (values["max_steps"], values["per_device_train_batch_size"], values["gradient_accumulation_steps"],
-            values["num_generations"]) == (3, 4, 4, 8)
+        "wording",
+        (*TRAINING_WORDINGS, *HELD_OUT_WORDINGS),
+        24,
+    )
+    assert (
+        values["max_steps"],
+        values["per_device_train_batch_size"],
+        values["gradient_accumulation_steps"],
+        values["num_generations"],
+    ) == (3, 4, 4, 8)
     assert (values["learning_rate"], values["temperature"], values["max_completion_length"], values["seed"]) == (
-        3e-5, 0.7, 320, 2)
+        3e-5,
+        0.7,
+        320,
+        2,
+    )
     assert values["vllm_importance_sampling_correction"] is False and values["gradient_checkpointing"] is False
     assert job.command[1].endswith("train_smollm2_doors.py") and job.command[2:] == argv
 
 
-def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path,
-                                                                    monkeypatch):
+def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(
+    planned, probe_skipped, tiny_model_dir, tmp_path, monkeypatch
+):
     """The real-model BrowserGym script is ``ep-trl train`` with its flags: the BrowserGym eval and server (its
     sessions capped), its tasks and episode length, --held-out per task times the tasks, its GRPO sizes; its warm
     start is the preset's model, on pages none of which is a held-out one."""
@@ -352,8 +503,20 @@ def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(planned, pro
 
     monkeypatch.delenv("BROWSERGYM_ENV_URL", raising=False)
     module = script("train_smollm2_browsergym")
-    argv = ["--model", str(tiny_model_dir), "--vllm-base-url", "http://127.0.0.1:8011", "--max-steps", "2",
-            "--held-out", "3", "--seed", "1", "--output-dir", str(tmp_path / "run")]
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--vllm-base-url",
+        "http://127.0.0.1:8011",
+        "--max-steps",
+        "2",
+        "--held-out",
+        "3",
+        "--seed",
+        "1",
+        "--output-dir",
+        str(tmp_path / "run"),
+    ]
     assert module.main(argv) == 0
     (job,) = planned
     values = job.config_values
@@ -363,9 +526,14 @@ def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(planned, pro
     assert list(job.overrides.tasks) == ["click-button", "enter-text"] and job.overrides.max_steps == 2
     assert job.overrides.request_timeout_s == 60.0 and job.max_concurrent_rollouts == 2
     assert (job.run.held_out, job.run.held_out_seed, job.held_out_variants) == (6, 1, None)
-    assert (values["max_steps"], values["per_device_train_batch_size"], values["gradient_accumulation_steps"],
-            values["num_generations"], values["learning_rate"], values["max_completion_length"]) == (
-        2, 2, 4, 4, 2e-5, 384)
+    assert (
+        values["max_steps"],
+        values["per_device_train_batch_size"],
+        values["gradient_accumulation_steps"],
+        values["num_generations"],
+        values["learning_rate"],
+        values["max_completion_length"],
+    ) == (2, 2, 4, 4, 2e-5, 384)
     assert job.command[1].endswith("train_smollm2_browsergym.py") and job.command[2:] == argv
     args = module.parse_args(["--held-out", "16", "--warm-start-pages", "40"])
     pages = module.warm_start_pages(args)
@@ -412,25 +580,38 @@ def test_held_out_below_one_is_a_share_of_the_rows_split_by_its_seed(tiny_model_
 
 def test_held_out_refuses_a_fractional_count(tiny_model_dir, probe_skipped, capsys):
     with pytest.raises(SystemExit):
-        planned_job([SENTIMENT, "--model", str(tiny_model_dir), "--vllm-server-url", "http://127.0.0.1:8011",
-                     "--held-out", "2.5"])
+        planned_job(
+            [
+                SENTIMENT,
+                "--model",
+                str(tiny_model_dir),
+                "--vllm-server-url",
+                "http://127.0.0.1:8011",
+                "--held-out",
+                "2.5",
+            ]
+        )
     assert "--held-out 2.5: give a number of rows (a whole number), or a share" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("gpu, flags, trainer", [
-    (False, [], "GRPOTrainer"),
-    (False, ["--vllm-server-url", "URL"], "DiskSyncGRPOTrainer"),
-    (False, ["--vllm-mode", "colocate"], "CPUColocateGRPOTrainer"),
-    (False, ["--async", "--vllm-server-url", "URL"], "CPUAsyncGRPOTrainer"),
-    (False, ["--async", "--vllm-server-url", "URL", "--lora-r", "4"], "CPUAsyncGRPOTrainer"),
-    (False, ["--async", "--vllm-server-url", "URL", "--screenshots"], "CPUAsyncImagesGRPOTrainer"),
-    (False, ["--screenshots"], "RolloutImagesGRPOTrainer"),
-    (False, ["--lora-r", "4"], "GRPOTrainer"),
-    (True, ["--vllm-server-url", "URL"], "GRPOTrainer"),
-    (True, ["--vllm-mode", "colocate", "--lora-r", "4"], "GRPOTrainer"),
-    (True, ["--async", "--vllm-server-url", "URL"], "AsyncGRPOTrainer"),
-    (True, ["--async", "--vllm-server-url", "URL", "--screenshots"], "AsyncImagesGRPOTrainer"),
-], ids=lambda value: value if isinstance(value, str) else None)
+@pytest.mark.parametrize(
+    "gpu, flags, trainer",
+    [
+        (False, [], "GRPOTrainer"),
+        (False, ["--vllm-server-url", "URL"], "DiskSyncGRPOTrainer"),
+        (False, ["--vllm-mode", "colocate"], "CPUColocateGRPOTrainer"),
+        (False, ["--async", "--vllm-server-url", "URL"], "CPUAsyncGRPOTrainer"),
+        (False, ["--async", "--vllm-server-url", "URL", "--lora-r", "4"], "CPUAsyncGRPOTrainer"),
+        (False, ["--async", "--vllm-server-url", "URL", "--screenshots"], "CPUAsyncImagesGRPOTrainer"),
+        (False, ["--screenshots"], "RolloutImagesGRPOTrainer"),
+        (False, ["--lora-r", "4"], "GRPOTrainer"),
+        (True, ["--vllm-server-url", "URL"], "GRPOTrainer"),
+        (True, ["--vllm-mode", "colocate", "--lora-r", "4"], "GRPOTrainer"),
+        (True, ["--async", "--vllm-server-url", "URL"], "AsyncGRPOTrainer"),
+        (True, ["--async", "--vllm-server-url", "URL", "--screenshots"], "AsyncImagesGRPOTrainer"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
 def test_each_generation_flag_reaches_its_trainer(gpu, flags, trainer, tiny_model_dir, probe_skipped, monkeypatch):
     """What ``run`` trains with, from the command line through ``plan``: the trainer class, the screenshots
     (``images``), the LoRA config and, on CPU, the config's vLLM settings (on a machine with vLLM, for colocate)."""
@@ -439,8 +620,9 @@ def test_each_generation_flag_reaches_its_trainer(gpu, flags, trainer, tiny_mode
     monkeypatch.setattr(modes, "cuda_available", lambda: gpu)
     monkeypatch.setattr(modes, "vllm_importable", lambda: True)
     url = "http://127.0.0.1:8011"
-    job = planned_job([LETTERS, "--model", str(tiny_model_dir), *ENV_SERVER,
-                       *[url if flag == "URL" else flag for flag in flags]])
+    job = planned_job(
+        [LETTERS, "--model", str(tiny_model_dir), *ENV_SERVER, *[url if flag == "URL" else flag for flag in flags]]
+    )
     assert job.mode.trainer_class(job.mode.images).__name__ == trainer
     assert job.mode.images == ("--screenshots" in flags) and job.mode.asynchronous == ("--async" in flags)
     lora = train._lora(job.run)
@@ -463,8 +645,11 @@ def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tin
         with pytest.raises(SystemExit) as exit_info:
             planned_job(argv)
         assert exit_info.value.code == 2
-        assert re.search(r"--report-to trackio: trackio is not installed in this Python .*`pip install trackio`, or "
-                         r"drop --report-to", capsys.readouterr().err)
+        assert re.search(
+            r"--report-to trackio: trackio is not installed in this Python .*`pip install trackio`, or "
+            r"drop --report-to",
+            capsys.readouterr().err,
+        )
     # as where trackio is installed (what the refusal reads, made to list it): the value reaches the trainer config
     monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: ["trackio"])
     job = planned_job(argv)
@@ -480,17 +665,22 @@ def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tin
 
 #: Evals that offer the model tools, one per way of offering them.
 TOOL_EVALS = {
-    "mcp-gym": ("tests.evals.eval_frozen_lake::test_frozen_lake",
-                r"its MCPGymRolloutProcessor offers the model the environment's tools"),
-    "agent-mcp": ("tests.evals.eval_calculator_agent::test_calculator_agent",
-                  r"its AgentRolloutProcessor offers the model the tools of its MCP servers \(.*calc_mcp\.json\)"),
+    "mcp-gym": (
+        "tests.evals.eval_frozen_lake::test_frozen_lake",
+        r"its MCPGymRolloutProcessor offers the model the environment's tools",
+    ),
+    "agent-mcp": (
+        "tests.evals.eval_calculator_agent::test_calculator_agent",
+        r"its AgentRolloutProcessor offers the model the tools of its MCP servers \(.*calc_mcp\.json\)",
+    ),
     "rows-with-tools": ("tests.evals.eval_inputs_rows::test_qa_rows", r"\d+ of its rows offer the model tools"),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(TOOL_EVALS))
 def test_an_eval_that_offers_tools_is_refused_at_start_for_a_template_without_a_tool_call_format(
-        kind, tiny_model_dir, tmp_path, capsys):
+    kind, tiny_model_dir, tmp_path, capsys
+):
     """The tiny model's own ChatML template has no tool-call format TRL knows (SmolLM2's neither): refused before
     anything starts, naming how the eval offers tools and the flag that fixes it; with the flag, planned."""
     env_path, offered = TOOL_EVALS[kind]
@@ -529,26 +719,56 @@ def chatml_file(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("template, env_path, message", [
-    pytest.param(lambda t: "qwen9", SENTIMENT,
-                 r"--chat-template qwen9: chat template 'qwen9' is neither a \.jinja file nor a template TRL ships; "
-                 r"TRL ships: .*\bllama3_1\b.*\bqwen2_5\b", id="unknown-name"),
-    pytest.param(lambda t: str(t / "nowhere.jinja"), SENTIMENT, r"nowhere\.jinja'?: no such file", id="no-such-file"),
-    pytest.param(lambda t: "llama3_1", SENTIMENT,
-                 r"--chat-template llama3_1: .*writes <\|start_header_id\|>, .*<\|eot_id\|>.* which this tokenizer "
-                 r"does not have as special tokens \(its own template uses: <\|im_start\|>, <\|im_end\|>\).*Choose "
-                 r"a template written with this tokenizer's special tokens", id="special-tokens-missing"),
-    pytest.param(llama_template_file, SENTIMENT, r"my_llama\.jinja' writes <\|start_header_id\|>",
-                 id="file-special-tokens-missing"),
-    pytest.param(chatml_file, TOOL_EVALS["agent-mcp"][0],
-                 r"--chat-template .*chatml\.jinja has no tool-call format TRL knows.*--chat-template qwen2_5",
-                 id="chosen-template-without-tool-calls"),
-])
-def test_a_chat_template_that_cannot_serve_the_run_is_refused_at_start(template, env_path, message, tiny_model_dir,
-                                                                       tmp_path, capsys):
+@pytest.mark.parametrize(
+    "template, env_path, message",
+    [
+        pytest.param(
+            lambda t: "qwen9",
+            SENTIMENT,
+            r"--chat-template qwen9: chat template 'qwen9' is neither a \.jinja file nor a template TRL ships; "
+            r"TRL ships: .*\bllama3_1\b.*\bqwen2_5\b",
+            id="unknown-name",
+        ),
+        pytest.param(
+            lambda t: str(t / "nowhere.jinja"), SENTIMENT, r"nowhere\.jinja'?: no such file", id="no-such-file"
+        ),
+        pytest.param(
+            lambda t: "llama3_1",
+            SENTIMENT,
+            r"--chat-template llama3_1: .*writes <\|start_header_id\|>, .*<\|eot_id\|>.* which this tokenizer "
+            r"does not have as special tokens \(its own template uses: <\|im_start\|>, <\|im_end\|>\).*Choose "
+            r"a template written with this tokenizer's special tokens",
+            id="special-tokens-missing",
+        ),
+        pytest.param(
+            llama_template_file,
+            SENTIMENT,
+            r"my_llama\.jinja' writes <\|start_header_id\|>",
+            id="file-special-tokens-missing",
+        ),
+        pytest.param(
+            chatml_file,
+            TOOL_EVALS["agent-mcp"][0],
+            r"--chat-template .*chatml\.jinja has no tool-call format TRL knows.*--chat-template qwen2_5",
+            id="chosen-template-without-tool-calls",
+        ),
+    ],
+)
+def test_a_chat_template_that_cannot_serve_the_run_is_refused_at_start(
+    template, env_path, message, tiny_model_dir, tmp_path, capsys
+):
     with pytest.raises(SystemExit) as exit_info:
-        train.main([env_path, "--model", str(tiny_model_dir), "--chat-template", template(tmp_path),
-                    "--output-dir", str(tmp_path / "run")])
+        train.main(
+            [
+                env_path,
+                "--model",
+                str(tiny_model_dir),
+                "--chat-template",
+                template(tmp_path),
+                "--output-dir",
+                str(tmp_path / "run"),
+            ]
+        )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert re.search(message, err, flags=re.S), err
@@ -568,14 +788,25 @@ def test_a_jinja_file_is_a_chat_template_too(tiny_model_dir, tmp_path):
 def stdio_calculator(tmp_path):
     """The calculator agent eval's MCP config: its server started by the processor over stdio (no port taken)."""
     config = tmp_path / "calc_stdio.json"
-    config.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [
-        str(ROOT / "tests" / "fixtures" / "calc_mcp_server.py"), "stdio"]}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "calc": {
+                        "command": sys.executable,
+                        "args": [str(ROOT / "tests" / "fixtures" / "calc_mcp_server.py"), "stdio"],
+                    }
+                }
+            }
+        )
+    )
     return config
 
 
 @pytest.mark.timeout(420)
-def test_a_tools_eval_trains_with_chat_template_qwen2_5_and_is_refused_without(tiny_model_dir, tmp_path,
-                                                                              stdio_calculator):
+def test_a_tools_eval_trains_with_chat_template_qwen2_5_and_is_refused_without(
+    tiny_model_dir, tmp_path, stdio_calculator
+):
     """`ep-trl train` on the calculator agent (AgentRolloutProcessor over an MCP server) with the tiny ChatML model,
     in-process generation: without --chat-template it exits 2 before anything starts, naming the flag; with
     --chat-template qwen2_5 one step trains (the episodes' tool turns rendered and parsed with that template: with
@@ -585,9 +816,23 @@ def test_a_tools_eval_trains_with_chat_template_qwen2_5_and_is_refused_without(t
     import yaml
 
     env = {**os.environ, "CALC_MCP_CONFIG": str(stdio_calculator)}
-    args = ["tests.evals.eval_calculator_agent::test_calculator_agent", "--model", str(tiny_model_dir),
-            "--max-steps", "1", "--per-device-train-batch-size", "2", "--num-generations", "2",
-            "--max-completion-length", "24", "--max-turn-tokens", "8", "--log-home", str(tmp_path)]
+    args = [
+        "tests.evals.eval_calculator_agent::test_calculator_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--max-steps",
+        "1",
+        "--per-device-train-batch-size",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-completion-length",
+        "24",
+        "--max-turn-tokens",
+        "8",
+        "--log-home",
+        str(tmp_path),
+    ]
     refused = cli([*args, "--output-dir", str(tmp_path / "refused")], ROOT, env=env)
     _, err = refused.communicate(timeout=120)
     assert refused.returncode == 2, err[-3000:]

@@ -11,20 +11,43 @@ from pathlib import Path
 import pytest
 
 from ep_trl.cli import train
-from ep_trl.cli.warm_start import (WarmStartSettings, examples, load_processing_class,
-                                   read_demonstrations, render_example, train_on)
+from ep_trl.cli.warm_start import (
+    WarmStartSettings,
+    examples,
+    load_processing_class,
+    read_demonstrations,
+    render_example,
+    train_on,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAKE = f"{ROOT / 'tests' / 'evals' / 'eval_frozen_lake.py'}::test_frozen_lake"
 MOVES = ("LEFT", "DOWN", "RIGHT", "UP")
-TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move.", "parameters": {
-    "type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "move",
+            "description": "Move.",
+            "parameters": {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]},
+        },
+    }
+]
 
 
 def call(action: str, k: int, as_string: bool = True) -> dict:
     arguments = {"action": action}
-    return {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{k}", "type": "function", "function": {
-        "name": "move", "arguments": json.dumps(arguments) if as_string else arguments}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": f"c{k}",
+                "type": "function",
+                "function": {"name": "move", "arguments": json.dumps(arguments) if as_string else arguments},
+            }
+        ],
+    }
 
 
 def conversation(actions, as_string: bool = True) -> list[dict]:
@@ -49,9 +72,13 @@ def template(model_dir):
 def test_the_loss_mask_covers_exactly_the_assistant_turns(qwen_template_model_dir, tmp_path):
     """The trained ids are each tool call as the template writes it plus its end-of-turn token, nothing else; the ids
     are the whole conversation as the template renders it; arguments as a JSON string or an object are the same."""
-    path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT", "UP"]), "tools": TOOLS},
-                                                  {"messages": conversation(["LEFT", "UP"], as_string=False),
-                                                   "tools": TOOLS}])
+    path = write_lines(
+        tmp_path / "demos.jsonl",
+        [
+            {"messages": conversation(["LEFT", "UP"]), "tools": TOOLS},
+            {"messages": conversation(["LEFT", "UP"], as_string=False), "tools": TOOLS},
+        ],
+    )
     demonstrations = read_demonstrations(path)
     processing_class, chat, stops = template(qwen_template_model_dir)
     tokenizer = chat.tokenizer
@@ -63,12 +90,18 @@ def test_the_loss_mask_covers_exactly_the_assistant_turns(qwen_template_model_di
             runs.append((trained, []))
         runs[-1][1].append(token)
     trained_runs = [ids for trained, ids in runs if trained]
-    expected = [tokenizer.encode("<tool_call>\n" + json.dumps({"name": "move", "arguments": {"action": a}})
-                                 + "\n</tool_call><|im_end|>", add_special_tokens=False) for a in ("LEFT", "UP")]
+    expected = [
+        tokenizer.encode(
+            "<tool_call>\n" + json.dumps({"name": "move", "arguments": {"action": a}}) + "\n</tool_call><|im_end|>",
+            add_special_tokens=False,
+        )
+        for a in ("LEFT", "UP")
+    ]
     assert trained_runs == expected
     assert example.trained_tokens == sum(map(len, expected))
-    whole = processing_class.apply_chat_template(conversation(["LEFT", "UP"], as_string=False), tools=TOOLS,
-                                                 tokenize=False)
+    whole = processing_class.apply_chat_template(
+        conversation(["LEFT", "UP"], as_string=False), tools=TOOLS, tokenize=False
+    )
     assert tokenizer.decode(list(example.ids), skip_special_tokens=False) == whole
     # the untrained runs are the prompts: the first ends with the generation prompt, the second is the tool result
     untrained = [tokenizer.decode(ids, skip_special_tokens=False) for trained, ids in runs if not trained]
@@ -99,9 +132,14 @@ def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(qwen_template_
 
     def first_turn() -> dict:
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=100, do_sample=False,
-                                 eos_token_id=list(stops), pad_token_id=chat.tokenizer.pad_token_id)
-        return parser(out[0, len(prompt):].tolist(), prompt, TOOLS)
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=100,
+                do_sample=False,
+                eos_token_id=list(stops),
+                pad_token_id=chat.tokenizer.pad_token_id,
+            )
+        return parser(out[0, len(prompt) :].tolist(), prompt, TOOLS)
 
     assert not first_turn().get("tool_calls")
     settings = WarmStartSettings(epochs=40, learning_rate=3e-3, batch_size=1, max_completion_length=10_000)
@@ -125,21 +163,38 @@ def refusal(tmp_path, capsys, *flags, env_path=LAKE) -> str:
     return capsys.readouterr().err
 
 
-@pytest.mark.parametrize("content, wanted", [
-    (None, "no such file; record one with `python -m ep_trl.devtools.record_demonstrations"),
-    ("", "holds no demonstration"),
-    ("{not json\n", "line 1: not JSON"),
-    ('{"messages": []}\n', "line 1: no \"messages\" list"),
-    (json.dumps({"messages": [{"role": "system", "content": "Play."}, {"role": "user", "content": "Go."}]}) + "\n",
-     "line 1: no assistant turn, so nothing to train on"),
-    (json.dumps({"messages": conversation(["LEFT"])}) + "\n"
-     + json.dumps({"messages": [{"role": "user", "content": "Go."}, {"role": "assistant", "tool_calls": [
-         {"function": {"name": "move", "arguments": "{LEFT"}}]}]}) + "\n",
-     "line 2, message 1: tool call 'move' has arguments '{LEFT', which are not JSON"),
-    (json.dumps({"messages": conversation(["LEFT"]), "tools": {"move": 1}}) + "\n", "\"tools\" must be a list"),
-])
-def test_bad_demonstrations_are_refused_before_anything_starts(content, wanted, qwen_template_model_dir, tmp_path,
-                                                                  capsys):
+@pytest.mark.parametrize(
+    "content, wanted",
+    [
+        (None, "no such file; record one with `python -m ep_trl.devtools.record_demonstrations"),
+        ("", "holds no demonstration"),
+        ("{not json\n", "line 1: not JSON"),
+        ('{"messages": []}\n', 'line 1: no "messages" list'),
+        (
+            json.dumps({"messages": [{"role": "system", "content": "Play."}, {"role": "user", "content": "Go."}]})
+            + "\n",
+            "line 1: no assistant turn, so nothing to train on",
+        ),
+        (
+            json.dumps({"messages": conversation(["LEFT"])})
+            + "\n"
+            + json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "Go."},
+                        {"role": "assistant", "tool_calls": [{"function": {"name": "move", "arguments": "{LEFT"}}]},
+                    ]
+                }
+            )
+            + "\n",
+            "line 2, message 1: tool call 'move' has arguments '{LEFT', which are not JSON",
+        ),
+        (json.dumps({"messages": conversation(["LEFT"]), "tools": {"move": 1}}) + "\n", '"tools" must be a list'),
+    ],
+)
+def test_bad_demonstrations_are_refused_before_anything_starts(
+    content, wanted, qwen_template_model_dir, tmp_path, capsys
+):
     path = tmp_path / "demos.jsonl"
     if content is not None:
         path.write_text(content)
@@ -148,16 +203,17 @@ def test_bad_demonstrations_are_refused_before_anything_starts(content, wanted, 
     assert not (tmp_path / "run").exists()  # nothing started
 
 
-def test_warm_start_settings_without_warm_start_and_with_screenshots_are_refused(tmp_path, capsys,
-                                                                                 qwen_template_model_dir):
+def test_warm_start_settings_without_warm_start_and_with_screenshots_are_refused(
+    tmp_path, capsys, qwen_template_model_dir
+):
     err = refusal(tmp_path, capsys, "--model", str(qwen_template_model_dir), "--warm-start-epochs", "3")
     assert "--warm-start-epochs set the warm start: add --warm-start DEMOS.jsonl" in err, err
     path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
-    err = refusal(tmp_path, capsys, "--model", str(qwen_template_model_dir), "--warm-start", str(path),
-                  "--warm-start-epochs", "0")
+    err = refusal(
+        tmp_path, capsys, "--model", str(qwen_template_model_dir), "--warm-start", str(path), "--warm-start-epochs", "0"
+    )
     assert "--warm-start-epochs 0: give 1 or more" in err, err
-    err = refusal(tmp_path, capsys, "--model", str(qwen_template_model_dir), "--warm-start", str(path),
-                  "--screenshots")
+    err = refusal(tmp_path, capsys, "--model", str(qwen_template_model_dir), "--warm-start", str(path), "--screenshots")
     assert "--warm-start trains a text model on text demonstrations" in err, err
 
 
@@ -174,14 +230,32 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(qwen_template_model_d
     tokenizer.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}(earlier)"
         "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     tokenizer.save_pretrained(model)
-    lines = [{"messages": [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "LEFT"},
-                           {"role": "user", "content": "Again."}, {"role": "assistant", "content": "UP"}]}]
-    err = refusal(tmp_path, capsys, "--model", str(model), "--warm-start",
-                  str(write_lines(tmp_path / "demos.jsonl", lines)), env_path=NO_TOOLS)
-    assert ("line 1: the chat template renders the conversation up to message 3 (an assistant turn) so that what came "
-            "before it reads differently") in err, err
+    lines = [
+        {
+            "messages": [
+                {"role": "user", "content": "Go."},
+                {"role": "assistant", "content": "LEFT"},
+                {"role": "user", "content": "Again."},
+                {"role": "assistant", "content": "UP"},
+            ]
+        }
+    ]
+    err = refusal(
+        tmp_path,
+        capsys,
+        "--model",
+        str(model),
+        "--warm-start",
+        str(write_lines(tmp_path / "demos.jsonl", lines)),
+        env_path=NO_TOOLS,
+    )
+    assert (
+        "line 1: the chat template renders the conversation up to message 3 (an assistant turn) so that what came "
+        "before it reads differently"
+    ) in err, err
     assert "renders earlier turns the same whatever follows" in err, err
 
 
@@ -205,8 +279,10 @@ def test_a_model_without_a_chat_template_is_refused(qwen_template_model_dir, tmp
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
     err = refusal(tmp_path, capsys, "--model", str(model), "--warm-start", str(path), env_path=NO_TOOLS)
-    assert "--warm-start renders the demonstrations with the model's chat template: The trainer's processing class " \
-           "has no chat template" in err, err
+    assert (
+        "--warm-start renders the demonstrations with the model's chat template: The trainer's processing class "
+        "has no chat template" in err
+    ), err
 
 
 @pytest.mark.timeout(300)
@@ -217,11 +293,35 @@ def test_train_with_a_warm_start_starts_grpo_from_the_warm_started_model(qwen_te
     rng = random.Random(1)
     lines = [{"messages": conversation([rng.choice(MOVES) for _ in range(2)]), "tools": TOOLS} for _ in range(3)]
     demos = write_lines(tmp_path / "demos.jsonl", lines)
-    proc = subprocess.run([sys.executable, "-m", "ep_trl.cli", "train", LAKE, "--model", str(qwen_template_model_dir),
-                           "--warm-start", str(demos), "--warm-start-epochs", "2", "--max-steps", "1",
-                           "--per-device-train-batch-size", "2", "--num-generations", "2",
-                           "--max-completion-length", "24", "--output-dir", "run"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ep_trl.cli",
+            "train",
+            LAKE,
+            "--model",
+            str(qwen_template_model_dir),
+            "--warm-start",
+            str(demos),
+            "--warm-start-epochs",
+            "2",
+            "--max-steps",
+            "1",
+            "--per-device-train-batch-size",
+            "2",
+            "--num-generations",
+            "2",
+            "--max-completion-length",
+            "24",
+            "--output-dir",
+            "run",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "warm start: 3 demonstrations from" in out and "GRPO starts from run/warm-start" in out, out
@@ -240,10 +340,16 @@ def test_train_with_a_warm_start_starts_grpo_from_the_warm_started_model(qwen_te
 def greedy_on_server(url: str, prompt: list[int], tokens: int) -> list[int]:
     import urllib.request
 
-    body = {"model": served_model(url), "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
-            "return_token_ids": True}
-    request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "model": served_model(url),
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0.0,
+        "return_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - the local test server
         return list(json.loads(response.read())["choices"][0]["token_ids"])
 
@@ -256,8 +362,9 @@ def served_model(url: str) -> str:
 
 
 @pytest.mark.timeout(300)
-def test_a_vllm_server_the_run_generates_on_is_given_the_warm_started_weights(sharp_model_dir, shared_vllm_url,
-                                                                               tmp_path):
+def test_a_vllm_server_the_run_generates_on_is_given_the_warm_started_weights(
+    sharp_model_dir, shared_vllm_url, tmp_path
+):
     """With --vllm-server-url the warm start loads its weights into the server before the held-out 'before' score
     and training: the server's greedy reply is then the warm-started model's, not the one it served before."""
     import torch
@@ -265,8 +372,10 @@ def test_a_vllm_server_the_run_generates_on_is_given_the_warm_started_weights(sh
 
     from ep_trl.cli.warm_start import push_weights, warm_start
 
-    lines = [{"messages": [{"role": "user", "content": f"Say it {k}."},
-                           {"role": "assistant", "content": "zebra zebra"}]} for k in range(4)]
+    lines = [
+        {"messages": [{"role": "user", "content": f"Say it {k}."}, {"role": "assistant", "content": "zebra zebra"}]}
+        for k in range(4)
+    ]
     demonstrations = read_demonstrations(write_lines(tmp_path / "demos.jsonl", lines))
     processing_class, chat, _ = template(sharp_model_dir)
     prompt = chat.prompt_ids([{"role": "user", "content": "Say it 9."}])
@@ -274,15 +383,21 @@ def test_a_vllm_server_the_run_generates_on_is_given_the_warm_started_weights(sh
     push_weights(base, shared_vllm_url)  # the server holds the base model, whatever an earlier test pushed
     try:
         before = greedy_on_server(shared_vllm_url, prompt, 6)
-        report = warm_start(str(sharp_model_dir), demonstrations, tmp_path / "warm",
-                            WarmStartSettings(epochs=20, learning_rate=3e-3, batch_size=1), server_url=shared_vllm_url)
+        report = warm_start(
+            str(sharp_model_dir),
+            demonstrations,
+            tmp_path / "warm",
+            WarmStartSettings(epochs=20, learning_rate=3e-3, batch_size=1),
+            server_url=shared_vllm_url,
+        )
         after = greedy_on_server(shared_vllm_url, prompt, 6)
         warm = AutoModelForCausalLM.from_pretrained(report.model_dir, dtype=torch.float32)
         with torch.no_grad():
-            local = warm.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
-                                  pad_token_id=chat.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+            local = warm.generate(
+                torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=chat.tokenizer.pad_token_id
+            )[0, len(prompt) :].tolist()
     finally:
         push_weights(base, shared_vllm_url)  # the session's server back on the base model
     assert chat.tokenizer.decode(after).startswith("zebra"), chat.tokenizer.decode(after)
-    assert after == local[:len(after)] and before != after
+    assert after == local[: len(after)] and before != after
     assert report.loss_last_epoch < report.loss_first_epoch and report.seconds > 0

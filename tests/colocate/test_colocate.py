@@ -30,18 +30,34 @@ def model_dir(sharp_model_dir):
     return sharp_model_dir
 
 
-
-
 def colocate_trainer(model_dir, out_dir, rollout, prompts, callbacks=(), **config):
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=256, logging_steps=1, report_to=[], learning_rate=3e-3,
-        save_strategy="no", seed=0, temperature=TEMPERATURE, use_vllm=True, vllm_mode="colocate",
-        vllm_max_model_length=1024, **{"max_steps": 2, **config})
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=256,
+        logging_steps=1,
+        report_to=[],
+        learning_rate=3e-3,
+        save_strategy="no",
+        seed=0,
+        temperature=TEMPERATURE,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_max_model_length=1024,
+        **{"max_steps": 2, **config},
+    )
     return CPUColocateGRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[eval_score], args=args,
-        train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=AutoTokenizer.from_pretrained(model_dir),
-        rollout_func=rollout, callbacks=list(callbacks))
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        reward_funcs=[eval_score],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        rollout_func=rollout,
+        callbacks=list(callbacks),
+    )
 
 
 def max_gap(model, out, temperature):
@@ -100,8 +116,9 @@ def test_a_processor_eval_trains_with_the_colocated_engine(model_dir, tmp_path):
         rollout.close()
     steps = [h for h in trainer.state.log_history if "sampling/sampling_logp_difference/max" in h]
     assert [h["step"] for h in steps] == [1, 2]
-    assert all(h["sampling/sampling_logp_difference/max"] < TOLERANCE and h["ep_trl/failed_fraction"] == 0.0
-               for h in steps)
+    assert all(
+        h["sampling/sampling_logp_difference/max"] < TOLERANCE and h["ep_trl/failed_fraction"] == 0.0 for h in steps
+    )
     assert_trained(trainer)
 
 
@@ -111,8 +128,14 @@ def single_process():
     KV cache size CPUColocateGRPOTrainer sets."""
     from ep_trl.runtime.processes import free_port
 
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", str(free_port())), ("VLLM_CPU_KVCACHE_SPACE", "1")):
+    for name, value in (
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", str(free_port())),
+        ("VLLM_CPU_KVCACHE_SPACE", "1"),
+    ):
         os.environ.setdefault(name, value)
 
 
@@ -121,9 +144,17 @@ def engine(model_dir, single_process):
     """A vLLM engine built as CPUColocateGRPOTrainer builds TRL's (float32, eager), for the backend alone."""
     from vllm import LLM
 
-    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8,
-              gpu_memory_utilization=0.3,
-              distributed_executor_backend="external_launcher", logprobs_mode="processed_logprobs", seed=0)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        max_num_seqs=8,
+        gpu_memory_utilization=0.3,
+        distributed_executor_backend="external_launcher",
+        logprobs_mode="processed_logprobs",
+        seed=0,
+    )
     yield llm
     del llm
 
@@ -131,8 +162,9 @@ def engine(model_dir, single_process):
 def generate_all(generator, requests, images=None):
     async def main():
         try:
-            return await asyncio.gather(*(generator.generate(ids, params, images=images) for ids, params in requests),
-                                        return_exceptions=True)
+            return await asyncio.gather(
+                *(generator.generate(ids, params, images=images) for ids, params in requests), return_exceptions=True
+            )
         finally:
             await generator.aclose()
 
@@ -166,8 +198,13 @@ def test_a_prompt_the_engine_cannot_take_fails_its_turn_alone(engine):
 
 def test_sleep_mode_is_refused_on_cpu(model_dir, tmp_path):
     with pytest.raises(ConfigError, match="vllm_enable_sleep_mode.*no sleep mode on CPU"):
-        colocate_trainer(model_dir, tmp_path, create_rollout_func(LETTERS, log_rollouts=False), [PROMPT] * 8,
-                         vllm_enable_sleep_mode=True)
+        colocate_trainer(
+            model_dir,
+            tmp_path,
+            create_rollout_func(LETTERS, log_rollouts=False),
+            [PROMPT] * 8,
+            vllm_enable_sleep_mode=True,
+        )
 
 
 @pytest.mark.timeout(300)
@@ -184,19 +221,34 @@ def test_a_turn_with_images_samples_with_the_pixels_on_the_colocated_engine(tiny
 
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
-    prompt = ChatTemplate(processor).prompt([user_with_image("Step 1", png_data_uri((255, 0, 0))),
-                                             {"role": "assistant", "content": "click('13')"},
-                                             user_with_image("Step 2", png_data_uri((0, 0, 255), (64, 48)))])
-    llm = LLM(model=str(tiny_vlm_dir), dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=4,
-              gpu_memory_utilization=0.3,
-              distributed_executor_backend="external_launcher", logprobs_mode="processed_logprobs", seed=0,
-              limit_mm_per_prompt={"image": 8})
+    prompt = ChatTemplate(processor).prompt(
+        [
+            user_with_image("Step 1", png_data_uri((255, 0, 0))),
+            {"role": "assistant", "content": "click('13')"},
+            user_with_image("Step 2", png_data_uri((0, 0, 255), (64, 48))),
+        ]
+    )
+    llm = LLM(
+        model=str(tiny_vlm_dir),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        max_num_seqs=4,
+        gpu_memory_utilization=0.3,
+        distributed_executor_backend="external_launcher",
+        logprobs_mode="processed_logprobs",
+        seed=0,
+        limit_mm_per_prompt={"image": 8},
+    )
     generator = ColocateGenerator(llm, VLLMOptions(seed=0))
-    [turn] = generate_all(generator, [(prompt.ids, SamplingParams(max_tokens=8))],
-                          images=PromptImages(prompt.images, prompt.unexpanded_ids))
+    [turn] = generate_all(
+        generator,
+        [(prompt.ids, SamplingParams(max_tokens=8))],
+        images=PromptImages(prompt.images, prompt.unexpanded_ids),
+    )
     ids, n = list(prompt.ids) + list(turn.token_ids), len(prompt.ids)
-    with_pixels = token_logprobs(model, processor, ids, list(prompt.images))[n - 1:]
-    without = token_logprobs(model, processor, ids, list(prompt.images), pixels=False)[n - 1:]
+    with_pixels = token_logprobs(model, processor, ids, list(prompt.images))[n - 1 :]
+    without = token_logprobs(model, processor, ids, list(prompt.images), pixels=False)[n - 1 :]
     assert len(turn.token_ids) >= 1
     assert max(abs(a - b) for a, b in zip(with_pixels, turn.logprobs)) < TOLERANCE
     assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * TOLERANCE

@@ -20,14 +20,30 @@ LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 @pytest.mark.timeout(900)
 def test_the_colocated_engine_is_token_exact_on_the_real_model(letters_server, letters_episodes, tmp_path):
     model_dir = build_smollm2()  # built by scripts/install.sh in the project's Python; this venv reads the cache
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=4,
-                      num_generations=4, max_completion_length=256, max_steps=1, report_to=[], save_strategy="no",
-                      temperature=TEMPERATURE, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=1024)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=256,
+        max_steps=1,
+        report_to=[],
+        save_strategy="no",
+        temperature=TEMPERATURE,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_max_model_length=1024,
+    )
     rollout = create_rollout_func(LETTERS, log_rollouts=False)
     trainer = CPUColocateGRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[eval_score], args=args,
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        reward_funcs=[eval_score],
+        args=args,
         train_dataset=Dataset.from_dict({"prompt": [PROMPT] * 4}),
-        processing_class=AutoTokenizer.from_pretrained(model_dir), rollout_func=rollout)
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        rollout_func=rollout,
+    )
     try:
         out = rollout([PROMPT] * 4, trainer)
         assert rollout.backend_name == "vllm-colocate"

@@ -23,13 +23,26 @@ def test_the_letters_script_trains_with_the_colocated_engine(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     env["MASTER_PORT"] = str(free_port())
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "train_letters_trl.py"), "--vllm-mode", "colocate", "--max-steps", "2",
-         "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
+        [
+            sys.executable,
+            str(ROOT / "train_letters_trl.py"),
+            "--vllm-mode",
+            "colocate",
+            "--max-steps",
+            "2",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "generation: TRL's colocated vLLM engine, in the training process (CPUColocateGRPOTrainer, CPU)" in \
-        proc.stdout, proc.stdout
+    assert (
+        "generation: TRL's colocated vLLM engine, in the training process (CPUColocateGRPOTrainer, CPU)" in proc.stdout
+    ), proc.stdout
     steps = re.findall(r"^step (\d)/2 \| reward ([0-9.]+) .*\| eval_score ([0-9.]+)", proc.stdout, flags=re.M)
     assert [s for s, _, _ in steps] == ["1", "2"], proc.stdout
     assert all(0.0 <= float(r) <= 1.0 for _, r, _ in steps)

@@ -29,7 +29,7 @@ def test_every_pair_of_rows_holds_both_labels_and_the_seed_orders_them():
     ordered = interleave_by_ground_truth(rows, SENTIMENT, seed=0)
     paired = _labels(ordered)
     balanced = 2 * min(paired.count("positive"), paired.count("negative"))
-    assert all(set(paired[i:i + 2]) == {"positive", "negative"} for i in range(0, balanced, 2))
+    assert all(set(paired[i : i + 2]) == {"positive", "negative"} for i in range(0, balanced, 2))
     assert sorted(map(json.dumps, ordered["prompt"])) == sorted(map(json.dumps, rows["prompt"]))  # same rows
     again = interleave_by_ground_truth(rows, SENTIMENT, seed=0)["prompt"]
     other = interleave_by_ground_truth(rows, SENTIMENT, seed=1)["prompt"]

@@ -21,21 +21,26 @@ def test_every_answer_gets_its_fair_share_and_the_result_is_cached(tiny_model_di
     measured = answer_probabilities(model, AutoTokenizer.from_pretrained(cloned.path), DEMONSTRATIONS)
     flat = [p for group in cloned.answer_probabilities for p in group]
     assert [p for group in measured for p in group] == pytest.approx(flat, abs=1e-3)
-    untrained = answer_probabilities(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                                     AutoTokenizer.from_pretrained(tiny_model_dir), DEMONSTRATIONS)
+    untrained = answer_probabilities(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+        DEMONSTRATIONS,
+    )
     assert max(max(p) for p in untrained) < 0.01  # random weights write none of them
 
     again = clone_on_demonstrations(tiny_model_dir, tmp_path / "b", DEMONSTRATIONS, recipe, cache_dir=tmp_path / "c")
     assert again.cached and again.answer_probabilities == cloned.answer_probabilities
-    other = clone_on_demonstrations(tiny_model_dir, tmp_path / "d", DEMONSTRATIONS[:1], recipe,
-                                    cache_dir=tmp_path / "c")
+    other = clone_on_demonstrations(
+        tiny_model_dir, tmp_path / "d", DEMONSTRATIONS[:1], recipe, cache_dir=tmp_path / "c"
+    )
     assert not other.cached  # other inputs, another entry
 
 
 def test_a_recipe_that_cannot_converge_says_what_to_change(tiny_model_dir, tmp_path):
     with pytest.raises(RuntimeError, match="did not converge in 1 steps.*raise CloningRecipe.max_steps"):
-        clone_on_demonstrations(tiny_model_dir, tmp_path / "a", DEMONSTRATIONS, CloningRecipe(max_steps=1),
-                                cache_dir=tmp_path / "c")
+        clone_on_demonstrations(
+            tiny_model_dir, tmp_path / "a", DEMONSTRATIONS, CloningRecipe(max_steps=1), cache_dir=tmp_path / "c"
+        )
 
 
 def test_bad_input_is_refused_naming_the_fix():

@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from ep_trl.devtools.doors_houses import PLAYED_WORDINGS, no_gradient_chance
-from ep_trl.envs.doors import (COLOURS, HELD_OUT_WORDINGS, TRAINING_WORDINGS, DoorsAction, DoorsEnvironment, house,
-                               parse_door)
+from ep_trl.envs.doors import (
+    COLOURS,
+    HELD_OUT_WORDINGS,
+    TRAINING_WORDINGS,
+    DoorsAction,
+    DoorsEnvironment,
+    house,
+    parse_door,
+)
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 RESULT_FILES = ("smollm2_doors_seed0.json", "smollm2_doors_seed1.json", "smollm2_doors_seed0_rerun.json")
@@ -29,8 +36,10 @@ def test_the_base_model_s_step_one_success_and_the_ci_test_s_sizing():
     episodes scored 1. The CI test's old sizing (2 steps of 2 groups of 6) trained nothing about one time in eight;
     its sizing now (2 steps of 6 groups of 8) about one time in 4,000."""
     step_one = [load(name)["steps_logged"][0] for name in RESULT_FILES]
-    wins = sum(round(step["rewards/eval_score/mean"] * load(name)["episodes_per_step"])
-               for step, name in zip(step_one, RESULT_FILES))
+    wins = sum(
+        round(step["rewards/eval_score/mean"] * load(name)["episodes_per_step"])
+        for step, name in zip(step_one, RESULT_FILES)
+    )
     assert (wins, 16 * len(RESULT_FILES)) == (4, 48)
     p = wins / 48
     assert no_gradient_chance(p, group_size=6, groups_per_step=2, steps=2) == pytest.approx(0.124, abs=0.001)
@@ -78,8 +87,13 @@ def first_replies(name):
             room = rooms[observation.room - 1]
             if observation.room not in reached:
                 reached.add(observation.room)
-                firsts.append((observation.room, "except" if room.sign.startswith("Every") else "is-open",
-                               parse_door(turn) == room.open_door))
+                firsts.append(
+                    (
+                        observation.room,
+                        "except" if room.sign.startswith("Every") else "is-open",
+                        parse_door(turn) == room.open_door,
+                    )
+                )
             observation = env.step(DoorsAction(door=parse_door(turn) or ""))
             if observation.done:
                 break
@@ -87,16 +101,23 @@ def first_replies(name):
     return firsts, matches
 
 
-@pytest.mark.parametrize(("name", "except_hits", "is_open_hits", "second_rooms", "replayed"), [
-    ("smollm2_doors_seed0.json", (14, 16), (4, 16), (7, 20), 31),
-    ("smollm2_doors_seed1.json", (15, 15), (4, 17), (1, 19), 32)])
+@pytest.mark.parametrize(
+    ("name", "except_hits", "is_open_hits", "second_rooms", "replayed"),
+    [
+        ("smollm2_doors_seed0.json", (14, 16), (4, 16), (7, 20), 31),
+        ("smollm2_doors_seed1.json", (15, 15), (4, 17), (1, 19), 32),
+    ],
+)
 def test_the_base_model_named_the_open_door_under_one_wording_and_guessed_under_the_other(
-        name, except_hits, is_open_hits, second_rooms, replayed):
+    name, except_hits, is_open_hits, second_rooms, replayed
+):
     """What docs/benchmarks.md and the README say of the base model's first replies (rows paired with houses by
     order)."""
     firsts, matches = first_replies(name)
     assert matches == replayed
     for kind, hits in (("except", except_hits), ("is-open", is_open_hits)):
-        assert (sum(hit for r, k, hit in firsts if r == 1 and k == kind),
-                sum(r == 1 and k == kind for r, k, _ in firsts)) == hits
+        assert (
+            sum(hit for r, k, hit in firsts if r == 1 and k == kind),
+            sum(r == 1 and k == kind for r, k, _ in firsts),
+        ) == hits
     assert (sum(hit for r, _, hit in firsts if r == 2), sum(r == 2 for r, _, _ in firsts)) == second_rooms

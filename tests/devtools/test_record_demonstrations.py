@@ -20,9 +20,28 @@ CHOICES = ("LEFT", "DOWN", "RIGHT", "UP")
 @pytest.mark.timeout(240)
 def test_the_recorder_writes_episodes_whose_turns_are_tool_calls_with_the_choices(tmp_path):
     out = tmp_path / "demos.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "ep_trl.devtools.record_demonstrations", LAKE, "--out", str(out),
-                           "--choices", "LEFT,DOWN,RIGHT,UP", "--argument", "action", "--repeat", "2", "--seed", "3"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ep_trl.devtools.record_demonstrations",
+            LAKE,
+            "--out",
+            str(out),
+            "--choices",
+            "LEFT,DOWN,RIGHT,UP",
+            "--argument",
+            "action",
+            "--repeat",
+            "2",
+            "--seed",
+            "3",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "wrote 4 demonstrations to" in proc.stdout, proc.stdout
     lines = [json.loads(line) for line in out.read_text().splitlines()]
@@ -45,8 +64,15 @@ def test_the_recorder_writes_episodes_whose_turns_are_tool_calls_with_the_choice
 
 
 def test_the_player_draws_seeded_choices_for_the_one_offered_tool():
-    tools = [{"type": "function", "function": {"name": "lake_move", "parameters": {
-        "type": "object", "properties": {"action": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lake_move",
+                "parameters": {"type": "object", "properties": {"action": {"type": "string"}}},
+            },
+        }
+    ]
     player = ScriptedPlayer(CHOICES, seed=1)
     answers = [player.answer(tools, "scripted-0", turn) for turn in range(12)]
     assert {name for name, _ in answers} == {"lake_move"}
@@ -57,16 +83,23 @@ def test_the_player_draws_seeded_choices_for_the_one_offered_tool():
 
 
 def test_what_the_player_cannot_play_is_refused_naming_the_fix():
-    move = {"type": "function", "function": {"name": "move", "parameters": {
-        "type": "object", "properties": {"action": {"type": "string"}, "speed": {"type": "string"}}}}}
+    move = {
+        "type": "function",
+        "function": {
+            "name": "move",
+            "parameters": {"type": "object", "properties": {"action": {"type": "string"}, "speed": {"type": "string"}}},
+        },
+    }
     look = {"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}
     player = ScriptedPlayer(CHOICES)
     with pytest.raises(ValueError, match="offers 2 tools \\(look, move\\): name the one the player calls with --tool"):
         player.answer([move, look], "scripted-0", 0)
     with pytest.raises(ValueError, match="offered the model no tool"):
         player.answer([], "scripted-0", 0)
-    with pytest.raises(ValueError, match="tool move takes 2 parameters \\(action, speed\\): name the one the player "
-                                         "sets with --argument"):
+    with pytest.raises(
+        ValueError,
+        match="tool move takes 2 parameters \\(action, speed\\): name the one the player sets with --argument",
+    ):
         ScriptedPlayer(CHOICES, tool="move").answer([move, look], "scripted-0", 0)
     with pytest.raises(ValueError, match="--argument aim: tool move takes action, speed"):
         ScriptedPlayer(CHOICES, tool="move", argument="aim").answer([move, look], "scripted-0", 0)
@@ -77,10 +110,26 @@ def test_what_the_player_cannot_play_is_refused_naming_the_fix():
 
 def test_a_tool_the_eval_does_not_offer_is_refused_through_the_command(tmp_path):
     """The refusal reaches the user as the command's error (exit 2), from the request the processor made."""
-    proc = subprocess.run([sys.executable, "-m", "ep_trl.devtools.record_demonstrations",
-                           f"{ROOT / 'tests' / 'evals' / 'eval_frozen_lake.py'}::test_frozen_lake", "--out",
-                           str(tmp_path / "d.jsonl"), "--choices", "LEFT", "--tool", "jump", "--rows", "1"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ep_trl.devtools.record_demonstrations",
+            f"{ROOT / 'tests' / 'evals' / 'eval_frozen_lake.py'}::test_frozen_lake",
+            "--out",
+            str(tmp_path / "d.jsonl"),
+            "--choices",
+            "LEFT",
+            "--tool",
+            "jump",
+            "--rows",
+            "1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--tool jump: the eval offers lake_move" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "d.jsonl").exists()
@@ -89,21 +138,43 @@ def test_a_tool_the_eval_does_not_offer_is_refused_through_the_command(tmp_path)
 def test_a_scripted_expert_answers_from_the_messages_and_is_loaded_by_module_and_name():
     from ep_trl.devtools.record_demonstrations import load_policy
 
-    tools = [{"type": "function", "function": {"name": "lake_move", "parameters": {
-        "type": "object", "properties": {"action": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lake_move",
+                "parameters": {"type": "object", "properties": {"action": {"type": "string"}}},
+            },
+        }
+    ]
     expert = load_policy("ep_trl.devtools.frozen_lake_rows:shortest_path_move")
     # the first observation as the benchmark's user prompt shows it (Python's form), the player at the start
-    first = [{"role": "user", "content": "The lake now:\n{'position': 0, 'grid': '\\n\\x1b[41mS\\x1b[0mFFH\\nFFFF\\n"
-                                         "HHHF\\nFFFG\\n'}\n\nPick your next move."}]
+    first = [
+        {
+            "role": "user",
+            "content": "The lake now:\n{'position': 0, 'grid': '\\n\\x1b[41mS\\x1b[0mFFH\\nFFFF\\n"
+            "HHHF\\nFFFG\\n'}\n\nPick your next move.",
+        }
+    ]
     assert ScriptedPlayer((), policy=expert).answer(tools, "scripted-0", 0, first) == ("lake_move", {"action": "DOWN"})
     # a later one as the MCP server's tool result (JSON): from tile 6 the only safe way is RIGHT, then down
-    later = [*first, {"role": "tool", "content": json.dumps(
-        {"position": 6, "grid": "  (Right)\nSF\x1b[41mF\x1b[0mH\nFFFF\nHHHF\nFFFG\n", "action": "RIGHT"})}]
+    later = [
+        *first,
+        {
+            "role": "tool",
+            "content": json.dumps(
+                {"position": 6, "grid": "  (Right)\nSF\x1b[41mF\x1b[0mH\nFFFF\nHHHF\nFFFG\n", "action": "RIGHT"}
+            ),
+        },
+    ]
     assert ScriptedPlayer((), policy=expert).answer(tools, "scripted-0", 1, later)[1] == {"action": "RIGHT"}
     with pytest.raises(ValueError, match="not one of --choices LEFT,UP"):
         ScriptedPlayer(("LEFT", "UP"), policy=expert).answer(tools, "scripted-0", 0, first)
-    for spec, message in (("no_colon", "give MODULE:FUNCTION"), ("ep_trl.devtools.frozen_lake_rows:nothing", "nothing"),
-                          ("ep_trl.nowhere:f", "No module named")):
+    for spec, message in (
+        ("no_colon", "give MODULE:FUNCTION"),
+        ("ep_trl.devtools.frozen_lake_rows:nothing", "nothing"),
+        ("ep_trl.nowhere:f", "No module named"),
+    ):
         with pytest.raises(ValueError, match=message):
             load_policy(spec)
 

@@ -14,8 +14,9 @@ from ep_trl.devtools import run_record
 
 
 def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True, capture_output=True
+    )
 
 
 @pytest.fixture
@@ -32,11 +33,20 @@ def repo(tmp_path):
 
 
 def test_the_command_names_repository_paths_relative_to_it(repo):
-    argv = [str(repo / "benchmarks" / "x.py"), "--out", str(repo / "benchmarks/results/x.json"),
-            f"--model={repo}/models/../models/tiny", "--elsewhere", "/data/set", "relative/kept"]
+    argv = [
+        str(repo / "benchmarks" / "x.py"),
+        "--out",
+        str(repo / "benchmarks/results/x.json"),
+        f"--model={repo}/models/../models/tiny",
+        "--elsewhere",
+        "/data/set",
+        "relative/kept",
+    ]
     record = run_record.start(repo, argv)
-    assert record.command == (f"{Path(sys.executable).name} benchmarks/x.py --out benchmarks/results/x.json "
-                              f"--model=models/tiny --elsewhere /data/set relative/kept")
+    assert record.command == (
+        f"{Path(sys.executable).name} benchmarks/x.py --out benchmarks/results/x.json "
+        f"--model=models/tiny --elsewhere /data/set relative/kept"
+    )
     venv_python = str(repo / ".venv-vllm" / "bin" / "python")
     assert run_record.relative_command(repo, ["run.py"], venv_python) == ".venv-vllm/bin/python run.py"
 

@@ -102,11 +102,13 @@ def test_model_loads_and_generates(tiny_model_dir: Path, tokenizer) -> None:
     assert model.dtype == torch.float32
     assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Play the letters game."}], add_generation_prompt=True, return_tensors="pt",
+        [{"role": "user", "content": "Play the letters game."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
         return_dict=True,
     )
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    new_tokens = out[0, prompt["input_ids"].shape[1]:]
+    new_tokens = out[0, prompt["input_ids"].shape[1] :]
     assert 1 <= new_tokens.numel() <= 8
     assert all(0 <= t < len(tokenizer) for t in new_tokens.tolist())
     with torch.no_grad():

@@ -14,9 +14,19 @@ from ep_trl.errors import ConfigError
 
 def test_the_configuration_is_read_from_the_grpo_config(tiny_model_dir, tmp_path):
     """TRL's loss assumes samples at the config's temperature, top-p and top-k: those are what rollouts sample with."""
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=0.7, top_p=0.9, top_k=5, num_generations=4,
-                      max_completion_length=96, per_device_train_batch_size=4, use_vllm=True, vllm_mode="colocate",
-                      report_to=[])
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        num_generations=4,
+        max_completion_length=96,
+        per_device_train_batch_size=4,
+        use_vllm=True,
+        vllm_mode="colocate",
+        report_to=[],
+    )
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     config = TrainingConfig.of(args, tok)
     assert (config.sampling.temperature, config.sampling.top_p, config.sampling.top_k) == (0.7, 0.9, 5)

@@ -10,9 +10,17 @@ from ep_trl.evalprotocol import build_row, read_eval_spec, resolve_eval_test
 
 
 def _row(rollout_id: str, rewards: list[float]):
-    return build_row(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "aeiou"}],
-                     eval_name="letters", row_id="r", rollout_id=rollout_id, invocation_id="i", experiment_id="e",
-                     run_id="s", completion_params={}, extra={"step_rewards": rewards})
+    return build_row(
+        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "aeiou"}],
+        eval_name="letters",
+        row_id="r",
+        rollout_id=rollout_id,
+        invocation_id="i",
+        experiment_id="e",
+        run_id="s",
+        completion_params={},
+        extra={"step_rewards": rewards},
+    )
 
 
 def test_pointwise_rows_are_scored_one_by_one():

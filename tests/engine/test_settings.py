@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 
 from ep_trl import ConfigError, EvalOverrides, UnsupportedEvalError
+from ep_trl.engine.settings import apply_overrides, notes, plan_episode
 from ep_trl.envs.letters import LettersEnv
 from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
-from ep_trl.engine.settings import apply_overrides, notes, plan_episode
 from tests.evals import letters_parts as parts
 
 URL = "http://127.0.0.1:8001"
@@ -54,27 +54,37 @@ def test_an_explicit_url_replaces_the_evals_factory(spec):
 
 
 def test_body_kwargs_are_checked_against_the_body(spec):
-    with pytest.raises(ConfigError, match=r"evaluation_test_kwargs \['bonsu'\] are not parameters of the eval body "
-                                          r"\(it takes \['row', 'bonus'\]\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"evaluation_test_kwargs \['bonsu'\] are not parameters of the eval body "
+        r"\(it takes \['row', 'bonus'\]\)",
+    ):
         apply_overrides(spec, EvalOverrides(evaluation_test_kwargs={"bonsu": 1.0}))
     with pytest.raises(UnsupportedEvalError, match="may not contain 'row'"):
         apply_overrides(spec, EvalOverrides(evaluation_test_kwargs={"row": 1}))
 
 
 def test_env_vars_of_a_server_given_by_url_are_named_once(spec):
-    remote = replace(spec, env=replace(spec.env, factory=None, client_cls=LettersEnv, base_url=URL,
-                                       env_vars={"LETTERS_SEED": "3"}))
+    remote = replace(
+        spec, env=replace(spec.env, factory=None, client_cls=LettersEnv, base_url=URL, env_vars={"LETTERS_SEED": "3"})
+    )
     assert any("['LETTERS_SEED']" in n and "server's responsibility" in n for n in notes(remote))
     assert not any("server's responsibility" in n for n in notes(spec))
 
 
 def test_tasks_rotate_per_prompt_group_across_calls_and_processes():
     def plan(first_group, tasks):
-        return [plan_episode(p, i, first_group + i // 2, i % 2, tasks, None) for i, p in enumerate(["a", "a", "b", "b"])]
+        return [
+            plan_episode(p, i, first_group + i // 2, i % 2, tasks, None) for i, p in enumerate(["a", "a", "b", "b"])
+        ]
 
     first_call = plan(0, ("x", "y", "z"))
     assert [(s.index, s.group, s.generation, s.task) for s in first_call] == [
-        (0, 0, 0, "x"), (1, 0, 1, "x"), (2, 1, 0, "y"), (3, 1, 1, "y")]
+        (0, 0, 0, "x"),
+        (1, 0, 1, "x"),
+        (2, 1, 0, "y"),
+        (3, 1, 1, "y"),
+    ]
     later = plan(5, ("x", "y", "z"))  # e.g. process 1 of 2 on its third call
     assert [s.task for s in later] == ["z", "z", "x", "x"]
     assert [s.task for s in plan(0, ())] == [None] * 4
@@ -91,13 +101,28 @@ def test_an_episode_s_reset_seed_and_keywords_come_from_its_prompt_group():
     from ep_trl.openenv.client import EnvSettings
     from ep_trl.openenv.pool import reset_kwargs
 
-    plans = [plan_episode("hi", i, group, 0, ("a", "b"), None, reset_seed=lambda g: 100 + g,
-                          reset_kwargs=lambda g: {"wording": ("is-open", "locked")[g % 2]})
-             for i, group in enumerate((4, 5))]
-    assert [(p.task, p.seed, p.reset_kwargs) for p in plans] == [("a", 104, {"wording": "is-open"}),
-                                                                  ("b", 105, {"wording": "locked"})]
+    plans = [
+        plan_episode(
+            "hi",
+            i,
+            group,
+            0,
+            ("a", "b"),
+            None,
+            reset_seed=lambda g: 100 + g,
+            reset_kwargs=lambda g: {"wording": ("is-open", "locked")[g % 2]},
+        )
+        for i, group in enumerate((4, 5))
+    ]
+    assert [(p.task, p.seed, p.reset_kwargs) for p in plans] == [
+        ("a", 104, {"wording": "is-open"}),
+        ("b", 105, {"wording": "locked"}),
+    ]
     assert plan_episode("hi", 0, 0, 0, (), None).reset_kwargs is None
     settings = EnvSettings(base_url="http://127.0.0.1:1", tasks=("a", "b"))
-    assert reset_kwargs(settings, "a", 104, {"wording": "locked"}) == {"task_name": "a", "seed": 104,
-                                                                      "wording": "locked"}
+    assert reset_kwargs(settings, "a", 104, {"wording": "locked"}) == {
+        "task_name": "a",
+        "seed": 104,
+        "wording": "locked",
+    }
     assert reset_kwargs(settings, None, None, {"wording": "locked"}) == {"wording": "locked"}

@@ -9,8 +9,18 @@ import pytest
 from ep_trl.cli.env_server import local_env_server
 from ep_trl.cli.heldout import SeedSplit
 from ep_trl.devtools.doors_houses import SeedSource
-from ep_trl.envs.doors import (COLOURS, HELD_OUT_WORDINGS, LOCKED_ONLY_WORDINGS, TRAINING_WORDINGS, WORDINGS,
-                               DoorsAction, DoorsEnv, DoorsEnvironment, house, parse_door)
+from ep_trl.envs.doors import (
+    COLOURS,
+    HELD_OUT_WORDINGS,
+    LOCKED_ONLY_WORDINGS,
+    TRAINING_WORDINGS,
+    WORDINGS,
+    DoorsAction,
+    DoorsEnv,
+    DoorsEnvironment,
+    house,
+    parse_door,
+)
 
 EVAL_DOORS = str(Path(__file__).resolve().parents[2] / "examples" / "doors" / "eval_doors.py") + "::test_doors"
 
@@ -19,8 +29,11 @@ def wording_of(text: str) -> str:
     """Which wording a sign is in (the one whose template, its colours blanked, matches)."""
     blanked = re.sub(r"\b(" + "|".join(COLOURS) + r")\b", "C", text)
     blanked = re.sub(r"C(, C)* (and|or) C", "L", blanked)
-    [name] = [w for w, t in WORDINGS.items()
-              if blanked == t.replace("{open}", "C").replace("{locked}", "L").replace("{locked_or}", "L")]
+    [name] = [
+        w
+        for w, t in WORDINGS.items()
+        if blanked == t.replace("{open}", "C").replace("{locked}", "L").replace("{locked_or}", "L")
+    ]
     return name
 
 
@@ -64,9 +77,17 @@ def test_a_player_that_reads_each_room_leaves_in_one_move_per_room():
     assert result.done and result.escaped and result.reward == 1.0 and result.moves == 2
 
 
-@pytest.mark.parametrize(("text", "door"), [
-    ("blue", "blue"), ("The Blue door.", "blue"), ("I take the red door, not the green one", "red"),
-    ("bluey reddish", None), ("", None), ("Open the door on the left", None)])
+@pytest.mark.parametrize(
+    ("text", "door"),
+    [
+        ("blue", "blue"),
+        ("The Blue door.", "blue"),
+        ("I take the red door, not the green one", "red"),
+        ("bluey reddish", None),
+        ("", None),
+        ("Open the door on the left", None),
+    ],
+)
 def test_the_door_a_reply_names_is_its_first_colour_word(text, door):
     assert parse_door(text) == door
 
@@ -76,6 +97,7 @@ def test_the_held_out_seeds_of_the_doors_preset_keep_their_houses_out_of_trainin
     the same doors and open doors with chance 1 / 45,158,400. On the doors preset's held-out sets (32 houses, seeds 0
     to 2), the held-out houses are distinct and no training group among the first 20,000 (a default run plays 40)
     draws one of them."""
+
     def doors(seed):
         return tuple((room.doors, room.open_door) for room in house(seed))
 
@@ -91,7 +113,8 @@ def test_the_signs_old_houses_showed_are_unchanged_and_a_named_wording_changes_o
     """Old result files' houses stay the houses they played: seed 3 as it was drawn before wordings existed."""
     assert [(r.doors, r.open_door, r.sign) for r in house(3)] == [
         (("red", "green", "white", "black"), "black", "The black door is open; the others are locked."),
-        (("white", "green", "blue", "orange"), "white", "Every door is locked except the white one.")]
+        (("white", "green", "blue", "orange"), "white", "Every door is locked except the white one."),
+    ]
     for seed in range(50):
         for wording in WORDINGS:
             worded = house(seed, wording=wording)
@@ -124,6 +147,7 @@ def test_copying_the_last_colour_leaves_every_house_under_training_signs_but_not
     """The game as it stood (training's two wordings) did not need reading: naming the last colour word of the
     latest message leaves every house. Under a sign that names only the locked doors it never leaves the first
     room."""
+
     def play(seed, wording):
         env = DoorsEnvironment()
         observation = env.reset(seed=seed, wording=wording)
@@ -132,8 +156,9 @@ def test_copying_the_last_colour_leaves_every_house_under_training_signs_but_not
         return observation.escaped
 
     split = SeedSplit.draw(0, 32)
-    assert all(play(seed, None) for seed in range(500)) and all(play(seed, w) for seed in split.held_out
-                                                                for w in TRAINING_WORDINGS)
+    assert all(play(seed, None) for seed in range(500)) and all(
+        play(seed, w) for seed in split.held_out for w in TRAINING_WORDINGS
+    )
     assert not any(play(seed, w) for seed in split.held_out for w in LOCKED_ONLY_WORDINGS)
 
 
@@ -180,6 +205,7 @@ def test_the_served_game_plays_the_house_its_client_hands_out():
 def test_the_served_game_plays_the_wording_its_client_hands_out_and_reports_the_house():
     """A ``(seed, wording)`` from the source puts every sign of that house in that wording, and each observation's
     ``metadata`` (put back by the client: openenv's server leaves it off the wire) says which house and wording."""
+
     async def play(url):
         async with DoorsEnv(base_url=url, seeds=SeedSource(iter([(31, "locked"), 32]))) as env:
             first = (await env.reset()).observation
@@ -208,8 +234,11 @@ def test_each_episode_s_row_records_the_house_and_wording_it_played(tiny_model_d
     with local_env_server("ep_trl.envs.doors") as url:
         source = SeedSource(iter(plays))
         rollout = create_rollout_func(
-            EVAL_DOORS, backend="trainer", options=RolloutOptions(log_home=str(tmp_path / "logs")),
-            overrides=EvalOverrides(env_factory=lambda: DoorsEnv(base_url=url, seeds=source).sync()))
+            EVAL_DOORS,
+            backend="trainer",
+            options=RolloutOptions(log_home=str(tmp_path / "logs")),
+            overrides=EvalOverrides(env_factory=lambda: DoorsEnv(base_url=url, seeds=source).sync()),
+        )
         prompt = dataset_from_eval(EVAL_DOORS)["prompt"][0]
         trainer = make_trainer(tiny_model_dir, tmp_path / "out", rollout, max_completion_length=96)
         try:
@@ -241,8 +270,10 @@ class _ScriptedPlayer:
         named = re.search(r"The (\w+) door is open|except the (\w+) one", text)
         open_door = named.group(1) or named.group(2)
         answer = f"The {open_door} door." if self.reads else next(d for d in doors if d != open_door)
-        return {"choices": [{"message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "choices": [{"message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
 
 @pytest.mark.parametrize(("reads", "score", "moves"), [(True, 1.0, 2), (False, 0.0, 4)])
@@ -265,8 +296,12 @@ def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, rea
     processor.policy_factory = lambda *args, **kwargs: _ScriptedPlayer(reads)
     with local_env_server("ep_trl.envs.doors") as url:
         monkeypatch.setenv(module.ENV_URL_VAR, url)
-        config = RolloutProcessorConfig(completion_params=dict(params.completion_params[0]), mcp_config_path="",
-                                        semaphore=asyncio.Semaphore(1), steps=params.steps)
+        config = RolloutProcessorConfig(
+            completion_params=dict(params.completion_params[0]),
+            mcp_config_path="",
+            semaphore=asyncio.Semaphore(1),
+            steps=params.steps,
+        )
         [row] = [EvaluationRow(messages=[m.model_copy() for m in msgs]) for msgs in params.input_messages[0]]
 
         async def go():
@@ -274,7 +309,8 @@ def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, rea
 
         [played] = asyncio.run(go())
     users = [m.content for m in played.messages if m.role == "user"]
-    assert users[0].startswith("Room 1 of 2. Doors: ") and users[0].endswith("Which door do you take? Answer with "
-                                                                             "the door's color.")
+    assert users[0].startswith("Room 1 of 2. Doors: ") and users[0].endswith(
+        "Which door do you take? Answer with the door's color."
+    )
     assert len(played.execution_metadata.extra["step_rewards"]) == moves
     assert module.test_doors._origin_func(played).evaluation_result.score == score

@@ -16,8 +16,8 @@ from ep_trl.envs.letters import (
     score_text,
 )
 from ep_trl.envs.letters.episode_log import EpisodeLog
-from tests.support.letters import LettersEpisodes
 from ep_trl.runtime.processes import ServerProcess
+from tests.support.letters import LettersEpisodes
 
 LATENCY_S = 0.2
 

@@ -66,15 +66,18 @@ def resolve(env_path: str) -> EvalTest:
     return resolve_eval_test(env_path)
 
 
-@pytest.mark.parametrize("env_path", [
-    f"{MESSAGES}::test_qa_messages",
-    f"{MESSAGES}::test_qa_two_message_lists",
-    ROWS,
-    f"{DATASET}::test_qa_dataset",
-    f"{DATASET}::test_qa_two_datasets",
-    f"{LOADER}::test_qa_loader",
-    f"{FILTERED}::test_qa_filtered",
-])
+@pytest.mark.parametrize(
+    "env_path",
+    [
+        f"{MESSAGES}::test_qa_messages",
+        f"{MESSAGES}::test_qa_two_message_lists",
+        ROWS,
+        f"{DATASET}::test_qa_dataset",
+        f"{DATASET}::test_qa_two_datasets",
+        f"{LOADER}::test_qa_loader",
+        f"{FILTERED}::test_qa_filtered",
+    ],
+)
 def test_rows_are_what_eval_protocol_feeds_the_eval(env_path, monkeypatch):
     eval_test = resolve(env_path)
     ours, fed = eval_rows(eval_test), rows_pytest_feeds(eval_test, monkeypatch)
@@ -86,7 +89,10 @@ def test_input_messages_rows():
     rows = eval_rows(resolve(f"{MESSAGES}::test_qa_messages"))
     france = [("system", "Answer with a single word."), ("user", "What is the capital of France?")]
     assert [[(m.role, m.content) for m in row.messages] for row in rows] == [
-        france, [("user", "What is 3 + 4?")], france]
+        france,
+        [("user", "What is 3 + 4?")],
+        france,
+    ]
     # eval-protocol's stable id: identical rows share it.
     ids = [row.input_metadata.row_id for row in rows]
     assert ids[0] == ids[2] != ids[1] and all(ids)
@@ -162,15 +168,22 @@ def test_preprocess_fn_is_applied(monkeypatch):
 
 
 def fake_eval(**params) -> EvalTest:
-    return EvalTest(env_path="x", module_name="evals.fake", name="test_fake",
-                    wrapper=SimpleNamespace(__ep_params__=EPParameters(**params)))
+    return EvalTest(
+        env_path="x",
+        module_name="evals.fake",
+        name="test_fake",
+        wrapper=SimpleNamespace(__ep_params__=EPParameters(**params)),
+    )
 
 
-@pytest.mark.parametrize(("params", "why"), [
-    ({}, "finds no input"),
-    ({"input_messages": [[]]}, "yield no rows"),
-    ({"input_rows": [[EvaluationRow(messages=[])]]}, "have no messages"),
-])
+@pytest.mark.parametrize(
+    ("params", "why"),
+    [
+        ({}, "finds no input"),
+        ({"input_messages": [[]]}, "yield no rows"),
+        ({"input_rows": [[EvaluationRow(messages=[])]]}, "have no messages"),
+    ],
+)
 def test_no_prompts_is_an_error_saying_what_to_do(params, why):
     with pytest.raises(UnsupportedEvalError, match=rf"evals\.fake::test_fake.*{why}.*'prompt' column"):
         eval_rows(fake_eval(**params))
@@ -182,8 +195,12 @@ def test_training_prompts_carry_the_row_key_and_chat_fields_only():
     assert prompts[0] == [{"role": "user", "content": "What is 2 + 2?", ROW_KEY: f"0:{rows[0].input_metadata.row_id}"}]
     assert prompts[2][0][ROW_KEY] == "2:capital-france" and ROW_KEY not in prompts[2][1]
     _, assistant, tool = prompts[3]
-    assert assistant == {"role": "assistant", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]}
+    assert assistant == {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    }
     assert tool == {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "weather"}
     assert row_key(5, rows[5]) == f"5:{rows[5].input_metadata.row_id}"
 
@@ -225,8 +242,11 @@ def test_prompts_without_the_key_match_by_content():
 def test_a_prompt_matching_no_row_is_an_error():
     rows = eval_rows(resolve(ROWS))
     prompt = [{"role": "user", "content": "What is 2 + 2? " + "x" * 100}]
-    with pytest.raises(ConfigError, match=r"prompt 1 \('What is 2 \+ 2\? x+\.\.\.'\) matches no row of my_eval; "
-                                          r"build the training dataset with ep_trl\.dataset_from_eval"):
+    with pytest.raises(
+        ConfigError,
+        match=r"prompt 1 \('What is 2 \+ 2\? x+\.\.\.'\) matches no row of my_eval; "
+        r"build the training dataset with ep_trl\.dataset_from_eval",
+    ):
         match_rows([[{"role": "user", "content": "What is 2 + 2?"}], prompt], rows, "my_eval")
 
 
@@ -246,8 +266,10 @@ def test_a_stale_row_key_is_an_error(key):
 
 def test_strip_row_key_drops_the_key_and_none_values():
     column = Dataset.from_dict({"prompt": training_prompts(resolve(ROWS))})["prompt"]
-    assert strip_row_key(column[2]) == [{"role": "system", "content": "Answer in one word."},
-                                        {"role": "user", "content": "What is the capital of France?"}]
+    assert strip_row_key(column[2]) == [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
 
 
 def write_jsonl(path, records):
@@ -260,13 +282,17 @@ def write_jsonl(path, records):
 def test_an_input_dataset_replaces_the_evals_own_through_its_adapter_and_max_rows(tmp_path):
     """``eval_rows(..., input_dataset=...)``: the files' records go through the eval's dataset_adapter and
     max_dataset_rows (3) as its own input_dataset's would, and nothing of the eval's own file is read."""
-    records = [{"id": f"mine-{n}", "question": f"How many legs have {n} ducks?", "answer": str(2 * n)}
-               for n in range(1, 5)]
+    records = [
+        {"id": f"mine-{n}", "question": f"How many legs have {n} ducks?", "answer": str(2 * n)} for n in range(1, 5)
+    ]
     first, second = write_jsonl(tmp_path / "a.jsonl", records[:2]), write_jsonl(tmp_path / "b.jsonl", records[2:])
     eval_test = resolve(f"{DATASET}::test_qa_dataset")
     rows = eval_rows(eval_test, [first, second])
-    assert [(row.input_metadata.row_id, row.ground_truth) for row in rows] == [("mine-1", "2"), ("mine-2", "4"),
-                                                                             ("mine-3", "6")]
+    assert [(row.input_metadata.row_id, row.ground_truth) for row in rows] == [
+        ("mine-1", "2"),
+        ("mine-2", "4"),
+        ("mine-3", "6"),
+    ]
     assert [m.content for m in rows[0].messages] == ["Answer briefly.", "How many legs have 1 ducks?"]
     prompts = training_prompts(eval_test, [first, second])
     assert match_rows(prompts, rows, eval_test.qualified_name)[2].ground_truth == "6"
@@ -274,17 +300,21 @@ def test_an_input_dataset_replaces_the_evals_own_through_its_adapter_and_max_row
         match_rows(prompts, eval_rows(eval_test), eval_test.qualified_name)
 
 
-@pytest.mark.parametrize("env_path, source", [
-    (f"{MESSAGES}::test_qa_messages", "input_messages"),
-    (ROWS, "input_rows"),
-    (f"{LOADER}::test_qa_loader", "data_loaders"),
-])
+@pytest.mark.parametrize(
+    "env_path, source",
+    [
+        (f"{MESSAGES}::test_qa_messages", "input_messages"),
+        (ROWS, "input_rows"),
+        (f"{LOADER}::test_qa_loader", "data_loaders"),
+    ],
+)
 def test_an_input_dataset_for_an_eval_without_one_is_refused(env_path, source, tmp_path):
     rows = write_jsonl(tmp_path / "rows.jsonl", [{"question": "?", "answer": "!"}])
     with pytest.raises(UnsupportedEvalError) as error:
         eval_rows(resolve(env_path), [rows])
-    assert (f"reads its rows from {source}, not from an input_dataset with a dataset_adapter" in str(error.value)
-            and "Drop the input dataset" in str(error.value))
+    assert f"reads its rows from {source}, not from an input_dataset with a dataset_adapter" in str(
+        error.value
+    ) and "Drop the input dataset" in str(error.value)
 
 
 def test_an_input_dataset_file_that_is_missing_is_refused(tmp_path, monkeypatch):
@@ -299,8 +329,12 @@ def relative_dataset_eval(folder):
     repository."""
     (folder / "data").mkdir(parents=True)
     write_jsonl(folder / "data" / "rows.jsonl", [{"id": "near-1", "question": "Two plus two?", "answer": "4"}])
-    source = (Path(DATASET).read_text().replace("input_dataset=[QA]", "input_dataset=['data/rows.jsonl']")
-              .replace("def test_qa_dataset", "def test_relative"))
+    source = (
+        Path(DATASET)
+        .read_text()
+        .replace("input_dataset=[QA]", "input_dataset=['data/rows.jsonl']")
+        .replace("def test_qa_dataset", "def test_relative")
+    )
     (folder / "eval_relative.py").write_text(source)
     return f"{folder / 'eval_relative.py'}::test_relative"
 
@@ -312,8 +346,10 @@ def test_a_relative_input_dataset_missing_here_is_read_beside_the_evals_module(t
     caplog.set_level(logging.INFO, logger="ep_trl")
     rows = eval_rows(resolve(env_path))
     assert [row.input_metadata.row_id for row in rows] == ["near-1"]
-    assert (f"its input_dataset 'data/rows.jsonl' is not in the working directory ({tmp_path / 'elsewhere'}); using "
-            f"{tmp_path / 'evals' / 'data' / 'rows.jsonl'}") in caplog.text
+    assert (
+        f"its input_dataset 'data/rows.jsonl' is not in the working directory ({tmp_path / 'elsewhere'}); using "
+        f"{tmp_path / 'evals' / 'data' / 'rows.jsonl'}"
+    ) in caplog.text
     (tmp_path / "evals" / "data" / "rows.jsonl").unlink()
     with pytest.raises(UnsupportedEvalError) as error:
         eval_rows(resolve(env_path))

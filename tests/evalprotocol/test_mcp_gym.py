@@ -42,9 +42,16 @@ def first_lakes(url, tag):
     async def main():
         lakes = []
         for seed in SEEDS:
-            row = EvaluationRow(messages=[Message(role="system", content="Play.")], input_metadata=InputMetadata(
-                row_id=f"lake-{seed}", dataset_info={"environment_context": {"game": "FrozenLake", "seed": seed},
-                                                     "user_prompt_template": "{observation}"}))
+            row = EvaluationRow(
+                messages=[Message(role="system", content="Play.")],
+                input_metadata=InputMetadata(
+                    row_id=f"lake-{seed}",
+                    dataset_info={
+                        "environment_context": {"game": "FrozenLake", "seed": seed},
+                        "user_prompt_template": "{observation}",
+                    },
+                ),
+            )
             envs = ep.make(url, evaluation_rows=[row], model_id=f"hosted_vllm/ep-trl/{tag}-{seed}")
             session = envs.sessions[0]
             observation, _ = await envs.reset(session)
@@ -63,8 +70,9 @@ def test_a_new_session_plays_its_rows_seeded_lake_only_with_ep_trl(frozen_lake_s
     expected = [seeded_lake(seed) for seed in SEEDS]
     assert not mcp_gym.seeded_sessions_on()
     alone = first_lakes(frozen_lake_server, "alone")
-    assert alone != expected, "eval-protocol's server now honours a new session's seed: ep_trl.evalprotocol.mcp_gym " \
-                              "is no longer needed"
+    assert alone != expected, (
+        "eval-protocol's server now honours a new session's seed: ep_trl.evalprotocol.mcp_gym is no longer needed"
+    )
     mcp_gym.start_seeded_sessions()
     mcp_gym.start_seeded_sessions()  # two users (training and a held-out evaluation, say): counted
     try:
@@ -84,8 +92,12 @@ def test_rows_of_seed_zero_are_named_they_play_a_random_lake():
     from eval_protocol.models import EvaluationRow, InputMetadata, Message
 
     def row(row_id, context):
-        return EvaluationRow(messages=[Message(role="system", content="Play.")], input_metadata=InputMetadata(
-            row_id=row_id, dataset_info={"environment_context": context} if context is not None else None))
+        return EvaluationRow(
+            messages=[Message(role="system", content="Play.")],
+            input_metadata=InputMetadata(
+                row_id=row_id, dataset_info={"environment_context": context} if context is not None else None
+            ),
+        )
 
     rows = [row("lake-0", {"seed": 0}), row("lake-1", {"seed": 1}), row("plain", None), row("none", {"seed": None})]
     assert mcp_gym.seed_zero_rows(rows) == ["lake-0"]
@@ -108,13 +120,17 @@ def test_an_mcp_gym_source_warns_of_rows_of_seed_zero(caplog):
     ProcessorSource(spec, ROWS)
     assert "environment seed 0" not in caplog.text
     ProcessorSource(spec, [*ROWS, zero])
-    assert re.search(r"1 row\(s\) have environment seed 0 \(lake-0\), which eval-protocol's MCP-gym server takes for "
-                     r"no seed: .* Give those rows another seed\.", caplog.text), caplog.text
+    assert re.search(
+        r"1 row\(s\) have environment seed 0 \(lake-0\), which eval-protocol's MCP-gym server takes for "
+        r"no seed: .* Give those rows another seed\.",
+        caplog.text,
+    ), caplog.text
 
 
 def test_setup_and_cleanup_of_an_mcp_gym_processor_turn_the_seeding_on_and_off(monkeypatch):
     """``processors.setup`` turns it on for an MCP-gym processor once its ``setup()`` succeeded, ``cleanup`` off; a
-    ``setup()`` that raised leaves it off, and the clean-up after it (as ``evaluation_test`` does one) raises nothing."""
+    ``setup()`` that raised leaves it off, and the clean-up after it (as ``evaluation_test`` does one) raises
+    nothing."""
     from ep_trl.evalprotocol import processors, read_eval_spec, resolve_eval_test
 
     spec = read_eval_spec(resolve_eval_test("tests.evals.eval_frozen_lake"))

@@ -42,11 +42,14 @@ print("WATCHDOG STATUS", watchdog.wait(5), flush=True)
 def test_a_server_an_mcp_server_manager_starts_is_watched_once_and_its_watchdog_leaves_with_it(tmp_path):
     script = tmp_path / "server.py"
     script.write_text(SERVER)
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM.format(script=str(script),
-                                                                                   port=free_port()))],
-                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"),
-                                                                                              str(REPO)])},
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PROGRAM.format(script=str(script), port=free_port()))],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     said = [line for line in result.stdout.splitlines() if line.startswith(("ADOPTED", "WATCHDOG"))]
     assert said == ["ADOPTED True", "WATCHDOGS 1", "WATCHDOG STATUS 0"], (result.stdout, result.stderr[-3000:])
     assert result.returncode == 0

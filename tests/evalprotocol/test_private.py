@@ -12,8 +12,13 @@ from tests.evals import letters_parts as parts
 
 
 def test_processor_still_has_the_private_attributes_we_read():
-    processor = OpenEnvRolloutProcessor(env_factory=parts.make_env_factory(), action_parser=parts.action_parser,
-                                        tasks=["vowels"], task_var="X", request_timeout_s=7.0)
+    processor = OpenEnvRolloutProcessor(
+        env_factory=parts.make_env_factory(),
+        action_parser=parts.action_parser,
+        tasks=["vowels"],
+        task_var="X",
+        request_timeout_s=7.0,
+    )
     missing = [name for name in PROCESSOR_ATTRIBUTES if not hasattr(processor, name)]
     assert not missing, f"eval-protocol renamed {missing}; update ep_trl/evalprotocol/spec.py"
     wrapper = resolve_eval_test("tests.evals.eval_letters").wrapper
@@ -45,7 +50,9 @@ def test_a_renamed_private_attribute_fails_at_construction_naming_it():
     original = params.rollout_processor
     params.rollout_processor = RenamedProcessor(env_factory=parts.make_env_factory(), action_parser=parts.action_parser)
     try:
-        with pytest.raises(UnsupportedEvalError, match=r"no attribute '_env_vars' in eval-protocol .*supports eval-protocol >="):
+        with pytest.raises(
+            UnsupportedEvalError, match=r"no attribute '_env_vars' in eval-protocol .*supports eval-protocol >="
+        ):
             read_eval_spec(eval_test)
     finally:
         params.rollout_processor = original

@@ -115,5 +115,7 @@ def test_an_eval_file_is_taken_from_the_working_directory_else_from_the_import_r
     with pytest.raises(EnvPathError) as error:
         eval_file(eval_test, "tests/evals/no_such_file.py", "server_script_path")
     message = str(error.value)
-    assert f"does not exist at {tmp_path / 'tests' / 'tests' / 'evals' / 'no_such_file.py'} (from the working " in message
+    assert (
+        f"does not exist at {tmp_path / 'tests' / 'tests' / 'evals' / 'no_such_file.py'} (from the working " in message
+    )
     assert f"and {root / 'tests' / 'evals' / 'no_such_file.py'} (from the root its module tests.evals" in message

@@ -30,8 +30,11 @@ def test_an_eval_whose_guarded_import_failed_is_named_as_such(monkeypatch):
     monkeypatch.delitem(sys.modules, "tests.evals.eval_guess_hub", raising=False)
     module = importlib.import_module("tests.evals.eval_guess_hub")
     try:
-        with pytest.raises(UnsupportedEvalError, match=r"uses SingleTurnRolloutProcessor.*GuessEnv is None: the "
-                                                       r"module probably guards an import that failed"):
+        with pytest.raises(
+            UnsupportedEvalError,
+            match=r"uses SingleTurnRolloutProcessor.*GuessEnv is None: the "
+            r"module probably guards an import that failed",
+        ):
             read_eval_spec(resolve_eval_test("tests.evals.eval_guess_hub"))
     finally:
         sys.modules.pop(module.__name__, None)
@@ -51,8 +54,9 @@ def test_history_line_with_the_label_already_computed_is_the_same_line():
 
     for action in (LettersAction(text="aei"), Named(), "plain", 42):
         for step, reward, observation in ((1, 0.5, None), (3, -1.0, Observed())):
-            assert history_line(step, action, reward, observation, action_label(action)) == \
-                history_line(step, action, reward, observation)
+            assert history_line(step, action, reward, observation, action_label(action)) == history_line(
+                step, action, reward, observation
+            )
     letters = LettersAction(text="aei")
     assert action_label(Named()) == "click('7')" and action_label(letters) == str(letters)
 
@@ -74,8 +78,11 @@ def test_a_relative_server_script_missing_here_is_the_one_beside_the_evals_packa
     monkeypatch.chdir(tmp_path)
     spec = read_eval_spec(resolve_eval_test(FROZEN_LAKE))
     assert spec.processor_settings["server_script_path"] == str(installed)
-    assert any(f"its server_script_path {SERVER_SCRIPT!r} is not in the working directory ({tmp_path}); using "
-               f"{installed}" in note for note in spec.notes), spec.notes
+    assert any(
+        f"its server_script_path {SERVER_SCRIPT!r} is not in the working directory ({tmp_path}); using "
+        f"{installed}" in note
+        for note in spec.notes
+    ), spec.notes
     (tmp_path / "eval_protocol").symlink_to(installed.parents[2])  # a checkout of eval-protocol: the path as given
     spec = read_eval_spec(resolve_eval_test(FROZEN_LAKE))
     assert spec.processor_settings["server_script_path"] == SERVER_SCRIPT
@@ -92,16 +99,20 @@ def test_a_server_script_found_nowhere_is_refused_naming_both_places(tmp_path, m
         "from eval_protocol.models import EvaluationRow, Message\n"
         "from eval_protocol.pytest import evaluation_test\n"
         "from eval_protocol.pytest.default_mcp_gym_rollout_processor import MCPGymRolloutProcessor\n\n\n"
-        "@evaluation_test(input_messages=[[[Message(role='user', content='walk')]]], completion_params=[{'model': 'm'}],\n"
+        "@evaluation_test(input_messages=[[[Message(role='user', content='walk')]]], completion_params=[{'model': "
+        "'m'}],\n"
         "                 rollout_processor=MCPGymRolloutProcessor(), server_script_path='servers/lake.py',\n"
         "                 mode='pointwise')\n"
         "def test_lost(row: EvaluationRow) -> EvaluationRow:\n"
-        "    return row\n")
+        "    return row\n"
+    )
     (tmp_path / "run").mkdir()
     monkeypatch.chdir(tmp_path / "run")
     with pytest.raises(EnvPathError) as error:
         read_eval_spec(resolve_eval_test(str(tmp_path / "evals" / "eval_lost_server.py")))
     message = str(error.value)
-    assert (f"its server_script_path 'servers/lake.py' is relative and does not exist at "
-            f"{tmp_path / 'run' / 'servers' / 'lake.py'} (from the working directory) and "
-            f"{tmp_path / 'evals' / 'servers' / 'lake.py'} (from the root its module") in message
+    assert (
+        f"its server_script_path 'servers/lake.py' is relative and does not exist at "
+        f"{tmp_path / 'run' / 'servers' / 'lake.py'} (from the working directory) and "
+        f"{tmp_path / 'evals' / 'servers' / 'lake.py'} (from the root its module"
+    ) in message

@@ -8,10 +8,17 @@ QUESTIONS = [("What is 2 + 3?", "5"), ("What is 7 - 4?", "3"), ("What is 3 * 3?"
 
 
 @evaluation_test(
-    input_rows=[[EvaluationRow(messages=[Message(role="system", content=SYSTEM), Message(role="user", content=q)],
-                               ground_truth=answer) for q, answer in QUESTIONS]],
-    completion_params=[{"model": "fireworks_ai/accounts/fireworks/models/qwen3-8b", "temperature": 0.0,
-                        "max_tokens": 8}],
+    input_rows=[
+        [
+            EvaluationRow(
+                messages=[Message(role="system", content=SYSTEM), Message(role="user", content=q)], ground_truth=answer
+            )
+            for q, answer in QUESTIONS
+        ]
+    ],
+    completion_params=[
+        {"model": "fireworks_ai/accounts/fireworks/models/qwen3-8b", "temperature": 0.0, "max_tokens": 8}
+    ],
     rollout_processor=SingleTurnRolloutProcessor(),
     mode="pointwise",
     passed_threshold=0.0,

@@ -15,9 +15,17 @@ SYSTEM = "Use the calculator tools, then answer with the number only."
 
 
 @evaluation_test(
-    input_rows=[[EvaluationRow(messages=[Message(role="system", content=SYSTEM),
-                                         Message(role="user", content="What is (1 + 2) + (3 + 4)?")],
-                               ground_truth="10")]],
+    input_rows=[
+        [
+            EvaluationRow(
+                messages=[
+                    Message(role="system", content=SYSTEM),
+                    Message(role="user", content="What is (1 + 2) + (3 + 4)?"),
+                ],
+                ground_truth="10",
+            )
+        ]
+    ],
     completion_params=[{"model": "fireworks_ai/accounts/fireworks/models/qwen3-8b"}],
     rollout_processor=AgentRolloutProcessor(),
     mcp_config_path=MCP_CONFIG,

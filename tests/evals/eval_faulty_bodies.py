@@ -18,9 +18,9 @@ def letters_eval(body):
     return evaluation_test(
         input_messages=parts.INPUT_MESSAGES,
         completion_params=parts.COMPLETION_PARAMS,
-        rollout_processor=OpenEnvRolloutProcessor(env_factory=parts.make_env_factory(),
-                                                  prompt_builder=parts.prompt_builder,
-                                                  action_parser=parts.action_parser),
+        rollout_processor=OpenEnvRolloutProcessor(
+            env_factory=parts.make_env_factory(), prompt_builder=parts.prompt_builder, action_parser=parts.action_parser
+        ),
         steps=parts.STEPS,
         max_concurrent_rollouts=parts.MAX_CONCURRENT_ROLLOUTS,
         mode="pointwise",

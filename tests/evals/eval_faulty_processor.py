@@ -29,8 +29,13 @@ class FaultyProcessor(RolloutProcessor):
 
 
 @evaluation_test(
-    input_messages=[[[Message(role="user", content="Say hi.")], [Message(role="user", content="Say hi, then fail.")],
-                     [Message(role="user", content="Say hi, then report.")]]],
+    input_messages=[
+        [
+            [Message(role="user", content="Say hi.")],
+            [Message(role="user", content="Say hi, then fail.")],
+            [Message(role="user", content="Say hi, then report.")],
+        ]
+    ],
     completion_params=[{"model": "fireworks_ai/accounts/fireworks/models/qwen3-8b", "max_tokens": 8}],
     rollout_processor=FaultyProcessor(),
     mode="pointwise",

@@ -12,7 +12,9 @@ PORT = 9713
 
 @evaluation_test(
     input_rows=[ROWS],
-    completion_params=[{"temperature": 0.0, "max_tokens": 32, "model": "fireworks_ai/accounts/fireworks/models/qwen3-8b"}],
+    completion_params=[
+        {"temperature": 0.0, "max_tokens": 32, "model": "fireworks_ai/accounts/fireworks/models/qwen3-8b"}
+    ],
     rollout_processor=MCPGymRolloutProcessor(),
     rollout_processor_kwargs={"port": PORT},
     server_script_path=SERVER,

@@ -6,7 +6,6 @@ One task: the processor launches ``openenv/guess-env`` with ``GUESS_GAME=digits`
 from typing import Any, List
 
 import pytest
-
 from eval_protocol.models import EvaluateResult, EvaluationRow, Message
 from eval_protocol.pytest import evaluation_test
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor

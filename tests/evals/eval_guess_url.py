@@ -8,7 +8,6 @@ import os
 from typing import Any, List
 
 import pytest
-
 from eval_protocol.models import EvaluateResult, EvaluationRow, Message
 from eval_protocol.pytest import evaluation_test
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor

@@ -5,8 +5,11 @@ from eval_protocol.pytest import SingleTurnRolloutProcessor, evaluation_test
 
 
 def qa_row(question: str, answer: str, row_id: str | None) -> EvaluationRow:
-    return EvaluationRow(messages=[Message(role="user", content=question)], ground_truth=answer,
-                         input_metadata=InputMetadata(row_id=row_id))
+    return EvaluationRow(
+        messages=[Message(role="user", content=question)],
+        ground_truth=answer,
+        input_metadata=InputMetadata(row_id=row_id),
+    )
 
 
 ROWS = [

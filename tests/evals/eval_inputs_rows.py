@@ -6,25 +6,38 @@ from eval_protocol.pytest import SingleTurnRolloutProcessor, evaluation_test
 
 WEATHER_TOOL = {
     "type": "function",
-    "function": {"name": "weather", "description": "Today's weather in a city.",
-                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    "function": {
+        "name": "weather",
+        "description": "Today's weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
 }
 
 ROWS = [
     EvaluationRow(messages=[Message(role="user", content="What is 2 + 2?")], ground_truth="4"),
     EvaluationRow(messages=[Message(role="user", content="What is 2 + 2?")], ground_truth="4"),
     EvaluationRow(
-        messages=[Message(role="system", content="Answer in one word."),
-                  Message(role="user", content="What is the capital of France?")],
+        messages=[
+            Message(role="system", content="Answer in one word."),
+            Message(role="user", content="What is the capital of France?"),
+        ],
         ground_truth="Paris",
         input_metadata=InputMetadata(row_id="capital-france"),
     ),
     EvaluationRow(
         messages=[
             Message(role="user", content="What is the weather in Paris?"),
-            Message(role="assistant", content=None, tool_calls=[
-                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
-            ]),
+            Message(
+                role="assistant",
+                content=None,
+                tool_calls=[
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            ),
             Message(role="tool", content="sunny", tool_call_id="call_1", name="weather"),
         ],
         tools=[WEATHER_TOOL],

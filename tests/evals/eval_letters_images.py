@@ -24,8 +24,10 @@ def picture(step: int, task: str | None) -> str:
 
 def prompt_builder(obs, step: int, history: list[str]):
     """The env's prompt, then its picture, as OpenAI-style content parts."""
-    return [{"type": "text", "text": obs.prompt},
-            {"type": "image_url", "image_url": {"url": picture(step, getattr(obs, "task_name", None))}}]
+    return [
+        {"type": "text", "text": obs.prompt},
+        {"type": "image_url", "image_url": {"url": picture(step, getattr(obs, "task_name", None))}},
+    ]
 
 
 def image_letters_test(builder, *, steps: int, max_concurrent_rollouts: int = parts.MAX_CONCURRENT_ROLLOUTS):
@@ -51,8 +53,9 @@ def mean_step_reward(row: EvaluationRow) -> EvaluationRow:
     rewards = parts.step_rewards(row)
     if not rewards:
         raise ValueError("letters images eval: row has no step rewards (the episode took 0 steps)")
-    row.evaluation_result = EvaluateResult(score=sum(rewards) / len(rewards), is_score_valid=True,
-                                           reason=f"mean of {len(rewards)} step rewards {rewards}")
+    row.evaluation_result = EvaluateResult(
+        score=sum(rewards) / len(rewards), is_score_valid=True, reason=f"mean of {len(rewards)} step rewards {rewards}"
+    )
     return row
 
 

@@ -21,8 +21,10 @@ SCREENSHOT_SIZE = (1280, 720)
 def prompt_builder(obs, step: int, history: list[str]):
     """The env's prompt, then a picture of a colour no earlier observation had."""
     n = next(_OBSERVATIONS)
-    return [{"type": "text", "text": obs.prompt},
-            {"type": "image_url", "image_url": {"url": png_data_uri((n % 256, n // 256 % 256, 77), SCREENSHOT_SIZE)}}]
+    return [
+        {"type": "text", "text": obs.prompt},
+        {"type": "image_url", "image_url": {"url": png_data_uri((n % 256, n // 256 % 256, 77), SCREENSHOT_SIZE)}},
+    ]
 
 
 @image_letters_test(prompt_builder, steps=1, max_concurrent_rollouts=8)

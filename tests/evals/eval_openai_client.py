@@ -20,8 +20,10 @@ class OpenAIClientProcessor(RolloutProcessor):
             params = config.completion_params
             client = AsyncOpenAI(base_url=params.get("api_base"), api_key=params.get("api_key"))
             reply = await client.chat.completions.create(
-                model=self.fixed_model or params["model"], max_tokens=params.get("max_tokens", 8),
-                messages=[m.dump_mdoel_for_chat_completion_request() for m in row.messages])
+                model=self.fixed_model or params["model"],
+                max_tokens=params.get("max_tokens", 8),
+                messages=[m.dump_mdoel_for_chat_completion_request() for m in row.messages],
+            )
             row.messages.append(Message(role="assistant", content=reply.choices[0].message.content or ""))
             return row
 
@@ -32,22 +34,31 @@ MESSAGES = [[[Message(role="user", content="Say hi.")]]]
 PARAMS = [{"model": "fireworks_ai/accounts/fireworks/models/qwen3-8b", "max_tokens": 8}]
 
 
-@evaluation_test(input_messages=MESSAGES, completion_params=PARAMS, rollout_processor=OpenAIClientProcessor(),
-                 mode="pointwise")
+@evaluation_test(
+    input_messages=MESSAGES, completion_params=PARAMS, rollout_processor=OpenAIClientProcessor(), mode="pointwise"
+)
 def test_routed_client(row: EvaluationRow) -> EvaluationRow:
     row.evaluation_result = EvaluateResult(score=1.0, reason="answered")
     return row
 
 
-@evaluation_test(input_messages=MESSAGES, completion_params=PARAMS,
-                 rollout_processor=OpenAIClientProcessor(fixed_model="gpt-4o-mini"), mode="pointwise")
+@evaluation_test(
+    input_messages=MESSAGES,
+    completion_params=PARAMS,
+    rollout_processor=OpenAIClientProcessor(fixed_model="gpt-4o-mini"),
+    mode="pointwise",
+)
 def test_fixed_model(row: EvaluationRow) -> EvaluationRow:
     row.evaluation_result = EvaluateResult(score=1.0, reason="answered")
     return row
 
 
-@evaluation_test(input_messages=MESSAGES, completion_params=[{"model": {"planner": "a", "writer": "b"}}],
-                 rollout_processor=OpenAIClientProcessor(), mode="pointwise")
+@evaluation_test(
+    input_messages=MESSAGES,
+    completion_params=[{"model": {"planner": "a", "writer": "b"}}],
+    rollout_processor=OpenAIClientProcessor(),
+    mode="pointwise",
+)
 def test_two_models(row: EvaluationRow) -> EvaluationRow:
     """eval-protocol's multi-agent pattern: one model per role."""
     row.evaluation_result = EvaluateResult(score=1.0, reason="answered")

@@ -18,11 +18,14 @@ class DraftThenReviseProcessor(RolloutProcessor):
             messages = [m.dump_mdoel_for_chat_completion_request() for m in row.messages]
             draft = await litellm.acompletion(model=model, messages=messages, **params)
             draft_text = draft.choices[0].message.content or ""
-            revised = [messages[0], {"role": "user", "content": f"Summary of your first draft: {draft_text[:20]!r}. "
-                                                                "Answer again."}]
+            revised = [
+                messages[0],
+                {"role": "user", "content": f"Summary of your first draft: {draft_text[:20]!r}. Answer again."},
+            ]
             final = await litellm.acompletion(model=model, messages=revised, **params)
             row.messages = [Message(**m) for m in revised] + [
-                Message(role="assistant", content=final.choices[0].message.content or "")]
+                Message(role="assistant", content=final.choices[0].message.content or "")
+            ]
             return row
 
         async def bounded(row: EvaluationRow) -> EvaluationRow:
@@ -42,6 +45,7 @@ def test_draft_then_revise(row: EvaluationRow) -> EvaluationRow:
     """Brief is better: ``1 / (1 + characters)`` for a non-empty final answer, 0.0 for none (answers of different
     lengths score differently, so a group's rewards give GRPO something to learn from)."""
     answer = row.messages[-1].content or ""
-    row.evaluation_result = EvaluateResult(score=1.0 / (1 + len(answer)) if answer else 0.0,
-                                           reason=f"answered in {len(answer)} characters")
+    row.evaluation_result = EvaluateResult(
+        score=1.0 / (1 + len(answer)) if answer else 0.0, reason=f"answered in {len(answer)} characters"
+    )
     return row

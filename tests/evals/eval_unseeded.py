@@ -46,7 +46,8 @@ class UnseededEnv:
     input_messages=[[[Message(role="system", content="Repeat the word.")]]],
     completion_params=[{"model": "local-policy", "temperature": 0.0, "max_tokens": 8}],
     rollout_processor=OpenEnvRolloutProcessor(
-        env_factory=UnseededEnv, prompt_builder=lambda observation, step, history: f"Word: {observation.word}",
+        env_factory=UnseededEnv,
+        prompt_builder=lambda observation, step, history: f"Word: {observation.word}",
         action_parser=lambda text: text.strip(),
     ),
     steps=1,

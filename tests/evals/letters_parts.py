@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from eval_protocol.models import EvaluationRow, Message
+
 from tests.support.letters import LETTERS_ENV_URL_VAR
 
 if TYPE_CHECKING:

@@ -75,8 +75,9 @@ def test_the_batch_window_lets_later_requests_join_the_first():
 
 def test_requests_with_different_keys_never_share_a_call():
     model = Model()
-    queue = BatchQueue(model, max_batch_size=8, window_s=0.1, batch_key=len, thread_name="test-batch",
-                       task_name="test-batches")
+    queue = BatchQueue(
+        model, max_batch_size=8, window_s=0.1, batch_key=len, thread_name="test-batch", task_name="test-batches"
+    )
 
     async def main():
         return await asyncio.gather(*(queue.submit(r) for r in ("a", "bb", "c", "dd", "eee")))
@@ -99,13 +100,20 @@ def test_an_error_outcome_fails_its_request_alone():
 
 def test_a_call_that_raises_fails_only_its_batch_and_the_next_batch_runs_anew():
     model = Model()
-    queue = BatchQueue(model, max_batch_size=8, window_s=0.1, batch_key=lambda r: r == "x",
-                       thread_name="test-batch", task_name="test-batches",
-                       batch_error=lambda exc, n: GenerationError(f"a batch of {n} failed: {exc}"))
+    queue = BatchQueue(
+        model,
+        max_batch_size=8,
+        window_s=0.1,
+        batch_key=lambda r: r == "x",
+        thread_name="test-batch",
+        task_name="test-batches",
+        batch_error=lambda exc, n: GenerationError(f"a batch of {n} failed: {exc}"),
+    )
 
     async def main():
-        failed = await asyncio.gather(queue.submit("boom"), queue.submit("a"), queue.submit("x"),
-                                      return_exceptions=True)
+        failed = await asyncio.gather(
+            queue.submit("boom"), queue.submit("a"), queue.submit("x"), return_exceptions=True
+        )
         return failed, await queue.submit("b")
 
     (boom, a, x), after = serve(queue, main)
@@ -208,8 +216,12 @@ def test_the_first_fatal_error_sticks_until_reset():
     with pytest.raises(GenerationError) as raised, failure.guard("turn 2"):
         raise first
     assert raised.value is first and failure.error is first
-    with pytest.raises(GenerationError, match="^turn 3 not sent: an earlier request already failed for good: "
-                                              "the server is gone$"), failure.guard("turn 3"):
+    with (
+        pytest.raises(
+            GenerationError, match="^turn 3 not sent: an earlier request already failed for good: the server is gone$"
+        ),
+        failure.guard("turn 3"),
+    ):
         raise AssertionError("a refused turn does not run")
     assert failure.error is first  # the refusal does not replace the first error
     failure.reset()

@@ -28,8 +28,15 @@ def test_every_backend_a_user_names_is_one_choice_knows():
 
 
 def offer(**kwargs):
-    fields = dict(vllm_base_url=None, options=VLLMOptions(), max_concurrent_rollouts=4, colocated_trainer=None,
-                  server=None, model_provider=None, processing_class=None)
+    fields = dict(
+        vllm_base_url=None,
+        options=VLLMOptions(),
+        max_concurrent_rollouts=4,
+        colocated_trainer=None,
+        server=None,
+        model_provider=None,
+        processing_class=None,
+    )
     return BackendOffer(**{**fields, **kwargs})
 
 

@@ -18,9 +18,17 @@ def test_the_engine_is_the_one_grpo_trainer_keeps(tmp_path):
 
 
 def test_a_tensor_parallel_colocated_engine_is_refused_naming_the_setting(tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="colocate",
-                      vllm_tensor_parallel_size=2, report_to=[])
-    with pytest.raises(ConfigError, match="vllm_tensor_parallel_size=2.*vllm_tensor_parallel_size=1.*vllm_mode='server'"):
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_tensor_parallel_size=2,
+        report_to=[],
+    )
+    with pytest.raises(
+        ConfigError, match="vllm_tensor_parallel_size=2.*vllm_tensor_parallel_size=1.*vllm_mode='server'"
+    ):
         trainer_engine(SimpleNamespace(args=args, vllm_generation=SimpleNamespace(llm=object())))
 
 
@@ -35,10 +43,17 @@ def test_a_sleeping_colocated_engine_is_woken_for_each_call_and_put_back_to_slee
         def sleep(self, level):
             calls.append(("sleep", level))
 
-    generation = SimpleNamespace(llm=Engine(), _llm_weights_sleeping=True,
-                                 sync_weights=lambda: calls.append(("sync_weights",)))
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, use_vllm=True, vllm_mode="colocate",
-                      vllm_enable_sleep_mode=True, report_to=[])
+    generation = SimpleNamespace(
+        llm=Engine(), _llm_weights_sleeping=True, sync_weights=lambda: calls.append(("sync_weights",))
+    )
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_enable_sleep_mode=True,
+        report_to=[],
+    )
     engine = trainer_engine(SimpleNamespace(args=args, vllm_generation=generation))
     engine.wake()
     engine.sleep()

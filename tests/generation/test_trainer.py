@@ -35,8 +35,12 @@ def run_concurrently(generator, prompts, params_list):
 def test_concurrent_requests_are_batched_and_cut_per_row(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     generator = make_generator(model, tokenizer)
-    prompts = [tokenizer.encode("hello world"), tokenizer.encode("a much longer prompt than the first one"),
-               tokenizer.encode("x"), tokenizer.encode("three")]
+    prompts = [
+        tokenizer.encode("hello world"),
+        tokenizer.encode("a much longer prompt than the first one"),
+        tokenizer.encode("x"),
+        tokenizer.encode("three"),
+    ]
     params = [SamplingParams(max_tokens=n) for n in (3, 9, 5, 7)]
     results = run_concurrently(generator, prompts, params)
     assert generator.requests == 4 and generator.batches < 4  # requests that queued up ran together
@@ -52,7 +56,9 @@ def test_concurrent_requests_are_batched_and_cut_per_row(model_and_tokenizer):
 def test_temperature_scales_the_returned_logprobs(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     prompt = tokenizer.encode("temperature check")
-    (result,) = run_concurrently(make_generator(model, tokenizer), [prompt], [SamplingParams(temperature=0.5, max_tokens=6)])
+    (result,) = run_concurrently(
+        make_generator(model, tokenizer), [prompt], [SamplingParams(temperature=0.5, max_tokens=6)]
+    )
     ref = torch.tensor(teacher_forced_logprobs(model, prompt, result.token_ids, temperature=0.5))
     assert torch.allclose(torch.tensor(result.logprobs), ref, atol=1e-4)
 
@@ -61,7 +67,9 @@ def test_stop_string_ends_the_turn_at_the_token_that_completes_it(model_and_toke
     model, tokenizer = model_and_tokenizer
     torch.manual_seed(0)
     prompts = [tokenizer.encode("stop strings")] * 6
-    results = run_concurrently(make_generator(model, tokenizer), prompts, [SamplingParams(max_tokens=40, stop=("e",))] * 6)
+    results = run_concurrently(
+        make_generator(model, tokenizer), prompts, [SamplingParams(max_tokens=40, stop=("e",))] * 6
+    )
     stopped = [r for r in results if r.stop_text == "e"]
     assert stopped, "no sample produced an 'e' in 40 tokens"
     for r in stopped:
@@ -80,8 +88,9 @@ def test_negative_temperature_is_refused_and_zero_decodes_greedily(model_and_tok
     results = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        results += run_concurrently(make_generator(model, tokenizer), [prompt], [SamplingParams(temperature=0.0,
-                                                                                                 max_tokens=6)])
+        results += run_concurrently(
+            make_generator(model, tokenizer), [prompt], [SamplingParams(temperature=0.0, max_tokens=6)]
+        )
     assert results[0].token_ids == results[1].token_ids
     ids = list(prompt)
     with torch.no_grad():
@@ -108,7 +117,10 @@ def test_a_turn_for_a_named_model_is_refused_naming_the_fix(model_and_tokenizer)
     from ep_trl.generation.versioned import VersionedTurns
 
     turns = VersionedTurns(make_generator(*model_and_tokenizer), lambda: 3, model_for=lambda version: f"v{version}")
-    with pytest.raises(ConfigError, match=r"trainer backend generates with its one model only, not with 'v3'.*"
-                                          r"vLLM server that serves the adapters"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer backend generates with its one model only, not with 'v3'.*"
+        r"vLLM server that serves the adapters",
+    ):
         asyncio.run(turns.generate([1, 2], SamplingParams(max_tokens=1)))
     assert turns.versions == [3]

@@ -48,8 +48,11 @@ def test_a_turn_that_would_hold_more_than_max_images_is_not_sent():
 
     asyncio.run(turn(first))
     asyncio.run(turn(first, second))  # the context re-sends the held image: 2 in all
-    with pytest.raises(ConfigError, match=r"would hold 3 images, more than max_episode_images=2.*the turn is not "
-                                          r"sent\. Pass EvalRolloutWorker\(max_episode_images=\.\.\.\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"would hold 3 images, more than max_episode_images=2.*the turn is not "
+        r"sent\. Pass EvalRolloutWorker\(max_episode_images=\.\.\.\)",
+    ):
         asyncio.run(turn(first, second, third))
     assert len(generator.sent) == 2 and turns.versions == [1, 2]  # not sent, no version recorded
     unbounded = VersionedTurns(generator, lambda: 0)  # without max_images, any number is sent

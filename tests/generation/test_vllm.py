@@ -16,8 +16,8 @@ from transformers import AutoTokenizer
 
 from ep_trl import EvalOverrides, GenerationError, VLLMOptions, create_openenv_vllm_rollout_func
 from ep_trl.generation import SamplingParams
-from ep_trl.runtime.processes import free_port
 from ep_trl.generation.vllm import VLLMServerGenerator, completion_payload, request_seed
+from ep_trl.runtime.processes import free_port
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
 
@@ -126,13 +126,33 @@ def test_after_a_fatal_failure_later_requests_fail_without_being_sent():
 
 
 def test_payload_maps_every_sampling_parameter():
-    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.1, max_tokens=9,
-                            stop=("\n\n",), stop_token_ids=(42,))
+    params = SamplingParams(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        max_tokens=9,
+        stop=("\n\n",),
+        stop_token_ids=(42,),
+    )
     body = completion_payload("m", (1, 2, 3), params, seed=17)
     assert body == {
-        "model": "m", "prompt": [1, 2, 3], "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
-        "min_p": 0.05, "repetition_penalty": 1.1, "logprobs": 0, "return_token_ids": True,
-        "return_tokens_as_token_ids": True, "skip_special_tokens": False, "stop": ["\n\n"], "stop_token_ids": [42], "seed": 17,
+        "model": "m",
+        "prompt": [1, 2, 3],
+        "max_tokens": 9,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "stop": ["\n\n"],
+        "stop_token_ids": [42],
+        "seed": 17,
     }
     off = completion_payload("m", (1,), SamplingParams(top_k=0))
     assert off["top_k"] == -1 and "seed" not in off and "stop" not in off and "stop_token_ids" not in off
@@ -180,7 +200,12 @@ def test_rollout_sends_token_ids_with_the_trainers_sampling(letters_server, trai
     assert len(prompts) == 12  # 4 episodes x 3 turns
     for prompt, body in prompts:
         assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"], body["repetition_penalty"]) == (
-            0.7, 0.9, 5, 0.05, 1.1)
+            0.7,
+            0.9,
+            5,
+            0.05,
+            1.1,
+        )
         assert body["model"] == "faulty-model" and body["logprobs"] == 0 and body["return_token_ids"] is True
         assert body["max_tokens"] == 12  # the eval's per-turn max_tokens
         assert "seed" not in body  # never one shared seed for a group's identical prompts
@@ -191,7 +216,7 @@ def test_rollout_sends_token_ids_with_the_trainers_sampling(letters_server, trai
         ends = [i for i in range(len(mask)) if mask[i] == 0 and (i == 0 or mask[i - 1] == 1)]
         starts = [i for i in range(1, len(mask)) if mask[i] == 1 and mask[i - 1] == 0]
         assert len(ends) == len(starts) == 2
-        expected += [p, p + c[:starts[0]], p + c[:starts[1]]]
+        expected += [p, p + c[: starts[0]], p + c[: starts[1]]]
     assert sent == sorted(expected)
     for completion, mask, lps in zip(out["completion_ids"], out["env_mask"], out["logprobs"]):
         sampled = [t for t, m in zip(completion, mask) if m]
@@ -207,8 +232,13 @@ def test_turns_are_clipped_to_the_servers_max_model_len(letters_server, trainer_
         prompt_len = len(rollout([PROMPT], trainer)["prompt_ids"][0])
     limit = prompt_len + 20
     with FaultyVLLMServer(ok_token_ids=canned_ids * 10, max_model_len=limit) as server:
-        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
-                                                   overrides=EvalOverrides(max_tokens=64), max_episode_tokens=1000)
+        rollout = create_openenv_vllm_rollout_func(
+            EVAL,
+            vllm_base_url=server.url,
+            log_rollouts=False,
+            overrides=EvalOverrides(max_tokens=64),
+            max_episode_tokens=1000,
+        )
         out = rollout([PROMPT] * 4, trainer_for(rollout))
         prompts = server.prompts
     assert prompts and all(len(p) + body["max_tokens"] <= limit for p, body in prompts)
@@ -220,15 +250,21 @@ def test_turns_are_clipped_to_the_servers_max_model_len(letters_server, trainer_
 @pytest.mark.timeout(120)
 def test_concurrent_episodes_overlap_within_the_request_budget(letters_server, trainer_for, canned_ids):
     with FaultyVLLMServer(ok_token_ids=canned_ids, ok_delay_s=0.3) as server:
-        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
-                                                   max_concurrent_rollouts=8)
+        rollout = create_openenv_vllm_rollout_func(
+            EVAL, vllm_base_url=server.url, log_rollouts=False, max_concurrent_rollouts=8
+        )
         out = rollout([PROMPT] * 8, trainer_for(rollout, num_generations=8, batch_size=8))
         overlapped = server.max_concurrent_prompts
     assert out["episode_status"] == ["finished"] * 8
     assert overlapped >= 4  # one episode at a time would never exceed 1
     with FaultyVLLMServer(ok_token_ids=canned_ids, ok_delay_s=0.3) as server:
-        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
-                                                   max_concurrent_rollouts=8, vllm=VLLMOptions(max_in_flight=2))
+        rollout = create_openenv_vllm_rollout_func(
+            EVAL,
+            vllm_base_url=server.url,
+            log_rollouts=False,
+            max_concurrent_rollouts=8,
+            vllm=VLLMOptions(max_in_flight=2),
+        )
         out = rollout([PROMPT] * 8, trainer_for(rollout, num_generations=8, batch_size=8))
         assert server.max_concurrent_prompts == 2
     assert out["episode_status"] == ["finished"] * 8
@@ -238,8 +274,9 @@ def test_concurrent_episodes_overlap_within_the_request_budget(letters_server, t
 def test_turns_arriving_together_share_one_request_unless_batching_is_off():
     async def eight_turns(generator):
         try:
-            return await asyncio.gather(*(generator.generate([1, 2, i], SamplingParams(max_tokens=3))
-                                          for i in range(8)))
+            return await asyncio.gather(
+                *(generator.generate([1, 2, i], SamplingParams(max_tokens=3)) for i in range(8))
+            )
         finally:
             await generator.aclose()
 
@@ -256,8 +293,10 @@ def test_turns_arriving_together_share_one_request_unless_batching_is_off():
 def test_a_rejected_batch_fails_only_the_offending_turn():
     async def turns(generator):
         try:
-            return await asyncio.gather(*(generator.generate(list(range(n)), SamplingParams(max_tokens=3))
-                                          for n in (5, 50, 6)), return_exceptions=True)
+            return await asyncio.gather(
+                *(generator.generate(list(range(n)), SamplingParams(max_tokens=3)) for n in (5, 50, 6)),
+                return_exceptions=True,
+            )
         finally:
             await generator.aclose()
 
@@ -273,9 +312,12 @@ def test_a_rejected_batch_fails_only_the_offending_turn():
 def test_server_dying_mid_training_raises_from_the_rollout_call(letters_server, trainer_for, canned_ids):
     # the first request succeeds (it carries one or more episodes' first turns), then the server hangs for good
     with FaultyVLLMServer(plan=["ok"], default="hang", ok_token_ids=canned_ids) as server:
-        rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False,
-                                                   vllm=VLLMOptions(request_timeout_s=1.0, max_retries=2,
-                                                                     retry_backoff_s=0.05))
+        rollout = create_openenv_vllm_rollout_func(
+            EVAL,
+            vllm_base_url=server.url,
+            log_rollouts=False,
+            vllm=VLLMOptions(request_timeout_s=1.0, max_retries=2, retry_backoff_s=0.05),
+        )
         trainer = trainer_for(rollout)
         started = time.monotonic()
         with pytest.raises(GenerationError) as err:
@@ -305,24 +347,34 @@ def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
 
     rng = random.Random(3)
     for case in range(200):
-        params = SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0, 1.3]), top_p=rng.random(),
-                                top_k=rng.randrange(-1, 50), max_tokens=rng.randrange(1, 4096),
-                                stop=tuple(rng.choice(["\n", "\"}", "é"]) for _ in range(rng.randrange(3))),
-                                stop_token_ids=tuple(rng.randrange(10) for _ in range(rng.randrange(3))))
+        params = SamplingParams(
+            temperature=rng.choice([0.0, 0.7, 1.0, 1.3]),
+            top_p=rng.random(),
+            top_k=rng.randrange(-1, 50),
+            max_tokens=rng.randrange(1, 4096),
+            stop=tuple(rng.choice(["\n", '"}', "é"]) for _ in range(rng.randrange(3))),
+            stop_token_ids=tuple(rng.randrange(10) for _ in range(rng.randrange(3))),
+        )
         ids = [rng.randrange(300_000) for _ in range(rng.randrange(0, 60))]
         seed = rng.choice([None, rng.randrange(2**62)])
-        prompt = [PromptIds(ids, json.dumps(ids, separators=(",", ":"))), list(ids), tuple(ids),
-                  [np.int64(t) for t in ids]][case % 4]
-        want = completion_payload("m\"odel", ids, params, seed)
-        head = fields_json(completion_fields("m\"odel", params, seed))
+        prompt = [
+            PromptIds(ids, json.dumps(ids, separators=(",", ":"))),
+            list(ids),
+            tuple(ids),
+            [np.int64(t) for t in ids],
+        ][case % 4]
+        want = completion_payload('m"odel', ids, params, seed)
+        head = fields_json(completion_fields('m"odel', params, seed))
         assert json.loads(body_with_prompt(head, prompt_json(prompt))) == want
         batch = json.loads(body_with_prompt(head, f"[{prompt_json(prompt)},{prompt_json(ids[:3])}]"))
         assert batch == {**want, "prompt": [ids, ids[:3]]}
     # equal settings give equal heads (a batch's key), other settings other heads
     assert fields_json(completion_fields("m", SamplingParams(top_k=0))) == fields_json(
-        completion_fields("m", SamplingParams()))
+        completion_fields("m", SamplingParams())
+    )
     assert fields_json(completion_fields("m", SamplingParams(max_tokens=5))) != fields_json(
-        completion_fields("m", SamplingParams()))
+        completion_fields("m", SamplingParams())
+    )
 
 
 @pytest.mark.timeout(60)
@@ -335,8 +387,7 @@ def test_a_builders_held_ids_go_out_as_they_are():
         try:
             for turn in range(3):
                 prompts = [b.held_ids() for b in builders]
-                results = await asyncio.gather(*(generator.generate(c, SamplingParams(max_tokens=3))
-                                                 for c in prompts))
+                results = await asyncio.gather(*(generator.generate(c, SamplingParams(max_tokens=3)) for c in prompts))
                 for b, r in zip(builders, results):
                     b.add_sampled(r)
                     b.add_inserted([100 + turn, 101])
@@ -352,10 +403,13 @@ def test_a_builders_held_ids_go_out_as_they_are():
             sent = server.prompts
         assert len(sent) == 12
         for turn in range(3):
-            expected = sorted(list(b.prompt_ids) + b.completion_ids[:turn * 5] for b in builders)
-            assert sorted(p for p, _ in sent[turn * 4:turn * 4 + 4]) == expected
-        fields = {k: v for k, v in completion_payload(generator.model, [], SamplingParams(max_tokens=3)).items()
-                  if k != "prompt"}
+            expected = sorted(list(b.prompt_ids) + b.completion_ids[: turn * 5] for b in builders)
+            assert sorted(p for p, _ in sent[turn * 4 : turn * 4 + 4]) == expected
+        fields = {
+            k: v
+            for k, v in completion_payload(generator.model, [], SamplingParams(max_tokens=3)).items()
+            if k != "prompt"
+        }
         assert all(f == fields for _, f in sent)
         assert final == [0, 1, 2, 3, 4, 7, 8, 9, 100, 101, 7, 8, 9, 101, 101, 7, 8, 9, 102, 101]
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from ep_trl.openenv.pool import EnvPool
-from ep_trl.openenv.client import EnvSettings, open_env
 from ep_trl.envs.letters import LettersAction, LettersEnv
+from ep_trl.openenv.client import EnvSettings, open_env
+from ep_trl.openenv.pool import EnvPool
 from tests.support.tracked_env import TrackedLettersEnv
 
 
@@ -173,9 +173,12 @@ def test_pool_closes_a_failed_episodes_session_instead_of_reusing_it(letters_ser
     assert [r if isinstance(r, list) else "crashed" for r in results] == ["crashed", [1.0] * 3, "crashed", [1.0] * 3]
     for client in TrackedLettersEnv.clients:
         if "crash" in client.events:  # nothing after the crash but the close
-            assert client.events[client.events.index("crash") + 1:] == ["close"]
+            assert client.events[client.events.index("crash") + 1 :] == ["close"]
     assert [c.events for c in TrackedLettersEnv.clients] == [
-        ["reset", "crash", "close"], ["reset", "reset", "crash", "close"], ["reset", "close"]]
+        ["reset", "crash", "close"],
+        ["reset", "reset", "crash", "close"],
+        ["reset", "close"],
+    ]
 
 
 def test_pool_without_reuse_opens_and_closes_one_session_per_episode(letters_server):

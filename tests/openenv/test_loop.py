@@ -16,8 +16,13 @@ def call_once(model_dir, tmp_path, server, **overrides):
     """One rollout call of 4 episodes on tracked letters sessions; the output, the trainer and the sessions."""
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(
-        EVAL, env_factory=lambda: TrackedLettersEnv(base_url=server), overrides=EvalOverrides(**overrides),
-        max_concurrent_rollouts=2, options=RolloutOptions(reuse_env_sessions=False), log_rollouts=False)
+        EVAL,
+        env_factory=lambda: TrackedLettersEnv(base_url=server),
+        overrides=EvalOverrides(**overrides),
+        max_concurrent_rollouts=2,
+        options=RolloutOptions(reuse_env_sessions=False),
+        log_rollouts=False,
+    )
     trainer = make_trainer(model_dir, tmp_path, rollout)
     try:
         return rollout([PROMPT] * 4, trainer), trainer, TrackedLettersEnv.clients
@@ -31,16 +36,32 @@ def errors(trainer, kind):
 
 def test_an_ended_episode_is_finished_with_its_stop_reason_or_failed_with_the_failure():
     plan = EpisodePlan(index=0, group=0, generation=0, task=None, initial_messages=())
-    fields = dict(trajectory=object(), messages=(), step_rewards=(1.0,), actions=("a",), duration_s=0.5,
-                  prompt_tokens=7, budget_blocked_tokens=3)
+    fields = dict(
+        trajectory=object(),
+        messages=(),
+        step_rewards=(1.0,),
+        actions=("a",),
+        duration_s=0.5,
+        prompt_tokens=7,
+        budget_blocked_tokens=3,
+    )
     finished = ended_episode(plan, None, "token_budget", **fields)
     assert (finished.status, finished.stop_reason, finished.error, finished.error_kind) == (
-        "finished", "token_budget", None, None)
+        "finished",
+        "token_budget",
+        None,
+        None,
+    )
     assert finished.prompt_tokens == 7 and finished.budget_blocked_tokens == 3 and finished.actions == ("a",)
-    failed = ended_episode(plan, EpisodeFailure("environment", ConnectionError("reset timed out")), "max_steps",
-                           **fields)
+    failed = ended_episode(
+        plan, EpisodeFailure("environment", ConnectionError("reset timed out")), "max_steps", **fields
+    )
     assert (failed.status, failed.stop_reason, failed.error, failed.error_kind) == (
-        "error", "error", "ConnectionError: reset timed out", "environment")
+        "error",
+        "error",
+        "ConnectionError: reset timed out",
+        "environment",
+    )
     assert failed.plan is plan and failed.step_rewards == (1.0,)
 
 
@@ -60,10 +81,12 @@ def test_a_crashing_environment_is_counted_as_environment(tiny_model_dir, letter
     assert errors(trainer, "environment") == [4.0] and errors(trainer, "eval_code") == [0.0]
 
 
-def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_session(tiny_model_dir,
-                                                                                      letters_server, tmp_path):
+def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_session(
+    tiny_model_dir, letters_server, tmp_path
+):
     """A prompt the chat template cannot render is not one episode's bad luck: it raises out of the call
     (before, every episode failed quietly and training went on with no signal)."""
+
     def audio_prompt(observation, step, history):
         return [{"type": "input_audio", "input_audio": {"data": "..."}}]
 
@@ -73,21 +96,23 @@ def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_se
     assert clients and all(c.events[-1] == "close" and c.events.count("close") == 1 for c in clients)
 
 
-
 def test_an_action_parser_that_calls_pytest_skip_raises_one_clear_error(tiny_model_dir, letters_server, tmp_path):
     """eval-protocol's example evals skip in their parser when the environment import failed: before, pytest's
     Skipped went through the whole rollout call; now it is one error naming the eval and the likely cause."""
+
     def parser(text):
         pytest.skip("guess_env not installed")
 
-    with pytest.raises(UnsupportedEvalError, match=r"test_letters_pointwise: its action parser called "
-                                                   r"pytest.skip\('guess_env not installed'\).*not importable"):
+    with pytest.raises(
+        UnsupportedEvalError,
+        match=r"test_letters_pointwise: its action parser called "
+        r"pytest.skip\('guess_env not installed'\).*not importable",
+    ):
         call_once(tiny_model_dir, tmp_path, letters_server, action_parser=parser)
     assert all(c.events[-1] == "close" for c in TrackedLettersEnv.clients)
 
 
-def test_episodes_cut_by_the_token_budget_are_counted_and_explained(tiny_model_dir, letters_server, tmp_path,
-                                                                    caplog):
+def test_episodes_cut_by_the_token_budget_are_counted_and_explained(tiny_model_dir, letters_server, tmp_path, caplog):
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(EVAL, max_episode_tokens=40, log_rollouts=False)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
@@ -102,9 +127,11 @@ def test_episodes_cut_by_the_token_budget_are_counted_and_explained(tiny_model_d
 
 
 def test_a_prompt_builder_that_raises_after_the_first_step_is_warned_about_naming_its_episode(
-        tiny_model_dir, letters_server, tmp_path, caplog):
+    tiny_model_dir, letters_server, tmp_path, caplog
+):
     """Issue 48: the episode's label was reassigned to the action's, so from step 2 on the warning named the action
     the model had just taken instead of the episode."""
+
     def builder(observation, step, history):
         if step >= 2:
             raise KeyError(f"no prompt for step {step}")
@@ -114,6 +141,8 @@ def test_a_prompt_builder_that_raises_after_the_first_step_is_warned_about_namin
     out, _, _ = call_once(tiny_model_dir, tmp_path, letters_server, prompt_builder=builder)
     warned = [r.getMessage() for r in caplog.records if "prompt_builder raised" in r.getMessage()]
     assert any("no prompt for step 2" in message for message in warned), warned
-    assert warned and all(re.match(r"episode \d+ \(task '(vowels|digits)'\): prompt_builder raised KeyError", message)
-                          for message in warned), warned
+    assert warned and all(
+        re.match(r"episode \d+ \(task '(vowels|digits)'\): prompt_builder raised KeyError", message)
+        for message in warned
+    ), warned
     assert len({message.split(":")[0] for message in warned}) == len(out["num_turns"]) == 4, warned  # each episode

@@ -10,12 +10,12 @@ from collections import Counter
 import pytest
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func
-from ep_trl.openenv.servers import launch, server_app
-from ep_trl.openenv.local_provider import LocalAppProvider
-from ep_trl.runtime.processes import ServerStartError
-from ep_trl.openenv.pool import EnvPool
-from ep_trl.openenv.client import EnvSettings, client_kwargs, constructor_parameters
 from ep_trl.envs.letters import LettersEnv
+from ep_trl.openenv.client import EnvSettings, client_kwargs, constructor_parameters
+from ep_trl.openenv.local_provider import LocalAppProvider
+from ep_trl.openenv.pool import EnvPool
+from ep_trl.openenv.servers import launch, server_app
+from ep_trl.runtime.processes import ServerStartError
 from tests.fixtures.guess_env import GuessEnv
 from tests.fixtures.guess_server import games_in_text, running_guess_server
 from tests.support.references import teacher_forced_logprobs
@@ -37,8 +37,9 @@ def assert_token_exact(trainer, out):
     tokens' logprobs equal to the model's teacher-forced ones."""
     model = trainer.model
     model.eval()
-    for p, c, lps, mask, turns in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"],
-                                      out["num_turns"]):
+    for p, c, lps, mask, turns in zip(
+        out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"], out["num_turns"]
+    ):
         assert sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])) == turns
         reference = teacher_forced_logprobs(model, p, c, trainer.args.temperature)
         assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
@@ -90,8 +91,12 @@ def test_the_image_a_local_server_stands_in_for_is_named_once(caplog):
 @pytest.mark.timeout(120)
 def test_a_start_up_error_names_the_image_it_stood_in_for():
     with pytest.raises(ServerStartError) as raised:
-        launch(EnvSettings(client_cls=GuessEnv, docker_image="my-registry/guess:dev",
-                           env_vars={"GUESS_GAME": "no-such-game"}), None)
+        launch(
+            EnvSettings(
+                client_cls=GuessEnv, docker_image="my-registry/guess:dev", env_vars={"GUESS_GAME": "no-such-game"}
+            ),
+            None,
+        )
     text = str(raised.value)
     assert "'my-registry/guess:dev'" in text and "no-such-game" in text  # the image, and the server's own words
 
@@ -107,8 +112,9 @@ def test_a_docker_eval_plays_through_env_path_alone_inside_train(tiny_model_dir,
     servers = rollout.source.servers
     pids = [provider.pid for provider in servers.providers]
     assert sorted(servers.urls) == ["digits", "vowels"] and all(pid_alive(pid) for pid in pids) and len(pids) == 2
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=2,
-                           prompts=[PROMPT] * 8)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=2, prompts=[PROMPT] * 8
+    )
     try:
         out = rollout([PROMPT] * 2 + ["Another round."] * 2, trainer)
         assert out["episode_status"] == ["finished"] * 4
@@ -128,6 +134,7 @@ def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path):
     """A stock server admits one session: while another client holds it, the episode's reset waits (before, the
     episode failed with CAPACITY_REACHED); once it is free, the episode gets a session."""
     with running_guess_server(tmp_path / "logs", game="digits") as url:
+
         async def main():
             holder = GuessEnv(base_url=url)
             await holder.reset()  # someone else's session: the server is full
@@ -148,8 +155,9 @@ def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_hub_eval_plays_through_env_path_alone(tiny_model_dir, tmp_path):
     rollout = create_openenv_vllm_rollout_func(HUB_EVAL, log_rollouts=False)
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           prompts=[PROMPT] * 4)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1, prompts=[PROMPT] * 4
+    )
     try:
         out = rollout([PROMPT] * 2, trainer)
     finally:
@@ -164,8 +172,9 @@ def test_a_docker_eval_plays_with_env_base_url_only(tiny_model_dir, tmp_path, ca
     caplog.set_level(logging.INFO, logger="ep_trl")
     with running_guess_server(tmp_path / "logs", game="digits") as url:
         rollout = create_openenv_vllm_rollout_func(DOCKER_EVAL, env_base_url=url, log_rollouts=False)
-        trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                               prompts=[PROMPT] * 4)
+        trainer = make_trainer(
+            tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1, prompts=[PROMPT] * 4
+        )
         try:
             out = rollout([PROMPT] * 2 + ["Another round."] * 2, trainer)
             trainer.train()
@@ -182,10 +191,10 @@ def test_a_docker_eval_plays_with_env_base_url_only(tiny_model_dir, tmp_path, ca
 def test_a_server_that_plays_another_task_than_asked_fails_those_episodes_saying_why(tiny_model_dir, tmp_path):
     """Where the observation reports the task, a mismatch is an error, never a row scored as the wrong task."""
     with running_guess_server(tmp_path / "logs", game="digits") as url:
-        rollout = create_openenv_vllm_rollout_func(DOCKER_EVAL, env_base_url=url, log_rollouts=False,
-                                                   overrides=EvalOverrides(reset_task_kwarg="game"))
-        trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4,
-                               prompts=[PROMPT] * 4)
+        rollout = create_openenv_vllm_rollout_func(
+            DOCKER_EVAL, env_base_url=url, log_rollouts=False, overrides=EvalOverrides(reset_task_kwarg="game")
+        )
+        trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, prompts=[PROMPT] * 4)
         try:
             out = rollout([PROMPT] * 2 + ["Another round."] * 2, trainer)
         finally:
@@ -211,5 +220,8 @@ def test_a_provider_passed_by_the_user_starts_the_server(tiny_model_dir, tmp_pat
 
 def test_provider_and_env_base_url_are_one_or_the_other():
     with pytest.raises(ConfigError, match="provider= starts the environment server"):
-        create_openenv_vllm_rollout_func(DOCKER_EVAL, env_base_url="http://127.0.0.1:1",
-                                         provider=LocalAppProvider("tests.fixtures.guess_env.server.app:app"))
+        create_openenv_vllm_rollout_func(
+            DOCKER_EVAL,
+            env_base_url="http://127.0.0.1:1",
+            provider=LocalAppProvider("tests.fixtures.guess_env.server.app:app"),
+        )

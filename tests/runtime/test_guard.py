@@ -1,5 +1,5 @@
-"""ep_trl/runtime/guard.py, the watchdog every process ep_trl starts runs under: the command ends with its parent however
-the parent ends, signals reach it, its status is the guard's, its last stderr lines are kept."""
+"""ep_trl/runtime/guard.py, the watchdog every process ep_trl starts runs under: the command ends with its parent
+however the parent ends, signals reach it, its status is the guard's, its last stderr lines are kept."""
 
 import os
 import signal
@@ -33,8 +33,7 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
 
 def guarded(*command: str, log: Path | None = None, **popen) -> subprocess.Popen:
     extra = ["--stderr-log", str(log)] if log else []
-    return subprocess.Popen([sys.executable, str(GUARD), "--parent", str(os.getpid()), *extra, "--", *command],
-                            **popen)
+    return subprocess.Popen([sys.executable, str(GUARD), "--parent", str(os.getpid()), *extra, "--", *command], **popen)
 
 
 def command_pid(guard: subprocess.Popen) -> int:
@@ -47,11 +46,21 @@ def command_pid(guard: subprocess.Popen) -> int:
 
 def test_the_command_ends_when_its_parent_is_killed(tmp_path):
     """A parent killed with SIGKILL runs no cleanup: the guard notices it is gone and ends the command."""
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time\n"
-        f"g = subprocess.Popen([sys.executable, {str(GUARD)!r}, '--parent', str(os.getpid()), '--', 'sleep', '300'])\n"
-        "print(g.pid, flush=True)\n"
-        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, subprocess, sys, time\n"
+                f"g = subprocess.Popen([sys.executable, {str(GUARD)!r}, '--parent', str(os.getpid()), '--', 'sleep', "
+                "'300'])\n"
+                "print(g.pid, flush=True)\n"
+                "time.sleep(300)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         guard_pid = int(parent.stdout.readline())
         deadline = time.monotonic() + 10
@@ -88,8 +97,14 @@ def test_the_last_stderr_lines_and_the_status_are_kept(tmp_path):
 
 def test_stdin_and_stdout_belong_to_the_command():
     """A stdio MCP client talks to the command through the guard's stdin/stdout and sees EOF when the command ends."""
-    guard = guarded(sys.executable, "-c", "import sys; print(sys.stdin.readline().upper(), end='')",
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    guard = guarded(
+        sys.executable,
+        "-c",
+        "import sys; print(sys.stdin.readline().upper(), end='')",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     out, _ = guard.communicate("ping\n", timeout=10)
     assert out == "PING\n" and guard.returncode == 0
 
@@ -102,6 +117,7 @@ def test_a_guard_without_a_command_is_refused(argv):
 
 # --- --adopt: a process someone else started (eval-protocol's MCP-gym server) ------------------------------------
 
+
 def adopting(pid: int, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(GUARD), "--parent", str(os.getpid()), "--adopt", str(pid)], **popen)
 
@@ -110,21 +126,32 @@ def test_an_adopted_process_and_its_descendants_end_when_the_parent_is_killed():
     """The parent starts a server itself, in its own process group (as eval-protocol's MCPServerManager does), the
     server starts a helper that ignores SIGTERM, and the parent hands the server's pid to a guard. SIGKILLed, the
     parent runs no cleanup: the guard ends the server at once and the helper with SIGKILL after KILL_AFTER_S."""
-    server = ("import signal, subprocess, sys, time\n"
-              "helper = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-              "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(300)'], "
-              "stdout=subprocess.PIPE)\n"
-              "helper.stdout.readline()\n"
-              "print(helper.pid, flush=True)\n"
-              "time.sleep(300)\n")
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time\n"
-        f"server = subprocess.Popen([sys.executable, '-c', {server!r}], stdout=subprocess.PIPE, text=True)\n"
-        "helper = int(server.stdout.readline())\n"
-        f"g = subprocess.Popen([sys.executable, {str(GUARD)!r}, '--parent', str(os.getpid()), '--adopt', "
-        "str(server.pid)])\n"
-        "print(server.pid, helper, g.pid, flush=True)\n"
-        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    server = (
+        "import signal, subprocess, sys, time\n"
+        "helper = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(300)'], "
+        "stdout=subprocess.PIPE)\n"
+        "helper.stdout.readline()\n"
+        "print(helper.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, subprocess, sys, time\n"
+                f"server = subprocess.Popen([sys.executable, '-c', {server!r}], stdout=subprocess.PIPE, text=True)\n"
+                "helper = int(server.stdout.readline())\n"
+                f"g = subprocess.Popen([sys.executable, {str(GUARD)!r}, '--parent', str(os.getpid()), '--adopt', "
+                "str(server.pid)])\n"
+                "print(server.pid, helper, g.pid, flush=True)\n"
+                "time.sleep(300)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     started: list[int] = []
     try:
         started = list(map(int, parent.stdout.readline().split()))
@@ -182,6 +209,7 @@ def test_an_adopted_pid_that_is_gone_ends_the_guard_at_once():
 
 @pytest.mark.parametrize("argv", [["--adopt", "1", "--", "sleep", "1"], ["--adopt", "1", "--stderr-log", "x"]])
 def test_an_adopting_guard_with_a_command_is_refused(argv):
-    result = subprocess.run([sys.executable, str(GUARD), "--parent", "1", *argv], capture_output=True, text=True,
-                            timeout=10)
+    result = subprocess.run(
+        [sys.executable, str(GUARD), "--parent", "1", *argv], capture_output=True, text=True, timeout=10
+    )
     assert result.returncode == 2 and "--adopt PID watches a running process" in result.stderr

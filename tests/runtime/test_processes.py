@@ -50,7 +50,11 @@ def test_server_that_dies_reports_exit_code_and_output(tmp_path: Path) -> None:
 
 
 def test_server_that_never_answers_times_out_and_is_stopped(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-c", "import sys, time; print('still loading', file=sys.stderr, flush=True); time.sleep(60)"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys, time; print('still loading', file=sys.stderr, flush=True); time.sleep(60)",
+    ]
     started = time.monotonic()
     with pytest.raises(ServerStartError) as info:
         start_server("silent", cmd, port=free_port(), log_dir=tmp_path, timeout_s=1.5)

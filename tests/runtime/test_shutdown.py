@@ -108,8 +108,18 @@ def processes_tagged(tag: str) -> list[tuple[int, str]]:
 @pytest.fixture
 def stdio_agent_config(tmp_path):
     config = tmp_path / "calc_stdio.json"
-    config.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [
-        str(REPO / "tests/fixtures/calc_mcp_server.py"), "stdio"]}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "calc": {
+                        "command": sys.executable,
+                        "args": [str(REPO / "tests/fixtures/calc_mcp_server.py"), "stdio"],
+                    }
+                }
+            }
+        )
+    )
     return config
 
 
@@ -121,8 +131,10 @@ CASES = {  # the eval, and what marks its servers in their command lines
 #: 9700, its default: other runs may hold it). Killed with its trainer before, it held its port and failed the next
 #: run's every episode ("Port 9700 is already in use").
 MCP_GYM_PORT = 9713
-SIGKILL_CASES = {**CASES, "mcp_gym": ("tests.evals.eval_frozen_lake_other_port",
-                                      f"frozen_lake/server.py --port {MCP_GYM_PORT}")}
+SIGKILL_CASES = {
+    **CASES,
+    "mcp_gym": ("tests.evals.eval_frozen_lake_other_port", f"frozen_lake/server.py --port {MCP_GYM_PORT}"),
+}
 #: The port a case's server answers on once it is up (the processor starts it inside its call and waits for it).
 SERVER_PORTS = {"mcp_gym": MCP_GYM_PORT}
 
@@ -140,9 +152,14 @@ def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_di
     port = SERVER_PORTS.get(case)
     assert port is None or not port_answers(port), f"port {port} is taken before the run: {port_holder(port)}"
     env = {**os.environ, "CALC_MCP_CONFIG": str(stdio_agent_config), "PYTHONPATH": CHILD_PYTHONPATH}
-    trainer = subprocess.Popen([sys.executable, "-m", "tests.support.killable_training", env_path,
-                                str(tiny_model_dir), str(tmp_path / "out")], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.killable_training", env_path, str(tiny_model_dir), str(tmp_path / "out")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output = []
     try:
         for line in trainer.stdout:
@@ -210,13 +227,20 @@ class Outcome:
     output: str
 
     def ok(self) -> bool:
-        return (self.status == 128 + signal.SIGTERM and self.exit_s <= EXIT_BOUND_S and bool(self.scored)
-                and not self.not_final and not self.left)
+        return (
+            self.status == 128 + signal.SIGTERM
+            and self.exit_s <= EXIT_BOUND_S
+            and bool(self.scored)
+            and not self.not_final
+            and not self.left
+        )
 
     def line(self) -> str:
-        return (f"{self.plan.case:9} {self.plan.moment:13} step {self.plan.step} +{self.plan.delay_s:.2f}s: "
-                f"status {self.status}, exit {self.exit_s:.1f}s, dropped {self.dropped}, scored {len(self.scored)}, "
-                f"rows missing {list(self.not_final)}, left {list(self.left)}")
+        return (
+            f"{self.plan.case:9} {self.plan.moment:13} step {self.plan.step} +{self.plan.delay_s:.2f}s: "
+            f"status {self.status}, exit {self.exit_s:.1f}s, dropped {self.dropped}, scored {len(self.scored)}, "
+            f"rows missing {list(self.not_final)}, left {list(self.left)}"
+        )
 
 
 def final_rows_missing(log_home: Path, rollout_ids: list[str]) -> list[str]:
@@ -235,11 +259,29 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
     env_path, _ = CASES[plan.case]
     tag = uuid.uuid4().hex
     workdir.mkdir(parents=True)
-    env = {**child_environment(), "CALC_MCP_CONFIG": str(mcp_config), "PYTHONPATH": CHILD_PYTHONPATH,
-           "EP_TRL_TEST_RUN": tag, GRACE_ENV: str(TRAINING_GRACE_S)}
-    trainer = subprocess.Popen([sys.executable, "-m", "tests.support.sigterm_training", env_path, str(model_dir),
-                                str(workdir / "out"), str(workdir / "home")], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **child_environment(),
+        "CALC_MCP_CONFIG": str(mcp_config),
+        "PYTHONPATH": CHILD_PYTHONPATH,
+        "EP_TRL_TEST_RUN": tag,
+        GRACE_ENV: str(TRAINING_GRACE_S),
+    }
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.sigterm_training",
+            env_path,
+            str(model_dir),
+            str(workdir / "out"),
+            str(workdir / "home"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
@@ -283,10 +325,16 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
     for pid, _ in left:
         os.kill(pid, signal.SIGKILL)
     scored = re.findall(r"SCORED (rollout-[0-9a-f]{12})", text)
-    return Outcome(plan=plan, status=status, exit_s=exit_s,
-                   dropped=bool(DROPPED.search(main_thread_text(text))),
-                   scored=tuple(scored), not_final=tuple(final_rows_missing(workdir / "home", scored)),
-                   left=tuple(f"{pid}: {cmd[:200]}" for pid, cmd in left), output=text)
+    return Outcome(
+        plan=plan,
+        status=status,
+        exit_s=exit_s,
+        dropped=bool(DROPPED.search(main_thread_text(text))),
+        scored=tuple(scored),
+        not_final=tuple(final_rows_missing(workdir / "home", scored)),
+        left=tuple(f"{pid}: {cmd[:200]}" for pid, cmd in left),
+        output=text,
+    )
 
 
 @pytest.mark.slow
@@ -297,11 +345,18 @@ def test_sigterm_ends_training_every_time(tiny_model_dir, qwen_template_model_di
     covered the same moments and evals (issue 40). The Docker eval's come first, so EP_TRL_SIGTERM_RUNS=4
     (scripts/test_openenv010.sh) runs each moment once on it."""
     models = {"docker": tiny_model_dir, "stdio_mcp": qwen_template_model_dir}
-    runs = [Plan(case=case, moment=moment, step=2, delay_s=round(low + (high - low) * (1 + 2 * k) / 4, 3))
-            for k, case in enumerate(sorted(CASES)) for moment, (_, (low, high)) in MOMENTS.items()][:RUNS]
+    runs = [
+        Plan(case=case, moment=moment, step=2, delay_s=round(low + (high - low) * (1 + 2 * k) / 4, 3))
+        for k, case in enumerate(sorted(CASES))
+        for moment, (_, (low, high)) in MOMENTS.items()
+    ][:RUNS]
     with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: the machine has two cores
-        outcomes = list(pool.map(lambda k: sigterm_training(runs[k], models[runs[k].case], tmp_path / f"run{k}",
-                                                            stdio_agent_config), range(len(runs))))
+        outcomes = list(
+            pool.map(
+                lambda k: sigterm_training(runs[k], models[runs[k].case], tmp_path / f"run{k}", stdio_agent_config),
+                range(len(runs)),
+            )
+        )
     report = "\n".join(outcome.line() for outcome in outcomes)
     print(report)
     failed = [outcome for outcome in outcomes if not outcome.ok()]
@@ -328,7 +383,8 @@ resource = Resource()
 shutdown.register(resource)  # as a rollout function registers itself: ep_trl's SIGTERM handler is now in place
 
 class SignalsInFinalizer:
-    \"\"\"Sends a signal from its ``__del__`` and runs on there, so the handler runs where Python drops exceptions.\"\"\"
+    \"\"\"Sends a signal from its ``__del__`` and runs on there, so the handler runs where Python drops
+    exceptions.\"\"\"
     def __init__(self, signum):
         self.signum, self.cycle = signum, self
 
@@ -344,8 +400,14 @@ def run_program(body: str, timeout: float = 60, grace: str | None = None) -> tup
     env = {k: v for k, v in child_environment().items() if k != GRACE_ENV}
     env.update({"PYTHONPATH": CHILD_PYTHONPATH, **({GRACE_ENV: grace} if grace is not None else {})})
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], cwd=REPO, capture_output=True,
-                            text=True, timeout=timeout, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     return result, time.monotonic() - started
 
 
@@ -370,15 +432,22 @@ def test_a_log_line_another_thread_wrote_inside_a_traceback_line_is_read_past():
     """Issue 48: CI failed on correct code, status 143 as required, because the signal watcher's warning had landed
     inside the program's own ``RuntimeError`` line. The checks read the interpreter's lines through a log line
     (this one as it came), and what is not there is still not found."""
-    warning = ("ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl started, then exiting "
-               "with status 143 (ending it 25 s from now at the latest: the stop grace, RolloutOptions(stop_grace_s="
-               "...) or EP_TRL_STOP_GRACE_S)\n")
+    warning = (
+        "ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl started, then exiting "
+        "with status 143 (ending it 25 s from now at the latest: the stop grace, RolloutOptions(stop_grace_s="
+        "...) or EP_TRL_STOP_GRACE_S)\n"
+    )
     error = "RuntimeError: cannot release un-acquired lock"
-    split = 'Traceback (most recent call last):\n  File "<string>", line 32, in <module>\nRuntimeError' + warning + (
-        ": cannot release un-acquired lock\n")
+    split = (
+        'Traceback (most recent call last):\n  File "<string>", line 32, in <module>\nRuntimeError'
+        + warning
+        + (": cannot release un-acquired lock\n")
+    )
     assert error not in split and error in main_thread_text(split)
-    dropped = ("Exception ignored in: <function SignalsInFinalizer.__del__ at 0x7f3c>\nTraceback (most recent call "
-               'last):\n  File "<string>", line 22, in __del__\nep_trl.runtime.shutdown.Terminated: ' + warning + "143\n")
+    dropped = (
+        "Exception ignored in: <function SignalsInFinalizer.__del__ at 0x7f3c>\nTraceback (most recent call "
+        'last):\n  File "<string>", line 22, in __del__\nep_trl.runtime.shutdown.Terminated: ' + warning + "143\n"
+    )
     assert not DROPPED.search(dropped) and DROPPED.search(main_thread_text(dropped))
     assert error not in main_thread_text(warning + "RuntimeError: another error\n" + warning)
 
@@ -506,8 +575,14 @@ def test_which_exit_handlers_run_at_a_sigterms_exit_is_as_the_docs_say(cleanup):
         finally:
             {replace}
     """)
-    result = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60,
-                            env={**child_environment(), "PYTHONPATH": CHILD_PYTHONPATH})
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**child_environment(), "PYTHONPATH": CHILD_PYTHONPATH},
+    )
     ran = ["REGISTERED AFTER", "CLOSED"] + (["REGISTERED BEFORE"] if cleanup == "lets it through" else [])
     assert lines(result.stdout) == ran, (result.stdout, result.stderr[-3000:])
     assert result.returncode == 143, result.stderr[-3000:]
@@ -540,7 +615,8 @@ def test_a_swallowed_sigterm_ends_the_process_when_the_grace_ends_its_rows_writt
     """The grace from EP_TRL_STOP_GRACE_S; before the forced exit the ep logs rows still queued are written though a
     close hangs, and once ep_trl has closed, a rollout call that starts anyway gets a clear error."""
     store = tmp_path / "logs.db"
-    result, _ = run_program(f"""
+    result, _ = run_program(
+        f"""
         from ep_trl import evalprotocol
         from ep_trl.evalprotocol import StoreLogger
         from ep_trl.traininglog.writer import RolloutLogWriter
@@ -588,7 +664,9 @@ def test_a_swallowed_sigterm_ends_the_process_when_the_grace_ends_its_rows_writt
                 print("REFUSED", type(error).__name__, flush=True)
         time.sleep(60)
         print("SURVIVED", flush=True)
-    """, grace="4")
+    """,
+        grace="4",
+    )
     seconds = since_sent(result)
     out = lines(result.stdout)
     assert out[:2] == ["CALL RAN", "SWALLOWED"] and "SURVIVED" not in out, (out, result.stderr[-3000:])
@@ -603,14 +681,17 @@ def test_a_swallowed_sigterm_ends_the_process_when_the_grace_ends_its_rows_writt
 
 
 def test_a_program_with_its_own_sigterm_handler_keeps_it():
-    result, _ = run_program("""
+    result, _ = run_program(
+        """
         assert shutdown.handle_sigterm() is True  # register() above installed ep_trl's handler; the program's own wins
         signal.signal(signal.SIGTERM, lambda signum, frame: print("OWN HANDLER", flush=True))
         assert shutdown.handle_sigterm() is False
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(3)  # past the grace: ep_trl's deadline is not armed by a signal it did not handle
         print("WENT ON", flush=True)
-    """, grace="2")
+    """,
+        grace="2",
+    )
     assert result.stdout.split() == ["OWN", "HANDLER", "WENT", "ON", "CLOSED"], (result.stdout, result.stderr)
     assert result.returncode == 0
 
@@ -627,8 +708,9 @@ def test_the_stop_grace_is_the_options_else_the_environment_variables_else_25_s(
     shutdown.register(servers)
     try:
         assert shutdown.current_grace_s() == 12.5
-        rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters::test_letters_pointwise",
-                                                   options=RolloutOptions(stop_grace_s=40))
+        rollout = create_openenv_vllm_rollout_func(
+            "tests.evals.eval_letters::test_letters_pointwise", options=RolloutOptions(stop_grace_s=40)
+        )
         try:
             assert shutdown.current_grace_s() == 40
         finally:
@@ -655,8 +737,12 @@ class Closes:
 
 def test_every_registered_resource_is_closed_when_one_fails(caplog):
     closed = []
-    resources = [Closes("servers", closed, OSError("servers failed")), Closes("log", closed),
-                 Closes("rollout function", closed, OSError("rollout function failed")), Closes("closed already")]
+    resources = [
+        Closes("servers", closed, OSError("servers failed")),
+        Closes("log", closed),
+        Closes("rollout function", closed, OSError("rollout function failed")),
+        Closes("closed already"),
+    ]
     for resource in resources:
         shutdown.register(resource)
     shutdown.unregister(resources[-1])
@@ -701,8 +787,12 @@ def test_the_signal_handler_and_unraisable_hook_are_given_back_once_everything_i
         time.sleep(20)
         print("SURVIVED", flush=True)
     """)
-    assert lines(result.stdout) == ["INSTALLED (True, True)", "GIVEN BACK (True, True)", "INSTALLED (True, True)",
-                                    "CLOSED"], (result.stdout, result.stderr[-3000:])
+    assert lines(result.stdout) == [
+        "INSTALLED (True, True)",
+        "GIVEN BACK (True, True)",
+        "INSTALLED (True, True)",
+        "CLOSED",
+    ], (result.stdout, result.stderr[-3000:])
     assert result.returncode == 143 and "delivering the signal again" in result.stderr, result.stderr[-3000:]
 
 
@@ -731,7 +821,9 @@ def answers():
 def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp_path):
     """Issue 33: the child's exit ran its parent's close(): it killed the parent's servers' process group (its
     ``poll()`` cannot see them) and waited on the parent's log writer thread."""
-    result, _ = run_program(SERVER_PRELUDE + textwrap.dedent(f"""
+    result, _ = run_program(
+        SERVER_PRELUDE
+        + textwrap.dedent(f"""
         from ep_trl.evalprotocol import StoreLogger
         from ep_trl.traininglog.writer import RolloutLogWriter
 
@@ -746,9 +838,15 @@ def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp
         servers.close()
         writer.close()
         print("SERVER AFTER ITS CLOSE", answers(), flush=True)
-    """), timeout=150)
-    assert lines(result.stdout) == ["CHILD GONE WITHIN 5 S True", "SERVER 200", "SERVER AFTER ITS CLOSE URLError",
-                                    "CLOSED"], (result.stdout, result.stderr[-3000:])  # CLOSED once: by the parent
+    """),
+        timeout=150,
+    )
+    assert lines(result.stdout) == [
+        "CHILD GONE WITHIN 5 S True",
+        "SERVER 200",
+        "SERVER AFTER ITS CLOSE URLError",
+        "CLOSED",
+    ], (result.stdout, result.stderr[-3000:])  # CLOSED once: by the parent
     assert result.returncode == 0
 
 
@@ -756,7 +854,9 @@ def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp
 def test_a_fork_context_worker_closes_only_what_it_registered():
     """A multiprocessing worker forked from the trainer registers its own resource; SIGTERM'd and swallowing it, it
     is closed and ended by its grace, closing its own resource only."""
-    result, _ = run_program(SERVER_PRELUDE + textwrap.dedent("""
+    result, _ = run_program(
+        SERVER_PRELUDE
+        + textwrap.dedent("""
         import multiprocessing
 
         class Own:  # the worker's own rollout function
@@ -780,6 +880,14 @@ def test_a_fork_context_worker_closes_only_what_it_registered():
         print("WORKER EXIT", worker.exitcode, flush=True)
         print("SERVER", answers(), flush=True)
         servers.close()
-    """), timeout=150, grace="2")
-    assert lines(result.stdout) == ["WORKER SWALLOWED", "WORKER CLOSED ITS OWN", "WORKER EXIT 143", "SERVER 200",
-                                    "CLOSED"], (result.stdout, result.stderr[-3000:])
+    """),
+        timeout=150,
+        grace="2",
+    )
+    assert lines(result.stdout) == [
+        "WORKER SWALLOWED",
+        "WORKER CLOSED ITS OWN",
+        "WORKER EXIT 143",
+        "SERVER 200",
+        "CLOSED",
+    ], (result.stdout, result.stderr[-3000:])

@@ -33,8 +33,10 @@ def test_concurrent_calls_each_get_a_thread_and_results_and_errors_reach_their_c
         return k
 
     async def main() -> list[object]:
-        return await asyncio.gather(*(run_blocking(lambda k=k: slow(k), timeout_s=10, what=f"slow {k}")
-                                      for k in range(12)), return_exceptions=True)
+        return await asyncio.gather(
+            *(run_blocking(lambda k=k: slow(k), timeout_s=10, what=f"slow {k}") for k in range(12)),
+            return_exceptions=True,
+        )
 
     started = time.perf_counter()
     results = asyncio.run(main())
@@ -68,8 +70,15 @@ def test_idle_pooled_threads_wait_under_their_own_name_and_end(monkeypatch: pyte
     monkeypatch.setattr(threads, "IDLE_EXIT_S", 1.0)
 
     async def main() -> set[int]:
-        return {ident for ident, _ in await asyncio.gather(
-            *(run_blocking(lambda: (time.sleep(0.1), _ident_and_name())[1], timeout_s=5, what="w") for _ in range(3)))}
+        return {
+            ident
+            for ident, _ in await asyncio.gather(
+                *(
+                    run_blocking(lambda: (time.sleep(0.1), _ident_and_name())[1], timeout_s=5, what="w")
+                    for _ in range(3)
+                )
+            )
+        }
 
     used = asyncio.run(main())
     assert len(used) == 3

@@ -54,6 +54,7 @@ def test_exactly_one_supported_openenv_distribution_is_required(monkeypatch):
                     raise metadata.PackageNotFoundError(name)
                 return table[name]
             return real(name)
+
         return version
 
     monkeypatch.setattr(metadata, "version", versions({}))  # fault injection: what pip would report

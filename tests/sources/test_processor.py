@@ -12,11 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from eval_protocol.models import Status
 
-from ep_trl import (ConfigError, RolloutOptions, UnsupportedEvalError, create_openenv_vllm_rollout_func,
-                    dataset_from_eval)
+from ep_trl import (
+    ConfigError,
+    RolloutOptions,
+    UnsupportedEvalError,
+    create_openenv_vllm_rollout_func,
+    dataset_from_eval,
+)
 from ep_trl.evalprotocol import StoreLogger
 from ep_trl.runtime.processes import free_port, start_server
 from tests.support import tool_model
@@ -70,8 +74,16 @@ def test_a_single_turn_eval_trains_unchanged(tiny_model_dir, tmp_path):
     rollout = create_openenv_vllm_rollout_func(ARITHMETIC, log_rollouts=False)
     dataset = dataset_from_eval(ARITHMETIC)
     prompts = [p for p in dataset["prompt"] for _ in range(2)]
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=1,
-                           max_completion_length=32, prompts=prompts)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=4,
+        max_steps=1,
+        max_completion_length=32,
+        prompts=prompts,
+    )
     scored_rows = record_scored_rows(rollout)
     try:
         out = rollout(prompts[:4], trainer)
@@ -99,8 +111,13 @@ def test_a_single_turn_eval_trains_unchanged(tiny_model_dir, tmp_path):
 def calc_server(tmp_path_factory):
     """The calculator MCP server (tests/fixtures/calc_mcp_server.py), started and stopped by PID."""
     port = free_port()
-    server = start_server("calc-mcp", ["python", str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
-                          port=port, log_dir=tmp_path_factory.mktemp("calc_logs"), cwd=REPO)
+    server = start_server(
+        "calc-mcp",
+        ["python", str(REPO / "tests/fixtures/calc_mcp_server.py"), str(port)],
+        port=port,
+        log_dir=tmp_path_factory.mktemp("calc_logs"),
+        cwd=REPO,
+    )
     try:
         yield server
     finally:
@@ -124,8 +141,14 @@ def calculator_tool_model(tiny_model_dir, calc_server, out_dir, answers=(tool_mo
     from tests.evals.eval_calculator_agent import SYSTEM
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is (1 + 2) + (3 + 4)?"}]
-    return tool_model.build_tool_model(tiny_model_dir, out_dir, messages, tool_model.mcp_tools(calc_server.base_url),
-                                       tool_result=lambda r: json.dumps({"result": int(r)}), answers=answers)
+    return tool_model.build_tool_model(
+        tiny_model_dir,
+        out_dir,
+        messages,
+        tool_model.mcp_tools(calc_server.base_url),
+        tool_result=lambda r: json.dumps({"result": int(r)}),
+        answers=answers,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +161,9 @@ def agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
 def varied_agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
     """The tool model that plays the calculator script and ends with one of ``VARIED_ANSWERS``, evenly: the episodes
     of a group score differently, so a training step has a gradient (with one answer every reward is 1.0)."""
-    return calculator_tool_model(tiny_model_dir, calc_server, tmp_path_factory.mktemp("varied_tool_model"),
-                                 answers=tool_model.VARIED_ANSWERS)
+    return calculator_tool_model(
+        tiny_model_dir, calc_server, tmp_path_factory.mktemp("varied_tool_model"), answers=tool_model.VARIED_ANSWERS
+    )
 
 
 #: What the calculator eval scores each of the varied tool model's answers.
@@ -149,8 +173,7 @@ AGENT_GROUP = 8
 
 
 @pytest.mark.timeout(600)
-def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_eval, varied_agent_model_dir,
-                                                                         tmp_path):
+def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_eval, varied_agent_model_dir, tmp_path):
     """Two tool round trips per episode through a real MCP server: each sampled run decodes to the assistant
     message the processor received (its tool call), the tool results are masked, logprobs are the model's; the
     rollouts reach the store ``ep logs`` reads as the eval's own rows, with their token view; the eval's scores of
@@ -158,9 +181,17 @@ def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_e
     store = tmp_path / "store"
     rollout = create_openenv_vllm_rollout_func(agent_eval, options=RolloutOptions(log_home=store))
     prompts = dataset_from_eval(agent_eval, repeat=AGENT_GROUP)["prompt"]
-    trainer = make_trainer(varied_agent_model_dir, tmp_path, rollout, num_generations=AGENT_GROUP,
-                           batch_size=AGENT_GROUP, max_steps=1, max_completion_length=400, prompts=prompts,
-                           temperature=0.5)
+    trainer = make_trainer(
+        varied_agent_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=AGENT_GROUP,
+        batch_size=AGENT_GROUP,
+        max_steps=1,
+        max_completion_length=400,
+        prompts=prompts,
+        temperature=0.5,
+    )
     scored_rows = record_scored_rows(rollout)
     tokenizer = trainer.processing_class
     try:
@@ -204,15 +235,24 @@ def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_e
 
 
 @pytest.mark.timeout(300)
-def test_an_agent_whose_tool_server_is_down_fails_its_episodes_as_environment(agent_eval, tiny_model_dir, tmp_path,
-                                                                             monkeypatch):
+def test_an_agent_whose_tool_server_is_down_fails_its_episodes_as_environment(
+    agent_eval, tiny_model_dir, tmp_path, monkeypatch
+):
     """Failure is data: a dead MCP server costs the episode (counted as environment), not the run."""
     config = tmp_path / "dead.json"
     config.write_text(json.dumps({"mcpServers": {"calc": {"url": f"http://127.0.0.1:{free_port()}/mcp"}}}))
     monkeypatch.setenv("CALC_MCP_CONFIG", str(config))
     rollout = create_openenv_vllm_rollout_func(agent_eval, log_rollouts=False)
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           max_completion_length=32, prompts=dataset_from_eval(agent_eval, repeat=2)["prompt"])
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=2,
+        max_steps=1,
+        max_completion_length=32,
+        prompts=dataset_from_eval(agent_eval, repeat=2)["prompt"],
+    )
     try:
         trainer.train()
         assert trainer.state.global_step == 1 and trainer.state.log_history[0]["ep_trl/errors/environment"] == 2.0
@@ -230,8 +270,9 @@ def stdio_config(path, *args):
 
 
 @pytest.mark.timeout(300)
-def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(varied_agent_model_dir, tmp_path,
-                                                                           monkeypatch):
+def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(
+    varied_agent_model_dir, tmp_path, monkeypatch
+):
     """The processor starts the calculator over stdio from the eval's MCP config, once per row; ep_trl hands each row
     a copy in which the command runs under its watchdog (tool calls still work, the servers are gone afterwards).
     Each calculator records, as it starts, its pid and the command line of the process that started it."""
@@ -245,22 +286,34 @@ def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(varie
     sys.modules.pop(AGENT, None)
     rollout = create_openenv_vllm_rollout_func(AGENT, log_rollouts=False)
     prompts = dataset_from_eval(AGENT, repeat=AGENT_GROUP)["prompt"]
-    trainer = make_trainer(varied_agent_model_dir, tmp_path, rollout, num_generations=AGENT_GROUP,
-                           batch_size=AGENT_GROUP, max_steps=1, max_completion_length=400, prompts=prompts,
-                           temperature=0.5)
+    trainer = make_trainer(
+        varied_agent_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=AGENT_GROUP,
+        batch_size=AGENT_GROUP,
+        max_steps=1,
+        max_completion_length=400,
+        prompts=prompts,
+        temperature=0.5,
+    )
     scored_rows = record_scored_rows(rollout)
     try:
         out = rollout(prompts[:2], trainer)
         assert out["episode_status"] == ["finished"] * 2, out["episode_error"]
         answers = [row.messages[-1].content for row in in_prompt_order(scored_rows, out)]
         assert out["eval_score"] == [ANSWER_SCORES[answer] for answer in answers]
-        assert [[m.content for m in r.messages if m.role == "tool"] for r in scored_rows] == [['{"result": 3}', '{"result": 7}']] * 2
+        assert [[m.content for m in r.messages if m.role == "tool"] for r in scored_rows] == [
+            ['{"result": 3}', '{"result": 7}']
+        ] * 2
         records = [json.loads(path.read_text()) for path in sorted(started.glob("*.json"))]
         assert len(records) == 2  # one server per row
         for record in records:  # started by ep_trl's watchdog, which runs the eval's own command
             parent = record["parent_cmdline"]
-            assert parent[1].endswith("ep_trl/runtime/guard.py") and parent[parent.index("--parent") + 1] == str(os.getpid())
-            assert parent[parent.index("--") + 1:][1:] == [str(calc), "stdio", str(started)], parent
+            assert parent[1].endswith("ep_trl/runtime/guard.py") and parent[parent.index("--parent") + 1] == str(
+                os.getpid()
+            )
+            assert parent[parent.index("--") + 1 :][1:] == [str(calc), "stdio", str(started)], parent
         servers = []
         for record in records:
             try:
@@ -286,8 +339,16 @@ def test_a_broken_stdio_mcp_server_is_named_with_its_own_stderr(tiny_model_dir, 
     sys.modules.pop(AGENT, None)
     rollout = create_openenv_vllm_rollout_func(AGENT, log_rollouts=False)
     prompts = dataset_from_eval(AGENT, repeat=2)["prompt"]
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           max_completion_length=32, prompts=prompts)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=2,
+        max_steps=1,
+        max_completion_length=32,
+        prompts=prompts,
+    )
     try:
         trainer.train()
         assert trainer.state.log_history[0]["ep_trl/errors/environment"] == 2.0
@@ -304,13 +365,22 @@ def test_a_broken_stdio_mcp_server_is_named_with_its_own_stderr(tiny_model_dir, 
 
 
 @pytest.mark.timeout(300)
-def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_segment(tiny_model_dir, tmp_path,
-                                                                                        caplog):
+def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_segment(
+    tiny_model_dir, tmp_path, caplog
+):
     caplog.set_level(logging.WARNING, logger="ep_trl")
     rollout = create_openenv_vllm_rollout_func(REWRITING, log_rollouts=False)
     prompts = list(dataset_from_eval(REWRITING)["prompt"]) * 2
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           max_completion_length=64, prompts=prompts)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=2,
+        max_steps=1,
+        max_completion_length=64,
+        prompts=prompts,
+    )
     tokenizer = trainer.processing_class
     try:
         out = rollout(prompts[:2], trainer)
@@ -368,12 +438,20 @@ class Outsider:
                 listed = httpx.get(f"{base}/models", timeout=2).json().get("data", [])
                 names = [entry["id"] for entry in listed if entry["id"].startswith("ep-trl/")] or ["ep-trl/guess"]
                 for name in names:
-                    for body in ({"model": name, "messages": [{"role": "user", "content": "INJECTED"}]},
-                                 {"model": name, "messages": [{"role": "user", "content": "x"}], "max_tokens": "abc"},
-                                 {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}):
+                    for body in (
+                        {"model": name, "messages": [{"role": "user", "content": "INJECTED"}]},
+                        {"model": name, "messages": [{"role": "user", "content": "x"}], "max_tokens": "abc"},
+                        {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]},
+                    ):
                         self.answers.append(httpx.post(f"{base}/chat/completions", json=body, timeout=5).status_code)
-                    self.answers.append(httpx.post(f"{base}/chat/completions", content=json.dumps(body),
-                                                   headers={"Content-Type": "text/plain"}, timeout=5).status_code)
+                    self.answers.append(
+                        httpx.post(
+                            f"{base}/chat/completions",
+                            content=json.dumps(body),
+                            headers={"Content-Type": "text/plain"},
+                            timeout=5,
+                        ).status_code
+                    )
             except httpx.HTTPError:
                 continue
 
@@ -393,8 +471,16 @@ def test_no_other_local_process_reaches_a_live_rollout(tiny_model_dir, tmp_path)
     is refused (401 without the call's key) and training goes on untouched."""
     rollout = create_openenv_vllm_rollout_func(ARITHMETIC, log_rollouts=False)
     prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=2,
-                           max_completion_length=32, prompts=prompts)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=4,
+        max_steps=2,
+        max_completion_length=32,
+        prompts=prompts,
+    )
     tokenizer = trainer.processing_class
     try:
         with Outsider() as outsider:
@@ -430,8 +516,9 @@ def test_an_openai_client_built_from_the_completion_params_is_routed(tiny_model_
     env_path = "tests.evals.eval_openai_client::test_routed_client"
     rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
     prompts = list(dataset_from_eval(env_path)["prompt"]) * 2
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           prompts=prompts)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1, prompts=prompts
+    )
     try:
         out = rollout(prompts, trainer)
         assert out["episode_status"] == ["finished"] * 2 and out["num_turns"] == [1, 1]
@@ -445,8 +532,9 @@ def test_a_processor_that_calls_another_model_is_an_error_naming_it(tiny_model_d
     env_path = "tests.evals.eval_openai_client::test_fixed_model"
     rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
     prompts = list(dataset_from_eval(env_path)["prompt"]) * 2
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1,
-                           prompts=prompts)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1, prompts=prompts
+    )
     try:
         with pytest.raises(UnsupportedEvalError, match=r"with the model \['gpt-4o-mini'\] instead of the one"):
             rollout(prompts, trainer)
@@ -455,7 +543,9 @@ def test_a_processor_that_calls_another_model_is_an_error_naming_it(tiny_model_d
 
 
 def test_several_models_per_row_are_refused_at_construction():
-    with pytest.raises(UnsupportedEvalError, match=r"completion_params\['model'\] is a mapping \['planner', 'writer'\]"):
+    with pytest.raises(
+        UnsupportedEvalError, match=r"completion_params\['model'\] is a mapping \['planner', 'writer'\]"
+    ):
         create_openenv_vllm_rollout_func("tests.evals.eval_openai_client::test_two_models", log_rollouts=False)
 
 
@@ -479,27 +569,66 @@ def run_eval_under_pytest(eval_file, served_url, tmp_path, **env):
     import subprocess
     import sys
 
-    environment = {**os.environ, "HOSTED_VLLM_API_BASE": served_url, "DISABLE_EP_SQLITE_LOG": "1",
-                   "LITELLM_LOCAL_MODEL_COST_MAP": "True", **env}
+    environment = {
+        **os.environ,
+        "HOSTED_VLLM_API_BASE": served_url,
+        "DISABLE_EP_SQLITE_LOG": "1",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        **env,
+    }
     # -o addopts=: this project's pytest settings turn eval-protocol's plugin off for its own suite; a user's run has it
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", eval_file,
-                           "--ep-input-param", "model=hosted_vllm/local", "--ep-summary-json",
-                           str(tmp_path / "summary.json")],
-                          cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-o",
+            "addopts=",
+            "-p",
+            "no:cacheprovider",
+            eval_file,
+            "--ep-input-param",
+            "model=hosted_vllm/local",
+            "--ep-summary-json",
+            str(tmp_path / "summary.json"),
+        ],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.timeout(300)
 def test_the_same_agent_file_is_still_an_eval_against_the_served_model(agent_model_dir, calc_server, tmp_path):
     """``ep-trl serve`` serves the trained-on model; ``pytest`` runs the eval file unchanged against it."""
     port = free_port()
-    served = start_server("ep-trl-serve", [sys.executable, "-m", "ep_trl.cli", "serve", str(agent_model_dir), "--port",
-                                           str(port), "--temperature", "0.5"],
-                          port=port, log_dir=tmp_path / "serve_logs", health_path="/v1/models", cwd=REPO)
+    served = start_server(
+        "ep-trl-serve",
+        [
+            sys.executable,
+            "-m",
+            "ep_trl.cli",
+            "serve",
+            str(agent_model_dir),
+            "--port",
+            str(port),
+            "--temperature",
+            "0.5",
+        ],
+        port=port,
+        log_dir=tmp_path / "serve_logs",
+        health_path="/v1/models",
+        cwd=REPO,
+    )
     config = tmp_path / "calc_mcp.json"
     config.write_text(json.dumps({"mcpServers": {"calc": {"url": f"{calc_server.base_url}/mcp"}}}))
     try:
-        result = run_eval_under_pytest("tests/evals/eval_calculator_agent.py", f"http://127.0.0.1:{port}/v1",
-                                       tmp_path, CALC_MCP_CONFIG=str(config))
+        result = run_eval_under_pytest(
+            "tests/evals/eval_calculator_agent.py", f"http://127.0.0.1:{port}/v1", tmp_path, CALC_MCP_CONFIG=str(config)
+        )
         served_output = served.output()
     finally:
         served.stop()
@@ -517,8 +646,16 @@ def test_a_raising_processor_costs_its_episodes_as_eval_code_inside_train(tiny_m
     env_path = "tests.evals.eval_faulty_processor"
     rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
     dataset = list(dataset_from_eval(env_path)["prompt"])  # three rows: all of them are in each step's batch
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=6, max_steps=1,
-                           max_completion_length=32, prompts=dataset)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=6,
+        max_steps=1,
+        max_completion_length=32,
+        prompts=dataset,
+    )
     prompts = [p for p in dataset for _ in range(2)]
     try:
         trainer.train()
@@ -543,11 +680,23 @@ def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_mode
     from tests.support.faulty_vllm import FaultyVLLMServer
 
     with FaultyVLLMServer(default=("status", 500)) as server:
-        rollout = create_openenv_vllm_rollout_func(ARITHMETIC, vllm_base_url=server.url, log_rollouts=False,
-                                                   vllm=VLLMOptions(max_retries=0, request_timeout_s=10))
+        rollout = create_openenv_vllm_rollout_func(
+            ARITHMETIC,
+            vllm_base_url=server.url,
+            log_rollouts=False,
+            vllm=VLLMOptions(max_retries=0, request_timeout_s=10),
+        )
         prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
-        trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=1,
-                               max_completion_length=32, prompts=prompts)
+        trainer = make_trainer(
+            tiny_model_dir,
+            tmp_path,
+            rollout,
+            num_generations=2,
+            batch_size=4,
+            max_steps=1,
+            max_completion_length=32,
+            prompts=prompts,
+        )
         try:
             with pytest.raises(GenerationError, match=f"{server.url}/v1/completions"):
                 trainer.train()
@@ -556,8 +705,7 @@ def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_mode
 
 
 @pytest.mark.timeout(300)
-def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog,
-                                                                monkeypatch):
+def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog, monkeypatch):
     """eval-protocol's FrozenLake MCP-gym server, started by its processor: in the eval's default per_run mode the
     processor starts a server per processor call on one port, and ep_trl calls it once per row, so every row after
     the first failed ("Port 9700 is already in use"); training runs it in shared mode and says so.
@@ -577,8 +725,16 @@ def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_mo
     assert "server_mode='shared'" in caplog.text
     scored = record_scored_rows(rollout)
     prompts = [p for p in dataset_from_eval(env_path)["prompt"] for _ in range(2)]
-    trainer = make_trainer(qwen_template_model_dir, tmp_path, rollout, num_generations=2, batch_size=4,
-                           max_steps=1, max_completion_length=48, prompts=prompts)
+    trainer = make_trainer(
+        qwen_template_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=4,
+        max_steps=1,
+        max_completion_length=48,
+        prompts=prompts,
+    )
     try:
         for _ in range(2):  # a second call reuses the server
             out = rollout(prompts, trainer)
@@ -596,22 +752,38 @@ def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_mo
 
 
 @pytest.mark.timeout(300)
-def test_a_port_left_taken_fails_mcp_gym_episodes_as_environment_naming_its_holder(qwen_template_model_dir, tmp_path,
-                                                                                   monkeypatch):
+def test_a_port_left_taken_fails_mcp_gym_episodes_as_environment_naming_its_holder(
+    qwen_template_model_dir, tmp_path, monkeypatch
+):
     """After a killed run, eval-protocol's FrozenLake server can stay on its fixed port 9700: before, the next run's
     episodes failed as eval_code ("Port 9700 is already in use") and training stopped with no signal."""
     import subprocess
 
     monkeypatch.chdir(tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
-                               "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 9700)); "
-                               "s.listen(); print('ready', flush=True); time.sleep(300)"], stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, time; s = socket.socket(); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 9700)); "
+            "s.listen(); print('ready', flush=True); time.sleep(300)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     env_path = "tests.evals.eval_frozen_lake"
     rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
     prompts = [p for p in dataset_from_eval(env_path)["prompt"] for _ in range(2)]
-    trainer = make_trainer(qwen_template_model_dir, tmp_path, rollout, num_generations=2, batch_size=4,
-                           max_steps=1, max_completion_length=48, prompts=prompts)
+    trainer = make_trainer(
+        qwen_template_model_dir,
+        tmp_path,
+        rollout,
+        num_generations=2,
+        batch_size=4,
+        max_steps=1,
+        max_completion_length=48,
+        prompts=prompts,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         trainer.train()

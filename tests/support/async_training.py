@@ -118,29 +118,46 @@ def check_turn_versions(samples: Sequence[SampleTurns], slots: int, tolerance: f
             if source.policy == turn.version:
                 exact[turn.version] = index
         assert min(sampled_by) - 1 <= sample.model_version <= min(sampled_by), (
-            f"sample {index} is tagged {sample.model_version}, its turns were sampled by {sampled_by}")
+            f"sample {index} is tagged {sample.model_version}, its turns were sampled by {sampled_by}"
+        )
     assert told_apart > turns / 2, f"adjacent versions tell only {told_apart} of {turns} turns apart"
     assert all(count <= slots for count in held.values()), f"turns held per sync {held}, more than {slots} slots"
     return VersionCheck(turns, told_apart, held, exact)
 
 
-def released_group(group: int, prompt: str, trajectories: Sequence[Any], scores: Sequence[float],
-                   versions: tuple[int, ...] = (1,)) -> Any:
+def released_group(
+    group: int, prompt: str, trajectories: Sequence[Any], scores: Sequence[float], versions: tuple[int, ...] = (1,)
+) -> Any:
     """A prompt group as the stream releases it (``ep_trl.engine.stream.ScoredGroup``): one finished, scored episode per
     trajectory, each turn sent under ``versions``; only what ``group_samples`` reads is filled in."""
-    from ep_trl.sources.episode import Episode, EpisodePlan
     from ep_trl.engine.scoring import Scored
     from ep_trl.engine.stream import GroupPlan, PlayedEpisode, ScoredGroup
+    from ep_trl.sources.episode import Episode, EpisodePlan
 
     played = []
     for generation, trajectory in enumerate(trajectories):
         plan = EpisodePlan(index=generation, group=group, generation=generation, task=None, initial_messages=())
-        episode = Episode(plan=plan, trajectory=trajectory, messages=(), step_rewards=(), actions=(),
-                          status="finished", stop_reason="done", error=None, error_kind=None, duration_s=0.0,
-                          prompt_tokens=len(trajectory.prompt_ids))
+        episode = Episode(
+            plan=plan,
+            trajectory=trajectory,
+            messages=(),
+            step_rewards=(),
+            actions=(),
+            status="finished",
+            stop_reason="done",
+            error=None,
+            error_kind=None,
+            duration_s=0.0,
+            prompt_tokens=len(trajectory.prompt_ids),
+        )
         played.append(PlayedEpisode(request=None, episode=episode, row=None, versions=versions))
-    plan = GroupPlan(group=group, prompt=prompt, indices=tuple(range(len(trajectories))),
-                     rollout_ids=tuple(f"rollout-{group}-{k}" for k in range(len(trajectories))), context=None)
+    plan = GroupPlan(
+        group=group,
+        prompt=prompt,
+        indices=tuple(range(len(trajectories))),
+        rollout_ids=tuple(f"rollout-{group}-{k}" for k in range(len(trajectories))),
+        context=None,
+    )
     return ScoredGroup(plan, tuple(played), tuple(Scored(score, None) for score in scores), seconds=0.0)
 
 

@@ -24,8 +24,12 @@ def browsergym_server(log_dir: Path, env: Mapping[str, str] | None = None) -> It
     ``BROWSERGYM_ENV_URL`` while it runs (the previous value, or none, restored after); stopped on exit."""
     port = free_port()
     server = start_server(
-        "browsergym", [sys.executable, "-m", "ep_trl.envs.browsergym", "--host", "127.0.0.1", "--port", str(port)],
-        port=port, log_dir=log_dir, env={**DEFAULT_SERVER_ENV, **(env or {})}, timeout_s=START_TIMEOUT_S,
+        "browsergym",
+        [sys.executable, "-m", "ep_trl.envs.browsergym", "--host", "127.0.0.1", "--port", str(port)],
+        port=port,
+        log_dir=log_dir,
+        env={**DEFAULT_SERVER_ENV, **(env or {})},
+        timeout_s=START_TIMEOUT_S,
     )
     previous = os.environ.get(BROWSERGYM_ENV_URL_VAR)
     os.environ[BROWSERGYM_ENV_URL_VAR] = server.base_url

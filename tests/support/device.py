@@ -1,5 +1,6 @@
 """Where the tests' trainers and reference models run: the CPU unless ``EP_TRL_TEST_DEVICE=cuda`` (set by
-``scripts/test_gpu.sh``) puts them on the GPU. Generation servers are not affected: vLLM's CPU build stays on the CPU."""
+``scripts/test_gpu.sh``) puts them on the GPU. Generation servers are not affected: vLLM's CPU build stays on the
+CPU."""
 
 import os
 

@@ -13,8 +13,14 @@ from ep_trl.runtime.processes import ServerProcess, free_port, start_server
 
 #: Debian's chromium; playwright 1.44's own build cannot be downloaded here (see scripts/install_browser.sh).
 CHROMIUM = "/usr/lib/chromium/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def start_ep_logs(home: str, log_dir: Path) -> ServerProcess:
@@ -33,11 +39,16 @@ def start_ep_logs(home: str, log_dir: Path) -> ServerProcess:
 
 def table_url(server: ServerProcess, invocation_ids: Sequence[str], page_size: int = 50) -> str:
     """The table view filtered to these invocations (training runs), as the UI encodes filters in its URL."""
-    group = {"logic": "OR", "filters": [
-        {"field": "$.execution_metadata.invocation_id", "operator": "==", "value": i, "type": "text"}
-        for i in invocation_ids]}
-    query = urllib.parse.urlencode({"filterConfig": json.dumps([group]),
-                                    "paginationConfig.pageSize": json.dumps(page_size)})
+    group = {
+        "logic": "OR",
+        "filters": [
+            {"field": "$.execution_metadata.invocation_id", "operator": "==", "value": i, "type": "text"}
+            for i in invocation_ids
+        ],
+    }
+    query = urllib.parse.urlencode(
+        {"filterConfig": json.dumps([group]), "paginationConfig.pageSize": json.dumps(page_size)}
+    )
     return f"{server.base_url}/table?{query}"
 
 
@@ -69,8 +80,10 @@ def wait_for_text(page: Any, texts: Sequence[str], timeout_s: float = 30.0) -> s
         if not missing:
             return body
         if time.monotonic() > deadline:
-            raise AssertionError(f"after {timeout_s:g} s the page still lacks {missing[:5]} "
-                                 f"({len(missing)} of {len(texts)} missing); page text starts: {body[:1500]!r}")
+            raise AssertionError(
+                f"after {timeout_s:g} s the page still lacks {missing[:5]} "
+                f"({len(missing)} of {len(texts)} missing); page text starts: {body[:1500]!r}"
+            )
         time.sleep(0.25)
 
 

@@ -126,14 +126,30 @@ class FaultyVLLMServer:
         """The canned successful answer to ``body``: one choice per prompt."""
         max_tokens = int(body.get("max_tokens") or 16)
         ids = list(self.ok_token_ids)[:max_tokens]
-        choices = [{
-            "index": i, "text": "", "token_ids": ids, "prompt_token_ids": prompt,
-            "logprobs": {"token_logprobs": [self.ok_logprob] * len(ids), "tokens": [f"token_id:{t}" for t in ids],
-                         "top_logprobs": None, "text_offset": [0] * len(ids)},
-            "finish_reason": "stop" if len(ids) < max_tokens else "length", "stop_reason": None,
-        } for i, prompt in enumerate(prompts)]
-        return {"id": "cmpl-faulty", "object": "text_completion", "model": self.model, "choices": choices,
-                "usage": {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": len(ids) * len(prompts)}}
+        choices = [
+            {
+                "index": i,
+                "text": "",
+                "token_ids": ids,
+                "prompt_token_ids": prompt,
+                "logprobs": {
+                    "token_logprobs": [self.ok_logprob] * len(ids),
+                    "tokens": [f"token_id:{t}" for t in ids],
+                    "top_logprobs": None,
+                    "text_offset": [0] * len(ids),
+                },
+                "finish_reason": "stop" if len(ids) < max_tokens else "length",
+                "stop_reason": None,
+            }
+            for i, prompt in enumerate(prompts)
+        ]
+        return {
+            "id": "cmpl-faulty",
+            "object": "text_completion",
+            "model": self.model,
+            "choices": choices,
+            "usage": {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": len(ids) * len(prompts)},
+        }
 
 
 def _handler_for(server: FaultyVLLMServer) -> type[BaseHTTPRequestHandler]:

@@ -19,17 +19,24 @@ def png_data_uri(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) 
 
 def shaped_images() -> list[Any]:
     """Three one-colour images of different shapes: wide (BrowserGym's 1280x720 viewport), tall, small."""
-    return [Image.new("RGB", (1280, 720), (10, 20, 30)), Image.new("RGB", (300, 900), (100, 20, 30)),
-            Image.new("RGB", (50, 40), (1, 2, 250))]
+    return [
+        Image.new("RGB", (1280, 720), (10, 20, 30)),
+        Image.new("RGB", (300, 900), (100, 20, 30)),
+        Image.new("RGB", (50, 40), (1, 2, 250)),
+    ]
 
 
 def user_with_image(text: str, uri: str) -> dict[str, Any]:
     """A user message of OpenAI-style content parts: text, then the image."""
-    return {"role": "user", "content": [{"type": "text", "text": text},
-                                        {"type": "image_url", "image_url": {"url": uri}}]}
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": uri}}],
+    }
 
 
-def token_logprobs(model: Any, processor: Any, ids: list[int], images: list[Any], *, pixels: bool = True) -> list[float]:
+def token_logprobs(
+    model: Any, processor: Any, ids: list[int], images: list[Any], *, pixels: bool = True
+) -> list[float]:
     """Teacher-forced log-probability of each of ``ids[1:]`` given the ids before it, with the images' pixel inputs
     (built as ep_trl builds them) or, with ``pixels=False``, from the ids alone (what TRL computed before the seam)."""
     import torch

@@ -32,7 +32,8 @@ PROCESS_WIDE_THREADS = (
     "rollout-trace-logger",  # TRL's AsyncGRPOTrainer: one per train(), idle on a queue, never ended (TRL 1.16)
     "pydevd",  # a debugger, when one is attached
     "ep-trl-signals",  # ep_trl.runtime.shutdown's signal watcher, started with its SIGTERM handler, idle on a pipe
-    "ep-trl idle pooled thread",  # ep_trl.runtime.threads' idle pooled threads: hold nothing, end after threads.IDLE_EXIT_S unused
+    # ep_trl.runtime.threads' idle pooled threads: hold nothing, end after threads.IDLE_EXIT_S unused
+    "ep-trl idle pooled thread",
 )
 
 #: Thread pools a library keeps for the life of the process, shut down at exit by their owner: (module, how to reach
@@ -41,8 +42,10 @@ PROCESS_WIDE_POOLS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
     # vLLM's image loading, once images were loaded
     ("vllm.multimodal.media.connector", lambda module: module.global_thread_pool),
     # torch inductor's compile workers (an lru_cache'd pool), once something compiled with a cold inductor cache
-    ("torch._inductor.async_compile",
-     lambda module: module.AsyncCompile.pool() if module.AsyncCompile.pool.cache_info().currsize else None),
+    (
+        "torch._inductor.async_compile",
+        lambda module: module.AsyncCompile.pool() if module.AsyncCompile.pool.cache_info().currsize else None,
+    ),
 )
 
 #: How long a leaked thread or process gets to end on its own after the module's teardown (closing is async).
@@ -56,8 +59,10 @@ class Snapshot:
 
     @classmethod
     def now(cls) -> "Snapshot":
-        return cls(frozenset(t.ident for t in threading.enumerate() if t.ident is not None),
-                   frozenset(p.pid for p in _children()))
+        return cls(
+            frozenset(t.ident for t in threading.enumerate() if t.ident is not None),
+            frozenset(p.pid for p in _children()),
+        )
 
     def __or__(self, other: "Snapshot") -> "Snapshot":
         return Snapshot(self.threads | other.threads, self.children | other.children)
@@ -98,8 +103,14 @@ def _process_wide_children() -> set[int]:
 def leaked(before: Snapshot) -> tuple[list[threading.Thread], list[psutil.Process]]:
     known = before | _session_owned
     pools = _pool_threads()
-    threads = [t for t in threading.enumerate() if t.ident not in known.threads and t.is_alive() and t not in pools
-               and not any(name in t.name for name in PROCESS_WIDE_THREADS)]
+    threads = [
+        t
+        for t in threading.enumerate()
+        if t.ident not in known.threads
+        and t.is_alive()
+        and t not in pools
+        and not any(name in t.name for name in PROCESS_WIDE_THREADS)
+    ]
     process_wide = _process_wide_children()
     return threads, [p for p in _children() if p.pid not in known.children and p.pid not in process_wide]
 
@@ -131,8 +142,9 @@ def kill(processes: list[psutil.Process]) -> None:
 
 
 def report(threads: list[threading.Thread], children: list[psutil.Process]) -> list[str]:
-    return ([f"thread {t.name!r} ({'daemon' if t.daemon else 'non-daemon'})" for t in threads]
-            + [f"child process {describe(p)}" for p in children])
+    return [f"thread {t.name!r} ({'daemon' if t.daemon else 'non-daemon'})" for t in threads] + [
+        f"child process {describe(p)}" for p in children
+    ]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -12,8 +12,14 @@ from ep_trl.runtime.processes import ServerProcess, free_port, start_server
 #: Game settings the server reads from its own environment (names as in
 #: ep_trl.envs.letters.environment; spelled out so importing this helper does
 #: not import openenv-core, which takes seconds because it pulls in gradio).
-SERVER_SETTING_VARS = ("LETTERS_TASK", "LETTERS_MAX_STEPS", "LETTERS_STEP_LATENCY_S", "LETTERS_TAIL_EVERY",
-                       "LETTERS_TAIL_LATENCY_S", "LETTERS_MAX_SESSIONS")
+SERVER_SETTING_VARS = (
+    "LETTERS_TASK",
+    "LETTERS_MAX_STEPS",
+    "LETTERS_STEP_LATENCY_S",
+    "LETTERS_TAIL_EVERY",
+    "LETTERS_TAIL_LATENCY_S",
+    "LETTERS_MAX_SESSIONS",
+)
 
 #: Env var through which eval modules find the letters server (read at call time).
 LETTERS_ENV_URL_VAR = "LETTERS_ENV_URL"
@@ -28,9 +34,7 @@ def start_letters_server(log_dir: Path, env: Optional[Mapping[str, str]] = None)
     """
     port = free_port()
     cmd = [sys.executable, "-m", "ep_trl.envs.letters", "--host", "127.0.0.1", "--port", str(port)]
-    return start_server(
-        "letters-env", cmd, port=port, log_dir=log_dir, env=env, unset_env=SERVER_SETTING_VARS
-    )
+    return start_server("letters-env", cmd, port=port, log_dir=log_dir, env=env, unset_env=SERVER_SETTING_VARS)
 
 
 class LettersEpisodes:

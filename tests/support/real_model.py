@@ -10,8 +10,14 @@ TEMPERATURE = 0.8
 #: What SmolLM2's template puts first when the conversation has no system message.
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 
-__all__ = ["DEFAULT_SYSTEM", "TEMPERATURE", "TOLERANCE", "check_rollout_output", "sampled_runs_and_logprob_gap",
-           "sampled_texts"]
+__all__ = [
+    "DEFAULT_SYSTEM",
+    "TEMPERATURE",
+    "TOLERANCE",
+    "check_rollout_output",
+    "sampled_runs_and_logprob_gap",
+    "sampled_texts",
+]
 
 
 def sampled_runs_and_logprob_gap(model, tokenizer, prompt_ids, completion_ids, logprobs, mask):
@@ -27,8 +33,10 @@ def sampled_runs_and_logprob_gap(model, tokenizer, prompt_ids, completion_ids, l
 def check_rollout_output(model, tokenizer, out, received_actions):
     """Every row of a rollout function's output: token-exact against ``model`` and the environment's record."""
     assert out["episode_status"] == ["finished"] * len(out["prompt_ids"]) and set(out["num_turns"]) == {3}
-    gaps = [sampled_runs_and_logprob_gap(model, tokenizer, *row) for row in
-            zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"])]
+    gaps = [
+        sampled_runs_and_logprob_gap(model, tokenizer, *row)
+        for row in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"])
+    ]
     assert max(gaps) < TOLERANCE
     # the environment received exactly the decoded sampled text of each turn
     assert Counter(sampled_texts(tokenizer, out)) == Counter(tuple(ep["actions"]) for ep in received_actions)

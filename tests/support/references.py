@@ -6,15 +6,20 @@ from typing import Any
 import torch
 
 
-def teacher_forced_logprobs(model, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                            temperature: float = 1.0, device: str | torch.device | None = None) -> list[float]:
+def teacher_forced_logprobs(
+    model,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    temperature: float = 1.0,
+    device: str | torch.device | None = None,
+) -> list[float]:
     """Logprob of each ``completion_ids`` token after ``prompt_ids`` and the tokens before it, at ``temperature``,
     computed on ``device`` (default: where the model's weights are; the model is moved there when it differs)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model = model.to(device)
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
     targets = torch.tensor(list(completion_ids), device=device)[:, None]
     return torch.log_softmax(logits, -1).gather(-1, targets)[:, 0].tolist()
 

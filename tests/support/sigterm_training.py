@@ -92,8 +92,17 @@ class AnnouncedCalls:
 def main(env_path: str, model_dir: str, output_dir: str, log_home: str) -> None:
     rollout = create_rollout_func(env_path, backend="trainer", options=RolloutOptions(log_home=log_home))
     prompts = list(dataset_from_eval(env_path)["prompt"]) * 4
-    trainer = make_trainer(model_dir, output_dir, AnnouncedCalls(rollout), reward_funcs=[scored], num_generations=2,
-                           batch_size=2, max_steps=1000, max_completion_length=24, prompts=prompts)
+    trainer = make_trainer(
+        model_dir,
+        output_dir,
+        AnnouncedCalls(rollout),
+        reward_funcs=[scored],
+        num_generations=2,
+        batch_size=2,
+        max_steps=1000,
+        max_completion_length=24,
+        prompts=prompts,
+    )
     trainer.add_callback(CollectAfterStep())
     say("TRAINING")
     trainer.train()

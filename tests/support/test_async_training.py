@@ -67,8 +67,10 @@ def a_turn_matching_neither_version(samples):
 
 
 def no_turn_told_apart(samples):
-    return [SampleTurns(s.model_version, tuple(t if t == held(t.version) else both(t.version) for t in s.turns))
-            for s in samples]
+    return [
+        SampleTurns(s.model_version, tuple(t if t == held(t.version) else both(t.version) for t in s.turns))
+        for s in samples
+    ]
 
 
 def three_turns_held_at_one_sync(samples):
@@ -76,8 +78,11 @@ def three_turns_held_at_one_sync(samples):
 
 
 BROKEN = {
-    "tagged with its newest turn's version": (tagged_with_its_newest_turns_version, "is tagged 2, its turns were "
-                                                                                    r"sampled by \[1, 2\]"),
+    "tagged with its newest turn's version": (
+        tagged_with_its_newest_turns_version,
+        "is tagged 2, its turns were "
+        r"sampled by \[1, 2\]",
+    ),
     "a turn matching neither version": (a_turn_matching_neither_version, "matches neither"),
     "no turn told apart": (no_turn_told_apart, "tell only 0 of 7 turns apart"),
     "one sync holding more turns than slots": (three_turns_held_at_one_sync, r"turns held per sync \{2: 3, 3: 1\}"),

@@ -16,7 +16,9 @@ def run_module(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body:
     pytester.makepyfile(test_module=textwrap.dedent(body))
     for name, value in {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'src'}", **env}.items():
         monkeypatch.setenv(name, value)
-    return pytester.runpytest_subprocess("-p", "tests.support.leaks", "-p", "no:cacheprovider", "-p", "no:eval_protocol", timeout=120)
+    return pytester.runpytest_subprocess(
+        "-p", "tests.support.leaks", "-p", "no:cacheprovider", "-p", "no:eval_protocol", timeout=120
+    )
 
 
 def ended(pytester: pytest.Pytester, pid_file: str) -> bool:
@@ -25,9 +27,13 @@ def ended(pytester: pytest.Pytester, pid_file: str) -> bool:
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_module_that_leaves_a_thread_and_a_child_behind_errors_naming_both(pytester: pytest.Pytester,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    result = run_module(pytester, monkeypatch, """
+def test_a_module_that_leaves_a_thread_and_a_child_behind_errors_naming_both(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_module(
+        pytester,
+        monkeypatch,
+        """
         import subprocess, threading, time
         from pathlib import Path
 
@@ -35,31 +41,42 @@ def test_a_module_that_leaves_a_thread_and_a_child_behind_errors_naming_both(pyt
             threading.Thread(target=time.sleep, args=(60,), name="forgotten-worker", daemon=True).start()
             child = subprocess.Popen(["sleep", "60"])
             Path("child.pid").write_text(str(child.pid))
-        """)
+        """,
+    )
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*left behind*thread 'forgotten-worker' (daemon)*child process pid *sleep 60*"])
     assert ended(pytester, "child.pid")
 
 
-def test_a_library_pool_kept_for_the_process_is_not_a_leak(pytester: pytest.Pytester,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_library_pool_kept_for_the_process_is_not_a_leak(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torch inductor keeps its compile workers for the process once a compile with a cold cache used them (the
     colocated vision test left 'ThreadPoolExecutor-8_0' on a clean CI machine)."""
-    result = run_module(pytester, monkeypatch, """
+    result = run_module(
+        pytester,
+        monkeypatch,
+        """
         from torch._inductor.async_compile import AsyncCompile
 
         def test_compiles():
             assert AsyncCompile.pool().submit(sum, [1, 2]).result() == 3
-        """, TORCHINDUCTOR_COMPILE_THREADS="2")
+        """,
+        TORCHINDUCTOR_COMPILE_THREADS="2",
+    )
     result.assert_outcomes(passed=1)
     assert "left behind" not in result.stdout.str()
 
 
-def test_a_test_that_times_out_still_stops_its_server_by_pid(pytester: pytest.Pytester,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_test_that_times_out_still_stops_its_server_by_pid(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """pytest-timeout (the suite's 600 s limit) ends a hung test inside the test session, so the fixture's finalizer
     still stops the server it started, by PID, and the session ends with nothing left."""
-    result = run_module(pytester, monkeypatch, """
+    result = run_module(
+        pytester,
+        monkeypatch,
+        """
         import sys
         from pathlib import Path
 
@@ -79,7 +96,8 @@ def test_a_test_that_times_out_still_stops_its_server_by_pid(pytester: pytest.Py
         def test_hangs(server):
             import time
             time.sleep(60)
-        """)
+        """,
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*Timeout*"])
     assert "left behind" not in result.stdout.str()

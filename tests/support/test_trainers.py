@@ -33,8 +33,12 @@ def script_output(norms: list[float]) -> str:
     stream = io.StringIO()
     printer = ProgressPrinter(stream)
     for step, norm in enumerate(norms, 1):
-        printer.on_log(None, SimpleNamespace(global_step=step, max_steps=len(norms)), None,
-                       logs={"reward": 0.5, "reward_std": 0.1, "grad_norm": norm})
+        printer.on_log(
+            None,
+            SimpleNamespace(global_step=step, max_steps=len(norms)),
+            None,
+            logs={"reward": 0.5, "reward_std": 0.1, "grad_norm": norm},
+        )
     return stream.getvalue()
 
 

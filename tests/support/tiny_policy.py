@@ -45,7 +45,7 @@ class TinyModelPolicy:
                 top_k=None,
                 pad_token_id=self.tokenizer.pad_token_id,
             )
-        completion_ids = out[0, len(prompt_ids):].tolist()
+        completion_ids = out[0, len(prompt_ids) :].tolist()
         content = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
         return {
             "choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],

@@ -47,8 +47,15 @@ def conversation(messages: Sequence[Mapping[str, Any]], tool_result: Any = str) 
     """The whole scripted conversation after ``messages``: call, result, call, result, answer."""
     out = [dict(m) for m in messages]
     for k, (arguments, result) in enumerate(zip(CALLS, RESULTS)):
-        out.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"c{k}", "type": "function", "function": {"name": "add", "arguments": dict(arguments)}}]})
+        out.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": f"c{k}", "type": "function", "function": {"name": "add", "arguments": dict(arguments)}}
+                ],
+            }
+        )
         out.append({"role": "tool", "content": tool_result(result), "tool_call_id": f"c{k}"})
     out.append({"role": "assistant", "content": ANSWER})
     return out
@@ -68,8 +75,9 @@ def mcp_tools(server_url: str) -> list[dict[str, Any]]:
                 await session.initialize()
                 return (await session.list_tools()).tools
 
-    return [{"type": "function", "function": {"name": t.name, "parameters": t.inputSchema}}
-            for t in asyncio.run(listed())]
+    return [
+        {"type": "function", "function": {"name": t.name, "parameters": t.inputSchema}} for t in asyncio.run(listed())
+    ]
 
 
 #: The recipe: Adam at this learning rate until every target token's loss is under TARGET_LOSS (a choice among k
@@ -83,9 +91,14 @@ MAX_STEPS = 400
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "tool-models"
 
 
-def build_tool_model(tiny_model_dir: Path, out_dir: Path, messages: Sequence[Mapping[str, Any]],
-                     tools: Sequence[Mapping[str, Any]], tool_result: Any = str,
-                     answers: Sequence[str] = (ANSWER,)) -> Path:
+def build_tool_model(
+    tiny_model_dir: Path,
+    out_dir: Path,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    tool_result: Any = str,
+    answers: Sequence[str] = (ANSWER,),
+) -> Path:
     """A copy of the tiny model at ``out_dir`` that plays :func:`conversation` after ``messages`` with ``tools``,
     ending with one of ``answers`` chosen evenly (built once per machine: see :data:`CACHE`)."""
     full = conversation(messages, tool_result)
@@ -102,8 +115,9 @@ def build_tool_model(tiny_model_dir: Path, out_dir: Path, messages: Sequence[Map
     return out_dir
 
 
-def _cache_key(tiny_model_dir: Path, full: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]],
-               answers: Sequence[str]) -> str:
+def _cache_key(
+    tiny_model_dir: Path, full: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]], answers: Sequence[str]
+) -> str:
     import transformers
 
     digest = hashlib.sha256()
@@ -116,8 +130,13 @@ def _cache_key(tiny_model_dir: Path, full: list[dict[str, Any]], tools: Sequence
     return digest.hexdigest()[:24]
 
 
-def _train(tiny_model_dir: Path, out_dir: Path, full: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]],
-           answers: Sequence[str]) -> None:
+def _train(
+    tiny_model_dir: Path,
+    out_dir: Path,
+    full: list[dict[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    answers: Sequence[str],
+) -> None:
     from trl.chat_template_utils import qwen2_5_chat_template
 
     shutil.copytree(tiny_model_dir, out_dir)
@@ -129,10 +148,12 @@ def _train(tiny_model_dir: Path, out_dir: Path, full: list[dict[str, Any]], tool
     for at, message in enumerate(full):
         if message["role"] != "assistant":
             continue
-        prompt = tokenizer.apply_chat_template(full[:at], tools=list(tools), add_generation_prompt=True,
-                                               tokenize=False)
-        texts = [tool_call_text(message["tool_calls"][0]["function"]["arguments"])] if message.get("tool_calls") \
+        prompt = tokenizer.apply_chat_template(full[:at], tools=list(tools), add_generation_prompt=True, tokenize=False)
+        texts = (
+            [tool_call_text(message["tool_calls"][0]["function"]["arguments"])]
+            if message.get("tool_calls")
             else list(answers)
+        )
         targets = [tokenizer.encode(text, add_special_tokens=False) + [end] for text in texts]
         if len({target[0] for target in targets}) != len(targets):
             raise ValueError(f"the answers {texts} must start with different tokens (the choice is the first token)")
@@ -149,7 +170,7 @@ def _train(tiny_model_dir: Path, out_dir: Path, full: list[dict[str, Any]], tool
             for prompt_ids, targets in examples:
                 for target in targets:
                     ids = torch.tensor([prompt_ids + target])
-                    logits = model(ids).logits[0, len(prompt_ids) - 1: -1]
+                    logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]
                     losses = torch.nn.functional.cross_entropy(logits, torch.tensor(target), reduction="none")
                     # a choice weighs each answer's first token alike (a mean over its tokens would favour short
                     # answers); a single target is learned as before choices
@@ -164,8 +185,10 @@ def _train(tiny_model_dir: Path, out_dir: Path, full: list[dict[str, Any]], tool
                 break
             optimizer.step()
         else:
-            raise RuntimeError(f"the tool model did not learn its script in {MAX_STEPS} steps (worst token loss "
-                               f"{worst:.4f} > {TARGET_LOSS}): tests that need its tool calls would be flaky")
+            raise RuntimeError(
+                f"the tool model did not learn its script in {MAX_STEPS} steps (worst token loss "
+                f"{worst:.4f} > {TARGET_LOSS}): tests that need its tool calls would be flaky"
+            )
     finally:
         torch.set_num_threads(threads)
     model.eval()

@@ -15,20 +15,46 @@ from tests.support.device import trainer_on_cpu
 PROMPT = "Play the letters game."
 
 
-def make_trainer(model_dir: Path, output_dir: Path, rollout_func: Any, *, reward_funcs: list | None = None,
-                 num_generations: int = 4, batch_size: int = 4, max_completion_length: int = 256,
-                 max_steps: int = 2, prompts: list[Any] | None = None, **config: Any) -> GRPOTrainer:
+def make_trainer(
+    model_dir: Path,
+    output_dir: Path,
+    rollout_func: Any,
+    *,
+    reward_funcs: list | None = None,
+    num_generations: int = 4,
+    batch_size: int = 4,
+    max_completion_length: int = 256,
+    max_steps: int = 2,
+    prompts: list[Any] | None = None,
+    **config: Any,
+) -> GRPOTrainer:
     """A CPU GRPOTrainer whose generation goes through ``rollout_func``."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dataset = Dataset.from_dict({"prompt": prompts or [PROMPT] * 8})
     args = GRPOConfig(
-        output_dir=str(output_dir), use_cpu=trainer_on_cpu(), bf16=False, per_device_train_batch_size=batch_size,
-        num_generations=num_generations, max_completion_length=max_completion_length, max_steps=max_steps,
-        logging_steps=1, report_to=[], learning_rate=1e-3, save_strategy="no", seed=0, **config,
+        output_dir=str(output_dir),
+        use_cpu=trainer_on_cpu(),
+        bf16=False,
+        per_device_train_batch_size=batch_size,
+        num_generations=num_generations,
+        max_completion_length=max_completion_length,
+        max_steps=max_steps,
+        logging_steps=1,
+        report_to=[],
+        learning_rate=1e-3,
+        save_strategy="no",
+        seed=0,
+        **config,
     )
-    return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_funcs or [eval_score],
-                       args=args, train_dataset=dataset, rollout_func=rollout_func)
+    return GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=reward_funcs or [eval_score],
+        args=args,
+        train_dataset=dataset,
+        rollout_func=rollout_func,
+    )
 
 
 class WeightSnapshots(TrainerCallback):
@@ -50,8 +76,9 @@ def assert_trained(trainer: Any) -> None:
 
 def assert_script_trained(stdout: str) -> None:
     """The step lines a training script printed (``ProgressPrinter``) pass ``assert_trained``'s check."""
-    norms = [float(n) for n in re.findall(r"^step \d+/\d+ \|.*\| grad_norm ([0-9.e+-]+|nan|-?inf) \|", stdout,
-                                          flags=re.M)]
+    norms = [
+        float(n) for n in re.findall(r"^step \d+/\d+ \|.*\| grad_norm ([0-9.e+-]+|nan|-?inf) \|", stdout, flags=re.M)
+    ]
     _assert_gradients(norms, stdout[-3000:])
 
 

@@ -42,28 +42,44 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     calls = {"n": 0}
 
-    def recording_reward(prompts: list[Any], completions: list[Any], eval_score: list[Any],
-                         episode_status: list[str], **_: Any) -> list[Any]:
+    def recording_reward(
+        prompts: list[Any], completions: list[Any], eval_score: list[Any], episode_status: list[str], **_: Any
+    ) -> list[Any]:
         """Returns the eval's score; records what this process saw."""
         calls["n"] += 1
         tasks = ["digits" if "0123456789" in str(c) else "vowels" if "aeiou" in str(c) else "?" for c in completions]
-        line = {"call": calls["n"], "prompts": prompts, "tasks": tasks, "status": episode_status,
-                "scores": eval_score}
+        line = {"call": calls["n"], "prompts": prompts, "tasks": tasks, "status": episode_status, "scores": eval_score}
         with open(out / f"rank{rank}.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
         return eval_score
 
     rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters::test_letters_pointwise", log_rollouts=False)
     args = GRPOConfig(
-        output_dir=str(out / "trainer"), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=256, max_steps=cli.steps, logging_steps=1, report_to=[], learning_rate=1e-3,
-        save_strategy="no", seed=0, temperature=0.8, use_vllm=True, vllm_mode="server",
-        vllm_server_base_url=cli.server, ddp_backend="gloo",
+        output_dir=str(out / "trainer"),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=256,
+        max_steps=cli.steps,
+        logging_steps=1,
+        report_to=[],
+        learning_rate=1e-3,
+        save_strategy="no",
+        seed=0,
+        temperature=0.8,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=cli.server,
+        ddp_backend="gloo",
     )
     prompts = [f"Play the letters game, round {i}." for i in range(16)]
     trainer = DiskSyncGRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(cli.model), reward_funcs=[recording_reward], args=args,
-        train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=AutoTokenizer.from_pretrained(cli.model),
+        model=AutoModelForCausalLM.from_pretrained(cli.model),
+        reward_funcs=[recording_reward],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=AutoTokenizer.from_pretrained(cli.model),
         rollout_func=rollout,
     )
     try:

@@ -27,8 +27,9 @@ def generation_tokens_total(base_url: str, timeout_s: float = 10.0) -> float:
     """vLLM's ``vllm:generation_tokens_total`` counter (``GET /metrics``): every token the server has sampled."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:  # noqa: S310 - local test URL
         text = resp.read().decode()
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("vllm:generation_tokens_total{")]
+    values = [
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{")
+    ]
     if not values:
         raise RuntimeError(f"{base_url}/metrics has no vllm:generation_tokens_total counter")
     return sum(values)

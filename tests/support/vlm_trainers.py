@@ -28,22 +28,48 @@ class InProcessGeneration:
         """Nothing to push: generation uses the trainer's own weights."""
 
 
-def make_vlm_trainer(trainer_cls: type, model_dir: Path, output_dir: Path, rollout_func: Any, prompts: list[Any], *,
-                     reward_funcs: list, num_generations: int = 2, batch_size: int = 2, max_steps: int = 1,
-                     max_completion_length: int = 1024, **config: Any) -> Any:
+def make_vlm_trainer(
+    trainer_cls: type,
+    model_dir: Path,
+    output_dir: Path,
+    rollout_func: Any,
+    prompts: list[Any],
+    *,
+    reward_funcs: list,
+    num_generations: int = 2,
+    batch_size: int = 2,
+    max_steps: int = 1,
+    max_completion_length: int = 1024,
+    **config: Any,
+) -> Any:
     """A CPU ``trainer_cls`` (a GRPOTrainer) on the VLM in ``model_dir`` that checks sampled against recomputed
     logprobs at every step."""
     args = GRPOConfig(
-        output_dir=str(output_dir), use_cpu=trainer_on_cpu(), bf16=False, per_device_train_batch_size=batch_size,
-        num_generations=num_generations, max_completion_length=max_completion_length, max_steps=max_steps,
-        logging_steps=1, report_to=[], learning_rate=1e-3, save_strategy="no", seed=0, use_vllm=True,
-        vllm_mode="server", **config,
+        output_dir=str(output_dir),
+        use_cpu=trainer_on_cpu(),
+        bf16=False,
+        per_device_train_batch_size=batch_size,
+        num_generations=num_generations,
+        max_completion_length=max_completion_length,
+        max_steps=max_steps,
+        logging_steps=1,
+        report_to=[],
+        learning_rate=1e-3,
+        save_strategy="no",
+        seed=0,
+        use_vllm=True,
+        vllm_mode="server",
+        **config,
     )
     with trl_vllm_client_skipped(args):
-        trainer = trainer_cls(model=AutoModelForImageTextToText.from_pretrained(model_dir),
-                              processing_class=AutoProcessor.from_pretrained(model_dir), reward_funcs=reward_funcs,
-                              args=args, train_dataset=Dataset.from_dict({"prompt": prompts}),
-                              rollout_func=rollout_func)
+        trainer = trainer_cls(
+            model=AutoModelForImageTextToText.from_pretrained(model_dir),
+            processing_class=AutoProcessor.from_pretrained(model_dir),
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            rollout_func=rollout_func,
+        )
     attach_vllm_generation(trainer, InProcessGeneration())
     return trainer
 

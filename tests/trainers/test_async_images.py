@@ -25,8 +25,8 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from ep_trl import ConfigError
 from ep_trl.adapters import trl_seam
 from ep_trl.adapters.async_worker import group_samples
-from ep_trl.trajectory.sample_images import ids_with_images, images_of
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer, UnsharedTreeRow
+from ep_trl.trajectory.sample_images import ids_with_images, images_of
 from ep_trl.trajectory.tokens import ChatTemplate, Trajectory
 from tests.support.async_training import released_group
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
@@ -79,17 +79,33 @@ class SentWeights:
 
 
 def config(tmp_path, **overrides):
-    values = dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, token_budget=0, num_generations=2,
-                  per_device_train_batch_size=4, max_steps=1, logging_steps=1, learning_rate=1e-2, temperature=1.0,
-                  report_to=[], save_strategy="no", vllm_server_base_url="http://127.0.0.1:1")
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        token_budget=0,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_steps=1,
+        logging_steps=1,
+        learning_rate=1e-2,
+        temperature=1.0,
+        report_to=[],
+        save_strategy="no",
+        vllm_server_base_url="http://127.0.0.1:1",
+    )
     return AsyncGRPOConfig(**{**values, **overrides})
 
 
 def make_trainer(model_dir, tmp_path, processing_class, worker=None, weight_transfer=None, **overrides):
-    return CPUAsyncImagesGRPOTrainer(str(model_dir), args=config(tmp_path, **overrides),
-                                     processing_class=processing_class, rollout_worker=worker or QueuedSamples(),
-                                     weight_transfer=weight_transfer or SentWeights(),
-                                     train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}))
+    return CPUAsyncImagesGRPOTrainer(
+        str(model_dir),
+        args=config(tmp_path, **overrides),
+        processing_class=processing_class,
+        rollout_worker=worker or QueuedSamples(),
+        weight_transfer=weight_transfer or SentWeights(),
+        train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}),
+    )
 
 
 def played_groups(model_dir, groups):
@@ -107,8 +123,15 @@ def played_groups(model_dir, groups):
             color = (40 * group, 255 - 40 * group, 120 * generation)  # no two episodes share a screenshot
             prompt = template.prompt([user_with_image(f"Task {group}", png_data_uri(color))])
             logprobs = token_logprobs(model, processor, list(prompt.ids) + list(completion), list(prompt.images))
-            trajectories.append(Trajectory(prompt.ids, completion, tuple(logprobs[len(prompt.ids) - 1:]),
-                                           (1,) * len(completion), images=prompt.images))
+            trajectories.append(
+                Trajectory(
+                    prompt.ids,
+                    completion,
+                    tuple(logprobs[len(prompt.ids) - 1 :]),
+                    (1,) * len(completion),
+                    images=prompt.images,
+                )
+            )
         released.append(released_group(group, f"Task {group}", trajectories, scores=(1.0, 0.0)))
     return released, processor, model
 
@@ -152,7 +175,7 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     ids = first.input_ids.tolist()
     text_only = token_logprobs(reference, processor, ids, list(images_of(first.input_ids)), pixels=False)
     start = int(np.argmax(first.completion_mask))
-    assert max(abs(a - b) for a, b in zip(text_only[start - 1:], first.old_log_probs[start:])) > 0.1  # pixels matter
+    assert max(abs(a - b) for a, b in zip(text_only[start - 1 :], first.old_log_probs[start:])) > 0.1  # pixels matter
     assert first.input_ids.tolist() == second.input_ids.tolist()  # only the pixels tell the two apart
     assert max(abs(first.old_log_probs - second.old_log_probs)) > 0.1  # and each one's pixels move its logprobs
     samples[2] = carrying_images_alone(samples[2])  # a custom worker's sample: processed by the collator
@@ -195,8 +218,10 @@ def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir, tm
     samples, processor, _ = image_samples(tiny_vlm_dir, groups=2)
 
     def swapped(sample, other):  # the fault: another sample's images (and their processed pixels) on these ids
-        return dataclasses.replace(sample, input_ids=ids_with_images(
-            sample.input_ids.tolist(), images_of(other.input_ids), other.input_ids.processed))
+        return dataclasses.replace(
+            sample,
+            input_ids=ids_with_images(sample.input_ids.tolist(), images_of(other.input_ids), other.input_ids.processed),
+        )
 
     worker = QueuedSamples()
     for k in range(0, len(samples), 2):
@@ -255,8 +280,9 @@ class FakeWeightTransferClient:
         pass
 
 
-def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkpoints_names(tiny_vlm_dir, tmp_path,
-                                                                                            monkeypatch):
+def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkpoints_names(
+    tiny_vlm_dir, tmp_path, monkeypatch
+):
     """With TRL's own NCCL transfer (no weight_transfer given; its client a fake), the manifest TRL built over the
     text model alone is rebuilt once the vision tower is unfrozen: each sync sends exactly the manifest, in its order,
     dtypes and shapes, and its names are every trainable weight, vision tower included, under the checkpoint's
@@ -270,9 +296,13 @@ def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkp
     worker = QueuedSamples()
     for sample in samples:
         worker.rollout_buffer.put(sample)
-    trainer = CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=config(tmp_path), processing_class=processor,
-                                        rollout_worker=worker,
-                                        train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}))
+    trainer = CPUAsyncImagesGRPOTrainer(
+        str(tiny_vlm_dir),
+        args=config(tmp_path),
+        processing_class=processor,
+        rollout_worker=worker,
+        train_dataset=Dataset.from_dict({"prompt": ["Task"] * 4}),
+    )
     trls, rebuilt = FakeWeightTransferClient.built
     assert trainer.weight_transfer is rebuilt
     assert not any(".vision_model." in name for name in trls.manifest["names"])  # TRL froze the vision tower
@@ -284,23 +314,35 @@ def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkp
     trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
     with safe_open(str(tiny_vlm_dir / "model.safetensors"), "pt") as checkpoint:
         stored = set(checkpoint.keys())
-    assert set(manifest["names"]) == trainable == stored, (set(manifest["names"]) ^ stored)
+    assert set(manifest["names"]) == trainable == stored, set(manifest["names"]) ^ stored
     assert any(".vision_model." in name for name in manifest["names"])
     assert any(".connector." in name for name in manifest["names"])
 
 
 def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir, tmp_path):
     """Without a worker, TRL builds its own, which renders text prompts only: refused at construction."""
-    with pytest.raises(ConfigError, match=r"needs rollout_worker=.*without a pixel\. Pass rollout_worker="
-                                          r"EvalRolloutWorker\(env_path, args=args, processing_class=processing_class\)"):
-        CPUAsyncImagesGRPOTrainer(str(tiny_vlm_dir), args=config(tmp_path),
-                                  processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
-                                  weight_transfer=SentWeights(), train_dataset=Dataset.from_dict({"prompt": ["Task"]}))
+    with pytest.raises(
+        ConfigError,
+        match=r"needs rollout_worker=.*without a pixel\. Pass rollout_worker="
+        r"EvalRolloutWorker\(env_path, args=args, processing_class=processing_class\)",
+    ):
+        CPUAsyncImagesGRPOTrainer(
+            str(tiny_vlm_dir),
+            args=config(tmp_path),
+            processing_class=AutoProcessor.from_pretrained(tiny_vlm_dir),
+            weight_transfer=SentWeights(),
+            train_dataset=Dataset.from_dict({"prompt": ["Task"]}),
+        )
 
 
 def test_unshared_rows_keep_every_sample_whole_and_in_order():
-    shared = {"input_ids": np.asarray([5, 6, 7, 8]), "completion_mask": np.asarray([0, 0, 1, 1]),
-              "old_log_probs": np.zeros(4, dtype=np.float32), "advantage": 1.0, "group_id": 0}
+    shared = {
+        "input_ids": np.asarray([5, 6, 7, 8]),
+        "completion_mask": np.asarray([0, 0, 1, 1]),
+        "old_log_probs": np.zeros(4, dtype=np.float32),
+        "advantage": 1.0,
+        "group_id": 0,
+    }
     other = {**shared, "input_ids": np.asarray([5, 6, 7, 9])}
     row = UnsharedTreeRow()
     row.add(shared)

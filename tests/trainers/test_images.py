@@ -15,8 +15,8 @@ from trl import GRPOTrainer
 
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.trainer import TrainerGenerator
-from ep_trl.trajectory.tokens import ChatTemplate
 from ep_trl.trainers.images import RolloutImagesGRPOTrainer
+from ep_trl.trajectory.tokens import ChatTemplate
 from tests.support.images import png_data_uri, user_with_image
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 
@@ -28,23 +28,35 @@ def screenshot_rollout(prompts, trainer):
     template = ChatTemplate(trainer.processing_class)
     tok = trainer.processing_class.tokenizer
     model = trainer.accelerator.unwrap_model(trainer.model)
-    generator = TrainerGenerator(lambda: model, tok, [tok.eos_token_id], tok.pad_token_id,
-                                 processing_class=trainer.processing_class)
-    encoded = [template.prompt([user_with_image(p, png_data_uri(COLORS[i % len(COLORS)]))])
-               for i, p in enumerate(prompts)]
+    generator = TrainerGenerator(
+        lambda: model, tok, [tok.eos_token_id], tok.pad_token_id, processing_class=trainer.processing_class
+    )
+    encoded = [
+        template.prompt([user_with_image(p, png_data_uri(COLORS[i % len(COLORS)]))]) for i, p in enumerate(prompts)
+    ]
 
     async def sample():
         try:
-            return await asyncio.gather(*(generator.generate(e.ids, SamplingParams(max_tokens=8),
-                                                             images=PromptImages(e.images, e.unexpanded_ids))
-                                          for e in encoded))
+            return await asyncio.gather(
+                *(
+                    generator.generate(
+                        e.ids, SamplingParams(max_tokens=8), images=PromptImages(e.images, e.unexpanded_ids)
+                    )
+                    for e in encoded
+                )
+            )
         finally:
             await generator.aclose()
 
     turns = asyncio.run(sample())
-    return {"prompt_ids": [list(e.ids) for e in encoded], "completion_ids": [list(t.token_ids) for t in turns],
-            "logprobs": [list(t.logprobs) for t in turns], "env_mask": [[1] * len(t.token_ids) for t in turns],
-            "images": [list(e.images) for e in encoded], "turn_length": [len(t.token_ids) for t in turns]}
+    return {
+        "prompt_ids": [list(e.ids) for e in encoded],
+        "completion_ids": [list(t.token_ids) for t in turns],
+        "logprobs": [list(t.logprobs) for t in turns],
+        "env_mask": [[1] * len(t.token_ids) for t in turns],
+        "images": [list(e.images) for e in encoded],
+        "turn_length": [len(t.token_ids) for t in turns],
+    }
 
 
 def length_reward(completions, turn_length, **kwargs):
@@ -52,11 +64,19 @@ def length_reward(completions, turn_length, **kwargs):
 
 
 def train_one_step(trainer_cls, tiny_vlm_dir, tmp_path):
-    trainer = make_vlm_trainer(trainer_cls, tiny_vlm_dir, tmp_path, screenshot_rollout,
-                               ["Click the button.", "Type the word."] * 2, reward_funcs=[length_reward])
+    trainer = make_vlm_trainer(
+        trainer_cls,
+        tiny_vlm_dir,
+        tmp_path,
+        screenshot_rollout,
+        ["Click the button.", "Type the word."] * 2,
+        reward_funcs=[length_reward],
+    )
     trainer.train()
-    print(f"{trainer_cls.__name__}: sampling_logp_difference/max "
-          f"{logged(trainer, 'sampling/sampling_logp_difference/max')}")
+    print(
+        f"{trainer_cls.__name__}: sampling_logp_difference/max "
+        f"{logged(trainer, 'sampling/sampling_logp_difference/max')}"
+    )
     return trainer
 
 
@@ -90,7 +110,13 @@ def test_seam_refuses_images_that_do_not_match_the_samples(tiny_vlm_dir, tmp_pat
         out = screenshot_rollout(prompts, trainer)
         return {**out, "images": out["images"][1:]}
 
-    trainer = make_vlm_trainer(RolloutImagesGRPOTrainer, tiny_vlm_dir, tmp_path, one_image_list_too_few,
-                               ["Click.", "Type."], reward_funcs=[length_reward])
+    trainer = make_vlm_trainer(
+        RolloutImagesGRPOTrainer,
+        tiny_vlm_dir,
+        tmp_path,
+        one_image_list_too_few,
+        ["Click.", "Type."],
+        reward_funcs=[length_reward],
+    )
     with pytest.raises(ValueError, match="one list of images per sample"):
         trainer.train()

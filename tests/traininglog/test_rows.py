@@ -24,8 +24,14 @@ def test_training_rollouts_are_stored_scored_and_grouped(tiny_model_dir, letters
         return eval_score
 
     rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters::test_letters_pointwise")  # default store
-    trainer = make_trainer(tiny_model_dir, tmp_path, rollout, reward_funcs=[recording_eval_score], max_steps=2,
-                           prompts=[PROMPT] * 4 + ["Second prompt."] * 4)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        rollout,
+        reward_funcs=[recording_eval_score],
+        max_steps=2,
+        prompts=[PROMPT] * 4 + ["Second prompt."] * 4,
+    )
     try:
         trainer.train()
         rollout.flush_logs()
@@ -56,7 +62,9 @@ def test_training_rollouts_are_stored_scored_and_grouped(tiny_model_dir, letters
 
 
 def test_rows_are_logged_while_running_and_failures_carry_their_message(tiny_model_dir, letters_server, tmp_path):
-    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_crash", options=RolloutOptions(log_home=tmp_path / "store"))
+    rollout = create_openenv_vllm_rollout_func(
+        "tests.evals.eval_crash", options=RolloutOptions(log_home=tmp_path / "store")
+    )
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     try:
         out = rollout([PROMPT] * 4, trainer)
@@ -76,7 +84,9 @@ def test_rows_are_logged_while_running_and_failures_carry_their_message(tiny_mod
 
 
 def test_logging_can_be_turned_off(tiny_model_dir, letters_server, tmp_path):
-    rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters", log_rollouts=False, options=RolloutOptions(log_home=tmp_path))
+    rollout = create_openenv_vllm_rollout_func(
+        "tests.evals.eval_letters", log_rollouts=False, options=RolloutOptions(log_home=tmp_path)
+    )
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     try:
         rollout([PROMPT] * 4, trainer)

@@ -17,9 +17,16 @@ from ep_trl.trajectory.tokens import Trajectory
 
 def make_row(rollout_id: str, step_rewards: list[float]):
     return evalprotocol.build_row(
-        messages=[{"role": "user", "content": "hi"}], eval_name="test_x", row_id="prompt-1", rollout_id=rollout_id,
-        invocation_id="inv", experiment_id="inv-step0", run_id="step-0", completion_params={"model": "m"},
-        extra={"step_rewards": step_rewards})
+        messages=[{"role": "user", "content": "hi"}],
+        eval_name="test_x",
+        row_id="prompt-1",
+        rollout_id=rollout_id,
+        invocation_id="inv",
+        experiment_id="inv-step0",
+        run_id="step-0",
+        completion_params={"model": "m"},
+        extra={"step_rewards": step_rewards},
+    )
 
 
 def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp_path):
@@ -31,6 +38,7 @@ def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp
         def build():
             built.append(f"{rollout_id}{rewards}")
             return make_row(rollout_id, rewards)
+
         return build
 
     def broken():
@@ -75,7 +83,8 @@ class KillsTheWriterThread(BaseException):
 
 
 def test_rows_queued_after_the_writer_thread_died_are_written_by_flush_in_the_owning_process_only(
-        tmp_path, monkeypatch, caplog):
+    tmp_path, monkeypatch, caplog
+):
     """Issue 40: flush() returned at once when the writer thread had died, and the queued rows were never written."""
     died: list[type] = []
     monkeypatch.setattr(threading, "excepthook", lambda hook: died.append(hook.exc_type))  # the thread's death, seen
@@ -134,7 +143,8 @@ def test_a_flush_waiting_when_the_writer_thread_dies_writes_the_rows_itself_at_o
 
 
 def test_a_writer_thread_that_dies_mid_batch_leaves_the_rest_of_the_batch_to_flush_and_counts_its_row(
-        tmp_path, monkeypatch, caplog):
+    tmp_path, monkeypatch, caplog
+):
     """Issue 48: the rows after the fatal one in its batch were already off the queue, and were lost uncounted (the
     earlier tests kept the fatal row alone in its batch). Here it is in the middle of one batch, with a flush
     waiting on it."""
@@ -190,8 +200,12 @@ def test_updates_left_by_a_dead_writer_thread_are_superseded_by_newer_ones(tmp_p
 
 
 def test_token_view_marks_sampled_tokens_by_turn_and_masks_the_rest():
-    traj = Trajectory(prompt_ids=(1, 2), completion_ids=(10, 11, 90, 91, 12),
-                      logprobs=(-0.5, -0.25, 0.0, 0.0, -1.23456), env_mask=(1, 1, 0, 0, 1))
+    traj = Trajectory(
+        prompt_ids=(1, 2),
+        completion_ids=(10, 11, 90, 91, 12),
+        logprobs=(-0.5, -0.25, 0.0, 0.0, -1.23456),
+        env_mask=(1, 1, 0, 0, 1),
+    )
     view = token_view(traj, ["a", "b", "c", "d", "e", "f", "g"])
     assert view["token_ids"] == [1, 2, 10, 11, 90, 91, 12]
     assert view["mask"] == [0, 0, 1, 1, 0, 0, 2]  # prompt and inserted tokens 0, sampled tokens their turn

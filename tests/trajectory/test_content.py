@@ -10,9 +10,11 @@ from ep_trl.trajectory.tokens import ChatTemplate
 from tests.support.images import png_data_uri
 
 SCREENSHOT = png_data_uri((200, 30, 30))
-PARTS = [{"type": "text", "text": "Goal: click the button."},
-         {"type": "image_url", "image_url": {"url": SCREENSHOT}},
-         {"type": "text", "text": "Answer with one action."}]
+PARTS = [
+    {"type": "text", "text": "Goal: click the button."},
+    {"type": "image_url", "image_url": {"url": SCREENSHOT}},
+    {"type": "text", "text": "Answer with one action."},
+]
 MESSAGES = [{"role": "system", "content": "You operate a browser."}, {"role": "user", "content": PARTS}]
 
 #: A ChatML template that renders image parts as the processor's image token (written for this test).
@@ -51,9 +53,11 @@ def test_text_only_join_text_parts_and_count_dropped_images():
 def test_multimodal_turns_openai_image_parts_into_hf_image_parts():
     out, dropped = template_messages(MESSAGES, images=True)
     assert dropped == 0
-    assert out[1]["content"] == [{"type": "text", "text": "Goal: click the button."},
-                                 {"type": "image", "url": SCREENSHOT},
-                                 {"type": "text", "text": "Answer with one action."}]
+    assert out[1]["content"] == [
+        {"type": "text", "text": "Goal: click the button."},
+        {"type": "image", "url": SCREENSHOT},
+        {"type": "text", "text": "Answer with one action."},
+    ]
 
 
 def test_unknown_part_type_is_a_clear_error():
@@ -79,8 +83,9 @@ def test_multimodal_processor_gets_the_image_part_and_expands_its_placeholder(ti
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    processor = LlavaProcessor(image_processor=CLIPImageProcessorPil(), tokenizer=tok, chat_template=IMAGE_TEMPLATE,
-                               patch_size=14)
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessorPil(), tokenizer=tok, chat_template=IMAGE_TEMPLATE, patch_size=14
+    )
     assert supports_images(processor)
     template = ChatTemplate(processor)
     text = template.render(MESSAGES)

@@ -22,8 +22,8 @@ from transformers import AutoProcessor, Idefics3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
 from ep_trl.capture.parsing import ToolCallParser
-from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
 from ep_trl.capture.placement import RolloutCapture, TurnRequest
+from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
 from ep_trl.generation import Generation, SamplingParams
 from ep_trl.openenv.client import EnvSettings
 from ep_trl.openenv.loop import run_episode
@@ -47,18 +47,28 @@ def processor(tiny_vlm_dir):
 def splitting_processor(processor):
     """SmolVLM's image splitting at a small scale: each image cut into rows and columns of 32-pixel frames plus a
     global one, its expansion ``<row_i_col_j>`` text and newlines between special tokens."""
-    image_processor = Idefics3ImageProcessorPil(do_image_splitting=True, size={"longest_edge": 96},
-                                                max_image_size={"longest_edge": 32})
-    return Idefics3Processor(image_processor=image_processor, tokenizer=processor.tokenizer, image_seq_len=4,
-                             chat_template=processor.chat_template)
+    image_processor = Idefics3ImageProcessorPil(
+        do_image_splitting=True, size={"longest_edge": 96}, max_image_size={"longest_edge": 32}
+    )
+    return Idefics3Processor(
+        image_processor=image_processor,
+        tokenizer=processor.tokenizer,
+        image_seq_len=4,
+        chat_template=processor.chat_template,
+    )
 
 
 def whole(processor, template, messages):
     """The uncached rendering: the processing class over the whole conversation and every image in it, as each render
     ran it before."""
     text = template.render(messages)
-    images = [load_image(part["image_url"]["url"]) for m in messages if isinstance(m["content"], list)
-              for part in m["content"] if part["type"] == "image_url"]
+    images = [
+        load_image(part["image_url"]["url"])
+        for m in messages
+        if isinstance(m["content"], list)
+        for part in m["content"]
+        if part["type"] == "image_url"
+    ]
     return tuple(int(t) for t in processor(text=[text], images=[images], add_special_tokens=False)["input_ids"][0])
 
 
@@ -98,8 +108,9 @@ class ScriptedGenerator:
     failure = None
 
     def __init__(self, tokenizer):
-        self._ids = tuple(tokenizer.encode("click('13')", add_special_tokens=False)
-                          + [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+        self._ids = tuple(
+            tokenizer.encode("click('13')", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        )
 
     async def begin_call(self):
         pass
@@ -119,8 +130,10 @@ def limits(tokenizer):
 
 
 def screenshot_prompt(observation, step, history):
-    return [{"type": "text", "text": f"Step {step}: the page."},
-            {"type": "image_url", "image_url": {"url": observation}}]
+    return [
+        {"type": "text", "text": f"Step {step}: the page."},
+        {"type": "image_url", "image_url": {"url": observation}},
+    ]
 
 
 def held_before_last_turn(trajectory):
@@ -131,15 +144,27 @@ def held_before_last_turn(trajectory):
 
 def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(processor):
     template = ChatTemplate(processor)
-    config = EpisodeConfig(env=EnvSettings(factory=ScreenshotEnv), prompt_builder=screenshot_prompt,
-                           action_parser=lambda text: text, max_steps=STEPS, limits=limits(processor.tokenizer))
+    config = EpisodeConfig(
+        env=EnvSettings(factory=ScreenshotEnv),
+        prompt_builder=screenshot_prompt,
+        action_parser=lambda text: text,
+        max_steps=STEPS,
+        limits=limits(processor.tokenizer),
+    )
 
     async def two_episodes():
         envs = EnvPool(config.env, reuse=False)
         try:
-            return [await run_episode(EpisodePlan(index=i, group=0, generation=i, task=None, initial_messages=()),
-                                      config, template, ScriptedGenerator(processor.tokenizer), envs)
-                    for i in range(2)]
+            return [
+                await run_episode(
+                    EpisodePlan(index=i, group=0, generation=i, task=None, initial_messages=()),
+                    config,
+                    template,
+                    ScriptedGenerator(processor.tokenizer),
+                    envs,
+                )
+                for i in range(2)
+            ]
         finally:
             await envs.aclose()
 
@@ -163,8 +188,14 @@ def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(pr
 def test_a_processor_eval_rollout_processes_each_image_once_off_the_event_loop(processor):
     """The captured calls of a processor eval (each call sends the whole conversation so far)."""
     template = ChatTemplate(processor)
-    rollout = RolloutCapture("t", "test", limits(processor.tokenizer), template, ScriptedGenerator(processor.tokenizer),
-                             ToolCallParser(processor.tokenizer))
+    rollout = RolloutCapture(
+        "t",
+        "test",
+        limits(processor.tokenizer),
+        template,
+        ScriptedGenerator(processor.tokenizer),
+        ToolCallParser(processor.tokenizer),
+    )
     messages = [user_with_image("Step 1", SCREENSHOTS[0])]
 
     async def play():
@@ -199,8 +230,10 @@ def test_spliced_images_are_the_ids_of_the_whole_processing_turn_after_turn(whic
     assert builder.held().ids == whole(processing_class, template, messages)
     for step in range(1, STEPS + 1):
         builder.add_sampled(turn)
-        messages += [{"role": "assistant", "content": "click('13')"},
-                     user_with_image(f"Step {step}", SCREENSHOTS[step])]
+        messages += [
+            {"role": "assistant", "content": "click('13')"},
+            user_with_image(f"Step {step}", SCREENSHOTS[step]),
+        ]
         bridge, realigned = template.bridge(messages, builder.held(), turn, [end], images=images)
         builder.add_inserted(bridge)
         assert not realigned and builder.held().ids == whole(processing_class, template, messages)
@@ -225,22 +258,36 @@ def test_a_realigned_bridge_splices_the_new_image_as_the_whole_processing_does(p
     bridge, realigned = template.bridge(messages, builder.held(), turn, [end], images=images)
     assert realigned and images.processed == 2
     tail = template.decode(bridge.unexpanded_ids, skip_special_tokens=False)
-    assert tail == "\n" + template.render(messages)[len(template.render(messages[:2], generation_prompt=False)):]
-    assert bridge.ids == tuple(int(t) for t in processor(text=[tail], images=[[bridge.images[0]]],
-                                                         add_special_tokens=False)["input_ids"][0])
+    assert tail == "\n" + template.render(messages)[len(template.render(messages[:2], generation_prompt=False)) :]
+    assert bridge.ids == tuple(
+        int(t) for t in processor(text=[tail], images=[[bridge.images[0]]], add_special_tokens=False)["input_ids"][0]
+    )
 
 
 def play_openenv(template, episodes):
     """``episodes`` OpenEnv episodes of ``STEPS`` screenshots each, with ``template``."""
     tokenizer = template.tokenizer
-    config = EpisodeConfig(env=EnvSettings(factory=ScreenshotEnv), prompt_builder=screenshot_prompt,
-                           action_parser=lambda text: text, max_steps=STEPS, limits=limits(tokenizer))
+    config = EpisodeConfig(
+        env=EnvSettings(factory=ScreenshotEnv),
+        prompt_builder=screenshot_prompt,
+        action_parser=lambda text: text,
+        max_steps=STEPS,
+        limits=limits(tokenizer),
+    )
 
     async def play():
         envs = EnvPool(config.env, reuse=False)
         try:
-            return [await run_episode(EpisodePlan(index=i, group=0, generation=i, task=None, initial_messages=()),
-                                      config, template, ScriptedGenerator(tokenizer), envs) for i in range(episodes)]
+            return [
+                await run_episode(
+                    EpisodePlan(index=i, group=0, generation=i, task=None, initial_messages=()),
+                    config,
+                    template,
+                    ScriptedGenerator(tokenizer),
+                    envs,
+                )
+                for i in range(episodes)
+            ]
         finally:
             await envs.aclose()
 
@@ -261,8 +308,11 @@ def test_the_rollout_worker_takes_the_pixels_its_episodes_made_as_they_rendered(
     calls = ImageProcessorCalls(processor)
     try:
         episodes = play_openenv(template, 2)
-        made = group_samples(released_group(0, "Task", [e.trajectory for e in episodes], scores=(1.0, 0.0)),
-                             processor.tokenizer, processor)
+        made = group_samples(
+            released_group(0, "Task", [e.trajectory for e in episodes], scores=(1.0, 0.0)),
+            processor.tokenizer,
+            processor,
+        )
     finally:
         calls.remove()
     assert len(made.samples) == 2 and made.image_mismatches == 0
@@ -292,14 +342,14 @@ def test_kept_pixels_of_split_images_of_different_shapes_join_as_one_processing_
     once = process_images(splitting_processor, trajectory.images)
     assert trajectory.processed is not None and trajectory.processed.image_tokens == once.image_tokens
     assert {key: value.shape for key, value in trajectory.processed.pixels.items()} == {
-        key: value.shape for key, value in once.pixels.items()}
+        key: value.shape for key, value in once.pixels.items()
+    }
     assert all(torch.equal(trajectory.processed.pixels[key], once.pixels[key]) for key in once.pixels)
     unkept = dataclasses.replace(trajectory, processed=None)
     assert ChatTemplate(splitting_processor).carried(unkept, images).processed is None  # keeps no pixels
 
 
-def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_whole_and_says_so(tiny_vlm_dir,
-                                                                                                  caplog):
+def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_whole_and_says_so(tiny_vlm_dir, caplog):
     """A placeholder that strips the whitespace before it (``lstrip``) is no cut token: a text's ids with the
     expansions spliced in need not be the whole text's. Such a processing class has every render processed whole, as
     before, with a warning; the ids are the processing class's."""
@@ -310,13 +360,17 @@ def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_
     from ep_trl.trajectory.tokens import EpisodeImages
 
     stripping = AutoProcessor.from_pretrained(tiny_vlm_dir)
-    stripping.tokenizer.backend_tokenizer.add_special_tokens([AddedToken(IMAGE, lstrip=True, special=True,
-                                                                         normalized=False)])
+    stripping.tokenizer.backend_tokenizer.add_special_tokens(
+        [AddedToken(IMAGE, lstrip=True, special=True, normalized=False)]
+    )
     with caplog.at_level(logging.WARNING, logger="ep_trl.trajectory.tokens"):
         template = ChatTemplate(stripping)
     assert f"its image placeholder {IMAGE!r} is not a token the tokenizer always splits the text at" in caplog.text
-    messages = [user_with_image("Step 1", SCREENSHOTS[0]), {"role": "assistant", "content": "click('13')"},
-                user_with_image("Step 2", SCREENSHOTS[1])]
+    messages = [
+        user_with_image("Step 1", SCREENSHOTS[0]),
+        {"role": "assistant", "content": "click('13')"},
+        user_with_image("Step 2", SCREENSHOTS[1]),
+    ]
     calls = ImageProcessorCalls(stripping)
     try:
         prompt = template.prompt(messages, images=EpisodeImages())
@@ -336,7 +390,8 @@ def test_an_episode_with_one_image_carries_its_kept_pixels_without_a_copy(splitt
     images = EpisodeImages()
     trajectory = template.carried(
         TrajectoryBuilder.start(template.prompt([user_with_image("Step 0", SCREENSHOTS[0])], images=images)).build(),
-        images)
+        images,
+    )
     kept = images.of(trajectory.images[0])
     assert trajectory.processed is not None and kept is not None and kept.pixels is not None
     assert trajectory.processed.pixels.keys() == kept.pixels.keys()

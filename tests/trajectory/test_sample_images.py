@@ -1,5 +1,5 @@
-"""What the processor makes of a sample's images (``ep_trl.trajectory.sample_images.process_images``: the image token count and
-the pixels, from one run), the placeholder check on it, and processed images travelling with their ids."""
+"""What the processor makes of a sample's images (``ep_trl.trajectory.sample_images.process_images``: the image token
+count and the pixels, from one run), the placeholder check on it, and processed images travelling with their ids."""
 
 import pickle
 
@@ -22,7 +22,8 @@ def test_the_image_token_count_is_the_processors_expansion(tiny_vlm_dir):
     assert placeholder_mismatch(processor, held, processed) is None
     assert "hold 16 image tokens" in placeholder_mismatch(processor, held[16:], processed)
     assert "hold 32 image tokens and the processing class expands the episode's images into 0" in placeholder_mismatch(
-        processor, held, None)
+        processor, held, None
+    )
 
 
 def test_processed_images_travel_with_the_ids(tiny_vlm_dir):

@@ -26,8 +26,11 @@ def bridge_ids(template, messages, held, turn, end):
 
 
 def conversation(answer):
-    return [{"role": "user", "content": "first observation"}, {"role": "assistant", "content": answer},
-            {"role": "user", "content": "second observation"}]
+    return [
+        {"role": "user", "content": "first observation"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "second observation"},
+    ]
 
 
 def test_clean_bridge_is_the_rest_of_the_rendering(tokenizer):
@@ -114,8 +117,9 @@ def test_sampled_runs_give_the_turns_a_token_by_token_count_gives(seed):
     traj = Trajectory((1, 2), ids, tuple(0.0 for _ in mask), mask)
     turns = reference_turn_numbers(mask)
     assert traj.turn_numbers() == turns
-    assert traj.sampled_segments() == [tuple(t for t, n in zip(ids, turns) if n == k) for k in range(1, max(turns,
-                                                                                                          default=0) + 1)]
+    assert traj.sampled_segments() == [
+        tuple(t for t, n in zip(ids, turns) if n == k) for k in range(1, max(turns, default=0) + 1)
+    ]
 
 
 def test_the_held_ids_carry_their_json_as_the_episode_grows():

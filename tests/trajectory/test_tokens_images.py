@@ -23,8 +23,11 @@ def sampled(ids):
 
 
 def conversation(answer):
-    return [user_with_image("Step 1", png_data_uri(RED)), {"role": "assistant", "content": answer},
-            user_with_image("Step 2", png_data_uri(BLUE, size=(64, 48)))]
+    return [
+        user_with_image("Step 1", png_data_uri(RED)),
+        {"role": "assistant", "content": answer},
+        user_with_image("Step 2", png_data_uri(BLUE, size=(64, 48))),
+    ]
 
 
 def play(template, answer, turn):

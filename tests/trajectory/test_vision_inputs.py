@@ -1,7 +1,7 @@
 """A row's vision inputs joined from images processed a sample at a time equal those of the row's images processed
-together (``ep_trl.trajectory.vision_inputs.joined_vision_inputs`` over ``ep_trl.trajectory.sample_images.process_images``), for
-Idefics3's layout (the tiny VLM's processor: frames of one size) and Idefics2's (frames of each image's own size,
-zero-padded per row)."""
+together (``ep_trl.trajectory.vision_inputs.joined_vision_inputs`` over
+``ep_trl.trajectory.sample_images.process_images``), for Idefics3's layout (the tiny VLM's processor: frames of one
+size) and Idefics2's (frames of each image's own size, zero-padded per row)."""
 
 import pytest
 import torch
@@ -17,14 +17,21 @@ IMAGES = shaped_images()
 
 def idefics2_processor(tiny_vlm_dir):
     """Idefics2's processor over the tiny VLM's tokenizer: each image resized to its own aspect (no square frame)."""
-    image_processor = Idefics2ImageProcessorPil(do_image_splitting=False, size={"shortest_edge": 32, "longest_edge": 64})
-    return Idefics2Processor(image_processor=image_processor, image_seq_len=4,
-                             tokenizer=AutoProcessor.from_pretrained(tiny_vlm_dir).tokenizer)
+    image_processor = Idefics2ImageProcessorPil(
+        do_image_splitting=False, size={"shortest_edge": 32, "longest_edge": 64}
+    )
+    return Idefics2Processor(
+        image_processor=image_processor,
+        image_seq_len=4,
+        tokenizer=AutoProcessor.from_pretrained(tiny_vlm_dir).tokenizer,
+    )
 
 
 @pytest.mark.parametrize("layout", ["idefics3", "idefics2"])
 def test_joined_inputs_equal_the_rows_images_processed_together(tiny_vlm_dir, layout):
-    processor = AutoProcessor.from_pretrained(tiny_vlm_dir) if layout == "idefics3" else idefics2_processor(tiny_vlm_dir)
+    processor = (
+        AutoProcessor.from_pretrained(tiny_vlm_dir) if layout == "idefics3" else idefics2_processor(tiny_vlm_dir)
+    )
     parts = [process_images(processor, IMAGES[:2]), process_images(processor, IMAGES[2:])]  # two samples of a row
     ids = torch.zeros(1, 8, dtype=torch.long)
     joined = joined_vision_inputs(processor, ids, [part.pixels for part in parts], num_images=3)

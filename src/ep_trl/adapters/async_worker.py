@@ -30,13 +30,14 @@ by kind), from the same stream (``ep_trl.engine.stream``):
   as ``trl-policy-v{N}``), each turn is generated with the adapter of the version it records;
 * **images**: with a vision-language model's processing class as ``processing_class``, episodes render the eval's images
   (screenshots) and each sample carries its episode's images on its ``input_ids``, with the pixel tensors the
-  processor makes of them (``ep_trl.trajectory.sample_images``), for ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` to
-  put into its forward passes. A released group's samples are made in a thread, off the event loop that plays the
-  episodes in flight, and each image is processed there once; an episode whose images do not match its image tokens
-  is left out (counted, ``ep_trl/worker/image_mismatch_total``). Such a worker is refused
-  by any other trainer (it would train on image tokens without their pixels): reading ``rollout_buffer`` before an
-  images trainer took the worker (``take_images``) raises ``ConfigError``; ``max_buffered_images`` bounds the
-  decoded images the worker holds with their pixel tensors, not the samples the trainer took (see
+  processor makes of them (``ep_trl.trajectory.sample_images``), for
+  ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` to put into its forward passes. A released group's samples are
+  made in a thread, off the event loop that plays the episodes in flight, and each image is processed there once; an
+  episode whose images do not match its image tokens is left out (counted, ``ep_trl/worker/image_mismatch_total``). Such
+  a worker is refused by any other trainer (it would train on image tokens without their pixels): reading
+  ``rollout_buffer`` before an images trainer took the worker (``take_images``) raises ``ConfigError``;
+  ``max_buffered_images`` bounds the decoded images the worker holds with their pixel tensors, not the samples the
+  trainer took (see
   :meth:`EvalRolloutWorker.held_images`);
 * **failure**: an episode's failure costs that episode; an error that ends the worker (a server gone for good,
   rounds without a score, a bug) is kept and raised by ``check_health`` in the trainer's thread, as is a worker that
@@ -56,31 +57,31 @@ import itertools
 import logging
 import math
 import queue
-from multiprocessing.queues import Queue as MPQueue
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from multiprocessing.queues import Queue as MPQueue
 from typing import TYPE_CHECKING, Any
 
 from .. import evalprotocol
-from . import trl_seam
+from ..dataset import dataset_from_eval
 from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
 from ..engine.engine import build_engine
-from ..trajectory.content import supports_images
-from ..dataset import dataset_from_eval
-from ..errors import ConfigError, RolloutWorkerError
-from ..generation.probe import lora_enabled, probe_server, served_models
 from ..engine.metrics import call_metrics, summary_line
 from ..engine.scoring import Scored
-from ..engine.stream import ScoredGroup, GroupPlan, SlotMeter
+from ..engine.stream import GroupPlan, ScoredGroup, SlotMeter
+from ..errors import ConfigError, RolloutWorkerError
+from ..evalprotocol import EvalSpec
+from ..generation.probe import lora_enabled, probe_server, served_models
 from ..runtime import shutdown
 from ..runtime.threads import run_blocking
 from ..sources.episode import Episode
-from ..evalprotocol import EvalSpec
+from ..trajectory.content import supports_images
 from ..trajectory.types import ProcessingClass, Prompt, Tokenizer
+from . import trl_seam
 
 if TYPE_CHECKING:  # named for the checker: TRL's async trainer is imported only where the worker is built
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -141,8 +142,8 @@ class EvalRolloutWorker:
             (the episode token budget), ``max_staleness``, ``vllm_server_base_url`` (the server the trainer keeps on
             its weights, where episodes are generated).
         processing_class: the model's tokenizer, which renders the eval's chat turns; or a vision-language model's
-            processing class, which renders the eval's images too (each sample then carries its episode's images, and only
-            ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` trains on such a worker).
+            processing class, which renders the eval's images too (each sample then carries its episode's images, and
+            only ``ep_trl.trainers.async_images.AsyncImagesGRPOTrainer`` trains on such a worker).
         dataset: the prompts to play (``dataset_from_eval(env_path)`` by default).
         buffer_size: most samples waiting for the trainer (default: two training steps' worth, at least the
             episode slots).
@@ -163,9 +164,18 @@ class EvalRolloutWorker:
             ``overrides``, ``vllm``, ``options``, ``log_rollouts``, ...).
     """
 
-    def __init__(self, env_path: str, *, args: "AsyncGRPOConfig", processing_class: ProcessingClass,
-                 dataset: Any = None, buffer_size: int | None = None, max_buffered_images: int | None = None,
-                 max_episode_images: int | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        env_path: str,
+        *,
+        args: "AsyncGRPOConfig",
+        processing_class: ProcessingClass,
+        dataset: Any = None,
+        buffer_size: int | None = None,
+        max_buffered_images: int | None = None,
+        max_episode_images: int | None = None,
+        **options: Any,
+    ) -> None:
         trl_seam.require_tested("async", "EvalRolloutWorker")
         _check_arguments(args, processing_class, options, max_buffered_images, max_episode_images)
         self.env_path = env_path
@@ -187,27 +197,33 @@ class EvalRolloutWorker:
         self._adapters: dict[int, str] = {}  # policy version -> the adapter this run's trainer loaded for it
         #: Adapters the server already served before this run's trainer synced anything (an earlier run's): never
         #: used, whatever their names.
-        self.foreign_adapters = frozenset(set(served_models(self._server_url)) - {served.model}
-                                          if self.server_lora else ())
+        self.foreign_adapters = frozenset(
+            set(served_models(self._server_url)) - {served.model} if self.server_lora else ()
+        )
         if self.foreign_adapters:
-            logger.warning("The vLLM server at %s already serves the LoRA adapters %s, loaded before this run: the "
-                           "worker never generates with them. If this run syncs a LoRA adapter under one of these "
-                           "names, the server refuses it: restart the server between runs.", self._server_url,
-                           sorted(self.foreign_adapters))
+            logger.warning(
+                "The vLLM server at %s already serves the LoRA adapters %s, loaded before this run: the "
+                "worker never generates with them. If this run syncs a LoRA adapter under one of these "
+                "names, the server refuses it: restart the server between runs.",
+                self._server_url,
+                sorted(self.foreign_adapters),
+            )
         #: What plays the episodes (``ep_trl.engine.engine``), used through its public methods only.
         self.engine = build_engine(env_path, backend="vllm", **options)
         try:
             self.engine.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
             #: The images reserved per episode in flight (None: episodes' images are not bounded).
-            self.max_episode_images = _episode_images(self.engine.spec, self._prompts, self._config.num_generations,
-                                                      max_buffered_images, max_episode_images)
+            self.max_episode_images = _episode_images(
+                self.engine.spec, self._prompts, self._config.num_generations, max_buffered_images, max_episode_images
+            )
         except BaseException:
             self.engine.close()  # the servers ep_trl may have started for the eval
             raise
         #: Episodes in flight at once (the eval's ``max_concurrent_rollouts``, or the keyword's).
         self.slots = self.engine.spec.max_concurrent_rollouts
         per_step = int(getattr(args, "per_device_train_batch_size", 1) or 1) * int(
-            getattr(args, "gradient_accumulation_steps", 1) or 1)
+            getattr(args, "gradient_accumulation_steps", 1) or 1
+        )
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
         self.groups_per_report = max(1, per_step // self._config.num_generations)
         self._buffer: queue.Queue = _SampleBuffer(maxsize=buffer_size or max(2 * per_step, self.slots))
@@ -244,14 +260,17 @@ class EvalRolloutWorker:
                 "forward passes: the model would be trained on image tokens without their pixels. Train with "
                 "ep_trl.trainers.async_images.AsyncImagesGRPOTrainer (CPUAsyncImagesGRPOTrainer on CPU) in place of "
                 "AsyncGRPOTrainer, or pass the text tokenizer (processing_class.tokenizer) to the worker (images are "
-                "then dropped from the prompts).")
+                "then dropped from the prompts)."
+            )
         return self._buffer
 
     @rollout_buffer.setter
     def rollout_buffer(self, buffer: queue.Queue | MPQueue) -> None:
         if not isinstance(buffer, queue.Queue):
-            raise ConfigError(f"EvalRolloutWorker.rollout_buffer = {type(buffer).__name__}: the worker runs in the "
-                              "trainer's process and needs a queue.Queue (it trims the queue in place)")
+            raise ConfigError(
+                f"EvalRolloutWorker.rollout_buffer = {type(buffer).__name__}: the worker runs in the "
+                "trainer's process and needs a queue.Queue (it trims the queue in place)"
+            )
         self._buffer = buffer
 
     def take_images(self, trainer: str) -> None:
@@ -299,10 +318,12 @@ class EvalRolloutWorker:
         name = self._adapters.get(version)
         if name is None:  # a ConfigError: it must end the worker, not fail the episode as a generation error
             raise ConfigError(
-                f"The vLLM server at {self._server_url} serves the LoRA adapters {sorted(self._adapters.values())} that "
+                f"The vLLM server at {self._server_url} serves the LoRA adapters {sorted(self._adapters.values())} "
+                "that "
                 f"AsyncGRPOTrainer synced, but none for policy version {version}: episodes cannot be generated with "
                 "the policy being trained. One trainer must sync to one server (a second run, or a resumed one that "
-                "counts versions anew, loads adapters under the same names): restart the server.")
+                "counts versions anew, loads adapters under the same names): restart the server."
+            )
         return name
 
     def check_health(self, stale_after_s: float) -> None:
@@ -310,17 +331,20 @@ class EvalRolloutWorker:
         after a SIGTERM, ``Terminated`` (``ep_trl.runtime.shutdown.raise_if_terminating``)."""
         shutdown.raise_if_terminating()
         if self._error is not None:
-            raise RolloutWorkerError(f"ep_trl's rollout worker for {self.env_path} stopped: "
-                                     f"{type(self._error).__name__}: {self._error}") from self._error
+            raise RolloutWorkerError(
+                f"ep_trl's rollout worker for {self.env_path} stopped: {type(self._error).__name__}: {self._error}"
+            ) from self._error
         if self._thread is None or not self._thread.is_alive():
-            raise RolloutWorkerError(f"ep_trl's rollout worker for {self.env_path} is not running (start() was not "
-                                     "called, or stop() was).")
+            raise RolloutWorkerError(
+                f"ep_trl's rollout worker for {self.env_path} is not running (start() was not called, or stop() was)."
+            )
         quiet = time.monotonic() - self._heartbeat
         if quiet > stale_after_s:
             raise RolloutWorkerError(
                 f"ep_trl's rollout worker for {self.env_path} produced nothing for {quiet:.0f} s (more than "
                 f"{stale_after_s:g} s): no prompt group of {self._config.num_generations} episodes completed in that "
-                "time. Raise AsyncGRPOConfig(heartbeat_stale_after_s=...) if episodes are that slow.")
+                "time. Raise AsyncGRPOConfig(heartbeat_stale_after_s=...) if episodes are that slow."
+            )
 
     # --- what the worker measured ---------------------------------------------------------------------------------
 
@@ -344,18 +368,27 @@ class EvalRolloutWorker:
     def _caller(self) -> DetachedCaller:
         """The worker as its engine's caller: the config, the current policy version, the server the
         trainer keeps on its weights, the metrics queue."""
-        return DetachedCaller(self._config, self._version, SyncedServer(self._server_url), self._put_metrics,
-                              takes_rollout_images=self.renders_images, takes_processed_images=self.renders_images)
+        return DetachedCaller(
+            self._config,
+            self._version,
+            SyncedServer(self._server_url),
+            self._put_metrics,
+            takes_rollout_images=self.renders_images,
+            takes_processed_images=self.renders_images,
+        )
 
     def _plans(self) -> Iterator[GroupPlan]:
         """The prompts of the dataset, in order and over again, one group of ``num_generations`` episodes each; the
         rows of each group are logged under the version current when it starts."""
         n = self._config.num_generations
         for group in itertools.count():
-            yield GroupPlan(group=group, prompt=self._prompts[group % len(self._prompts)],
-                            indices=tuple(range(group * n, (group + 1) * n)),
-                            rollout_ids=tuple(evalprotocol.new_id("rollout") for _ in range(n)),
-                            context=self.engine.setup(self._caller()).context)
+            yield GroupPlan(
+                group=group,
+                prompt=self._prompts[group % len(self._prompts)],
+                indices=tuple(range(group * n, (group + 1) * n)),
+                rollout_ids=tuple(evalprotocol.new_id("rollout") for _ in range(n)),
+                context=self.engine.setup(self._caller()).context,
+            )
 
     def _has_room(self) -> bool:
         """Whether another episode may start: nothing released waits for room, the buffer is not full, and under
@@ -398,9 +431,16 @@ class EvalRolloutWorker:
         pump = asyncio.ensure_future(self._pump())
         window: list[tuple[_Reported, ReleaseRecord]] = []
         window_started, sessions_before = time.monotonic(), 0
-        stream = self.engine.groups(self._caller(), self._plans(), slots=self.slots, may_start=self._has_room,
-                                    turn_version=lambda: self._version, model_for=self.served_model,
-                                    meter=self.meter, max_episode_images=self.max_episode_images)
+        stream = self.engine.groups(
+            self._caller(),
+            self._plans(),
+            slots=self.slots,
+            may_start=self._has_room,
+            turn_version=lambda: self._version,
+            model_for=self.served_model,
+            meter=self.meter,
+            max_episode_images=self.max_episode_images,
+        )
         try:
             async with aclosing(stream):  # an error here cancels the episodes in flight before it goes on
                 async for group in stream:
@@ -420,11 +460,16 @@ class EvalRolloutWorker:
         processing_class = self._config.processing_class if self.renders_images else None
         what = f"samples of prompt group {group.plan.group}"
         try:
-            return await run_blocking(functools.partial(group_samples, group, self._config.tokenizer, processing_class),
-                                      timeout_s=SAMPLES_TIMEOUT_S, what=what)
+            return await run_blocking(
+                functools.partial(group_samples, group, self._config.tokenizer, processing_class),
+                timeout_s=SAMPLES_TIMEOUT_S,
+                what=what,
+            )
         except TimeoutError as exc:
-            raise RolloutWorkerError(f"Making the {what} took more than {SAMPLES_TIMEOUT_S:g} s (processing the images "
-                                     "of its episodes, decoding their completions); the worker stops.") from exc
+            raise RolloutWorkerError(
+                f"Making the {what} took more than {SAMPLES_TIMEOUT_S:g} s (processing the images "
+                "of its episodes, decoding their completions); the worker stops."
+            ) from exc
 
     def _release(self, group: ScoredGroup, made: "GroupSamples") -> ReleaseRecord:
         """Hand a finished group's samples on, waiting for room in the buffer (``_pump``)."""
@@ -435,10 +480,19 @@ class EvalRolloutWorker:
         self._heartbeat = time.monotonic()
         self.left_out += made.left_out
         self.image_mismatches += made.image_mismatches
-        record = ReleaseRecord(group.plan.group, len(group.played), len(samples), made.left_out,
-                               tuple(s.model_version for s in samples), made.turn_versions, self._version,
-                               tuple(ep.duration_s for ep in group.episodes), group.seconds, time.monotonic(),
-                               made.image_mismatches)
+        record = ReleaseRecord(
+            group.plan.group,
+            len(group.played),
+            len(samples),
+            made.left_out,
+            tuple(s.model_version for s in samples),
+            made.turn_versions,
+            self._version,
+            tuple(ep.duration_s for ep in group.episodes),
+            group.seconds,
+            time.monotonic(),
+            made.image_mismatches,
+        )
         self.groups.append(record)
         return record
 
@@ -462,8 +516,7 @@ class EvalRolloutWorker:
                 self._heartbeat = time.monotonic()  # waiting for the trainer counts as alive
             await asyncio.sleep(BUFFER_POLL_S)
 
-    def _report(self, window: Sequence[tuple[_Reported, ReleaseRecord]], seconds: float,
-                env_sessions: int) -> None:
+    def _report(self, window: Sequence[tuple[_Reported, ReleaseRecord]], seconds: float, env_sessions: int) -> None:
         """One step's worth of groups: the ``ep_trl/*`` numbers of a rollout call and the worker's own."""
         episodes = [ep for g, _ in window for ep in g.episodes]
         scored = [s for g, _ in window for s in g.scored]
@@ -472,12 +525,20 @@ class EvalRolloutWorker:
         totals = {"samples": self.samples_put, "left_out": self.left_out, "dropped_stale": self.dropped_stale}
         if self.renders_images:
             totals["image_mismatch"] = self.image_mismatches
-        metrics.update({f"ep_trl/worker/{name}_total": float(value - self._reported.get(name, 0))  # TRL sums deltas
-                        for name, value in totals.items()})
+        metrics.update(
+            {
+                f"ep_trl/worker/{name}_total": float(value - self._reported.get(name, 0))  # TRL sums deltas
+                for name, value in totals.items()
+            }
+        )
         self._reported = totals
-        metrics.update({"ep_trl/worker/group_s": sum(g.seconds for g, _ in window) / len(window),
-                        "ep_trl/worker/version_lag": sum(lags) / len(lags) if lags else 0.0,
-                        "ep_trl/worker/slot_occupancy": self.slot_occupancy()})
+        metrics.update(
+            {
+                "ep_trl/worker/group_s": sum(g.seconds for g, _ in window) / len(window),
+                "ep_trl/worker/version_lag": sum(lags) / len(lags) if lags else 0.0,
+                "ep_trl/worker/slot_occupancy": self.slot_occupancy(),
+            }
+        )
         if self.renders_images:
             metrics["ep_trl/worker/buffered_images"] = float(self.buffered_images())
         held = self.held_images()
@@ -501,7 +562,6 @@ class EvalRolloutWorker:
                     continue
 
 
-
 class _SampleBuffer(queue.Queue["RolloutSample"]):
     """The worker's ``rollout_buffer``. The trainer takes each sample from it in the thread it trains in, the one
     place it reaches ep_trl at every sample: taking one first raises a SIGTERM that code swallowed
@@ -522,18 +582,24 @@ def _images_in(samples: "Iterable[RolloutSample]") -> int:
 def _without_images(group: ScoredGroup) -> _Reported:
     """What the metrics report needs of ``group``, holding none of its images in any form: the images and their
     pixel tensors live on in the group's samples only, their sources in the rollout log's rows until written."""
-    episodes = tuple(dataclasses.replace(ep, trajectory=ep.trajectory.without_images(), messages=())
-                     for ep in group.episodes)
+    episodes = tuple(
+        dataclasses.replace(ep, trajectory=ep.trajectory.without_images(), messages=()) for ep in group.episodes
+    )
     return _Reported(episodes, tuple(dataclasses.replace(s, row=None) for s in group.scored), group.seconds)
 
 
-def _episode_images(spec: EvalSpec, prompts: Sequence[Prompt], num_generations: int, max_buffered_images: int | None,
-                    max_episode_images: int | None) -> int | None:
+def _episode_images(
+    spec: EvalSpec,
+    prompts: Sequence[Prompt],
+    num_generations: int,
+    max_buffered_images: int | None,
+    max_episode_images: int | None,
+) -> int | None:
     """The images reserved per episode in flight: ``max_episode_images``, or with ``max_buffered_images`` on an
     OpenEnv eval the most its episodes render at one image per observation (the prompt's images plus one per step);
     a bound smaller than one group's reservations is refused (a group is released whole: it could never be)."""
-    from ..trajectory.content import image_parts, template_messages
     from ..sources.episode import initial_messages
+    from ..trajectory.content import image_parts, template_messages
 
     if max_buffered_images is None:
         return max_episode_images
@@ -543,12 +609,17 @@ def _episode_images(spec: EvalSpec, prompts: Sequence[Prompt], num_generations: 
                 f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) reserves the most images an episode "
                 f"can hold for each episode in flight, and {spec.qualified_name} runs {spec.processor_name}, whose "
                 "turns (and their images) its processor decides. Pass max_episode_images=..., the most images one "
-                "episode holds (its prompt's and every turn's).")
-        prompt_images = max(len(image_parts(template_messages(initial_messages(prompt, k), images=True)[0]))
-                            for k, prompt in enumerate(prompts))
+                "episode holds (its prompt's and every turn's)."
+            )
+        prompt_images = max(
+            len(image_parts(template_messages(initial_messages(prompt, k), images=True)[0]))
+            for k, prompt in enumerate(prompts)
+        )
         max_episode_images = prompt_images + spec.max_steps
-        how = (f"its prompt's {prompt_images} plus one per environment step, steps={spec.max_steps}; pass "
-               "max_episode_images=... if its observations hold another number")
+        how = (
+            f"its prompt's {prompt_images} plus one per environment step, steps={spec.max_steps}; pass "
+            "max_episode_images=... if its observations hold another number"
+        )
     else:
         how = "max_episode_images"
     group = num_generations * max_episode_images
@@ -558,35 +629,51 @@ def _episode_images(spec: EvalSpec, prompts: Sequence[Prompt], num_generations: 
             f"num_generations={num_generations} episodes of up to {max_episode_images} images each ({how}) = {group}. "
             "A group is released whole, so the worker could never release one. Pass max_buffered_images >= "
             f"{group} (slots x {max_episode_images} keeps every episode slot busy), or fewer num_generations or "
-            "environment steps.")
+            "environment steps."
+        )
     return max_episode_images
 
 
-def _check_arguments(args: "AsyncGRPOConfig", processing_class: ProcessingClass, options: Mapping[str, object],
-                     max_buffered_images: int | None, max_episode_images: int | None) -> None:
+def _check_arguments(
+    args: "AsyncGRPOConfig",
+    processing_class: ProcessingClass,
+    options: Mapping[str, object],
+    max_buffered_images: int | None,
+    max_episode_images: int | None,
+) -> None:
     """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
     trainer's, shard processes, a processing class whose images cannot be matched to its placeholders."""
     for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
         value = getattr(args, name, None)
         if value is not None and value != off:
-            raise ConfigError(f"AsyncGRPOConfig({name}={value!r}): AsyncGRPOTrainer computes the policy's logprobs "
-                              "at the temperature over the whole vocabulary, so samples must come from that "
-                              f"distribution; leave {name} at {off!r}.")
+            raise ConfigError(
+                f"AsyncGRPOConfig({name}={value!r}): AsyncGRPOTrainer computes the policy's logprobs "
+                "at the temperature over the whole vocabulary, so samples must come from that "
+                f"distribution; leave {name} at {off!r}."
+            )
     if "vllm_base_url" in options or "backend" in options:
-        raise ConfigError("EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
-                          "trainer keeps on its weights; pass no vllm_base_url or backend.")
+        raise ConfigError(
+            "EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
+            "trainer keeps on its weights; pass no vllm_base_url or backend."
+        )
     rollout_options = options.get("options")
     if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
-        raise ConfigError(f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
-                          f"{getattr(rollout_options, 'worker_processes')})): the worker plays one continuous stream of "
-                          "episodes in this process; shard processes split rollout_func calls. Leave "
-                          "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once).")
+        raise ConfigError(
+            f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
+            f"{getattr(rollout_options, 'worker_processes')})): the worker plays one continuous stream of "
+            "episodes in this process; shard processes split rollout_func calls. Leave "
+            "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once)."
+        )
     if max_buffered_images is not None and max_buffered_images < 1:
-        raise ConfigError(f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
-                          "(None: no bound beyond buffer_size).")
+        raise ConfigError(
+            f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
+            "(None: no bound beyond buffer_size)."
+        )
     if max_episode_images is not None and max_episode_images < 1:
-        raise ConfigError(f"EvalRolloutWorker(max_episode_images={max_episode_images}): an episode holds at least one "
-                          "image where images are bounded (None: ep_trl derives it, see max_buffered_images).")
+        raise ConfigError(
+            f"EvalRolloutWorker(max_episode_images={max_episode_images}): an episode holds at least one "
+            "image where images are bounded (None: ep_trl derives it, see max_buffered_images)."
+        )
     if supports_images(processing_class):
         from ..trajectory.sample_images import image_token_id
 
@@ -595,10 +682,15 @@ def _check_arguments(args: "AsyncGRPOConfig", processing_class: ProcessingClass,
         except ValueError as exc:
             raise ConfigError(f"EvalRolloutWorker(processing_class={type(processing_class).__name__}): {exc}") from exc
     elif max_buffered_images is not None or max_episode_images is not None:
-        name, value = (("max_buffered_images", max_buffered_images) if max_buffered_images is not None
-                       else ("max_episode_images", max_episode_images))
-        raise ConfigError(f"EvalRolloutWorker({name}={value}) bounds the images of samples, "
-                          f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset.")
+        name, value = (
+            ("max_buffered_images", max_buffered_images)
+            if max_buffered_images is not None
+            else ("max_episode_images", max_episode_images)
+        )
+        raise ConfigError(
+            f"EvalRolloutWorker({name}={value}) bounds the images of samples, "
+            f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset."
+        )
 
 
 def _check_served_model_takes_images(url: str, model: str, processing_class: ProcessingClass) -> None:
@@ -610,23 +702,32 @@ def _check_served_model_takes_images(url: str, model: str, processing_class: Pro
     from ..trajectory.sample_images import config_image_token, image_token_id
 
     if not Path(model).is_dir():
-        logger.info("The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
-                    "checked here (a text-only model fails every episode).", url, model, type(processing_class).__name__)
+        logger.info(
+            "The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
+            "checked here (a text-only model fails every episode).",
+            url,
+            model,
+            type(processing_class).__name__,
+        )
         return
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
     kind = type(processing_class).__name__
     if config.get_text_config() is config:
-        raise ConfigError(f"The vLLM server at {url} serves {model}, a text-only model ({config.model_type}): it "
-                          f"cannot take the images {kind} renders. Start the server on the vision-language model the "
-                          "processing class belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
-                          "this model without images.")
+        raise ConfigError(
+            f"The vLLM server at {url} serves {model}, a text-only model ({config.model_type}): it "
+            f"cannot take the images {kind} renders. Start the server on the vision-language model the "
+            "processing class belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
+            "this model without images."
+        )
     served_token = config_image_token(config)
     if served_token is not None and int(served_token) != image_token_id(processing_class):
-        raise ConfigError(f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
-                          f"{kind}'s is id {image_token_id(processing_class)}: the processing class is not this model's. Pass "
-                          f"AutoProcessor.from_pretrained({model!r}).")
+        raise ConfigError(
+            f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
+            f"{kind}'s is id {image_token_id(processing_class)}: the processing class is not this model's. Pass "
+            f"AutoProcessor.from_pretrained({model!r})."
+        )
 
 
 @dataclass(frozen=True)
@@ -641,11 +742,12 @@ class GroupSamples:
     image_mismatches: int = 0
 
 
-def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
-                  processing_class: "ProcessingClass | None" = None) -> GroupSamples:
+def group_samples(
+    group: ScoredGroup, tokenizer: Tokenizer, processing_class: "ProcessingClass | None" = None
+) -> GroupSamples:
     """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
-    the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's ``input_ids``
-    carry its episode's images and what the processing class made of them: what the episode's renders kept
+    the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's
+    ``input_ids`` carry its episode's images and what the processing class made of them: what the episode's renders kept
     (``Trajectory.processed``), else processed here once (``ep_trl.trajectory.sample_images``),
     and an episode whose images do not match its image tokens is left out (logged, counted in ``image_mismatches``).
     The worker calls it in a thread, off its event loop (``EvalRolloutWorker._samples``)."""
@@ -675,21 +777,27 @@ def group_samples(group: ScoredGroup, tokenizer: Tokenizer,
                 processed = process_images(processing_class, trajectory.images)
             mismatch = placeholder_mismatch(processing_class, ids, processed)
             if mismatch is not None:
-                logger.warning("Episode %d of prompt group %d is left out: its images do not match its image tokens "
-                               "(%s).", played.episode.plan.generation, group.plan.group, mismatch)
+                logger.warning(
+                    "Episode %d of prompt group %d is left out: its images do not match its image tokens (%s).",
+                    played.episode.plan.generation,
+                    group.plan.group,
+                    mismatch,
+                )
                 mismatches += 1
                 continue
-        samples.append(sample_class(
-            prompt=messages,
-            completion=[{"role": "assistant", "content": tokenizer.decode(list(completion_ids))}],
-            input_ids=ids_with_images(ids, trajectory.images if processing_class is not None else (), processed),
-            completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
-            old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),
-            advantage=float((verdict.score - mean) / (std + 1e-8)),
-            model_version=min(played.versions),
-            group_id=group.plan.group,
-            metrics={"reward": float(verdict.score), "reward_std": float(std)},
-            enqueued_at=None,
-        ))
+        samples.append(
+            sample_class(
+                prompt=messages,
+                completion=[{"role": "assistant", "content": tokenizer.decode(list(completion_ids))}],
+                input_ids=ids_with_images(ids, trajectory.images if processing_class is not None else (), processed),
+                completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
+                old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),
+                advantage=float((verdict.score - mean) / (std + 1e-8)),
+                model_version=min(played.versions),
+                group_id=group.plan.group,
+                metrics={"reward": float(verdict.score), "reward_std": float(std)},
+                enqueued_at=None,
+            )
+        )
         turns.append(played.versions)
     return GroupSamples(tuple(samples), tuple(turns), len(group.played) - len(samples), mismatches)

@@ -9,15 +9,16 @@ prompt and completion, for ``ep_trl.trainers.images.RolloutImagesGRPOTrainer`` t
 from collections.abc import Sequence
 from typing import Any
 
-from ..sources.episode import Episode
 from ..engine.scoring import Scored
+from ..sources.episode import Episode
 
 #: The key of the per-sample images (what ``ep_trl.trainers.images`` reads).
 IMAGES_KEY = "images"
 
 
-def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_ids: Sequence[str],
-               end_token_id: int) -> dict[str, list[Any]]:
+def trl_output(
+    episodes: Sequence[Episode], scored: Sequence[Scored], rollout_ids: Sequence[str], end_token_id: int
+) -> dict[str, list[Any]]:
     """The dict for TRL. An episode that failed before the model's first turn has no completion; TRL reads the
     last id of every completion (an empty one crashes ``train()``), so such a row carries one placeholder: the
     end-of-turn token ``end_token_id``, logprob 0.0, ``env_mask`` 0 (no loss, no importance ratio, no entropy),
@@ -27,8 +28,9 @@ def trl_output(episodes: Sequence[Episode], scored: Sequence[Scored], rollout_id
     images = {IMAGES_KEY: [list(t.images) for t in trajectories]} if any(t.images for t in trajectories) else {}
     return {
         "prompt_ids": [list(t.prompt_ids) for t in trajectories],
-        "completion_ids": [[end_token_id] if empty else list(t.completion_ids)
-                           for t, empty in zip(trajectories, placeholder)],
+        "completion_ids": [
+            [end_token_id] if empty else list(t.completion_ids) for t, empty in zip(trajectories, placeholder)
+        ],
         "logprobs": [[0.0] if empty else list(t.logprobs) for t, empty in zip(trajectories, placeholder)],
         "env_mask": [[0] if empty else list(t.env_mask) for t, empty in zip(trajectories, placeholder)],
         "eval_score": [s.score for s in scored],

@@ -14,29 +14,28 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from .. import evalprotocol
-from ..runtime import shutdown
-from . import trl_seam
+from ..compat import refuse_unknown
 from ..engine.caller import GroupNumbers, RolloutCaller
 from ..engine.engine import RolloutEngine, build_engine
-from ..evalprotocol import EvalSpec
 from ..engine.metrics import budget_warning, call_metrics, summary_line
-from ..compat import refuse_unknown
-from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
-from .output import trl_output
-from ..traininglog.writer import RolloutLogWriter
 from ..engine.scoring import Scored, group_indices
-from ..sources import EpisodeSource
 from ..engine.stream import GroupPlan, PlayedEpisode
+from ..evalprotocol import EvalSpec
 from ..openenv.client import EnvFactory
 from ..openenv.servers import Provider
+from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
+from ..runtime import shutdown
+from ..sources import EpisodeSource
+from ..traininglog.writer import RolloutLogWriter
 from ..trajectory.types import Prompt
+from . import trl_seam
+from .output import trl_output
 
 if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
     from trl import GRPOTrainer
 
     from ..engine.call_setup import CallSetup
     from ..sources.episode import Episode
-
     from .sharded import ShardedRolloutFunction
 
 logger = logging.getLogger(__name__)
@@ -59,7 +58,9 @@ class RolloutFunction:
         caller.wait_for_weight_sync()  # multi-process: no request before the main process pushed new weights
         return self.run(prompts, caller)
 
-    def run(self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None = None) -> dict[str, list[Any]]:
+    def run(
+        self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None = None
+    ) -> dict[str, list[Any]]:
         """One rollout call for ``prompts`` from ``caller`` (what ``__call__`` does for the ``GRPOTrainer`` it is
         handed). ``first_group`` is the run-wide number of its first prompt group when another process counts them (a
         shard process's part of one); by default this function counts its own calls."""
@@ -117,8 +118,9 @@ class RolloutFunction:
         released (in a forked child, nothing: all of it is the parent's)."""
         self.engine.close()
 
-    def play(self, prompts: Sequence[Prompt], caller: RolloutCaller,
-             first_group: int | None = None) -> "list[tuple[Episode, Scored]]":
+    def play(
+        self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None = None
+    ) -> "list[tuple[Episode, Scored]]":
         """Play and score ``prompts`` as one rollout call does, and return each episode with the eval's verdict, in
         prompt order, instead of TRL's dict; no metrics are handed to ``caller`` (``ep-trl train --held-out`` plays
         its held-out episodes with it)."""
@@ -128,8 +130,9 @@ class RolloutFunction:
         _, episodes, scored, _ = self.engine.run(self._play(list(prompts), caller, first_group))
         return list(zip(episodes, scored))
 
-    async def _rollout(self, prompts: Sequence[Prompt], caller: RolloutCaller,
-                       first_group: int | None) -> dict[str, list[Any]]:
+    async def _rollout(
+        self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None
+    ) -> dict[str, list[Any]]:
         started = time.perf_counter()
         self.calls += 1
         engine = self.engine
@@ -145,17 +148,27 @@ class RolloutFunction:
         engine.observe_signal(episodes, scored)
         return trl_output(episodes, scored, rollout_ids, setup.limits.stop_token_ids[0])
 
-    async def _play(self, prompts: Sequence[Prompt], caller: RolloutCaller,
-                    first_group: int | None) -> "tuple[CallSetup, list[Episode], list[Scored], list[str]]":
+    async def _play(
+        self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None
+    ) -> "tuple[CallSetup, list[Episode], list[Scored], list[str]]":
         engine = self.engine
         setup = engine.setup(caller)
         engine.check(prompts)
         groups = group_indices(prompts, caller.config.num_generations)
         first = self._group_numbers.first(caller, len(groups)) if first_group is None else first_group
         rollout_ids = [evalprotocol.new_id("rollout") for _ in prompts]
-        plans = iter([GroupPlan(group=first + g, prompt=prompts[members[0]], indices=tuple(members),
-                                rollout_ids=tuple(rollout_ids[i] for i in members), context=setup.context)
-                      for g, members in enumerate(groups)])
+        plans = iter(
+            [
+                GroupPlan(
+                    group=first + g,
+                    prompt=prompts[members[0]],
+                    indices=tuple(members),
+                    rollout_ids=tuple(rollout_ids[i] for i in members),
+                    context=setup.context,
+                )
+                for g, members in enumerate(groups)
+            ]
+        )
         played: dict[int, PlayedEpisode] = {}
         verdicts: dict[int, Scored] = {}
         stream = engine.stream(setup, plans, slots=engine.spec.max_concurrent_rollouts, all_scope="stream")
@@ -191,8 +204,9 @@ def create_openenv_vllm_rollout_func(
     with ``dataset_from_eval(env_path)`` so each prompt finds its eval row again.
 
     Args:
-        env_path: ``"pkg.module::test_name"``, ``"pkg.module"`` (its only eval test) or ``"path/to/eval.py::test_name"``.
-        backend: ``"trainer"`` samples in-process with ``trainer.model``; ``"vllm"`` uses a vLLM server (the trainer's
+        env_path: ``"pkg.module::test_name"``, ``"pkg.module"`` (its only eval test) or
+        ``"path/to/eval.py::test_name"``. backend: ``"trainer"`` samples in-process with ``trainer.model``; ``"vllm"``
+        uses a vLLM server (the trainer's
             when ``GRPOConfig(use_vllm=True, vllm_mode="server")``, else ``vllm_base_url``); ``"auto"`` picks vllm when
             either is available, trainer otherwise.
         vllm_base_url: the root URL of a vLLM server (``http://host:8000``) to generate with when the trainer has
@@ -225,9 +239,18 @@ def create_openenv_vllm_rollout_func(
     check_keywords(backend, vllm_base_url, max_episode_tokens, log_rollouts, overrides, vllm, options)
     vllm, options = vllm or VLLMOptions(), options or RolloutOptions()
     keywords: dict[str, Any] = dict(
-        backend=backend, vllm_base_url=vllm_base_url, env_base_url=env_base_url, env_factory=env_factory,
-        max_concurrent_rollouts=max_concurrent_rollouts, max_episode_tokens=max_episode_tokens,
-        log_rollouts=log_rollouts, provider=provider, overrides=overrides, vllm=vllm, options=options)
+        backend=backend,
+        vllm_base_url=vllm_base_url,
+        env_base_url=env_base_url,
+        env_factory=env_factory,
+        max_concurrent_rollouts=max_concurrent_rollouts,
+        max_episode_tokens=max_episode_tokens,
+        log_rollouts=log_rollouts,
+        provider=provider,
+        overrides=overrides,
+        vllm=vllm,
+        options=options,
+    )
     trl_seam.check_version()
     evalprotocol.check_version()
     if options.worker_processes > 1:

@@ -39,14 +39,14 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, runtime_checkable
 
-from ..runtime import shutdown
-from . import trl_seam
 from ..engine.caller import DetachedCaller, GroupNumbers, RolloutCaller, TrainingConfig
 from ..errors import ConfigError
 from ..evalprotocol.resolve import resolve_eval_test
 from ..evalprotocol.spec import read_eval_spec
 from ..options import RolloutOptions
+from ..runtime import shutdown
 from ..trajectory.types import Prompt, Settings
+from . import trl_seam
 
 if TYPE_CHECKING:  # named for the checker only
     from multiprocessing.connection import Connection
@@ -63,12 +63,14 @@ class ShardRollout(Protocol):
     """What a shard process calls on the rollout function it built (``adapters.rollout_func.RolloutFunction``, named
     here by its methods: that module builds this one's)."""
 
-    def run(self, prompts: Sequence[Prompt], caller: RolloutCaller,
-            first_group: int | None = None) -> dict[str, list[Any]]: ...
+    def run(
+        self, prompts: Sequence[Prompt], caller: RolloutCaller, first_group: int | None = None
+    ) -> dict[str, list[Any]]: ...
 
     def flush_logs(self) -> None: ...
 
     def close(self) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -118,17 +120,22 @@ def join_metrics(metrics: Sequence[Mapping[str, float]], episodes: Sequence[int]
     return joined
 
 
-def sharded_rollout_func(env_path: str, processes: int, build: Build,
-                         kwargs: dict[str, Any]) -> "ShardedRolloutFunction":
+def sharded_rollout_func(
+    env_path: str, processes: int, build: Build, kwargs: dict[str, Any]
+) -> "ShardedRolloutFunction":
     """The rollout function of ``RolloutOptions(worker_processes=N)``: ``build(env_path, **kwargs)`` (the factory)
     run in each of ``processes`` processes."""
     spec = read_eval_spec(resolve_eval_test(env_path))
     if spec.mode == "all":
-        raise ConfigError(f"{spec.qualified_name} scores the whole batch at once (mode='all'), which shard processes "
-                          "would split: use RolloutOptions(worker_processes=1).")
+        raise ConfigError(
+            f"{spec.qualified_name} scores the whole batch at once (mode='all'), which shard processes "
+            "would split: use RolloutOptions(worker_processes=1)."
+        )
     if kwargs["backend"] == "trainer":
-        raise ConfigError("RolloutOptions(worker_processes>1) generates on a vLLM server; backend='trainer' samples "
-                          "with the trainer's model in its own process.")
+        raise ConfigError(
+            "RolloutOptions(worker_processes>1) generates on a vLLM server; backend='trainer' samples "
+            "with the trainer's model in its own process."
+        )
     return ShardedRolloutFunction(env_path, kwargs, processes, f"ep_trl_rollout[{spec.qualified_name}]", build=build)
 
 
@@ -137,14 +144,15 @@ class ShardedRolloutFunction:
     builds its rollout function with ``build(env_path, **factory_kwargs)`` (the factory, a module-level function:
     it reaches the shard process by name)."""
 
-    def __init__(self, env_path: str, factory_kwargs: Settings, processes: int, name: str,
-                 build: Build) -> None:
+    def __init__(self, env_path: str, factory_kwargs: Settings, processes: int, name: str, build: Build) -> None:
         try:
             pickle.dumps(dict(factory_kwargs))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"RolloutOptions(worker_processes={processes}): every argument of the factory must reach "
-                              f"the shard processes, and one cannot be pickled ({exc}); pass env_factory and "
-                              "provider as module-level names, or use worker_processes=1.") from exc
+            raise ConfigError(
+                f"RolloutOptions(worker_processes={processes}): every argument of the factory must reach "
+                f"the shard processes, and one cannot be pickled ({exc}); pass env_factory and "
+                "provider as module-level names, or use worker_processes=1."
+            ) from exc
         self.__name__ = name
         self._vllm_base_url = factory_kwargs.get("vllm_base_url")
         self._sent: TrainingConfig | None = None  # the configuration the shard processes hold
@@ -157,8 +165,12 @@ class ShardedRolloutFunction:
         self._shards = []
         for k in range(processes):
             mine, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, build, env_path, dict(factory_kwargs), os.getpid()),
-                                      name=f"ep-trl-shard-{k}", daemon=True)
+            process = context.Process(
+                target=_serve,
+                args=(theirs, build, env_path, dict(factory_kwargs), os.getpid()),
+                name=f"ep-trl-shard-{k}",
+                daemon=True,
+            )
             process.start()
             theirs.close()
             self._shards.append((process, mine))
@@ -179,9 +191,11 @@ class ShardedRolloutFunction:
         self.calls += 1
         server = caller.synced_server()  # the trainer's own server, kept on its weights; else vllm_base_url's
         if server is None and self._vllm_base_url is None:
-            raise ConfigError("RolloutOptions(worker_processes>1) plays episodes in other processes, which generate "
-                              "on a vLLM server: pass vllm_base_url=... or train with GRPOConfig(use_vllm=True, "
-                              "vllm_mode='server').")
+            raise ConfigError(
+                "RolloutOptions(worker_processes>1) plays episodes in other processes, which generate "
+                "on a vLLM server: pass vllm_base_url=... or train with GRPOConfig(use_vllm=True, "
+                "vllm_mode='server')."
+            )
         size = caller.config.num_generations
         groups = -(-len(prompts) // size)
         bounds = shard_bounds(groups, size, len(prompts), len(self._shards))
@@ -190,8 +204,9 @@ class ShardedRolloutFunction:
         unsent = set()
         for k, ((start, end), (_, pipe)) in enumerate(zip(bounds, self._shards)):
             try:
-                pipe.send((list(prompts[start:end]), config, caller.step, server, caller.model_name,
-                           first + start // size))
+                pipe.send(
+                    (list(prompts[start:end]), config, caller.step, server, caller.model_name, first + start // size)
+                )
                 self._in_call.add(k)
             except (BrokenPipeError, ConnectionResetError):  # the shard process is gone: said below
                 unsent.add(k)
@@ -207,8 +222,12 @@ class ShardedRolloutFunction:
                 self._in_call.discard(k)
                 self._sent = None
                 process.join(1)
-                errors.append(RuntimeError(f"ep_trl shard process {process.name} (pid {process.pid}) ended during a "
-                                           f"rollout call (exit code {process.exitcode})"))
+                errors.append(
+                    RuntimeError(
+                        f"ep_trl shard process {process.name} (pid {process.pid}) ended during a "
+                        f"rollout call (exit code {process.exitcode})"
+                    )
+                )
                 continue
             if status == "ok":
                 outputs.append(value)
@@ -223,15 +242,19 @@ class ShardedRolloutFunction:
 
     def _refuse_unusable(self) -> None:
         """A call in a forked child (the shard processes' pipes are its parent's) or after ``close()`` (no shard process
-        left) is refused here, not answered with an output TRL would fail on far from the cause. (Once ep_trl has closed for
-        the process's exit, ``raise_if_terminating`` refused it before, with ``ProcessExitingError``.)"""
+        left) is refused here, not answered with an output TRL would fail on far from the cause. (Once ep_trl has closed
+        for the process's exit, ``raise_if_terminating`` refused it before, with ``ProcessExitingError``.)"""
         if os.getpid() != self._owner:
-            raise RuntimeError(f"{self.__name__}'s shard processes belong to process {self._owner}; this process "
-                               f"({os.getpid()}) was forked from it and cannot use them. Make a rollout function in "
-                               "this process instead.")
+            raise RuntimeError(
+                f"{self.__name__}'s shard processes belong to process {self._owner}; this process "
+                f"({os.getpid()}) was forked from it and cannot use them. Make a rollout function in "
+                "this process instead."
+            )
         if self._closed:
-            raise RuntimeError(f"{self.__name__} was closed (close()): its shard processes have ended. Make a new "
-                               "rollout function to play more episodes.")
+            raise RuntimeError(
+                f"{self.__name__} was closed (close()): its shard processes have ended. Make a new "
+                "rollout function to play more episodes."
+            )
 
     def flush_logs(self) -> None:
         """Rows are written by each shard process before it answers a call (its log writer is flushed)."""
@@ -309,8 +332,7 @@ def _disown_parents_shards() -> None:
 os.register_at_fork(after_in_child=_disown_parents_shards)
 
 
-def _serve(pipe: "Connection", build: Build, env_path: str, factory_kwargs: dict[str, Any],
-           parent: int) -> NoReturn:
+def _serve(pipe: "Connection", build: Build, env_path: str, factory_kwargs: dict[str, Any], parent: int) -> NoReturn:
     """A shard process: :func:`_play`, then its exit handlers and ``os._exit``. Its rollout function is closed by then
     (servers, sessions, log rows), and the interpreter's teardown (seconds for a process that loaded torch, several
     times that on a loaded machine) would only hold up the trainer's ``close()``, which waits for the shard to end."""
@@ -338,8 +360,7 @@ def _exit(status: int) -> NoReturn:
         os._exit(status)
 
 
-def _play(pipe: "Connection", build: Build, env_path: str, factory_kwargs: dict[str, Any],
-          parent: int) -> None:
+def _play(pipe: "Connection", build: Build, env_path: str, factory_kwargs: dict[str, Any], parent: int) -> None:
     """One rollout function, one call at a time from the pipe, until ``None``, the pipe's end or a SIGTERM."""
     threading.Thread(target=_end_with_parent, args=(parent,), name="ep-trl-parent-watch", daemon=True).start()
     options = factory_kwargs.pop("options", None) or RolloutOptions()

@@ -33,10 +33,15 @@ def check_version() -> Version:
 #: reaches for. Such a path refuses any other TRL when it is built; ``GRPOTrainer(rollout_func=...)`` is TRL's
 #: stable API and accepts ep_trl's whole declared range (``pyproject.toml``).
 TESTED_TRL: dict[str, tuple[str, str]] = {
-    "async": (">=1.16,<1.17", "it imports trl.experimental.async_grpo's internals (RolloutSample, packing, the trainer "
-                              "module), which TRL 1.18 removed when it made AsyncGRPOTrainer stable"),
-    "cpu-trainers": (">=1.16,<1.17", "it replaces GRPOTrainer's weight sync to vLLM (trl.generation.vllm_generation "
-                                     "internals)"),
+    "async": (
+        ">=1.16,<1.17",
+        "it imports trl.experimental.async_grpo's internals (RolloutSample, packing, the trainer "
+        "module), which TRL 1.18 removed when it made AsyncGRPOTrainer stable",
+    ),
+    "cpu-trainers": (
+        ">=1.16,<1.17",
+        "it replaces GRPOTrainer's weight sync to vLLM (trl.generation.vllm_generation internals)",
+    ),
     "images": (">=1.16,<1.17", "it overrides GRPOTrainer's internal generation and forward-pass inputs"),
 }
 
@@ -48,9 +53,11 @@ def require_tested(path: str, who: str) -> Version:
     version = installed_version("trl")
     if version not in SpecifierSet(specifier):
         raise VersionError(
-            f"{who} is tested with TRL {show(SpecifierSet(specifier))} only, and TRL {version} is installed: {reaches}. "
+            f"{who} is tested with TRL {show(SpecifierSet(specifier))} only, and TRL {version} is installed: "
+            f"{reaches}. "
             f"Install the tested TRL with pip install 'trl{show(SpecifierSet(specifier))}'; "
-            f"GRPOTrainer(rollout_func=ep_trl.create_rollout_func(...)) works with TRL {show(supported_range('trl'))}.")
+            f"GRPOTrainer(rollout_func=ep_trl.create_rollout_func(...)) works with TRL {show(supported_range('trl'))}."
+        )
     return version
 
 
@@ -149,12 +156,15 @@ class GRPOTrainerCaller:
         client = getattr(getattr(self.trainer, "vllm_generation", None), "vllm_client", None)
         url = getattr(client, "base_url", None)
         if client is not None and url is None:
-            raise VersionError("trainer.vllm_generation.vllm_client has no base_url in this TRL version; pass "
-                               "vllm_base_url=... explicitly.")
+            raise VersionError(
+                "trainer.vllm_generation.vllm_client has no base_url in this TRL version; pass "
+                "vllm_base_url=... explicitly."
+            )
         if url is None:
             args = self.trainer.args
             url = getattr(args, "vllm_server_base_url", None) or (
-                f"http://{getattr(args, 'vllm_server_host', '127.0.0.1')}:{getattr(args, 'vllm_server_port', 8000)}")
+                f"http://{getattr(args, 'vllm_server_host', '127.0.0.1')}:{getattr(args, 'vllm_server_port', 8000)}"
+            )
         model = getattr(client, "model", None)
         return SyncedServer(str(url).rstrip("/"), str(model) if model else None)
 
@@ -170,6 +180,8 @@ class GRPOTrainerCaller:
 def caller_of(args: tuple["GRPOTrainer", ...]) -> GRPOTrainerCaller:
     """The caller of ``rollout_func(prompts, trainer)``, from the arguments after ``prompts``."""
     if len(args) != 1:
-        raise TypeError(f"rollout_func expected (prompts, trainer), got {1 + len(args)} arguments; ep_trl supports "
-                        "the TRL versions that call it so (pip install -e . pins them)")
+        raise TypeError(
+            f"rollout_func expected (prompts, trainer), got {1 + len(args)} arguments; ep_trl supports "
+            "the TRL versions that call it so (pip install -e . pins them)"
+        )
     return GRPOTrainerCaller(args[0])

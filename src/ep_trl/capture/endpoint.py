@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, UnsupportedEvalError
 from ..sources.episode import EpisodeFailure
-from .placement import RolloutCapture, TurnRequest
 from ..trajectory.types import JSONObject
+from .placement import RolloutCapture, TurnRequest
 
 if TYPE_CHECKING:  # aiohttp is imported when the endpoint starts, not with ep_trl
     from aiohttp import web
@@ -72,9 +72,18 @@ MAX_NAME_CHARS = 200
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 #: Fields the endpoint does not use (sampling comes from the GRPOConfig) but still checks, and their types.
-_CHECKED = {"temperature": (int, float), "top_p": (int, float), "frequency_penalty": (int, float),
-            "presence_penalty": (int, float), "seed": (int,), "user": (str,), "logprobs": (bool,),
-            "top_logprobs": (int,), "parallel_tool_calls": (bool,), "tool_choice": (str, Mapping)}
+_CHECKED = {
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "frequency_penalty": (int, float),
+    "presence_penalty": (int, float),
+    "seed": (int,),
+    "user": (str,),
+    "logprobs": (bool,),
+    "top_logprobs": (int,),
+    "parallel_tool_calls": (bool,),
+    "tool_choice": (str, Mapping),
+}
 
 
 class BadRequest(ValueError):
@@ -148,8 +157,14 @@ class CaptureEndpoint:
 
         if not self._authorized(request):
             return _error(401, "send the key ep_trl gave the processor (Authorization: Bearer <api_key>)")
-        return web.json_response({"object": "list", "data": [  # rollouts are never listed
-            {"id": MODEL_PREFIX.rstrip("/"), "object": "model", "owned_by": "ep_trl"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [  # rollouts are never listed
+                    {"id": MODEL_PREFIX.rstrip("/"), "object": "model", "owned_by": "ep_trl"}
+                ],
+            }
+        )
 
     async def _chat(self, request: web.Request) -> web.Response:
         from aiohttp import web
@@ -166,20 +181,26 @@ class CaptureEndpoint:
         if not isinstance(model, str):
             return _error(400, "model must be a string")
         name = model.split("/", 1)[1] if model.startswith("hosted_vllm/") else model  # as plain OpenAI clients send it
-        capture = self._captures.get(name[len(MODEL_PREFIX):]) if name.startswith(MODEL_PREFIX) else None
+        capture = self._captures.get(name[len(MODEL_PREFIX) :]) if name.startswith(MODEL_PREFIX) else None
         if not self._authorized(request):
             if capture is not None:
                 capture.unauthorized += 1  # its name was known, its key was not: the processor drops api_key
-            return _error(401, "send the key ep_trl gave the processor: completion_params['api_key'] (LiteLLM sends "
-                               "it, or HOSTED_VLLM_API_KEY, as Authorization: Bearer)")
+            return _error(
+                401,
+                "send the key ep_trl gave the processor: completion_params['api_key'] (LiteLLM sends "
+                "it, or HOSTED_VLLM_API_KEY, as Authorization: Bearer)",
+            )
         if capture is None and self._serve_any is not None:
             capture = self._serve_any(model)
         if capture is None:
             if len(self.unknown_models) < MAX_UNKNOWN_MODELS:
                 self.unknown_models.append(model[:MAX_NAME_CHARS])
-            return _error(404, f"model {model[:MAX_NAME_CHARS]!r} is not a rollout ep_trl is capturing: ep_trl gives "
-                               f"each row the model 'hosted_vllm/{MODEL_PREFIX}<token>' in its completion_params; the "
-                               "processor must call the model the row names")
+            return _error(
+                404,
+                f"model {model[:MAX_NAME_CHARS]!r} is not a rollout ep_trl is capturing: ep_trl gives "
+                f"each row the model 'hosted_vllm/{MODEL_PREFIX}<token>' in its completion_params; the "
+                "processor must call the model the row names",
+            )
         refused = [reason for key, reason in _REFUSED.items() if _asks(body, key)]
         if refused:
             return _error(400, "; ".join(refused))
@@ -195,15 +216,20 @@ class CaptureEndpoint:
             return _error(400, f"ep_trl cannot serve this eval as configured: {exc}", kind="invalid_request_error")
         except Exception as exc:  # kept by the capture and raised by the rollout once the processor returns
             return _error(500, f"ep_trl could not serve this call: {type(exc).__name__}: {exc}")
-        return web.json_response({
-            "id": f"chatcmpl-{capture.calls}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "message": reply.message, "finish_reason": reply.finish_reason}],
-            "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.completion_ids),
-                      "total_tokens": reply.prompt_tokens + len(reply.completion_ids)},
-        })
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{capture.calls}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": reply.message, "finish_reason": reply.finish_reason}],
+                "usage": {
+                    "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": len(reply.completion_ids),
+                    "total_tokens": reply.prompt_tokens + len(reply.completion_ids),
+                },
+            }
+        )
 
 
 def turn_request(body: JSONObject) -> TurnRequest:
@@ -227,17 +253,23 @@ def turn_request(body: JSONObject) -> TurnRequest:
         value = body.get(key)
         if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             raise BadRequest(f"{key} has the wrong type ({type(value).__name__})")
-    return TurnRequest(messages=tuple(messages), tools=tuple(tools) if tools else None, max_tokens=max_tokens,
-                       stop=tuple(stops or ()))
+    return TurnRequest(
+        messages=tuple(messages), tools=tuple(tools) if tools else None, max_tokens=max_tokens, stop=tuple(stops or ())
+    )
 
 
 def _check_message(k: int, message: object) -> None:
     if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
         raise BadRequest(f"messages[{k}] must be an object whose role is one of {sorted(_ROLES)}")
     content = message.get("content")
-    if content is not None and not isinstance(content, str) and not (
-            isinstance(content, list) and all(isinstance(p, Mapping) and isinstance(p.get("type"), str)
-                                              for p in content)):
+    if (
+        content is not None
+        and not isinstance(content, str)
+        and not (
+            isinstance(content, list)
+            and all(isinstance(p, Mapping) and isinstance(p.get("type"), str) for p in content)
+        )
+    ):
         raise BadRequest(f"messages[{k}].content must be a string, null or a list of content parts")
     calls = message.get("tool_calls")
     if calls is not None and (not isinstance(calls, list) or not all(_is_call(c) for c in calls)):
@@ -249,8 +281,11 @@ def _check_message(k: int, message: object) -> None:
 
 def _is_call(call: object) -> bool:
     function = call.get("function") if isinstance(call, Mapping) else None
-    return (isinstance(function, Mapping) and isinstance(function.get("name"), str)
-            and isinstance(function.get("arguments", "{}"), str | Mapping))
+    return (
+        isinstance(function, Mapping)
+        and isinstance(function.get("name"), str)
+        and isinstance(function.get("arguments", "{}"), str | Mapping)
+    )
 
 
 def _is_tool(tool: object) -> bool:

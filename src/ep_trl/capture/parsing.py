@@ -33,8 +33,9 @@ class ToolCallParser:
 
         self._tokenizer = copy.copy(tokenizer)
         self._unsupported_reason = ""
-        self.supported = any(getattr(tokenizer, name, None) is not None
-                             for name in ("response_template", "response_schema"))
+        self.supported = any(
+            getattr(tokenizer, name, None) is not None for name in ("response_template", "response_schema")
+        )
         if not self.supported:
             try:
                 add_response_schema(self._tokenizer)
@@ -52,21 +53,26 @@ class ToolCallParser:
         if tools and not self.supported:
             raise ConfigError(
                 "The eval offers the model tools, but TRL knows no tool-call format for the trainer's chat template "
-                f"({self._unsupported_reason}). {TOOL_TEMPLATE_FIX}")
+                f"({self._unsupported_reason}). {TOOL_TEMPLATE_FIX}"
+            )
 
-    def __call__(self, ids: Sequence[int], prefix: Sequence[int],
-                 tools: Tools | None) -> Message:
+    def __call__(self, ids: Sequence[int], prefix: Sequence[int], tools: Tools | None) -> Message:
         """``{"role": "assistant", "content": ..., "tool_calls": [...]}``; arguments as objects."""
         from trl.chat_template_utils import parse_response
 
-        return parse_response(self._tokenizer, list(ids), prefix=list(prefix), tools=[dict(tool) for tool in tools] if tools else None)
+        return parse_response(
+            self._tokenizer, list(ids), prefix=list(prefix), tools=[dict(tool) for tool in tools] if tools else None
+        )
 
 
 #: How to give a model a tool-call format, named wherever its absence is refused.
-TOOL_TEMPLATE_FIX = ("Give the model a chat template with a tool-call format TRL knows: `ep-trl train --chat-template "
-                     "qwen2_5` (TRL's Qwen 2.5 template: ChatML, tool calls in <tool_call> blocks), or in Python "
-                     "ep_trl.capture.parsing.use_chat_template(tokenizer, 'qwen2_5') on the trainer's processing "
-                     "class; or use a model whose own template has one (Qwen, Llama 3.1, GLM, gpt-oss, Gemma 4).")
+TOOL_TEMPLATE_FIX = (
+    "Give the model a chat template with a tool-call format TRL knows: `ep-trl train --chat-template "
+    "qwen2_5` (TRL's Qwen 2.5 template: ChatML, tool calls in <tool_call> blocks), or in Python "
+    "ep_trl.capture.parsing.use_chat_template(tokenizer, 'qwen2_5') on the trainer's processing "
+    "class; or use a model whose own template has one (Qwen, Llama 3.1, GLM, gpt-oss, Gemma 4)."
+)
+
 
 def trl_chat_templates_dir() -> Path:
     """Where the installed TRL keeps the chat templates it ships (``NAME.jinja``)."""
@@ -95,13 +101,17 @@ def load_chat_template(name_or_path: str) -> ChosenTemplate:
     path = Path(name_or_path).expanduser()
     if name_or_path.endswith(".jinja") or path.is_file():
         if not path.is_file():
-            raise ConfigError(f"chat template {name_or_path!r}: no such file. Give a .jinja file, or one of the "
-                              f"templates TRL ships: {', '.join(shipped_chat_templates())}")
+            raise ConfigError(
+                f"chat template {name_or_path!r}: no such file. Give a .jinja file, or one of the "
+                f"templates TRL ships: {', '.join(shipped_chat_templates())}"
+            )
         return ChosenTemplate(name_or_path, path.resolve(), path.read_text(encoding="utf-8"))
     shipped = trl_chat_templates_dir() / f"{name_or_path}.jinja"
     if "/" in name_or_path or not shipped.is_file():
-        raise ConfigError(f"chat template {name_or_path!r} is neither a .jinja file nor a template TRL ships; TRL "
-                          f"ships: {', '.join(shipped_chat_templates())}")
+        raise ConfigError(
+            f"chat template {name_or_path!r} is neither a .jinja file nor a template TRL ships; TRL "
+            f"ships: {', '.join(shipped_chat_templates())}"
+        )
     return ChosenTemplate(name_or_path, shipped, shipped.read_text(encoding="utf-8"))
 
 
@@ -117,8 +127,9 @@ def template_special_tokens(text: str) -> list[str]:
 
 def missing_special_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
     """The control tokens of the template ``text`` that ``tokenizer`` does not encode as one token."""
-    return [token for token in template_special_tokens(text)
-            if len(tokenizer.encode(token, add_special_tokens=False)) != 1]
+    return [
+        token for token in template_special_tokens(text) if len(tokenizer.encode(token, add_special_tokens=False)) != 1
+    ]
 
 
 def use_chat_template(processing_class: ProcessingClass, name_or_path: str | ChosenTemplate) -> ChosenTemplate:
@@ -136,7 +147,8 @@ def use_chat_template(processing_class: ProcessingClass, name_or_path: str | Cho
             f"special tokens (its own template uses: {have or 'none of that form'}): the model would read them as "
             "plain text it never learned. Choose a template written with this tokenizer's special tokens (for a "
             "ChatML model, with <|im_start|> and <|im_end|>: qwen2_5), or add the tokens and train the model on them "
-            "first.")
+            "first."
+        )
     processing_class.chat_template = chosen.text
     if tokenizer is not processing_class:
         tokenizer.chat_template = chosen.text

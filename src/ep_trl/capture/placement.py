@@ -22,13 +22,13 @@ import json
 import logging
 from dataclasses import dataclass, field, replace
 
-from ..sources.episode import EpisodeFailure, ModelTurn, StopReason, check_first_prompt
 from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
+from ..sources.episode import EpisodeFailure, ModelTurn, StopReason, check_first_prompt
 from ..trajectory.tokens import ChatTemplate, EpisodeImages, Trajectory, TrajectoryBuilder, TurnLimits
+from ..trajectory.types import Message, MessagesView, MessageView, Tool
 from .parsing import ToolCallParser
 from .wire import Canonical, canonical, reply_message, template_form, tool_names
-from ..trajectory.types import Message, MessageView, MessagesView, Tool
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,15 @@ class _Segment:
 class RolloutCapture:
     """The model calls of one rollout. Calls are taken one at a time (a rollout's turns are sequential)."""
 
-    def __init__(self, token: str, label: str, limits: TurnLimits, template: ChatTemplate, generator: Generator,
-                 parser: ToolCallParser) -> None:
+    def __init__(
+        self,
+        token: str,
+        label: str,
+        limits: TurnLimits,
+        template: ChatTemplate,
+        generator: Generator,
+        parser: ToolCallParser,
+    ) -> None:
         self.token = token
         self.label = label
         self._limits = limits
@@ -128,8 +135,11 @@ class RolloutCapture:
             return self._spent()
         prompt_ids = segment.builder.held_ids()
         self.prompt_tokens += len(prompt_ids)
-        params = replace(self._limits.sampling, max_tokens=segment.builder.turn_budget(self._limits, request.max_tokens),
-                         stop=request.stop or self._limits.sampling.stop)
+        params = replace(
+            self._limits.sampling,
+            max_tokens=segment.builder.turn_budget(self._limits, request.max_tokens),
+            stop=request.stop or self._limits.sampling.stop,
+        )
         try:
             sampled = await self._generator.generate(prompt_ids, params, segment.builder.held_images())
         except (ConfigError, UnsupportedEvalError):
@@ -158,8 +168,9 @@ class RolloutCapture:
         current = self._segments[-1] if self._segments else None
         if current is not None and _extends(current, sent, tools_key):
             assert current.last is not None
-            bridge, realigned = self._template.bridge(messages, current.builder.held(), current.last,
-                                                      self._limits.stop_token_ids, tools, self._images)
+            bridge, realigned = self._template.bridge(
+                messages, current.builder.held(), current.last, self._limits.stop_token_ids, tools, self._images
+            )
             if not current.builder.fits(len(bridge.ids) + 1, self._limits):
                 self.budget_blocked_tokens = len(bridge.ids)
                 self.stop_reason = "token_budget"
@@ -170,9 +181,13 @@ class RolloutCapture:
             return current
         if current is not None:
             self.forks += 1
-            logger.warning("%s: call %d does not continue the conversation the rollout holds (%s); its tokens start a "
-                           "new segment and the earlier one is not trained on (docs/processors.md, forks)",
-                           self.label, self.calls, _why_not(current, sent, tools_key))
+            logger.warning(
+                "%s: call %d does not continue the conversation the rollout holds (%s); its tokens start a "
+                "new segment and the earlier one is not trained on (docs/processors.md, forks)",
+                self.label,
+                self.calls,
+                _why_not(current, sent, tools_key),
+            )
         prompt = self._template.prompt(messages, tools, self._images)
         check_first_prompt(len(prompt.ids), self._limits, "shorten the eval's messages")
         segment = _Segment(TrajectoryBuilder.start(prompt), tools_key, sent)
@@ -186,8 +201,13 @@ class RolloutCapture:
 def _extends(segment: _Segment, sent: list[Canonical], tools_key: str) -> bool:
     """Whether the call's messages repeat the segment's and add only messages the model does not write."""
     n = len(segment.transcript)
-    return (segment.last is not None and tools_key == segment.tools_key and len(sent) > n
-            and sent[:n] == segment.transcript and all(role != "assistant" for role, _, _ in sent[n:]))
+    return (
+        segment.last is not None
+        and tools_key == segment.tools_key
+        and len(sent) > n
+        and sent[:n] == segment.transcript
+        and all(role != "assistant" for role, _, _ in sent[n:])
+    )
 
 
 def _why_not(segment: _Segment, sent: list[Canonical], tools_key: str) -> str:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 
 from ..trajectory.content import content_text
-from ..trajectory.types import Message, MessageView, Messages, MessagesView, Tools
+from ..trajectory.types import Message, Messages, MessagesView, MessageView, Tools
 
 #: Message keys a chat template may read; others (litellm's ``function_call: None``, eval-protocol's fields) go.
 _TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -42,8 +42,10 @@ def _calls(message: MessageView) -> list[MessageView]:
 def canonical(message: MessageView) -> Canonical:
     """What two messages must share to be the same turn of a conversation."""
     calls = tuple(
-        (str((c.get("function") or {}).get("name")),
-         json.dumps(_arguments((c.get("function") or {}).get("arguments")), sort_keys=True))
+        (
+            str((c.get("function") or {}).get("name")),
+            json.dumps(_arguments((c.get("function") or {}).get("arguments")), sort_keys=True),
+        )
         for c in _calls(message)
     )
     return str(message.get("role")), content_text(message.get("content")), calls
@@ -58,9 +60,14 @@ def template_form(messages: MessagesView) -> Messages:
             kept["content"] = ""
         if "tool_calls" in kept:
             kept["tool_calls"] = [
-                {"id": c.get("id"), "type": c.get("type", "function"),
-                 "function": {"name": (c.get("function") or {}).get("name"),
-                              "arguments": _arguments((c.get("function") or {}).get("arguments"))}}
+                {
+                    "id": c.get("id"),
+                    "type": c.get("type", "function"),
+                    "function": {
+                        "name": (c.get("function") or {}).get("name"),
+                        "arguments": _arguments((c.get("function") or {}).get("arguments")),
+                    },
+                }
                 for c in _calls(message)
             ]
         out.append(kept)
@@ -80,16 +87,25 @@ def tool_names(tools: Tools | None) -> set[str]:
 def reply_message(parsed: MessageView, text: str, offered: set[str], call_id_prefix: str) -> Message:
     """The assistant message to return: the parsed tool calls that name an offered tool (arguments as the wire's
     JSON string), else the sampled ``text`` as content (a call to a tool that was not offered is text)."""
-    calls = [c for c in parsed.get("tool_calls") or []
-             if isinstance(c, Mapping) and (c.get("function") or {}).get("name") in offered]
+    calls = [
+        c
+        for c in parsed.get("tool_calls") or []
+        if isinstance(c, Mapping) and (c.get("function") or {}).get("name") in offered
+    ]
     if not calls:
         return {"role": "assistant", "content": text}
     return {
         "role": "assistant",
         "content": content_text(parsed.get("content")) or None,
         "tool_calls": [
-            {"id": f"{call_id_prefix}-{k}", "type": "function",
-             "function": {"name": c["function"]["name"], "arguments": _wire_arguments(c["function"].get("arguments"))}}
+            {
+                "id": f"{call_id_prefix}-{k}",
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": _wire_arguments(c["function"].get("arguments")),
+                },
+            }
             for k, c in enumerate(calls)
         ],
     }

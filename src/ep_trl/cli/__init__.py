@@ -17,8 +17,10 @@ the same command, docs/cli.md).
 import sys
 from collections.abc import Sequence
 
-COMMANDS = {"train": "GRPO on an eval-protocol eval: ep-trl train ENV_PATH --model MODEL [flags] (--help lists them)",
-            "serve": "serve a local model behind the endpoint training uses: ep-trl serve MODEL_DIR [--port P]"}
+COMMANDS = {
+    "train": "GRPO on an eval-protocol eval: ep-trl train ENV_PATH --model MODEL [flags] (--help lists them)",
+    "serve": "serve a local model behind the endpoint training uses: ep-trl serve MODEL_DIR [--port P]",
+}
 USAGE = "usage: ep-trl {train,serve} ...\n\n" + "\n".join(f"  {name:6} {what}" for name, what in COMMANDS.items())
 
 

@@ -74,8 +74,10 @@ class SeedSplit:
     def held_out_seed(self, group: int) -> int:
         """Held-out episode ``group``'s seed (held-out play numbers its episodes' groups from 0)."""
         if not 0 <= group < len(self.held_out):
-            raise ValueError(f"held-out episode {group}: the split holds out {len(self.held_out)} seeds; play one "
-                             "episode per held-out seed")
+            raise ValueError(
+                f"held-out episode {group}: the split holds out {len(self.held_out)} seeds; play one "
+                "episode per held-out seed"
+            )
         return self.held_out[group]
 
     def probe_seed(self) -> int:
@@ -100,11 +102,13 @@ class ResetVariants:
         name = name.strip()
         values = tuple(v.strip() for v in listed.split(",") if v.strip())
         if not sep or not name.isidentifier() or not values:
-            raise ValueError(f"{text!r} is not NAME=V1,V2,...: name the reset keyword and its values, e.g. "
-                             "wording=is-open,locked")
+            raise ValueError(
+                f"{text!r} is not NAME=V1,V2,...: name the reset keyword and its values, e.g. wording=is-open,locked"
+            )
         if name == "seed":
-            raise ValueError("the reset seed is the held-out instance itself (--held-out N draws them); name another "
-                             "reset keyword")
+            raise ValueError(
+                "the reset seed is the held-out instance itself (--held-out N draws them); name another reset keyword"
+            )
         repeated = sorted({v for v in values if values.count(v) > 1})
         if repeated:
             raise ValueError(f"{repeated} are given more than once: give each value once")
@@ -121,8 +125,10 @@ class ResetVariants:
     def kwargs(self, group: int) -> dict[str, object]:
         """Held-out episode ``group``'s reset keyword (``EvalOverrides.reset_kwargs``)."""
         if not 0 <= group < self.episodes:
-            raise ValueError(f"held-out episode {group}: {self.instances} instances under {len(self.values)} values "
-                             f"of {self.name} are {self.episodes} episodes")
+            raise ValueError(
+                f"held-out episode {group}: {self.instances} instances under {len(self.values)} values "
+                f"of {self.name} are {self.episodes} episodes"
+            )
         return {self.name: self.values[group // self.instances]}
 
 
@@ -147,10 +153,21 @@ class HeldOutPlay:
     environment honours seeds, :meth:`variant_problem` that its reset takes each value; :meth:`play` plays them for a
     trainer."""
 
-    def __init__(self, env_path: str, prompts: Sequence[Prompt], *, openenv: bool, count: int, seed: int,
-                 overrides: EvalOverrides, options: RolloutOptions, vllm: VLLMOptions,
-                 max_concurrent_rollouts: int | None,
-                 tasks: tuple[Sequence[str], Sequence[str]] = ((), ()), variants: ResetVariants | None = None) -> None:
+    def __init__(
+        self,
+        env_path: str,
+        prompts: Sequence[Prompt],
+        *,
+        openenv: bool,
+        count: int,
+        seed: int,
+        overrides: EvalOverrides,
+        options: RolloutOptions,
+        vllm: VLLMOptions,
+        max_concurrent_rollouts: int | None,
+        tasks: tuple[Sequence[str], Sequence[str]] = ((), ()),
+        variants: ResetVariants | None = None,
+    ) -> None:
         from .. import create_rollout_func
         from ..adapters.rollout_func import RolloutFunction
 
@@ -163,15 +180,22 @@ class HeldOutPlay:
         episodes = variants.episodes if variants is not None else count
         self.prompts = [prompts[i % len(prompts)] for i in range(episodes)] if openenv else list(prompts)
         if self.split is not None:
-            held = replace(overrides, reset_seed=(self.split.held_out_seed if variants is None
-                                                  else _VariedSeeds(self.split, variants)))
+            held = replace(
+                overrides,
+                reset_seed=(self.split.held_out_seed if variants is None else _VariedSeeds(self.split, variants)),
+            )
         else:
             held = replace(overrides, tasks=self.tasks) if self.tasks else overrides
         if variants is not None:
             held = replace(held, reset_kwargs=variants.kwargs)
-        rollout = create_rollout_func(env_path, log_rollouts=False, overrides=held, vllm=vllm,
-                                      options=replace(options, worker_processes=1),
-                                      max_concurrent_rollouts=max_concurrent_rollouts)
+        rollout = create_rollout_func(
+            env_path,
+            log_rollouts=False,
+            overrides=held,
+            vllm=vllm,
+            options=replace(options, worker_processes=1),
+            max_concurrent_rollouts=max_concurrent_rollouts,
+        )
         assert isinstance(rollout, RolloutFunction), "one worker process: the rollout function is not sharded"
         self.rollout = rollout
 
@@ -198,17 +222,24 @@ class HeldOutPlay:
         try:
             first, again = (self.rollout.engine.run(source.first_observation(probe, task)) for _ in range(2))
         except Exception as error:  # the environment's reset refused the seed: the refusal says how
-            return (f"its environment's reset(seed={probe}) failed ({type(error).__name__}: {error}), so held-out "
-                    "instances cannot be named by seed")
+            return (
+                f"its environment's reset(seed={probe}) failed ({type(error).__name__}: {error}), so held-out "
+                "instances cannot be named by seed"
+            )
         if first != again:
-            return (f"its environment does not honour reset seeds: two resets with seed {probe} (task {task!r}) "
-                    f"showed different first observations ({_clip(first)!r}, then {_clip(again)!r}), so training "
-                    "could play the held-out instances")
+            return (
+                f"its environment does not honour reset seeds: two resets with seed {probe} (task {task!r}) "
+                f"showed different first observations ({_clip(first)!r}, then {_clip(again)!r}), so training "
+                "could play the held-out instances"
+            )
         other = self.split.training_seed(-2)
         if self.rollout.engine.run(source.first_observation(other, task)) == first:
             logger.warning(
                 "--held-out: resets with seeds %d and %d showed the same first observation; if the environment has "
-                "one instance per task, held-out episodes replay what training plays", probe, other)
+                "one instance per task, held-out episodes replay what training plays",
+                probe,
+                other,
+            )
         return None
 
     def variant_problem(self) -> str | None:
@@ -230,12 +261,18 @@ class HeldOutPlay:
             try:
                 shown.append(self.rollout.engine.run(source.first_observation(seed, task, {name: value})))
             except Exception as error:  # the environment's reset refused the keyword or its value: that says how
-                return (f"its environment's reset({name}={value!r}) failed ({type(error).__name__}: {error}), so "
-                        f"held-out instances cannot be played under that {name}")
+                return (
+                    f"its environment's reset({name}={value!r}) failed ({type(error).__name__}: {error}), so "
+                    f"held-out instances cannot be played under that {name}"
+                )
         if len(self.variants.values) > 1 and len(set(shown)) == 1:
-            logger.warning("--held-out-reset-kwarg: resets with %s=%s showed the same first observation; if the "
-                           "environment ignores %s, each value replays the same episodes", name,
-                           ", ".join(self.variants.values), name)
+            logger.warning(
+                "--held-out-reset-kwarg: resets with %s=%s showed the same first observation; if the "
+                "environment ignores %s, each value replays the same episodes",
+                name,
+                ", ".join(self.variants.values),
+                name,
+            )
         return None
 
     def play(self, trainer: Trainer) -> HeldOutEpisodes:
@@ -268,12 +305,22 @@ def play_instances(rollout: RolloutFunction, prompts: Sequence[Prompt], caller: 
     for episode, verdict in played:
         metadata = getattr(verdict.row, "input_metadata", None)
         row_id = getattr(metadata, "row_id", None)
-        episodes.append(HeldOutEpisode(
-            task=episode.plan.task, turns=tuple(t.text.strip() for t in episode.turns),
-            parsed=tuple(t.well_formed for t in episode.turns), score=verdict.score, status=episode.status,
-            prompt_tokens=len(episode.trajectory.prompt_ids), completion_tokens=len(episode.trajectory.completion_ids),
-            row_id=None if openenv or row_id is None else str(row_id), seed=episode.plan.seed,
-            error=episode.error or verdict.error, instance=episode.instance, reset_kwargs=episode.plan.reset_kwargs))
+        episodes.append(
+            HeldOutEpisode(
+                task=episode.plan.task,
+                turns=tuple(t.text.strip() for t in episode.turns),
+                parsed=tuple(t.well_formed for t in episode.turns),
+                score=verdict.score,
+                status=episode.status,
+                prompt_tokens=len(episode.trajectory.prompt_ids),
+                completion_tokens=len(episode.trajectory.completion_ids),
+                row_id=None if openenv or row_id is None else str(row_id),
+                seed=episode.plan.seed,
+                error=episode.error or verdict.error,
+                instance=episode.instance,
+                reset_kwargs=episode.plan.reset_kwargs,
+            )
+        )
     return HeldOutEpisodes(tuple(episodes))
 
 
@@ -351,59 +398,80 @@ class HeldOutEpisodes:
     def per_value(self, name: str, values: Sequence[str]) -> dict[str, HeldOutFigures]:
         """The figures of the episodes whose reset was given ``name=value``, for each of ``values`` in order (those
         no episode played left out)."""
-        by_value = {v: HeldOutEpisodes(tuple(e for e in self.episodes if (e.reset_kwargs or {}).get(name) == v))
-                    for v in values}
+        by_value = {
+            v: HeldOutEpisodes(tuple(e for e in self.episodes if (e.reset_kwargs or {}).get(name) == v)) for v in values
+        }
         return {v: played.figures() for v, played in by_value.items() if played.episodes}
 
     def figures(self) -> HeldOutFigures:
-        return {"success": self.success, "well_formed_rate": self.well_formed_rate,
-                "success_when_well_formed": self.success_when_well_formed, "per_task": self.per_task(),
-                "episodes": len(self.episodes)}
+        return {
+            "success": self.success,
+            "well_formed_rate": self.well_formed_rate,
+            "success_when_well_formed": self.success_when_well_formed,
+            "per_task": self.per_task(),
+            "episodes": len(self.episodes),
+        }
 
     def summary(self, when: str) -> str:
         """The line a run prints: the three figures (and success per task), ``when`` ("before training", ...)."""
         per_task = ", ".join(f"{task} {value:.3f}" for task, value in self.per_task().items())
-        return (f"held-out {when}: task success {self.success:.3f}{f' ({per_task})' if per_task else ''}; "
-                "well-formed actions "
-                f"{self.well_formed_rate:.3f}; success among well-formed episodes "
-                f"{format_figure(self.success_when_well_formed)} ({len(self.episodes)} episodes, greedy)")
+        return (
+            f"held-out {when}: task success {self.success:.3f}{f' ({per_task})' if per_task else ''}; "
+            "well-formed actions "
+            f"{self.well_formed_rate:.3f}; success among well-formed episodes "
+            f"{format_figure(self.success_when_well_formed)} ({len(self.episodes)} episodes, greedy)"
+        )
 
     def rows(self) -> list[dict[str, object]]:
         """Every episode as a result file keeps it: its instance (row id, or seed and task, where it has them, and what
         the environment's reset observation said of it), turns, whether each parsed, score, status, tokens, and the
         error of one that failed."""
-        return [{**({"row_id": e.row_id} if e.row_id is not None else {}),
-                 **({"seed": e.seed} if e.seed is not None else {}),
-                 "task": e.task, "instance": None if e.instance is None else dict(e.instance),
-                 "turns": list(e.turns), "parsed": list(e.parsed), "score": e.score,
-                 **({"reset_kwargs": dict(e.reset_kwargs)} if e.reset_kwargs is not None else {}),
-                 "status": e.status, "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens,
-                 **({"error": e.error} if e.error is not None else {})}
-                for e in self.episodes]
+        return [
+            {
+                **({"row_id": e.row_id} if e.row_id is not None else {}),
+                **({"seed": e.seed} if e.seed is not None else {}),
+                "task": e.task,
+                "instance": None if e.instance is None else dict(e.instance),
+                "turns": list(e.turns),
+                "parsed": list(e.parsed),
+                "score": e.score,
+                **({"reset_kwargs": dict(e.reset_kwargs)} if e.reset_kwargs is not None else {}),
+                "status": e.status,
+                "prompt_tokens": e.prompt_tokens,
+                "completion_tokens": e.completion_tokens,
+                **({"error": e.error} if e.error is not None else {}),
+            }
+            for e in self.episodes
+        ]
 
 
 def held_out_change(before: HeldOutEpisodes, after: HeldOutEpisodes) -> str:
     """The line a run ends with: each figure before -> after."""
     change = after.success - before.success
-    return (f"held-out task success {before.success:.3f} -> {after.success:.3f} ({change:+.3f}); well-formed "
-            f"actions {before.well_formed_rate:.3f} -> {after.well_formed_rate:.3f}; success among well-formed "
-            f"episodes {format_figure(before.success_when_well_formed)} -> "
-            f"{format_figure(after.success_when_well_formed)}")
+    return (
+        f"held-out task success {before.success:.3f} -> {after.success:.3f} ({change:+.3f}); well-formed "
+        f"actions {before.well_formed_rate:.3f} -> {after.well_formed_rate:.3f}; success among well-formed "
+        f"episodes {format_figure(before.success_when_well_formed)} -> "
+        f"{format_figure(after.success_when_well_formed)}"
+    )
 
 
 def per_value_summary(variants: ResetVariants, played: HeldOutEpisodes, when: str) -> str:
     """One line: task success under each value of ``--held-out-reset-kwarg``."""
     figures = played.per_value(variants.name, variants.values)
-    return (f"held-out {when}, task success per {variants.name}: "
-            + ", ".join(f"{value} {f['success']:.3f}" for value, f in figures.items()))
+    return f"held-out {when}, task success per {variants.name}: " + ", ".join(
+        f"{value} {f['success']:.3f}" for value, f in figures.items()
+    )
 
 
 def per_value_change(variants: ResetVariants, before: HeldOutEpisodes, after: HeldOutEpisodes) -> str:
     """One line: task success under each value, before -> after."""
     first, last = (p.per_value(variants.name, variants.values) for p in (before, after))
-    return (f"held-out task success per {variants.name}, before -> after: "
-            + ", ".join(f"{v} {format_figure(first[v]['success'] if v in first else None)} -> "
-                        f"{format_figure(last[v]['success'] if v in last else None)}" for v in variants.values))
+    return f"held-out task success per {variants.name}, before -> after: " + ", ".join(
+        f"{v} {format_figure(first[v]['success'] if v in first else None)} -> "
+        f"{format_figure(last[v]['success'] if v in last else None)}"
+        for v in variants.values
+    )
 
 
 def format_figure(value: float | None) -> str:

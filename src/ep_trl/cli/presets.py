@@ -7,24 +7,36 @@ import argparse
 import os
 
 #: A script's flag (its ``argparse`` dest) -> the ``ep-trl train`` flag (dest) it sets.
-COMMON_FLAGS = {"env_path": "env_path", "model": "model", "vllm_base_url": "vllm_server_url",
-                "vllm_mode": "vllm_mode", "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
-                "async_training": "async_training", "max_steps": "max_steps",
-                "num_generations": "num_generations", "batch_size": "per_device_train_batch_size",
-                "learning_rate": "learning_rate", "optim": "optim", "max_completion_length": "max_completion_length",
-                "temperature": "temperature", "output_dir": "output_dir", "report_to": "report_to", "seed": "seed"}
+COMMON_FLAGS = {
+    "env_path": "env_path",
+    "model": "model",
+    "vllm_base_url": "vllm_server_url",
+    "vllm_mode": "vllm_mode",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "async_training": "async_training",
+    "max_steps": "max_steps",
+    "num_generations": "num_generations",
+    "batch_size": "per_device_train_batch_size",
+    "learning_rate": "learning_rate",
+    "optim": "optim",
+    "max_completion_length": "max_completion_length",
+    "temperature": "temperature",
+    "output_dir": "output_dir",
+    "report_to": "report_to",
+    "seed": "seed",
+}
 
 
 def common_defaults(args: argparse.Namespace, **extra: object) -> dict[str, object]:
     """``ep-trl train``'s defaults from a script's parsed ``args`` (the flags of :data:`COMMON_FLAGS` it has, those
     left unset omitted) and ``extra``."""
-    values: dict[str, object] = {flag: getattr(args, name) for name, flag in COMMON_FLAGS.items()
-                              if getattr(args, name, None) is not None}
+    values: dict[str, object] = {
+        flag: getattr(args, name) for name, flag in COMMON_FLAGS.items() if getattr(args, name, None) is not None
+    }
     return {**values, **extra}
 
 
-def script_defaults(args: argparse.Namespace, env_module: str, env_url_var: str,
-                    **extra: object) -> dict[str, object]:
+def script_defaults(args: argparse.Namespace, env_module: str, env_url_var: str, **extra: object) -> dict[str, object]:
     """:func:`common_defaults`, and the environment server: with no ``--env-url`` the run starts ``python -m
     env_module`` as its ``--env-server`` and exports its URL in ``env_url_var``, with one it exports that URL."""
     values = common_defaults(args)
@@ -33,4 +45,3 @@ def script_defaults(args: argparse.Namespace, env_module: str, env_url_var: str,
     else:
         os.environ[env_url_var] = args.env_url
     return {**values, **extra}
-

@@ -30,11 +30,19 @@ def quiet_library_output() -> None:
     from transformers.utils import logging as transformers_logging
 
     # TRL's GRPOConfig and trainer use transformers 5's old gradient checkpointing names.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.",
-                            message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated")
+    warnings.filterwarnings(
+        "ignore",
+        category=FutureWarning,
+        module=r"transformers\.",
+        message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated",
+    )
     # eval-protocol's models declare a pydantic class-based config.
-    warnings.filterwarnings("ignore", category=PydanticDeprecatedSince20, module=r"eval_protocol\.",
-                            message="Support for class-based `config` is deprecated")
+    warnings.filterwarnings(
+        "ignore",
+        category=PydanticDeprecatedSince20,
+        module=r"eval_protocol\.",
+        message="Support for class-based `config` is deprecated",
+    )
     transformers_logging.disable_progress_bar()
 
 
@@ -102,19 +110,31 @@ def _part(logs: Mapping[str, float | None], key: str, template: str, spec: str) 
     return template.format(_figure(logs[key], spec)) if key in logs else None
 
 
-def report_training(log_history: Sequence[Mapping[str, float]], plot_path: Path, *, episodes_per_step: int,
-                    started: float, title: str, argv: Sequence[str] | None = None,
-                    marks: Sequence[tuple[int, float, str]] = (), command: str | None = None) -> Progress:
+def report_training(
+    log_history: Sequence[Mapping[str, float]],
+    plot_path: Path,
+    *,
+    episodes_per_step: int,
+    started: float,
+    title: str,
+    argv: Sequence[str] | None = None,
+    marks: Sequence[tuple[int, float, str]] = (),
+    command: str | None = None,
+) -> Progress:
     """Print the closing line (steps, episodes, the mean eval score of the first and last steps, wall time since
     ``started``), write the plot of the score per step to ``plot_path`` with the command that made it (``command``,
     else the running script with ``argv``, default its command line) and ``marks`` (``plot_scores``), and print its
     path."""
     scores = step_scores(log_history)
     summary = progress(scores)
-    command = command or " ".join(["python", Path(sys.argv[0]).name,
-                                   *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
-    print(f"done: {len(scores)} steps, {len(scores) * episodes_per_step} episodes, {summary.describe()}, "
-          f"wall {time.monotonic() - started:.0f}s", flush=True)
+    command = command or " ".join(
+        ["python", Path(sys.argv[0]).name, *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
+    )
+    print(
+        f"done: {len(scores)} steps, {len(scores) * episodes_per_step} episodes, {summary.describe()}, "
+        f"wall {time.monotonic() - started:.0f}s",
+        flush=True,
+    )
     path = plot_scores(scores, plot_path, title=title, note=command, marks=marks)
     print(f"reward curve: {path}", flush=True)
     return summary

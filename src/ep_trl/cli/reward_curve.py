@@ -35,8 +35,10 @@ class Progress:
 
     def describe(self) -> str:
         """``reward first X last Y (mean eval score of steps 1-4 and 17-20)``."""
-        return (f"reward first {self.first:.4f} last {self.last:.4f} (mean eval score of steps "
-                f"{_span(1, self.window)} and {_span(self.steps - self.window + 1, self.steps)})")
+        return (
+            f"reward first {self.first:.4f} last {self.last:.4f} (mean eval score of steps "
+            f"{_span(1, self.window)} and {_span(self.steps - self.window + 1, self.steps)})"
+        )
 
 
 def step_scores(log_history: Sequence[Mapping[str, float]], reward_name: str = REWARD_NAME) -> tuple[StepScore, ...]:
@@ -45,8 +47,11 @@ def step_scores(log_history: Sequence[Mapping[str, float]], reward_name: str = R
     mean_key, std_key = f"rewards/{reward_name}/mean", f"rewards/{reward_name}/std"
     if not any(mean_key in entry for entry in log_history):
         mean_key, std_key = "reward", "reward_std"
-    return tuple(StepScore(step=int(entry["step"]), mean=float(entry[mean_key]), std=float(entry.get(std_key, 0.0)))
-                 for entry in log_history if mean_key in entry)
+    return tuple(
+        StepScore(step=int(entry["step"]), mean=float(entry[mean_key]), std=float(entry.get(std_key, 0.0)))
+        for entry in log_history
+        if mean_key in entry
+    )
 
 
 def progress(scores: Sequence[StepScore]) -> Progress:
@@ -59,16 +64,24 @@ def progress(scores: Sequence[StepScore]) -> Progress:
     return Progress(first=first, last=last, window=window, steps=len(scores))
 
 
-def plot_scores(scores: Sequence[StepScore], path: str | Path, *, title: str, note: str = "",
-                marks: Sequence[tuple[int, float, str]] = ()) -> Path:
+def plot_scores(
+    scores: Sequence[StepScore],
+    path: str | Path,
+    *,
+    title: str,
+    note: str = "",
+    marks: Sequence[tuple[int, float, str]] = (),
+) -> Path:
     """Write a PNG of the mean score per step with a band of one standard deviation (clipped to [0, 1]) to
     ``path``; ``note`` is printed under the plot (e.g. the command that made it); ``marks`` are single scores drawn
     as labelled points, ``(step, score, label)`` (a held-out score before and after training, say)."""
     try:
         import matplotlib
     except ImportError as exc:
-        raise RuntimeError(f"plotting the reward curve needs matplotlib ({exc}): pip install 'ep-trl[demo]' "
-                           "(bash scripts/install.sh installs it)") from exc
+        raise RuntimeError(
+            f"plotting the reward curve needs matplotlib ({exc}): pip install 'ep-trl[demo]' "
+            "(bash scripts/install.sh installs it)"
+        ) from exc
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
     from matplotlib import pyplot as plt
     from matplotlib.ticker import MaxNLocator
@@ -84,17 +97,26 @@ def plot_scores(scores: Sequence[StepScore], path: str | Path, *, title: str, no
     try:
         axes.fill_between(steps, low, high, alpha=0.2, label="± 1 std over the step's episodes")
         axes.plot(steps, means, marker="o", markersize=3, label="mean eval score")
-        for at, value, name in ((scores[:summary.window], summary.first, "first"),
-                                (scores[-summary.window:], summary.last, "last")):
+        for at, value, name in (
+            (scores[: summary.window], summary.first, "first"),
+            (scores[-summary.window :], summary.last, "last"),
+        ):
             axes.hlines(value, at[0].step, at[-1].step, colors="black", linestyles="dashed", linewidth=1)
-            axes.annotate(f"{name} {value:.2f}", (at[0].step, value), textcoords="offset points", xytext=(0, 6),
-                          fontsize=8)
+            axes.annotate(
+                f"{name} {value:.2f}", (at[0].step, value), textcoords="offset points", xytext=(0, 6), fontsize=8
+            )
         for step, value, label in marks:
             axes.plot([step], [value], marker="D", color="tab:red", linestyle="none")
             left = step > steps[-1] / 2  # a label past the middle is written leftwards, inside the axes
-            axes.annotate(f"{label} {value:.2f}", (step, value), textcoords="offset points",
-                          xytext=(-4 if left else 4, -12), ha="right" if left else "left", fontsize=8,
-                          color="tab:red")
+            axes.annotate(
+                f"{label} {value:.2f}",
+                (step, value),
+                textcoords="offset points",
+                xytext=(-4 if left else 4, -12),
+                ha="right" if left else "left",
+                fontsize=8,
+                color="tab:red",
+            )
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_xlabel("optimizer step")
         axes.set_ylabel("eval score")

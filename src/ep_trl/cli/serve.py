@@ -19,12 +19,12 @@ import logging
 import signal
 from pathlib import Path
 
+from ..capture.endpoint import CaptureEndpoint
+from ..capture.parsing import ToolCallParser
+from ..capture.placement import RolloutCapture
 from ..generation import DEFAULT_MAX_TOKENS, Generator, SamplingParams
 from ..generation.choice import make_generator
 from ..options import VLLMOptions
-from ..capture.placement import RolloutCapture
-from ..capture.endpoint import CaptureEndpoint
-from ..capture.parsing import ToolCallParser
 from ..trajectory.tokens import ChatTemplate, TurnLimits, eos_token_ids
 
 logger = logging.getLogger(__name__)
@@ -39,11 +39,23 @@ def build_endpoint(model_dir: str | Path, temperature: float = 1.0) -> tuple[Cap
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     eos = eos_token_ids(tokenizer, model)
-    generator = make_generator("trainer", None, VLLMOptions(), 1, colocated_trainer=None, server=None,
-                               model_provider=lambda: model, processing_class=tokenizer)
+    generator = make_generator(
+        "trainer",
+        None,
+        VLLMOptions(),
+        1,
+        colocated_trainer=None,
+        server=None,
+        model_provider=lambda: model,
+        processing_class=tokenizer,
+    )
     max_len = generator.max_model_len or 4096
-    limits = TurnLimits(sampling=SamplingParams(temperature=temperature, max_tokens=DEFAULT_MAX_TOKENS),
-                        max_episode_tokens=max_len, stop_token_ids=eos, max_model_len=max_len)
+    limits = TurnLimits(
+        sampling=SamplingParams(temperature=temperature, max_tokens=DEFAULT_MAX_TOKENS),
+        max_episode_tokens=max_len,
+        stop_token_ids=eos,
+        max_model_len=max_len,
+    )
     template, parser = ChatTemplate(tokenizer), ToolCallParser(tokenizer)
     calls = itertools.count(1)
 

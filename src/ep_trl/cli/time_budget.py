@@ -24,18 +24,22 @@ class TimeBudget(TrainerCallback):
         #: The step training stopped after, when the budget stopped it; None otherwise.
         self.stopped_at: int | None = None
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       **kwargs: object) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self._started = self._last = time.monotonic()
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: object) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         now = time.monotonic()
         self._longest, self._last = max(self._longest, now - self._last), now
         used = self.spent_s + now - self._started
         if used + self._longest > self.seconds and state.global_step < state.max_steps:
-            print(f"time budget: step {state.global_step} ends {used:.0f} s into training; another step (up to "
-                  f"{self._longest:.0f} s) would pass the {self.seconds:.0f} s budget, so training stops here",
-                  flush=True)
+            print(
+                f"time budget: step {state.global_step} ends {used:.0f} s into training; another step (up to "
+                f"{self._longest:.0f} s) would pass the {self.seconds:.0f} s budget, so training stops here",
+                flush=True,
+            )
             self.stopped_at = state.global_step
             control.should_training_stop = True

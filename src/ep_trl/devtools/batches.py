@@ -25,14 +25,17 @@ def interleave_by_ground_truth(dataset: Any, env_path: str, *, seed: int = 0) ->
     has rows left. Once a value runs out, the values with rows left go on in turn without it. A dataset with a single
     ground truth (or none) is a ``ConfigError``: there is nothing to balance.
     """
-    rows = evalprotocol.match_rows(dataset["prompt"], evalprotocol.eval_rows(evalprotocol.resolve_eval_test(env_path)),
-                                   env_path)
+    rows = evalprotocol.match_rows(
+        dataset["prompt"], evalprotocol.eval_rows(evalprotocol.resolve_eval_test(env_path)), env_path
+    )
     by_value: dict[str, list[int]] = {}
     for index, row in enumerate(rows):
         by_value.setdefault(json.dumps(row.ground_truth, sort_keys=True, default=str), []).append(index)
     if len(by_value) < 2:
-        raise ConfigError(f"{env_path}: its training rows have {len(by_value)} distinct ground truth(s); "
-                          "interleave_by_ground_truth balances two or more (train with shuffled batches instead)")
+        raise ConfigError(
+            f"{env_path}: its training rows have {len(by_value)} distinct ground truth(s); "
+            "interleave_by_ground_truth balances two or more (train with shuffled batches instead)"
+        )
     rng = random.Random(seed)
     queues = [rng.sample(indices, len(indices)) for indices in by_value.values()]
     order = [queue[turn] for turn in range(max(map(len, queues))) for queue in queues if turn < len(queue)]

@@ -45,8 +45,10 @@ class Demonstration:
 
     def __post_init__(self) -> None:
         if not self.messages:
-            raise ValueError("Demonstration(messages=()): give the conversation the model answers, e.g. "
-                             "({'role': 'user', 'content': 'Play.'},)")
+            raise ValueError(
+                "Demonstration(messages=()): give the conversation the model answers, e.g. "
+                "({'role': 'user', 'content': 'Play.'},)"
+            )
         if not self.answers or len(set(self.answers)) != len(self.answers) or not all(self.answers):
             raise ValueError(f"Demonstration(answers={self.answers!r}): give one or more distinct, non-empty answers")
 
@@ -92,8 +94,14 @@ def default_cache_dir() -> Path:
     return Path(base) / "ep_trl" / "cloned-models"
 
 
-def clone_on_demonstrations(base_dir: str | Path, out_dir: str | Path, demonstrations: Sequence[Demonstration],
-                            recipe: CloningRecipe = CloningRecipe(), *, cache_dir: Path | None = None) -> ClonedModel:
+def clone_on_demonstrations(
+    base_dir: str | Path,
+    out_dir: str | Path,
+    demonstrations: Sequence[Demonstration],
+    recipe: CloningRecipe = CloningRecipe(),
+    *,
+    cache_dir: Path | None = None,
+) -> ClonedModel:
     """A copy of the model at ``base_dir``, at ``out_dir``, cloned on ``demonstrations`` (built once per machine and
     recipe: see the module docstring). Raises ``RuntimeError`` when ``recipe.max_steps`` is not enough."""
     if not demonstrations:
@@ -113,8 +121,12 @@ def clone_on_demonstrations(base_dir: str | Path, out_dir: str | Path, demonstra
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(cached, out)
     result = json.loads((out / RESULT_FILE).read_text())
-    return ClonedModel(path=out, answer_probabilities=tuple(tuple(p) for p in result["answer_probabilities"]),
-                       steps=int(result["steps"]), cached=hit)
+    return ClonedModel(
+        path=out,
+        answer_probabilities=tuple(tuple(p) for p in result["answer_probabilities"]),
+        steps=int(result["steps"]),
+        cached=hit,
+    )
 
 
 def _cache_key(base: Path, examples: list[tuple[list[int], list[list[int]]]], recipe: CloningRecipe) -> str:
@@ -128,8 +140,9 @@ def _cache_key(base: Path, examples: list[tuple[list[int], list[list[int]]]], re
     return digest.hexdigest()[:24]
 
 
-def answer_probabilities(model: Any, tokenizer: Any, demonstrations: Sequence[Demonstration]
-                         ) -> tuple[tuple[float, ...], ...]:
+def answer_probabilities(
+    model: Any, tokenizer: Any, demonstrations: Sequence[Demonstration]
+) -> tuple[tuple[float, ...], ...]:
     """The probability ``model`` gives each answer of each demonstration (answer ids then end of sequence, after
     the conversation rendered as ep_trl prompts it), teacher-forced, per demonstration in order. It shows what a
     policy would write on those pages: before training, after cloning, after GRPO."""
@@ -167,8 +180,8 @@ def _batch(examples: list[tuple[list[int], list[list[int]]]], pad: int) -> list[
         ids = torch.full((len(answers), width), pad, dtype=torch.long)
         mask = torch.zeros((len(answers), width), dtype=torch.long)
         for r, answer in enumerate(answers):
-            ids[r, :len(answer)] = torch.tensor(answer)
-            mask[r, :len(answer)] = 1
+            ids[r, : len(answer)] = torch.tensor(answer)
+            mask[r, : len(answer)] = 1
         batches.append((torch.tensor([prompt]), ids, mask))
     return batches
 
@@ -197,7 +210,7 @@ def _answer_log_probs(model: Any, batches: list[tuple[torch.Tensor, ...]]) -> to
 def _grouped(values: list[float], sizes: list[int]) -> tuple[tuple[float, ...], ...]:
     grouped, at = [], 0
     for size in sizes:
-        grouped.append(tuple(round(v, 4) for v in values[at: at + size]))
+        grouped.append(tuple(round(v, 4) for v in values[at : at + size]))
         at += size
     return tuple(grouped)
 
@@ -218,9 +231,13 @@ def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], r
             for step in range(recipe.max_steps + 1):
                 log_probs = _answer_log_probs(model, batch)
                 probabilities = log_probs.detach().exp().tolist()
-                logger.info("cloning step %d (%.0f s): the least likely answer has %.2f of its fair share, wanted %.2f",
-                            step, time.monotonic() - began, min(p / f for p, f in zip(probabilities, fair)),
-                            recipe.fair_share)
+                logger.info(
+                    "cloning step %d (%.0f s): the least likely answer has %.2f of its fair share, wanted %.2f",
+                    step,
+                    time.monotonic() - began,
+                    min(p / f for p, f in zip(probabilities, fair)),
+                    recipe.fair_share,
+                )
                 if all(p >= recipe.fair_share * f for p, f in zip(probabilities, fair)):
                     break
                 if step == recipe.max_steps:
@@ -228,7 +245,8 @@ def _train(model_dir: Path, examples: list[tuple[list[int], list[list[int]]]], r
                     raise RuntimeError(
                         f"cloning did not converge in {recipe.max_steps} steps (the least likely answer has "
                         f"{worst:.2f} of its fair share, wanted {recipe.fair_share}): raise CloningRecipe.max_steps "
-                        f"or learning_rate, or give fewer, shorter demonstrations")
+                        f"or learning_rate, or give fewer, shorter demonstrations"
+                    )
                 optimizer.zero_grad()
                 (-log_probs.mean()).backward()
                 optimizer.step()

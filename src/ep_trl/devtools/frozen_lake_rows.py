@@ -19,17 +19,25 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-SYSTEM_PROMPT = ("You play FrozenLake on a 4x4 grid of tiles: S is the start, F is safe ice, H is a hole and G is the "
-                 "goal. The ice is not slippery: each move goes where you say. Falling into a hole ends the game. "
-                 "Call the lake_move tool once per turn with one action: LEFT, DOWN, RIGHT or UP.")
-USER_PROMPT_TEMPLATE = "The lake now:\n{observation}\n\nPick your next move (LEFT, DOWN, RIGHT or UP) and call lake_move."
+SYSTEM_PROMPT = (
+    "You play FrozenLake on a 4x4 grid of tiles: S is the start, F is safe ice, H is a hole and G is the "
+    "goal. The ice is not slippery: each move goes where you say. Falling into a hole ends the game. "
+    "Call the lake_move tool once per turn with one action: LEFT, DOWN, RIGHT or UP."
+)
+USER_PROMPT_TEMPLATE = (
+    "The lake now:\n{observation}\n\nPick your next move (LEFT, DOWN, RIGHT or UP) and call lake_move."
+)
 
 
 def rows(count: int, first_seed: int = 0) -> Iterator[dict[str, object]]:
     """``count`` rows, lake seeds ``first_seed`` .. ``first_seed + count - 1``, ids ``lake-<seed>``."""
     for seed in range(first_seed, first_seed + count):
-        yield {"id": f"lake-{seed}", "system_prompt": SYSTEM_PROMPT, "user_prompt_template": USER_PROMPT_TEMPLATE,
-               "environment_context": {"game": "FrozenLake", "map_name": "4x4", "seed": seed}}
+        yield {
+            "id": f"lake-{seed}",
+            "system_prompt": SYSTEM_PROMPT,
+            "user_prompt_template": USER_PROMPT_TEMPLATE,
+            "environment_context": {"game": "FrozenLake", "map_name": "4x4", "seed": seed},
+        }
 
 
 #: The moves, as the benchmark's tool takes them, and where each goes (row, column).

@@ -18,8 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..evalprotocol import read_eval_spec, resolve_eval_test, strip_row_key, training_prompts
 from ..envs.browsergym import BrowserGymEnv, BrowserGymObservation
+from ..evalprotocol import read_eval_spec, resolve_eval_test, strip_row_key, training_prompts
 from .cloning import Demonstration
 
 #: The BrowserGym element actions demonstrated, on each clickable element.
@@ -28,9 +28,15 @@ ELEMENT_ACTIONS: tuple[str, ...] = ("click", "hover")
 PAGE_ACTIONS: tuple[str, ...] = ("scroll(0, 200)",)
 
 
-def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str], *, seed: int = 0,
-                              actions: Sequence[str] = ELEMENT_ACTIONS,
-                              page_actions: Sequence[str] = PAGE_ACTIONS) -> tuple[Demonstration, ...]:
+def first_turn_demonstrations(
+    env_path: str,
+    env_url: str,
+    tasks: Sequence[str],
+    *,
+    seed: int = 0,
+    actions: Sequence[str] = ELEMENT_ACTIONS,
+    page_actions: Sequence[str] = PAGE_ACTIONS,
+) -> tuple[Demonstration, ...]:
     """One demonstration per task: the eval's first prompt for the page of ``reset(task_name=task, seed=seed)`` on
     the server at ``env_url``, answered with each of ``actions`` on each clickable element and each of
     ``page_actions``."""
@@ -38,17 +44,19 @@ def first_turn_demonstrations(env_path: str, env_url: str, tasks: Sequence[str],
     demonstrations = []
     for task, observation in zip(tasks, asyncio.run(_first_observations(env_url, [(t, seed) for t in tasks]))):
         if not observation.clickable_bids:
-            raise ValueError(f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
-                             "actions on; train without the warm start or on other tasks")
+            raise ValueError(
+                f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
+                "actions on; train without the warm start or on other tasks"
+            )
         user = {"role": "user", "content": spec.prompt_builder(observation, 1, [])}
-        answers = (*(f"{action}('{bid}')" for action in actions for bid in observation.clickable_bids),
-                   *page_actions)
+        answers = (*(f"{action}('{bid}')" for action in actions for bid in observation.clickable_bids), *page_actions)
         demonstrations.append(Demonstration(messages=(*first, user), answers=answers))
     return tuple(demonstrations)
 
 
-def format_demonstrations(env_path: str, env_url: str, instances: Sequence[tuple[str, int]]
-                          ) -> tuple[Demonstration, ...]:
+def format_demonstrations(
+    env_path: str, env_url: str, instances: Sequence[tuple[str, int]]
+) -> tuple[Demonstration, ...]:
     """One demonstration per ``(task, reset seed)`` in ``instances``: the eval's first prompt for that page, answered
     with every action of the format that page allows, equally often: ``click`` on each clickable element, and
     ``fill`` of each text box with each text the goal quotes. A real model cloned on them writes well-formed actions
@@ -59,8 +67,10 @@ def format_demonstrations(env_path: str, env_url: str, instances: Sequence[tuple
     for (task, _), observation in zip(instances, asyncio.run(_first_observations(env_url, instances))):
         answers = page_actions_of(observation)
         if not answers:
-            raise ValueError(f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
-                             "actions on; train on other tasks")
+            raise ValueError(
+                f"the first page of MiniWoB task {task!r} has no clickable element to demonstrate "
+                "actions on; train on other tasks"
+            )
         user = {"role": "user", "content": spec.prompt_builder(observation, 1, [])}
         demonstrations.append(Demonstration(messages=(*first, user), answers=answers))
     return tuple(demonstrations)
@@ -81,8 +91,10 @@ def _eval_first_turn(env_path: str) -> tuple[Any, tuple[Mapping[str, Any], ...]]
     eval_test = resolve_eval_test(env_path)
     spec = read_eval_spec(eval_test)
     if spec.prompt_builder is None:
-        raise ValueError(f"{env_path} runs {spec.processor_name}, not OpenEnvRolloutProcessor: its prompts are not "
-                         "built from environment observations, so there is no first page to demonstrate on")
+        raise ValueError(
+            f"{env_path} runs {spec.processor_name}, not OpenEnvRolloutProcessor: its prompts are not "
+            "built from environment observations, so there is no first page to demonstrate on"
+        )
     return spec, tuple(strip_row_key(training_prompts(eval_test)[0]))
 
 

@@ -44,8 +44,10 @@ class InstanceSplit:
     def draw(cls, seed: int, tasks: Sequence[str], count: int) -> "InstanceSplit":
         """``count`` held-out reset seeds for each of ``tasks``, drawn from ``seed``; no two show the same page."""
         if count < 1 or not tasks:
-            raise ValueError(f"InstanceSplit.draw(tasks={list(tasks)!r}, count={count}): give one or more tasks and a "
-                             "count >= 1 of held-out instances per task")
+            raise ValueError(
+                f"InstanceSplit.draw(tasks={list(tasks)!r}, count={count}): give one or more tasks and a "
+                "count >= 1 of held-out instances per task"
+            )
         rng = random.Random(f"ep_trl held-out MiniWoB instances, seed {seed}")
         pages: set[int] = set()
         held_out: dict[str, tuple[int, ...]] = {}
@@ -99,9 +101,12 @@ class SeedSource:
                 return next(self._training)
             remaining = self._held_out.get(task or "")
             if remaining is None:
-                raise ValueError(f"no held-out instances of task {task!r}: the split holds out "
-                                 f"{sorted(self._held_out)}")
+                raise ValueError(
+                    f"no held-out instances of task {task!r}: the split holds out {sorted(self._held_out)}"
+                )
             if not remaining:
-                raise ValueError(f"every held-out instance of task {task!r} was played already: a held-out set is "
-                                 "played once; play as many episodes of each task as it has instances")
+                raise ValueError(
+                    f"every held-out instance of task {task!r} was played already: a held-out set is "
+                    "played once; play as many episodes of each task as it has instances"
+                )
             return remaining.pop(0)

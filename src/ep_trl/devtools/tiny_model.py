@@ -98,9 +98,7 @@ def _training_corpus() -> list[str]:
         lines.append(rng.choice(_CODE_LINES))
     for task, alphabet in (("vowels", "aeiou"), ("digits", "0123456789"), ("abc", "abc")):
         for step in range(1, 6):
-            lines.append(
-                f"Task {task}, step {step} of 5: write a short word using mostly the letters {alphabet}."
-            )
+            lines.append(f"Task {task}, step {step} of 5: write a short word using mostly the letters {alphabet}.")
             lines.append(f"You wrote '{rng.choice(_WORDS)}' (score 0.{rng.randint(0, 99):02d}).")
     for _ in range(100):
         lines.append(" ".join(str(rng.randint(0, 9999)) for _ in range(6)))
@@ -163,8 +161,9 @@ def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
     return found
 
 
-def _is_complete(out_dir: Path, seed: int, required: tuple[str, ...] = _REQUIRED_FILES,
-                 info_file: str = BUILD_INFO_FILE) -> bool:
+def _is_complete(
+    out_dir: Path, seed: int, required: tuple[str, ...] = _REQUIRED_FILES, info_file: str = BUILD_INFO_FILE
+) -> bool:
     """True when ``out_dir`` holds a finished build made with ``seed`` (all of ``required``, ``info_file`` naming
     the seed)."""
     if not all((out_dir / name).is_file() for name in required):
@@ -238,8 +237,9 @@ def _add_legacy_dtype_field(config_path: Path) -> None:
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def make_tokenizer_config_portable(config_path: Path, special_tokens: tuple[str, ...] = (IM_START,),
-                                   chat_template: str = CHAT_TEMPLATE) -> None:
+def make_tokenizer_config_portable(
+    config_path: Path, special_tokens: tuple[str, ...] = (IM_START,), chat_template: str = CHAT_TEMPLATE
+) -> None:
     """Rewrite tokenizer_config.json so transformers 4.x and 5.x both load it.
 
     transformers 5 saves ``tokenizer_class: TokenizersBackend`` and a list under

@@ -11,8 +11,8 @@ expands each ``<image>`` placeholder into ``<fake_token_around_image><global-img
 Why Idefics3 and not Qwen2-VL: on a CPU machine whose torch is the CPU build, torchvision cannot be installed from
 PyPI (its wheel is built against CUDA torch and fails to import), and without it transformers cannot build a
 Qwen2-VL processing class (its video processor needs torchvision) and vLLM cannot load any Qwen-VL model (its model code
-imports torchvision). Idefics3's processing class has no video part, its image processor falls back to PIL, and vLLM's CPU
-build serves it. Everything ep_trl does with images is model-neutral; Qwen-VL models work the same on a machine
+imports torchvision). Idefics3's processing class has no video part, its image processor falls back to PIL, and vLLM's
+CPU build serves it. Everything ep_trl does with images is model-neutral; Qwen-VL models work the same on a machine
 with torchvision (GPU machines have it).
 """
 
@@ -24,7 +24,15 @@ import torch
 from transformers import GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-from .tiny_model import ENDOFTEXT, IM_END, IM_START, _is_complete, build_hf_tokenizer, token_id, make_tokenizer_config_portable
+from .tiny_model import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    _is_complete,
+    build_hf_tokenizer,
+    make_tokenizer_config_portable,
+    token_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,20 +134,23 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0) -> Path:
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
 
     image_processor = Idefics3ImageProcessorPil(
-        do_image_splitting=False, size={"longest_edge": IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE},
+        do_image_splitting=False,
+        size={"longest_edge": IMAGE_SIZE},
+        max_image_size={"longest_edge": IMAGE_SIZE},
     )
-    processing_class = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer,
-                                         image_seq_len=IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE)
+    processing_class = Idefics3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     processing_class.save_pretrained(out)
-    make_tokenizer_config_portable(out / "tokenizer_config.json", special_tokens=(IM_START, *IMAGE_TOKENS),
-                                   chat_template=CHAT_TEMPLATE)
+    make_tokenizer_config_portable(
+        out / "tokenizer_config.json", special_tokens=(IM_START, *IMAGE_TOKENS), chat_template=CHAT_TEMPLATE
+    )
     model.save_pretrained(out, safe_serialization=True)
     _add_legacy_fields(out / "config.json", pad)
     (out / BUILD_INFO_FILE).write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer)}) + "\n")
     logger.info("Built tiny vision-language model at %s (seed %d, vocab %d)", out, seed, len(tokenizer))
     return out
-
 
 
 def _add_legacy_fields(config_path: Path, pad_token_id: int) -> None:

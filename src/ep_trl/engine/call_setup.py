@@ -1,28 +1,28 @@
 """What a rollout call needs from its caller, read once into a :class:`CallSetup` and handed down.
 
 A rollout call (``rollout_func``'s, a shard process's part of one) or a rollout worker's stream starts with
-:meth:`CallReader.read`, the one place below the trainer adapters that reads a :class:`~ep_trl.engine.caller.RolloutCaller`:
-its configuration, its model and its server or engine. What it reads is handed down as plain values: the chat
-template, the settings (:mod:`ep_trl.engine.settings`), the generation backend (:mod:`ep_trl.generation.choice`), the ``ep logs``
-rows (:mod:`ep_trl.traininglog.rows`) and the episode sources never ask the caller again. The chat template and the backend are
-built at the first read and kept for every later call.
+:meth:`CallReader.read`, the one place below the trainer adapters that reads a
+:class:`~ep_trl.engine.caller.RolloutCaller`: its configuration, its model and its server or engine. What it reads is
+handed down as plain values: the chat template, the settings (:mod:`ep_trl.engine.settings`), the generation backend
+(:mod:`ep_trl.generation.choice`), the ``ep logs`` rows (:mod:`ep_trl.traininglog.rows`) and the episode sources never
+ask the caller again. The chat template and the backend are built at the first read and kept for every later call.
 """
 
 import logging
 from dataclasses import dataclass
 
-from . import settings
-from ..generation.choice import make_generator
-from .caller import RolloutCaller
-from ..trajectory.content import supports_images
 from ..errors import ConfigError
 from ..evalprotocol.spec import EvalSpec
 from ..generation import Generator
+from ..generation.choice import make_generator
 from ..options import Backend, VLLMOptions
-from ..traininglog.writer import RolloutLogWriter
 from ..traininglog.rows import RowContext
+from ..traininglog.writer import RolloutLogWriter
+from ..trajectory.content import supports_images
 from ..trajectory.tokens import ChatTemplate, TurnLimits
 from ..trajectory.types import Settings
+from . import settings
+from .caller import RolloutCaller
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,18 @@ class CallReader:
     """Reads a caller into a :class:`CallSetup`; builds the chat template and the generation backend at the first
     read and keeps them (``aclose`` releases the backend)."""
 
-    def __init__(self, spec: EvalSpec, *, backend: Backend, vllm_base_url: str | None, vllm: VLLMOptions,
-                 chat_template_kwargs: Settings | None, max_episode_tokens: int | None, invocation_id: str,
-                 log: RolloutLogWriter | None) -> None:
+    def __init__(
+        self,
+        spec: EvalSpec,
+        *,
+        backend: Backend,
+        vllm_base_url: str | None,
+        vllm: VLLMOptions,
+        chat_template_kwargs: Settings | None,
+        max_episode_tokens: int | None,
+        invocation_id: str,
+        log: RolloutLogWriter | None,
+    ) -> None:
         self._spec = spec
         self._backend = backend
         self._vllm_base_url = vllm_base_url
@@ -64,24 +73,38 @@ class CallReader:
         config = caller.config
         provider = caller.model_provider()
         if self._template is None:
-            self._template = ChatTemplate(config.processing_class, self._chat_template_kwargs,
-                                          keep_pixels=caller.takes_processed_images)
+            self._template = ChatTemplate(
+                config.processing_class, self._chat_template_kwargs, keep_pixels=caller.takes_processed_images
+            )
             note = settings.sampling_note(self._spec, config.sampling)
             if note:
                 logger.info(note)
         if self.generator is None:
             reach = self._backend != "trainer"  # the in-process backend asks for neither engine nor server
             self.generator = make_generator(
-                self._backend, self._vllm_base_url, self._vllm, self._spec.max_concurrent_rollouts,
+                self._backend,
+                self._vllm_base_url,
+                self._vllm,
+                self._spec.max_concurrent_rollouts,
                 colocated_trainer=caller.colocated_trainer() if reach else None,
                 server=caller.synced_server() if reach else None,
-                model_provider=provider, processing_class=config.processing_class)
+                model_provider=provider,
+                processing_class=config.processing_class,
+            )
         _check_images(caller, self._spec)
         budget = self._max_episode_tokens or config.max_completion_length
-        limits = settings.turn_limits(self._spec, config.sampling, budget, config.processing_class, provider,
-                                      self.generator.max_model_len)
-        context = RowContext(self._spec, self._invocation_id, self.generator.name, step=caller.step,
-                             tokenizer=config.tokenizer, sampling=config.sampling, model_name=caller.model_name)
+        limits = settings.turn_limits(
+            self._spec, config.sampling, budget, config.processing_class, provider, self.generator.max_model_len
+        )
+        context = RowContext(
+            self._spec,
+            self._invocation_id,
+            self.generator.name,
+            step=caller.step,
+            tokenizer=config.tokenizer,
+            sampling=config.sampling,
+            model_name=caller.model_name,
+        )
         return CallSetup(self._template, self.generator, limits, context, self._log)
 
     async def aclose(self) -> None:
@@ -100,4 +123,5 @@ def _check_images(caller: RolloutCaller, spec: EvalSpec) -> None:
             "and the trainer would leave them out of its forward passes (TRL's rollout_func path drops them): the "
             "model would be trained on image tokens without their pixels. Train with "
             "ep_trl.trainers.images.RolloutImagesGRPOTrainer in place of GRPOTrainer, or pass the text tokenizer "
-            "(processing_class.tokenizer) as the processing class (images are then dropped from the prompts).")
+            "(processing_class.tokenizer) as the processing class (images are then dropped from the prompts)."
+        )

@@ -75,8 +75,11 @@ def _vllm_mode(args: object) -> VLLMMode | None:
         return "server"
     if mode == "colocate":
         return "colocate"
-    raise ConfigError(f"GRPOConfig(vllm_mode={mode!r}): TRL generates with vLLM on a server (vllm_mode='server') or "
-                      "in the trainer's process (vllm_mode='colocate'); set one of them.")
+    raise ConfigError(
+        f"GRPOConfig(vllm_mode={mode!r}): TRL generates with vLLM on a server (vllm_mode='server') or "
+        "in the trainer's process (vllm_mode='colocate'); set one of them."
+    )
+
 
 def _temperature(args: object) -> float:
     """The config's sampling temperature (TRL's default 1.0 when it has none), any real number (a ``numpy.float32``
@@ -86,9 +89,11 @@ def _temperature(args: object) -> float:
     if value is None:
         return 1.0
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{type(args).__name__}(temperature={value!r}): GRPO samples each completion at the "
-                          "config's temperature, and its loss assumes it, so it must be a finite number > 0 (TRL's "
-                          "default is 1.0; for nearly greedy samples use a small one such as 0.1).")
+        raise ConfigError(
+            f"{type(args).__name__}(temperature={value!r}): GRPO samples each completion at the "
+            "config's temperature, and its loss assumes it, so it must be a finite number > 0 (TRL's "
+            "default is 1.0; for nearly greedy samples use a small one such as 0.1)."
+        )
     return float(value)
 
 

@@ -17,13 +17,13 @@ from dataclasses import replace
 from typing import Required, TypedDict, TypeVar, Unpack
 
 from .. import evalprotocol
+from ..compat import refuse_unknown
 from ..errors import ConfigError
 from ..evalprotocol import EvalSpec, EvalTest
 from ..generation.probe import probe_server
 from ..openenv import servers as env_servers
 from ..openenv.client import EnvFactory
 from ..openenv.servers import LaunchedServers, Provider
-from ..compat import refuse_unknown
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
 from ..runtime import shutdown
 from ..runtime.runner import LoopRunner
@@ -66,10 +66,18 @@ class RolloutEngine:
     ``backend_name``, ``log_writer``, ``env_sessions`` (read-only properties). Closed at the process's exit (on
     SIGTERM too) unless closed before; in a forked child ``close()`` releases nothing (all of it is the parent's)."""
 
-    def __init__(self, spec: EvalSpec, source: EpisodeSource, *, backend: Backend = "auto",
-                 vllm_base_url: str | None = None, max_episode_tokens: int | None = None,
-                 vllm: VLLMOptions | None = None, options: RolloutOptions | None = None,
-                 log_writer: RolloutLogWriter | None = None) -> None:
+    def __init__(
+        self,
+        spec: EvalSpec,
+        source: EpisodeSource,
+        *,
+        backend: Backend = "auto",
+        vllm_base_url: str | None = None,
+        max_episode_tokens: int | None = None,
+        vllm: VLLMOptions | None = None,
+        options: RolloutOptions | None = None,
+        log_writer: RolloutLogWriter | None = None,
+    ) -> None:
         self.spec = spec
         self.source = source
         self.backend = backend
@@ -78,10 +86,16 @@ class RolloutEngine:
         self.invocation_id = evalprotocol.new_id("ep-trl")
         self._runner = LoopRunner()
         self._log = log_writer
-        self._reader = CallReader(spec, backend=backend, vllm_base_url=vllm_base_url, vllm=vllm or VLLMOptions(),
-                                  chat_template_kwargs=self.options.chat_template_kwargs,
-                                  max_episode_tokens=max_episode_tokens, invocation_id=self.invocation_id,
-                                  log=log_writer)
+        self._reader = CallReader(
+            spec,
+            backend=backend,
+            vllm_base_url=vllm_base_url,
+            vllm=vllm or VLLMOptions(),
+            chat_template_kwargs=self.options.chat_template_kwargs,
+            max_episode_tokens=max_episode_tokens,
+            invocation_id=self.invocation_id,
+            log=log_writer,
+        )
         self._player: EpisodePlayer | None = None
         self._signal = SignalWatch(self.options.max_signal_free_calls, spec.qualified_name)
         self._owner = os.getpid()  # what it holds is this process's: a forked child owns none of it
@@ -118,10 +132,19 @@ class RolloutEngine:
         from any thread but the loop's."""
         return self._runner.run(coro)
 
-    async def stream(self, setup: CallSetup, plans: Iterator[GroupPlan], *, slots: int, all_scope: AllScope = "group",
-                     may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
-                     model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
-                     max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
+    async def stream(
+        self,
+        setup: CallSetup,
+        plans: Iterator[GroupPlan],
+        *,
+        slots: int,
+        all_scope: AllScope = "group",
+        may_start: Callable[[], bool] | None = None,
+        turn_version: Callable[[], int] | None = None,
+        model_for: Callable[[int], str | None] | None = None,
+        meter: SlotMeter | None = None,
+        max_episode_images: int | None = None,
+    ) -> AsyncGenerator[ScoredGroup, None]:
         """The stream core (``ep_trl.engine.stream.stream_groups``) on this eval's source and ``setup``: ``plans``
         played with at most ``slots`` episodes in flight, each group yielded once complete and scored. Run it on the
         engine's loop (``run``)."""
@@ -130,10 +153,20 @@ class RolloutEngine:
         try:
             async with self.source.session(setup) as player:
                 self._player = player
-                stream = stream_groups(player, self.spec, plans, generator, slots=slots,
-                                       body_timeout_s=self.options.body_timeout_s, all_scope=all_scope,
-                                       may_start=may_start, turn_version=turn_version, model_for=model_for,
-                                       meter=meter, max_episode_images=max_episode_images)
+                stream = stream_groups(
+                    player,
+                    self.spec,
+                    plans,
+                    generator,
+                    slots=slots,
+                    body_timeout_s=self.options.body_timeout_s,
+                    all_scope=all_scope,
+                    may_start=may_start,
+                    turn_version=turn_version,
+                    model_for=model_for,
+                    meter=meter,
+                    max_episode_images=max_episode_images,
+                )
                 async with aclosing(stream):  # closed (its episodes cancelled) before the sessions are
                     async for group in stream:
                         yield group
@@ -141,16 +174,18 @@ class RolloutEngine:
         finally:
             await generator.end_call()
 
-    async def groups(self, caller: RolloutCaller, plans: Iterator[GroupPlan],
-                     **stream: Unpack[StreamOptions]) -> AsyncGenerator[ScoredGroup, None]:
+    async def groups(
+        self, caller: RolloutCaller, plans: Iterator[GroupPlan], **stream: Unpack[StreamOptions]
+    ) -> AsyncGenerator[ScoredGroup, None]:
         """:meth:`stream` with what ``caller`` offers, read once as the stream starts."""
         async with aclosing(self.stream(self.setup(caller), plans, **stream)) as played:
             async for group in played:
                 yield group
                 del group  # not kept (its episodes' images) while the next group plays
 
-    def log_final(self, context: RowContext, episodes: Sequence[Episode], scored: Sequence[Scored],
-                  seconds: float) -> None:
+    def log_final(
+        self, context: RowContext, episodes: Sequence[Episode], scored: Sequence[Scored], seconds: float
+    ) -> None:
         """Log scored episodes' final rows with their token views under ``context`` (nothing when logging is off)."""
         if self._log is not None:
             context.log_final(self._log, episodes, list(scored), seconds)
@@ -182,12 +217,22 @@ class RolloutEngine:
             shutdown.unregister(self)
 
 
-def build_engine(env_path: str, *, backend: Backend = "auto", vllm_base_url: str | None = None,
-                 env_base_url: str | None = None, env_factory: EnvFactory | None = None,
-                 max_concurrent_rollouts: int | None = None, max_episode_tokens: int | None = None,
-                 log_rollouts: bool = True, provider: Provider | None = None, overrides: EvalOverrides | None = None,
-                 vllm: VLLMOptions | None = None, options: RolloutOptions | None = None,
-                 **unknown: object) -> RolloutEngine:
+def build_engine(
+    env_path: str,
+    *,
+    backend: Backend = "auto",
+    vllm_base_url: str | None = None,
+    env_base_url: str | None = None,
+    env_factory: EnvFactory | None = None,
+    max_concurrent_rollouts: int | None = None,
+    max_episode_tokens: int | None = None,
+    log_rollouts: bool = True,
+    provider: Provider | None = None,
+    overrides: EvalOverrides | None = None,
+    vllm: VLLMOptions | None = None,
+    options: RolloutOptions | None = None,
+    **unknown: object,
+) -> RolloutEngine:
     """The engine of the eval at ``env_path``: the keywords checked, the eval resolved with the overrides applied,
     environment servers started if ep_trl must, the episode source chosen, ``vllm_base_url`` probed, the log writer
     made. The keywords are ``create_openenv_vllm_rollout_func``'s (documented there) less ``worker_processes > 1``,
@@ -196,8 +241,9 @@ def build_engine(env_path: str, *, backend: Backend = "auto", vllm_base_url: str
     check_keywords(backend, vllm_base_url, max_episode_tokens, log_rollouts, overrides, vllm, options)
     vllm, options = vllm or VLLMOptions(), options or RolloutOptions()
     evalprotocol.check_version()
-    merged = (overrides or EvalOverrides()).merged(env_base_url=env_base_url, env_factory=env_factory,
-                                                   max_concurrent_rollouts=max_concurrent_rollouts)
+    merged = (overrides or EvalOverrides()).merged(
+        env_base_url=env_base_url, env_factory=env_factory, max_concurrent_rollouts=max_concurrent_rollouts
+    )
     eval_test = evalprotocol.resolve_eval_test(env_path)
     spec, servers = _resolve(eval_test, merged, provider)
     source = make_source(spec, eval_test, options, servers, merged.input_dataset)
@@ -207,19 +253,29 @@ def build_engine(env_path: str, *, backend: Backend = "auto", vllm_base_url: str
     if vllm_base_url and backend != "trainer":
         probe_server(vllm_base_url, vllm.connect_timeout_s)  # an unreachable server fails now, not mid-training
     writer = RolloutLogWriter(evalprotocol.make_dataset_logger(options.log_home)) if log_rollouts else None
-    return RolloutEngine(spec, source, backend=backend,
-                         vllm_base_url=vllm_base_url.rstrip("/") if vllm_base_url else None,
-                         max_episode_tokens=max_episode_tokens, vllm=vllm, options=options, log_writer=writer)
+    return RolloutEngine(
+        spec,
+        source,
+        backend=backend,
+        vllm_base_url=vllm_base_url.rstrip("/") if vllm_base_url else None,
+        max_episode_tokens=max_episode_tokens,
+        vllm=vllm,
+        options=options,
+        log_writer=writer,
+    )
 
 
-def _resolve(eval_test: EvalTest, overrides: EvalOverrides,
-             provider: Provider | None) -> tuple[EvalSpec, LaunchedServers | None]:
+def _resolve(
+    eval_test: EvalTest, overrides: EvalOverrides, provider: Provider | None
+) -> tuple[EvalSpec, LaunchedServers | None]:
     """The eval's spec with the overrides applied and checked, its environment servers started if ep_trl must."""
     spec = settings.apply_overrides(evalprotocol.read_eval_spec(eval_test), overrides)
     if spec.env is None:
         if provider is not None:
-            raise ConfigError(f"provider= starts OpenEnv environment servers; {spec.qualified_name} uses "
-                              f"{spec.processor_name}, which brings its own environment.")
+            raise ConfigError(
+                f"provider= starts OpenEnv environment servers; {spec.qualified_name} uses "
+                f"{spec.processor_name}, which brings its own environment."
+            )
         return spec, None
     if provider is None and not spec.env.needs_launch():
         return spec, None

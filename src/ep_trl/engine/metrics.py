@@ -7,28 +7,29 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..sources.episode import FAILURE_KINDS, Episode
 from ..errors import NoTrainingSignalError
-from .scoring import Scored
 from ..runtime.threads import stuck_threads
+from ..sources.episode import FAILURE_KINDS, Episode
+from .scoring import Scored
 
 logger = logging.getLogger(__name__)
 
 #: What to do about each kind of episode failure, quoted when a call went badly.
 FIXES = {
     "environment": "check that the environment, tool or MCP servers are up and reachable (the errors name them); if "
-                   "an OpenEnv server is only slow, raise EvalOverrides(request_timeout_s=...)",
+    "an OpenEnv server is only slow, raise EvalOverrides(request_timeout_s=...)",
     "eval_code": "the eval's own code raised (its action parser, or its rollout processor): make it handle any "
-                 "model output (the errors show where); a processor failing before its first model call may be "
-                 "calling a model other than the one ep_trl gives the row (docs/processors.md)",
+    "model output (the errors show where); a processor failing before its first model call may be "
+    "calling a model other than the one ep_trl gives the row (docs/processors.md)",
     "generation": "check the generation backend (for vLLM: is the server up, does the prompt fit max_model_len?)",
     "unscored": "the eval body left the rows unscored (raised, timed out, returned no or a non-finite score): the "
-                "reasons are below",
+    "reasons are below",
 }
 
 
-def call_metrics(episodes: Sequence[Episode], scored: Sequence[Scored], seconds: float,
-                 env_sessions: int) -> dict[str, float]:
+def call_metrics(
+    episodes: Sequence[Episode], scored: Sequence[Scored], seconds: float, env_sessions: int
+) -> dict[str, float]:
     """The per-call numbers the trainer logs beside its own (``ep_trl/...``); ``ep_trl/errors/<kind>`` counts the
     episodes that failed by each of ``FAILURE_KINDS``."""
     n = len(episodes)
@@ -48,18 +49,22 @@ def call_metrics(episodes: Sequence[Episode], scored: Sequence[Scored], seconds:
     }
 
 
-def summary_line(step: int, episodes: Sequence[Episode], scored: Sequence[Scored], seconds: float,
-                 metrics: dict[str, float]) -> str:
+def summary_line(
+    step: int, episodes: Sequence[Episode], scored: Sequence[Scored], seconds: float, metrics: dict[str, float]
+) -> str:
     """One human line per call: episodes, speed, mean score, failures, turns."""
     n = len(episodes)
     scores = [s.score for s in scored if s.score is not None]
     failed = sum(ep.status != "finished" for ep in episodes)
     mean = f"{sum(scores) / len(scores):.3f}" if scores else "n/a"
-    kinds = ", ".join(f"{kind} {int(metrics[f'ep_trl/errors/{kind}'])}" for kind in FAILURE_KINDS
-                      if metrics[f"ep_trl/errors/{kind}"])
-    return (f"ep_trl step {step}: {n} episodes in {seconds:.1f} s ({metrics['ep_trl/episodes_per_s']:.2f}/s), "
-            f"mean score {mean}, {failed} failed{f' ({kinds})' if kinds else ''}, {n - len(scores)} unscored, "
-            f"{metrics['ep_trl/mean_turns']:.1f} turns/episode")
+    kinds = ", ".join(
+        f"{kind} {int(metrics[f'ep_trl/errors/{kind}'])}" for kind in FAILURE_KINDS if metrics[f"ep_trl/errors/{kind}"]
+    )
+    return (
+        f"ep_trl step {step}: {n} episodes in {seconds:.1f} s ({metrics['ep_trl/episodes_per_s']:.2f}/s), "
+        f"mean score {mean}, {failed} failed{f' ({kinds})' if kinds else ''}, {n - len(scores)} unscored, "
+        f"{metrics['ep_trl/mean_turns']:.1f} turns/episode"
+    )
 
 
 def budget_warning(episodes: Sequence[Episode], budget: int) -> str | None:
@@ -72,10 +77,12 @@ def budget_warning(episodes: Sequence[Episode], budget: int) -> str | None:
     prompt = sum(len(ep.trajectory.prompt_ids) for ep in stopped) / n
     used = sum(len(ep.trajectory.completion_ids) for ep in stopped) / n
     bridge = sum(ep.budget_blocked_tokens for ep in stopped) / n
-    return (f"{n} of {len(episodes)} episodes stopped early at the token budget of {budget} completion tokens, after "
-            f"{turns:.1f} turns on average (prompt {prompt:.0f} tokens, {used:.0f} completion tokens used, the next "
-            f"turn's message and template needed {bridge:.0f} more). Raise GRPOConfig(max_completion_length=...) or "
-            "max_episode_tokens=..., or make the prompt builder's message between turns shorter.")
+    return (
+        f"{n} of {len(episodes)} episodes stopped early at the token budget of {budget} completion tokens, after "
+        f"{turns:.1f} turns on average (prompt {prompt:.0f} tokens, {used:.0f} completion tokens used, the next "
+        f"turn's message and template needed {bridge:.0f} more). Raise GRPOConfig(max_completion_length=...) or "
+        "max_episode_tokens=..., or make the prompt builder's message between turns shorter."
+    )
 
 
 def failure_summary(episodes: Sequence[Episode], scored: Sequence[Scored]) -> str:
@@ -117,7 +124,14 @@ class SignalWatch:
             raise NoTrainingSignalError(
                 f"{self.calls_without_signal} rollout calls in a row of {self.eval_name} produced no scored episode, "
                 f"so training learns nothing (RolloutOptions(max_signal_free_calls={self.limit})). The last call:\n"
-                f"{summary}")
-        logger.warning("%d of %d episodes of this call failed or went unscored%s:\n%s", unscored, len(scored),
-                       f" ({self.calls_without_signal} such calls in a row; training stops at {self.limit})"
-                       if self.calls_without_signal else "", summary)
+                f"{summary}"
+            )
+        logger.warning(
+            "%d of %d episodes of this call failed or went unscored%s:\n%s",
+            unscored,
+            len(scored),
+            f" ({self.calls_without_signal} such calls in a row; training stops at {self.limit})"
+            if self.calls_without_signal
+            else "",
+            summary,
+        )

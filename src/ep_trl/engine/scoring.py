@@ -57,8 +57,10 @@ async def score_rows(spec: EvalSpec, rows: list[Row], timeout_s: float) -> list[
         except UnsupportedEvalError:
             raise
         except TimeoutError:
-            message = (f"eval body did not return within {timeout_s:g} s (raise RolloutOptions(body_timeout_s=...) "
-                       "if it is just slow)")
+            message = (
+                f"eval body did not return within {timeout_s:g} s (raise RolloutOptions(body_timeout_s=...) "
+                "if it is just slow)"
+            )
             logger.warning("%s: %s (rows %s left unscored)", spec.qualified_name, message, batch)
             for i in batch:
                 verdicts[i] = Scored(None, rows[i], message)

@@ -31,13 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..openenv.client import STOCK_MESSAGE_TIMEOUT_S
-from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.processors import ROUTING_KEYS
 from ..evalprotocol.spec import EvalSpec
 from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
+from ..openenv.client import STOCK_MESSAGE_TIMEOUT_S
 from ..options import EvalOverrides
+from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages
 from ..trajectory.tokens import TurnLimits, eos_token_ids
 from ..trajectory.types import Model, ProcessingClass, Prompt
 
@@ -54,15 +54,24 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
         env_changes["factory"] = o.env_factory
     if o.env_client_cls is not None or o.env_base_url is not None:
         env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
-    for name, field_name in (("env_client_cls", "client_cls"), ("env_base_url", "base_url"), ("tasks", "tasks"),
-                             ("task_var", "task_var"), ("reset_task_kwarg", "reset_task_kwarg"),
-                             ("reset_seed", "reset_seed"), ("reset_kwargs", "reset_kwargs")):
+    for name, field_name in (
+        ("env_client_cls", "client_cls"),
+        ("env_base_url", "base_url"),
+        ("tasks", "tasks"),
+        ("task_var", "task_var"),
+        ("reset_task_kwarg", "reset_task_kwarg"),
+        ("reset_seed", "reset_seed"),
+        ("reset_kwargs", "reset_kwargs"),
+    ):
         if getattr(o, name) is not None:
             env_changes[field_name] = getattr(o, name)
     # never bound an environment call tighter than the eval's own run would (a stock client waits 60 s per reply),
     # unless the caller asks for a bound explicitly
-    env_changes["request_timeout_s"] = (o.request_timeout_s if o.request_timeout_s is not None
-                                        else max(spec.env.request_timeout_s, STOCK_MESSAGE_TIMEOUT_S))
+    env_changes["request_timeout_s"] = (
+        o.request_timeout_s
+        if o.request_timeout_s is not None
+        else max(spec.env.request_timeout_s, STOCK_MESSAGE_TIMEOUT_S)
+    )
     params = dict(spec.completion_params)
     if o.max_tokens is not None:
         params["max_tokens"] = o.max_tokens
@@ -76,34 +85,52 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
         action_parser=o.action_parser or spec.action_parser,
         max_steps=o.max_steps if o.max_steps is not None else spec.max_steps,
         max_concurrent_rollouts=o.max_concurrent_rollouts or spec.max_concurrent_rollouts,
-        evaluation_test_kwargs=(o.evaluation_test_kwargs if o.evaluation_test_kwargs is not None
-                                else spec.evaluation_test_kwargs),
+        evaluation_test_kwargs=(
+            o.evaluation_test_kwargs if o.evaluation_test_kwargs is not None else spec.evaluation_test_kwargs
+        ),
     )
     check_spec(merged)
     return merged
 
 
 #: Overrides that only mean something to the OpenEnv loop ep_trl drives itself.
-OPENENV_OVERRIDES = ("env_factory", "env_client_cls", "env_base_url", "request_timeout_s", "prompt_builder",
-                     "action_parser", "tasks", "task_var", "reset_task_kwarg", "max_steps", "reset_seed",
-                     "reset_kwargs")
+OPENENV_OVERRIDES = (
+    "env_factory",
+    "env_client_cls",
+    "env_base_url",
+    "request_timeout_s",
+    "prompt_builder",
+    "action_parser",
+    "tasks",
+    "task_var",
+    "reset_task_kwarg",
+    "max_steps",
+    "reset_seed",
+    "reset_kwargs",
+)
 
 
 def _apply_to_processor_eval(spec: EvalSpec, o: EvalOverrides) -> EvalSpec:
     """Overrides for an eval whose own processor runs: the model call's settings, concurrency and body kwargs."""
     given = [name for name in OPENENV_OVERRIDES if getattr(o, name) is not None]
     if given:
-        raise ConfigError(f"{spec.qualified_name} uses {spec.processor_name}, which drives its own environment and "
-                          f"tools; {given} apply to OpenEnvRolloutProcessor evals only. Change them in the eval.")
+        raise ConfigError(
+            f"{spec.qualified_name} uses {spec.processor_name}, which drives its own environment and "
+            f"tools; {given} apply to OpenEnvRolloutProcessor evals only. Change them in the eval."
+        )
     params = dict(spec.completion_params)
     if o.max_tokens is not None:
         params["max_tokens"] = o.max_tokens
     if o.stop is not None:
         params["stop"] = list(o.stop)
-    merged = replace(spec, completion_params=params,
-                     max_concurrent_rollouts=o.max_concurrent_rollouts or spec.max_concurrent_rollouts,
-                     evaluation_test_kwargs=(o.evaluation_test_kwargs if o.evaluation_test_kwargs is not None
-                                             else spec.evaluation_test_kwargs))
+    merged = replace(
+        spec,
+        completion_params=params,
+        max_concurrent_rollouts=o.max_concurrent_rollouts or spec.max_concurrent_rollouts,
+        evaluation_test_kwargs=(
+            o.evaluation_test_kwargs if o.evaluation_test_kwargs is not None else spec.evaluation_test_kwargs
+        ),
+    )
     check_spec(merged)
     return merged
 
@@ -113,16 +140,22 @@ def check_spec(spec: EvalSpec) -> None:
     if spec.env is not None:
         spec.env.check()
     if spec.max_steps < 1:
-        raise ConfigError(f"{spec.qualified_name} allows {spec.max_steps} steps; set steps >= 1 in the eval or "
-                          "EvalOverrides(max_steps=...).")
+        raise ConfigError(
+            f"{spec.qualified_name} allows {spec.max_steps} steps; set steps >= 1 in the eval or "
+            "EvalOverrides(max_steps=...)."
+        )
     if spec.max_concurrent_rollouts < 1:
-        raise ConfigError(f"{spec.qualified_name} sets max_concurrent_rollouts={spec.max_concurrent_rollouts}; it "
-                          "must be >= 1 (pass max_concurrent_rollouts=...).")
+        raise ConfigError(
+            f"{spec.qualified_name} sets max_concurrent_rollouts={spec.max_concurrent_rollouts}; it "
+            "must be >= 1 (pass max_concurrent_rollouts=...)."
+        )
     _check_body_kwargs(spec)
     max_tokens = spec.completion_params.get("max_tokens")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ConfigError(f"{spec.qualified_name}: completion_params max_tokens={max_tokens!r} must be an integer "
-                          ">= 1 (or pass EvalOverrides(max_tokens=...)).")
+        raise ConfigError(
+            f"{spec.qualified_name}: completion_params max_tokens={max_tokens!r} must be an integer "
+            ">= 1 (or pass EvalOverrides(max_tokens=...))."
+        )
 
 
 def _check_body_kwargs(spec: EvalSpec) -> None:
@@ -139,9 +172,11 @@ def _check_body_kwargs(spec: EvalSpec) -> None:
         return
     unknown = sorted(set(kwargs) - set(parameters))
     if unknown:
-        raise ConfigError(f"{spec.qualified_name}: evaluation_test_kwargs {unknown} are not parameters of the eval "
-                          f"body (it takes {list(parameters)}); fix the names in the eval or in "
-                          "EvalOverrides(evaluation_test_kwargs=...).")
+        raise ConfigError(
+            f"{spec.qualified_name}: evaluation_test_kwargs {unknown} are not parameters of the eval "
+            f"body (it takes {list(parameters)}); fix the names in the eval or in "
+            "EvalOverrides(evaluation_test_kwargs=...)."
+        )
 
 
 def notes(spec: EvalSpec) -> list[str]:
@@ -149,16 +184,21 @@ def notes(spec: EvalSpec) -> list[str]:
     found = list(spec.notes)
     if spec.processor is not None:
         params = spec.completion_params
-        unused = sorted(k for k in ROUTING_KEYS
-                        if params.get(k) not in (None, False) and not (k == "n" and params.get(k) == 1))
+        unused = sorted(
+            k for k in ROUTING_KEYS if params.get(k) not in (None, False) and not (k == "n" and params.get(k) == 1)
+        )
         if unused:
-            found.append(f"{spec.qualified_name} sets {unused} in completion_params; training routes its processor's "
-                         "calls to ep_trl's endpoint (model and api_base per rollout), one choice per call, not "
-                         "streamed, so these are not used.")
+            found.append(
+                f"{spec.qualified_name} sets {unused} in completion_params; training routes its processor's "
+                "calls to ep_trl's endpoint (model and api_base per rollout), one choice per call, not "
+                "streamed, so these are not used."
+            )
     env = spec.env
     if env is not None and env.env_vars and env.base_url and env.factory is None:
-        found.append(f"{spec.qualified_name} sets env_vars {sorted(env.env_vars)}; the environment server at "
-                     f"{env.base_url} is given by URL, so setting them is the server's responsibility.")
+        found.append(
+            f"{spec.qualified_name} sets env_vars {sorted(env.env_vars)}; the environment server at "
+            f"{env.base_url} is given by URL, so setting them is the server's responsibility."
+        )
     return found
 
 
@@ -169,18 +209,28 @@ def sampling_note(spec: EvalSpec, used: SamplingParams) -> str | None:
     differing = {k: v for k, v in asked.items() if float(v) != float(trainer_values[k])}
     if not differing:
         return None
-    return (f"{spec.qualified_name} asks for {differing}; training samples with the GRPOConfig's "
-            f"{ {k: trainer_values[k] for k in differing} } because TRL's loss and importance ratio assume them.")
+    return (
+        f"{spec.qualified_name} asks for {differing}; training samples with the GRPOConfig's "
+        f"{ {k: trainer_values[k] for k in differing} } because TRL's loss and importance ratio assume them."
+    )
 
 
-def turn_limits(spec: EvalSpec, sampling: SamplingParams, budget: int | None, processing_class: ProcessingClass,
-                model_provider: Callable[[], Model] | None, max_model_len: int | None) -> TurnLimits:
+def turn_limits(
+    spec: EvalSpec,
+    sampling: SamplingParams,
+    budget: int | None,
+    processing_class: ProcessingClass,
+    model_provider: Callable[[], Model] | None,
+    max_model_len: int | None,
+) -> TurnLimits:
     """Sampling, token budget, end-of-turn ids and ``max_model_len`` every episode of a rollout call shares: the
     trainer's ``sampling`` with the eval's turn settings, the episode token ``budget``, the end-of-turn ids of the
     processing class and of the model ``model_provider`` gives (when the model is in reach)."""
     params = spec.completion_params
     if not budget:
-        raise ConfigError("No episode token budget: set GRPOConfig(max_completion_length=...) or max_episode_tokens=...")
+        raise ConfigError(
+            "No episode token budget: set GRPOConfig(max_completion_length=...) or max_episode_tokens=..."
+        )
     stop_ids = tuple(int(t) for t in params.get("stop_token_ids") or ())
     stop = params.get("stop") or ()
     sampling = replace(
@@ -190,16 +240,26 @@ def turn_limits(spec: EvalSpec, sampling: SamplingParams, budget: int | None, pr
         stop_token_ids=stop_ids,
     )
     eos = eos_token_ids(processing_class, model_provider() if model_provider is not None else None)
-    return TurnLimits(sampling=sampling, max_episode_tokens=int(budget),
-                      stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)), max_model_len=max_model_len)
+    return TurnLimits(
+        sampling=sampling,
+        max_episode_tokens=int(budget),
+        stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)),
+        max_model_len=max_model_len,
+    )
 
 
 def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
     """The settings every OpenEnv episode of one rollout call shares."""
     assert spec.env is not None and spec.prompt_builder is not None and spec.action_parser is not None
-    return EpisodeConfig(env=spec.env, prompt_builder=spec.prompt_builder, action_parser=spec.action_parser,
-                         max_steps=spec.max_steps, limits=limits, eval_name=spec.qualified_name,
-                         fallback_action=fallback_action(spec.action_parser))
+    return EpisodeConfig(
+        env=spec.env,
+        prompt_builder=spec.prompt_builder,
+        action_parser=spec.action_parser,
+        max_steps=spec.max_steps,
+        limits=limits,
+        eval_name=spec.qualified_name,
+        fallback_action=fallback_action(spec.action_parser),
+    )
 
 
 def fallback_action(action_parser: Callable[[str], object]) -> tuple[object] | None:
@@ -212,9 +272,16 @@ def fallback_action(action_parser: Callable[[str], object]) -> tuple[object] | N
         return None
 
 
-def plan_episode(prompt: Prompt, index: int, group: int, generation: int, tasks: Sequence[str],
-                 system_prompt: str | None, reset_seed: Callable[[int], int] | None = None,
-                 reset_kwargs: Callable[[int], Mapping[str, object]] | None = None) -> EpisodePlan:
+def plan_episode(
+    prompt: Prompt,
+    index: int,
+    group: int,
+    generation: int,
+    tasks: Sequence[str],
+    system_prompt: str | None,
+    reset_seed: Callable[[int], int] | None = None,
+    reset_kwargs: Callable[[int], Mapping[str, object]] | None = None,
+) -> EpisodePlan:
     """The plan of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
     ``tasks[group % len(tasks)]``), ``generation`` within the group. The eval's ``system_prompt`` is put first
     unless the prompt already has a system message.
@@ -227,6 +294,12 @@ def plan_episode(prompt: Prompt, index: int, group: int, generation: int, tasks:
     messages = initial_messages(prompt, index)
     if system_prompt and not any(m.get("role") == "system" for m in messages):
         messages = ({"role": "system", "content": system_prompt},) + messages
-    return EpisodePlan(index=index, group=group, generation=generation, task=task, initial_messages=messages,
-                       seed=reset_seed(group) if reset_seed is not None else None,
-                       reset_kwargs=dict(reset_kwargs(group)) if reset_kwargs is not None else None)
+    return EpisodePlan(
+        index=index,
+        group=group,
+        generation=generation,
+        task=task,
+        initial_messages=messages,
+        seed=reset_seed(group) if reset_seed is not None else None,
+        reset_kwargs=dict(reset_kwargs(group)) if reset_kwargs is not None else None,
+    )

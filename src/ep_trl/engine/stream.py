@@ -1,8 +1,9 @@
 """The stream: an eval's episodes as a stream of finished prompt groups, scored by the eval's body.
 
-Both trainer adapters consume the same stream. ``rollout_func`` (:mod:`ep_trl.adapters.rollout_func`) streams a call's groups and
-collects them into TRL's dict; the rollout worker of ``AsyncGRPOTrainer`` (:mod:`ep_trl.adapters.async_worker`) consumes an
-endless stream and turns each group into samples the moment it is released.
+Both trainer adapters consume the same stream. ``rollout_func`` (:mod:`ep_trl.adapters.rollout_func`) streams a call's
+groups and collects them into TRL's dict; the rollout worker of ``AsyncGRPOTrainer``
+(:mod:`ep_trl.adapters.async_worker`) consumes an endless stream and turns each group into samples the moment it is
+released.
 
 :func:`stream_groups` keeps at most ``slots`` episodes in flight and starts the next episode (of the current group,
 else of the next planned group) whenever one ends and ``may_start()`` allows it. Groups are released as they
@@ -34,14 +35,14 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..sources.episode import Episode
 from ..evalprotocol import EvalSpec
 from ..generation import Generator
 from ..generation.versioned import VersionedTurns
-from ..traininglog.rows import RowContext
-from .scoring import FAILED_EPISODE, Scored, score_rows
 from ..sources import EpisodePlayer, EpisodeRequest
+from ..sources.episode import Episode
+from ..traininglog.rows import RowContext
 from ..trajectory.types import Prompt, Row
+from .scoring import FAILED_EPISODE, Scored, score_rows
 
 #: Which episodes an ``all`` eval's body scores at once: each prompt group's, or the whole stream's.
 AllScope = Literal["group", "stream"]
@@ -122,8 +123,8 @@ class SlotMeter:
 
 @dataclass(eq=False)
 class _GroupInFlight:
-    """A prompt group while its episodes play: its ended episodes and their verdicts by generation, the next generation to
-    start, and when its first episode started (mutable until it is released)."""
+    """A prompt group while its episodes play: its ended episodes and their verdicts by generation, the next generation
+    to start, and when its first episode started (mutable until it is released)."""
 
     plan: GroupPlan
     started: float
@@ -143,15 +144,29 @@ class _GroupInFlight:
 
     def release(self) -> ScoredGroup:
         order = range(self.size)
-        return ScoredGroup(self.plan, tuple(self.played[k] for k in order), tuple(self.scored[k] for k in order),
-                           time.monotonic() - self.started)
+        return ScoredGroup(
+            self.plan,
+            tuple(self.played[k] for k in order),
+            tuple(self.scored[k] for k in order),
+            time.monotonic() - self.started,
+        )
 
 
-async def stream_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
-                      slots: int, body_timeout_s: float, all_scope: AllScope = "group",
-                      may_start: Callable[[], bool] | None = None, turn_version: Callable[[], int] | None = None,
-                      model_for: Callable[[int], str | None] | None = None, meter: SlotMeter | None = None,
-                      max_episode_images: int | None = None) -> AsyncGenerator[ScoredGroup, None]:
+async def stream_groups(
+    player: EpisodePlayer,
+    spec: EvalSpec,
+    plans: Iterator[GroupPlan],
+    generator: Generator,
+    *,
+    slots: int,
+    body_timeout_s: float,
+    all_scope: AllScope = "group",
+    may_start: Callable[[], bool] | None = None,
+    turn_version: Callable[[], int] | None = None,
+    model_for: Callable[[int], str | None] | None = None,
+    meter: SlotMeter | None = None,
+    max_episode_images: int | None = None,
+) -> AsyncGenerator[ScoredGroup, None]:
     """Play ``plans`` with at most ``slots`` episodes in flight and yield each group once it is complete and scored
     (see the module docstring); ``meter`` counts how busy the slots are. A released group is referenced nowhere in
     the stream once the consumer asks for the next one (its episodes' images are freed with the consumer's copy)."""
@@ -159,9 +174,20 @@ async def stream_groups(player: EpisodePlayer, spec: EvalSpec, plans: Iterator[G
         raise ValueError(f"stream_groups needs at least one slot, got {slots}")
     if all_scope not in ("group", "stream"):
         raise ValueError(f"all_scope must be 'group' or 'stream', got {all_scope!r}")
-    stream = _Stream(player, spec, plans, generator, slots=slots, body_timeout_s=body_timeout_s,
-                 hold_all=spec.mode == "all" and all_scope == "stream", may_start=may_start,
-                 turn_version=turn_version, model_for=model_for, meter=meter, max_episode_images=max_episode_images)
+    stream = _Stream(
+        player,
+        spec,
+        plans,
+        generator,
+        slots=slots,
+        body_timeout_s=body_timeout_s,
+        hold_all=spec.mode == "all" and all_scope == "stream",
+        may_start=may_start,
+        turn_version=turn_version,
+        model_for=model_for,
+        meter=meter,
+        max_episode_images=max_episode_images,
+    )
     try:
         while True:
             stream.fill_slots()
@@ -185,10 +211,22 @@ class _Stream:
     """One run of :func:`stream_groups`: where the plan stands, the episodes and body calls in flight and the groups
     they belong to, and the steps that start, end and score them."""
 
-    def __init__(self, player: EpisodePlayer, spec: EvalSpec, plans: Iterator[GroupPlan], generator: Generator, *,
-                 slots: int, body_timeout_s: float, hold_all: bool, may_start: Callable[[], bool] | None,
-                 turn_version: Callable[[], int] | None, model_for: Callable[[int], str | None] | None,
-                 meter: SlotMeter | None, max_episode_images: int | None) -> None:
+    def __init__(
+        self,
+        player: EpisodePlayer,
+        spec: EvalSpec,
+        plans: Iterator[GroupPlan],
+        generator: Generator,
+        *,
+        slots: int,
+        body_timeout_s: float,
+        hold_all: bool,
+        may_start: Callable[[], bool] | None,
+        turn_version: Callable[[], int] | None,
+        model_for: Callable[[int], str | None] | None,
+        meter: SlotMeter | None,
+        max_episode_images: int | None,
+    ) -> None:
         self._player, self._spec, self._plans, self._generator = player, spec, plans, generator
         self._slots, self._body_timeout_s, self._hold_all = slots, body_timeout_s, hold_all
         self._may_start, self._turn_version, self._model_for, self._meter = may_start, turn_version, model_for, meter
@@ -228,10 +266,19 @@ class _Stream:
 
     def _start(self, group: _GroupInFlight, k: int) -> None:
         plan = group.plan
-        request = EpisodeRequest(index=plan.indices[k], group=plan.group, generation=k, prompt=plan.prompt,
-                                 rollout_id=plan.rollout_ids[k], context=plan.context)
-        turns = (VersionedTurns(self._generator, self._turn_version, self._model_for, self._max_episode_images)
-                 if self._turn_version is not None else None)
+        request = EpisodeRequest(
+            index=plan.indices[k],
+            group=plan.group,
+            generation=k,
+            prompt=plan.prompt,
+            rollout_id=plan.rollout_ids[k],
+            context=plan.context,
+        )
+        turns = (
+            VersionedTurns(self._generator, self._turn_version, self._model_for, self._max_episode_images)
+            if self._turn_version is not None
+            else None
+        )
         task = asyncio.ensure_future(self._player.play(request, turns or self._generator))
         self._episodes[task] = (group, request, turns)
         if self._meter is not None:
@@ -241,8 +288,11 @@ class _Stream:
         """Wait until an episode or a body call ends (or, with ``may_start`` and a free slot, a poll's time); the
         groups that completed, once each."""
         waiting = self._may_start is not None and len(self._episodes) < self._slots
-        done, _ = await asyncio.wait([*self._episodes, *self._scoring], timeout=IDLE_POLL_S if waiting else None,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            [*self._episodes, *self._scoring],
+            timeout=IDLE_POLL_S if waiting else None,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         completed = []
         for task in done:
             group = self._episode_ended(task) if task in self._episodes else self._body_returned(task)
@@ -280,8 +330,9 @@ class _Stream:
         """Start the body on the finished episodes of ``members``; the failed ones are unscored at once."""
         eligible = [k for _, k in self._finished([(group, k) for k in members])]
         if eligible:
-            task = asyncio.ensure_future(score_rows(self._spec, [group.played[k].row for k in eligible],
-                                                    self._body_timeout_s))
+            task = asyncio.ensure_future(
+                score_rows(self._spec, [group.played[k].row for k in eligible], self._body_timeout_s)
+            )
             self._scoring[task] = (group, eligible)
 
     async def score_held(self) -> list[_GroupInFlight]:

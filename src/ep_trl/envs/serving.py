@@ -14,11 +14,14 @@ import uvicorn
 
 def server_parser(name: str, default_port: int, description: str | None = None) -> argparse.ArgumentParser:
     """The options every server has: ``--host``, ``--port`` (0 picks a free one) and ``--log-level``."""
-    parser = argparse.ArgumentParser(prog=f"python -m ep_trl.envs.{name}", description=description or
-                                     f"Serve the {name} environment (an OpenEnv server) with uvicorn.")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m ep_trl.envs.{name}",
+        description=description or f"Serve the {name} environment (an OpenEnv server) with uvicorn.",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=default_port,
-                        help=f"port to bind; 0 picks a free one (default {default_port})")
+    parser.add_argument(
+        "--port", type=int, default=default_port, help=f"port to bind; 0 picks a free one (default {default_port})"
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 

@@ -1,10 +1,10 @@
 """The one guarded door to eval-protocol names that are not its public API.
 
 ep_trl reads the ``OpenEnvRolloutProcessor``'s settings (kept in private attributes), the eval wrapper's
-``_origin_func``, a few internal modules of eval-protocol's log store, and the servers ``MCPServerManager`` runs. Every such name is listed here and read
-through :func:`private_attr` or :func:`private_name`, so a rename in a new eval-protocol release fails at
-construction with a message naming the name, the installed version and the supported range, and
-``tests/evalprotocol/test_private.py`` walks these lists against the installed eval-protocol.
+``_origin_func``, a few internal modules of eval-protocol's log store, and the servers ``MCPServerManager`` runs. Every
+such name is listed here and read through :func:`private_attr` or :func:`private_name`, so a rename in a new
+eval-protocol release fails at construction with a message naming the name, the installed version and the supported
+range, and ``tests/evalprotocol/test_private.py`` walks these lists against the installed eval-protocol.
 """
 
 import importlib
@@ -14,8 +14,18 @@ from ..errors import UnsupportedEvalError
 from ..runtime.versions import installed_version, require_supported, show, supported_range
 
 #: Private attributes of ``OpenEnvRolloutProcessor`` that hold the eval's environment settings.
-PROCESSOR_ATTRIBUTES = ("_provided_env_factory", "_env_client_cls", "_env_base_url", "_request_timeout_s",
-                        "_default_headers", "_tasks", "_task_var", "_env_vars", "_docker_image", "_hub_repo_id")
+PROCESSOR_ATTRIBUTES = (
+    "_provided_env_factory",
+    "_env_client_cls",
+    "_env_base_url",
+    "_request_timeout_s",
+    "_default_headers",
+    "_tasks",
+    "_task_var",
+    "_env_vars",
+    "_docker_image",
+    "_hub_repo_id",
+)
 
 #: The attribute of an ``@evaluation_test`` wrapper that holds the undecorated body.
 BODY_ATTRIBUTE = "_origin_func"

@@ -9,8 +9,8 @@ from typing import NotRequired, TypedDict, Unpack
 
 from ..errors import UnsupportedEvalError
 from ..runtime.threads import run_blocking
-from .spec import EvalSpec
 from ..trajectory.types import MessagesView, Row, Settings
+from .spec import EvalSpec
 
 
 def new_id(prefix: str) -> str:
@@ -57,8 +57,15 @@ def stamp_row(
     from eval_protocol.models import EvalMetadata
 
     row.input_metadata.completion_params = dict(completion_params)
-    row.eval_metadata = EvalMetadata(name=eval_name, version="ep_trl", status=None, num_runs=1,
-                                     aggregation_method="mean", passed_threshold=None, passed=None)
+    row.eval_metadata = EvalMetadata(
+        name=eval_name,
+        version="ep_trl",
+        status=None,
+        num_runs=1,
+        aggregation_method="mean",
+        passed_threshold=None,
+        passed=None,
+    )
     meta = row.execution_metadata
     meta.rollout_id = rollout_id
     meta.invocation_id = invocation_id

@@ -9,15 +9,15 @@ position in :func:`eval_rows` and its eval-protocol ``row_id``) into the first m
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..trajectory.content import content_text
 from ..errors import ConfigError, EnvPathError, UnsupportedEvalError
+from ..trajectory.content import content_text
+from ..trajectory.types import JSONObject, Message, Messages, MessagesView, MessageView, Prompt, Row
 from ._private import private_name
 from .resolve import EvalTest, eval_file
-from ..trajectory.types import JSONObject, Message, MessageView, Messages, MessagesView, Prompt, Row
 
 if TYPE_CHECKING:  # eval-protocol's names, for the checker only (eval-protocol ships no types: they document)
     from eval_protocol.data_loader.models import EvaluationDataLoader
@@ -54,9 +54,13 @@ def eval_rows(eval_test: EvalTest, input_dataset: Sequence[str] | None = None) -
     combinations = _input_combinations(eval_test, input_dataset)
     if len(combinations) > 1 and eval_test.qualified_name not in _noted_combined:
         _noted_combined.add(eval_test.qualified_name)
-        logger.warning("%s parametrizes its inputs %d ways; ep_trl trains on all of their rows together, "
-                       "in order (pytest would run them as %d separate experiments).",
-                       eval_test.qualified_name, len(combinations), len(combinations))
+        logger.warning(
+            "%s parametrizes its inputs %d ways; ep_trl trains on all of their rows together, "
+            "in order (pytest would run them as %d separate experiments).",
+            eval_test.qualified_name,
+            len(combinations),
+            len(combinations),
+        )
     rows = [row for combination in combinations for row in _read_invocation(eval_test, combination)]
     _check_rows(eval_test, rows)
     return rows
@@ -98,8 +102,7 @@ def check_rows(prompts: Sequence[Prompt], rows: Sequence[Row], eval_name: str) -
     _matching_rows(prompts, rows, eval_name)
 
 
-def _matching_rows(prompts: Sequence[Prompt], rows: Sequence[Row],
-                   eval_name: str) -> list[Row]:
+def _matching_rows(prompts: Sequence[Prompt], rows: Sequence[Row], eval_name: str) -> list[Row]:
     by_content: dict[tuple[tuple[str, str], ...], list[int]] | None = None
     matched = []
     for n, prompt in enumerate(prompts):
@@ -119,8 +122,15 @@ def check_input_dataset(eval_test: EvalTest, paths: Sequence[str]) -> None:
     through its ``dataset_adapter`` (not inline rows, messages or data loaders), and every path is a file."""
     params = eval_test.wrapper.__ep_params__
     if params.input_dataset is None or params.data_loaders is not None:
-        given = ("data_loaders" if params.data_loaders is not None else "input_rows" if params.input_rows is not None
-                 else "input_messages" if params.input_messages is not None else "no input")
+        given = (
+            "data_loaders"
+            if params.data_loaders is not None
+            else "input_rows"
+            if params.input_rows is not None
+            else "input_messages"
+            if params.input_messages is not None
+            else "no input"
+        )
         raise UnsupportedEvalError(
             f"{eval_test.qualified_name} reads its rows from {given}, not from an input_dataset with a "
             "dataset_adapter, so nothing here says how JSONL rows become its EvaluationRows. Drop the input dataset "
@@ -144,8 +154,16 @@ def _input_combinations(eval_test: EvalTest, input_dataset: Sequence[str] | None
     generate = private_name("eval_protocol.pytest.generate_parameter_combinations", "generate_parameter_combinations")
     dataset = list(input_dataset) if input_dataset is not None else params.input_dataset
     try:
-        return generate(dataset, [None], params.input_messages, params.input_rows, None,
-                        params.max_dataset_rows, params.combine_datasets, params.data_loaders)
+        return generate(
+            dataset,
+            [None],
+            params.input_messages,
+            params.input_rows,
+            None,
+            params.max_dataset_rows,
+            params.combine_datasets,
+            params.data_loaders,
+        )
     except ValueError as exc:
         raise _no_rows(eval_test, f"eval-protocol finds no input in it ({exc})") from exc
 
@@ -179,8 +197,9 @@ def _read_invocation(eval_test: EvalTest, combination: CombinationTuple) -> list
     return rows
 
 
-def _from_loaders(data_loaders: EvaluationDataLoader | Sequence[EvaluationDataLoader],
-                  max_rows: int | None) -> list[Row]:
+def _from_loaders(
+    data_loaders: EvaluationDataLoader | Sequence[EvaluationDataLoader], max_rows: int | None
+) -> list[Row]:
     from eval_protocol.data_loader.models import EvaluationDataLoader
 
     loaders = [data_loaders] if isinstance(data_loaders, EvaluationDataLoader) else data_loaders
@@ -216,9 +235,11 @@ def _dataset_path(eval_test: EvalTest, given: str) -> str:
     try:
         found = eval_file(eval_test, given, "input_dataset")
     except EnvPathError as exc:
-        raise UnsupportedEvalError(f"{exc} Or train on rows of your own: ep-trl train --input-dataset FILE.jsonl "
-                                   "(dataset_from_eval(..., input_dataset=[...]) and EvalOverrides(input_dataset=[...]) "
-                                   "in Python).") from exc
+        raise UnsupportedEvalError(
+            f"{exc} Or train on rows of your own: ep-trl train --input-dataset FILE.jsonl "
+            "(dataset_from_eval(..., input_dataset=[...]) and EvalOverrides(input_dataset=[...]) "
+            "in Python)."
+        ) from exc
     if found.note:
         logger.info("%s", found.note)
     return found.path
@@ -293,8 +314,7 @@ def _row_data(row: Row) -> JSONObject:
     return data
 
 
-def _row_by_content(n: int, messages: MessagesView, rows: Sequence[Row],
-                    candidates: list[int], eval_name: str) -> Row:
+def _row_by_content(n: int, messages: MessagesView, rows: Sequence[Row], candidates: list[int], eval_name: str) -> Row:
     if not candidates:
         text = " | ".join(content_text(m.get("content")) for m in messages)
         preview = text[:80] + ("..." if len(text) > 80 else "")

@@ -25,8 +25,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from ._private import private_name
 from ..trajectory.types import Row
+from ._private import private_name
 
 
 class _Session(Protocol):
@@ -51,6 +51,7 @@ def is_mcp_gym(processor: object) -> bool:
     """Whether ``processor`` is eval-protocol's ``MCPGymRolloutProcessor``."""
     return type(processor).__name__ == PROCESSOR
 
+
 _lock = threading.Lock()
 _users = 0
 _original: _InitialState | None = None
@@ -69,8 +70,10 @@ def _seeded(original: _InitialState) -> _InitialState:
             await self.reset_session(session)  # eval-protocol's reset: the environment of the row's seed
         return await original(self, session)
 
-    get_initial_state.__doc__ = (f"{original.__doc__ or ''}\n\n(ep_trl: a session with a seed is reset with it "
-                                 "first: ep_trl.evalprotocol.mcp_gym)")
+    get_initial_state.__doc__ = (
+        f"{original.__doc__ or ''}\n\n(ep_trl: a session with a seed is reset with it "
+        "first: ep_trl.evalprotocol.mcp_gym)"
+    )
     setattr(get_initial_state, "ep_trl_seeded", True)
     return get_initial_state
 

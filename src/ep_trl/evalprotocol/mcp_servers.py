@@ -3,7 +3,8 @@ servers eval-protocol's ``MCPServerManager`` starts (``MCPGymRolloutProcessor``'
 
 An ``AgentRolloutProcessor`` eval names its MCP servers in a config file (``mcp_config_path``); the processor starts
 each stdio server itself, once per row, with MCP's stdio client, whose stderr goes to the console only. ep_trl hands
-each row a copy of that config in which every stdio server's command runs under ``ep_trl/runtime/guard.py``, so the server
+each row a copy of that config in which every stdio server's command runs under ``ep_trl/runtime/guard.py``, so the
+server
 
 * ends with the trainer, however the trainer ends (a SIGKILL included), and
 * leaves its last stderr lines and exit status behind: an episode that fails because its server died says why, in
@@ -33,10 +34,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._private import SERVER_MANAGERS_ATTRIBUTE, private_attr, private_name
 from ..runtime.guard import EXIT_MARK
 from ..runtime.processes import adopting, guarded
 from ..trajectory.types import JSONObject
+from ._private import SERVER_MANAGERS_ATTRIBUTE, private_attr, private_name
 
 #: How much of a server's stderr an episode error quotes.
 QUOTED_LINES = 5
@@ -65,17 +66,25 @@ class RolloutServers:
             if not log.exists():
                 continue
             lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-            status = next((ln[len(EXIT_MARK):].strip() for ln in reversed(lines) if ln.startswith(EXIT_MARK)), None)
+            status = next((ln[len(EXIT_MARK) :].strip() for ln in reversed(lines) if ln.startswith(EXIT_MARK)), None)
             said = [ln for ln in lines if not ln.startswith(EXIT_MARK)][-QUOTED_LINES:]
             if not said and status in (None, "0", "-15"):  # nothing to say, or ended at the processor's cleanup
                 continue
-            how = ("still running" if status is None else f"ended by signal {status[1:]}" if status.startswith("-")
-                   else f"exited with status {status}")
+            how = (
+                "still running"
+                if status is None
+                else f"ended by signal {status[1:]}"
+                if status.startswith("-")
+                else f"exited with status {status}"
+            )
             text = " | ".join(said)
             if len(text) > QUOTED_CHARS:
                 text = "..." + text[-QUOTED_CHARS:]
-            parts.append(f"stdio MCP server {name!r} (`{self.commands[name]}`) {how}; its stderr ends: {text}"
-                         if said else f"stdio MCP server {name!r} (`{self.commands[name]}`) {how}")
+            parts.append(
+                f"stdio MCP server {name!r} (`{self.commands[name]}`) {how}; its stderr ends: {text}"
+                if said
+                else f"stdio MCP server {name!r} (`{self.commands[name]}`) {how}"
+            )
         return "; ".join(parts) or None
 
 
@@ -161,8 +170,9 @@ class _AdoptedServers:
                 process = manager.process
                 if process is None or process.pid in self._watchdogs or not _runs_as_child(process.pid):
                     continue
-                self._watchdogs[process.pid] = subprocess.Popen(adopting(process.pid), stdin=subprocess.DEVNULL,
-                                                                stdout=subprocess.DEVNULL)
+                self._watchdogs[process.pid] = subprocess.Popen(
+                    adopting(process.pid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+                )
                 adopted.append(process.pid)
         return tuple(adopted)
 

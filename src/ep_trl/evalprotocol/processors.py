@@ -19,11 +19,11 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from ..trajectory.types import Row, Settings
 from . import mcp_gym
 from .mcp_servers import watching_started_servers
 from .spec import EvalSpec
 from .store import DatasetLogger
-from ..trajectory.types import Row, Settings
 
 if TYPE_CHECKING:  # eval-protocol ships no types: to the checker the name documents what is held
     from eval_protocol.pytest.rollout_processor import RolloutProcessor
@@ -63,9 +63,15 @@ class RoutingVariables:
             self._saved = {name: os.environ.get(name) for name in (BASE_URL_VARIABLE, KEY_VARIABLE)}
             before = self._saved[BASE_URL_VARIABLE]
             if before and before != base_url:
-                logger.warning("%s was %s; while ep_trl trains it points at %s (and %s holds ep_trl's key), so any "
-                               "other hosted_vllm model the eval calls (a judge, say) must pass its own api_base and "
-                               "api_key.", BASE_URL_VARIABLE, before, base_url, KEY_VARIABLE)
+                logger.warning(
+                    "%s was %s; while ep_trl trains it points at %s (and %s holds ep_trl's key), so any "
+                    "other hosted_vllm model the eval calls (a judge, say) must pass its own api_base and "
+                    "api_key.",
+                    BASE_URL_VARIABLE,
+                    before,
+                    base_url,
+                    KEY_VARIABLE,
+                )
         os.environ[BASE_URL_VARIABLE] = base_url
         os.environ[KEY_VARIABLE] = api_key
 
@@ -111,8 +117,14 @@ async def cleanup(spec: EvalSpec) -> None:
             mcp_gym.stop_seeded_sessions()
 
 
-async def run_row(spec: EvalSpec, row: Row, params: Settings, semaphore: asyncio.Semaphore,
-                  dataset_logger: DatasetLogger, mcp_config_path: str | None) -> Row:
+async def run_row(
+    spec: EvalSpec,
+    row: Row,
+    params: Settings,
+    semaphore: asyncio.Semaphore,
+    dataset_logger: DatasetLogger,
+    mcp_config_path: str | None,
+) -> Row:
     """One row through the eval's processor with ``params`` as its completion params (the config and the row carry
     the same ones, as ``evaluation_test`` sets them) and the rollout's copy of the eval's MCP config
     (``mcp_servers``); returns the row the processor finished with. A server the processor starts with eval-protocol's

@@ -78,9 +78,14 @@ def eval_file(eval_test: EvalTest, given: str, what: str) -> EvalFile:
     root = eval_test.import_root
     beside = root / path if root is not None else None
     if beside is not None and beside.exists():
-        return EvalFile(given=given, path=str(beside), note=(
-            f"{eval_test.qualified_name}: its {what} {given!r} is not in the working directory ({Path.cwd()}); "
-            f"using {beside}, under the root its module was imported from"))
+        return EvalFile(
+            given=given,
+            path=str(beside),
+            note=(
+                f"{eval_test.qualified_name}: its {what} {given!r} is not in the working directory ({Path.cwd()}); "
+                f"using {beside}, under the root its module was imported from"
+            ),
+        )
     places = f"{Path.cwd() / path} (from the working directory)"
     if beside is not None:
         places += f" and {beside} (from the root its module {eval_test.module_name} was imported from)"
@@ -133,7 +138,7 @@ def resolve_eval_test(env_path: str) -> EvalTest:
             f"{module.__name__} contains several eval tests ({names}); name one: "
             f"env_path='{target}::{sorted(tests)[0]}'."
         )
-    (name, obj), = tests.items()
+    ((name, obj),) = tests.items()
     return EvalTest(env_path=env_path, module_name=module.__name__, name=name, wrapper=obj)
 
 
@@ -150,7 +155,8 @@ def _import_target(target: str, env_path: str) -> ModuleType:
         ) from exc
     except Exception as exc:
         raise EnvPathError(
-            f"Importing {target!r} (env_path {env_path!r}) raised {type(exc).__name__}: {exc}. Fix the module so it imports."
+            f"Importing {target!r} (env_path {env_path!r}) raised {type(exc).__name__}: {exc}. Fix the module so it "
+            "imports."
         ) from exc
 
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 
-from ..openenv.client import EnvSettings
 from ..errors import UnsupportedEvalError
+from ..openenv.client import EnvSettings
+from ..trajectory.types import Settings
 from ._private import private_attr, private_name
 from .resolve import EvalTest, eval_file
-from ..trajectory.types import Settings
 
 if TYPE_CHECKING:  # eval-protocol ships no types: to the checker the name documents what is held
     from eval_protocol.pytest.rollout_processor import RolloutProcessor
@@ -75,7 +75,9 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         raise UnsupportedEvalError(f"{eval_test.qualified_name} has mode {given!r}; supported modes: {EVAL_MODES}.")
     body = private_attr(eval_test.wrapper, "_origin_func")
     if not callable(body):
-        raise UnsupportedEvalError(f"{eval_test.qualified_name}: its _origin_func is not callable; cannot reach the body.")
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name}: its _origin_func is not callable; cannot reach the body."
+        )
 
     notes: list[str] = []
     common = _Common(
@@ -83,25 +85,35 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         qualified_name=eval_test.qualified_name,
         mode=mode,
         body=body,
-        evaluation_test_kwargs=_first_setting(params.evaluation_test_kwargs, "evaluation_test_kwargs", eval_test, notes),
+        evaluation_test_kwargs=_first_setting(
+            params.evaluation_test_kwargs, "evaluation_test_kwargs", eval_test, notes
+        ),
         completion_params=_first_setting(params.completion_params, "completion_params", eval_test, notes),
         max_steps=int(params.steps),
         max_concurrent_rollouts=int(params.max_concurrent_rollouts),
     )
     if isinstance(processor, openenv_cls):
-        return EvalSpec(**common, prompt_builder=processor.prompt_builder, action_parser=processor.action_parser,
-                        env=_env_settings(processor), notes=tuple(notes))
+        return EvalSpec(
+            **common,
+            prompt_builder=processor.prompt_builder,
+            action_parser=processor.action_parser,
+            env=_env_settings(processor),
+            notes=tuple(notes),
+        )
     model = common["completion_params"].get("model")
     if isinstance(model, Mapping):
         raise UnsupportedEvalError(
             f"{eval_test.qualified_name}: completion_params['model'] is a mapping {sorted(model)} (several models per "
-            "row); ep_trl routes each rollout's calls by one model name, so give the eval one model to train.")
+            "row); ep_trl routes each rollout's calls by one model name, so give the eval one model to train."
+        )
     kwargs = dict(params.rollout_processor_kwargs or {})
     if type(processor).__name__ == "MCPGymRolloutProcessor" and kwargs.get("server_mode", "per_run") == "per_run":
         kwargs["server_mode"] = "shared"
-        notes.append(f"{eval_test.qualified_name}: MCPGymRolloutProcessor starts a server per processor call "
-                     "('per_run', on one port); ep_trl calls the processor once per row, so training runs it with "
-                     "server_mode='shared': one server for the run, stopped when the process exits.")
+        notes.append(
+            f"{eval_test.qualified_name}: MCPGymRolloutProcessor starts a server per processor call "
+            "('per_run', on one port); ep_trl calls the processor once per row, so training runs it with "
+            "server_mode='shared': one server for the run, stopped when the process exits."
+        )
     script = params.server_script_path
     if script is not None:  # relative paths are the eval repository's: found beside the eval's package if need be
         resolved = eval_file(eval_test, script, "server_script_path")
@@ -109,8 +121,15 @@ def read_eval_spec(eval_test: EvalTest) -> EvalSpec:
         if resolved.note:
             notes.append(resolved.note)
     settings = {"mcp_config_path": params.mcp_config_path or "", "server_script_path": script, "kwargs": kwargs}
-    return EvalSpec(**common, prompt_builder=None, action_parser=None, env=None, notes=tuple(notes),
-                    processor=processor, processor_settings=settings)
+    return EvalSpec(
+        **common,
+        prompt_builder=None,
+        action_parser=None,
+        env=None,
+        notes=tuple(notes),
+        processor=processor,
+        processor_settings=settings,
+    )
 
 
 def tools_offered(spec: EvalSpec, rows: Iterable[object]) -> str | None:
@@ -123,8 +142,10 @@ def tools_offered(spec: EvalSpec, rows: Iterable[object]) -> str | None:
     if kind == "MCPGymRolloutProcessor":
         return "its MCPGymRolloutProcessor offers the model the environment's tools"
     if kind == "AgentRolloutProcessor" and spec.processor_settings.get("mcp_config_path"):
-        return (f"its AgentRolloutProcessor offers the model the tools of its MCP servers "
-                f"({spec.processor_settings['mcp_config_path']})")
+        return (
+            f"its AgentRolloutProcessor offers the model the tools of its MCP servers "
+            f"({spec.processor_settings['mcp_config_path']})"
+        )
     carrying = sum(1 for row in rows if getattr(row, "tools", None))
     if carrying:
         return f"{carrying} of its rows offer the model tools (their `tools`)"
@@ -143,34 +164,47 @@ def _check_processor(processor: object, eval_test: EvalTest) -> None:
 
     kind = type(processor).__name__ if processor is not None else "no rollout_processor"
     if not isinstance(processor, RolloutProcessor):
-        raise UnsupportedEvalError(f"{eval_test.qualified_name} uses {kind}, which is not an eval-protocol "
-                                   "RolloutProcessor; give the eval one (docs/processors.md lists what trains).")
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name} uses {kind}, which is not an eval-protocol "
+            "RolloutProcessor; give the eval one (docs/processors.md lists what trains)."
+        )
     hint = _swallowed_import_hint(eval_test)
     if kind == "SingleTurnRolloutProcessor" and hint:
-        raise UnsupportedEvalError(f"{eval_test.qualified_name} uses SingleTurnRolloutProcessor, which eval-protocol "
-                                   "puts in place of rollout_processor=None." + hint)
+        raise UnsupportedEvalError(
+            f"{eval_test.qualified_name} uses SingleTurnRolloutProcessor, which eval-protocol "
+            "puts in place of rollout_processor=None." + hint
+        )
     if kind in REMOTE_PROCESSORS:
         raise UnsupportedEvalError(
             f"{eval_test.qualified_name} uses {kind}: the model is called on another machine and the row comes back "
             "from Fireworks tracing, so the tokens cannot be captured here. Train with a processor that runs in this "
-            "process (SingleTurnRolloutProcessor, AgentRolloutProcessor, ...; docs/processors.md).")
+            "process (SingleTurnRolloutProcessor, AgentRolloutProcessor, ...; docs/processors.md)."
+        )
     if kind == "NoOpRolloutProcessor":
         raise UnsupportedEvalError(
             f"{eval_test.qualified_name} uses NoOpRolloutProcessor (or EP_USE_NO_OP_ROLLOUT_PROCESSOR=1 is set): it "
-            "calls no model, so there is nothing to train. Give the eval the processor it runs with.")
+            "calls no model, so there is nothing to train. Give the eval the processor it runs with."
+        )
 
 
 def _swallowed_import_hint(eval_test: EvalTest) -> str:
     """Eval modules guard their environment import (``except ImportError: Env = None``) and then pass
     ``rollout_processor=None``, which eval-protocol replaces with its default processor: name what is None."""
     module = sys.modules.get(eval_test.module_name)
-    missing = sorted(name for name, value in vars(module).items()
-                     if value is None and name[:1].isupper() and not name.isupper()) if module else []
+    missing = (
+        sorted(
+            name for name, value in vars(module).items() if value is None and name[:1].isupper() and not name.isupper()
+        )
+        if module
+        else []
+    )
     if not missing:
         return ""
-    return (f" In {eval_test.module_name}, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} None: the "
-            "module probably guards an import that failed here, and eval-protocol put its default processor in "
-            "place of the missing one. Check that the environment's package is installed in this Python.")
+    return (
+        f" In {eval_test.module_name}, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} None: the "
+        "module probably guards an import that failed here, and eval-protocol put its default processor in "
+        "place of the missing one. Check that the environment's package is installed in this Python."
+    )
 
 
 def _env_settings(processor: object) -> EnvSettings:
@@ -190,8 +224,12 @@ def _env_settings(processor: object) -> EnvSettings:
     )
 
 
-def _first_setting(values: Mapping[str, object] | Iterable[Mapping[str, object] | None] | None, what: str,
-                   eval_test: EvalTest, notes: list[str]) -> dict[str, object]:
+def _first_setting(
+    values: Mapping[str, object] | Iterable[Mapping[str, object] | None] | None,
+    what: str,
+    eval_test: EvalTest,
+    notes: list[str],
+) -> dict[str, object]:
     """eval-protocol parametrizes over lists of settings; training uses the first one and says so."""
     if values is None:
         return {}

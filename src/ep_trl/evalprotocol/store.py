@@ -4,8 +4,8 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from ._private import private_name
 from ..trajectory.types import Row
+from ._private import private_name
 
 
 class DatasetLogger(Protocol):

@@ -156,14 +156,16 @@ class Generator(Protocol):
         """After a rollout call's last turn, whether its episodes succeeded or not."""
         ...
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       images: PromptImages | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         """Sample one continuation of exactly ``prompt_ids`` (which, with ``images``, hold their expanded tokens;
         ``images`` is None for a text-only turn)."""
         ...
 
-    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
-                          images: PromptImages | None = None) -> Generation:
+    async def generate_as(
+        self, model: str, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         """``generate`` with ``model``, another model the backend serves by name: the async worker's turns go to the
         LoRA adapter of their policy version (``VersionedTurns``). A backend that serves one model only raises
         :func:`named_model_refused`."""
@@ -179,7 +181,8 @@ def named_model_refused(backend: str, model: str) -> ConfigError:
     return ConfigError(
         f"The {backend} backend generates with its one model only, not with {model!r} (the LoRA adapter of a policy "
         "version, which the async worker asks for when the trainer syncs adapters). Generate on a vLLM server "
-        "that serves the adapters (started with --enable-lora).")
+        "that serves the adapters (started with --enable-lora)."
+    )
 
 
 class CallFailure:
@@ -211,4 +214,3 @@ class CallFailure:
             if self.error is None and not isinstance(exc, self._spared):
                 self.error = exc
             raise
-

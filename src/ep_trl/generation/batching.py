@@ -41,10 +41,17 @@ class BatchQueue(Generic[Request, Result]):
     that forms the batches.
     """
 
-    def __init__(self, run_batch: Callable[[list[Request]], Sequence[Result | BaseException]], *,
-                 max_batch_size: int, thread_name: str, task_name: str, window_s: float = 0.0,
-                 batch_key: Callable[[Request], Hashable] | None = None,
-                 batch_error: Callable[[Exception, int], BaseException] | None = None) -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[list[Request]], Sequence[Result | BaseException]],
+        *,
+        max_batch_size: int,
+        thread_name: str,
+        task_name: str,
+        window_s: float = 0.0,
+        batch_key: Callable[[Request], Hashable] | None = None,
+        batch_error: Callable[[Exception, int], BaseException] | None = None,
+    ) -> None:
         self._run_batch = run_batch
         self._max_batch = max_batch_size
         self._window_s = window_s

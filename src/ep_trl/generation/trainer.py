@@ -6,8 +6,8 @@ at its own end (EOS, stop token, stop string or its own ``max_tokens``); cutting
 itself a valid sample, so rows of a batch need not share a length.
 
 A turn with images (a vision-language model's screenshots) is sampled with the images' pixel inputs, built from the
-prompt ids as the TRL seam builds them for the loss (``ep_trl.trajectory.vision_inputs``); rows of a batch may hold different
-numbers of images, or none.
+prompt ids as the TRL seam builds them for the loss (``ep_trl.trajectory.vision_inputs``); rows of a batch may hold
+different numbers of images, or none.
 """
 
 import logging
@@ -45,8 +45,9 @@ class _Sampled(Protocol):
 
 
 class TrainerGenerator:
-    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processing_class`` is the
-    trainer's multimodal processing class (None for a text model), needed to turn a turn's images into pixel inputs."""
+    """Samples from ``model_provider()`` in a dedicated thread, batching concurrent requests. ``processing_class`` is
+    the trainer's multimodal processing class (None for a text model), needed to turn a turn's images into pixel
+    inputs."""
 
     name = "trainer"
 
@@ -67,8 +68,12 @@ class TrainerGenerator:
         self._pad = int(pad_token_id)
         self._processing_class = processing_class
         self._batches: BatchQueue[_Request, Generation] = BatchQueue(
-            self._generate_batch, max_batch_size=max_batch_size, batch_key=_sampling_key,
-            thread_name="ep-trl-generate", task_name="ep-trl-trainer-generation")
+            self._generate_batch,
+            max_batch_size=max_batch_size,
+            batch_key=_sampling_key,
+            thread_name="ep-trl-generate",
+            task_name="ep-trl-trainer-generation",
+        )
         self.batches = 0
         self.requests = 0
 
@@ -89,11 +94,14 @@ class TrainerGenerator:
     async def end_call(self) -> None:
         """Nothing to release."""
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       images: PromptImages | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         if params.temperature < 0:
-            raise ValueError("the trainer backend samples at the GRPOConfig temperature, which must be > 0 (0: greedy "
-                             "decoding, as held-out episodes are played)")
+            raise ValueError(
+                "the trainer backend samples at the GRPOConfig temperature, which must be > 0 (0: greedy "
+                "decoding, as held-out episodes are played)"
+            )
         if images is not None and self._processing_class is None:
             raise ValueError("a turn with images reached the trainer backend of a text-only processing class")
         return await self._batches.submit(_Request(tuple(prompt_ids), params, images))
@@ -101,8 +109,9 @@ class TrainerGenerator:
     async def aclose(self) -> None:
         await self._batches.aclose()
 
-    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
-                          images: PromptImages | None = None) -> Generation:
+    async def generate_as(
+        self, model: str, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         """Refused: this backend generates with the trainer's model only."""
         raise named_model_refused(self.name, model)
 
@@ -116,14 +125,24 @@ class TrainerGenerator:
         input_ids = torch.tensor([(self._pad,) * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
         attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
         device = next(model.parameters()).device
-        vision = vision_inputs(self._processing_class, input_ids, [r.images.images if r.images else () for r in requests]) \
-            if any(r.images for r in requests) else None
+        vision = (
+            vision_inputs(self._processing_class, input_ids, [r.images.images if r.images else () for r in requests])
+            if any(r.images for r in requests)
+            else None
+        )
         pixels = {k: v.to(device) for k, v in vision.model_kwargs.items()} if vision else {}
         stop_ids = tuple(dict.fromkeys(self._eos + params.stop_token_ids))
         greedy = params.temperature == 0  # held-out play: the most likely token, log-probabilities at temperature 1
-        sampling = {} if greedy else dict(temperature=params.temperature, top_p=params.top_p,
-                                          top_k=params.top_k if params.top_k > 0 else 0,
-                                          min_p=params.min_p if params.min_p > 0 else None)
+        sampling = (
+            {}
+            if greedy
+            else dict(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else 0,
+                min_p=params.min_p if params.min_p > 0 else None,
+            )
+        )
         config = GenerationConfig(
             do_sample=not greedy,
             **sampling,
@@ -139,8 +158,12 @@ class TrainerGenerator:
         try:
             with torch.no_grad():
                 generate = cast("Callable[..., _Sampled]", model.generate)  # a generative model's GenerationMixin
-                out = generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                               generation_config=config, **pixels)
+                out = generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention.to(device),
+                    generation_config=config,
+                    **pixels,
+                )
                 sampled = out.sequences[:, width:]
                 logits = torch.stack(out.logits, dim=1).float() / (params.temperature or 1.0)
                 logps = torch.log_softmax(logits, dim=-1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
@@ -148,10 +171,7 @@ class TrainerGenerator:
             model.train(was_training)
         self.batches += 1
         self.requests += len(requests)
-        return [
-            self._cut(sampled[i].tolist(), logps[i].tolist(), r.params, stop_ids)
-            for i, r in enumerate(requests)
-        ]
+        return [self._cut(sampled[i].tolist(), logps[i].tolist(), r.params, stop_ids) for i, r in enumerate(requests)]
 
     def _cut(self, ids: list[int], logps: list[float], params: SamplingParams, stop_ids: tuple[int, ...]) -> Generation:
         end, reason = min(len(ids), params.max_tokens), "length"
@@ -189,9 +209,16 @@ def build(offer: BackendOffer) -> TrainerGenerator:
     """The backend on the caller's model in this process (``offer.model_provider``)."""
     provider, processing_class = offer.model_provider, offer.processing_class
     if provider is None:
-        raise ConfigError("backend='trainer' samples with the trainer's model in this process, and this caller has "
-                          "none in reach; generate on a vLLM server (vllm_base_url=...).")
+        raise ConfigError(
+            "backend='trainer' samples with the trainer's model in this process, and this caller has "
+            "none in reach; generate on a vLLM server (vllm_base_url=...)."
+        )
     tokenizer = tokenizer_of(processing_class)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TrainerGenerator(provider, tokenizer, eos_token_ids(processing_class, provider()), pad,
-                            processing_class=processing_class if supports_images(processing_class) else None)
+    return TrainerGenerator(
+        provider,
+        tokenizer,
+        eos_token_ids(processing_class, provider()),
+        pad,
+        processing_class=processing_class if supports_images(processing_class) else None,
+    )

@@ -23,8 +23,13 @@ class VersionedTurns:
     ``max_images``: the most images the episode may hold (every image its turns were sent with, each once); a turn
     that would pass it is not sent and raises ``ConfigError``."""
 
-    def __init__(self, generator: Generator, version: Callable[[], int],
-                 model_for: Callable[[int], str | None] | None = None, max_images: int | None = None) -> None:
+    def __init__(
+        self,
+        generator: Generator,
+        version: Callable[[], int],
+        model_for: Callable[[int], str | None] | None = None,
+        max_images: int | None = None,
+    ) -> None:
         self._generator = generator
         self._version = version
         self._model_for = model_for
@@ -55,8 +60,9 @@ class VersionedTurns:
     async def aclose(self) -> None:
         """The shared generator is closed by its owner."""
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       images: PromptImages | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         """The turn, sent under the policy version read now (with that version's model when ``model_for`` names
         one)."""
         self._check_images(images)
@@ -67,8 +73,9 @@ class VersionedTurns:
             return await self._generator.generate(prompt_ids, params, images)
         return await self._generator.generate_as(model, prompt_ids, params, images)
 
-    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
-                          images: PromptImages | None = None) -> Generation:
+    async def generate_as(
+        self, model: str, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         """``generate`` with ``model`` named by the episode rather than by the turn's version (which is still
         recorded)."""
         self._check_images(images)
@@ -85,4 +92,5 @@ class VersionedTurns:
                     f"{self._max_images}, the most one episode may hold (the images reserved for it while it plays): "
                     "the turn is not sent. Pass EvalRolloutWorker(max_episode_images=...) at least the most images "
                     "one episode of this eval holds (its prompt's and every turn's), and max_buffered_images at "
-                    "least num_generations times that.")
+                    "least num_generations times that."
+                )

@@ -39,9 +39,9 @@ import aiohttp
 
 from ..errors import ConfigError, GenerationError
 from ..options import VLLMOptions
+from ..trajectory.types import JSONObject
 from . import BackendOffer, CallFailure, Generation, PromptIds, PromptImages, SamplingParams, ids_json
 from .probe import RETRYABLE_STATUS, START_HINT, RetryPolicy, error_message, probe_server
-from ..trajectory.types import JSONObject
 
 if TYPE_CHECKING:
     from ..trajectory.types import Image
@@ -95,8 +95,9 @@ class VLLMServerGenerator:
 
     name = "vllm"
 
-    def __init__(self, base_url: str, options: VLLMOptions, *, model: str | None = None,
-                 max_model_len: int | None = None) -> None:
+    def __init__(
+        self, base_url: str, options: VLLMOptions, *, model: str | None = None, max_model_len: int | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._url = f"{self.base_url}/v1/completions"
         self._generate_url = f"{self.base_url}{GENERATE_PATH}"
@@ -165,20 +166,24 @@ class VLLMServerGenerator:
                 await self._client.close()
             self._client = None
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                       images: PromptImages | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         return await self.generate_as(self.model, prompt_ids, params, images)
 
-    async def generate_as(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
-                          images: PromptImages | None = None) -> Generation:
+    async def generate_as(
+        self, model: str, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages | None = None
+    ) -> Generation:
         """``generate`` with another model the server serves (a LoRA adapter loaded under that name); turns for
         different models never share a request."""
         if images is not None:
             return await self._generate_with_images(model, prompt_ids, params, images)
         number = next(self._turns)
         fields, head = self.request_fields(model, params, request_seed(self.seed, number))
-        label = (f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(prompt_ids)} "
-                 f"tokens, max_tokens={fields['max_tokens']})")
+        label = (
+            f"turn request #{number} to {self.base_url}/v1/completions (prompt of {len(prompt_ids)} "
+            f"tokens, max_tokens={fields['max_tokens']})"
+        )
         with self._failure.guard(label):
             _, slots = self._bind()
             async with slots:
@@ -204,13 +209,16 @@ class VLLMServerGenerator:
             kept = self._fields[(model, params)] = (fields, fields_json(fields))
         return kept
 
-    async def _generate_with_images(self, model: str, prompt_ids: Sequence[int], params: SamplingParams,
-                                    images: PromptImages) -> Generation:
+    async def _generate_with_images(
+        self, model: str, prompt_ids: Sequence[int], params: SamplingParams, images: PromptImages
+    ) -> Generation:
         number = next(self._turns)
         body = tokens_payload(model, images, params, seed=request_seed(self.seed, number))
-        label = (f"turn request #{number} to {self._generate_url} (prompt of {len(prompt_ids)} tokens with "
-                 f"{len(images.images)} image(s), max_tokens={params.max_tokens}; token ids with images need a vLLM "
-                 "server started with --enable-scale-out)")
+        label = (
+            f"turn request #{number} to {self._generate_url} (prompt of {len(prompt_ids)} tokens with "
+            f"{len(images.images)} image(s), max_tokens={params.max_tokens}; token ids with images need a vLLM "
+            "server started with --enable-scale-out)"
+        )
         with self._failure.guard(label):
             _, slots = self._bind()
             async with slots:
@@ -244,9 +252,11 @@ class VLLMServerGenerator:
         if len(members) == 1:
             await self._resend_alone(members[0], batch.head)
             return
-        what = (f"batch request #{batch.number} to {self.base_url}/v1/completions ({len(members)} prompts of "
-                f"{min(m.tokens for m in members)}-{max(m.tokens for m in members)} tokens, "
-                f"max_tokens={batch.fields['max_tokens']})")
+        what = (
+            f"batch request #{batch.number} to {self.base_url}/v1/completions ({len(members)} prompts of "
+            f"{min(m.tokens for m in members)}-{max(m.tokens for m in members)} tokens, "
+            f"max_tokens={batch.fields['max_tokens']})"
+        )
         try:
             data = await self._post(body_with_prompt(batch.head, f"[{','.join(m.prompt for m in members)}]"), what)
             choices = batch_choices(data, len(members), what)
@@ -297,8 +307,9 @@ class VLLMServerGenerator:
                     try:
                         return json.loads(text)
                     except ValueError as exc:
-                        raise GenerationError(f"{what}: the server answered {status} with a body "
-                                              f"that is not JSON: {text[:300]!r}") from exc
+                        raise GenerationError(
+                            f"{what}: the server answered {status} with a body that is not JSON: {text[:300]!r}"
+                        ) from exc
                 if status not in RETRYABLE_STATUS:
                     raise RejectedRequest(
                         f"{what} was rejected with HTTP {status}: {error_message(text)}. "
@@ -312,8 +323,9 @@ class VLLMServerGenerator:
                 )
             delay = self.retry.delay(attempt)
             self.retries += 1
-            logger.warning("%s failed (%s); retry %d/%d in %.1f s", what, problem, attempt, self.retry.max_retries,
-                           delay)
+            logger.warning(
+                "%s failed (%s); retry %d/%d in %.1f s", what, problem, attempt, self.retry.max_retries, delay
+            )
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -370,8 +382,9 @@ def request_seed(base_seed: int | None, request_number: int) -> int | None:
     return (int(base_seed) * 1_000_003 + request_number) % _SEED_MODULUS
 
 
-def completion_payload(model: str, prompt_ids: Sequence[int], params: SamplingParams,
-                       seed: int | None = None) -> JSONObject:
+def completion_payload(
+    model: str, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None
+) -> JSONObject:
     """A ``/v1/completions`` body that samples like TRL's own vLLM path and returns ids and sampled logprobs (sent as
     ``body_with_prompt(fields_json(completion_fields(...)), prompt_json(prompt_ids))``)."""
     return {**completion_fields(model, params, seed), "prompt": [int(t) for t in prompt_ids]}
@@ -446,11 +459,16 @@ def parse_generate_response(data: JSONObject, prompt_ids: Sequence[int], label: 
     ids = choice.get("token_ids")
     content = (choice.get("logprobs") or {}).get("content")
     if ids is None or content is None or len(content) != len(ids):
-        raise GenerationError(f"{label}: response lacks token_ids or one logprob per sampled token: "
-                              f"{str(choice)[:300]}")
+        raise GenerationError(
+            f"{label}: response lacks token_ids or one logprob per sampled token: {str(choice)[:300]}"
+        )
     stop_reason = choice.get("stop_reason")
-    return Generation(tuple(int(t) for t in ids), tuple(float(entry["logprob"]) for entry in content),
-                      str(choice.get("finish_reason") or "stop"), stop_reason if isinstance(stop_reason, str) else None)
+    return Generation(
+        tuple(int(t) for t in ids),
+        tuple(float(entry["logprob"]) for entry in content),
+        str(choice.get("finish_reason") or "stop"),
+        stop_reason if isinstance(stop_reason, str) else None,
+    )
 
 
 def batch_choices(data: JSONObject, expected: int, what: str) -> list[JSONObject]:
@@ -488,7 +506,8 @@ OFF_POLICY_WARNING = (
     "Generating with the vLLM server at %s, which this trainer does not push weights to: rollouts are off-policy "
     "after the first optimizer step (and TRL applies no importance-sampling correction with use_vllm=False). Keep "
     "the server in sync with GRPOConfig(use_vllm=True, vllm_mode='server') on GPUs, or "
-    "ep_trl.trainers.disk_sync.DiskSyncGRPOTrainer on CPU; on one GPU, vllm_mode='colocate' (docs/vllm.md).")
+    "ep_trl.trainers.disk_sync.DiskSyncGRPOTrainer on CPU; on one GPU, vllm_mode='colocate' (docs/vllm.md)."
+)
 
 
 def build(offer: BackendOffer) -> VLLMServerGenerator:
@@ -496,11 +515,17 @@ def build(offer: BackendOffer) -> VLLMServerGenerator:
     server, explicit = offer.server, offer.vllm_base_url
     url = server.url if server is not None else explicit
     if url is None:
-        raise ConfigError("backend='vllm' needs a server: train with GRPOConfig(use_vllm=True, vllm_mode='server') "
-                          "or pass vllm_base_url='http://HOST:PORT'.")
+        raise ConfigError(
+            "backend='vllm' needs a server: train with GRPOConfig(use_vllm=True, vllm_mode='server') "
+            "or pass vllm_base_url='http://HOST:PORT'."
+        )
     if server is not None and explicit and explicit != server.url:
-        logger.warning("vllm_base_url=%s is ignored: the trainer generates with use_vllm=True and pushes its weights "
-                       "to %s, so ep_trl generates there too.", explicit, server.url)
+        logger.warning(
+            "vllm_base_url=%s is ignored: the trainer generates with use_vllm=True and pushes its weights "
+            "to %s, so ep_trl generates there too.",
+            explicit,
+            server.url,
+        )
     if server is None:
         logger.warning(OFF_POLICY_WARNING, url)
     return VLLMServerGenerator(url, offer.options, model=server.model if server is not None else None)

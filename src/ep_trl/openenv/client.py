@@ -19,9 +19,9 @@ server at capacity (``ep_trl.openenv.pool.CAPACITY_WAIT_S``).
 import asyncio
 import inspect
 import logging
-from importlib import metadata
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import TypeAlias, TypeVar
 
 from ..errors import ConfigError
@@ -92,8 +92,13 @@ class EnvSettings:
 
     def needs_launch(self) -> bool:
         """The eval names a Docker image or hub repo and no URL: a server must be started for it."""
-        return (self.factory is None and self.client_cls is not None and not self.base_url and not self.task_urls
-                and bool(self.docker_image or self.hub_repo_id))
+        return (
+            self.factory is None
+            and self.client_cls is not None
+            and not self.base_url
+            and not self.task_urls
+            and bool(self.docker_image or self.hub_repo_id)
+        )
 
     def url_for(self, task: str | None) -> str | None:
         return self.task_urls.get(task or "", self.base_url) if self.task_urls else self.base_url
@@ -112,8 +117,11 @@ class EnvSettings:
         if self.needs_launch():
             return  # ep_trl starts its server (ep_trl.openenv.servers), which fails clearly if it cannot
         if not self.base_url and not self.task_urls:
-            source = (f"the Hugging Face hub ({self.hub_repo_id!r})" if self.hub_repo_id
-                      else f"a Docker image ({self.docker_image!r})")
+            source = (
+                f"the Hugging Face hub ({self.hub_repo_id!r})"
+                if self.hub_repo_id
+                else f"a Docker image ({self.docker_image!r})"
+            )
             raise ConfigError(
                 f"The eval builds {self.client_cls.__name__} from {source} and ep_trl found no server to start for "
                 "it. Start the environment server yourself and pass env_base_url='http://127.0.0.1:PORT', or pass "
@@ -152,14 +160,18 @@ def check_openenv() -> str:
         except metadata.PackageNotFoundError:
             continue
     if not found:
-        raise VersionError("No OpenEnv is installed. Install one of its two distributions with ep_trl: "
-                           "pip install 'ep-trl[openenv]' (openenv, the newest) or pip install 'ep-trl[openenv-core]' "
-                           "(what OpenEnv's own environment packages depend on).")
+        raise VersionError(
+            "No OpenEnv is installed. Install one of its two distributions with ep_trl: "
+            "pip install 'ep-trl[openenv]' (openenv, the newest) or pip install 'ep-trl[openenv-core]' "
+            "(what OpenEnv's own environment packages depend on)."
+        )
     if len(found) > 1:
-        raise VersionError(f"Both OpenEnv distributions are installed ({found}); they write the same openenv package, "
-                           "so one's files overwrote the other's. Keep one: pip uninstall -y openenv openenv-core && "
-                           "pip install 'ep-trl[openenv]' (or 'ep-trl[openenv-core]').")
-    (distribution, version), = found.items()
+        raise VersionError(
+            f"Both OpenEnv distributions are installed ({found}); they write the same openenv package, "
+            "so one's files overwrote the other's. Keep one: pip uninstall -y openenv openenv-core && "
+            "pip install 'ep-trl[openenv]' (or 'ep-trl[openenv-core]')."
+        )
+    ((distribution, version),) = found.items()
     require_supported(distribution)
     return f"{distribution} {version}"
 
@@ -210,13 +222,22 @@ class EnvSession:
             if not cancelled:
                 logger.warning("closing environment %s failed: %s", self.label, exc)
                 return
-            logger.info("environment %s: its episode was cancelled and the server did not confirm the close within "
-                        "%g s (busy in a step); it ends the session when it does", self.label, CANCELLED_CLOSE_S)
+            logger.info(
+                "environment %s: its episode was cancelled and the server did not confirm the close within "
+                "%g s (busy in a step); it ends the session when it does",
+                self.label,
+                CANCELLED_CLOSE_S,
+            )
         except Exception as exc:  # the episode result stands; a leak is worth a warning, not a failure
             logger.warning("closing environment %s failed: %s: %s", self.label, type(exc).__name__, exc)
 
-    async def _call(self, method: str, args: tuple[object, ...] = (), kwargs: Mapping[str, object] | None = None,
-                    timeout_s: float | None = None) -> object:
+    async def _call(
+        self,
+        method: str,
+        args: tuple[object, ...] = (),
+        kwargs: Mapping[str, object] | None = None,
+        timeout_s: float | None = None,
+    ) -> object:
         fn = getattr(self._client, method)
         kwargs = kwargs or {}
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
@@ -224,8 +245,9 @@ class EnvSession:
             if self._on_loop:  # awaited in this task under a deadline: no task of its own per call (wait_for's)
                 async with asyncio.timeout(timeout_s):
                     return await _settle(fn(*args, **kwargs))
-            return await run_blocking(lambda: _call_sync(fn, args, kwargs), timeout_s=timeout_s,
-                                      what=f"environment {self.label}: {method}()")
+            return await run_blocking(
+                lambda: _call_sync(fn, args, kwargs), timeout_s=timeout_s, what=f"environment {self.label}: {method}()"
+            )
         except TimeoutError as exc:
             raise TimeoutError(
                 f"environment {self.label}: {method}() did not answer within {timeout_s:g} s; if the "
@@ -255,7 +277,9 @@ def _outcome(result: object) -> StepOutcome:
             f"environment returned {type(result).__name__}, not an OpenEnv StepResult with .observation/.reward/.done"
         )
     reward = getattr(result, "reward", None)
-    return StepOutcome(result.observation, None if reward is None else float(reward), bool(getattr(result, "done", False)))
+    return StepOutcome(
+        result.observation, None if reward is None else float(reward), bool(getattr(result, "done", False))
+    )
 
 
 def _unwrap_sync_client(client: EnvClient) -> EnvClient:
@@ -312,7 +336,8 @@ async def open_env(settings: EnvSettings, label: str, task: str | None = None) -
         # the thread outlives this episode's wait (bounded by ``timeout`` below) so that a client built late can be
         # closed; only a factory still running after FACTORY_ABANDON_S is given up on and counted as stuck
         building = asyncio.ensure_future(
-            run_blocking(settings.factory, timeout_s=FACTORY_ABANDON_S, what=f"environment {label}: env_factory()"))
+            run_blocking(settings.factory, timeout_s=FACTORY_ABANDON_S, what=f"environment {label}: env_factory()")
+        )
         try:
             client = await asyncio.wait_for(asyncio.shield(building), timeout)
         except TimeoutError as exc:

@@ -21,8 +21,14 @@ class LocalAppProvider(RuntimeProvider):  # type: ignore[misc]
     """An OpenEnv runtime provider that serves ``app`` (``"pkg.server.app:app"``) with this Python and uvicorn;
     ``start`` waits up to ``start_timeout_s`` for its ``/health``."""
 
-    def __init__(self, app: str, *, host: str = "127.0.0.1", env_vars: Mapping[str, str] | None = None,
-                 start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        app: str,
+        *,
+        host: str = "127.0.0.1",
+        env_vars: Mapping[str, str] | None = None,
+        start_timeout_s: float = 120.0,
+    ) -> None:
         self.app = app
         self.host = host
         self.env_vars = dict(env_vars or {})
@@ -32,12 +38,22 @@ class LocalAppProvider(RuntimeProvider):  # type: ignore[misc]
 
     def start(self, port: int | None = None, env_vars: Mapping[str, str] | None = None, **_: object) -> str:
         port = port or free_port(self.host)
-        env = {**self.env_vars, **(env_vars or {}),
-               # the server imports the package as this process does (a file-path eval's folder is on sys.path)
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {
+            **self.env_vars,
+            **(env_vars or {}),
+            # the server imports the package as this process does (a file-path eval's folder is on sys.path)
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        }
         cmd = [sys.executable, "-m", "uvicorn", self.app, "--host", self.host, "--port", str(port)]
-        self._server = start_server(self.app.split(":")[0], cmd, port=port, log_dir=self._log_dir, env=env,
-                                    host=self.host, timeout_s=self.start_timeout_s)
+        self._server = start_server(
+            self.app.split(":")[0],
+            cmd,
+            port=port,
+            log_dir=self._log_dir,
+            env=env,
+            host=self.host,
+            timeout_s=self.start_timeout_s,
+        )
         return self._server.base_url
 
     def wait_for_ready(self, timeout_s: float | None = None) -> None:

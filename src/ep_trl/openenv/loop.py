@@ -30,9 +30,9 @@ from ..sources.episode import (
     pytest_outcome,
 )
 from ..trajectory.tokens import ChatTemplate, EpisodeImages, TrajectoryBuilder
+from ..trajectory.types import Messages, MessagesView
 from .client import Action, EnvSession, StepOutcome
 from .pool import EnvPool
-from ..trajectory.types import Messages, MessagesView
 
 logger = logging.getLogger(__name__)
 
@@ -71,20 +71,29 @@ class _State:
     images: EpisodeImages = field(default_factory=EpisodeImages)
 
 
-async def run_episode(plan: EpisodePlan, cfg: EpisodeConfig, template: ChatTemplate, generator: Generator,
-                      envs: EnvPool, on_step: StepCallback | None = None) -> Episode:
+async def run_episode(
+    plan: EpisodePlan,
+    cfg: EpisodeConfig,
+    template: ChatTemplate,
+    generator: Generator,
+    envs: EnvPool,
+    on_step: StepCallback | None = None,
+) -> Episode:
     """Play one episode on a session from ``envs``; ``on_step(messages, step_rewards)`` is called after every
     environment step. The session goes back to ``envs`` for reuse only if the episode ended cleanly."""
     start = time.perf_counter()
-    label = (f"episode {plan.index} (task {plan.task!r}" + (f", seed {plan.seed}" if plan.seed is not None else "")
-             + "".join(f", {name} {value!r}" for name, value in (plan.reset_kwargs or {}).items()) + ")")
+    label = (
+        f"episode {plan.index} (task {plan.task!r}"
+        + (f", seed {plan.seed}" if plan.seed is not None else "")
+        + "".join(f", {name} {value!r}" for name, value in (plan.reset_kwargs or {}).items())
+        + ")"
+    )
     state = _State(messages=[dict(m) for m in plan.initial_messages])
     failure: EpisodeFailure | None = None
     session = None
     clean = cancelled = False
     try:
-        session, outcome = await _guarded("environment", envs.start(label, plan.task, plan.seed,
-                                                                           plan.reset_kwargs))
+        session, outcome = await _guarded("environment", envs.start(label, plan.task, plan.seed, plan.reset_kwargs))
         state.instance = instance_of(outcome.observation)
         await _take_turns(state, session, outcome, cfg, template, generator, on_step, episode=label)
         clean = True
@@ -128,9 +137,17 @@ def instance_of(observation: object) -> dict[str, object] | None:
     return dict(metadata) if isinstance(metadata, Mapping) and metadata else None
 
 
-async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, cfg: EpisodeConfig,
-                      template: ChatTemplate, generator: Generator, on_step: StepCallback | None, *,
-                      episode: str) -> None:
+async def _take_turns(
+    state: _State,
+    session: EnvSession,
+    outcome: StepOutcome,
+    cfg: EpisodeConfig,
+    template: ChatTemplate,
+    generator: Generator,
+    on_step: StepCallback | None,
+    *,
+    episode: str,
+) -> None:
     """From the reset's outcome: model turn → action → environment step until done, the step limit or the budget.
     ``episode`` names the episode in its warnings (an action's label has a name of its own)."""
     last: Generation | None = None
@@ -150,7 +167,8 @@ async def _take_turns(state: _State, session: EnvSession, outcome: StepOutcome, 
         state.prompt_tokens += len(prompt_ids)
         params = cfg.limits.sampling.with_max_tokens(builder.turn_budget(cfg.limits))
         last = template.sampled_turn(
-            await _guarded("generation", generator.generate(prompt_ids, params, builder.held_images())))
+            await _guarded("generation", generator.generate(prompt_ids, params, builder.held_images()))
+        )
         builder.add_sampled(last)
         text = template.decode(last.token_ids)
         if last.stop_text:
@@ -202,8 +220,12 @@ def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step:
             raise pytest_outcome(exc, "prompt builder", cfg.eval_name) or exc
         # same fallback as OpenEnvRolloutProcessor, but counted and logged
         state.builder_failures += 1
-        logger.warning("%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
-                       episode, type(exc).__name__, exc)
+        logger.warning(
+            "%s: prompt_builder raised %s: %s; using str(observation) as the processor does",
+            episode,
+            type(exc).__name__,
+            exc,
+        )
         return str(outcome.observation)
 
 
@@ -217,13 +239,12 @@ def _extend_held(state: _State, template: ChatTemplate, cfg: EpisodeConfig, last
         check_first_prompt(n, cfg.limits, "shorten the prompt builder's output")
         return True
     assert last is not None
-    bridge, realigned = template.bridge(state.messages, state.builder.held(), last, cfg.limits.stop_token_ids,
-                                        images=state.images)
+    bridge, realigned = template.bridge(
+        state.messages, state.builder.held(), last, cfg.limits.stop_token_ids, images=state.images
+    )
     if not state.builder.fits(len(bridge.ids) + 1, cfg.limits):
         state.budget_blocked_tokens = len(bridge.ids)
         return False
     state.builder.add_inserted(bridge)
     state.builder.realigned += int(realigned)
     return True
-
-

@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
 from .client import EnvSession, EnvSettings, Observation, StepOutcome, open_env
 
 logger = logging.getLogger(__name__)
@@ -18,8 +19,9 @@ TRANSPORT_RETRIES = 3
 _CAPACITY = re.compile(r"at capacity: (\d+)/(\d+) sessions")
 
 
-def reset_kwargs(settings: EnvSettings, task: str | None, seed: int | None = None,
-                 extra: Mapping[str, object] | None = None) -> dict[str, object]:
+def reset_kwargs(
+    settings: EnvSettings, task: str | None, seed: int | None = None, extra: Mapping[str, object] | None = None
+) -> dict[str, object]:
     """A server given by URL learns its task at reset (OpenEnv's BrowserGym takes ``task_name``); a server that
     ep_trl started for one task already plays it. ``seed``: OpenEnv's ``reset(seed=...)``, when the run names one;
     ``extra``: more keyword arguments the run names (``EvalOverrides.reset_kwargs``)."""
@@ -110,8 +112,9 @@ class EnvPool:
         #: Sessions opened during this call (a metric: without reuse, one per episode).
         self.opened = 0
 
-    async def start(self, label: str, task: str | None, seed: int | None = None,
-                    extra: Mapping[str, object] | None = None) -> tuple[EnvSession, StepOutcome]:
+    async def start(
+        self, label: str, task: str | None, seed: int | None = None, extra: Mapping[str, object] | None = None
+    ) -> tuple[EnvSession, StepOutcome]:
         """A session for ``label`` playing ``task``, reset (with ``seed`` and the keyword arguments ``extra`` when
         given): an idle one of this call, else a new one."""
         url = self._settings.url_for(task)
@@ -137,9 +140,14 @@ class EnvPool:
                 if not refused and (not is_transport_error(exc) or attempt >= TRANSPORT_RETRIES):
                     raise
                 attempt += 1
-                logger.info("environment %s: %s at reset (%s); retrying on a fresh session (%d)", label,
-                            "server refused the session" if refused else "connection failed", exc, attempt)
-                await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
+                logger.info(
+                    "environment %s: %s at reset (%s); retrying on a fresh session (%d)",
+                    label,
+                    "server refused the session" if refused else "connection failed",
+                    exc,
+                    attempt,
+                )
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
             session.fresh = False
             problem = self._task_problem(outcome, task, url)
@@ -170,8 +178,10 @@ class EnvPool:
             while not self._idle.get(url) and self._open.get(url, 0) >= self._notes.capacity.get(url, 1 << 30):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"environment {label}: {self._server(url)} stayed at capacity "
-                                       f"({self._notes.capacity[url]} sessions) for {CAPACITY_WAIT_S:g} s")
+                    raise TimeoutError(
+                        f"environment {label}: {self._server(url)} stayed at capacity "
+                        f"({self._notes.capacity[url]} sessions) for {CAPACITY_WAIT_S:g} s"
+                    )
                 try:  # in this task, not wait_for's: a cancelled wait gets the lock back before it leaves
                     async with asyncio.timeout(remaining):
                         await self._freed.wait()
@@ -215,10 +225,14 @@ class EnvPool:
         if self._notes.capacity.get(url) != limit:
             self._notes.capacity[url] = limit
             server = self._server(url)
-            self._notes.say_once(f"capacity {url}", (
-                f"{server[0].upper()}{server[1:]} admits {limit} session(s) at a time (CAPACITY_REACHED); episodes "
-                f"wait for a free session, so at most {limit} run at once on it. Raise the server's "
-                "max_concurrent_envs (create_app(..., max_concurrent_envs=N)) to run more."))
+            self._notes.say_once(
+                f"capacity {url}",
+                (
+                    f"{server[0].upper()}{server[1:]} admits {limit} session(s) at a time (CAPACITY_REACHED); episodes "
+                    f"wait for a free session, so at most {limit} run at once on it. Raise the server's "
+                    "max_concurrent_envs (create_app(..., max_concurrent_envs=N)) to run more."
+                ),
+            )
 
     def _task_problem(self, outcome: StepOutcome, task: str | None, url: str | None) -> str | None:
         """Whether the server played ``task``: wrong is an error; unknowable is said once."""
@@ -227,14 +241,21 @@ class EnvPool:
         key = self._settings.reset_task_kwarg
         played = reported_task(outcome.observation, key)
         if played is None:
-            self._notes.say_once(f"unconfirmed {url}", (
-                f"ep_trl asks the environment at {url or 'env_factory'} for each task with reset({key}=...), but its "
-                f"observations do not report a {key!r}, so it cannot confirm the task was played. A server that "
-                "picks its task from an environment variable at start plays the same task every time: start one "
-                "server per task, or let ep_trl start them (no env_base_url, docs/migrating.md)."))
+            self._notes.say_once(
+                f"unconfirmed {url}",
+                (
+                    f"ep_trl asks the environment at {url or 'env_factory'} for each task with reset({key}=...), but "
+                    "its "
+                    f"observations do not report a {key!r}, so it cannot confirm the task was played. A server that "
+                    "picks its task from an environment variable at start plays the same task every time: start one "
+                    "server per task, or let ep_trl start them (no env_base_url, docs/migrating.md)."
+                ),
+            )
             return None
         if played != task:
-            return (f"the environment at {url or 'env_factory'} played {played!r} when reset({key}={task!r}) asked "
-                    f"for {task!r}: it does not select tasks at reset. Start one server per task (its task_var "
-                    f"{self._settings.task_var!r} set), or let ep_trl start them (no env_base_url).")
+            return (
+                f"the environment at {url or 'env_factory'} played {played!r} when reset({key}={task!r}) asked "
+                f"for {task!r}: it does not select tasks at reset. Start one server per task (its task_var "
+                f"{self._settings.task_var!r} set), or let ep_trl start them (no env_base_url)."
+            )
         return None

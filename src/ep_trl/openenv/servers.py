@@ -10,9 +10,9 @@ processor starts one container per task.
 
 Servers are started through OpenEnv's own provider interface, so any provider can stand in (``provider=``):
 OpenEnv's ``LocalDockerProvider``, ``KubernetesProvider`` (container providers, given the eval's image) or a
-runtime provider such as ``UVProvider``. Without one, ``local_provider.LocalAppProvider`` is used. Why not ``UVProvider``
-by default: it re-installs the environment's project into an isolated environment with ``uv`` on every start,
-which needs ``uv`` and the network; the package is already importable in the training environment.
+runtime provider such as ``UVProvider``. Without one, ``local_provider.LocalAppProvider`` is used. Why not
+``UVProvider`` by default: it re-installs the environment's project into an isolated environment with ``uv`` on every
+start, which needs ``uv`` and the network; the package is already importable in the training environment.
 """
 
 import importlib.util
@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol, TypeAlias, TypeGuard, cast
 
-from ..runtime import shutdown
-from .client import EnvSettings
 from ..errors import ConfigError
 from ..options import EvalOverrides
+from ..runtime import shutdown
 from ..runtime.processes import ServerStartError
+from .client import EnvSettings
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ def _provider_types() -> tuple[type, ...]:
     except ImportError:  # pragma: no cover - the eval's client class already needs an OpenEnv distribution
         return ()
     return (RuntimeProvider, ContainerProvider)
+
 
 def server_app(client_cls: type) -> str | None:
     """``"<env>.server.app:app"`` for the package that holds ``client_cls`` in OpenEnv's layout, if importable."""
@@ -85,8 +86,8 @@ Provider: TypeAlias = ProviderInstance | Callable[[], ProviderInstance]
 
 class LaunchedServers:
     """The environment servers started for one rollout function; ``close()`` (also run at exit and on SIGTERM,
-    ``ep_trl.runtime.shutdown``) stops them all. They are the starting process's: in a forked child ``close()`` stops none
-    (there ``Popen.poll()`` cannot see them and would take them for gone, and their process groups be killed)."""
+    ``ep_trl.runtime.shutdown``) stops them all. They are the starting process's: in a forked child ``close()`` stops
+    none (there ``Popen.poll()`` cannot see them and would take them for gone, and their process groups be killed)."""
 
     def __init__(self) -> None:
         self._owner = os.getpid()
@@ -107,16 +108,21 @@ class LaunchedServers:
     def close(self) -> None:
         stops, self._stops = self._stops, []
         if os.getpid() != self._owner:
-            logger.debug("not stopping %d environment servers of process %d from its child %d", len(stops),
-                         self._owner, os.getpid())
+            logger.debug(
+                "not stopping %d environment servers of process %d from its child %d",
+                len(stops),
+                self._owner,
+                os.getpid(),
+            )
             return
         for stop in stops:
             stop()
         shutdown.unregister(self)
 
 
-def launch(settings: EnvSettings, provider: Provider | None,
-           overrides: EvalOverrides | None = None) -> tuple[EnvSettings, LaunchedServers]:
+def launch(
+    settings: EnvSettings, provider: Provider | None, overrides: EvalOverrides | None = None
+) -> tuple[EnvSettings, LaunchedServers]:
     """Start the eval's environment server(s); the settings pointing at them, and a handle that stops them.
 
     One server per task when the eval selects tasks through ``task_var`` (each started with ``task_var=task``),
@@ -124,11 +130,14 @@ def launch(settings: EnvSettings, provider: Provider | None,
     reset); a zero-argument callable returning providers starts one per task.
     """
     if overrides is not None and (overrides.env_base_url is not None or overrides.env_factory is not None):
-        raise ConfigError("provider= starts the environment server; it cannot be combined with env_base_url or "
-                          "env_factory, which name an environment that already exists. Pass one of them.")
+        raise ConfigError(
+            "provider= starts the environment server; it cannot be combined with env_base_url or "
+            "env_factory, which name an environment that already exists. Pass one of them."
+        )
     assert settings.client_cls is not None
     per_task = bool(settings.tasks and settings.task_var) and (
-        provider is None or _is_factory(provider) or len(settings.tasks) == 1)
+        provider is None or _is_factory(provider) or len(settings.tasks) == 1
+    )
     targets: tuple[str | None, ...] = settings.tasks if per_task else (None,)
     make = _provider_maker(settings, provider)
     substitute = None if provider is not None else substitution(settings)
@@ -137,8 +146,10 @@ def launch(settings: EnvSettings, provider: Provider | None,
     servers = LaunchedServers()
     try:
         for task in targets:
-            env_vars = {**settings.env_vars, **({settings.task_var: task} if task is not None and settings.task_var
-                                                else {})}
+            env_vars = {
+                **settings.env_vars,
+                **({settings.task_var: task} if task is not None and settings.task_var else {}),
+            }
             provider_for_task = make()
             try:
                 url, stop = _start(provider_for_task, settings, env_vars)
@@ -146,8 +157,12 @@ def launch(settings: EnvSettings, provider: Provider | None,
                 what = substitute or f"{type(provider_for_task).__name__} could not start {asked_for(settings)}."
                 raise ServerStartError(f"{what}\n{type(exc).__name__}: {exc}") from exc
             servers.add(task, url, provider_for_task, stop)
-            logger.info("ep_trl started the environment server for %s%s at %s", settings.client_cls.__name__,
-                        f" (task {task!r})" if task is not None else "", url)
+            logger.info(
+                "ep_trl started the environment server for %s%s at %s",
+                settings.client_cls.__name__,
+                f" (task {task!r})" if task is not None else "",
+                url,
+            )
     except BaseException:
         servers.close()
         raise
@@ -158,8 +173,11 @@ def launch(settings: EnvSettings, provider: Provider | None,
 
 def asked_for(settings: EnvSettings) -> str:
     """The environment the eval names: its Docker image or hub repo."""
-    return (f"the Docker image {settings.docker_image!r}" if settings.docker_image
-            else f"the hub repo {settings.hub_repo_id!r}")
+    return (
+        f"the Docker image {settings.docker_image!r}"
+        if settings.docker_image
+        else f"the hub repo {settings.hub_repo_id!r}"
+    )
 
 
 def substitution(settings: EnvSettings) -> str | None:
@@ -169,12 +187,17 @@ def substitution(settings: EnvSettings) -> str | None:
     app = server_app(settings.client_cls)
     if app is None:
         return None
-    how = ("provider=LocalDockerProvider() (openenv.core.containers.runtime)" if settings.docker_image
-           else "provider=... (an OpenEnv runtime provider)")
-    return (f"The eval's {settings.client_cls.__name__} names {asked_for(settings)}, which ep_trl does not run: it "
-            f"serves {app} from the installed package with this Python instead, so a custom build or another "
-            f"version in that image is not what trains. To train against the image itself pass {how}, or start it "
-            "yourself and pass env_base_url=...")
+    how = (
+        "provider=LocalDockerProvider() (openenv.core.containers.runtime)"
+        if settings.docker_image
+        else "provider=... (an OpenEnv runtime provider)"
+    )
+    return (
+        f"The eval's {settings.client_cls.__name__} names {asked_for(settings)}, which ep_trl does not run: it "
+        f"serves {app} from the installed package with this Python instead, so a custom build or another "
+        f"version in that image is not what trains. To train against the image itself pass {how}, or start it "
+        "yourself and pass env_base_url=..."
+    )
 
 
 def _is_factory(provider: Provider) -> TypeGuard[Callable[[], ProviderInstance]]:
@@ -208,8 +231,9 @@ def _starts_containers(provider: ProviderInstance) -> TypeGuard[ContainerProvide
     return bool(container) and isinstance(provider, container)
 
 
-def _start(provider: ProviderInstance, settings: EnvSettings,
-           env_vars: dict[str, str]) -> tuple[str, Callable[[], None]]:
+def _start(
+    provider: ProviderInstance, settings: EnvSettings, env_vars: dict[str, str]
+) -> tuple[str, Callable[[], None]]:
     """Start one server with an OpenEnv provider of either kind; its URL and how to stop it."""
     if _starts_containers(provider):
         if not settings.docker_image:

@@ -6,16 +6,16 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from ..engine import settings
-from .pool import EnvPool, ServerNotes
-from .servers import LaunchedServers
-from .client import check_openenv
-from ..sources.episode import Episode, EpisodeConfig, EpisodePlan, initial_messages
-from .loop import run_episode
 from ..evalprotocol import EvalSpec
 from ..generation import Generator
 from ..options import RolloutOptions
 from ..sources import EpisodeRequest
+from ..sources.episode import Episode, EpisodeConfig, EpisodePlan, initial_messages
 from ..trajectory.types import Prompt, Row
+from .client import check_openenv
+from .loop import run_episode
+from .pool import EnvPool, ServerNotes
+from .servers import LaunchedServers
 
 if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
     from ..engine.call_setup import CallSetup
@@ -42,8 +42,10 @@ class OpenEnvSource:
     def describe(self) -> str:
         env = self._spec.env
         assert env is not None
-        return (f"{env.describe()} with {self._openenv}, {self._spec.max_steps} max steps, "
-                f"tasks {list(env.tasks) or 'none'}")
+        return (
+            f"{env.describe()} with {self._openenv}, {self._spec.max_steps} max steps, "
+            f"tasks {list(env.tasks) or 'none'}"
+        )
 
     def check(self, prompts: Sequence[Prompt]) -> None:
         """Every prompt is a string or a list of chat messages (``episode.initial_messages`` says what is wrong)."""
@@ -62,8 +64,9 @@ class OpenEnvSource:
         finally:
             await envs.aclose()
 
-    async def first_observation(self, seed: int | None, task: str | None,
-                                extra: Mapping[str, object] | None = None) -> str:
+    async def first_observation(
+        self, seed: int | None, task: str | None, extra: Mapping[str, object] | None = None
+    ) -> str:
         """What the model would first be shown after ``reset(seed=seed)`` of ``task`` (with the keyword arguments
         ``extra``; the eval's prompt builder on the observation, else its text), on a session of its own, closed after:
         ``ep-trl train --held-out`` resets twice with one seed to check that the environment honours seeds, and once
@@ -98,11 +101,19 @@ class _OpenEnvPlayer:
 
     async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         assert self._spec.env is not None
-        plan = settings.plan_episode(request.prompt, request.index, request.group, request.generation,
-                                     self._spec.env.tasks, self._spec.completion_params.get("system_prompt"),
-                                     self._spec.env.reset_seed, self._spec.env.reset_kwargs)
-        episode = await run_episode(plan, self._cfg, self._setup.template, generator, self._envs,
-                                    _step_logger(self._setup, request, plan))
+        plan = settings.plan_episode(
+            request.prompt,
+            request.index,
+            request.group,
+            request.generation,
+            self._spec.env.tasks,
+            self._spec.completion_params.get("system_prompt"),
+            self._spec.env.reset_seed,
+            self._spec.env.reset_kwargs,
+        )
+        episode = await run_episode(
+            plan, self._cfg, self._setup.template, generator, self._envs, _step_logger(self._setup, request, plan)
+        )
         return episode, request.context.episode_row(episode, request.rollout_id, request.prompt)
 
 

@@ -54,8 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="guard.py", description=__doc__.splitlines()[0])
     parser.add_argument("--parent", type=int, required=True, help="pid of the process that started this guard")
     parser.add_argument("--stderr-log", type=Path, default=None, help="keep the command's last stderr lines here")
-    parser.add_argument("--adopt", type=int, default=None, metavar="PID",
-                        help="watch this running process (started by someone else) instead of starting a command")
+    parser.add_argument(
+        "--adopt",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="watch this running process (started by someone else) instead of starting a command",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -181,7 +186,7 @@ def _stat(pid: int) -> tuple[str, int, str] | None:
         text = (_PROC / str(pid) / "stat").read_bytes().decode(errors="replace")
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (name) ", whatever the name holds
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (name) ", whatever the name holds
     return fields[0], int(fields[1]), fields[19]
 
 

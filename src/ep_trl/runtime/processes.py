@@ -52,8 +52,12 @@ def port_holder(port: int) -> str | None:
     except psutil.AccessDenied:
         return None
     for connection in connections:
-        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port \
-                and connection.pid is not None:
+        if (
+            connection.status == psutil.CONN_LISTEN
+            and connection.laddr
+            and connection.laddr.port == port
+            and connection.pid is not None
+        ):
             try:
                 command = " ".join(psutil.Process(connection.pid).cmdline())
             except psutil.Error:

@@ -117,8 +117,9 @@ class LoopRunner:
         try:  # libraries start background tasks on the loop they run on (litellm's logging worker): end them first
             asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(timeout=CANCEL_WAIT_S)
         except (TimeoutError, concurrent.futures.TimeoutError):
-            logger.warning("background tasks on the ep_trl loop did not end within %.0f s of being cancelled",
-                           CANCEL_WAIT_S)
+            logger.warning(
+                "background tasks on the ep_trl loop did not end within %.0f s of being cancelled", CANCEL_WAIT_S
+            )
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         if thread.is_alive():

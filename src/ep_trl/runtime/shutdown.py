@@ -11,7 +11,8 @@ servers ep_trl started are registered here when they are made and closed, newest
   closed, ``finally`` blocks run (a checkpoint saved there included), then the exit closes the rest. A program with
   its own handler keeps it, and ep_trl still closes at exit;
 * **SIGKILL** (or a crash): nothing runs in the process, so every process ep_trl starts runs under
-  ``ep_trl/runtime/guard.py``, which stops it within a second of its parent's death (``ep_trl.runtime.processes.guarded``).
+  ``ep_trl/runtime/guard.py``, which stops it within a second of its parent's death
+  (``ep_trl.runtime.processes.guarded``).
 
 The **stop grace** (:func:`current_grace_s`) is how long a SIGTERM'd process may take to end by itself: its own cleanup,
 then ep_trl's close at exit. ``RolloutOptions(stop_grace_s=...)`` sets it, else the ``EP_TRL_STOP_GRACE_S``
@@ -119,9 +120,11 @@ def current_grace_s() -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{GRACE_ENV}={raw!r}: the stop grace must be a finite number of seconds > 0, e.g. "
-                          f"{GRACE_ENV}=25: how long a process may take to end by itself after SIGTERM (keep it "
-                          "below your scheduler's wait before SIGKILL, 30 s for Kubernetes and Slurm).")
+        raise ConfigError(
+            f"{GRACE_ENV}={raw!r}: the stop grace must be a finite number of seconds > 0, e.g. "
+            f"{GRACE_ENV}=25: how long a process may take to end by itself after SIGTERM (keep it "
+            "below your scheduler's wait before SIGKILL, 30 s for Kubernetes and Slurm)."
+        )
     return value
 
 
@@ -241,11 +244,15 @@ def refuse_if_closed() -> None:
     if _state.received is None:
         why = "the interpreter is exiting"
     else:
-        why = (f"a SIGTERM arrived {time.monotonic() - _state.received:.0f} s ago (stop grace "
-               f"{_state.grace_s:g} s, RolloutOptions(stop_grace_s=...) or {GRACE_ENV})")
-    raise ProcessExitingError(f"ep_trl has closed its rollout functions and the environment servers it started "
-                              f"because the process is exiting: {why}. No rollout call can start now; let the "
-                              "process end.")
+        why = (
+            f"a SIGTERM arrived {time.monotonic() - _state.received:.0f} s ago (stop grace "
+            f"{_state.grace_s:g} s, RolloutOptions(stop_grace_s=...) or {GRACE_ENV})"
+        )
+    raise ProcessExitingError(
+        f"ep_trl has closed its rollout functions and the environment servers it started "
+        f"because the process is exiting: {why}. No rollout call can start now; let the "
+        "process end."
+    )
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -338,9 +345,13 @@ class _SignalState:
             what = os.read(read, 1)
             if what == _RECEIVED and not deadline_started:
                 deadline_started = True
-                logger.warning("ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl "
-                               "started, then exiting with status 143 (ending it %g s from now at the latest: the "
-                               "stop grace, RolloutOptions(stop_grace_s=...) or %s)", self.grace_s, GRACE_ENV)
+                logger.warning(
+                    "ep_trl: SIGTERM received; closing rollouts and the environment servers ep_trl "
+                    "started, then exiting with status 143 (ending it %g s from now at the latest: the "
+                    "stop grace, RolloutOptions(stop_grace_s=...) or %s)",
+                    self.grace_s,
+                    GRACE_ENV,
+                )
                 threading.Thread(target=self._deadline, name="ep-trl-exit-deadline", daemon=True).start()
             elif what in (_DROPPED_TERM, _DROPPED_INT) and redelivered < MAX_REDELIVERIES:
                 redelivered += 1
@@ -349,9 +360,12 @@ class _SignalState:
 
     def _deliver_again(self, signum: int) -> bool:
         """Send ``signum`` to the main thread once it has left the unraisable hook; whether it could be sent."""
-        logger.warning("ep_trl: Python dropped the %s raised for %s (it arrived where exceptions are ignored); "
-                       "delivering the signal again", "SystemExit" if signum == signal.SIGTERM else "KeyboardInterrupt",
-                       signal.Signals(signum).name)
+        logger.warning(
+            "ep_trl: Python dropped the %s raised for %s (it arrived where exceptions are ignored); "
+            "delivering the signal again",
+            "SystemExit" if signum == signal.SIGTERM else "KeyboardInterrupt",
+            signal.Signals(signum).name,
+        )
         waited = time.monotonic() + 1.0
         while self.hook_depth and time.monotonic() < waited:
             time.sleep(0.001)
@@ -388,9 +402,12 @@ class _SignalState:
         exit_at = received + grace
         close_at = exit_at - min(CLOSE_RESERVE_S, grace / 2)
         if not self.closed.wait(max(0.0, close_at - time.monotonic())):
-            logger.warning("ep_trl: %.0f s after SIGTERM the process is still running; writing the ep logs rows, "
-                           "closing what ep_trl opened and exiting with status 143 when the stop grace of %g s ends",
-                           close_at - received, grace)
+            logger.warning(
+                "ep_trl: %.0f s after SIGTERM the process is still running; writing the ep logs rows, "
+                "closing what ep_trl opened and exiting with status 143 when the stop grace of %g s ends",
+                close_at - received,
+                grace,
+            )
             if self.claim_close():
                 threading.Thread(target=self._close_logged, name="ep-trl-exit-close", daemon=True).start()
             for flush in list(_before_forced_exit):  # the rows, whoever closes and wherever that close hangs
@@ -399,8 +416,10 @@ class _SignalState:
                 except Exception:  # logged; the forced exit must come whatever a flush does
                     logger.error("ep_trl: %r failed before the forced exit", flush, exc_info=True)
         time.sleep(max(0.0, exit_at - time.monotonic()))
-        logger.error("ep_trl: the process did not exit within %g s of SIGTERM (the stop grace); exiting with status "
-                     "143 now", grace)
+        logger.error(
+            "ep_trl: the process did not exit within %g s of SIGTERM (the stop grace); exiting with status 143 now",
+            grace,
+        )
         _flush_output()
         os._exit(128 + signal.SIGTERM)
 
@@ -444,15 +463,21 @@ def _close_at_exit() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     ended_by = getattr(sys, "last_value", None)  # what ended the main thread, when an exception did
     if _state.received is not None and _replaced_terminated(ended_by):
-        logger.warning("ep_trl: the SIGTERM's exit was replaced on its way out by %s (raised while it unwound); "
-                       "exiting with status 143", type(ended_by).__name__)
+        logger.warning(
+            "ep_trl: the SIGTERM's exit was replaced on its way out by %s (raised while it unwound); "
+            "exiting with status 143",
+            type(ended_by).__name__,
+        )
         _flush_output()
         os._exit(128 + signal.SIGTERM)
     if failed is not None and _state.received is None:
         raise failed
     if failed is not None:  # raised here, it could not change the status; an interruption would be delivered again
-        logger.warning("ep_trl: closing for the SIGTERM's exit failed (%s: %s, logged above); the exit goes on",
-                       type(failed).__name__, failed)
+        logger.warning(
+            "ep_trl: closing for the SIGTERM's exit failed (%s: %s, logged above); the exit goes on",
+            type(failed).__name__,
+            failed,
+        )
 
 
 def _replaced_terminated(error: BaseException | None) -> bool:

@@ -137,9 +137,13 @@ async def run_blocking(fn: Callable[[], T], *, timeout_s: float, what: str) -> T
                 _stuck.add(pooled)
             count = len(_stuck)
         if abandoned and isinstance(stopped, TimeoutError):
-            logger.warning("%s is still running after %g s; its thread is abandoned (%d stuck in all)", what,
-                           timeout_s, count)
+            logger.warning(
+                "%s is still running after %g s; its thread is abandoned (%d stuck in all)", what, timeout_s, count
+            )
         elif abandoned:  # cancelled: the episode is being stopped on purpose (Ctrl-C, a stream closed early)
-            logger.info("%s is still running after its task was cancelled; its thread is abandoned (%d stuck in "
-                        "all)", what, count)
+            logger.info(
+                "%s is still running after its task was cancelled; its thread is abandoned (%d stuck in all)",
+                what,
+                count,
+            )
         raise

@@ -11,7 +11,8 @@ captures its model calls).
 A source plays one episode at a time for :mod:`ep_trl.engine.stream`, which decides how many run at once, when the
 next one starts and when a prompt group is complete: ``session(setup)`` opens what a run of episodes shares (environment
 sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`. ``setup`` is the call's
-:class:`~ep_trl.engine.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller once.
+:class:`~ep_trl.engine.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller
+once.
 """
 
 from collections.abc import Sequence
@@ -19,9 +20,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from .episode import Episode
 from ..generation import Generator
 from ..trajectory.types import Prompt, Row
+from .episode import Episode
 
 if TYPE_CHECKING:  # the protocols name the types they pass along; the sources that play episodes use them
     from ..engine.call_setup import CallSetup
@@ -76,4 +77,3 @@ class EpisodeSource(Protocol):
     async def aclose(self) -> None:
         """Release what the source holds (servers, endpoints); it is not used afterwards."""
         ...
-

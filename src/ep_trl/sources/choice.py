@@ -2,15 +2,20 @@
 
 from collections.abc import Sequence
 
-from ..openenv.servers import LaunchedServers
 from ..evalprotocol import EvalSpec, EvalTest, eval_rows
+from ..openenv.servers import LaunchedServers
 from ..options import RolloutOptions
-from . import EpisodeSource
 from ..trajectory.types import Row
+from . import EpisodeSource
 
 
-def make_source(spec: EvalSpec, eval_test: EvalTest, options: RolloutOptions,
-                servers: LaunchedServers | None, input_dataset: Sequence[str] | None = None) -> EpisodeSource:
+def make_source(
+    spec: EvalSpec,
+    eval_test: EvalTest,
+    options: RolloutOptions,
+    servers: LaunchedServers | None,
+    input_dataset: Sequence[str] | None = None,
+) -> EpisodeSource:
     """ep_trl's own loop for an ``OpenEnvRolloutProcessor`` eval (``spec.env`` is set), else the eval's processor
     run on the eval's rows (read from ``input_dataset`` in place of the eval's own, when given)."""
     if spec.env is not None:

@@ -15,7 +15,6 @@ from ..openenv.client import Action, EnvSettings, Observation
 from ..trajectory.tokens import Trajectory, TurnLimits
 from ..trajectory.types import Message, MessageView
 
-
 #: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
 #: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
 #: error and raises out of the rollout call.
@@ -129,8 +128,9 @@ class EpisodeFailure(Exception):
         self.cause = cause
 
 
-def ended_episode(plan: EpisodePlan, failure: EpisodeFailure | None, stop_reason: StopReason,
-                  **fields: Unpack[EpisodeFields]) -> Episode:
+def ended_episode(
+    plan: EpisodePlan, failure: EpisodeFailure | None, stop_reason: StopReason, **fields: Unpack[EpisodeFields]
+) -> Episode:
     """The ``Episode`` of ``plan``, finished with ``stop_reason``, or, given ``failure``, failed: status and stop reason
     "error", the failure's message and kind. ``fields`` are the rest of :class:`Episode`'s fields."""
     return Episode(
@@ -163,14 +163,18 @@ def pytest_outcome(exc: BaseException, what: str, eval_name: str) -> Unsupported
 def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
     """A first prompt that leaves no room to sample fails the episode (as generation: the backend's limit)."""
     if limits.max_model_len is not None and n >= limits.max_model_len:
-        raise EpisodeFailure("generation", ValueError(
-            f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"))
+        raise EpisodeFailure(
+            "generation",
+            ValueError(f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"),
+        )
 
 
 def initial_messages(prompt: object, index: int = 0) -> tuple[Message, ...]:
     """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
-    shape = ("the dataset's 'prompt' column must hold strings or lists of messages such as "
-             "[{'role': 'user', 'content': 'Play the game.'}]")
+    shape = (
+        "the dataset's 'prompt' column must hold strings or lists of messages such as "
+        "[{'role': 'user', 'content': 'Play the game.'}]"
+    )
     if isinstance(prompt, str):
         return ({"role": "user", "content": prompt},)
     if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
@@ -179,6 +183,8 @@ def initial_messages(prompt: object, index: int = 0) -> tuple[Message, ...]:
     for k, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
-            raise ConfigError(f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
-                              f"'content' (a string or content parts); {shape}")
+            raise ConfigError(
+                f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
+                f"'content' (a string or content parts); {shape}"
+            )
     return tuple(dict(m) for m in messages)

@@ -19,19 +19,19 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from .episode import Episode, EpisodeFailure, EpisodePlan, FailureKind, ended_episode, pytest_outcome
+from ..capture.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
+from ..capture.parsing import ToolCallParser
+from ..capture.placement import RolloutCapture
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, check_rows, match_rows, mcp_gym, processors
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
-from ..capture.placement import RolloutCapture
-from ..capture.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
-from ..runtime.processes import port_holder
-from ..capture.parsing import ToolCallParser
 from ..generation import Generator
-from ..traininglog.writer import RolloutLogWriter
+from ..runtime.processes import port_holder
 from ..traininglog.rows import RowContext
+from ..traininglog.writer import RolloutLogWriter
+from ..trajectory.types import Message, Messages, MessagesView, MessageView, Prompt, Row
 from . import EpisodeRequest
-from ..trajectory.types import Message, Messages, MessageView, MessagesView, Prompt, Row
+from .episode import Episode, EpisodeFailure, EpisodePlan, FailureKind, ended_episode, pytest_outcome
 
 if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
     from ..engine.call_setup import CallSetup
@@ -41,8 +41,16 @@ logger = logging.getLogger(__name__)
 #: Errors raised by a processor's environment side: its tools, MCP servers, sandboxes and their connections.
 _ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (OSError,)  # ConnectionError and TimeoutError among them
 #: The same from libraries ep_trl does not import: httpx's transport errors and MCP's protocol error.
-_ENVIRONMENT_ERROR_NAMES = ("ConnectError", "ConnectTimeout", "ReadError", "ReadTimeout", "RemoteProtocolError",
-                            "WriteError", "PoolTimeout", "McpError")
+_ENVIRONMENT_ERROR_NAMES = (
+    "ConnectError",
+    "ConnectTimeout",
+    "ReadError",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "WriteError",
+    "PoolTimeout",
+    "McpError",
+)
 #: A server the processor starts found its port taken (eval-protocol's MCP-gym server says so in a RuntimeError).
 _PORT_IN_USE = re.compile(r"[Pp]ort (\d+) is already in use")
 
@@ -59,13 +67,20 @@ class ProcessorSource:
         self._parser: ToolCallParser | None = None
         self._mcp = StdioServers(spec.processor_settings.get("mcp_config_path"))
         if mcp_gym.is_mcp_gym(spec.processor) and (zero := mcp_gym.seed_zero_rows(self._rows)):
-            logger.warning("%s: %d row(s) have environment seed 0 (%s), which eval-protocol's MCP-gym server takes for "
-                           "no seed: each of their episodes plays a random environment, not the row's. Give those rows "
-                           "another seed.", spec.qualified_name, len(zero), ", ".join(zero[:5]))
+            logger.warning(
+                "%s: %d row(s) have environment seed 0 (%s), which eval-protocol's MCP-gym server takes for "
+                "no seed: each of their episodes plays a random environment, not the row's. Give those rows "
+                "another seed.",
+                spec.qualified_name,
+                len(zero),
+                ", ".join(zero[:5]),
+            )
 
     def describe(self) -> str:
-        return (f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
-                "captured by ep_trl")
+        return (
+            f"{self._spec.processor_name} run unchanged on {len(self._rows)} eval rows, its model calls "
+            "captured by ep_trl"
+        )
 
     def check(self, prompts: Sequence[Prompt]) -> None:
         """Every prompt stands for one of the eval's rows (``evalprotocol.check_rows`` says which cannot; no row is
@@ -96,19 +111,26 @@ class ProcessorSource:
             self._variables.restore()
             self._mcp.close()
 
-    async def _episode(self, setup: "CallSetup", request: EpisodeRequest, generator: Generator,
-                       semaphore: asyncio.Semaphore, key: str) -> tuple[Episode, Row]:
+    async def _episode(
+        self, setup: "CallSetup", request: EpisodeRequest, generator: Generator, semaphore: asyncio.Semaphore, key: str
+    ) -> tuple[Episode, Row]:
         """One row through the processor; the episode and the row for the body."""
         assert self._parser is not None and self._endpoint.base_url is not None
         rollout_id, prompt, context = request.rollout_id, request.prompt, request.context
         row = match_rows([prompt], self._rows, self._spec.qualified_name)[0]
-        plan = EpisodePlan(index=request.index, group=request.group, generation=request.generation, task=None,
-                           initial_messages=tuple(_message_dicts(row.messages)))
+        plan = EpisodePlan(
+            index=request.index,
+            group=request.group,
+            generation=request.generation,
+            task=None,
+            initial_messages=tuple(_message_dicts(row.messages)),
+        )
         label = f"episode {plan.index} (row {row.input_metadata.row_id})"
         capture = RolloutCapture(new_token(), label, setup.limits, setup.template, generator, self._parser)
         live = _LiveLog(setup.log, context, plan, rollout_id, prompt)
-        params = processors.routed_params(self._spec.completion_params, MODEL_PREFIX + capture.token,
-                                          self._endpoint.base_url, key)
+        params = processors.routed_params(
+            self._spec.completion_params, MODEL_PREFIX + capture.token, self._endpoint.base_url, key
+        )
         context.row(plan, rollout_id, prompt, (), (), source_row=row)  # the processor logs it with our ids
         live.log(row)
         self._endpoint.add(capture)
@@ -125,8 +147,9 @@ class ProcessorSource:
                 raise outcome from exc
             cause = _cause(exc)
             kind = _kind(cause)
-            failure = capture.failure or EpisodeFailure(kind, cause, _environment_detail(cause, mcp)
-                                                        if kind == "environment" else None)
+            failure = capture.failure or EpisodeFailure(
+                kind, cause, _environment_detail(cause, mcp) if kind == "environment" else None
+            )
         finally:
             self._endpoint.remove(capture.token)
             self._mcp.discard(mcp)
@@ -139,7 +162,8 @@ class ProcessorSource:
                 f"{self._spec.qualified_name}: {self._spec.processor_name} finished a row without calling the model "
                 "through ep_trl. ep_trl routes each row's calls by its model name (completion_params['model'], set to "
                 f"'{processors.model_alias(MODEL_PREFIX + '<token>')}'); a processor that calls another model or "
-                "client is not trainable this way (docs/processors.md).")
+                "client is not trainable this way (docs/processors.md)."
+            )
         if failure is not None:
             logger.warning("%s failed (%s): %s", label, failure.kind, failure)
         messages = tuple(_message_dicts(row.messages))
@@ -170,13 +194,15 @@ class ProcessorSource:
                 "without the key ep_trl gave it with (answered 401): build the model client from the row's or the "
                 "config's completion_params, api_key included (LiteLLM does; an OpenAI client needs "
                 "api_key=completion_params['api_key']). The key keeps other local processes out of the rollout "
-                "(docs/processors.md).")
+                "(docs/processors.md)."
+            )
         if capture.calls == 0 and self._endpoint.unknown_models:
             raise UnsupportedEvalError(
                 f"{self._spec.qualified_name}: {self._spec.processor_name} called ep_trl's endpoint with the model "
                 f"{sorted(set(self._endpoint.unknown_models))} instead of the one ep_trl gave the row "
                 f"('{processors.model_alias(MODEL_PREFIX + '<token>')}', with api_base): build the model client "
-                "from the row's or the config's completion_params (docs/processors.md).")
+                "from the row's or the config's completion_params (docs/processors.md)."
+            )
 
 
 class _ProcessorPlayer:
@@ -195,8 +221,9 @@ class _LiveLog:
     """The DatasetLogger handed to the processor: its mid-rollout rows go to ``ep logs`` with the training ids (or
     nowhere when logging is off)."""
 
-    def __init__(self, log: RolloutLogWriter | None, context: RowContext, plan: EpisodePlan, rollout_id: str,
-                 prompt: Prompt) -> None:
+    def __init__(
+        self, log: RolloutLogWriter | None, context: RowContext, plan: EpisodePlan, rollout_id: str, prompt: Prompt
+    ) -> None:
         self._log, self._context, self._plan, self._rollout_id, self._prompt = log, context, plan, rollout_id, prompt
 
     def log(self, row: Row) -> None:
@@ -204,8 +231,9 @@ class _LiveLog:
             return
         snapshot = row.model_copy(deep=True)  # the processor goes on changing its row
         context, plan = self._context, self._plan
-        self._log.log(self._rollout_id, lambda: context.row(plan, self._rollout_id, self._prompt, (), (),
-                                                            source_row=snapshot))
+        self._log.log(
+            self._rollout_id, lambda: context.row(plan, self._rollout_id, self._prompt, (), (), source_row=snapshot)
+        )
 
     def read(self, rollout_id: str | None = None) -> list[Row]:
         return []
@@ -238,10 +266,13 @@ def _environment_detail(exc: BaseException, mcp: RolloutServers) -> str | None:
     if found:
         port = int(found.group(1))
         holder = port_holder(port)
-        held = (f"port {port} is held by {holder}: stop it if no run needs it (another run's server, or one left "
-                "by a run that ep_trl did not drive; a killed ep_trl run's ends within seconds) or give the eval's "
-                "server another port" if holder else
-                f"port {port} is held by a process this user cannot see: free the port or give the server another")
+        held = (
+            f"port {port} is held by {holder}: stop it if no run needs it (another run's server, or one left "
+            "by a run that ep_trl did not drive; a killed ep_trl run's ends within seconds) or give the eval's "
+            "server another port"
+            if holder
+            else f"port {port} is held by a process this user cannot see: free the port or give the server another"
+        )
     return "; ".join(part for part in (held, mcp.stderr_summary()) if part) or None
 
 
@@ -254,8 +285,9 @@ def _reported_failure(row: Row) -> EpisodeFailure | None:
     fine = (Status.Code.OK, Status.Code.RUNNING, Status.Code.FINISHED)
     if status is None or status.code in fine:
         return None
-    return EpisodeFailure("eval_code", RuntimeError(
-        f"the processor marked the rollout {Status.Code(status.code).name}: {status.message}"))
+    return EpisodeFailure(
+        "eval_code", RuntimeError(f"the processor marked the rollout {Status.Code(status.code).name}: {status.message}")
+    )
 
 
 class _MessageModel(Protocol):
@@ -270,5 +302,9 @@ def _message_dicts(messages: Sequence[_MessageModel | MessageView]) -> Messages:
 
 def _tool_calls(messages: MessagesView) -> list[str]:
     """The tools the model called, in order (the episode's actions)."""
-    return [str((call.get("function") or {}).get("name")) for m in messages if m.get("role") == "assistant"
-            for call in m.get("tool_calls") or []]
+    return [
+        str((call.get("function") or {}).get("name"))
+        for m in messages
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+    ]

@@ -9,8 +9,8 @@
   public ``AttentionInterface`` after construction (the constructor registers TRL's own first).
 
 Everything else (packing, the loss, staleness, the weight-sync cadence) is TRL's own. Use it for development and CI;
-on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/adapters/test_async_worker.py`` trains with it against the installed TRL,
-which pins both workarounds.
+on GPUs use ``AsyncGRPOTrainer`` itself. ``tests/adapters/test_async_worker.py`` trains with it against the installed
+TRL, which pins both workarounds.
 """
 
 from __future__ import annotations
@@ -35,16 +35,25 @@ class CPUAsyncGRPOTrainer(AsyncGRPOTrainer):
     """``AsyncGRPOTrainer`` that runs on CPU (``AsyncGRPOConfig(use_cpu=True, bf16=False)``); see the module
     docstring for exactly what differs."""
 
-    def __init__(self, model: str, reward_funcs: RewardFunc | list[RewardFunc] | None = None,
-                 args: AsyncGRPOConfig | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+        args: AsyncGRPOConfig | None = None,
+        **kwargs: Any,
+    ) -> None:
         config = args
         if config is None or not getattr(config, "use_cpu", False):
-            raise ConfigError("CPUAsyncGRPOTrainer needs AsyncGRPOConfig(use_cpu=True, bf16=False): it is the CPU "
-                              "stand-in for AsyncGRPOTrainer (on GPUs use AsyncGRPOTrainer itself).")
+            raise ConfigError(
+                "CPUAsyncGRPOTrainer needs AsyncGRPOConfig(use_cpu=True, bf16=False): it is the CPU "
+                "stand-in for AsyncGRPOTrainer (on GPUs use AsyncGRPOTrainer itself)."
+            )
         if getattr(config, "bf16", False):
-            raise ConfigError("AsyncGRPOConfig(bf16=True) on CPU trains in bfloat16 autocast while the CPU vLLM server "
-                              "samples in float32: the importance ratio would compare different precisions. Pass "
-                              "bf16=False.")
+            raise ConfigError(
+                "AsyncGRPOConfig(bf16=True) on CPU trains in bfloat16 autocast while the CPU vLLM server "
+                "samples in float32: the importance ratio would compare different precisions. Pass "
+                "bf16=False."
+            )
         import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
 
         peak_flops = trainer_module.get_peak_flops_per_device
@@ -64,11 +73,21 @@ def _unknown_device(accelerator: object, dtype: object) -> None:
     return None
 
 
-def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: torch.Tensor | None, *,
-                   tree_kv_index: torch.Tensor, tree_cu_seqlens_q: torch.Tensor, tree_cu_seqlens_k: torch.Tensor,
-                   scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
-                   **_: object) -> tuple[torch.Tensor, None]:
+def tree_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    tree_kv_index: torch.Tensor,
+    tree_cu_seqlens_q: torch.Tensor,
+    tree_cu_seqlens_k: torch.Tensor,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, None]:
     """TRL's packed tree attention in plain torch. ``query``/``key``/``value`` are ``(1, heads, N, dim)`` over the N
     packed tokens; segment ``s`` attends its queries ``cu_q[s]:cu_q[s+1]`` to the keys
     ``tree_kv_index[cu_k[s]:cu_k[s+1]]`` (its path from the root, itself last), causally aligned to the end, as
@@ -84,7 +103,7 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     out = torch.empty_like(q)
     cu_q, cu_k = tree_cu_seqlens_q.tolist(), tree_cu_seqlens_k.tolist()
     for s in range(len(cu_q) - 1):
-        (q0, q1), (k0, k1) = cu_q[s:s + 2], cu_k[s:s + 2]
+        (q0, q1), (k0, k1) = cu_q[s : s + 2], cu_k[s : s + 2]
         rows = torch.arange(q1 - q0).unsqueeze(1)
         cols = torch.arange(k1 - k0).unsqueeze(0)
         offset = (k1 - k0) - (q1 - q0)
@@ -92,7 +111,11 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         if sliding_window:
             allowed &= cols > rows + offset - sliding_window
         attended = torch.nn.functional.scaled_dot_product_attention(
-            q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1), attn_mask=allowed,
-            scale=scaling)
+            q[q0:q1].transpose(0, 1),
+            k[k0:k1].transpose(0, 1),
+            v[k0:k1].transpose(0, 1),
+            attn_mask=allowed,
+            scale=scaling,
+        )
         out[q0:q1] = attended.transpose(0, 1)
     return out.unsqueeze(0), None

@@ -56,18 +56,29 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
     thread count the engine was built with.
     """
 
-    def __init__(self, model: str | PreTrainedModel | PeftModel, reward_funcs: RewardFunc | list[RewardFunc] | None,
-                 args: GRPOConfig | None, *more: Any, enforce_eager: bool = True, kv_cache_gib: float = 1.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str | PreTrainedModel | PeftModel,
+        reward_funcs: RewardFunc | list[RewardFunc] | None,
+        args: GRPOConfig | None,
+        *more: Any,
+        enforce_eager: bool = True,
+        kv_cache_gib: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         trl_seam.require_tested("cpu-trainers", "CPUColocateGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "colocate":
             raise ConfigError("CPUColocateGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='colocate').")
         if getattr(args, "vllm_enable_sleep_mode", False):
-            raise ConfigError("GRPOConfig(vllm_enable_sleep_mode=True): vLLM has no sleep mode on CPU; set it to "
-                              "False (on GPUs, ep_trl wakes and sleeps the engine around each rollout call).")
+            raise ConfigError(
+                "GRPOConfig(vllm_enable_sleep_mode=True): vLLM has no sleep mode on CPU; set it to "
+                "False (on GPUs, ep_trl wakes and sleeps the engine around each rollout call)."
+            )
         if kwargs.get("peft_config") is not None:
-            raise ConfigError("CPUColocateGRPOTrainer does not support peft_config (adapters are not merged before "
-                              "the weights are sent to the engine).")
+            raise ConfigError(
+                "CPUColocateGRPOTrainer does not support peft_config (adapters are not merged before "
+                "the weights are sent to the engine)."
+            )
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
         import trl.generation.vllm_generation as vllm_generation
 
@@ -75,8 +86,9 @@ class CPUColocateGRPOTrainer(GRPOTrainer):
 
         def engine_in_the_trainers_dtype(*llm_args: object, **llm_kwargs: object) -> object:
             dtype = next(self._policy.parameters()).dtype
-            return build(*llm_args, **{**llm_kwargs, "dtype": str(dtype).removeprefix("torch."),
-                                       "enforce_eager": enforce_eager})
+            return build(
+                *llm_args, **{**llm_kwargs, "dtype": str(dtype).removeprefix("torch."), "enforce_eager": enforce_eager}
+            )
 
         vllm_generation.LLM = engine_in_the_trainers_dtype  # only while GRPOTrainer.__init__ builds the engine
         try:

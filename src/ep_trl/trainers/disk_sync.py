@@ -64,8 +64,15 @@ class _VLLMGenerationStandIn(Protocol):
 class DiskSyncedVLLMServer:
     """Stands where ``GRPOTrainer`` keeps TRL's ``VLLMGeneration``: it syncs weights through disk, never generates."""
 
-    def __init__(self, base_url: str, model_provider: Callable[[], torch.nn.Module], is_main_process: bool,
-                 sync: DiskWeightSync, step_provider: Callable[[], int], model_name: str) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model_provider: Callable[[], torch.nn.Module],
+        is_main_process: bool,
+        sync: DiskWeightSync,
+        step_provider: Callable[[], int],
+        model_name: str,
+    ) -> None:
         self.vllm_client = _ServerClientInfo(base_url, model_name)
         self._model_provider = model_provider
         self._is_main = is_main_process
@@ -99,23 +106,33 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
     process writes the policy's weights to ``vllm_weights_dir`` (default: a temporary directory, deleted when
     training ends) and the server reloads them, so rollouts are on-policy and TRL's importance-sampling
     correction compares like with like. When ``train()`` returns, the server holds the trained weights (the last
-    step's are pushed then), so the same server can score the trained model. Single process or DDP only (weights are written from the main
-    process's replica).
+    step's are pushed then), so the same server can score the trained model. Single process or DDP only (weights are
+    written from the main process's replica).
     """
 
-    def __init__(self, model: str | PreTrainedModel | PeftModel, reward_funcs: RewardFunc | list[RewardFunc] | None,
-                 args: GRPOConfig | None, *more: Any, vllm_weights_dir: str | Path | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str | PreTrainedModel | PeftModel,
+        reward_funcs: RewardFunc | list[RewardFunc] | None,
+        args: GRPOConfig | None,
+        *more: Any,
+        vllm_weights_dir: str | Path | None = None,
+        **kwargs: Any,
+    ) -> None:
         trl_seam.require_tested("cpu-trainers", "DiskSyncGRPOTrainer")
         if args is None or not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "server":
-            raise ConfigError("DiskSyncGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='server', "
-                              "vllm_server_base_url=...).")
+            raise ConfigError(
+                "DiskSyncGRPOTrainer needs GRPOConfig(use_vllm=True, vllm_mode='server', vllm_server_base_url=...)."
+            )
         if kwargs.get("rollout_func") is None:
-            raise ConfigError("DiskSyncGRPOTrainer generates only through a rollout_func; pass "
-                              "rollout_func=create_openenv_vllm_rollout_func(...).")
+            raise ConfigError(
+                "DiskSyncGRPOTrainer generates only through a rollout_func; pass "
+                "rollout_func=create_openenv_vllm_rollout_func(...)."
+            )
         if kwargs.get("peft_config") is not None:
-            raise ConfigError("DiskSyncGRPOTrainer does not support peft_config (adapters are not merged before "
-                              "weights are written).")
+            raise ConfigError(
+                "DiskSyncGRPOTrainer does not support peft_config (adapters are not merged before weights are written)."
+            )
         base_url = (args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}").rstrip("/")
         info = probe_server(base_url, 10.0)
         self.weight_sync = DiskWeightSync(base_url, vllm_weights_dir)
@@ -123,15 +140,25 @@ class DiskSyncGRPOTrainer(GRPOTrainer):
         with trl_vllm_client_skipped(args):
             super().__init__(model, reward_funcs, args, *more, **kwargs)
         if uses_sharded_parameters(self):
-            raise ConfigError("DiskSyncGRPOTrainer writes the main process's replica, but FSDP / DeepSpeed ZeRO-3 shard "
-                              "parameters. Use DDP, or TRL's NCCL sync on GPUs.")
-        server = DiskSyncedVLLMServer(base_url, trl_seam.GRPOTrainerCaller(self).model_provider(), self.accelerator.is_main_process,
-                                      self.weight_sync, lambda: int(self.state.global_step), info.model)
+            raise ConfigError(
+                "DiskSyncGRPOTrainer writes the main process's replica, but FSDP / DeepSpeed ZeRO-3 shard "
+                "parameters. Use DDP, or TRL's NCCL sync on GPUs."
+            )
+        server = DiskSyncedVLLMServer(
+            base_url,
+            trl_seam.GRPOTrainerCaller(self).model_provider(),
+            self.accelerator.is_main_process,
+            self.weight_sync,
+            lambda: int(self.state.global_step),
+            info.model,
+        )
         attach_vllm_generation(self, server)
         logger.warning(
             "DiskSyncGRPOTrainer: weights reach the vLLM server at %s through %s (save + reload before each step's "
-            "rollouts), not NCCL: fine for small models on one machine, slow for large ones.", base_url,
-            self.weight_sync.directory)
+            "rollouts), not NCCL: fine for small models on one machine, slow for large ones.",
+            base_url,
+            self.weight_sync.directory,
+        )
 
     def train(self, *args: Any, **kwargs: Any) -> TrainOutput:
         """TRL's training loop; when it ends normally the server gets the last optimizer step's weights too (TRL
@@ -177,7 +204,8 @@ def attach_vllm_generation(trainer: GRPOTrainer, generation: _VLLMGenerationStan
     for name in ("use_vllm", "vllm_mode", "_metrics"):
         if not hasattr(trainer, name):
             raise VersionError(
-                f"GRPOTrainer in this TRL version has no attribute {name!r}; ep_trl's server weight sync cannot attach. "
+                f"GRPOTrainer in this TRL version has no attribute {name!r}; ep_trl's server weight sync cannot "
+                "attach. "
                 "Use GRPOConfig(use_vllm=False) with create_openenv_vllm_rollout_func(vllm_base_url=...) instead."
             )
     trainer.use_vllm = True
@@ -197,9 +225,11 @@ def sync_vllm_weights(trainer: object) -> None:
     last = getattr(trainer, "_last_loaded_step", None)
     generation = getattr(trainer, "vllm_generation", None)
     if last is None or generation is None:
-        raise VersionError("this TRL's GRPOTrainer has no _last_loaded_step or vllm_generation: ep_trl cannot bring "
-                           "its vLLM engine onto the trained weights before held-out play; install the TRL that "
-                           "pyproject.toml pins")
+        raise VersionError(
+            "this TRL's GRPOTrainer has no _last_loaded_step or vllm_generation: ep_trl cannot bring "
+            "its vLLM engine onto the trained weights before held-out play; install the TRL that "
+            "pyproject.toml pins"
+        )
     if last != step:
         generation.sync_weights()
         trainer._last_loaded_step = step  # type: ignore[attr-defined]

@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEV_MODE_HINT = ("start the server with VLLM_SERVER_DEV_MODE=1 in its environment (`trl vllm-serve` sets it), which "
-                 "enables /server_info, /collective_rpc and /reset_prefix_cache")
+DEV_MODE_HINT = (
+    "start the server with VLLM_SERVER_DEV_MODE=1 in its environment (`trl vllm-serve` sets it), which "
+    "enables /server_info, /collective_rpc and /reset_prefix_cache"
+)
 
 
 class DiskWeightSync:
@@ -58,7 +60,10 @@ class DiskWeightSync:
             logger.warning(
                 "The vLLM server at %s runs with logprobs mode %r: its sampled-token logprobs ignore temperature and "
                 "top-k/top-p, which biases TRL's importance-sampling correction. Start it with `--logprobs-mode "
-                "processed_logprobs` (as `trl vllm-serve` does).", self.base_url, mode)
+                "processed_logprobs` (as `trl vllm-serve` does).",
+                self.base_url,
+                mode,
+            )
 
     def push(self, model: torch.nn.Module, step: int) -> float:
         """Write ``model``'s weights (see :func:`write_weights`) and reload them in the server; seconds taken."""
@@ -72,8 +77,13 @@ class DiskWeightSync:
         write_weights(model, target)
         self._reload(target)
         self.last_push_s = time.perf_counter() - started
-        logger.info("pushed step-%d weights to the vLLM server at %s through %s in %.2f s", step, self.base_url,
-                    target, self.last_push_s)
+        logger.info(
+            "pushed step-%d weights to the vLLM server at %s through %s in %.2f s",
+            step,
+            self.base_url,
+            target,
+            self.last_push_s,
+        )
         return self.last_push_s
 
     def push_tensors(self, tensors: Mapping[str, torch.Tensor], label: str) -> float:
@@ -83,18 +93,27 @@ class DiskWeightSync:
         started = time.perf_counter()
         target = self.directory / f"{label}-{self.pushes}"
         target.mkdir(parents=True, exist_ok=True)
-        save_file({name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()},
-                  str(target / "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()},
+            str(target / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         self._reload(target)
         self.last_push_s = time.perf_counter() - started
-        logger.info("pushed %s (%d tensors) to the vLLM server at %s in %.2f s", label, len(tensors), self.base_url,
-                    self.last_push_s)
+        logger.info(
+            "pushed %s (%d tensors) to the vLLM server at %s in %.2f s",
+            label,
+            len(tensors),
+            self.base_url,
+            self.last_push_s,
+        )
         return self.last_push_s
 
     def _reload(self, target: Path) -> None:
         """Have the server load ``target`` in place, forget cached KV blocks, drop the previous directory."""
-        self._request("POST", "/collective_rpc",
-                      json={"method": "reload_weights", "kwargs": {"weights_path": str(target)}})
+        self._request(
+            "POST", "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(target)}}
+        )
         self._request("POST", "/reset_prefix_cache")
         previous, self._current = self._current, target
         if previous is not None:
@@ -109,14 +128,17 @@ class DiskWeightSync:
             shutil.rmtree(self._current, ignore_errors=True)
         self._current = None
 
-    def _request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
-                 json: JSONObject | None = None) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, *, params: Mapping[str, str] | None = None, json: JSONObject | None = None
+    ) -> httpx.Response:
         url = f"{self.base_url}{path}"
         try:
             response = httpx.request(method, url, timeout=self.timeout_s, params=params, json=json)
         except httpx.HTTPError as exc:
-            raise GenerationError(f"{method} {url} failed ({type(exc).__name__}: {exc}); is the vLLM server still "
-                                  f"up? If not, {START_HINT}.") from exc
+            raise GenerationError(
+                f"{method} {url} failed ({type(exc).__name__}: {exc}); is the vLLM server still "
+                f"up? If not, {START_HINT}."
+            ) from exc
         if response.status_code == 404:
             raise GenerationError(f"{method} {url} is not served (HTTP 404); {DEV_MODE_HINT}.")
         if response.status_code >= 400:
@@ -159,8 +181,9 @@ class DiskWeightTransfer:
     in ``model``'s config). The server must run with ``VLLM_SERVER_DEV_MODE=1`` (as ``trl vllm-serve`` does).
     """
 
-    def __init__(self, base_url: str, model: str | Path, directory: str | Path | None = None,
-                 timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, base_url: str, model: str | Path, directory: str | Path | None = None, timeout_s: float = 300.0
+    ) -> None:
         from transformers import AutoConfig
 
         self.sync = DiskWeightSync(base_url, directory, timeout_s)

@@ -8,8 +8,8 @@ their pixels.
 
 :class:`RolloutImagesGRPOTrainer` takes the ``images`` key of the rollout output (per sample, the images in
 placeholder order across prompt and completion, whose expanded tokens the returned ids already hold) and builds the
-vision inputs from the returned ids, as TRL's own tool-image path does (``ep_trl.trajectory.vision_inputs``). It extends three
-methods of ``GRPOTrainer``, each calling TRL's own:
+vision inputs from the returned ids, as TRL's own tool-image path does (``ep_trl.trajectory.vision_inputs``). It extends
+three methods of ``GRPOTrainer``, each calling TRL's own:
 
 * ``_generate``: takes ``images`` out of the extra fields (reward functions do not receive PIL images);
 * ``_get_per_token_logps_and_entropies``: adds the vision inputs to the forward passes TRL makes while scoring the
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, cast
 from trl import GRPOTrainer
 
 from ..adapters import trl_seam
-from ..errors import VersionError
 from ..adapters.output import IMAGES_KEY
+from ..errors import VersionError
 from ..trajectory.vision_inputs import VisionInputs, vision_inputs
 
 if TYPE_CHECKING:
@@ -63,8 +63,11 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         trl_seam.require_tested("images", "RolloutImagesGRPOTrainer")
-        missing = [k for k in FORWARD_KEYWORDS
-                   if k not in inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters]
+        missing = [
+            k
+            for k in FORWARD_KEYWORDS
+            if k not in inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters
+        ]
         if missing:
             raise VersionError(
                 f"GRPOTrainer._get_per_token_logps_and_entropies in this TRL takes no {missing}; ep_trl's image seam "
@@ -77,13 +80,17 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
     def _generate(self, prompts: list[Prompt]) -> tuple[object, ...]:
         result = super()._generate(prompts)
         if len(result) != _GENERATE_RESULT_SIZE or not isinstance(result[_EXTRA_FIELDS_AT], dict):
-            raise VersionError("GRPOTrainer._generate in this TRL returns another shape than TRL 1.16's; ep_trl's "
-                               "image seam (ep_trl.trainers.images) cannot find the rollout's images.")
+            raise VersionError(
+                "GRPOTrainer._generate in this TRL returns another shape than TRL 1.16's; ep_trl's "
+                "image seam (ep_trl.trainers.images) cannot find the rollout's images."
+            )
         images = result[_EXTRA_FIELDS_AT].pop(IMAGES_KEY, None)
         if images is not None:
             if len(images) != len(result[0]):
-                raise ValueError(f"rollout_func returned images for {len(images)} samples and ids for "
-                                 f"{len(result[0])}; it must return one list of images per sample")
+                raise ValueError(
+                    f"rollout_func returned images for {len(images)} samples and ids for "
+                    f"{len(result[0])}; it must return one list of images per sample"
+                )
             self._rollout_images = [list(sample) for sample in images]
         return result
 
@@ -105,24 +112,34 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
             self._rollout_vision = None
 
     def _get_per_token_logps_and_entropies(
-            self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-            *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        *args: object,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         if self._rollout_images is not None and kwargs.get("pixel_values") is None:
             vision = self._vision(input_ids)  # scoring the batch being generated: TRL passes no images
             if vision is not None:
                 kwargs.update(vision.model_kwargs)
                 kwargs["num_images"] = vision.num_images
-        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
-                                                          **kwargs)
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
 
     def _vision(self, prompt_completion_ids: torch.Tensor) -> VisionInputs | None:
         """The batch's vision inputs, built once per generation batch (on the trainer's device)."""
         if self._rollout_vision is None:
             assert self._rollout_images is not None
-            vision = vision_inputs(cast("MultimodalProcessor", self.processing_class), prompt_completion_ids, self._rollout_images)
+            vision = vision_inputs(
+                cast("MultimodalProcessor", self.processing_class), prompt_completion_ids, self._rollout_images
+            )
             if vision is None:
                 return None
             device = self.accelerator.device
-            self._rollout_vision = VisionInputs({k: v.to(device) for k, v in vision.model_kwargs.items()},
-                                                vision.num_images)
+            self._rollout_vision = VisionInputs(
+                {k: v.to(device) for k, v in vision.model_kwargs.items()}, vision.num_images
+            )
         return self._rollout_vision

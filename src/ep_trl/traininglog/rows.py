@@ -5,13 +5,14 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from ..sources.episode import Episode, EpisodePlan
+
+from ..engine.scoring import Scored
 from ..evalprotocol.body import build_row, stamp_row
 from ..evalprotocol.spec import EvalSpec
 from ..generation import SamplingParams
-from .writer import EpisodeTokens, RolloutLogWriter
-from ..engine.scoring import Scored
+from ..sources.episode import Episode, EpisodePlan
 from ..trajectory.types import MessagesView, Prompt, Row, Settings, Tokenizer
+from .writer import EpisodeTokens, RolloutLogWriter
 
 
 class RowContext:
@@ -20,11 +21,21 @@ class RowContext:
     One invocation id per rollout function (training run), one experiment id and run id ``step-N`` per training
     step (the policy's ``step`` the rows are made under; ``sampling`` and ``model_name`` are the trainer's), one row
     id per dataset prompt, one rollout id per episode. ``created_at`` is the episode's start and stays fixed across
-    its updates, so the UI's default newest-first order does not reshuffle rows as they progress. ``pid`` lets ``ep logs`` mark rows still running when the training process dies as stopped.
+    its updates, so the UI's default newest-first order does not reshuffle rows as they progress. ``pid`` lets ``ep
+    logs`` mark rows still running when the training process dies as stopped.
     """
 
-    def __init__(self, spec: EvalSpec, invocation_id: str, backend_name: str, *, step: int, tokenizer: Tokenizer,
-                 sampling: SamplingParams, model_name: str | None) -> None:
+    def __init__(
+        self,
+        spec: EvalSpec,
+        invocation_id: str,
+        backend_name: str,
+        *,
+        step: int,
+        tokenizer: Tokenizer,
+        sampling: SamplingParams,
+        model_name: str | None,
+    ) -> None:
         self.spec = spec
         self.invocation_id = invocation_id
         self.step = step
@@ -35,38 +46,73 @@ class RowContext:
         self.completion_params = {
             **spec.completion_params,
             "model": str(model_name or spec.completion_params.get("model", "policy")),
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "policy_step": self.step, "generation_backend": backend_name,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "policy_step": self.step,
+            "generation_backend": backend_name,
         }
 
-    def row(self, plan: EpisodePlan, rollout_id: str, prompt: Prompt, messages: MessagesView,
-            step_rewards: Sequence[float], ep_trl: Settings | None = None,
-            usage: Mapping[str, int] | None = None, duration_s: float | None = None, source_row: Row = None) -> Row:
+    def row(
+        self,
+        plan: EpisodePlan,
+        rollout_id: str,
+        prompt: Prompt,
+        messages: MessagesView,
+        step_rewards: Sequence[float],
+        ep_trl: Settings | None = None,
+        usage: Mapping[str, int] | None = None,
+        duration_s: float | None = None,
+        source_row: Row = None,
+    ) -> Row:
         """The row of one episode: built from ``messages``, or ``source_row`` (the eval's own row as its processor
         left it: ground truth, tools and metadata kept) with the training ids and metadata set on it."""
         from eval_protocol.models import Status
 
-        info = {"status": "running", "task": plan.task, "group": plan.group, "generation": plan.generation,
-                "global_step": self.step, **(ep_trl or {})}
-        stamp: Settings = dict(eval_name=self.spec.name, rollout_id=rollout_id, invocation_id=self.invocation_id,
-                     experiment_id=f"{self.invocation_id}-step{self.step}", run_id=f"step-{self.step}",
-                     completion_params=self.completion_params,
-                     extra={"step_rewards": list(step_rewards), "ep_trl": info}, usage=usage, duration_s=duration_s)
+        info = {
+            "status": "running",
+            "task": plan.task,
+            "group": plan.group,
+            "generation": plan.generation,
+            "global_step": self.step,
+            **(ep_trl or {}),
+        }
+        stamp: Settings = dict(
+            eval_name=self.spec.name,
+            rollout_id=rollout_id,
+            invocation_id=self.invocation_id,
+            experiment_id=f"{self.invocation_id}-step{self.step}",
+            run_id=f"step-{self.step}",
+            completion_params=self.completion_params,
+            extra={"step_rewards": list(step_rewards), "ep_trl": info},
+            usage=usage,
+            duration_s=duration_s,
+        )
         if source_row is None:
             row = build_row(messages=messages, row_id=row_id(prompt), **stamp)
         else:
             row = stamp_row(source_row, **stamp)
         row.created_at = self._created.setdefault(rollout_id, datetime.now(timezone.utc))
         row.pid = self._pid
-        row.input_metadata.session_data = {**(row.input_metadata.session_data or {}), "mode": self.spec.mode,
-                                           "source": "ep_trl training"}
+        row.input_metadata.session_data = {
+            **(row.input_metadata.session_data or {}),
+            "mode": self.spec.mode,
+            "source": "ep_trl training",
+        }
         if row.eval_metadata is not None:
             row.eval_metadata.description = self._description
             row.eval_metadata.status = Status.eval_running()
         return row
 
-    def log_row(self, log: RolloutLogWriter, plan: EpisodePlan, rollout_id: str, prompt: Prompt,
-                messages: MessagesView, step_rewards: Sequence[float]) -> None:
+    def log_row(
+        self,
+        log: RolloutLogWriter,
+        plan: EpisodePlan,
+        rollout_id: str,
+        prompt: Prompt,
+        messages: MessagesView,
+        step_rewards: Sequence[float],
+    ) -> None:
         """Queue a running row. Only snapshots are taken here; the row is built on the writer thread, and only
         if no newer update of the episode has arrived by then (the episode's message dicts are never mutated,
         only appended, so a shallow snapshot suffices)."""
@@ -79,23 +125,42 @@ class RowContext:
         traj = episode.trajectory
         sampled_lps = [lp for lp, m in zip(traj.logprobs, traj.env_mask) if m]
         info = {
-            "status": episode.status, "stop_reason": episode.stop_reason, "error": episode.error,
+            "status": episode.status,
+            "stop_reason": episode.stop_reason,
+            "error": episode.error,
             "error_kind": episode.error_kind,
-            "num_turns": episode.num_turns, "prompt_tokens": len(traj.prompt_ids),
-            "sampled_tokens": traj.sampled_tokens, "inserted_tokens": len(traj.completion_ids) - traj.sampled_tokens,
+            "num_turns": episode.num_turns,
+            "prompt_tokens": len(traj.prompt_ids),
+            "sampled_tokens": traj.sampled_tokens,
+            "inserted_tokens": len(traj.completion_ids) - traj.sampled_tokens,
             "turn_sampled_tokens": [len(s) for s in traj.sampled_segments()],
             "mean_sampled_logprob": sum(sampled_lps) / len(sampled_lps) if sampled_lps else None,
             "min_sampled_logprob": min(sampled_lps) if sampled_lps else None,
-            "template_realigned": traj.realigned, "prompt_builder_failures": episode.prompt_builder_failures,
-            "forked_segments": episode.forked_segments, "instance": episode.instance,
+            "template_realigned": traj.realigned,
+            "prompt_builder_failures": episode.prompt_builder_failures,
+            "forked_segments": episode.forked_segments,
+            "instance": episode.instance,
         }
-        usage = {"prompt_tokens": episode.prompt_tokens, "completion_tokens": traj.sampled_tokens,
-                 "total_tokens": episode.prompt_tokens + traj.sampled_tokens}
-        return self.row(episode.plan, rollout_id, prompt, episode.messages, episode.step_rewards, info, usage,
-                        episode.duration_s, source_row)
+        usage = {
+            "prompt_tokens": episode.prompt_tokens,
+            "completion_tokens": traj.sampled_tokens,
+            "total_tokens": episode.prompt_tokens + traj.sampled_tokens,
+        }
+        return self.row(
+            episode.plan,
+            rollout_id,
+            prompt,
+            episode.messages,
+            episode.step_rewards,
+            info,
+            usage,
+            episode.duration_s,
+            source_row,
+        )
 
-    def log_final(self, log: RolloutLogWriter, episodes: Sequence[Episode], scored: Sequence[Scored],
-                  seconds: float) -> None:
+    def log_final(
+        self, log: RolloutLogWriter, episodes: Sequence[Episode], scored: Sequence[Scored], seconds: float
+    ) -> None:
         """Log each episode's scored row with its token view; ``agg_score`` is the mean valid score of the call
         (the step's batch), as eval-protocol sets it per experiment, so the UI's default pivot has values."""
         valid = [s.score for s in scored if s.score is not None]

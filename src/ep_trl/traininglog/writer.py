@@ -102,8 +102,12 @@ class RolloutLogWriter:
     it. They are for benchmarks and diagnostics.
     """
 
-    def __init__(self, dataset_logger: "DatasetLogger", token_view_max_tokens: int = TOKEN_VIEW_MAX_TOKENS,
-                 min_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        dataset_logger: "DatasetLogger",
+        token_view_max_tokens: int = TOKEN_VIEW_MAX_TOKENS,
+        min_interval_s: float = 1.0,
+    ) -> None:
         self._logger = dataset_logger
         self._token_view_max_tokens = token_view_max_tokens
         self._min_interval_s = min_interval_s
@@ -168,8 +172,11 @@ class RolloutLogWriter:
             updates = sum(isinstance(item, tuple) for item in batch)
             if updates and not self._closed and not self._told_thread_ended:
                 self._told_thread_ended = True
-                logger.warning("the rollout log writer thread has ended (its error is above); writing the %d row "
-                               "updates queued in the calling thread, at each flush() and at close()", updates)
+                logger.warning(
+                    "the rollout log writer thread has ended (its error is above); writing the %d row "
+                    "updates queued in the calling thread, at each flush() and at close()",
+                    updates,
+                )
             self._write_batch(batch)
 
     def close(self) -> None:
@@ -223,22 +230,30 @@ class RolloutLogWriter:
             try:
                 self._write(rollout_id, build, tokens)
             except BaseException:  # what _write does not expect, ending this thread: the batch's rest is not lost
-                self._hand_back(rollout_id, pending[index + 1:], markers)
+                self._hand_back(rollout_id, pending[index + 1 :], markers)
                 raise
             self.write_s += time.perf_counter() - started
         for marker in markers:
             marker.set()
         return stop
 
-    def _hand_back(self, failed: str, rest: list[tuple[str, tuple[Callable[[], Row], EpisodeTokens | None]]],
-                   markers: list[threading.Event]) -> None:
+    def _hand_back(
+        self,
+        failed: str,
+        rest: list[tuple[str, tuple[Callable[[], Row], EpisodeTokens | None]]],
+        markers: list[threading.Event],
+    ) -> None:
         """An error ``_write`` does not expect ended the writing of a batch at rollout ``failed``: that row is
         counted as a failure (written again, the same error could end the caller of ``flush()``), the updates after
         it and the batch's flush markers go back ahead of the queue, for the next batch or the ``flush()``/``close()``
         that writes in its own thread to write and release."""
         self.failures += 1
-        logger.warning("could not write rollout %s to the eval-protocol log: an error ended its writing (shown "
-                       "next); the %d row updates after it in the batch are queued again", failed, len(rest))
+        logger.warning(
+            "could not write rollout %s to the eval-protocol log: an error ended its writing (shown "
+            "next); the %d row updates after it in the batch are queued again",
+            failed,
+            len(rest),
+        )
         with self._left_lock:
             self._left[:0] = [(rollout_id, build, tokens) for rollout_id, (build, tokens) in rest] + list(markers)
 
@@ -255,17 +270,23 @@ class RolloutLogWriter:
                 self._attach_token_view(row, tokens)
             except Exception as exc:  # the row is still worth writing without its token view; say why
                 row.execution_metadata.extra.setdefault("ep_trl", {})["token_view"] = (
-                    f"failed: {type(exc).__name__}: {exc}")
-                logger.warning("no token view for rollout %s: %s: %s", row.execution_metadata.rollout_id,
-                               type(exc).__name__, exc)
+                    f"failed: {type(exc).__name__}: {exc}"
+                )
+                logger.warning(
+                    "no token view for rollout %s: %s: %s", row.execution_metadata.rollout_id, type(exc).__name__, exc
+                )
             self.token_view_s += time.perf_counter() - started
         try:
             self._logger.log(row)
             self.written += 1
         except Exception as exc:  # logging must never take training down; say so, and count it
             self.failures += 1
-            logger.warning("could not write rollout %s to the eval-protocol log: %s: %s",
-                           row.execution_metadata.rollout_id, type(exc).__name__, exc)
+            logger.warning(
+                "could not write rollout %s to the eval-protocol log: %s: %s",
+                row.execution_metadata.rollout_id,
+                type(exc).__name__,
+                exc,
+            )
 
     def _attach_token_view(self, row: Row, tokens: EpisodeTokens) -> None:
         traj = tokens.trajectory
@@ -273,7 +294,8 @@ class RolloutLogWriter:
         extra = row.execution_metadata.extra
         if n > self._token_view_max_tokens:
             extra.setdefault("ep_trl", {})["token_view"] = (
-                f"omitted: {n} tokens > {self._token_view_max_tokens} (ep_trl.traininglog.writer.TOKEN_VIEW_MAX_TOKENS)")
+                f"omitted: {n} tokens > {self._token_view_max_tokens} (ep_trl.traininglog.writer.TOKEN_VIEW_MAX_TOKENS)"
+            )
             return
         texts = self._texts.get(id(tokens.tokenizer))
         if texts is None or texts.tokenizer is not tokens.tokenizer:

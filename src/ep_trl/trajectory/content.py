@@ -1,13 +1,14 @@
-"""Message content as the chat template needs it: OpenAI-style content parts to text, or to the processing class's parts.
+"""Message content as the chat template needs it: OpenAI-style content parts to text, or to the processing class's
+parts.
 
 Prompt builders may return a string or OpenAI-style content parts (``{"type": "text", ...}``,
 ``{"type": "image_url", "image_url": {"url": ...}}``), as eval-protocol passes them to the model unchanged.
 Chat templates differ: a text tokenizer's template expects a string (most render a list as its Python repr), while
-a multimodal processing class's template (Qwen2-VL, Qwen3-VL, ...) expects Hugging Face parts (``{"type": "image", ...}``)
-and emits its image placeholder tokens for them. This module converts one into the other, so the same eval feeds
+a multimodal processing class's template (Qwen2-VL, Qwen3-VL, ...) expects Hugging Face parts (``{"type": "image",
+...}``) and emits its image placeholder tokens for them. This module converts one into the other, so the same eval feeds
 both kinds of model, flattens any message content to its text (:func:`content_text`), and gives the image parts'
-images, in the order the template places them, to the processing class that expands each placeholder (docs/browsergym.md,
-"Vision-language models").
+images, in the order the template places them, to the processing class that expands each placeholder
+(docs/browsergym.md, "Vision-language models").
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeGuard, cast
 
-from .types import Image, Message, MessageView, Messages, MessagesView, MultimodalProcessor, ProcessingClass, Tokenizer
+from .types import Image, Message, Messages, MessagesView, MessageView, MultimodalProcessor, ProcessingClass, Tokenizer
 
 _IMAGE_TYPES = ("image_url", "image", "input_image")
 
@@ -43,8 +44,10 @@ def content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        texts = [p if isinstance(p, str) else p.get("text") if isinstance(p, Mapping) else getattr(p, "text", None)
-                 for p in content]
+        texts = [
+            p if isinstance(p, str) else p.get("text") if isinstance(p, Mapping) else getattr(p, "text", None)
+            for p in content
+        ]
         return "\n".join(str(t) for t in texts if t)
     return str(content)
 
@@ -75,8 +78,13 @@ def template_messages(messages: MessagesView, *, images: bool) -> tuple[Messages
 def image_parts(messages: MessagesView) -> list[MessageView]:
     """The Hugging Face image parts of messages converted by :func:`template_messages`, in message and part order
     (the order a chat template writes their placeholders in)."""
-    return [part for message in messages if isinstance(message.get("content"), list)
-            for part in message["content"] if part.get("type") == "image"]
+    return [
+        part
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image"
+    ]
 
 
 def image_source(part: MessageView) -> str | Image:

@@ -19,9 +19,9 @@ history, e.g. strips reasoning), the sampled ids are kept and the bridge is the 
 the last assistant message, found by rendering it with a sentinel in place of its content; an end-of-turn
 token the model already sampled is not repeated. Each realigned boundary is counted per episode.
 
-Images. With a multimodal processing class (one with an ``image_processor``), every piece of template text is tokenized by
-the processing class with its images, so the ids hold each image's expanded tokens (Qwen-VL: one ``<|image_pad|>`` per
-merged patch; Idefics3: ``<fake_token_around_image><global-img>`` + n ``<image>`` + ...). The trajectory keeps its
+Images. With a multimodal processing class (one with an ``image_processor``), every piece of template text is tokenized
+by the processing class with its images, so the ids hold each image's expanded tokens (Qwen-VL: one ``<|image_pad|>``
+per merged patch; Idefics3: ``<fake_token_around_image><global-img>`` + n ``<image>`` + ...). The trajectory keeps its
 images in placeholder order across prompt and completion; an image that arrives with an observation is part of a
 bridge, so its tokens are ``env_mask`` 0. It also keeps the same ids with the placeholders unexpanded, which is how a
 vLLM engine takes a prompt with its images (``generation.PromptImages``).
@@ -48,11 +48,20 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
-from .content import image_parts, image_source, load_image, supports_images, template_messages, tokenizer_of
 from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
 from ..runtime.threads import run_blocking
-from .types import (Image, MessageView, MessagesView, Model, MultimodalProcessor, ProcessingClass, Settings, Tokenizer,
-                    Tools)
+from .content import image_parts, image_source, load_image, supports_images, template_messages, tokenizer_of
+from .types import (
+    Image,
+    MessagesView,
+    MessageView,
+    Model,
+    MultimodalProcessor,
+    ProcessingClass,
+    Settings,
+    Tokenizer,
+    Tools,
+)
 
 if TYPE_CHECKING:  # torch and numpy are imported by the processing class, not with ep_trl
     import torch
@@ -102,15 +111,23 @@ def cut_tokens(tokenizer: Tokenizer) -> tuple[str, ...]:
     character after its own first one (so no match can start before the cut and reach into ``S``). None (no cuts,
     every text encoded whole) for a slow tokenizer or one that splits special tokens as text."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None)
-    if getattr(tokenizer, "backend_tokenizer", None) is None or not isinstance(decoder, Mapping) \
-            or getattr(tokenizer, "split_special_tokens", False):
+    if (
+        getattr(tokenizer, "backend_tokenizer", None) is None
+        or not isinstance(decoder, Mapping)
+        or getattr(tokenizer, "split_special_tokens", False)
+    ):
         return ()
     added = [t for t in decoder.values() if isinstance(getattr(t, "content", None), str) and t.content]
     inner = {c for t in added for c in t.content[1:]}
-    return tuple(sorted(
-        t.content for t in added
-        if getattr(t, "special", False) and not (t.lstrip or t.rstrip or t.normalized or t.single_word)
-        and t.content[0] not in inner))
+    return tuple(
+        sorted(
+            t.content
+            for t in added
+            if getattr(t, "special", False)
+            and not (t.lstrip or t.rstrip or t.normalized or t.single_word)
+            and t.content[0] not in inner
+        )
+    )
 
 
 class PrefixEncoder:
@@ -313,8 +330,14 @@ class TrajectoryBuilder:
         self.unexpanded.extend(segment.unexpanded_ids)
 
     def build(self) -> Trajectory:
-        return Trajectory(tuple(self.prompt_ids), tuple(self.completion_ids), tuple(self.logprobs),
-                          tuple(self.env_mask), self.realigned, tuple(self.images))
+        return Trajectory(
+            tuple(self.prompt_ids),
+            tuple(self.completion_ids),
+            tuple(self.logprobs),
+            tuple(self.env_mask),
+            self.realigned,
+            tuple(self.images),
+        )
 
     def fits(self, extra: int, limits: TurnLimits) -> bool:
         """Whether ``extra`` more completion tokens stay within the episode budget and ``max_model_len``."""
@@ -378,8 +401,9 @@ class EpisodeImages:
 class ChatTemplate:
     """Renders conversations with the trainer's processing class; the only place text becomes token ids."""
 
-    def __init__(self, processing_class: ProcessingClass, template_kwargs: Settings | None = None, *,
-                 keep_pixels: bool = False) -> None:
+    def __init__(
+        self, processing_class: ProcessingClass, template_kwargs: Settings | None = None, *, keep_pixels: bool = False
+    ) -> None:
         self._renderer = processing_class
         #: Keep the pixel tensors each image's expansion makes, for trajectories to carry (``carried``).
         self._keep_pixels = keep_pixels
@@ -395,8 +419,10 @@ class ChatTemplate:
         self._cut_ids: frozenset[int] = frozenset()
         #: Ids that stand for pixels (image and video placeholders); a turn never keeps one it sampled.
         self._placeholder_ids = frozenset(
-            getattr(processing_class, name) for name in ("image_token_id", "video_token_id")
-            if self._images and isinstance(getattr(processing_class, name, None), int))
+            getattr(processing_class, name)
+            for name in ("image_token_id", "video_token_id")
+            if self._images and isinstance(getattr(processing_class, name, None), int)
+        )
         #: Decoded images by source, held weakly: an episode re-renders its screenshots every turn and finds them
         #: here while it holds them, and the cache keeps none alive (the images a rollout worker holds are bounded).
         self._decoded: weakref.WeakValueDictionary[str, Image] = weakref.WeakValueDictionary()
@@ -404,7 +430,10 @@ class ChatTemplate:
         # cut only before the special tokens the template writes (a text holds few others; any subset is exact)
         self._prefixes = PrefixEncoder(self._encode_whole, [t for t in cut_tokens(self._tokenizer) if t in source])
         self._warned_dropped_images = False
-        if getattr(self._tokenizer, "chat_template", None) is None and getattr(processing_class, "chat_template", None) is None:
+        if (
+            getattr(self._tokenizer, "chat_template", None) is None
+            and getattr(processing_class, "chat_template", None) is None
+        ):
             raise ValueError(
                 "The trainer's processing class has no chat template; multi-turn episodes need one. "
                 "Load a chat/instruct tokenizer or set tokenizer.chat_template."
@@ -412,7 +441,8 @@ class ChatTemplate:
         if self._images and not isinstance(self._image_token, str):
             raise ValueError(
                 f"{type(processing_class).__name__} has an image processor but no image_token, so the images a "
-                "piece of template text holds cannot be counted; use a processing class that names its image placeholder "
+                "piece of template text holds cannot be counted; use a processing class that names its image "
+                "placeholder "
                 "(Qwen-VL, Idefics3/SmolVLM, LLaVA processing classes do)."
             )
         if isinstance(self._image_token, str):
@@ -421,8 +451,10 @@ class ChatTemplate:
                 self._image_token_id = _token_id(self._tokenizer, self._image_token)
                 self._cut_ids = frozenset(_token_id(self._tokenizer, t) for t in cuts)
             else:
-                self._whole_images(f"its image placeholder {self._image_token!r} is not a token the tokenizer "
-                                   "always splits the text at")
+                self._whole_images(
+                    f"its image placeholder {self._image_token!r} is not a token the tokenizer "
+                    "always splits the text at"
+                )
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -434,15 +466,18 @@ class ChatTemplate:
         schemas, as an OpenAI request carries them) are rendered the template's way."""
         return self._render(messages, tools, generation_prompt)[0]
 
-    def _render(self, messages: MessagesView, tools: Tools | None,
-                generation_prompt: bool = True) -> tuple[str, list[MessageView]]:
+    def _render(
+        self, messages: MessagesView, tools: Tools | None, generation_prompt: bool = True
+    ) -> tuple[str, list[MessageView]]:
         """The rendered text and the image parts it holds, in placeholder order."""
         converted, dropped = template_messages(messages, images=self._images)
         if dropped and not self._warned_dropped_images:
             self._warned_dropped_images = True
-            logger.warning("The prompt builder returns image parts but %s is a text-only processing class: images "
-                           "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
-                           type(self._renderer).__name__)
+            logger.warning(
+                "The prompt builder returns image parts but %s is a text-only processing class: images "
+                "are dropped and the text parts joined (see docs/browsergym.md, vision-language models).",
+                type(self._renderer).__name__,
+            )
         extra: Settings = {"tools": list(tools)} if tools else {}
         text = self._renderer.apply_chat_template(
             converted, tokenize=False, add_generation_prompt=generation_prompt, **extra, **self._kwargs
@@ -461,12 +496,17 @@ class ChatTemplate:
     def _whole_images(self, why: str) -> None:
         """Process every render's images whole from now on (the expansions cannot be spliced), and say why once."""
         self._image_token_id = None
-        logger.warning("%s: %s, so each render processes every image of the conversation again (1 + 2 + ... + n "
-                       "processings for an episode of n images, on the episode's event loop) instead of each image "
-                       "once (docs/benchmarks.md).", type(self._renderer).__name__, why)
+        logger.warning(
+            "%s: %s, so each render processes every image of the conversation again (1 + 2 + ... + n "
+            "processings for an episode of n images, on the episode's event loop) instead of each image "
+            "once (docs/benchmarks.md).",
+            type(self._renderer).__name__,
+            why,
+        )
 
-    def encode_with_images(self, text: str, parts: Sequence[MessageView],
-                           images: EpisodeImages | None = None) -> Encoded:
+    def encode_with_images(
+        self, text: str, parts: Sequence[MessageView], images: EpisodeImages | None = None
+    ) -> Encoded:
         """``text`` as ids with the images of ``parts`` (one per placeholder in ``text``, in order) expanded by the
         processing class; each image's expansion is taken from ``images`` (the episode's), or made and kept there
         (None: made for this call alone)."""
@@ -486,8 +526,9 @@ class ChatTemplate:
             episode = images if images is not None else EpisodeImages()
             expansions = [self._expansion(p, episode) for p in parts]
             if self._image_token_id is not None:  # each expansion starts and ends with a cut token
-                return Encoded(_spliced(ids, self._image_token_id, expansions), tuple(e.image for e in expansions),
-                               tuple(ids))
+                return Encoded(
+                    _spliced(ids, self._image_token_id, expansions), tuple(e.image for e in expansions), tuple(ids)
+                )
         decoded = tuple(self._image(p) for p in parts)
         expanded = self._renderer(text=[text], images=[list(decoded)], add_special_tokens=False)["input_ids"][0]
         return Encoded(tuple(int(t) for t in expanded), decoded, tuple(ids))
@@ -509,15 +550,18 @@ class ChatTemplate:
         if self._keep_pixels:
             from .sample_images import pixel_outputs
 
-            made = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False,
-                                  return_tensors="pt")
+            made = self._renderer(
+                text=[self._image_token], images=[[image]], add_special_tokens=False, return_tensors="pt"
+            )
             pixels = pixel_outputs(cast("MultimodalProcessor", self._renderer), made, 1)  # it names an image token
         else:
             made, pixels = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False), None
         ids = tuple(int(t) for t in made["input_ids"][0])
         if self._image_token_id is not None and not (ids and ids[0] in self._cut_ids and ids[-1] in self._cut_ids):
-            self._whole_images(f"an image's expanded tokens ({len(ids)}) do not start and end with tokens the "
-                               "tokenizer always splits the text at")
+            self._whole_images(
+                f"an image's expanded tokens ({len(ids)}) do not start and end with tokens the "
+                "tokenizer always splits the text at"
+            )
         return ImageExpansion(image, ids, pixels)
 
     def carried(self, trajectory: Trajectory, images: EpisodeImages) -> Trajectory:
@@ -536,8 +580,9 @@ class ChatTemplate:
         token = image_token_id(self._renderer)
         pixels = [e.pixels for e in kept if e.pixels is not None]
         # one image's tensors are carried as they are: joining copies, and the copy would hold its pixels twice
-        processed = ProcessedImages(dict(pixels[0]) if len(pixels) == 1 else joined_pixels(pixels),
-                                    sum(e.ids.count(token) for e in kept))
+        processed = ProcessedImages(
+            dict(pixels[0]) if len(pixels) == 1 else joined_pixels(pixels), sum(e.ids.count(token) for e in kept)
+        )
         return replace(trajectory, processed=processed)
 
     async def prepare_images(self, messages: MessagesView, images: EpisodeImages) -> None:
@@ -558,8 +603,9 @@ class ChatTemplate:
         def expand_all() -> list[tuple[str | Image, ImageExpansion]]:
             return [(image_source(p), self.expand(load_image(image_source(p)))) for p in parts]
 
-        for source, expansion in await run_blocking(expand_all, timeout_s=_PREPARE_TIMEOUT_S,
-                                                    what=f"processing {len(parts)} image(s) of an episode"):
+        for source, expansion in await run_blocking(
+            expand_all, timeout_s=_PREPARE_TIMEOUT_S, what=f"processing {len(parts)} image(s) of an episode"
+        ):
             images.put(source, expansion)
 
     def _image(self, part: MessageView) -> Image:
@@ -581,8 +627,11 @@ class ChatTemplate:
         at = next((i for i, t in enumerate(generation.token_ids) if t in self._placeholder_ids), None)
         if at is None:
             return generation
-        logger.info("A turn sampled an image placeholder (id %d) after %d tokens; the turn ends before it.",
-                    generation.token_ids[at], at)
+        logger.info(
+            "A turn sampled an image placeholder (id %d) after %d tokens; the turn ends before it.",
+            generation.token_ids[at],
+            at,
+        )
         return Generation(generation.token_ids[:at], generation.logprobs[:at], "stop")
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -590,18 +639,23 @@ class ChatTemplate:
         assert isinstance(text, str), "decode of one sequence returns its text"
         return text
 
-    def prompt(self, messages: MessagesView, tools: Tools | None = None,
-               images: EpisodeImages | None = None) -> Encoded:
+    def prompt(
+        self, messages: MessagesView, tools: Tools | None = None, images: EpisodeImages | None = None
+    ) -> Encoded:
         """The rendered conversation as ids, with its images (expanded once per episode: ``images``)."""
         return self.encode_with_images(*self._render(messages, tools), images)
 
-    def prompt_ids(self, messages: MessagesView,
-                   tools: Tools | None = None) -> list[int]:
+    def prompt_ids(self, messages: MessagesView, tools: Tools | None = None) -> list[int]:
         return list(self.prompt(messages, tools).ids)
 
     def bridge(
-        self, messages: MessagesView, held: Encoded, last_turn: Generation, stop_ids: Sequence[int],
-        tools: Tools | None = None, images: EpisodeImages | None = None,
+        self,
+        messages: MessagesView,
+        held: Encoded,
+        last_turn: Generation,
+        stop_ids: Sequence[int],
+        tools: Tools | None = None,
+        images: EpisodeImages | None = None,
     ) -> tuple[Encoded, bool]:
         """Tokens between the last sampled turn and the next generation prompt (with the images they hold), and
         whether they were realigned.
@@ -617,7 +671,7 @@ class ChatTemplate:
             full = self.encode_with_images(text, parts, images)
             n, k = len(held.ids), len(held.unexpanded_ids)
             if full.ids[:n] == held.ids and full.unexpanded_ids[:k] == held.unexpanded_ids:
-                new_images = full.images[len(held.images):]
+                new_images = full.images[len(held.images) :]
                 return Encoded(full.ids[n:], new_images, full.unexpanded_ids[k:] if new_images else None), False
         assistant_at = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
         if assistant_at is None:
@@ -631,18 +685,18 @@ class ChatTemplate:
                 "The chat template drops the assistant's content, so the tokens between turns cannot be found; "
                 "pass chat_template_kwargs or a template that renders assistant messages."
             )
-        tail = text[at + len(_SENTINEL):]
+        tail = text[at + len(_SENTINEL) :]
         if last_turn.token_ids and last_turn.token_ids[-1] in set(stop_ids):
             end_text = self.decode(last_turn.token_ids[-1:], skip_special_tokens=False)
             if end_text and tail.startswith(end_text):
-                tail = tail[len(end_text):]
+                tail = tail[len(end_text) :]
         new = tail.count(self._image_token) if self._image_token else 0
         if len(held.images) + new != len(parts):
             raise ValueError(
                 f"the chat template renders {len(parts)} image(s) where the episode holds {len(held.images)} and "
                 f"the new messages add {new}: it rewrites earlier images, which ep_trl cannot train on token-exactly."
             )
-        return self.encode_with_images(tail, parts[len(parts) - new:], images), True
+        return self.encode_with_images(tail, parts[len(parts) - new :], images), True
 
 
 def _token_id(tokenizer: Tokenizer, token: str) -> int:
@@ -663,7 +717,8 @@ def _spliced(ids: Sequence[int], placeholder: int, expansions: Sequence[ImageExp
         out.extend(expansion.ids)
         start = at + 1
     if placeholder in ids[start:]:
-        raise ValueError(f"the text's ids hold more image placeholders ({placeholder}) than its {len(expansions)} "
-                         "image part(s)")
+        raise ValueError(
+            f"the text's ids hold more image placeholders ({placeholder}) than its {len(expansions)} image part(s)"
+        )
     out.extend(ids[start:])
     return tuple(out)

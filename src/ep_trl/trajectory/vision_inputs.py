@@ -3,12 +3,12 @@
 The in-process generation backend (``model.generate``) and the TRL seam (the trainer's forward passes) both build
 them here, so the model sees the same pixels when it samples a turn as when TRL scores it. They are built the way
 TRL 1.16 builds them for images in tool responses: the image processor over each row's images, plus the
-per-token modality ids (``mm_token_type_ids``) for processing classes whose models need them (Qwen-VL's M-RoPE), computed
-from the ids themselves, never from re-tokenized text.
+per-token modality ids (``mm_token_type_ids``) for processing classes whose models need them (Qwen-VL's M-RoPE),
+computed from the ids themselves, never from re-tokenized text.
 
-The asynchronous trainer's rows are built from images processed already (``ep_trl.trajectory.sample_images.ProcessedImages``,
-one sample's images each): :func:`joined_vision_inputs` joins their tensors the way the image processor lays out one
-row's images, so no image is processed a second time.
+The asynchronous trainer's rows are built from images processed already
+(``ep_trl.trajectory.sample_images.ProcessedImages``, one sample's images each): :func:`joined_vision_inputs` joins
+their tensors the way the image processor lays out one row's images, so no image is processed a second time.
 
 The ``processing_class`` these take is a multimodal processing class, left untyped: the trainers hold theirs as an
 optional ``ProcessingClass``, checked before they call, which the checker cannot narrow here.
@@ -37,8 +37,9 @@ class VisionInputs:
     num_images: list[int]
 
 
-def vision_inputs(processing_class: Any, input_ids: torch.Tensor,
-                  images: Sequence[Sequence[Image]]) -> VisionInputs | None:
+def vision_inputs(
+    processing_class: Any, input_ids: torch.Tensor, images: Sequence[Sequence[Image]]
+) -> VisionInputs | None:
     """The vision inputs for rows of ``input_ids`` (a padded tensor) whose images, in placeholder order, are
     ``images[row]``; None when no row holds an image."""
     rows = [list(row) for row in images]
@@ -50,9 +51,9 @@ def vision_inputs(processing_class: Any, input_ids: torch.Tensor,
     return _with_token_types(processing_class, input_ids, kwargs, [len(row) for row in rows])
 
 
-def joined_vision_inputs(processing_class: Any, input_ids: torch.Tensor,
-                         pixels: Sequence[Mapping[str, torch.Tensor]],
-                         num_images: int) -> VisionInputs:
+def joined_vision_inputs(
+    processing_class: Any, input_ids: torch.Tensor, pixels: Sequence[Mapping[str, torch.Tensor]], num_images: int
+) -> VisionInputs:
     """The vision inputs of one row of ``input_ids`` (shape ``(1, n)``) whose ``num_images`` images were processed
     already, a part at a time, in placeholder order (``pixels``: the image processor's outputs, each for one row):
     the parts joined as the image processor lays out one row's images: along the per-row image axis for processors
@@ -98,15 +99,19 @@ def _per_row(kwargs: Mapping[str, torch.Tensor], rows: int) -> bool:
     return "image_grid_thw" not in kwargs and pixel_values.dim() == 5 and pixel_values.shape[0] == rows
 
 
-def _with_token_types(processing_class: Any, input_ids: torch.Tensor, kwargs: dict[str, torch.Tensor],
-                      images_per_row: list[int]) -> VisionInputs:
-    """``kwargs`` with the per-token modality ids the processing class's model needs, and the entries of ``pixel_values``
-    that belong to each row."""
+def _with_token_types(
+    processing_class: Any, input_ids: torch.Tensor, kwargs: dict[str, torch.Tensor], images_per_row: list[int]
+) -> VisionInputs:
+    """``kwargs`` with the per-token modality ids the processing class's model needs, and the entries of
+    ``pixel_values`` that belong to each row."""
     import torch
 
     rows = len(images_per_row)
     num_images = [int(kwargs["pixel_values"].shape[1])] * rows if _per_row(kwargs, rows) else images_per_row
     if getattr(processing_class, "return_mm_token_type_ids", False):
-        kwargs["mm_token_type_ids"] = torch.tensor(processing_class.create_mm_token_type_ids(input_ids.tolist()),
-                                                   dtype=input_ids.dtype, device=input_ids.device)
+        kwargs["mm_token_type_ids"] = torch.tensor(
+            processing_class.create_mm_token_type_ids(input_ids.tolist()),
+            dtype=input_ids.dtype,
+            device=input_ids.device,
+        )
     return VisionInputs(kwargs, num_images)

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ep_trl.trajectory.content import content_text
 from ep_trl.envs.browsergym.models import BrowserGymAction
+from ep_trl.trajectory.content import content_text
 
 logger = logging.getLogger(__name__)
 

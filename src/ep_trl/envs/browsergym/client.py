@@ -118,9 +118,7 @@ class BrowserGymEnv(EnvClient[BrowserGymAction, BrowserGymObservation, BrowserGy
         data = dict(payload.get("observation", {}))
         reward = payload.get("reward")
         done = bool(payload.get("done", False))
-        observation = BrowserGymObservation(
-            **data, reward=reward, done=done, metadata=dict(data.get("info", {}))
-        )
+        observation = BrowserGymObservation(**data, reward=reward, done=done, metadata=dict(data.get("info", {})))
         return StepResult(observation=observation, reward=reward, done=done)
 
     def _parse_state(self, payload: dict[str, Any]) -> BrowserGymState:

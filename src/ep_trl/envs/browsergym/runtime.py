@@ -79,9 +79,7 @@ class InMemoryChat:
         self.messages: list[dict[str, Any]] = []
         self.recording_start_time = None
 
-    def add_message(
-        self, role: Literal["user", "user_image", "assistant", "info", "infeasible"], msg: str
-    ) -> None:
+    def add_message(self, role: Literal["user", "user_image", "assistant", "info", "infeasible"], msg: str) -> None:
         """Record a message as Chat does ('info' messages are display-only and not kept)."""
         if role not in self._ROLES:
             raise ValueError(f"Invalid role: {role}")

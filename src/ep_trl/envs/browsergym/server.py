@@ -24,10 +24,10 @@ import logging
 from typing import Optional
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
-from starlette.websockets import WebSocketDisconnect
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocketDisconnect
 
 from ep_trl.envs.browsergym.config import max_sessions_from_env, session_timeout_from_env
 from ep_trl.envs.browsergym.environment import BrowserGymEnvironment, close_all_environments

@@ -12,9 +12,32 @@ or ``DoorsEnv(...).sync()``. The server module is not imported here so clients d
 
 from ep_trl.envs.doors.actions import parse_door
 from ep_trl.envs.doors.client import DoorsEnv
-from ep_trl.envs.doors.environment import (COLOURS, HELD_OUT_WORDINGS, LOCKED_ONLY_WORDINGS, TRAINING_WORDINGS,
-                                           WORDINGS, DoorsEnvironment, Room, house, sign)
+from ep_trl.envs.doors.environment import (
+    COLOURS,
+    HELD_OUT_WORDINGS,
+    LOCKED_ONLY_WORDINGS,
+    TRAINING_WORDINGS,
+    WORDINGS,
+    DoorsEnvironment,
+    Room,
+    house,
+    sign,
+)
 from ep_trl.envs.doors.models import DoorsAction, DoorsObservation, DoorsState
 
-__all__ = ["COLOURS", "HELD_OUT_WORDINGS", "LOCKED_ONLY_WORDINGS", "TRAINING_WORDINGS", "WORDINGS", "DoorsAction",
-           "DoorsEnv", "DoorsEnvironment", "DoorsObservation", "DoorsState", "Room", "house", "parse_door", "sign"]
+__all__ = [
+    "COLOURS",
+    "HELD_OUT_WORDINGS",
+    "LOCKED_ONLY_WORDINGS",
+    "TRAINING_WORDINGS",
+    "WORDINGS",
+    "DoorsAction",
+    "DoorsEnv",
+    "DoorsEnvironment",
+    "DoorsObservation",
+    "DoorsState",
+    "Room",
+    "house",
+    "parse_door",
+    "sign",
+]

@@ -16,14 +16,22 @@ class DoorsEnv(EnvClient[DoorsAction, DoorsObservation, DoorsState]):
     ``(seed, wording)`` pair whose wording (a name in ``ep_trl.envs.doors.WORDINGS``) every sign of the house takes
     (a caller that builds its own environment factory hands out houses this way, e.g. with
     ``ep_trl.devtools.doors_houses.SeedSource``, since eval-protocol's processor resets without arguments; ``ep-trl
-    train`` names seeds and wordings in the reset's arguments instead). Other keyword arguments go to OpenEnv's ``EnvClient``.
+    train`` names seeds and wordings in the reset's arguments instead). Other keyword arguments go to OpenEnv's
+    ``EnvClient``.
 
     Each observation's ``metadata`` is ``{"seed": ..., "wording": ...}``, the house it plays (openenv's server leaves
     ``metadata`` off the wire, so the client puts it back from the observation's fields): ep_trl records the reset's
     as the episode's ``instance``, in its row and in held-out results."""
 
-    def __init__(self, base_url: str, *, seeds: Optional[Callable[[], int | tuple[int, Optional[str]]]] = None,
-                 rooms: Optional[int] = None, max_moves: Optional[int] = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        seeds: Optional[Callable[[], int | tuple[int, Optional[str]]]] = None,
+        rooms: Optional[int] = None,
+        max_moves: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(base_url=base_url, **kwargs)
         self._seeds = seeds
         self._defaults = {k: v for k, v in (("rooms", rooms), ("max_moves", max_moves)) if v is not None}

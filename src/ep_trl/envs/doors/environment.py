@@ -60,8 +60,11 @@ def sign(wording: str, doors: tuple[str, ...], open_door: str) -> str:
     if wording not in WORDINGS:
         raise ValueError(f"doors: no sign wording {wording!r}; the wordings are {', '.join(WORDINGS)}")
     locked = [d for d in doors if d != open_door]
-    return WORDINGS[wording].format(open=open_door, locked=f"{', '.join(locked[:-1])} and {locked[-1]}",
-                                    locked_or=f"{', '.join(locked[:-1])} or {locked[-1]}")
+    return WORDINGS[wording].format(
+        open=open_door,
+        locked=f"{', '.join(locked[:-1])} and {locked[-1]}",
+        locked_or=f"{', '.join(locked[:-1])} or {locked[-1]}",
+    )
 
 
 def house(seed: int, rooms: int = DEFAULT_ROOMS, wording: Optional[str] = None) -> tuple[Room, ...]:
@@ -91,8 +94,15 @@ class DoorsEnvironment(Environment[DoorsAction, DoorsObservation, DoorsState]):
         self._house: tuple[Room, ...] = ()
         self._max_moves = DEFAULT_MAX_MOVES
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, rooms: Optional[int] = None,
-              max_moves: Optional[int] = None, wording: Optional[str] = None, **kwargs: Any) -> DoorsObservation:
+    def reset(
+        self,
+        seed: Optional[int] = None,
+        episode_id: Optional[str] = None,
+        rooms: Optional[int] = None,
+        max_moves: Optional[int] = None,
+        wording: Optional[str] = None,
+        **kwargs: Any,
+    ) -> DoorsObservation:
         """Draw the house from ``seed`` (a random one when None), its signs in ``wording`` (None: the training
         wordings, drawn per room), and stand in its first room."""
         if seed is None:
@@ -100,8 +110,10 @@ class DoorsEnvironment(Environment[DoorsAction, DoorsObservation, DoorsState]):
         rooms = DEFAULT_ROOMS if rooms is None else int(rooms)
         self._max_moves = DEFAULT_MAX_MOVES if max_moves is None else int(max_moves)
         if rooms < 1 or self._max_moves < rooms:
-            raise ValueError(f"doors: rooms={rooms}, max_moves={self._max_moves}: need rooms >= 1 and max_moves >= "
-                             "rooms (a player that reads every room needs one move per room)")
+            raise ValueError(
+                f"doors: rooms={rooms}, max_moves={self._max_moves}: need rooms >= 1 and max_moves >= "
+                "rooms (a player that reads every room needs one move per room)"
+            )
         self._house = house(int(seed), rooms, wording)
         self._state = DoorsState(episode_id=episode_id, step_count=0, seed=int(seed), wording=wording)
         return self._observation(message="", reward=None)
@@ -146,8 +158,21 @@ class DoorsEnvironment(Environment[DoorsAction, DoorsObservation, DoorsState]):
             room = self._house[st.room - 1]
             doors = list(room.doors)
             lead = f"{message} " if message else ""
-            text = (f"{lead}Room {st.room} of {rooms}. Doors: {', '.join(room.doors)}. {room.sign} "
-                    f"Moves left: {self._max_moves - st.step_count}. Which door do you take?")
-        return DoorsObservation(text=text, room=st.room, rooms=rooms, doors=doors, moves=st.step_count,
-                                max_moves=self._max_moves, escaped=st.escaped, seed=st.seed, wording=st.wording,
-                                metadata={"seed": st.seed, "wording": st.wording}, done=st.done, reward=reward)
+            text = (
+                f"{lead}Room {st.room} of {rooms}. Doors: {', '.join(room.doors)}. {room.sign} "
+                f"Moves left: {self._max_moves - st.step_count}. Which door do you take?"
+            )
+        return DoorsObservation(
+            text=text,
+            room=st.room,
+            rooms=rooms,
+            doors=doors,
+            moves=st.step_count,
+            max_moves=self._max_moves,
+            escaped=st.escaped,
+            seed=st.seed,
+            wording=st.wording,
+            metadata={"seed": st.seed, "wording": st.wording},
+            done=st.done,
+            reward=reward,
+        )

@@ -24,8 +24,11 @@ class DoorsObservation(Observation):
     max_moves: int = Field(ge=1, description="Moves allowed")
     escaped: bool = Field(default=False, description="Whether the player left the last room")
     seed: int | None = Field(default=None, description="Reset seed the house was drawn from (which house this is)")
-    wording: str | None = Field(default=None, description="The signs' wording named at reset (a name in "
-                                "ep_trl.envs.doors.WORDINGS); None: the training wordings, drawn per room")
+    wording: str | None = Field(
+        default=None,
+        description="The signs' wording named at reset (a name in "
+        "ep_trl.envs.doors.WORDINGS); None: the training wordings, drawn per room",
+    )
 
 
 class DoorsState(State):

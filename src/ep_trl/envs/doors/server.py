@@ -9,5 +9,6 @@ from ep_trl.envs.doors.models import DoorsAction, DoorsObservation
 #: Concurrent sessions (one environment each): above openenv's default of 1 so batched rollouts never hit capacity.
 MAX_CONCURRENT_ENVS = 64
 
-app = create_app(DoorsEnvironment, DoorsAction, DoorsObservation, env_name="doors",
-                 max_concurrent_envs=MAX_CONCURRENT_ENVS)
+app = create_app(
+    DoorsEnvironment, DoorsAction, DoorsObservation, env_name="doors", max_concurrent_envs=MAX_CONCURRENT_ENVS
+)

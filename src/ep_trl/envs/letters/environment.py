@@ -153,9 +153,7 @@ class LettersEnvironment(Environment[LettersAction, LettersObservation, LettersS
             self._latency_s = tail
         alphabet = TASKS[task]
         eid = episode_id or uuid.uuid4().hex
-        self._state = LettersState(
-            episode_id=eid, step_count=0, task_name=task, max_steps=steps, alphabet=alphabet
-        )
+        self._state = LettersState(episode_id=eid, step_count=0, task_name=task, max_steps=steps, alphabet=alphabet)
         self._log.start(eid, task, seed)
         logger.debug("reset episode=%s task=%s max_steps=%d", eid, task, steps)
         return LettersObservation(
