@@ -35,3 +35,14 @@ def test_the_count_reads_whole_words_outside_devtools_and_envs(tmp_path):
     (tmp_path / "a.py").write_text("from typing import Any\nx: Any\nAnyOf = 1\nMany = 2\n_Any = 3\n")
     (tmp_path / "devtools" / "b.py").write_text("from typing import Any\n")
     assert any_count(tmp_path) == 2
+
+
+def test_the_package_says_it_is_typed_and_mypy_requires_annotations():
+    """PEP 561: ``py.typed`` ships with the package (a user's mypy read ep_trl as untyped: "missing library stubs or
+    py.typed marker"), and mypy refuses an unannotated function of ep_trl's (``disallow_untyped_defs``)."""
+    import tomllib
+
+    assert (PACKAGE / "py.typed").is_file()
+    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["ep_trl"]
+    assert project["tool"]["mypy"]["disallow_untyped_defs"] is True

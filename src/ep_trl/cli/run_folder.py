@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 if TYPE_CHECKING:
     from .heldout import HeldOutPlay
@@ -66,7 +66,14 @@ class MetricsLog(TrainerCallback):
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: object,
+    ) -> None:
         if not logs:
             return
         entry = {"step": int(state.global_step), **{k: _plain(v) for k, v in logs.items()}}

@@ -388,7 +388,10 @@ def make_parser(preset: Preset | None = None) -> "TrlParser":
         values as given: the generation mode decides the trainer config's class (``AsyncGRPOConfig`` with
         ``--async``) and some of its fields, so the config is built once the mode is known."""
 
-        def parse_args_into_dataclasses(self, args=None, return_remaining_strings=False, **kwargs):
+        # returns the namespace, not dataclasses: the mode decides the config's class (see above)
+        def parse_args_into_dataclasses(  # type: ignore[override]
+            self, args: Sequence[str] | None = None, return_remaining_strings: bool = False, **kwargs: object
+        ) -> tuple[argparse.Namespace] | tuple[argparse.Namespace, list[str]]:
             namespace, remaining = self.parse_known_args(args=args)
             if remaining and not return_remaining_strings:
                 self.error(f"unrecognized arguments: {' '.join(remaining)}")
