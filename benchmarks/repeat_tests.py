@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                     "returncode": proc.returncode,
                     "seconds": round(time.monotonic() - started, 1),
                     "summary": summary,
-                    "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M),
+                    "failed_tests": re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M),
                     # a failed run keeps pytest's reasons and the end of its report, to read what went wrong
                     **(
                         {
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                     **({"slowest": slowest(proc.stdout)} if args.durations else {}),
                 }
             )
-            print(f"run {k + 1}/{args.runs}: {summary}", *runs[-1]["failed"], flush=True)
+            print(f"run {k + 1}/{args.runs}: {summary}", *runs[-1]["failed_tests"], flush=True)
             if proc.returncode:
                 print(runs[-1]["report"], flush=True)
     finally:

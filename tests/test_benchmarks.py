@@ -256,7 +256,7 @@ def async_image_processing_processed_each_image_once(result: dict, stdout: str) 
 def repeat_tests_ran_each_run(result: dict, stdout: str) -> None:
     """Both runs of the selection ran under the load, passed, and are counted, with their slowest tests."""
     assert result["load_processes"] == 1 and result["runs_total"] == 2 and result["runs_passed"] == 2
-    assert all(run["returncode"] == 0 and run["passed"] >= 1 and run["failed"] == [] for run in result["runs"])
+    assert all(run["returncode"] == 0 and run["passed"] >= 1 and run["failed_tests"] == [] for run in result["runs"])
     assert "2 of 2 runs passed" in stdout
     # --durations 3: each run's slowest test phases, slowest first, each a test of the selection
     for run in result["runs"]:
