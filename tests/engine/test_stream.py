@@ -74,7 +74,7 @@ class FakePlayer:
             messages=(),
             step_rewards=tuple(self.rewards[key]),
             actions=(),
-            status="failed" if failed else "finished",
+            status="error" if failed else "finished",
             stop_reason="error" if failed else "done",
             error="env died" if failed else None,
             error_kind="environment" if failed else None,
