@@ -443,7 +443,7 @@ def screenshots_alive(size):
 def live_images(size, earlier=()):
     """The number and bytes of the decoded images of ``size`` alive now (``screenshots_alive``), less ``earlier``:
     weak references to those alive before the measured worker started, which are not its own (an earlier test of
-    this process can leave some: 2 in a full CI run)."""
+    this process can leave some: 2 in a full CI run, held by two test modules' image lists)."""
     before = {id(ref()) for ref in earlier if ref() is not None}
     found = [image for image in screenshots_alive(size) if id(image) not in before]
     return len(found), sum(image.width * image.height * len(image.getbands()) for image in found)
@@ -523,7 +523,8 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     monkeypatch.setattr(trajectory_module, "load_image", watched_load)
     gc.collect()
     # screenshots and pixel tensors of these shapes alive before the worker starts are not its own: an earlier test of
-    # this process can leave some (2 screenshots in a full CI run; 6.9 MB of pixels after the mismatched-images test)
+    # this process can leave some (2 screenshots in a full CI run: the module-level image lists of two trajectory
+    # tests, now fixtures; 6.9 MB of tensors of these shapes after the mismatched-images test, not yet traced)
     earlier = [weakref.ref(image) for image in screenshots_alive(SCREENSHOT_SIZE)]
     before = live_pixel_bytes(frames)
 

@@ -4,19 +4,25 @@ count and the pixels, from one run), the placeholder check on it, and processed 
 import pickle
 
 import numpy as np
+import pytest
 import torch
 from transformers import AutoProcessor
 
 from ep_trl.trajectory.sample_images import ids_with_images, placeholder_mismatch, process_images
 from tests.support.images import shaped_images
 
-IMAGES = shaped_images()
+
+@pytest.fixture
+def images():
+    """The three shaped images, made per test: a module-level list held its 1280x720 one for the whole session, one
+    of the two screenshots an image-memory test later found alive (tests/test_vllm_images.py)."""
+    return shaped_images()
 
 
-def test_the_image_token_count_is_the_processors_expansion(tiny_vlm_dir):
+def test_the_image_token_count_is_the_processors_expansion(tiny_vlm_dir, images):
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
-    processed = process_images(processor, IMAGES[:2])
-    expanded = processor(text=[processor.image_token * 2], images=[IMAGES[:2]], add_special_tokens=False)["input_ids"]
+    processed = process_images(processor, images[:2])
+    expanded = processor(text=[processor.image_token * 2], images=[images[:2]], add_special_tokens=False)["input_ids"]
     assert processed.image_tokens == expanded[0].count(processor.image_token_id) == 32  # 16 per image, tiny VLM
     held = [processor.image_token_id] * 32 + [5]
     assert placeholder_mismatch(processor, held, processed) is None
@@ -26,11 +32,11 @@ def test_the_image_token_count_is_the_processors_expansion(tiny_vlm_dir):
     )
 
 
-def test_processed_images_travel_with_the_ids(tiny_vlm_dir):
+def test_processed_images_travel_with_the_ids(tiny_vlm_dir, images):
     """Views, copies and pickles (a multiprocessing queue) of the ids carry the images and what was made of them."""
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
-    processed = process_images(processor, IMAGES[:1])
-    ids = ids_with_images([1, 2, 3], IMAGES[:1], processed)
+    processed = process_images(processor, images[:1])
+    ids = ids_with_images([1, 2, 3], images[:1], processed)
     for carried in (ids[1:], ids.copy(), pickle.loads(pickle.dumps(ids))):
         assert len(carried.images) == 1 and carried.processed.image_tokens == processed.image_tokens == 16
         assert torch.equal(carried.processed.pixels["pixel_values"], processed.pixels["pixel_values"])

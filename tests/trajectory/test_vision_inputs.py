@@ -12,7 +12,12 @@ from ep_trl.trajectory.sample_images import process_images
 from ep_trl.trajectory.vision_inputs import joined_vision_inputs, vision_inputs
 from tests.support.images import shaped_images
 
-IMAGES = shaped_images()
+
+@pytest.fixture
+def images():
+    """The three shaped images, made per test: a module-level list held its 1280x720 one for the whole session, one
+    of the two screenshots an image-memory test later found alive (tests/test_vllm_images.py)."""
+    return shaped_images()
 
 
 def idefics2_processor(tiny_vlm_dir):
@@ -28,14 +33,14 @@ def idefics2_processor(tiny_vlm_dir):
 
 
 @pytest.mark.parametrize("layout", ["idefics3", "idefics2"])
-def test_joined_inputs_equal_the_rows_images_processed_together(tiny_vlm_dir, layout):
+def test_joined_inputs_equal_the_rows_images_processed_together(tiny_vlm_dir, layout, images):
     processor = (
         AutoProcessor.from_pretrained(tiny_vlm_dir) if layout == "idefics3" else idefics2_processor(tiny_vlm_dir)
     )
-    parts = [process_images(processor, IMAGES[:2]), process_images(processor, IMAGES[2:])]  # two samples of a row
+    parts = [process_images(processor, images[:2]), process_images(processor, images[2:])]  # two samples of a row
     ids = torch.zeros(1, 8, dtype=torch.long)
     joined = joined_vision_inputs(processor, ids, [part.pixels for part in parts], num_images=3)
-    together = vision_inputs(processor, ids, [IMAGES])
+    together = vision_inputs(processor, ids, [images])
     assert joined.num_images == together.num_images == [3]
     assert joined.model_kwargs.keys() == together.model_kwargs.keys() >= {"pixel_values", "pixel_attention_mask"}
     for key, value in together.model_kwargs.items():
