@@ -820,7 +820,10 @@ def answers():
 @pytest.mark.timeout(180)
 def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp_path):
     """Issue 33: the child's exit ran its parent's close(): it killed the parent's servers' process group (its
-    ``poll()`` cannot see them) and waited on the parent's log writer thread."""
+    ``poll()`` cannot see them) and waited on the parent's log writer thread. Whether the child closes the parent's
+    writer is seen directly: the program's writer says when it is closed in another process. (The child's exit was
+    timed against 5 s instead; under a load of twice the cores a correct child once took longer, and the test failed
+    on correct code: ``benchmarks/results/shutdown_rest_repeated.json``.)"""
     result, _ = run_program(
         SERVER_PRELUDE
         + textwrap.dedent(f"""
@@ -828,12 +831,18 @@ def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp
         from ep_trl.traininglog.writer import RolloutLogWriter
 
         writer = RolloutLogWriter(StoreLogger({str(tmp_path / "logs.db")!r}))  # a rollout function's, with its thread
-        forked = time.monotonic()
+        parent, close = os.getpid(), RolloutLogWriter.close
+
+        def said_close(self):
+            if os.getpid() != parent:
+                print("THE WRITER CLOSED IN THE CHILD", flush=True)
+            close(self)
+
+        RolloutLogWriter.close = said_close
         child = os.fork()
         if child == 0:
             sys.exit(0)  # a normal exit: the child's exit handlers run
-        os.waitpid(child, 0)
-        print("CHILD GONE WITHIN 5 S", time.monotonic() - forked < 5, flush=True)
+        print("CHILD EXIT STATUS", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
         print("SERVER", answers(), flush=True)
         servers.close()
         writer.close()
@@ -842,7 +851,7 @@ def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp
         timeout=150,
     )
     assert lines(result.stdout) == [
-        "CHILD GONE WITHIN 5 S True",
+        "CHILD EXIT STATUS 0",
         "SERVER 200",
         "SERVER AFTER ITS CLOSE URLError",
         "CLOSED",
