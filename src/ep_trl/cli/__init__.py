@@ -2,6 +2,7 @@
 the same command, docs/cli.md).
 
 * ``train``: ``ep-trl train ENV_PATH --model MODEL [flags]``, GRPO on an eval-protocol eval;
+* ``arguments``: ``ep-trl train``'s option groups, what a preset adds, and the planned run;
 * ``serve``: ``ep-trl serve MODEL_DIR``, a local model behind the endpoint training uses, to run the eval under pytest;
 * ``modes``: the generation modes (flags, refused combinations, config and trainer per mode);
 * ``env_server``: ``--env-server``, a local environment server started and stopped with the run;
