@@ -108,7 +108,10 @@ def test_an_action_parser_that_calls_pytest_skip_raises_one_clear_error(tiny_mod
         match=r"test_letters_pointwise: its action parser called "
         r"pytest.skip\('guess_env not installed'\).*not importable",
     ):
-        call_once(tiny_model_dir, tmp_path, letters_server, action_parser=parser)
+        try:
+            call_once(tiny_model_dir, tmp_path, letters_server, action_parser=parser)
+        except pytest.skip.Exception:  # escaped: this test was reported skipped instead of failing
+            pytest.fail("the parser's pytest.skip escaped the rollout call (it was probed for its fallback action)")
     assert all(c.events[-1] == "close" for c in TrackedLettersEnv.clients)
 
 

@@ -37,7 +37,7 @@ from ..evalprotocol.spec import EvalSpec
 from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
 from ..openenv.client import STOCK_MESSAGE_TIMEOUT_S
 from ..options import EvalOverrides
-from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages
+from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages, pytest_outcome
 from ..trajectory.tokens import TurnLimits, eos_token_ids
 from ..trajectory.types import Model, ProcessingClass, Prompt
 
@@ -258,18 +258,24 @@ def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
         max_steps=spec.max_steps,
         limits=limits,
         eval_name=spec.qualified_name,
-        fallback_action=fallback_action(spec.action_parser),
+        fallback_action=fallback_action(spec.action_parser, spec.qualified_name),
     )
 
 
-def fallback_action(action_parser: Callable[[str], object]) -> tuple[object] | None:
+def fallback_action(action_parser: Callable[[str], object], eval_name: str = "the eval") -> tuple[object] | None:
     """What ``action_parser`` returns for a reply with no action in it (``action_parser("")``), in a 1-tuple; None
     when it raises there (a parser with no fallback: an action it returns was found in the text). An action equal
-    to the fallback counts as not well formed (``ModelTurn``)."""
+    to the fallback counts as not well formed (``ModelTurn``). A parser that calls ``pytest.skip`` (an eval module
+    whose environment import failed) is one clear error here, as in an episode (``pytest_outcome``)."""
     try:
         return (action_parser(""),)
     except Exception:  # the parser refuses text with no action: it has no fallback, which is what this asks
         return None
+    except BaseException as exc:
+        outcome = pytest_outcome(exc, "action parser", eval_name)
+        if outcome is not None:
+            raise outcome from exc
+        raise
 
 
 def plan_episode(
