@@ -4,19 +4,10 @@ count and the pixels, from one run), the placeholder check on it, and processed 
 import pickle
 
 import numpy as np
-import pytest
 import torch
 from transformers import AutoProcessor
 
 from ep_trl.trajectory.sample_images import ids_with_images, placeholder_mismatch, process_images
-from tests.support.images import shaped_images
-
-
-@pytest.fixture
-def images():
-    """The three shaped images, made per test: a module-level list held its 1280x720 one for the whole session, one
-    of the two screenshots an image-memory test later found alive (tests/test_vllm_images.py)."""
-    return shaped_images()
 
 
 def test_the_image_token_count_is_the_processors_expansion(tiny_vlm_dir, images):

@@ -10,14 +10,6 @@ from transformers.models.idefics2.image_processing_pil_idefics2 import Idefics2I
 
 from ep_trl.trajectory.sample_images import process_images
 from ep_trl.trajectory.vision_inputs import joined_vision_inputs, vision_inputs
-from tests.support.images import shaped_images
-
-
-@pytest.fixture
-def images():
-    """The three shaped images, made per test: a module-level list held its 1280x720 one for the whole session, one
-    of the two screenshots an image-memory test later found alive (tests/test_vllm_images.py)."""
-    return shaped_images()
 
 
 def idefics2_processor(tiny_vlm_dir):

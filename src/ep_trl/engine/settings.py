@@ -37,7 +37,7 @@ from ..evalprotocol.spec import EvalSpec
 from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
 from ..openenv.client import STOCK_MESSAGE_TIMEOUT_S
 from ..options import EvalOverrides
-from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages, pytest_outcome
+from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages, parse_action
 from ..trajectory.tokens import TurnLimits, eos_token_ids
 from ..trajectory.types import Model, ProcessingClass, Prompt
 
@@ -268,14 +268,11 @@ def fallback_action(action_parser: Callable[[str], object], eval_name: str = "th
     to the fallback counts as not well formed (``ModelTurn``). A parser that calls ``pytest.skip`` (an eval module
     whose environment import failed) is one clear error here, as in an episode (``pytest_outcome``)."""
     try:
-        return (action_parser(""),)
+        return (parse_action(action_parser, "", eval_name),)
+    except UnsupportedEvalError:  # the parser called pytest.skip: the eval cannot train here
+        raise
     except Exception:  # the parser refuses text with no action: it has no fallback, which is what this asks
         return None
-    except BaseException as exc:
-        outcome = pytest_outcome(exc, "action parser", eval_name)
-        if outcome is not None:
-            raise outcome from exc
-        raise
 
 
 def plan_episode(

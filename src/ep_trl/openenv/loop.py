@@ -27,6 +27,7 @@ from ..sources.episode import (
     StopReason,
     check_first_prompt,
     ended_episode,
+    parse_action,
     pytest_outcome,
 )
 from ..trajectory.tokens import ChatTemplate, EpisodeImages, TrajectoryBuilder
@@ -202,13 +203,7 @@ def well_formed(cfg: EpisodeConfig, action: Action) -> bool:
 
 
 async def _parse(cfg: EpisodeConfig, text: str) -> Action:
-    try:
-        return cfg.action_parser(text)
-    except BaseException as exc:
-        outcome = pytest_outcome(exc, "action parser", cfg.eval_name)
-        if outcome is not None:
-            raise outcome from exc
-        raise
+    return parse_action(cfg.action_parser, text, cfg.eval_name)
 
 
 def _user_content(state: _State, cfg: EpisodeConfig, outcome: StepOutcome, step: int, episode: str) -> object:

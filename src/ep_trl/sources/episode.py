@@ -160,6 +160,18 @@ def pytest_outcome(exc: BaseException, what: str, eval_name: str) -> Unsupported
     )
 
 
+def parse_action(action_parser: Callable[[str], object], text: str, eval_name: str) -> object:
+    """``action_parser(text)``; a parser that calls ``pytest.skip``/``fail`` raises :func:`pytest_outcome`'s error
+    instead (the episode loop and the probe of the parser's fallback both call it so)."""
+    try:
+        return action_parser(text)
+    except BaseException as exc:
+        outcome = pytest_outcome(exc, "action parser", eval_name)
+        if outcome is not None:
+            raise outcome from exc
+        raise
+
+
 def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
     """A first prompt that leaves no room to sample fails the episode (as generation: the backend's limit)."""
     if limits.max_model_len is not None and n >= limits.max_model_len:
