@@ -46,6 +46,37 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
     ]
 
 
+def test_no_two_packages_import_each_other_type_checking_imports_included():
+    """Issue 49: nine pairs of packages imported each other (``generation`` and ``engine``, ``sources`` and
+    ``openenv``, ...) through shared value types kept in feature packages. They now live below every package that
+    uses them (``trajectory.episode``, ``trajectory.sampling``, ``evalprotocol.spec.EnvSettings``, ...)."""
+    graph = import_layers.imports(import_layers.modules(), type_checking=True)
+    assert graph["ep_trl.generation.choice"] >= {"ep_trl.generation.vllm", "ep_trl.generation.trainer"}  # BACKENDS
+    pairs = import_layers.package_pairs(graph)
+    assert pairs == [], "\n".join(f"{a} <-> {b}: {why}" for a, b, why in pairs)
+
+
+def test_the_package_measure_sees_type_checking_imports_and_tables_of_modules(tmp_path):
+    package = tmp_path / "ep_trl"
+    for sub in ("low", "high"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text('_LAZY = {"x": ".high.user"}\n')  # the root is left out of pairs
+    (package / "high" / "user.py").write_text("from ..low import kinds\n")
+    (package / "high" / "kinds.py").write_text("")
+    (package / "low" / "kinds.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..high.kinds import T\n"
+    )
+    (package / "low" / "choice.py").write_text('BACKENDS: dict[str, str] = {"k": "kinds"}\n')
+    found = import_layers.modules(package)
+    assert import_layers.package_pairs(import_layers.imports(found)) == []  # the TYPE_CHECKING edge is not counted
+    graph = import_layers.imports(found, type_checking=True)
+    assert graph["ep_trl.low.choice"] == {"ep_trl.low.kinds"}
+    assert import_layers.package_pairs(graph) == [
+        ("high", "low", [("ep_trl.high.user", "ep_trl.low.kinds"), ("ep_trl.low.kinds", "ep_trl.high.kinds")])
+    ]
+
+
 def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
     """Issue 34: the caller went into settings, backend choice and rows, each asking it again. Now
     ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the engine

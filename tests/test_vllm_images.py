@@ -466,7 +466,7 @@ def live_pixel_bytes(frames):
 class MemoryWatch:
     """What a rollout worker keeps alive, sampled in a thread while it runs: the decoded images the chat template
     made (weak references: exact, none of the processing class's passing copies), the bytes of every pixel tensor
-    alive (``live_pixel_bytes``), and the worker's own count (``held_images``)."""
+    alive (``live_pixel_bytes``), and the worker's own count (``bounded_images``)."""
 
     def __init__(self, worker, frames, decoded):
         self.worker, self.frames, self.decoded = worker, frames, decoded
@@ -478,7 +478,7 @@ class MemoryWatch:
         while not self._done.is_set():
             self.images.append(sum(ref() is not None for ref in list(self.decoded)))
             self.pixel_bytes.append(live_pixel_bytes(self.frames))
-            self.held.append(self.worker.held_images() or 0)
+            self.held.append(self.worker.bounded_images() or 0)
             time.sleep(0.02)
 
     def __enter__(self):

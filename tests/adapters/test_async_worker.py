@@ -170,7 +170,7 @@ def sampled_gap(model, sample):
 
 def samples_with_turn_versions(worker):
     """(sample, its turns' versions) for every sample of a group none of whose samples was dropped as stale (the
-    buffer holds a group's samples in generation order, as the worker's record lists their turns)."""
+    buffer holds a group's samples in member order, as the worker's record lists their turns)."""
     by_group = {}
     for sample in worker.rollout_buffer.samples:
         by_group.setdefault(sample.group_id, []).append(sample)
@@ -824,14 +824,14 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
         )
         try:
             worker.take_images("test")
-            assert worker.max_episode_images == 2 and worker.held_images() == 0 and worker._has_room()
+            assert worker.max_episode_images == 2 and worker.bounded_images() == 0 and worker._has_room()
             worker.rollout_buffer.put(sample(["a"] * 3))
             worker.meter.started()  # an episode in flight: 2 images reserved
-            assert worker.held_images() == 5 and worker._has_room()  # 5 + 2 <= 8
+            assert worker.bounded_images() == 5 and worker._has_room()  # 5 + 2 <= 8
             worker.meter.started()
-            assert worker.held_images() == 7 and not worker._has_room()  # 7 + 2 > 8: no episode starts
+            assert worker.bounded_images() == 7 and not worker._has_room()  # 7 + 2 > 8: no episode starts
             worker.rollout_buffer.get_nowait()  # the trainer takes the sample
-            assert worker.held_images() == 4 and worker._has_room()
+            assert worker.bounded_images() == 4 and worker._has_room()
         finally:
             worker.stop()
 

@@ -8,7 +8,7 @@ from trl import GRPOConfig
 
 from ep_trl.adapters import trl_seam
 from ep_trl.adapters.trl_seam import GRPOTrainerCaller, caller_of
-from ep_trl.engine.caller import SyncedServer
+from ep_trl.generation import SyncedServer
 
 
 def _trainer(args, **attributes):

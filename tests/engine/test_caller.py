@@ -8,8 +8,9 @@ import pytest
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
-from ep_trl.engine.caller import DetachedCaller, SyncedServer, TrainingConfig
+from ep_trl.engine.caller import DetachedCaller, TrainingConfig
 from ep_trl.errors import ConfigError
+from ep_trl.generation import SyncedServer
 
 
 def test_the_configuration_is_read_from_the_grpo_config(tiny_model_dir, tmp_path):

@@ -5,9 +5,10 @@ from dataclasses import replace
 import pytest
 
 from ep_trl import ConfigError, EvalOverrides, UnsupportedEvalError
-from ep_trl.engine.settings import apply_overrides, notes, plan_episode
+from ep_trl.engine.settings import apply_overrides, notes
 from ep_trl.envs.letters import LettersEnv
 from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
+from ep_trl.openenv.episode import plan_episode
 from tests.evals import letters_parts as parts
 
 URL = "http://127.0.0.1:8001"
@@ -79,7 +80,7 @@ def test_tasks_rotate_per_prompt_group_across_calls_and_processes():
         ]
 
     first_call = plan(0, ("x", "y", "z"))
-    assert [(s.index, s.group, s.generation, s.task) for s in first_call] == [
+    assert [(s.index, s.group, s.member, s.task) for s in first_call] == [
         (0, 0, 0, "x"),
         (1, 0, 1, "x"),
         (2, 1, 0, "y"),
@@ -98,7 +99,7 @@ def test_the_evals_system_prompt_goes_first_unless_the_prompt_has_one():
 
 
 def test_an_episode_s_reset_seed_and_keywords_come_from_its_prompt_group():
-    from ep_trl.openenv.client import EnvSettings
+    from ep_trl.evalprotocol.spec import EnvSettings
     from ep_trl.openenv.pool import reset_kwargs
 
     plans = [

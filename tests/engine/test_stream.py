@@ -16,7 +16,7 @@ import pytest
 from ep_trl.engine.scoring import FAILED_EPISODE
 from ep_trl.engine.stream import GroupPlan, SlotMeter, stream_groups
 from ep_trl.evalprotocol import build_row, read_eval_spec, resolve_eval_test
-from ep_trl.sources.episode import Episode, EpisodePlan
+from ep_trl.trajectory.episode import Episode, EpisodePlan
 from ep_trl.trajectory.tokens import Trajectory
 
 POINTWISE = "tests.evals.eval_letters"
@@ -32,8 +32,8 @@ class FakeGenerator:
 
 
 class FakePlayer:
-    """Plays episode ``(group, generation)`` by waiting for its event (set by the test) or its delay, then returns
-    a finished episode whose row has ``rewards[(group, generation)]`` as step rewards, or a failed one for the keys in
+    """Plays episode ``(group, member)`` by waiting for its event (set by the test) or its delay, then returns
+    a finished episode whose row has ``rewards[(group, member)]`` as step rewards, or a failed one for the keys in
     ``failing``. Records the order episodes started and ended, and the most in flight at once."""
 
     def __init__(self, rewards, *, delays=None, failing=(), raising=None):
@@ -47,7 +47,7 @@ class FakePlayer:
         return 0
 
     async def play(self, request, generator):
-        key = (request.group, request.generation)
+        key = (request.group, request.member)
         self.started.append(key)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -66,7 +66,7 @@ class FakePlayer:
         self.ended.append(key)
         failed = key in self.failing
         plan = EpisodePlan(
-            index=request.index, group=request.group, generation=request.generation, task=None, initial_messages=()
+            index=request.index, group=request.group, member=request.member, task=None, initial_messages=()
         )
         episode = Episode(
             plan=plan,
@@ -159,7 +159,7 @@ def test_a_group_is_released_when_it_completes_not_in_plan_order():
 
     groups = asyncio.run(main())
     assert [g.plan.group for g in groups] == [1, 0]
-    assert [[p.request.generation for p in g.played] for g in groups] == [[0, 1], [0, 1]]  # generation order
+    assert [[p.request.member for p in g.played] for g in groups] == [[0, 1], [0, 1]]  # member order
 
 
 def test_pointwise_scores_each_episode_and_groupwise_scores_the_group_together():

@@ -71,3 +71,14 @@ def test_the_mcp_server_manager_still_lists_its_servers():
 
     manager = private_name(MANAGER_MODULE, "MCPServerManager")
     assert isinstance(private_attr(manager, SERVER_MANAGERS_ATTRIBUTE), list)
+
+
+def test_the_mcp_server_manager_still_waits_for_its_server_with_a_timeout():
+    """ep_trl bounds this wait (``mcp_servers.bound_server_starts``): the method and its ``timeout`` are pinned."""
+    import inspect
+
+    from ep_trl.evalprotocol._private import SERVER_READY_METHOD
+    from ep_trl.evalprotocol.mcp_servers import MANAGER_MODULE
+
+    wait = private_attr(private_name(MANAGER_MODULE, "MCPServerManager"), SERVER_READY_METHOD)
+    assert "timeout" in inspect.signature(wait).parameters

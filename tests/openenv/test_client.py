@@ -7,7 +7,8 @@ import time
 import pytest
 
 from ep_trl.envs.letters import LettersAction, LettersEnv
-from ep_trl.openenv.client import EnvSettings, open_env
+from ep_trl.evalprotocol.spec import EnvSettings
+from ep_trl.openenv.client import open_env
 from ep_trl.openenv.pool import EnvPool
 from tests.support.tracked_env import TrackedLettersEnv
 

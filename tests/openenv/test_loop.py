@@ -5,7 +5,7 @@ import re
 import pytest
 
 from ep_trl import EvalOverrides, RolloutOptions, UnsupportedEvalError, create_openenv_vllm_rollout_func
-from ep_trl.sources.episode import EpisodeFailure, EpisodePlan, ended_episode
+from ep_trl.trajectory.episode import EpisodeFailure, EpisodePlan, ended_episode
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
@@ -35,7 +35,7 @@ def errors(trainer, kind):
 
 
 def test_an_ended_episode_is_finished_with_its_stop_reason_or_failed_with_the_failure():
-    plan = EpisodePlan(index=0, group=0, generation=0, task=None, initial_messages=())
+    plan = EpisodePlan(index=0, group=0, member=0, task=None, initial_messages=())
     fields = dict(
         trajectory=object(),
         messages=(),

@@ -11,7 +11,8 @@ import pytest
 
 from ep_trl import ConfigError, EvalOverrides, create_openenv_vllm_rollout_func
 from ep_trl.envs.letters import LettersEnv
-from ep_trl.openenv.client import EnvSettings, client_kwargs, constructor_parameters
+from ep_trl.evalprotocol.spec import EnvSettings
+from ep_trl.openenv.client import client_kwargs, constructor_parameters
 from ep_trl.openenv.local_provider import LocalAppProvider
 from ep_trl.openenv.pool import EnvPool
 from ep_trl.openenv.servers import launch, server_app

@@ -130,13 +130,13 @@ def released_group(
 ) -> Any:
     """A prompt group as the stream releases it (``ep_trl.engine.stream.ScoredGroup``): one finished, scored episode per
     trajectory, each turn sent under ``versions``; only what ``group_samples`` reads is filled in."""
-    from ep_trl.engine.scoring import Scored
     from ep_trl.engine.stream import GroupPlan, PlayedEpisode, ScoredGroup
-    from ep_trl.sources.episode import Episode, EpisodePlan
+    from ep_trl.evalprotocol.body import Scored
+    from ep_trl.trajectory.episode import Episode, EpisodePlan
 
     played = []
-    for generation, trajectory in enumerate(trajectories):
-        plan = EpisodePlan(index=generation, group=group, generation=generation, task=None, initial_messages=())
+    for member, trajectory in enumerate(trajectories):
+        plan = EpisodePlan(index=member, group=group, member=member, task=None, initial_messages=())
         episode = Episode(
             plan=plan,
             trajectory=trajectory,

@@ -57,7 +57,7 @@ def test_training_rollouts_are_stored_scored_and_grouped(tiny_model_dir, letters
         # one prompt group per step: one row id, one group, generations 0..3
         assert len({r.input_metadata.row_id for r in step_rows}) == 1
         assert len({r.execution_metadata.extra["ep_trl"]["group"] for r in step_rows}) == 1
-        assert sorted(r.execution_metadata.extra["ep_trl"]["generation"] for r in step_rows) == [0, 1, 2, 3]
+        assert sorted(r.execution_metadata.extra["ep_trl"]["member"] for r in step_rows) == [0, 1, 2, 3]
     assert len({r.execution_metadata.rollout_id for r in rows}) == 8
 
 

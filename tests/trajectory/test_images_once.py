@@ -24,12 +24,13 @@ from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3I
 from ep_trl.capture.parsing import ToolCallParser
 from ep_trl.capture.placement import RolloutCapture, TurnRequest
 from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
+from ep_trl.evalprotocol.spec import EnvSettings
 from ep_trl.generation import Generation, SamplingParams
-from ep_trl.openenv.client import EnvSettings
+from ep_trl.openenv.episode import EpisodeConfig
 from ep_trl.openenv.loop import run_episode
 from ep_trl.openenv.pool import EnvPool
-from ep_trl.sources.episode import EpisodeConfig, EpisodePlan
 from ep_trl.trajectory.content import load_image
+from ep_trl.trajectory.episode import EpisodePlan
 from ep_trl.trajectory.tokens import ChatTemplate, TrajectoryBuilder, TurnLimits
 from tests.support.images import ImageProcessorCalls, png_data_uri, user_with_image
 
@@ -157,7 +158,7 @@ def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(pr
         try:
             return [
                 await run_episode(
-                    EpisodePlan(index=i, group=0, generation=i, task=None, initial_messages=()),
+                    EpisodePlan(index=i, group=0, member=i, task=None, initial_messages=()),
                     config,
                     template,
                     ScriptedGenerator(processor.tokenizer),
@@ -280,7 +281,7 @@ def play_openenv(template, episodes):
         try:
             return [
                 await run_episode(
-                    EpisodePlan(index=i, group=0, generation=i, task=None, initial_messages=()),
+                    EpisodePlan(index=i, group=0, member=i, task=None, initial_messages=()),
                     config,
                     template,
                     ScriptedGenerator(tokenizer),

@@ -38,7 +38,7 @@ by kind), from the same stream (``ep_trl.engine.stream``):
   ``rollout_buffer`` before an images trainer took the worker (``take_images``) raises ``ConfigError``;
   ``max_buffered_images`` bounds the decoded images the worker holds with their pixel tensors, not the samples the
   trainer took (see
-  :meth:`EvalRolloutWorker.held_images`);
+  :meth:`EvalRolloutWorker.bounded_images`);
 * **failure**: an episode's failure costs that episode; an error that ends the worker (a server gone for good,
   rounds without a score, a bug) is kept and raised by ``check_health`` in the trainer's thread, as is a worker that
   released nothing for ``stale_after_s``. ``stop`` cancels the episodes in flight and closes every session, server
@@ -68,18 +68,19 @@ from typing import TYPE_CHECKING, Any
 
 from .. import evalprotocol
 from ..dataset import dataset_from_eval
-from ..engine.caller import DetachedCaller, SyncedServer, TrainingConfig
+from ..engine.caller import DetachedCaller, TrainingConfig
 from ..engine.engine import build_engine
 from ..engine.metrics import call_metrics, summary_line
-from ..engine.scoring import Scored
 from ..engine.stream import GroupPlan, ScoredGroup, SlotMeter
 from ..errors import ConfigError, RolloutWorkerError
 from ..evalprotocol import EvalSpec
+from ..evalprotocol.body import Scored
+from ..generation import SyncedServer
 from ..generation.probe import lora_enabled, probe_server, served_models
 from ..runtime import shutdown
 from ..runtime.threads import run_blocking
-from ..sources.episode import Episode
 from ..trajectory.content import supports_images
+from ..trajectory.episode import Episode
 from ..trajectory.types import ProcessingClass, Prompt, Tokenizer
 from . import trl_seam
 
@@ -108,10 +109,10 @@ class ReleaseRecord:
     episodes: int
     samples: int
     left_out: int
-    versions: tuple[int, ...]  # each sample's model_version (its oldest turn's), in generation order
+    versions: tuple[int, ...]  # each sample's model_version (its oldest turn's), in member order
     turn_versions: tuple[tuple[int, ...], ...]  # each sample's turns' versions, as sent (same order)
     version_at_release: int
-    episode_seconds: tuple[float, ...]  # each episode's own duration, in generation order
+    episode_seconds: tuple[float, ...]  # each episode's own duration, in member order
     seconds: float  # from its first episode's start to its release
     released_at: float  # time.monotonic()
     image_mismatches: int = 0  # episodes left out because their images did not match their image tokens
@@ -153,7 +154,7 @@ class EvalRolloutWorker:
             started and not yet released (playing, or ended in a group still playing). An episode starts only if its
             reservation fits, so the bound holds at all times; it must be at least ``num_generations *
             max_episode_images`` (a group is released whole), and ``slots * max_episode_images`` keeps every slot
-            busy. Not counted (:meth:`held_images`): the samples the trainer took, passing copies while an image is
+            busy. Not counted (:meth:`bounded_images`): the samples the trainer took, passing copies while an image is
             decoded or processed, and the image sources (data URIs) in messages and log rows.
         max_episode_images: the most images one episode may hold, what ``max_buffered_images`` reserves per
             episode; a turn that would pass it is not sent and stops the worker (``ConfigError``). Default, with
@@ -392,14 +393,14 @@ class EvalRolloutWorker:
 
     def _has_room(self) -> bool:
         """Whether another episode may start: nothing released waits for room, the buffer is not full, and under
-        ``max_buffered_images`` the images held stay within it with one more episode's reservation."""
+        ``max_buffered_images`` the images buffered stay within it with one more episode's reservation."""
         if self._stopping.is_set() or self._pending or self._buffer.full():
             return False
         if self.max_buffered_images is None:
             return True
-        held = self.held_images()
-        assert held is not None and self.max_episode_images is not None  # both set whenever max_buffered_images is
-        return held + self.max_episode_images <= self.max_buffered_images
+        bounded = self.bounded_images()
+        assert bounded is not None and self.max_episode_images is not None  # both set whenever max_buffered_images is
+        return bounded + self.max_episode_images <= self.max_buffered_images
 
     def buffered_images(self) -> int:
         """Images held by the samples in the buffer and by those released, waiting for room (read in that order
@@ -409,7 +410,7 @@ class EvalRolloutWorker:
             buffered = tuple(self._buffer.queue)
         return _images_in(pending) + _images_in(buffered)
 
-    def held_images(self) -> int | None:
+    def bounded_images(self) -> int | None:
         """An upper bound on the images the worker holds now, what ``max_buffered_images`` bounds; an image is its
         decoded form with the pixel tensors the processing class made of it (one copy: the samples carry the tensors
         their episodes' renders made). Counted: the images of the samples in the buffer and of the released ones
@@ -476,7 +477,7 @@ class EvalRolloutWorker:
         self.engine.log_final(group.plan.context, group.episodes, group.scored, group.seconds)
         samples = made.samples
         self._pending.extend(samples)
-        self._released_episodes += len(group.played)  # after the samples are counted: held_images never undercounts
+        self._released_episodes += len(group.played)  # after the samples are counted: bounded_images never undercounts
         self._heartbeat = time.monotonic()
         self.left_out += made.left_out
         self.image_mismatches += made.image_mismatches
@@ -541,9 +542,9 @@ class EvalRolloutWorker:
         )
         if self.renders_images:
             metrics["ep_trl/worker/buffered_images"] = float(self.buffered_images())
-        held = self.held_images()
-        if held is not None:
-            metrics["ep_trl/worker/held_images"] = float(held)
+        bounded = self.bounded_images()
+        if bounded is not None:
+            metrics["ep_trl/worker/bounded_images"] = float(bounded)
         self._put_metrics(metrics)
         logger.info(summary_line(self._version, episodes, scored, seconds, metrics))
         self.engine.observe_signal(episodes, scored)
@@ -598,7 +599,7 @@ def _episode_images(
     """The images reserved per episode in flight: ``max_episode_images``, or with ``max_buffered_images`` on an
     OpenEnv eval the most its episodes render at one image per observation (the prompt's images plus one per step);
     a bound smaller than one group's reservations is refused (a group is released whole: it could never be)."""
-    from ..sources.episode import initial_messages
+    from ..evalprotocol.inputs import initial_messages
     from ..trajectory.content import image_parts, template_messages
 
     if max_buffered_images is None:
@@ -779,7 +780,7 @@ def group_samples(
             if mismatch is not None:
                 logger.warning(
                     "Episode %d of prompt group %d is left out: its images do not match its image tokens (%s).",
-                    played.episode.plan.generation,
+                    played.episode.plan.member,
                     group.plan.group,
                     mismatch,
                 )

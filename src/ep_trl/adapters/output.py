@@ -9,8 +9,8 @@ prompt and completion, for ``ep_trl.trainers.images.RolloutImagesGRPOTrainer`` t
 from collections.abc import Sequence
 from typing import Any
 
-from ..engine.scoring import Scored
-from ..sources.episode import Episode
+from ..evalprotocol.body import Scored
+from ..trajectory.episode import Episode
 
 #: The key of the per-sample images (what ``ep_trl.trainers.images`` reads).
 IMAGES_KEY = "images"

@@ -18,10 +18,11 @@ from ..compat import refuse_unknown
 from ..engine.caller import GroupNumbers, RolloutCaller
 from ..engine.engine import RolloutEngine, build_engine
 from ..engine.metrics import budget_warning, call_metrics, summary_line
-from ..engine.scoring import Scored, group_indices
+from ..engine.scoring import group_indices
 from ..engine.stream import GroupPlan, PlayedEpisode
 from ..evalprotocol import EvalSpec
-from ..openenv.client import EnvFactory
+from ..evalprotocol.body import Scored
+from ..evalprotocol.spec import EnvFactory
 from ..openenv.servers import Provider
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
 from ..runtime import shutdown
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
     from trl import GRPOTrainer
 
     from ..engine.call_setup import CallSetup
-    from ..sources.episode import Episode
+    from ..trajectory.episode import Episode
     from .sharded import ShardedRolloutFunction
 
 logger = logging.getLogger(__name__)

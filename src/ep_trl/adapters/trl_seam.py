@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, cast
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ..engine.caller import SyncedServer, TrainingConfig
+from ..engine.caller import TrainingConfig
 from ..errors import VersionError
+from ..generation import SyncedServer
 from ..runtime.versions import installed_version, require_supported, show, supported_range
 from ..trajectory.types import Model, ProcessingClass
 

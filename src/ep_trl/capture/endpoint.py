@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, UnsupportedEvalError
-from ..sources.episode import EpisodeFailure
+from ..trajectory.episode import EpisodeFailure
 from ..trajectory.types import JSONObject
 from .placement import RolloutCapture, TurnRequest
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
-from ..sources.episode import EpisodeFailure, ModelTurn, StopReason, check_first_prompt
+from ..trajectory.episode import EpisodeFailure, ModelTurn, StopReason, check_first_prompt
 from ..trajectory.tokens import ChatTemplate, EpisodeImages, Trajectory, TrajectoryBuilder, TurnLimits
 from ..trajectory.types import Message, MessagesView, MessageView, Tool
 from .parsing import ToolCallParser

@@ -13,7 +13,7 @@ scored by its body, before and after training (``ep-trl train --held-out N``).
   figures are also given per value.
 
 Each episode keeps its instance (row id, or seed and task, and its reset keyword), the model's turns, whether each was
-a well-formed action (``ep_trl.sources.episode.ModelTurn``), its score, status and tokens; :class:`HeldOutEpisodes`
+a well-formed action (``ep_trl.trajectory.episode.ModelTurn``), its score, status and tokens; :class:`HeldOutEpisodes`
 gives the three figures a run reports.
 """
 

@@ -9,35 +9,22 @@ ask the caller again. The chat template and the backend are built at the first r
 """
 
 import logging
-from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..evalprotocol.spec import EvalSpec
 from ..generation import Generator
 from ..generation.choice import make_generator
 from ..options import Backend, VLLMOptions
+from ..sources import CallSetup
 from ..traininglog.rows import RowContext
 from ..traininglog.writer import RolloutLogWriter
 from ..trajectory.content import supports_images
-from ..trajectory.tokens import ChatTemplate, TurnLimits
+from ..trajectory.tokens import ChatTemplate
 from ..trajectory.types import Settings
 from . import settings
 from .caller import RolloutCaller
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CallSetup:
-    """What every episode of one rollout call (or of a rollout worker's stream) is played with: the chat template,
-    the generation backend, the turn limits (sampling, token budget, end-of-turn ids), the ``ep logs`` row context of
-    the episodes started under it (its step) and the log writer (None when logging is off)."""
-
-    template: ChatTemplate
-    generator: Generator
-    limits: TurnLimits
-    context: RowContext
-    log: RolloutLogWriter | None
 
 
 class CallReader:

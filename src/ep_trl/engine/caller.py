@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from ..errors import ConfigError
-from ..generation import SamplingParams
+from ..generation import SamplingParams, SyncedServer
 from ..trajectory.content import tokenizer_of
 from ..trajectory.types import Model, ProcessingClass, Tokenizer
 
@@ -95,15 +95,6 @@ def _temperature(args: object) -> float:
             "default is 1.0; for nearly greedy samples use a small one such as 0.1)."
         )
     return float(value)
-
-
-@dataclass(frozen=True)
-class SyncedServer:
-    """A vLLM server the caller keeps on the policy's weights: its URL, and the model id to ask for (None: the
-    server's only model)."""
-
-    url: str
-    model: str | None = None
 
 
 class RolloutCaller(Protocol):

@@ -19,25 +19,24 @@ from typing import Required, TypedDict, TypeVar, Unpack
 from .. import evalprotocol
 from ..compat import refuse_unknown
 from ..errors import ConfigError
-from ..evalprotocol import EvalSpec, EvalTest
+from ..evalprotocol import EvalSpec, EvalTest, eval_rows
+from ..evalprotocol.body import Scored
+from ..evalprotocol.spec import EnvFactory
 from ..generation.probe import probe_server
 from ..openenv import servers as env_servers
-from ..openenv.client import EnvFactory
 from ..openenv.servers import LaunchedServers, Provider
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
 from ..runtime import shutdown
 from ..runtime.runner import LoopRunner
 from ..sources import EpisodePlayer, EpisodeSource
-from ..sources.choice import make_source
-from ..sources.episode import Episode
 from ..traininglog.rows import RowContext
 from ..traininglog.writer import RolloutLogWriter
-from ..trajectory.types import Prompt
+from ..trajectory.episode import Episode
+from ..trajectory.types import Prompt, Row
 from . import settings
 from .call_setup import CallReader, CallSetup
 from .caller import RolloutCaller
 from .metrics import SignalWatch
-from .scoring import Scored
 from .stream import AllScope, GroupPlan, ScoredGroup, SlotMeter, stream_groups
 
 logger = logging.getLogger(__name__)
@@ -283,3 +282,22 @@ def _resolve(
     spec = replace(spec, env=launched_env)
     settings.check_spec(spec)
     return spec, servers
+
+
+def make_source(
+    spec: EvalSpec,
+    eval_test: EvalTest,
+    options: RolloutOptions,
+    servers: LaunchedServers | None,
+    input_dataset: Sequence[str] | None = None,
+) -> EpisodeSource:
+    """ep_trl's own loop for an ``OpenEnvRolloutProcessor`` eval (``spec.env`` is set), else the eval's processor
+    run on the eval's rows (read from ``input_dataset`` in place of the eval's own, when given)."""
+    if spec.env is not None:
+        from ..openenv.source import OpenEnvSource
+
+        return OpenEnvSource(spec, options, servers)
+    from ..sources.processor import ProcessorSource
+
+    rows: list[Row] = eval_rows(eval_test, input_dataset)
+    return ProcessorSource(spec, rows)

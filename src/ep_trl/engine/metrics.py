@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import NoTrainingSignalError
+from ..evalprotocol.body import Scored
 from ..runtime.threads import stuck_threads
-from ..sources.episode import FAILURE_KINDS, Episode
-from .scoring import Scored
+from ..trajectory.episode import FAILURE_KINDS, Episode
 
 logger = logging.getLogger(__name__)
 

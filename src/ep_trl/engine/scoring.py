@@ -8,23 +8,13 @@ import asyncio
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from ..errors import UnsupportedEvalError
-from ..evalprotocol.body import run_body, score_of
+from ..evalprotocol.body import Scored, run_body, score_of
 from ..evalprotocol.spec import EvalSpec
 from ..trajectory.types import Prompt, Row
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Scored:
-    """The eval's verdict on one row: its score (None when unscored), the row the body returned, and why not."""
-
-    score: float | None
-    row: Row
-    error: str | None = None
 
 
 def group_indices(prompts: Sequence[Prompt], num_generations: int) -> list[list[int]]:

@@ -27,19 +27,17 @@ Environment calls are bounded by ``EvalOverrides.request_timeout_s`` when given,
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol.processors import ROUTING_KEYS
-from ..evalprotocol.spec import EvalSpec
+from ..evalprotocol.spec import STOCK_MESSAGE_TIMEOUT_S, EvalSpec
 from ..generation import DEFAULT_MAX_TOKENS, SamplingParams
-from ..openenv.client import STOCK_MESSAGE_TIMEOUT_S
 from ..options import EvalOverrides
-from ..sources.episode import EpisodeConfig, EpisodePlan, initial_messages, parse_action
 from ..trajectory.tokens import TurnLimits, eos_token_ids
-from ..trajectory.types import Model, ProcessingClass, Prompt
+from ..trajectory.types import Model, ProcessingClass
 
 logger = logging.getLogger(__name__)
 
@@ -245,64 +243,4 @@ def turn_limits(
         max_episode_tokens=int(budget),
         stop_token_ids=tuple(dict.fromkeys(eos + stop_ids)),
         max_model_len=max_model_len,
-    )
-
-
-def episode_config(spec: EvalSpec, limits: TurnLimits) -> EpisodeConfig:
-    """The settings every OpenEnv episode of one rollout call shares."""
-    assert spec.env is not None and spec.prompt_builder is not None and spec.action_parser is not None
-    return EpisodeConfig(
-        env=spec.env,
-        prompt_builder=spec.prompt_builder,
-        action_parser=spec.action_parser,
-        max_steps=spec.max_steps,
-        limits=limits,
-        eval_name=spec.qualified_name,
-        fallback_action=fallback_action(spec.action_parser, spec.qualified_name),
-    )
-
-
-def fallback_action(action_parser: Callable[[str], object], eval_name: str = "the eval") -> tuple[object] | None:
-    """What ``action_parser`` returns for a reply with no action in it (``action_parser("")``), in a 1-tuple; None
-    when it raises there (a parser with no fallback: an action it returns was found in the text). An action equal
-    to the fallback counts as not well formed (``ModelTurn``). A parser that calls ``pytest.skip`` (an eval module
-    whose environment import failed) is one clear error here, as in an episode (``pytest_outcome``)."""
-    try:
-        return (parse_action(action_parser, "", eval_name),)
-    except UnsupportedEvalError:  # the parser called pytest.skip: the eval cannot train here
-        raise
-    except Exception:  # the parser refuses text with no action: it has no fallback, which is what this asks
-        return None
-
-
-def plan_episode(
-    prompt: Prompt,
-    index: int,
-    group: int,
-    generation: int,
-    tasks: Sequence[str],
-    system_prompt: str | None,
-    reset_seed: Callable[[int], int] | None = None,
-    reset_kwargs: Callable[[int], Mapping[str, object]] | None = None,
-) -> EpisodePlan:
-    """The plan of one episode: ``index`` in its call or stream, run-wide prompt ``group`` (its task:
-    ``tasks[group % len(tasks)]``), ``generation`` within the group. The eval's ``system_prompt`` is put first
-    unless the prompt already has a system message.
-
-    Tasks rotate per prompt group: group ``k`` of the run (counting the groups of earlier calls and, under
-    ``accelerate launch``, of the other processes) plays ``tasks[k % len(tasks)]``, and resets with seed
-    ``reset_seed(k)`` when the run names reset seeds (every episode of a group plays the same instance), and with
-    the keyword arguments ``reset_kwargs(k)`` when the run names any."""
-    task = tasks[group % len(tasks)] if tasks else None
-    messages = initial_messages(prompt, index)
-    if system_prompt and not any(m.get("role") == "system" for m in messages):
-        messages = ({"role": "system", "content": system_prompt},) + messages
-    return EpisodePlan(
-        index=index,
-        group=group,
-        generation=generation,
-        task=task,
-        initial_messages=messages,
-        seed=reset_seed(group) if reset_seed is not None else None,
-        reset_kwargs=dict(reset_kwargs(group)) if reset_kwargs is not None else None,
     )

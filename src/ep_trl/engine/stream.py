@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..evalprotocol import EvalSpec
+from ..evalprotocol.body import Scored
 from ..generation import Generator
 from ..generation.versioned import VersionedTurns
 from ..sources import EpisodePlayer, EpisodeRequest
-from ..sources.episode import Episode
 from ..traininglog.rows import RowContext
+from ..trajectory.episode import Episode
 from ..trajectory.types import Prompt, Row
-from .scoring import FAILED_EPISODE, Scored, score_rows
+from .scoring import FAILED_EPISODE, score_rows
 
 #: Which episodes an ``all`` eval's body scores at once: each prompt group's, or the whole stream's.
 AllScope = Literal["group", "stream"]
@@ -54,7 +55,7 @@ IDLE_POLL_S = 0.05
 @dataclass(frozen=True)
 class GroupPlan:
     """One prompt group to play: its run-wide number, its prompt, the stream indices of its episodes (one per
-    generation), their rollout ids, and the row context of the step it starts under."""
+    member of the group), their rollout ids, and the row context of the step it starts under."""
 
     group: int
     prompt: Prompt
@@ -76,7 +77,7 @@ class PlayedEpisode:
 
 @dataclass(frozen=True)
 class ScoredGroup:
-    """A prompt group played and scored, as the stream releases it: its episodes in generation order and the body's
+    """A prompt group played and scored, as the stream releases it: its episodes in member order and the body's
     verdict on each."""
 
     plan: GroupPlan
@@ -123,14 +124,14 @@ class SlotMeter:
 
 @dataclass(eq=False)
 class _GroupInFlight:
-    """A prompt group while its episodes play: its ended episodes and their verdicts by generation, the next generation
+    """A prompt group while its episodes play: its ended episodes and their verdicts by member, the next member
     to start, and when its first episode started (mutable until it is released)."""
 
     plan: GroupPlan
     started: float
     played: dict[int, PlayedEpisode] = field(default_factory=dict)
     scored: dict[int, Scored] = field(default_factory=dict)
-    next_generation: int = 0
+    next_member: int = 0
 
     @property
     def size(self) -> int:
@@ -191,10 +192,10 @@ async def stream_groups(
     try:
         while True:
             stream.fill_slots()
-            if stream.held and stream.exhausted and stream.idle:  # all_scope "stream": the plan is played
-                held = await stream.score_held()
-                while held:  # no loop variable: a yielded group is not kept past its release
-                    yield held.pop(0).release()
+            if stream.deferred and stream.exhausted and stream.idle:  # all_scope "stream": the plan is played
+                deferred = await stream.score_deferred()
+                while deferred:  # no loop variable: a yielded group is not kept past its release
+                    yield deferred.pop(0).release()
             if stream.idle:
                 if stream.exhausted:
                     break
@@ -235,7 +236,7 @@ class _Stream:
         self._scoring: dict[asyncio.Task, tuple[_GroupInFlight, list[int]]] = {}
         self._starting: _GroupInFlight | None = None  # the group whose episodes are being started
         #: hold_all (an ``all`` eval over a whole call): complete groups waiting for the end of the plan.
-        self.held: list[_GroupInFlight] = []
+        self.deferred: list[_GroupInFlight] = []
         #: Whether the plan has no group left to start.
         self.exhausted = False
 
@@ -255,21 +256,21 @@ class _Stream:
     def _next_episode(self) -> tuple[_GroupInFlight, int] | None:
         """The next episode to start: of the group being started, else of the next planned group."""
         group = self._starting
-        if group is None or group.next_generation >= group.size:
+        if group is None or group.next_member >= group.size:
             plan = None if self.exhausted else next(self._plans, None)
             if plan is None:
                 self.exhausted = True
                 return None
             group = self._starting = _GroupInFlight(plan, time.monotonic())
-        group.next_generation += 1
-        return group, group.next_generation - 1
+        group.next_member += 1
+        return group, group.next_member - 1
 
     def _start(self, group: _GroupInFlight, k: int) -> None:
         plan = group.plan
         request = EpisodeRequest(
             index=plan.indices[k],
             group=plan.group,
-            generation=k,
+            member=k,
             prompt=plan.prompt,
             rollout_id=plan.rollout_ids[k],
             context=plan.context,
@@ -306,7 +307,7 @@ class _Stream:
         group, request, turns = self._episodes.pop(task)
         if self._meter is not None:
             self._meter.ended()
-        k = request.generation
+        k = request.member
         episode, row = task.result()  # an error that is not the episode's own raises here
         group.played[k] = PlayedEpisode(request, episode, row, tuple(turns.versions) if turns is not None else ())
         if self._generator.failure is not None:  # the backend failed for good: do not train on the rest
@@ -315,7 +316,7 @@ class _Stream:
             self._score(group, [k])
         elif group.all_played():
             if self._hold_all:
-                self.held.append(group)
+                self.deferred.append(group)
             else:
                 self._score(group, list(range(group.size)))
         return group
@@ -335,10 +336,10 @@ class _Stream:
             )
             self._scoring[task] = (group, eligible)
 
-    async def score_held(self) -> list[_GroupInFlight]:
-        """Score the finished episodes of every held group in one body call (an ``all`` eval over a whole rollout
-        call); the groups, no longer held."""
-        groups, self.held = self.held, []
+    async def score_deferred(self) -> list[_GroupInFlight]:
+        """Score the finished episodes of every deferred group in one body call (an ``all`` eval over a whole rollout
+        call); the groups, no longer deferred."""
+        groups, self.deferred = self.deferred, []
         eligible = self._finished([(g, k) for g in groups for k in range(g.size)])
         if eligible:
             verdicts = await score_rows(self._spec, [g.played[k].row for g, k in eligible], self._body_timeout_s)

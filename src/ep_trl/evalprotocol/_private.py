@@ -33,6 +33,9 @@ BODY_ATTRIBUTE = "_origin_func"
 #: The class attribute of ``MCPServerManager`` that lists every server manager not stopped yet.
 SERVER_MANAGERS_ATTRIBUTE = "_active_servers"
 
+#: The method of ``MCPServerManager`` that waits for its server to take connections (``mcp_servers`` bounds it).
+SERVER_READY_METHOD = "_wait_for_server_ready"
+
 #: Names in eval-protocol modules that its package does not export.
 MODULE_NAMES = (
     ("eval_protocol.pytest.openenv_rollout_processor", "OpenEnvRolloutProcessor"),
@@ -59,7 +62,7 @@ def _unsupported(what: str) -> UnsupportedEvalError:
 
 def private_attr(obj: object, name: str) -> Any:
     """``obj.name`` for a listed private attribute; a clear error when this eval-protocol lacks it."""
-    if name not in PROCESSOR_ATTRIBUTES and name not in (BODY_ATTRIBUTE, SERVER_MANAGERS_ATTRIBUTE):
+    if name not in PROCESSOR_ATTRIBUTES + (BODY_ATTRIBUTE, SERVER_MANAGERS_ATTRIBUTE, SERVER_READY_METHOD):
         raise AssertionError(f"{name!r} is not listed in ep_trl.evalprotocol._private; list it before reading it")
     if not hasattr(obj, name):
         raise _unsupported(f"{type(obj).__name__} has no attribute {name!r}")

@@ -5,12 +5,22 @@ import inspect
 import math
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NotRequired, TypedDict, Unpack
 
 from ..errors import UnsupportedEvalError
 from ..runtime.threads import run_blocking
 from ..trajectory.types import MessagesView, Row, Settings
 from .spec import EvalSpec
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The eval's verdict on one row: its score (None when unscored), the row the body returned, and why not."""
+
+    score: float | None
+    row: Row
+    error: str | None = None
 
 
 def new_id(prefix: str) -> str:
@@ -127,3 +137,20 @@ def score_of(row: Row) -> float | None:
         return None
     score = float(result.score)
     return score if math.isfinite(score) else None
+
+
+def pytest_outcome(exc: BaseException, what: str, eval_name: str) -> UnsupportedEvalError | None:
+    """An eval's code that calls ``pytest.skip``/``fail``/``exit`` while training: one clear error, not a
+    pytest outcome raised through the trainer."""
+    try:
+        from _pytest.outcomes import OutcomeException
+    except ImportError:  # no pytest here: nothing of the kind can be raised
+        return None
+    if not isinstance(exc, OutcomeException):
+        return None
+    verb = {"Skipped": "skip", "Failed": "fail", "XFailed": "xfail"}.get(type(exc).__name__, type(exc).__name__)
+    return UnsupportedEvalError(
+        f"{eval_name}: its {what} called pytest.{verb}({str(exc)!r}) during training. Eval "
+        "modules do this when an import they guard failed: the environment's package is probably not importable in "
+        "this Python (import the eval module's environment client yourself to see the error)."
+    )

@@ -87,6 +87,27 @@ def strip_row_key(messages: MessagesView) -> Messages:
     return [{k: v for k, v in message.items() if k != ROW_KEY and v is not None} for message in messages]
 
 
+def initial_messages(prompt: object, index: int = 0) -> tuple[Message, ...]:
+    """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
+    shape = (
+        "the dataset's 'prompt' column must hold strings or lists of messages such as "
+        "[{'role': 'user', 'content': 'Play the game.'}]"
+    )
+    if isinstance(prompt, str):
+        return ({"role": "user", "content": prompt},)
+    if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
+        raise TypeError(f"rollout_func got prompt {index} of type {type(prompt).__name__}; {shape}")
+    messages = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
+    for k, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
+            raise ConfigError(
+                f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
+                f"'content' (a string or content parts); {shape}"
+            )
+    return tuple(dict(m) for m in messages)
+
+
 def match_rows(prompts: Sequence[Prompt], rows: Sequence[Row], eval_name: str) -> list[Row]:
     """The eval row behind each TRL prompt, as a deep copy per prompt (each rollout mutates its own).
 

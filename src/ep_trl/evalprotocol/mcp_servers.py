@@ -19,8 +19,16 @@ episode failed ("Port 9700 is already in use"). While ep_trl calls a processor, 
 every server an ``MCPServerManager`` of this process has started every ``WATCH_S`` and hands each new one to a
 watchdog (``guard.py --adopt PID``), which ends it and its descendants when the trainer ends, however it ends. What
 is left unwatched is the ``WATCH_S`` after the server's start.
+
+The manager's wait for its server is bounded too (``bound_server_starts``). Its own wait is 15 s; when the server
+has not taken a connection by then, eval-protocol 0.3.33 reads the running server's output with ``communicate()``,
+which returns only when the server ends: the processor's call, and with it the trainer, waited forever. That
+happened here on a loaded machine, where the FrozenLake server took longer than 15 s to start. While ep_trl runs a
+processor, the manager waits up to ``SERVER_START_S`` instead, and a server that has still not taken a connection is
+killed, so the manager's error (``Server failed to start``) fails the episode as an environment error.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -37,7 +45,7 @@ from pathlib import Path
 from ..runtime.guard import EXIT_MARK
 from ..runtime.processes import adopting, guarded
 from ..trajectory.types import JSONObject
-from ._private import SERVER_MANAGERS_ATTRIBUTE, private_attr, private_name
+from ._private import SERVER_MANAGERS_ATTRIBUTE, SERVER_READY_METHOD, private_attr, private_name
 
 #: How much of a server's stderr an episode error quotes.
 QUOTED_LINES = 5
@@ -191,10 +199,42 @@ def _runs_as_child(pid: int) -> bool:
 _ADOPTED = _AdoptedServers()
 
 
+#: How long a server that an ``MCPServerManager`` starts may take to take connections (the manager's own wait: 15 s).
+SERVER_START_S = 120.0
+#: Marks the manager's wait once ``bound_server_starts`` has bounded it.
+_BOUNDED = "__ep_trl_bounded__"
+
+
+def bound_server_starts() -> None:
+    """Make ``MCPServerManager`` wait up to ``SERVER_START_S`` for its server, and kill a server that never takes a
+    connection, so that the manager raises instead of waiting for it forever (the module docstring says why); once
+    per process, from the first processor call that could start one."""
+    if MANAGER_MODULE not in sys.modules:
+        return
+    manager_class = private_name(MANAGER_MODULE, "MCPServerManager")
+    wait = private_attr(manager_class, SERVER_READY_METHOD)
+    if getattr(wait, _BOUNDED, False):
+        return
+
+    @functools.wraps(wait)
+    def bounded_wait(manager: object, timeout: float = 15) -> bool:
+        ready = bool(wait(manager, timeout=max(timeout, SERVER_START_S)))
+        process = getattr(manager, "process", None)
+        if not ready and isinstance(process, subprocess.Popen) and process.poll() is None:
+            process.kill()  # the manager then reads its output with communicate(), which returns once it has ended
+            process.wait()
+        return ready
+
+    setattr(bounded_wait, _BOUNDED, True)
+    setattr(manager_class, SERVER_READY_METHOD, bounded_wait)
+
+
 @contextmanager
 def watching_started_servers() -> Iterator[None]:
     """Around a processor's call: every ``WATCH_S`` while it runs, and once more when it returns or raises, each
-    server an ``MCPServerManager`` started is handed to a watchdog (``guard.py --adopt``)."""
+    server an ``MCPServerManager`` started is handed to a watchdog (``guard.py --adopt``); the manager's wait for its
+    server is bounded (``bound_server_starts``)."""
+    bound_server_starts()
     done = threading.Event()
 
     def watch() -> None:

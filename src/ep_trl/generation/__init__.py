@@ -17,96 +17,39 @@ importance-sampling ratio compare against. Nothing is decoded and re-encoded on 
 For a vision-language model a turn also carries its images (:class:`PromptImages`): the prompt ids then hold every
 image's expanded tokens, as the processing class expands them, and the backend gives the model the images' pixels. A
 text-only turn carries ``images=None``.
+
+Those values of one turn (:class:`SamplingParams`, :class:`PromptIds`, :class:`PromptImages`, :class:`Generation`)
+are defined in ``ep_trl.trajectory.sampling``, below the backends (the trajectory builder records them without one),
+and re-exported here as the backends' interface.
 """
 
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ..errors import ConfigError, GenerationError
+from ..trajectory.sampling import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
+from ..trajectory.sampling import Generation as Generation
+from ..trajectory.sampling import PromptIds as PromptIds
+from ..trajectory.sampling import PromptImages as PromptImages
+from ..trajectory.sampling import SamplingParams as SamplingParams
+from ..trajectory.sampling import ids_json as ids_json
 
 if TYPE_CHECKING:  # named for the checker; the caller builds them
     from trl import GRPOTrainer
 
-    from ..engine.caller import SyncedServer
     from ..options import VLLMOptions
-    from ..trajectory.types import Image, Model, ProcessingClass
-
-
-#: Tokens per turn when the eval sets no ``max_tokens`` (``OpenEnvRolloutProcessor``'s own default).
-DEFAULT_MAX_TOKENS = 100
+    from ..trajectory.types import Model, ProcessingClass
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings for one turn. Temperature/top-p/top-k come from the GRPOConfig; max_tokens and stop
-    from the eval's completion params (clipped to the episode's remaining token budget)."""
+class SyncedServer:
+    """A vLLM server the caller keeps on the policy's weights: its URL, and the model id to ask for (None: the
+    server's only model)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-
-    def with_max_tokens(self, max_tokens: int) -> "SamplingParams":
-        """These settings with ``max_tokens`` (themselves when it is theirs already: most turns)."""
-        return self if max_tokens == self.max_tokens else replace(self, max_tokens=max_tokens)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One sampled continuation: its ids, one logprob per id, and why it stopped ("stop" or "length")."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: str
-    stop_text: str | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"backend returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs; they must align"
-            )
-
-
-@dataclass(frozen=True)
-class PromptImages:
-    """The images of one prompt, for a vision-language model.
-
-    ``images`` are the prompt's images in placeholder order (PIL images). The ``prompt_ids`` a backend receives hold
-    each image's placeholder expanded into the image's tokens (what the model attends to and TRL scores);
-    ``unexpanded_ids`` are the same prompt with each placeholder as the chat template wrote it. A vLLM engine
-    expands placeholders itself from the images, so it takes ``unexpanded_ids`` with the images (offline:
-    ``{"prompt_token_ids": unexpanded_ids, "multi_modal_data": {"image": list(images)}}``; a server:
-    ``/inference/v1/generate``), and the prompt ids it reports back must equal ``prompt_ids``. A backend that cannot
-    take images raises, naming what to do: a text-only turn never carries this.
-    """
-
-    images: "tuple[Image, ...]"
-    unexpanded_ids: tuple[int, ...]
-
-
-class PromptIds(list):
-    """Prompt ids (a plain list to every backend) that also carry their JSON text, ``json``: what
-    ``json.dumps([int(t) for t in ids], separators=(",", ":"))`` gives. ``TrajectoryBuilder.held_ids()`` returns one,
-    keeping the text as the held ids grow, so a server backend sends a turn's prompt without converting and encoding
-    every id of the conversation again (``generation.vllm``)."""
-
-    __slots__ = ("json",)
-
-    def __init__(self, ids: Sequence[int], json_text: str) -> None:
-        super().__init__(ids)
-        self.json = json_text
-
-
-def ids_json(ids: Sequence[int]) -> str:
-    """``ids`` as a compact JSON array of integers (each converted with ``int``, as a request body takes them)."""
-    return json.dumps([int(t) for t in ids], separators=(",", ":"))
+    url: str
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +62,7 @@ class BackendOffer:
     options: "VLLMOptions"
     max_concurrent_rollouts: int
     colocated_trainer: "GRPOTrainer | None"
-    server: "SyncedServer | None"
+    server: SyncedServer | None
     model_provider: "Callable[[], Model] | None"
     processing_class: "ProcessingClass"
 

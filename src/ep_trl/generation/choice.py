@@ -13,9 +13,8 @@ from dataclasses import replace
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from ..engine.caller import SyncedServer
 from ..options import Backend, VLLMOptions
-from . import BackendOffer, Generator
+from . import BackendOffer, Generator, SyncedServer
 
 if TYPE_CHECKING:
     from trl import GRPOTrainer

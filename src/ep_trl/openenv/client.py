@@ -20,11 +20,11 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TypeAlias, TypeVar
 
-from ..errors import ConfigError
+from ..evalprotocol.spec import EnvClient, EnvSettings
 from ..runtime.threads import run_blocking
 from ..trajectory.types import Settings
 
@@ -32,20 +32,11 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: An environment client: an OpenEnv ``EnvClient`` (either distribution), a ``SyncEnvClient``, or any object with
-#: ``reset``/``step`` (and maybe ``close``). Nothing more is assumed: ``EnvSession`` reads its methods by name and
-#: decides from what they are and return how to drive them.
-EnvClient: TypeAlias = object
 #: What an environment's ``reset`` or ``step`` reports: only the eval's prompt builder (and ``str``) reads it.
 Observation: TypeAlias = object
 #: What the eval's action parser makes of the model's text, passed to ``step`` as is.
 Action: TypeAlias = object
-#: ``env_factory``: builds one environment client per episode (or an awaitable of one).
-EnvFactory: TypeAlias = Callable[[], EnvClient | Awaitable[EnvClient]]
 
-#: A stock OpenEnv client waits this long for each reply (``message_timeout_s``); ep_trl never bounds an
-#: environment call tighter than the eval's own run would, so this is the floor of the default per-call bound.
-STOCK_MESSAGE_TIMEOUT_S = 60.0
 #: A stock OpenEnv client's connect timeout (``connect_timeout_s``).
 STOCK_CONNECT_TIMEOUT_S = 10.0
 #: How long an ``env_factory`` call may go on after its episode stopped waiting (to close a client built late)
@@ -55,80 +46,6 @@ FACTORY_ABANDON_S = 300.0
 #: in a step confirms it only when the step ends (a websocket close handshake waits up to 10 s for that): the
 #: server ends the session then, and the cancelled call does not wait for it.
 CANCELLED_CLOSE_S = 1.0
-
-
-@dataclass(frozen=True)
-class EnvSettings:
-    """How to construct an episode's environment, as the eval's processor configures it (after overrides).
-
-    ``task_urls`` maps each task to the URL of a server that plays only that task (servers ep_trl started
-    with the eval's ``task_var`` set); sessions of a task then go to its server and ``reset`` names no task.
-    """
-
-    factory: EnvFactory | None = None
-    client_cls: type | None = None
-    base_url: str | None = None
-    request_timeout_s: float = STOCK_MESSAGE_TIMEOUT_S
-    default_headers: Mapping[str, str] | None = None
-    tasks: tuple[str, ...] = ()
-    task_var: str | None = None
-    env_vars: Mapping[str, str] = field(default_factory=dict)
-    docker_image: str | None = None
-    hub_repo_id: str | None = None
-    reset_task_kwarg: str = "task_name"
-    task_urls: Mapping[str, str] = field(default_factory=dict)
-    #: ``(group) -> seed`` for each episode's ``reset(seed=...)`` (``EvalOverrides.reset_seed``); None: no seed.
-    reset_seed: Callable[[int], int] | None = None
-    #: ``(group) -> {name: value}``: more keyword arguments of each episode's reset (``EvalOverrides.reset_kwargs``).
-    reset_kwargs: Callable[[int], Mapping[str, object]] | None = None
-
-    def describe(self) -> str:
-        if self.factory is not None:
-            return f"env_factory {getattr(self.factory, '__qualname__', self.factory)!r}"
-        name = getattr(self.client_cls, "__name__", self.client_cls)
-        if self.task_urls:
-            return f"{name} on {len(self.task_urls)} local servers, one per task"
-        return f"{name}(base_url={self.base_url!r})"
-
-    def needs_launch(self) -> bool:
-        """The eval names a Docker image or hub repo and no URL: a server must be started for it."""
-        return (
-            self.factory is None
-            and self.client_cls is not None
-            and not self.base_url
-            and not self.task_urls
-            and bool(self.docker_image or self.hub_repo_id)
-        )
-
-    def url_for(self, task: str | None) -> str | None:
-        return self.task_urls.get(task or "", self.base_url) if self.task_urls else self.base_url
-
-    def check(self) -> None:
-        """Fail at construction, not mid-training, when no environment can be built."""
-        if self.factory is not None:
-            return
-        if self.client_cls is None:
-            raise ConfigError(
-                "The eval's OpenEnvRolloutProcessor has neither env_factory nor env_client_cls; pass env_factory=... "
-                "or EvalOverrides(env_client_cls=..., env_base_url=...). If the eval module imports its environment "
-                "client inside try/except ImportError, that import failed: check that the environment's package "
-                "is installed in this Python."
-            )
-        if self.needs_launch():
-            return  # ep_trl starts its server (ep_trl.openenv.servers), which fails clearly if it cannot
-        if not self.base_url and not self.task_urls:
-            source = (
-                f"the Hugging Face hub ({self.hub_repo_id!r})"
-                if self.hub_repo_id
-                else f"a Docker image ({self.docker_image!r})"
-            )
-            raise ConfigError(
-                f"The eval builds {self.client_cls.__name__} from {source} and ep_trl found no server to start for "
-                "it. Start the environment server yourself and pass env_base_url='http://127.0.0.1:PORT', or pass "
-                "provider=... (an OpenEnv runtime provider), or give the eval an env_factory."
-            )
-        if self.tasks and not self.task_var and not self.base_url:
-            raise ConfigError("tasks are configured without task_var; set both (as OpenEnvRolloutProcessor requires).")
 
 
 @dataclass(frozen=True)

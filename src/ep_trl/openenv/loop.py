@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..errors import ConfigError, UnsupportedEvalError
+from ..evalprotocol.body import pytest_outcome
 from ..evalprotocol.spec import action_label, history_line
 from ..generation import Generation, Generator
-from ..sources.episode import (
+from ..trajectory.episode import (
     Episode,
-    EpisodeConfig,
     EpisodeFailure,
     EpisodePlan,
     FailureKind,
@@ -27,12 +27,11 @@ from ..sources.episode import (
     StopReason,
     check_first_prompt,
     ended_episode,
-    parse_action,
-    pytest_outcome,
 )
 from ..trajectory.tokens import ChatTemplate, EpisodeImages, TrajectoryBuilder
 from ..trajectory.types import Messages, MessagesView
 from .client import Action, EnvSession, StepOutcome
+from .episode import EpisodeConfig, parse_action
 from .pool import EnvPool
 
 logger = logging.getLogger(__name__)

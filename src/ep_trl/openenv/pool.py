@@ -8,7 +8,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .client import EnvSession, EnvSettings, Observation, StepOutcome, open_env
+from ..evalprotocol.spec import EnvSettings
+from .client import EnvSession, Observation, StepOutcome, open_env
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from dataclasses import replace
 from typing import Protocol, TypeAlias, TypeGuard, cast
 
 from ..errors import ConfigError
+from ..evalprotocol.spec import EnvSettings
 from ..options import EvalOverrides
 from ..runtime import shutdown
 from ..runtime.processes import ServerStartError
-from .client import EnvSettings
 
 logger = logging.getLogger(__name__)
 

@@ -3,26 +3,23 @@ action parser in ep_trl's token-exact loop (``ep_trl.openenv.loop``), on session
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
 
-from ..engine import settings
 from ..evalprotocol import EvalSpec
+from ..evalprotocol.inputs import initial_messages
 from ..generation import Generator
 from ..options import RolloutOptions
-from ..sources import EpisodeRequest
-from ..sources.episode import Episode, EpisodeConfig, EpisodePlan, initial_messages
+from ..sources import CallSetup, EpisodeRequest
+from ..trajectory.episode import Episode, EpisodePlan
 from ..trajectory.types import Prompt, Row
 from .client import check_openenv
+from .episode import EpisodeConfig, episode_config, plan_episode
 from .loop import run_episode
 from .pool import EnvPool, ServerNotes
 from .servers import LaunchedServers
 
-if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
-    from ..engine.call_setup import CallSetup
-
 
 class OpenEnvSource:
-    """Plays each prompt as one environment episode; task rotation per prompt group (``settings.plan_episode``)."""
+    """Plays each prompt as one environment episode; task rotation per prompt group (``episode.plan_episode``)."""
 
     def __init__(self, spec: EvalSpec, options: RolloutOptions, servers: LaunchedServers | None) -> None:
         assert spec.env is not None
@@ -60,7 +57,7 @@ class OpenEnvSource:
         assert spec.env is not None
         envs = EnvPool(spec.env, reuse=self._options.reuse_env_sessions, notes=self._notes)
         try:
-            yield _OpenEnvPlayer(spec, settings.episode_config(spec, setup.limits), setup, envs)
+            yield _OpenEnvPlayer(spec, episode_config(spec, setup.limits), setup, envs)
         finally:
             await envs.aclose()
 
@@ -101,11 +98,11 @@ class _OpenEnvPlayer:
 
     async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         assert self._spec.env is not None
-        plan = settings.plan_episode(
+        plan = plan_episode(
             request.prompt,
             request.index,
             request.group,
-            request.generation,
+            request.member,
             self._spec.env.tasks,
             self._spec.completion_params.get("system_prompt"),
             self._spec.env.reset_seed,

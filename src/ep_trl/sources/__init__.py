@@ -4,42 +4,55 @@ Each source implements :class:`EpisodeSource`: ``ep_trl.openenv.source`` (ep_trl
 eval's environment loop itself) and ``processor`` (any other eval-protocol processor runs unchanged while ep_trl
 captures its model calls).
 
-* ``processor``: episodes of any other processor, its calls captured;
-* ``choice``: which source plays an eval;
-* ``episode``: what an episode is, whichever source plays it (plans, episodes, failures, the first prompt).
+* ``processor``: episodes of any other processor, its calls captured.
+
+``ep_trl.engine.engine.make_source`` picks the source of an eval; what an episode is, whichever source plays it, is in
+``ep_trl.trajectory.episode``.
 
 A source plays one episode at a time for :mod:`ep_trl.engine.stream`, which decides how many run at once, when the
 next one starts and when a prompt group is complete: ``session(setup)`` opens what a run of episodes shares (environment
 sessions to reuse, the processor's routing key) and yields an :class:`EpisodePlayer`. ``setup`` is the call's
-:class:`~ep_trl.engine.call_setup.CallSetup` (chat template, backend, turn limits, log writer), read from its caller
-once.
+:class:`CallSetup` (chat template, backend, turn limits, log writer), read from its caller once
+(``ep_trl.engine.call_setup``).
 """
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..generation import Generator
+from ..traininglog.rows import RowContext
+from ..traininglog.writer import RolloutLogWriter
+from ..trajectory.episode import Episode
+from ..trajectory.tokens import ChatTemplate, TurnLimits
 from ..trajectory.types import Prompt, Row
-from .episode import Episode
 
-if TYPE_CHECKING:  # the protocols name the types they pass along; the sources that play episodes use them
-    from ..engine.call_setup import CallSetup
-    from ..traininglog.rows import RowContext
+
+@dataclass(frozen=True)
+class CallSetup:
+    """What every episode of one rollout call (or of a rollout worker's stream) is played with: the chat template,
+    the generation backend, the turn limits (sampling, token budget, end-of-turn ids), the ``ep logs`` row context of
+    the episodes started under it (its step) and the log writer (None when logging is off)."""
+
+    template: ChatTemplate
+    generator: Generator
+    limits: TurnLimits
+    context: RowContext
+    log: RolloutLogWriter | None
 
 
 @dataclass(frozen=True)
 class EpisodeRequest:
-    """One episode to play: its place (``index`` in the stream, run-wide prompt ``group``, ``generation`` within the
+    """One episode to play: its place (``index`` in the stream, run-wide prompt ``group``, ``member`` within the
     group), TRL's prompt, its rollout id in ``ep logs``, and the row context of the step it started under."""
 
     index: int
     group: int
-    generation: int
+    member: int
     prompt: Prompt
     rollout_id: str
-    context: "RowContext"
+    context: RowContext
 
 
 class EpisodePlayer(Protocol):
@@ -69,7 +82,7 @@ class EpisodeSource(Protocol):
         before any episode starts: a bad prompt would fail every call it is in)."""
         ...
 
-    def session(self, setup: "CallSetup") -> AbstractAsyncContextManager[EpisodePlayer]:
+    def session(self, setup: CallSetup) -> AbstractAsyncContextManager[EpisodePlayer]:
         """What a run of episodes shares (a rollout call's, or a rollout worker's whole stream); closed on exit,
         every environment session with it."""
         ...

@@ -17,24 +17,22 @@ import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..capture.endpoint import MODEL_PREFIX, CaptureEndpoint, new_token
 from ..capture.parsing import ToolCallParser
 from ..capture.placement import RolloutCapture
 from ..errors import ConfigError, UnsupportedEvalError
 from ..evalprotocol import EvalSpec, check_rows, match_rows, mcp_gym, processors
+from ..evalprotocol.body import pytest_outcome
 from ..evalprotocol.mcp_servers import RolloutServers, StdioServers
 from ..generation import Generator
 from ..runtime.processes import port_holder
 from ..traininglog.rows import RowContext
 from ..traininglog.writer import RolloutLogWriter
+from ..trajectory.episode import Episode, EpisodeFailure, EpisodePlan, FailureKind, ended_episode
 from ..trajectory.types import Message, Messages, MessagesView, MessageView, Prompt, Row
-from . import EpisodeRequest
-from .episode import Episode, EpisodeFailure, EpisodePlan, FailureKind, ended_episode, pytest_outcome
-
-if TYPE_CHECKING:  # the call's setup, built above the sources (ep_trl.engine.call_setup)
-    from ..engine.call_setup import CallSetup
+from . import CallSetup, EpisodeRequest
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +119,7 @@ class ProcessorSource:
         plan = EpisodePlan(
             index=request.index,
             group=request.group,
-            generation=request.generation,
+            member=request.member,
             task=None,
             initial_messages=tuple(_message_dicts(row.messages)),
         )

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
     from trl.experimental.async_grpo.async_grpo_trainer import RewardFunc
 
-    from ..trajectory.types import MultimodalProcessor
+    from ..trajectory.types import MultimodalProcessingClass
 
 #: Where the vision inputs travel in a collated batch (each with a leading axis of one row per process).
 VISION_PREFIX = "ep_trl_vision/"
@@ -94,7 +94,7 @@ class ImagesRolloutCollator(trainer_module.DataCollatorForRollout):
     """TRL's collator; rows holding an image sample are repacked unshared, and the batch gains each row's vision
     inputs under ``VISION_PREFIX``."""
 
-    processing_class: MultimodalProcessor | None = None
+    processing_class: MultimodalProcessingClass | None = None
 
     def torch_call(self, examples: list[list[TreeRow]]) -> dict[str, torch.Tensor]:
         (rows,) = examples
@@ -156,7 +156,7 @@ class AsyncImagesGRPOTrainer(AsyncGRPOTrainer):
         reward_funcs: RewardFunc | list[RewardFunc] | None = None,
         args: AsyncGRPOConfig | None = None,
         *,
-        processing_class: MultimodalProcessor,
+        processing_class: MultimodalProcessingClass,
         train_vision: bool = True,
         **kwargs: Any,
     ) -> None:

@@ -39,7 +39,7 @@ from ..trajectory.vision_inputs import VisionInputs, vision_inputs
 if TYPE_CHECKING:
     import torch
 
-    from ..trajectory.types import Image, MultimodalProcessor, Prompt
+    from ..trajectory.types import Image, MultimodalProcessingClass, Prompt
 
 #: The forward keywords of ``GRPOTrainer._get_per_token_logps_and_entropies`` the vision inputs go through.
 FORWARD_KEYWORDS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "mm_token_type_ids")
@@ -134,7 +134,7 @@ class RolloutImagesGRPOTrainer(GRPOTrainer):
         if self._rollout_vision is None:
             assert self._rollout_images is not None
             vision = vision_inputs(
-                cast("MultimodalProcessor", self.processing_class), prompt_completion_ids, self._rollout_images
+                cast("MultimodalProcessingClass", self.processing_class), prompt_completion_ids, self._rollout_images
             )
             if vision is None:
                 return None

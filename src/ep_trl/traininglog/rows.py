@@ -6,11 +6,10 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 
-from ..engine.scoring import Scored
-from ..evalprotocol.body import build_row, stamp_row
+from ..evalprotocol.body import Scored, build_row, stamp_row
 from ..evalprotocol.spec import EvalSpec
 from ..generation import SamplingParams
-from ..sources.episode import Episode, EpisodePlan
+from ..trajectory.episode import Episode, EpisodePlan
 from ..trajectory.types import MessagesView, Prompt, Row, Settings, Tokenizer
 from .writer import EpisodeTokens, RolloutLogWriter
 
@@ -73,7 +72,7 @@ class RowContext:
             "status": "running",
             "task": plan.task,
             "group": plan.group,
-            "generation": plan.generation,
+            "member": plan.member,
             "global_step": self.step,
             **(ep_trl or {}),
         }

@@ -16,12 +16,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeGuard, cast
 
-from .types import Image, Message, Messages, MessagesView, MessageView, MultimodalProcessor, ProcessingClass, Tokenizer
+from .types import (
+    Image,
+    Message,
+    Messages,
+    MessagesView,
+    MessageView,
+    MultimodalProcessingClass,
+    ProcessingClass,
+    Tokenizer,
+)
 
 _IMAGE_TYPES = ("image_url", "image", "input_image")
 
 
-def supports_images(processing_class: ProcessingClass) -> TypeGuard[MultimodalProcessor]:
+def supports_images(processing_class: ProcessingClass) -> TypeGuard[MultimodalProcessingClass]:
     """Whether the trainer's processing class is a multimodal processing class (it has an image processor)."""
     return getattr(processing_class, "image_processor", None) is not None
 

@@ -20,7 +20,7 @@ nothing again. A sample whose ids carry images and nothing processed (a custom w
 images)``) is processed once by the collator (:func:`processed_images_of`), in the trainer's data loading.
 Processed pixels are float tensors, larger than the decoded images they come from (measured in docs/benchmarks.md):
 ``EvalRolloutWorker(max_buffered_images=...)`` bounds how many images the worker holds, each with its pixels (not
-those of the samples the trainer took; ``EvalRolloutWorker.held_images`` says what it counts).
+those of the samples the trainer took; ``EvalRolloutWorker.bounded_images`` says what it counts).
 
 An episode whose images do not match its placeholders (a different number of image tokens than the processing class
 expands its images into) would make the model's forward pass raise in the trainer; :func:`placeholder_mismatch` says so
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .types import Image, MultimodalProcessor, ProcessingClass
+from .types import Image, MultimodalProcessingClass, ProcessingClass
 
 if TYPE_CHECKING:  # torch is imported by the processing class, not with ep_trl
     import torch
@@ -116,7 +116,7 @@ def image_token_id(processing_class: ProcessingClass | None) -> int:
             "of a sample cannot be matched to its placeholders; use the vision-language model's own "
             "processing class (AutoProcessor.from_pretrained(model))."
         )
-    processor = cast("MultimodalProcessor", processing_class)  # it names an image token: a multimodal processor
+    processor = cast("MultimodalProcessingClass", processing_class)  # it names an image token: a multimodal processor
     return int(processor.tokenizer.convert_tokens_to_ids(token))
 
 
@@ -138,7 +138,9 @@ def process_images(processing_class: ProcessingClass | None, images: Sequence[Im
             f"{type(processing_class).__name__} names no image placeholder (image_token) to expand images at; "
             "use the vision-language model's own processing class (AutoProcessor.from_pretrained(model))."
         )
-    processor = cast("MultimodalProcessor", processing_class)  # it names an image placeholder: a multimodal processor
+    processor = cast(
+        "MultimodalProcessingClass", processing_class
+    )  # it names an image placeholder: a multimodal processor
     made = processor(text=[token * len(images)], images=[list(images)], add_special_tokens=False, return_tensors="pt")
     return ProcessedImages(
         pixel_outputs(processor, made, len(images)),
@@ -146,7 +148,9 @@ def process_images(processing_class: ProcessingClass | None, images: Sequence[Im
     )
 
 
-def pixel_outputs(processor: MultimodalProcessor, made: Mapping[str, object], images: int) -> dict[str, torch.Tensor]:
+def pixel_outputs(
+    processor: MultimodalProcessingClass, made: Mapping[str, object], images: int
+) -> dict[str, torch.Tensor]:
     """The pixel tensors of what a processor call ``made`` (``return_tensors="pt"``) of ``images`` image(s): every
     output but the text's."""
     text_keys = {*processor.tokenizer.model_input_names, "mm_token_type_ids", "token_type_ids"}

@@ -48,15 +48,15 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
-from ..generation import Generation, PromptIds, PromptImages, SamplingParams, ids_json
 from ..runtime.threads import run_blocking
 from .content import image_parts, image_source, load_image, supports_images, template_messages, tokenizer_of
+from .sampling import Generation, PromptIds, PromptImages, SamplingParams, ids_json
 from .types import (
     Image,
     MessagesView,
     MessageView,
     Model,
-    MultimodalProcessor,
+    MultimodalProcessingClass,
     ProcessingClass,
     Settings,
     Tokenizer,
@@ -553,7 +553,9 @@ class ChatTemplate:
             made = self._renderer(
                 text=[self._image_token], images=[[image]], add_special_tokens=False, return_tensors="pt"
             )
-            pixels = pixel_outputs(cast("MultimodalProcessor", self._renderer), made, 1)  # it names an image token
+            pixels = pixel_outputs(
+                cast("MultimodalProcessingClass", self._renderer), made, 1
+            )  # it names an image token
         else:
             made, pixels = self._renderer(text=[self._image_token], images=[[image]], add_special_tokens=False), None
         ids = tuple(int(t) for t in made["input_ids"][0])

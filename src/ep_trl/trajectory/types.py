@@ -37,7 +37,7 @@ Tool: TypeAlias = Mapping[str, Any]
 Tools: TypeAlias = Sequence[Tool]
 
 #: One prompt of TRL's dataset ``prompt`` column: a string, or a conversation (checked where an episode starts,
-#: ``sources.episode.initial_messages``).
+#: ``sources.initial_messages``).
 Prompt: TypeAlias = str | MessagesView
 
 #: eval-protocol's ``EvaluationRow`` (a pydantic model). eval-protocol ships no type information, so to mypy it is
@@ -50,7 +50,7 @@ Tokenizer: TypeAlias = "PreTrainedTokenizerBase"
 #: processor; ``trajectory.content.supports_images`` tells them apart).
 ProcessingClass: TypeAlias = "PreTrainedTokenizerBase | ProcessorMixin"
 #: A multimodal processor: its ``.tokenizer`` and ``.image_processor``, called on text and images together.
-MultimodalProcessor: TypeAlias = "ProcessorMixin"
+MultimodalProcessingClass: TypeAlias = "ProcessorMixin"
 #: A Hugging Face model (the policy being trained).
 Model: TypeAlias = "PreTrainedModel"
 #: One image of a conversation, decoded (a ``PIL.Image.Image``).

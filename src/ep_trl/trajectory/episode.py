@@ -1,19 +1,17 @@
 """What an episode is, whichever source plays it: its plan, its result (``Episode``), how it fails
-(``EpisodeFailure``, :data:`FAILURE_KINDS`) and the prompt it starts from.
+(``EpisodeFailure``, :data:`FAILURE_KINDS`) and the turns it sampled.
 
 The OpenEnv loop (``ep_trl.openenv.loop``) and the processor source (``ep_trl.sources.processor``) both build these;
-the capture processors, the scoring and the stream read them without needing the OpenEnv loop.
+the capture processors, the scoring, the stream and the ``ep logs`` rows read them. They sit here, with the
+trajectory an episode holds, so that every one of those packages can import them without importing each other.
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, NotRequired, TypeAlias, TypedDict, Unpack, get_args
+from typing import Literal, NotRequired, TypedDict, Unpack, get_args
 
-from ..errors import ConfigError, UnsupportedEvalError
-from ..evalprotocol.inputs import strip_row_key
-from ..openenv.client import Action, EnvSettings, Observation
-from ..trajectory.tokens import Trajectory, TurnLimits
-from ..trajectory.types import Message, MessageView
+from .tokens import Trajectory, TurnLimits
+from .types import MessageView
 
 #: What may end an episode as failed: the environment (construction, reset, step), the eval's own code (its
 #: action parser), or the generation of this episode's turns. Anything else is ep_trl's bug or a configuration
@@ -28,26 +26,6 @@ EpisodeStatus = Literal["finished", "error"]
 #: not fit), or a failure.
 StopReason = Literal["done", "max_steps", "token_budget", "error"]
 
-#: The eval's prompt builder: ``(observation, step, history) -> user content`` (a string or content parts).
-PromptBuilder: TypeAlias = Callable[[Observation, int, list[str]], object]
-#: The eval's action parser: ``(model text) -> action`` for the environment's ``step``.
-ActionParser: TypeAlias = Callable[[str], Action]
-
-
-@dataclass(frozen=True)
-class EpisodeConfig:
-    """Settings shared by every episode of a rollout call."""
-
-    env: EnvSettings
-    prompt_builder: PromptBuilder
-    action_parser: ActionParser
-    max_steps: int
-    limits: TurnLimits
-    eval_name: str = "the eval"
-    #: What the action parser returns for a reply with no action (``action_parser("")``), in a 1-tuple (the fallback
-    #: may itself be None); None when the parser raises on it, so that every action it returns is well formed.
-    fallback_action: tuple[object] | None = None
-
 
 @dataclass(frozen=True)
 class EpisodePlan:
@@ -56,7 +34,7 @@ class EpisodePlan:
 
     index: int
     group: int
-    generation: int
+    member: int
     task: str | None
     initial_messages: tuple[MessageView, ...]
     #: The ``seed`` its environment's reset asks for (``EvalOverrides(reset_seed=...)``); None: reset names none.
@@ -143,35 +121,6 @@ def ended_episode(
     )
 
 
-def pytest_outcome(exc: BaseException, what: str, eval_name: str) -> UnsupportedEvalError | None:
-    """An eval's code that calls ``pytest.skip``/``fail``/``exit`` while training: one clear error, not a
-    pytest outcome raised through the trainer."""
-    try:
-        from _pytest.outcomes import OutcomeException
-    except ImportError:  # no pytest here: nothing of the kind can be raised
-        return None
-    if not isinstance(exc, OutcomeException):
-        return None
-    verb = {"Skipped": "skip", "Failed": "fail", "XFailed": "xfail"}.get(type(exc).__name__, type(exc).__name__)
-    return UnsupportedEvalError(
-        f"{eval_name}: its {what} called pytest.{verb}({str(exc)!r}) during training. Eval "
-        "modules do this when an import they guard failed: the environment's package is probably not importable in "
-        "this Python (import the eval module's environment client yourself to see the error)."
-    )
-
-
-def parse_action(action_parser: Callable[[str], object], text: str, eval_name: str) -> object:
-    """``action_parser(text)``; a parser that calls ``pytest.skip``/``fail`` raises :func:`pytest_outcome`'s error
-    instead (the episode loop and the probe of the parser's fallback both call it so)."""
-    try:
-        return action_parser(text)
-    except BaseException as exc:
-        outcome = pytest_outcome(exc, "action parser", eval_name)
-        if outcome is not None:
-            raise outcome from exc
-        raise
-
-
 def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
     """A first prompt that leaves no room to sample fails the episode (as generation: the backend's limit)."""
     if limits.max_model_len is not None and n >= limits.max_model_len:
@@ -179,24 +128,3 @@ def check_first_prompt(n: int, limits: TurnLimits, fix: str) -> None:
             "generation",
             ValueError(f"the first prompt is {n} tokens, not below max_model_len {limits.max_model_len}; {fix}"),
         )
-
-
-def initial_messages(prompt: object, index: int = 0) -> tuple[Message, ...]:
-    """TRL hands over the dataset's prompt column: a string or a list of chat messages."""
-    shape = (
-        "the dataset's 'prompt' column must hold strings or lists of messages such as "
-        "[{'role': 'user', 'content': 'Play the game.'}]"
-    )
-    if isinstance(prompt, str):
-        return ({"role": "user", "content": prompt},)
-    if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
-        raise TypeError(f"rollout_func got prompt {index} of type {type(prompt).__name__}; {shape}")
-    messages = strip_row_key(prompt)  # dataset_from_eval's row key, and the None keys a datasets column adds
-    for k, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
-            raise ConfigError(
-                f"prompt {index}, message {k} is {dict(message)!r}: every message needs a 'role' and a "
-                f"'content' (a string or content parts); {shape}"
-            )
-    return tuple(dict(m) for m in messages)
