@@ -4,8 +4,9 @@
 With no arguments: builds a tiny model locally (random weights), starts the letters environment server and trains
 it with in-process generation on the CPU, printing the eval's score per step. The game rewards each word by the
 share of its characters in the task's alphabet (vowels, abc); the random model starts near 0.3 and learns to write
-those letters (`tests/test_train_letters_script.py` checks that it trains). At the end it prints the mean score of the
-first and last steps and writes a plot of the score per step (reward_curve.png in --output-dir). See README.md.
+those letters (`tests/project/test_train_letters_script.py` checks that it trains). At the end it prints the mean
+score of the first and last steps and writes a plot of the score per step (reward_curve.png in --output-dir). See
+README.md.
 
 A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and calls it, so the run writes the same
 run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).

@@ -1,6 +1,6 @@
 """The spread of the main job's learning test (issue 48, item 1): the README's quick start shortened to 10 steps, as
-``tests/test_train_browsergym_script.py::test_the_main_job_learns_the_eval_and_plots_it`` runs it, repeated N times
-on this machine. Each run's policy probability of the right first action (teacher-forced, which the script prints
+``tests/project/test_train_browsergym_script.py::test_the_main_job_learns_the_eval_and_plots_it`` runs it, repeated N
+times on this machine. Each run's policy probability of the right first action (teacher-forced, which the script prints
 before and after training) is read from its output; the weights come from sampled episodes that no seed fixes, so
 runs differ. The test's threshold is set well below the lowest value measured here.
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from ep_trl.devtools import run_record  # noqa: E402
-from tests.test_train_browsergym_script import RIGHT, SCRIPT, first_turn_answers  # noqa: E402  (what the test reads)
+from tests.project.test_train_browsergym_script import RIGHT, SCRIPT, first_turn_answers  # noqa: E402  (what the test reads)
 
 
 def one_run(steps: int) -> dict[str, object]:

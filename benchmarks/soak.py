@@ -8,7 +8,7 @@ processes and resident memory of this process. Flat columns mean nothing leaks p
     python benchmarks/soak.py --calls 40 --episodes 8            # 320 episodes
     .venv-openenv010/bin/python benchmarks/soak.py --calls 40    # the same under openenv 0.10
 
-``tests/test_soak.py`` runs a shorter version and asserts the columns stay flat.
+``tests/project/test_soak.py`` runs a shorter version and asserts the columns stay flat.
 """
 
 import argparse

@@ -18,7 +18,7 @@ table that imports modules by name counts as an import of each module it names: 
   which each imports the other, ``TYPE_CHECKING`` imports included (a type that two packages share belongs below
   both). The root package, which exports every package's public names, is left out.
 
-``tests/test_architecture.py`` holds the project to at most 12 layers, no upward import and no package pair.
+``tests/project/test_architecture.py`` holds the project to at most 12 layers, no upward import and no package pair.
 """
 
 import argparse

@@ -13,4 +13,4 @@ PY=${PYTHON:-python3}
 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'test_gpu.sh: torch sees no GPU here (torch ' + torch.__version__ + '); run it on a machine with one')"
 EP_TRL_TEST_DEVICE=cuda exec "$PY" -m pytest -q -p no:eval_protocol \
   tests/generation/test_trainer.py tests/generation/test_trainer_images.py tests/trainers/test_images.py \
-  tests/test_training.py "$@"
+  tests/adapters/test_training.py "$@"

@@ -23,12 +23,12 @@ TESTS=(
   tests/envs/test_letters.py
   tests/envs/test_doors.py
   tests/adapters/test_rollout_func.py
-  tests/test_training.py
+  tests/adapters/test_training.py
   tests/openenv/test_loop.py
   tests/openenv/test_servers.py
-  tests/test_import.py::test_import_ep_trl_loads_no_openenv
-  tests/test_failures.py
-  tests/test_soak.py
+  tests/project/test_import.py::test_import_ep_trl_loads_no_openenv
+  tests/adapters/test_failures.py
+  tests/project/test_soak.py
   tests/sources/test_processor.py
   tests/runtime/test_shutdown.py::test_nothing_ep_trl_started_outlives_a_sigkilled_trainer
   tests/runtime/test_shutdown.py::test_sigterm_ends_training_every_time

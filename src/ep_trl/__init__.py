@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 #: Public names whose modules import eval-protocol, transformers and the rest of the bridge, and the module of each:
 #: imported at first use, so that ``import ep_trl`` alone (a shard process, a script's ``--help``) costs no more than
-#: the errors and options (tests/test_import.py).
+#: the errors and options (tests/project/test_import.py).
 _LAZY = {
     "dataset_from_eval": ".dataset",
     "RolloutFunction": ".adapters.rollout_func",

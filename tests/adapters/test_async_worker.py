@@ -770,7 +770,7 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
     episode started and not released (the image eval: a picture per step, 2 steps); an episode starts only if its
     reservation fits. A bound below one group's reservations (num_generations=4 x 2) could never release a group and
     is refused, as are a processor eval without max_episode_images and a text tokenizer with either bound. (The
-    bound measured on images alive, on a real server: tests/test_vllm_images.py.)"""
+    bound measured on images alive, on a real server: tests/generation/test_vllm_images.py.)"""
     from transformers import AutoProcessor
 
     from ep_trl.trajectory.sample_images import ids_with_images

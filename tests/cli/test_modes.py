@@ -1,6 +1,6 @@
 """The training scripts' generation flags (ep_trl.cli.modes): each combination no mode trains with is
 refused by argparse with a message naming the problem and the fix, before anything starts; the accepted ones give
-the config of their mode. No training here (the script runs are in tests/test_train_letters_script.py and
+the config of their mode. No training here (the script runs are in tests/project/test_train_letters_script.py and
 tests/colocate; LoRA against a server with --enable-lora in tests/adapters/test_async_worker.py)."""
 
 import importlib.util

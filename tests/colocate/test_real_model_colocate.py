@@ -1,6 +1,6 @@
 """The real pretrained model (SmolLM2-135M-Instruct, ``ep_trl.devtools.real_model``) through TRL's colocated vLLM
 engine (``CPUColocateGRPOTrainer`` on CPU): token-exact on its own tokenizer and chat template on the multi-turn
-letters eval, as ``tests/test_real_model.py`` checks the server, the trainer backend and the async worker."""
+letters eval, as ``tests/project/test_smollm2.py`` checks the server, the trainer backend and the async worker."""
 
 import pytest
 from datasets import Dataset

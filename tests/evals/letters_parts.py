@@ -2,7 +2,7 @@
 
 OpenEnv (and through it gradio) is imported only when an environment is made or an action parsed, so an eval that
 takes only the prompt and settings from here (``eval_single_turn``) imports no OpenEnv, as a user's processor eval
-would not (pinned by ``tests/test_import.py``).
+would not (pinned by ``tests/project/test_import.py``).
 """
 
 from __future__ import annotations

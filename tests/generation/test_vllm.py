@@ -4,7 +4,7 @@ Every case of "failures" in the vLLM-server issue: unreachable at construction, 
 answers, a request that times out, transient 5xx / dropped connections (retried with backoff), 4xx (not
 retried), a server dying mid-training (the rollout call raises, in bounded time). Each test carries a
 pytest-timeout well above what the client's own timeouts allow, so a hang fails the test instead of CI.
-Behaviour against a real vLLM server is in tests/test_vllm_real.py.
+Behaviour against a real vLLM server is in tests/generation/test_vllm_real.py.
 """
 
 import asyncio

@@ -6,7 +6,7 @@ the protocol for ep_trl's client: ``GET /health``, ``GET /v1/models`` (with ``ma
 ``POST /v1/completions`` (one prompt or a list of prompts) answering with canned token ids and logprobs. It
 records every completion request (body, prompts, arrival time) and the most prompts in flight at once, so tests
 can check overlap, batching and retry counts.
-Everything that is not a fault is tested against a real vLLM server in ``tests/test_vllm_real.py``.
+Everything that is not a fault is tested against a real vLLM server in ``tests/generation/test_vllm_real.py``.
 
 Each completion request takes the next action from ``plan`` (then ``default``):
 

@@ -1,5 +1,5 @@
 """Checks of rollouts of the real pretrained model (SmolLM2-135M-Instruct) shared by the project's Python
-(``tests/test_real_model.py``) and the colocated engine's venv (``tests/colocate/test_real_model_colocate.py``)."""
+(``tests/project/test_smollm2.py``) and the colocated engine's venv (``tests/colocate/test_real_model_colocate.py``)."""
 
 from collections import Counter
 

@@ -1,4 +1,4 @@
-"""Two-process GRPO training through one vLLM server, run by tests/test_vllm_real.py under ``torchrun``.
+"""Two-process GRPO training through one vLLM server, run by tests/generation/test_vllm_real.py under ``torchrun``.
 
     torchrun --nproc_per_node 2 -m tests.support.vllm_multiprocess_train \
         --server URL --letters URL --model DIR --out DIR [--steps 2]

@@ -8,7 +8,7 @@ prefix sharing would show one the other's pixels. At step 1 the trainer's weight
 from, so TRL's ``ratio`` is 1 and the trainer's ``sampling/sampling_logp_difference`` is ~0 only if every forward saw
 each sample's own pixels; with the two samples' pixels traded (fault injection) it is not. An instrument around the
 image processor counts each image processed once from the worker's samples to the forward. The real-server run is in
-tests/test_vllm_images.py.
+tests/generation/test_vllm_images.py.
 """
 
 import dataclasses

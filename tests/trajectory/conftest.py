@@ -8,5 +8,5 @@ from tests.support.images import shaped_images
 @pytest.fixture
 def images():
     """The three shaped images, made per test: a module-level list held its 1280x720 one for the whole session, one
-    of the two screenshots an image-memory test later found alive (tests/test_vllm_images.py)."""
+    of the two screenshots an image-memory test later found alive (tests/generation/test_vllm_images.py)."""
     return shaped_images()

@@ -1,6 +1,6 @@
 """What a result file records about the run that made it, so that its figures can be traced to committed code and
 rerun: the benchmarks in ``benchmarks/`` and the training scripts write it as their result's ``run`` entry, and
-``tests/test_benchmark_results.py`` checks it on every file in ``benchmarks/results/``.
+``tests/project/test_benchmark_results.py`` checks it on every file in ``benchmarks/results/``.
 
     record = run_record.start(REPO)                    # first thing in main()
     ...

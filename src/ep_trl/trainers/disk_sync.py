@@ -198,8 +198,8 @@ def attach_vllm_generation(trainer: GRPOTrainer, generation: _VLLMGenerationStan
     GRPOTrainer 1.16 reads ``use_vllm`` / ``vllm_mode`` off the trainer (not its args) in ``_generate`` (weight
     sync via ``vllm_generation.sync_weights()`` when ``_last_loaded_step`` differs from the global step) and in
     the loss (importance-sampling correction against the ``logprobs`` rollout_func returns). ``generation`` must
-    offer ``sync_weights()`` and ``vllm_client.base_url``. ``tests/test_vllm_real.py`` (DiskSyncGRPOTrainer steps
-    with TRL's logprob-difference metric) fails when TRL renames or stops reading any of these.
+    offer ``sync_weights()`` and ``vllm_client.base_url``. ``tests/generation/test_vllm_real.py`` (DiskSyncGRPOTrainer
+    steps with TRL's logprob-difference metric) fails when TRL renames or stops reading any of these.
     """
     for name in ("use_vllm", "vllm_mode", "_metrics"):
         if not hasattr(trainer, name):

@@ -17,7 +17,7 @@ from ep_trl.runtime.processes import ServerProcess
 from tests.support.browsergym import browsergym_server as running_browsergym_server
 from tests.support.trainers import make_trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV_PATH = f"{ROOT / 'examples' / 'browsergym' / 'eval_miniwob.py'}::test_miniwob"
 TASKS = ["click-test", "click-button", "focus-text", "enter-text"]
 

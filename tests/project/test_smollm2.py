@@ -13,7 +13,7 @@ eval, multi-turn) at one step.
 BrowserGym through the real model had a test here too (``train_smollm2_browsergym.py`` at 2 steps, 425 s in CI, the
 second slowest): cut to keep ``.ci/run`` under 60 minutes (issue 48), since faster tests cover what it checked: the
 real model on-policy through an OpenEnv eval's episodes (the doors test below, the same loop and server sync), the
-BrowserGym eval, warm start, held-out play and script end to end (``tests/test_train_browsergym_script.py`` and
+BrowserGym eval, warm start, held-out play and script end to end (``tests/project/test_train_browsergym_script.py`` and
 ``tests/openenv/``, the tiny model).
 """
 
@@ -52,8 +52,8 @@ def _load_script(path: Path):
     return module
 
 
-train_smollm2 = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_trl.py")
-train_smollm2_doors = _load_script(Path(__file__).resolve().parents[1] / "train_smollm2_doors.py")
+train_smollm2 = _load_script(Path(__file__).resolve().parents[2] / "train_smollm2_trl.py")
+train_smollm2_doors = _load_script(Path(__file__).resolve().parents[2] / "train_smollm2_doors.py")
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
 def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
     """What the real model is trained on: the right label scores one over the reply's words (1.0 alone, 0.25 in a
     four-word sentence, so a shorter sentence beats a longer one); a wrong label, both labels or none 0."""
-    sentiment = _load_script(Path(__file__).resolve().parents[1] / "examples" / "sentiment" / "eval_sentiment.py")
+    sentiment = _load_script(Path(__file__).resolve().parents[2] / "examples" / "sentiment" / "eval_sentiment.py")
     assert sentiment.label_score("Negative.", "negative")[0] == 1.0
     assert sentiment.label_score("This review is negative.", "negative")[0] == 0.25
     assert sentiment.label_score("This review is negative. It criticizes the soup.", "negative")[0] == 1 / 8

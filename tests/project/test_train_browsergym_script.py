@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.trainers import assert_script_trained
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "train_browsergym_trl.py"
 #: The task's right first action (what the learning test reads the policy's probability of).
 RIGHT = {"click-test": "click('13')", "focus-text": "click('12')"}

@@ -36,7 +36,7 @@ from tests.support.trainers import PROMPT, make_trainer
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 BODIES = "tests.evals.eval_faulty_bodies"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST_VLLM = VLLMOptions(request_timeout_s=1.0, max_retries=1, retry_backoff_s=0.05, connect_timeout_s=2.0)
 
 

@@ -5,7 +5,7 @@ here: the same command would run twice."""
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ep_trl"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "ep_trl"
 #: ``Any`` in the package at this commit: 527 before issue 41, whose target was at most 263 (half); 62 after its
 #: typing work (what is left is said where it stands: forwarded ``**kwargs`` of TRL's constructors, untyped
 #: outside libraries, numpy's ``__setstate__``).

@@ -16,7 +16,7 @@ import pytest
 
 from ep_trl.devtools import run_record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 HISTORY = RESULTS / "history"
 FIELDS = ("command", "commit", "dirty", "started", "machine")

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.trainers import assert_script_trained
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path):

@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.openenv010
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 OPENENV_VERSION = "0.10.0"
 
 #: Run inside the venv: openenv's version, openenv-core's (None if absent), the files of openenv whose

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```.*?^```", flags=re.M | re.S)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -163,7 +163,8 @@ def uncited_figures(text: str) -> list[str]:
 
 def test_every_figure_in_the_docs_cites_its_result_file():
     """A timing, speedup or size measured on a run is quoted in docs/benchmarks.md beside its command and result
-    file (checked by tests/test_benchmark_results.py); another page links there instead of quoting it (issue 40)."""
+    file (checked by tests/project/test_benchmark_results.py); another page links there instead of quoting it (issue
+    40)."""
     pages = [page for page in PAGES if page.name != "benchmarks.md"]
     uncited = {_name(page): found for page in pages if (found := uncited_figures(page.read_text()))}
     assert not uncited, f"figures with no result file: {uncited}"

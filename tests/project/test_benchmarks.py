@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: script -> its smallest run (``{out}``: the result file, ``{vllm}``: the shared vLLM server's URL).
 SMALLEST: dict[str, list[str]] = {

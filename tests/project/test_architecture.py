@@ -5,7 +5,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "import_layers.py"
 PACKAGE = ROOT / "src" / "ep_trl"
 #: Listed in docs/architecture.md as one row each, not module by module: the tooling and the environments.
@@ -275,7 +275,7 @@ def package_docstring_problems(package: Path) -> list[str]:
     problems = []
     for init in sorted(package.rglob("__init__.py")):
         if init.parent == package:
-            continue  # the root's docstring lists the public API (tests/test_import.py)
+            continue  # the root's docstring lists the public API (tests/project/test_import.py)
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         members = {p.stem for p in init.parent.glob("*.py") if not p.stem.startswith("_")}
         members |= {p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()}
@@ -304,3 +304,13 @@ def test_the_docstring_check_sees_an_unnamed_module_and_a_gone_one(tmp_path):
         "ep_trl/engine: the docstring does not name new",
         "ep_trl/engine: the docstring names old, which is not there",
     ]
+
+
+def test_the_tests_root_holds_only_the_tests_of_the_root_modules():
+    """Issue 49: 26 test files sat at the ``tests/`` root. Each now lives in the folder of what it tests, or in
+    ``tests/project/`` for whole-project checks; the root keeps ``test_X.py`` only for a root module ``X.py``."""
+    tests = ROOT / "tests"
+    root_modules = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    loose = sorted(p.name for p in tests.glob("test_*.py") if p.stem.removeprefix("test_") not in root_modules)
+    assert loose == [], loose
+    assert (tests / "test_compat.py").is_file() and (tests / "project" / "test_docs.py").is_file()

@@ -15,7 +15,7 @@ import pytest
 
 from ep_trl.runtime.processes import free_port, start_server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Top-level packages that only an OpenEnv environment may bring in.
 HEAVY = ("openenv", "gradio", "fastmcp", "IPython")
 

@@ -19,7 +19,7 @@ from tests.support.trainers import PROMPT, make_trainer
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 PROMPTS = [PROMPT, "Play the letters game, round two."]
-DOC_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOC_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 
 
 def shown_score(score: float) -> str:
