@@ -5,11 +5,15 @@ call's key, malformed fields, stray model names remembered forever, non-JSON and
 
 import asyncio
 import json
+from typing import cast
 
 import aiohttp
 
 from ep_trl.capture.endpoint import MAX_NAME_CHARS, MAX_UNKNOWN_MODELS, MODEL_PREFIX, CaptureEndpoint, new_token
+from ep_trl.capture.parsing import ToolCallParser
 from ep_trl.capture.placement import RolloutCapture, TurnReply
+from ep_trl.generation import Generator
+from ep_trl.trajectory.tokens import ChatTemplate, TurnLimits
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -18,7 +22,15 @@ class RecordingCapture(RolloutCapture):
     """Fault-injection stand-in for a rollout's capture: records the turns that reach it, answers "ok"."""
 
     def __init__(self) -> None:
-        super().__init__(new_token(), "test", None, None, None, None)
+        # turn() is overridden, so the capture's limits, template, generator and parser are never read: None stands in
+        super().__init__(
+            new_token(),
+            "test",
+            cast(TurnLimits, None),
+            cast(ChatTemplate, None),
+            cast(Generator, None),
+            cast(ToolCallParser, None),
+        )
         self.turns = []
 
     async def turn(self, request):

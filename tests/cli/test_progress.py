@@ -3,13 +3,18 @@ figures it has no episode to average; the line says so instead of raising out of
 
 import io
 from types import SimpleNamespace
+from typing import cast
+
+from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from ep_trl.cli.progress import ProgressPrinter
 
 
 def step_line(logs: dict) -> str:
     stream = io.StringIO()
-    ProgressPrinter(stream).on_log(None, SimpleNamespace(global_step=1, max_steps=4), None, logs=logs)
+    # on_log reads only the state's global_step and max_steps: stand-ins for the trainer's args, state and control
+    state = cast(TrainerState, SimpleNamespace(global_step=1, max_steps=4))
+    ProgressPrinter(stream).on_log(cast(TrainingArguments, None), state, cast(TrainerControl, None), logs=logs)
     return stream.getvalue()
 
 

@@ -20,6 +20,7 @@ from ep_trl.cli import train
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = f"{ROOT / 'examples' / 'letters_eval.py'}::test_letters"
+SENTIMENT = f"{ROOT / 'examples' / 'sentiment' / 'eval_sentiment.py'}::test_sentiment"
 ENV_SERVER = ["--env-server", "python -m ep_trl.envs.letters --port {port}", "--env-url-var", "LETTERS_ENV_URL"]
 SMALL = [
     "--max-steps",
@@ -49,7 +50,9 @@ def cli(args, cwd, **kwargs):
 
 def server_pid(stderr: str) -> int:
     """The environment server's pid (its watchdog, the leader of its process group), from the run's log."""
-    return int(re.search(r"ready at http://127\.0\.0\.1:\d+ after [0-9.]+ s \(pid (\d+)\)", stderr).group(1))
+    match = re.search(r"ready at http://127\.0\.0\.1:\d+ after [0-9.]+ s \(pid (\d+)\)", stderr)
+    assert match is not None, "the run's log has no environment server ready line"
+    return int(match.group(1))
 
 
 def gone(pid: int) -> bool:
@@ -555,9 +558,6 @@ def probe_skipped(monkeypatch):
     """``plan`` without its vLLM server probe (the probe's refusals: test_bad_input_is_refused_before_anything_starts):
     the served model is taken to be --model."""
     monkeypatch.setattr(train, "_check_server", lambda parser, url, model, vllm: model)
-
-
-SENTIMENT = f"{ROOT / 'examples' / 'sentiment' / 'eval_sentiment.py'}::test_sentiment"
 
 
 def planned_job(argv):

@@ -100,7 +100,9 @@ def test_model_loads_and_generates(tiny_model_dir: Path, tokenizer) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.dtype == torch.float32
-    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    assert isinstance(embeddings, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)
+    assert embeddings.weight.data_ptr() == head.weight.data_ptr()
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Play the letters game."}],
         add_generation_prompt=True,

@@ -144,7 +144,9 @@ def test_two_concurrent_sessions_each_solve_click_test(server: ServerProcess) ->
         env = BrowserGymEnv(base_url=server.base_url, task_name="click-test")
         try:
             result = await env.reset(seed=seed)
-            bid = _CLICK_TEST_BUTTON.search(result.observation.axtree_txt).group(1)
+            button = _CLICK_TEST_BUTTON.search(result.observation.axtree_txt)
+            assert button is not None, result.observation.axtree_txt
+            bid = button.group(1)
             result = await env.step(parse_action(f"click('{bid}')").action_str)
             assert result.done
             return float(result.reward or 0.0)
@@ -152,7 +154,7 @@ def test_two_concurrent_sessions_each_solve_click_test(server: ServerProcess) ->
             await env.close()
 
     async def run() -> list[float]:
-        return await asyncio.gather(episode(1), episode(2))
+        return list(await asyncio.gather(episode(1), episode(2)))
 
     assert asyncio.run(run()) == [1.0, 1.0]
     assert _wait_no_browsers(server) == []

@@ -8,8 +8,10 @@ recorder, and returns the rows eval-protocol handed it.
 import asyncio
 import logging
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Protocol, cast
 
 import pytest
 from datasets import Dataset
@@ -27,12 +29,22 @@ from ep_trl.evalprotocol import (
     training_prompts,
 )
 from ep_trl.evalprotocol import inputs as inputs_module
+from ep_trl.evalprotocol.resolve import EvalWrapper
 
 MESSAGES = "tests/evals/eval_inputs_messages.py"
 ROWS = "tests/evals/eval_inputs_rows.py::test_qa_rows"
 DATASET = "tests/evals/eval_inputs_dataset.py"
 LOADER = "tests/evals/eval_inputs_loader.py"
 FILTERED = "tests/evals/eval_inputs_filtered.py"
+
+
+class PytestWrapper(EvalWrapper, Protocol):
+    """An ``@evaluation_test`` wrapper as pytest runs it (``EvalWrapper`` declares only what ep_trl reads): its marks,
+    and called with one parametrization's arguments."""
+
+    pytestmark: list[pytest.Mark]
+
+    def __call__(self, **kwargs: Any) -> Coroutine[Any, Any, Any]: ...
 
 
 def rows_pytest_feeds(eval_test: EvalTest, monkeypatch: pytest.MonkeyPatch) -> list[EvaluationRow]:
@@ -50,7 +62,7 @@ def rows_pytest_feeds(eval_test: EvalTest, monkeypatch: pytest.MonkeyPatch) -> l
 
         return [asyncio.create_task(done(row)) for row in rows]
 
-    wrapper = eval_test.wrapper
+    wrapper = cast(PytestWrapper, eval_test.wrapper)
     monkeypatch.setattr(type(wrapper.__ep_params__.rollout_processor), "__call__", record)
     [mark] = [m for m in wrapper.pytestmark if m.name == "parametrize"]
     for values in mark.kwargs["argvalues"]:

@@ -12,6 +12,8 @@ from eval_protocol.models import EvaluateResult, EvaluationRow, Message
 from eval_protocol.pytest import evaluation_test
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor
 
+# the guess environment's client class; None where its package is not installed
+GuessEnv: type[Any] | None
 try:
     from tests.fixtures.guess_env import GuessEnv
 except ImportError:

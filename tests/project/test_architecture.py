@@ -11,6 +11,7 @@ PACKAGE = ROOT / "src" / "ep_trl"
 #: Listed in docs/architecture.md as one row each, not module by module: the tooling and the environments.
 LISTED_AS_PACKAGES = ("devtools", "envs")
 spec = importlib.util.spec_from_file_location("import_layers", SCRIPT)
+assert spec is not None and spec.loader is not None, SCRIPT
 import_layers = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(import_layers)
 

@@ -47,6 +47,7 @@ LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 def _load_script(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -83,8 +83,10 @@ def run_script(args: list[str], cwd: Path, *, interrupt_after: str | None = None
         # A shell's background jobs ignore SIGINT, and Python keeps it ignored: give the script a real Ctrl-C.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    out_pipe, err_pipe = proc.stdout, proc.stderr
+    assert out_pipe is not None and err_pipe is not None  # both pipes (subprocess.PIPE)
     stderr_lines: list[str] = []
-    drain = threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True)
+    drain = threading.Thread(target=lambda: stderr_lines.extend(err_pipe), daemon=True)
     drain.start()
     seen: dict[int, tuple[psutil.Process, str]] = {}
     stop = threading.Event()
@@ -94,7 +96,7 @@ def run_script(args: list[str], cwd: Path, *, interrupt_after: str | None = None
     killer = threading.Timer(timeout_s, proc.kill)
     killer.start()
     try:
-        for line in proc.stdout:
+        for line in out_pipe:
             lines.append(line)
             if match := re.match(r"environment server: http://127\.0\.0\.1:(\d+)", line):
                 server = _server_process(match.group(1))

@@ -285,6 +285,7 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
+        assert trainer.stdout is not None  # a pipe (subprocess.PIPE)
         for line in trainer.stdout:
             lines.put(line)
         lines.put(None)

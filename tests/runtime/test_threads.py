@@ -1,6 +1,7 @@
 """ep_trl.runtime.threads: blocking calls in reused pooled threads that a stuck call can never hold up."""
 
 import asyncio
+import functools
 import multiprocessing
 import threading
 import time
@@ -34,7 +35,7 @@ def test_concurrent_calls_each_get_a_thread_and_results_and_errors_reach_their_c
 
     async def main() -> list[object]:
         return await asyncio.gather(
-            *(run_blocking(lambda k=k: slow(k), timeout_s=10, what=f"slow {k}") for k in range(12)),
+            *(run_blocking(functools.partial(slow, k), timeout_s=10, what=f"slow {k}") for k in range(12)),
             return_exceptions=True,
         )
 
@@ -69,14 +70,15 @@ def test_a_stuck_call_is_counted_never_blocks_the_next_and_its_thread_returns_wh
 def test_idle_pooled_threads_wait_under_their_own_name_and_end(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threads, "IDLE_EXIT_S", 1.0)
 
+    def pause_then_ident_and_name() -> tuple[int, str]:
+        time.sleep(0.1)
+        return _ident_and_name()
+
     async def main() -> set[int]:
         return {
             ident
             for ident, _ in await asyncio.gather(
-                *(
-                    run_blocking(lambda: (time.sleep(0.1), _ident_and_name())[1], timeout_s=5, what="w")
-                    for _ in range(3)
-                )
+                *(run_blocking(pause_then_ident_and_name, timeout_s=5, what="w") for _ in range(3))
             )
         }
 

@@ -7,7 +7,7 @@ import queue
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from transformers import TrainerCallback
 
@@ -104,7 +104,9 @@ def check_turn_versions(samples: Sequence[SampleTurns], slots: int, tolerance: f
       most do not), so the first two rules can fail;
     * a sync holds at most the turns then in flight, one per slot: at most ``slots`` turns per sync (the sync from
       the policy a held turn's first token matches to the next one), not only in total."""
-    turns, told_apart, held, exact = 0, 0, {}, {}
+    turns, told_apart = 0, 0
+    held: dict[int, int] = {}
+    exact: dict[int, int] = {}
     for index, sample in enumerate(samples):
         assert sample.turns, f"sample {index} has no sampled turn"
         sampled_by = []  # the policy whose logprobs each turn carries
@@ -132,6 +134,8 @@ def released_group(
     trajectory, each turn sent under ``versions``; only what ``group_samples`` reads is filled in."""
     from ep_trl.engine.stream import GroupPlan, PlayedEpisode, ScoredGroup
     from ep_trl.evalprotocol.body import Scored
+    from ep_trl.sources import EpisodeRequest
+    from ep_trl.traininglog.rows import RowContext
     from ep_trl.trajectory.episode import Episode, EpisodePlan
 
     played = []
@@ -150,15 +154,16 @@ def released_group(
             duration_s=0.0,
             prompt_tokens=len(trajectory.prompt_ids),
         )
-        played.append(PlayedEpisode(request=None, episode=episode, row=None, versions=versions))
-    plan = GroupPlan(
+        # group_samples reads neither the episode's request nor its group's row context: None stands in for both
+        played.append(PlayedEpisode(request=cast(EpisodeRequest, None), episode=episode, row=None, versions=versions))
+    group_plan = GroupPlan(
         group=group,
         prompt=prompt,
         indices=tuple(range(len(trajectories))),
         rollout_ids=tuple(f"rollout-{group}-{k}" for k in range(len(trajectories))),
-        context=None,
+        context=cast(RowContext, None),
     )
-    return ScoredGroup(plan, tuple(played), tuple(Scored(score, None) for score in scores), seconds=0.0)
+    return ScoredGroup(group_plan, tuple(played), tuple(Scored(score, None) for score in scores), seconds=0.0)
 
 
 def wait_until(condition, timeout_s):

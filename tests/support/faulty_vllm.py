@@ -80,6 +80,7 @@ class FaultyVLLMServer:
     def url(self) -> str:
         assert self._server is not None, "server not started"
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address: (host, port)
         return f"http://{host}:{port}"
 
     def __enter__(self) -> "FaultyVLLMServer":
@@ -179,7 +180,7 @@ def _handler_for(server: FaultyVLLMServer) -> type[BaseHTTPRequestHandler]:
                 if action != "ok":
                     self._act(action, {}, [])
                     return
-                entry = {"id": server.model, "object": "model"}
+                entry: dict[str, object] = {"id": server.model, "object": "model"}
                 if server.max_model_len is not None:
                     entry["max_model_len"] = server.max_model_len
                 adapters = [{"id": name, "object": "model", "parent": server.model} for name in server.adapters]

@@ -10,6 +10,7 @@ stdio MCP servers or its MCP-gym server (started by the eval's processor) up, wh
 """
 
 import sys
+from pathlib import Path
 
 from ep_trl import VLLMOptions, create_openenv_vllm_rollout_func, dataset_from_eval
 from tests.support.faulty_vllm import FaultyVLLMServer
@@ -26,8 +27,8 @@ def main(env_path: str, model_dir: str, output_dir: str) -> None:
         )
         prompts = list(dataset_from_eval(env_path)["prompt"]) * 4
         trainer = make_trainer(
-            model_dir,
-            output_dir,
+            Path(model_dir),
+            Path(output_dir),
             rollout,
             num_generations=2,
             batch_size=2,

@@ -8,7 +8,7 @@ held: a shard process that ends without closing its rollout function loses them,
 
 from typing import Any
 
-from ep_trl import create_openenv_vllm_rollout_func
+from ep_trl import RolloutFunction, create_openenv_vllm_rollout_func
 
 #: The writer's wait before it writes a batch: longer than any test, so only a flush or a close writes.
 HELD_S = 3600.0
@@ -16,6 +16,7 @@ HELD_S = 3600.0
 
 def rows_held_until_closed(env_path: str, **kwargs: Any) -> Any:
     rollout = create_openenv_vllm_rollout_func(env_path, **kwargs)
+    assert isinstance(rollout, RolloutFunction), "a shard builds its process's own rollout function, not shards"
     writer = rollout.engine.log_writer
     assert writer is not None, "rows_held_until_closed needs log_rollouts=True"
     writer._min_interval_s = HELD_S

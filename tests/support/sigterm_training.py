@@ -17,6 +17,7 @@ import gc
 import sys
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
@@ -93,8 +94,8 @@ def main(env_path: str, model_dir: str, output_dir: str, log_home: str) -> None:
     rollout = create_rollout_func(env_path, backend="trainer", options=RolloutOptions(log_home=log_home))
     prompts = list(dataset_from_eval(env_path)["prompt"]) * 4
     trainer = make_trainer(
-        model_dir,
-        output_dir,
+        Path(model_dir),
+        Path(output_dir),
         AnnouncedCalls(rollout),
         reward_funcs=[scored],
         num_generations=2,

@@ -4,8 +4,10 @@ gradient is NaN or infinite, wherever that step is (issue 40: a NaN after a posi
 import io
 import math
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
+from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from ep_trl.cli.progress import ProgressPrinter
 from tests.support.trainers import assert_script_trained, assert_trained
@@ -33,10 +35,11 @@ def script_output(norms: list[float]) -> str:
     stream = io.StringIO()
     printer = ProgressPrinter(stream)
     for step, norm in enumerate(norms, 1):
+        # on_log reads only the state's global_step and max_steps: stand-ins for the trainer's args, state and control
         printer.on_log(
-            None,
-            SimpleNamespace(global_step=step, max_steps=len(norms)),
-            None,
+            cast(TrainingArguments, None),
+            cast(TrainerState, SimpleNamespace(global_step=step, max_steps=len(norms))),
+            cast(TrainerControl, None),
             logs={"reward": 0.5, "reward_std": 0.1, "grad_norm": norm},
         )
     return stream.getvalue()

@@ -9,7 +9,7 @@ eval-protocol's own processor without any model server.
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -31,7 +31,10 @@ class TinyModelPolicy:
     def _generate(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """Template the conversation, generate, and return an OpenAI-shaped response."""
         chat = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
-        prompt_ids: list[int] = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+        # one conversation, tokenized (the default), not as a dict: its token ids
+        prompt_ids = cast(
+            list[int], self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+        )
         sample = self.temperature > 0
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)

@@ -148,7 +148,9 @@ def _train(
     for at, message in enumerate(full):
         if message["role"] != "assistant":
             continue
-        prompt = tokenizer.apply_chat_template(full[:at], tools=list(tools), add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            full[:at], tools=[dict(tool) for tool in tools], add_generation_prompt=True, tokenize=False
+        )
         texts = (
             [tool_call_text(message["tool_calls"][0]["function"]["arguments"])]
             if message.get("tool_calls")

@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import queue
 import weakref
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -257,7 +258,7 @@ class FakeWeightTransferClient:
     the server sizes its receive buffers from, the timeout), it keeps the manifest and records the name, dtype and
     shape of every tensor each sync sends. No NCCL, no server."""
 
-    built = []
+    built: ClassVar[list["FakeWeightTransferClient"]] = []
 
     def __init__(self, vllm_client, weight_update_info, weight_sync_timeout):
         self.manifest = weight_update_info

@@ -86,7 +86,7 @@ class ProgressPrinter(TrainerCallback):
         args: TrainingArguments,
         state: TrainerState,
         control: TrainerControl,
-        logs: dict[str, float] | None = None,
+        logs: dict[str, float | None] | None = None,
         **kwargs: object,
     ) -> None:
         if not logs or "reward" not in logs:
