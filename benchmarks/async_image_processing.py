@@ -8,7 +8,7 @@ worker runs on its event loop before this change and in a thread after it) and c
 ``AsyncImagesGRPOTrainer`` collates them (``ImagesRolloutCollator`` over TRL ``TreeRow`` micro-batches of
 ``--batch-size``). An instrument around the real image processor (tests/support/images.py) counts the images it
 processes. The forward pass is not timed: no version processes images there. ``--render`` also times how episodes
-render their turns (``ep_trl.trajectory.tokens.ChatTemplate.prompt`` over each turn's conversation so far, as an
+render their turns (``ChatTemplate.prompt`` over each turn's conversation so far, as an
 episode does): before issue 48, every render processed every screenshot in the conversation, on the event loop;
 since, each episode's new screenshots are processed in a thread (``ChatTemplate.prepare_images``), each once per
 episode (``EpisodeImages``), and with the worker's template (``keep_pixels``) the samples take those pixels instead of
@@ -102,11 +102,20 @@ def conversation(uris: list[str], turns: int) -> list[dict[str, Any]]:
     return messages
 
 
+def template_module() -> Any:
+    """The module of ``ChatTemplate`` in the ep_trl imported: ``trajectory.template`` since issue 49 split it out of
+    ``trajectory.tokens``, where the code this benchmark compares with has it."""
+    import importlib
+
+    try:
+        return importlib.import_module("ep_trl.trajectory.template")
+    except ModuleNotFoundError:
+        return importlib.import_module("ep_trl.trajectory.tokens")
+
+
 def renders_once() -> bool:
     """Whether the ep_trl imported renders each image once per episode (``EpisodeImages``; the code before did not)."""
-    from ep_trl.trajectory import tokens
-
-    return hasattr(tokens, "EpisodeImages")
+    return hasattr(template_module(), "EpisodeImages")
 
 
 def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) -> dict[str, Any]:
@@ -117,10 +126,11 @@ def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) ->
     from ep_trl.adapters.async_worker import group_samples
     from ep_trl.trainers.async_images import ImagesRolloutCollator
     from ep_trl.trajectory.sample_images import images_of, process_images
-    from ep_trl.trajectory.tokens import ChatTemplate, Trajectory
+    from ep_trl.trajectory.tokens import Trajectory
     from tests.support.async_training import released_group
     from tests.support.images import ImageProcessorCalls
 
+    ChatTemplate = template_module().ChatTemplate
     once = renders_once()
     # the worker's template: it keeps the pixels of each image's one processing for the samples (this code on)
     template = ChatTemplate(processor, keep_pixels=True) if once else ChatTemplate(processor)
@@ -137,9 +147,7 @@ def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) ->
     for episode in uris:  # each turn renders the conversation so far, as an episode does
         turns = range(1, args.screenshots + 1) if args.render else [args.screenshots]
         if once:
-            from ep_trl.trajectory.tokens import EpisodeImages
-
-            episode_images = EpisodeImages()
+            episode_images = template_module().EpisodeImages()
             for k in turns:  # the turn's new screenshots processed in a thread, then the render on the "loop"
                 asyncio.run(template.prepare_images(conversation(episode, k), episode_images))
                 prompt = template.prompt(conversation(episode, k), images=episode_images)

@@ -13,7 +13,8 @@ from ep_trl.capture.endpoint import MAX_NAME_CHARS, MAX_UNKNOWN_MODELS, MODEL_PR
 from ep_trl.capture.parsing import ToolCallParser
 from ep_trl.capture.placement import RolloutCapture, TurnReply
 from ep_trl.generation import Generator
-from ep_trl.trajectory.tokens import ChatTemplate, TurnLimits
+from ep_trl.trajectory.template import ChatTemplate
+from ep_trl.trajectory.tokens import TurnLimits
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -225,7 +226,7 @@ def chatml_capture(model_dir):
     from transformers import AutoTokenizer
 
     from ep_trl.capture.parsing import ToolCallParser
-    from ep_trl.trajectory.tokens import ChatTemplate
+    from ep_trl.trajectory.template import ChatTemplate
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return RolloutCapture(new_token(), "chatml", None, ChatTemplate(tokenizer), None, ToolCallParser(tokenizer))

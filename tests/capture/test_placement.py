@@ -13,7 +13,8 @@ from ep_trl.capture.parsing import ToolCallParser
 from ep_trl.capture.placement import RolloutCapture, TurnRequest
 from ep_trl.capture.wire import canonical, reply_message, template_form
 from ep_trl.generation import Generation, SamplingParams
-from ep_trl.trajectory.tokens import ChatTemplate, TurnLimits
+from ep_trl.trajectory.template import ChatTemplate
+from ep_trl.trajectory.tokens import TurnLimits
 
 TOOLS = (
     {

@@ -63,7 +63,8 @@ def write_lines(path: Path, lines) -> Path:
 
 
 def template(model_dir):
-    from ep_trl.trajectory.tokens import ChatTemplate, eos_token_ids
+    from ep_trl.trajectory.template import ChatTemplate
+    from ep_trl.trajectory.tokens import eos_token_ids
 
     processing_class = load_processing_class(str(model_dir))
     return processing_class, ChatTemplate(processing_class), eos_token_ids(processing_class, None)

@@ -216,7 +216,7 @@ def test_a_turn_with_images_samples_with_the_pixels_on_the_colocated_engine(tiny
     from vllm import LLM
 
     from ep_trl.generation import PromptImages
-    from ep_trl.trajectory.tokens import ChatTemplate
+    from ep_trl.trajectory.template import ChatTemplate
     from tests.support.images import png_data_uri, token_logprobs, user_with_image
 
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)

@@ -7,7 +7,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.trainer import TrainerGenerator
-from ep_trl.trajectory.tokens import ChatTemplate
+from ep_trl.trajectory.template import ChatTemplate
 from tests.support.device import device_under_test
 from tests.support.images import png_data_uri, token_logprobs, user_with_image
 

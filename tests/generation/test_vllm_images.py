@@ -27,7 +27,7 @@ from ep_trl.options import VLLMOptions
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
 from ep_trl.trajectory.sample_images import images_of
-from ep_trl.trajectory.tokens import ChatTemplate
+from ep_trl.trajectory.template import ChatTemplate
 from tests.support.async_training import (
     Recorded,
     SampleTurns,
@@ -130,7 +130,7 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
     turn before it, and logs it): its sample has a version for a turn with no run of mask 1. Such samples are left out
     of the turn-by-turn check, no more of them than the log says (once, at random, a sample had one: the check
     compared turns with versions and failed on correct code)."""
-    caplog.set_level(logging.INFO, logger="ep_trl.trajectory.tokens")
+    caplog.set_level(logging.INFO, logger="ep_trl.trajectory.template")
     args = AsyncGRPOConfig(
         output_dir=str(tmp_path / "out"),
         use_cpu=True,

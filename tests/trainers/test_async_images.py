@@ -28,7 +28,8 @@ from ep_trl.adapters import trl_seam
 from ep_trl.adapters.async_worker import group_samples
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer, UnsharedTreeRow
 from ep_trl.trajectory.sample_images import ids_with_images, images_of
-from ep_trl.trajectory.tokens import ChatTemplate, Trajectory
+from ep_trl.trajectory.template import ChatTemplate
+from ep_trl.trajectory.tokens import Trajectory
 from tests.support.async_training import released_group
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 

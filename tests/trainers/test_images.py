@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 from ep_trl.generation import PromptImages, SamplingParams
 from ep_trl.generation.trainer import TrainerGenerator
 from ep_trl.trainers.images import RolloutImagesGRPOTrainer
-from ep_trl.trajectory.tokens import ChatTemplate
+from ep_trl.trajectory.template import ChatTemplate
 from tests.support.images import png_data_uri, user_with_image
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 

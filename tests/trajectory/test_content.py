@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from ep_trl.trajectory.content import content_text, supports_images, template_messages
-from ep_trl.trajectory.tokens import ChatTemplate
+from ep_trl.trajectory.template import ChatTemplate
 from tests.support.images import png_data_uri
 
 SCREENSHOT = png_data_uri((200, 30, 30))
@@ -69,7 +69,7 @@ def test_text_tokenizer_renders_parts_as_text_and_warns_once(tiny_model_dir, cap
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert not supports_images(tok)
     template = ChatTemplate(tok)
-    with caplog.at_level(logging.WARNING, logger="ep_trl.trajectory.tokens"):
+    with caplog.at_level(logging.WARNING, logger="ep_trl.trajectory.template"):
         text = template.render(MESSAGES)
         template.render(MESSAGES)
     assert "<|im_start|>user\nGoal: click the button.\nAnswer with one action.<|im_end|>" in text

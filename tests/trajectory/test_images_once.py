@@ -31,7 +31,8 @@ from ep_trl.openenv.loop import run_episode
 from ep_trl.openenv.pool import EnvPool
 from ep_trl.trajectory.content import load_image
 from ep_trl.trajectory.episode import EpisodePlan
-from ep_trl.trajectory.tokens import ChatTemplate, TrajectoryBuilder, TurnLimits
+from ep_trl.trajectory.template import ChatTemplate
+from ep_trl.trajectory.tokens import TrajectoryBuilder, TurnLimits
 from tests.support.images import ImageProcessorCalls, png_data_uri, user_with_image
 
 STEPS = 4
@@ -218,7 +219,7 @@ def test_a_processor_eval_rollout_processes_each_image_once_off_the_event_loop(p
 
 @pytest.mark.parametrize("which", ["tiny", "splitting"])
 def test_spliced_images_are_the_ids_of_the_whole_processing_turn_after_turn(which, processor, splitting_processor):
-    from ep_trl.trajectory.tokens import EpisodeImages
+    from ep_trl.trajectory.template import EpisodeImages
 
     processing_class = processor if which == "tiny" else splitting_processor
     template = ChatTemplate(processing_class)
@@ -245,7 +246,7 @@ def test_spliced_images_are_the_ids_of_the_whole_processing_turn_after_turn(whic
 
 def test_a_realigned_bridge_splices_the_new_image_as_the_whole_processing_does(processor):
     """A turn whose text re-tokenizes otherwise: the bridge is the template text after it, with the new image."""
-    from ep_trl.trajectory.tokens import EpisodeImages
+    from ep_trl.trajectory.template import EpisodeImages
 
     template = ChatTemplate(processor)
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -334,7 +335,7 @@ def test_kept_pixels_of_split_images_of_different_shapes_join_as_one_processing_
     import torch
 
     from ep_trl.trajectory.sample_images import process_images
-    from ep_trl.trajectory.tokens import EpisodeImages
+    from ep_trl.trajectory.template import EpisodeImages
 
     template = ChatTemplate(splitting_processor, keep_pixels=True)
     images = EpisodeImages()
@@ -358,13 +359,13 @@ def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_
 
     from tokenizers import AddedToken
 
-    from ep_trl.trajectory.tokens import EpisodeImages
+    from ep_trl.trajectory.template import EpisodeImages
 
     stripping = AutoProcessor.from_pretrained(tiny_vlm_dir)
     stripping.tokenizer.backend_tokenizer.add_special_tokens(
         [AddedToken(IMAGE, lstrip=True, special=True, normalized=False)]
     )
-    with caplog.at_level(logging.WARNING, logger="ep_trl.trajectory.tokens"):
+    with caplog.at_level(logging.WARNING, logger="ep_trl.trajectory.template"):
         template = ChatTemplate(stripping)
     assert f"its image placeholder {IMAGE!r} is not a token the tokenizer always splits the text at" in caplog.text
     messages = [
@@ -385,7 +386,7 @@ def test_an_episode_with_one_image_carries_its_kept_pixels_without_a_copy(splitt
     """The pixels a trajectory carries are the ones its one image's expansion kept, not a joined copy: a copy would
     hold that image's pixels twice while the episode's images are alive (what EvalRolloutWorker(max_buffered_images)
     counts as one image). Several images are joined into one row (one copy, test above)."""
-    from ep_trl.trajectory.tokens import EpisodeImages
+    from ep_trl.trajectory.template import EpisodeImages
 
     template = ChatTemplate(splitting_processor, keep_pixels=True)
     images = EpisodeImages()

@@ -10,7 +10,8 @@ from transformers import AutoTokenizer
 
 from ep_trl.devtools.tiny_model import build_hf_tokenizer
 from ep_trl.generation import Generation
-from ep_trl.trajectory.tokens import ChatTemplate, PrefixEncoder, TrajectoryBuilder, cut_tokens
+from ep_trl.trajectory.template import ChatTemplate
+from ep_trl.trajectory.tokens import PrefixEncoder, TrajectoryBuilder, cut_tokens
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 LLAMA3_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")

@@ -6,7 +6,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from ep_trl.generation import Generation
-from ep_trl.trajectory.tokens import ChatTemplate, Encoded, Trajectory, TrajectoryBuilder
+from ep_trl.trajectory.template import ChatTemplate
+from ep_trl.trajectory.tokens import Encoded, Trajectory, TrajectoryBuilder
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ from transformers import AutoProcessor
 
 from ep_trl.devtools.tiny_vlm import IMAGE, IMAGE_SEQ_LEN
 from ep_trl.generation import Generation
-from ep_trl.trajectory.tokens import ChatTemplate, TrajectoryBuilder
+from ep_trl.trajectory.template import ChatTemplate
+from ep_trl.trajectory.tokens import TrajectoryBuilder
 from tests.support.images import png_data_uri, user_with_image
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)

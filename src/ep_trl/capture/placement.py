@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, UnsupportedEvalError
 from ..generation import Generation, Generator
 from ..trajectory.episode import EpisodeFailure, ModelTurn, StopReason, check_first_prompt
-from ..trajectory.tokens import ChatTemplate, EpisodeImages, Trajectory, TrajectoryBuilder, TurnLimits
+from ..trajectory.template import ChatTemplate, EpisodeImages
+from ..trajectory.tokens import Trajectory, TrajectoryBuilder, TurnLimits
 from ..trajectory.types import Message, MessagesView, MessageView, Tool
 from .parsing import ToolCallParser
 from .wire import Canonical, canonical, reply_message, template_form, tool_names

@@ -25,7 +25,8 @@ from ..capture.placement import RolloutCapture
 from ..generation import DEFAULT_MAX_TOKENS, Generator, SamplingParams
 from ..generation.choice import make_generator
 from ..options import VLLMOptions
-from ..trajectory.tokens import ChatTemplate, TurnLimits, eos_token_ids
+from ..trajectory.template import ChatTemplate
+from ..trajectory.tokens import TurnLimits, eos_token_ids
 
 logger = logging.getLogger(__name__)
 

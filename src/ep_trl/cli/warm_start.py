@@ -42,7 +42,7 @@ from ..trajectory.types import MessagesView, Settings, Tools
 if TYPE_CHECKING:
     import torch
 
-    from ..trajectory.tokens import ChatTemplate
+    from ..trajectory.template import ChatTemplate
     from ..trajectory.types import ProcessingClass
 
 #: The folder of the run folder the warm-started model is saved in.
@@ -324,7 +324,8 @@ def check_template(
 ) -> None:
     """Render the first demonstration with ``processing_class`` (cheap): a template that cannot find its assistant
     turns is refused before anything heavy starts."""
-    from ..trajectory.tokens import ChatTemplate, eos_token_ids
+    from ..trajectory.template import ChatTemplate
+    from ..trajectory.tokens import eos_token_ids
 
     try:
         template = ChatTemplate(processing_class, chat_template_kwargs)
@@ -341,7 +342,7 @@ def examples(
     stop_ids: Sequence[int],
 ) -> list[Example]:
     """Every demonstration rendered (:func:`render_example`); refused when none has a token left to train."""
-    from ..trajectory.tokens import ChatTemplate
+    from ..trajectory.template import ChatTemplate
 
     template = ChatTemplate(processing_class, chat_template_kwargs)
     out = [

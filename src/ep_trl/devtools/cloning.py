@@ -159,7 +159,7 @@ def answer_probabilities(
 
 def _examples(tokenizer: Any, demonstrations: Sequence[Demonstration]) -> list[tuple[list[int], list[list[int]]]]:
     """Each demonstration's prompt ids (ep_trl's ``ChatTemplate``) and its answers' ids, end of sequence included."""
-    from ..trajectory.tokens import ChatTemplate
+    from ..trajectory.template import ChatTemplate
 
     template = ChatTemplate(tokenizer)
     end = tokenizer.eos_token_id

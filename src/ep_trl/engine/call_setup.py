@@ -19,7 +19,7 @@ from ..sources import CallSetup
 from ..traininglog.rows import RowContext
 from ..traininglog.writer import RolloutLogWriter
 from ..trajectory.content import supports_images
-from ..trajectory.tokens import ChatTemplate
+from ..trajectory.template import ChatTemplate
 from ..trajectory.types import Settings
 from . import settings
 from .caller import RolloutCaller

@@ -28,7 +28,8 @@ from ..trajectory.episode import (
     check_first_prompt,
     ended_episode,
 )
-from ..trajectory.tokens import ChatTemplate, EpisodeImages, TrajectoryBuilder
+from ..trajectory.template import ChatTemplate, EpisodeImages
+from ..trajectory.tokens import TrajectoryBuilder
 from ..trajectory.types import Messages, MessagesView
 from .client import Action, EnvSession, StepOutcome
 from .episode import EpisodeConfig, parse_action

@@ -25,7 +25,8 @@ from ..generation import Generator
 from ..traininglog.rows import RowContext
 from ..traininglog.writer import RolloutLogWriter
 from ..trajectory.episode import Episode
-from ..trajectory.tokens import ChatTemplate, TurnLimits
+from ..trajectory.template import ChatTemplate
+from ..trajectory.tokens import TurnLimits
 from ..trajectory.types import Prompt, Row
 
 
