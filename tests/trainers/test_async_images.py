@@ -25,7 +25,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import ConfigError
 from ep_trl.adapters import trl_seam
-from ep_trl.adapters.async_worker import group_samples
+from ep_trl.adapters.samples import group_samples
 from ep_trl.trainers.async_images import CPUAsyncImagesGRPOTrainer, UnsharedTreeRow
 from ep_trl.trajectory.sample_images import ids_with_images, images_of
 from ep_trl.trajectory.template import ChatTemplate

@@ -302,7 +302,7 @@ def test_the_rollout_worker_takes_the_pixels_its_episodes_made_as_they_rendered(
     carried pixels are those one processing of all the episode's screenshots makes."""
     import torch
 
-    from ep_trl.adapters.async_worker import group_samples
+    from ep_trl.adapters.samples import group_samples
     from ep_trl.trajectory.sample_images import process_images
     from tests.support.async_training import released_group
 

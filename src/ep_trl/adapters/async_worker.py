@@ -55,12 +55,11 @@ import dataclasses
 import functools
 import itertools
 import logging
-import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from multiprocessing.queues import Queue as MPQueue
@@ -73,7 +72,6 @@ from ..engine.engine import build_engine
 from ..engine.metrics import call_metrics, summary_line
 from ..engine.stream import GroupPlan, ScoredGroup, SlotMeter
 from ..errors import ConfigError, RolloutWorkerError
-from ..evalprotocol import EvalSpec
 from ..evalprotocol.body import Scored
 from ..generation import SyncedServer
 from ..generation.probe import lora_enabled, probe_server, served_models
@@ -81,8 +79,10 @@ from ..runtime import shutdown
 from ..runtime.threads import run_blocking
 from ..trajectory.content import supports_images
 from ..trajectory.episode import Episode
-from ..trajectory.types import ProcessingClass, Prompt, Tokenizer
+from ..trajectory.types import ProcessingClass
 from . import trl_seam
+from .samples import GroupSamples, SampleBuffer, group_samples, images_in
+from .worker_checks import check_arguments, check_served_model_takes_images, episode_images
 
 if TYPE_CHECKING:  # named for the checker: TRL's async trainer is imported only where the worker is built
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -178,7 +178,7 @@ class EvalRolloutWorker:
         **options: Any,
     ) -> None:
         trl_seam.require_tested("async", "EvalRolloutWorker")
-        _check_arguments(args, processing_class, options, max_buffered_images, max_episode_images)
+        check_arguments(args, processing_class, options, max_buffered_images, max_episode_images)
         self.env_path = env_path
         #: Whether episodes render images (a vision-language model's processing class): samples then carry them.
         self.renders_images = supports_images(processing_class)
@@ -192,7 +192,7 @@ class EvalRolloutWorker:
             raise ConfigError(f"EvalRolloutWorker({env_path!r}): the dataset has no prompts to play.")
         served = probe_server(self._server_url)  # a server that is not there fails now, not when training starts
         if self.renders_images:
-            _check_served_model_takes_images(self._server_url, served.model, processing_class)
+            check_served_model_takes_images(self._server_url, served.model, processing_class)
         #: Whether the server runs with --enable-lora: the trainer may then sync a LoRA policy as an adapter alone.
         self.server_lora = lora_enabled(self._server_url)
         self._adapters: dict[int, str] = {}  # policy version -> the adapter this run's trainer loaded for it
@@ -214,7 +214,7 @@ class EvalRolloutWorker:
         try:
             self.engine.check(self._prompts)  # a prompt it cannot play fails now, not mid-training
             #: The images reserved per episode in flight (None: episodes' images are not bounded).
-            self.max_episode_images = _episode_images(
+            self.max_episode_images = episode_images(
                 self.engine.spec, self._prompts, self._config.num_generations, max_buffered_images, max_episode_images
             )
         except BaseException:
@@ -227,7 +227,7 @@ class EvalRolloutWorker:
         )
         #: Groups per report of the ``ep_trl/*`` metrics (one training step's worth).
         self.groups_per_report = max(1, per_step // self._config.num_generations)
-        self._buffer: queue.Queue = _SampleBuffer(maxsize=buffer_size or max(2 * per_step, self.slots))
+        self._buffer: queue.Queue = SampleBuffer(maxsize=buffer_size or max(2 * per_step, self.slots))
         self.metrics_queue: queue.Queue | MPQueue = queue.Queue(maxsize=METRICS_QUEUE_SIZE)
         self.metrics_dropped = 0
         self.meter = SlotMeter()
@@ -408,7 +408,7 @@ class EvalRolloutWorker:
         pending = tuple(self._pending)
         with self._buffer.mutex:
             buffered = tuple(self._buffer.queue)
-        return _images_in(pending) + _images_in(buffered)
+        return images_in(pending) + images_in(buffered)
 
     def bounded_images(self) -> int | None:
         """An upper bound on the images the worker holds now, what ``max_buffered_images`` bounds; an image is its
@@ -563,23 +563,6 @@ class EvalRolloutWorker:
                     continue
 
 
-class _SampleBuffer(queue.Queue["RolloutSample"]):
-    """The worker's ``rollout_buffer``. The trainer takes each sample from it in the thread it trains in, the one
-    place it reaches ep_trl at every sample: taking one first raises a SIGTERM that code swallowed
-    (``ep_trl.runtime.shutdown.raise_if_terminating``)."""
-
-    def get(self, block: bool = True, timeout: float | None = None) -> "RolloutSample":
-        shutdown.raise_if_terminating()
-        return super().get(block, timeout)
-
-
-def _images_in(samples: "Iterable[RolloutSample]") -> int:
-    """How many images ``samples`` carry on their ``input_ids``."""
-    from ..trajectory.sample_images import images_of
-
-    return sum(len(images_of(sample.input_ids)) for sample in samples)
-
-
 def _without_images(group: ScoredGroup) -> _Reported:
     """What the metrics report needs of ``group``, holding none of its images in any form: the images and their
     pixel tensors live on in the group's samples only, their sources in the rollout log's rows until written."""
@@ -587,218 +570,3 @@ def _without_images(group: ScoredGroup) -> _Reported:
         dataclasses.replace(ep, trajectory=ep.trajectory.without_images(), messages=()) for ep in group.episodes
     )
     return _Reported(episodes, tuple(dataclasses.replace(s, row=None) for s in group.scored), group.seconds)
-
-
-def _episode_images(
-    spec: EvalSpec,
-    prompts: Sequence[Prompt],
-    num_generations: int,
-    max_buffered_images: int | None,
-    max_episode_images: int | None,
-) -> int | None:
-    """The images reserved per episode in flight: ``max_episode_images``, or with ``max_buffered_images`` on an
-    OpenEnv eval the most its episodes render at one image per observation (the prompt's images plus one per step);
-    a bound smaller than one group's reservations is refused (a group is released whole: it could never be)."""
-    from ..evalprotocol.inputs import initial_messages
-    from ..trajectory.content import image_parts, template_messages
-
-    if max_buffered_images is None:
-        return max_episode_images
-    if max_episode_images is None:
-        if spec.prompt_builder is None:
-            raise ConfigError(
-                f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) reserves the most images an episode "
-                f"can hold for each episode in flight, and {spec.qualified_name} runs {spec.processor_name}, whose "
-                "turns (and their images) its processor decides. Pass max_episode_images=..., the most images one "
-                "episode holds (its prompt's and every turn's)."
-            )
-        prompt_images = max(
-            len(image_parts(template_messages(initial_messages(prompt, k), images=True)[0]))
-            for k, prompt in enumerate(prompts)
-        )
-        max_episode_images = prompt_images + spec.max_steps
-        how = (
-            f"its prompt's {prompt_images} plus one per environment step, steps={spec.max_steps}; pass "
-            "max_episode_images=... if its observations hold another number"
-        )
-    else:
-        how = "max_episode_images"
-    group = num_generations * max_episode_images
-    if max_buffered_images < group:
-        raise ConfigError(
-            f"EvalRolloutWorker(max_buffered_images={max_buffered_images}) is below one prompt group's worst case: "
-            f"num_generations={num_generations} episodes of up to {max_episode_images} images each ({how}) = {group}. "
-            "A group is released whole, so the worker could never release one. Pass max_buffered_images >= "
-            f"{group} (slots x {max_episode_images} keeps every episode slot busy), or fewer num_generations or "
-            "environment steps."
-        )
-    return max_episode_images
-
-
-def _check_arguments(
-    args: "AsyncGRPOConfig",
-    processing_class: ProcessingClass,
-    options: Mapping[str, object],
-    max_buffered_images: int | None,
-    max_episode_images: int | None,
-) -> None:
-    """Refuse what the worker cannot train on: sampling the trainer does not assume, a server other than the
-    trainer's, shard processes, a processing class whose images cannot be matched to its placeholders."""
-    for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
-        value = getattr(args, name, None)
-        if value is not None and value != off:
-            raise ConfigError(
-                f"AsyncGRPOConfig({name}={value!r}): AsyncGRPOTrainer computes the policy's logprobs "
-                "at the temperature over the whole vocabulary, so samples must come from that "
-                f"distribution; leave {name} at {off!r}."
-            )
-    if "vllm_base_url" in options or "backend" in options:
-        raise ConfigError(
-            "EvalRolloutWorker generates on AsyncGRPOConfig(vllm_server_base_url=...), the server the "
-            "trainer keeps on its weights; pass no vllm_base_url or backend."
-        )
-    rollout_options = options.get("options")
-    if rollout_options is not None and getattr(rollout_options, "worker_processes", 1) > 1:
-        raise ConfigError(
-            f"EvalRolloutWorker(options=RolloutOptions(worker_processes="
-            f"{getattr(rollout_options, 'worker_processes')})): the worker plays one continuous stream of "
-            "episodes in this process; shard processes split rollout_func calls. Leave "
-            "worker_processes at 1 (raise max_concurrent_rollouts for more episodes at once)."
-        )
-    if max_buffered_images is not None and max_buffered_images < 1:
-        raise ConfigError(
-            f"EvalRolloutWorker(max_buffered_images={max_buffered_images}): the bound must be at least 1 "
-            "(None: no bound beyond buffer_size)."
-        )
-    if max_episode_images is not None and max_episode_images < 1:
-        raise ConfigError(
-            f"EvalRolloutWorker(max_episode_images={max_episode_images}): an episode holds at least one "
-            "image where images are bounded (None: ep_trl derives it, see max_buffered_images)."
-        )
-    if supports_images(processing_class):
-        from ..trajectory.sample_images import image_token_id
-
-        try:
-            image_token_id(processing_class)
-        except ValueError as exc:
-            raise ConfigError(f"EvalRolloutWorker(processing_class={type(processing_class).__name__}): {exc}") from exc
-    elif max_buffered_images is not None or max_episode_images is not None:
-        name, value = (
-            ("max_buffered_images", max_buffered_images)
-            if max_buffered_images is not None
-            else ("max_episode_images", max_episode_images)
-        )
-        raise ConfigError(
-            f"EvalRolloutWorker({name}={value}) bounds the images of samples, "
-            f"and {type(processing_class).__name__} renders none (a text tokenizer); leave it unset."
-        )
-
-
-def _check_served_model_takes_images(url: str, model: str, processing_class: ProcessingClass) -> None:
-    """Refuse a server whose model cannot take the images ``processing_class`` renders (a text-only model, or another
-    vision-language model's image token), read from the served model's local directory; a model served under a
-    name that is no local directory (a hub id, ``--served-model-name``) is not checked (said in the log)."""
-    from pathlib import Path
-
-    from ..trajectory.sample_images import config_image_token, image_token_id
-
-    if not Path(model).is_dir():
-        logger.info(
-            "The vLLM server at %s serves %r, no local directory: whether it takes %s's images is not "
-            "checked here (a text-only model fails every episode).",
-            url,
-            model,
-            type(processing_class).__name__,
-        )
-        return
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
-    kind = type(processing_class).__name__
-    if config.get_text_config() is config:
-        raise ConfigError(
-            f"The vLLM server at {url} serves {model}, a text-only model ({config.model_type}): it "
-            f"cannot take the images {kind} renders. Start the server on the vision-language model the "
-            "processing class belongs to, or pass the text tokenizer (processing_class.tokenizer) to train "
-            "this model without images."
-        )
-    served_token = config_image_token(config)
-    if served_token is not None and int(served_token) != image_token_id(processing_class):
-        raise ConfigError(
-            f"The vLLM server at {url} serves {model}, whose image token is id {served_token}, and "
-            f"{kind}'s is id {image_token_id(processing_class)}: the processing class is not this model's. Pass "
-            f"AutoProcessor.from_pretrained({model!r})."
-        )
-
-
-@dataclass(frozen=True)
-class GroupSamples:
-    """The samples of a released group: one per scored, finished episode that sampled a token (and whose images
-    match its image tokens), each one's turn versions, how many episodes were left out, and how many of those for
-    their images."""
-
-    samples: "tuple[RolloutSample, ...]"
-    turn_versions: tuple[tuple[int, ...], ...]
-    left_out: int
-    image_mismatches: int = 0
-
-
-def group_samples(
-    group: ScoredGroup, tokenizer: Tokenizer, processing_class: "ProcessingClass | None" = None
-) -> GroupSamples:
-    """One ``RolloutSample`` per scored, finished episode of a released group that sampled a token (each tagged with
-    the oldest version its turns were sent under). With a vision-language ``processing_class``, each sample's
-    ``input_ids`` carry its episode's images and what the processing class made of them: what the episode's renders kept
-    (``Trajectory.processed``), else processed here once (``ep_trl.trajectory.sample_images``),
-    and an episode whose images do not match its image tokens is left out (logged, counted in ``image_mismatches``).
-    The worker calls it in a thread, off its event loop (``EvalRolloutWorker._samples``)."""
-    import numpy as np
-
-    from ..trajectory.sample_images import ids_with_images, placeholder_mismatch, process_images
-
-    sample_class = trl_seam.rollout_sample()
-    valid = [s.score for s in group.scored if s.score is not None]
-    mean = sum(valid) / len(valid) if valid else 0.0
-    std = math.sqrt(sum((s - mean) ** 2 for s in valid) / len(valid)) if valid else 0.0
-    prompt = group.plan.prompt
-    messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    samples: "list[RolloutSample]" = []
-    turns: list[tuple[int, ...]] = []
-    mismatches = 0
-    for played, verdict in zip(group.played, group.scored):
-        trajectory = played.episode.trajectory
-        if verdict.score is None or played.episode.status != "finished" or not any(trajectory.env_mask):
-            continue
-        prompt_ids, completion_ids = trajectory.prompt_ids, trajectory.completion_ids
-        ids = prompt_ids + completion_ids
-        processed = None
-        if processing_class is not None:
-            processed = trajectory.processed  # kept as the episode rendered its images, else processed now
-            if processed is None and trajectory.images:
-                processed = process_images(processing_class, trajectory.images)
-            mismatch = placeholder_mismatch(processing_class, ids, processed)
-            if mismatch is not None:
-                logger.warning(
-                    "Episode %d of prompt group %d is left out: its images do not match its image tokens (%s).",
-                    played.episode.plan.member,
-                    group.plan.group,
-                    mismatch,
-                )
-                mismatches += 1
-                continue
-        samples.append(
-            sample_class(
-                prompt=messages,
-                completion=[{"role": "assistant", "content": tokenizer.decode(list(completion_ids))}],
-                input_ids=ids_with_images(ids, trajectory.images if processing_class is not None else (), processed),
-                completion_mask=np.asarray((0,) * len(prompt_ids) + trajectory.env_mask, dtype=np.int64),
-                old_log_probs=np.asarray((0.0,) * len(prompt_ids) + trajectory.logprobs, dtype=np.float32),
-                advantage=float((verdict.score - mean) / (std + 1e-8)),
-                model_version=min(played.versions),
-                group_id=group.plan.group,
-                metrics={"reward": float(verdict.score), "reward_std": float(std)},
-                enqueued_at=None,
-            )
-        )
-        turns.append(played.versions)
-    return GroupSamples(tuple(samples), tuple(turns), len(group.played) - len(samples), mismatches)
