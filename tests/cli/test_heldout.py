@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ep_trl.cli.heldout import HeldOutEpisode, HeldOutEpisodes, ResetVariants, SeedSplit, per_value_summary
+from ep_trl.cli.heldout import ResetVariants, SeedSplit
+from ep_trl.cli.heldout_figures import HeldOutEpisode, HeldOutEpisodes, per_value_summary
 from ep_trl.devtools.miniwob_demonstrations import page_actions_of
 from tests.sources.test_processor import agent_eval, agent_model_dir, calc_server  # noqa: F401  (fixtures)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from ep_trl.cli import train
+from ep_trl.cli.demonstrations import read_demonstrations
 from ep_trl.cli.warm_start import (
     WarmStartSettings,
     examples,
     load_processing_class,
-    read_demonstrations,
     render_example,
     train_on,
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ep_trl.cli.warm_start import read_demonstrations
+from ep_trl.cli.demonstrations import read_demonstrations
 from ep_trl.devtools.record_demonstrations import ScriptedPlayer
 
 ROOT = Path(__file__).resolve().parents[2]

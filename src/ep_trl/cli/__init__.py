@@ -7,7 +7,9 @@ the same command, docs/cli.md).
 * ``modes``: the generation modes (flags, refused combinations, config and trainer per mode);
 * ``env_server``: ``--env-server``, a local environment server started and stopped with the run;
 * ``heldout``: ``--held-out``, held-out rows or reset seeds played greedily before and after training;
+* ``heldout_figures``: what a held-out play measured, and the lines that print it;
 * ``warm_start``: ``--warm-start``, a supervised fine-tune on demonstrations before GRPO;
+* ``demonstrations``: the demonstrations file read and checked, line by line;
 * ``time_budget``: ``--time-budget-s``, no step starts that would end past the budget;
 * ``progress``: the per-step line with its bar and ETA, and the closing summary;
 * ``reward_curve``: the eval's score per optimizer step, and its plot;

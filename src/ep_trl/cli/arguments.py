@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     from ..capture.parsing import ChosenTemplate
     from ..trajectory.types import Settings
+    from .demonstrations import Demonstrations
     from .heldout import ResetVariants
-    from .warm_start import Demonstrations
 
 
 PROG = "ep-trl train"

@@ -58,9 +58,11 @@ if TYPE_CHECKING:
     from ..devtools.run_record import RunStart
     from ..evalprotocol.spec import EvalSpec
     from ..trajectory.types import JSONObject, Prompt, Settings
-    from .heldout import HeldOutEpisodes, HeldOutPlay, ResetVariants
+    from .demonstrations import Demonstrations
+    from .heldout import HeldOutPlay, ResetVariants
+    from .heldout_figures import HeldOutEpisodes
     from .time_budget import TimeBudget
-    from .warm_start import Demonstrations, WarmStartReport, WarmStartSettings
+    from .warm_start import WarmStartReport, WarmStartSettings
 
 _Group = TypeVar("_Group", bound="DataclassInstance")
 
@@ -575,7 +577,8 @@ def _check_warm_start(
     """``--warm-start``'s file read and checked, its settings checked, and (given --model) the first demonstration
     rendered with the run's chat template (``--chat-template``'s, else the model's); None without ``--warm-start``."""
     from ..capture.parsing import use_chat_template
-    from .warm_start import check_template, load_processing_class, read_demonstrations
+    from .demonstrations import read_demonstrations
+    from .warm_start import check_template, load_processing_class
 
     if run_args.warm_start is None:
         given = [
@@ -1067,7 +1070,7 @@ def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStar
 def _play_held_out(held_out: "HeldOutPlay | None", trainer: "Trainer", when: str) -> "HeldOutEpisodes | None":
     if held_out is None:
         return None
-    from .heldout import per_value_summary
+    from .heldout_figures import per_value_summary
 
     played = held_out.play(trainer)
     print(played.summary(when), flush=True)
@@ -1145,7 +1148,7 @@ def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig")
 def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
     """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
     from ..devtools import run_record
-    from .heldout import held_out_change, per_value_change
+    from .heldout_figures import held_out_change, per_value_change
     from .progress import report_training
     from .reward_curve import step_scores
 

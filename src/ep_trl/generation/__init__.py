@@ -3,7 +3,7 @@
 One module per backend, each implementing :class:`Generator`, and the modules that serve them:
 
 * ``trainer`` (backend): in-process, with ``trainer.model``;
-* ``vllm`` (backend): a vLLM server;
+* ``vllm`` (backend): a vLLM server; ``vllm_wire``: its request bodies and replies, as pure functions;
 * ``colocate`` (backend): TRL's vLLM engine inside the trainer's process (``vllm_mode="colocate"``);
 * ``choice``: picks and builds one for a rollout call;
 * ``batching``: the queue and thread that serve an in-process model's turns in batches (``trainer``, ``colocate``);

@@ -35,7 +35,7 @@ from ..errors import ConfigError, GenerationError, VersionError
 from ..options import VLLMOptions
 from . import BackendOffer, CallFailure, Generation, PromptImages, SamplingParams, named_model_refused
 from .batching import BatchQueue
-from .vllm import request_seed
+from .vllm_wire import request_seed
 
 if TYPE_CHECKING:
     from trl import GRPOTrainer
