@@ -503,7 +503,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     same measurements exceed all three (8 episodes at once): the test fails if the bound stops bounding."""
     from PIL import Image
 
-    from ep_trl.trajectory import tokens as trajectory_module
+    from ep_trl.trajectory import template as trajectory_module  # where ChatTemplate decodes images
     from ep_trl.trajectory.sample_images import process_images
     from tests.evals.eval_letters_new_pictures import SCREENSHOT_SIZE
 
