@@ -113,9 +113,10 @@ def template_module() -> Any:
         return importlib.import_module("ep_trl.trajectory.tokens")
 
 
-def renders_once() -> bool:
-    """Whether the ep_trl imported renders each image once per episode (``EpisodeImages``; the code before did not)."""
-    return hasattr(template_module(), "EpisodeImages")
+def renders_once(templates: Any) -> bool:
+    """Whether the ep_trl imported renders each image once per episode (``EpisodeImages`` in its ``templates``
+    module, :func:`template_module`; the code before did not)."""
+    return hasattr(templates, "EpisodeImages")
 
 
 def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) -> dict[str, Any]:
@@ -130,8 +131,9 @@ def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) ->
     from tests.support.async_training import released_group
     from tests.support.images import ImageProcessorCalls
 
-    ChatTemplate = template_module().ChatTemplate
-    once = renders_once()
+    templates = template_module()
+    ChatTemplate = templates.ChatTemplate
+    once = renders_once(templates)
     # the worker's template: it keeps the pixels of each image's one processing for the samples (this code on)
     template = ChatTemplate(processor, keep_pixels=True) if once else ChatTemplate(processor)
     completion = tuple(processor.tokenizer.encode("click('13')"))
@@ -147,7 +149,7 @@ def one_step(args: argparse.Namespace, processor: Any, uris: list[list[str]]) ->
     for episode in uris:  # each turn renders the conversation so far, as an episode does
         turns = range(1, args.screenshots + 1) if args.render else [args.screenshots]
         if once:
-            episode_images = template_module().EpisodeImages()
+            episode_images = templates.EpisodeImages()
             for k in turns:  # the turn's new screenshots processed in a thread, then the render on the "loop"
                 asyncio.run(template.prepare_images(conversation(episode, k), episode_images))
                 prompt = template.prompt(conversation(episode, k), images=episode_images)

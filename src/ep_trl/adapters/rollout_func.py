@@ -26,7 +26,7 @@ from ..evalprotocol.spec import EnvFactory
 from ..openenv.servers import Provider
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
 from ..runtime import shutdown
-from ..sources import EpisodeSource
+from ..sources import CallSetup, EpisodeSource
 from ..traininglog.writer import RolloutLogWriter
 from ..trajectory.types import Prompt
 from . import trl_seam
@@ -35,7 +35,6 @@ from .output import trl_output
 if TYPE_CHECKING:  # built by the sharded adapter, which imports this module
     from trl import GRPOTrainer
 
-    from ..engine.call_setup import CallSetup
     from ..trajectory.episode import Episode
     from .sharded import ShardedRolloutFunction
 

@@ -28,13 +28,13 @@ from ..openenv.servers import LaunchedServers, Provider
 from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions, check_keywords
 from ..runtime import shutdown
 from ..runtime.runner import LoopRunner
-from ..sources import EpisodePlayer, EpisodeSource
+from ..sources import CallSetup, EpisodePlayer, EpisodeSource
 from ..traininglog.rows import RowContext
 from ..traininglog.writer import RolloutLogWriter
 from ..trajectory.episode import Episode
 from ..trajectory.types import Prompt, Row
 from . import settings
-from .call_setup import CallReader, CallSetup
+from .call_setup import CallReader
 from .caller import RolloutCaller
 from .metrics import SignalWatch
 from .stream import AllScope, GroupPlan, ScoredGroup, SlotMeter, stream_groups
