@@ -86,6 +86,7 @@ SMALLEST: dict[str, list[str]] = {
         "--repeats",
         "1",
     ],
+    "doors_first_replies.py": ["--result", "benchmarks/results/smollm2_doors_seed0_wordings.json", "--out", "{out}"],
     "frozen_lake_baselines.py": [
         "--lakes",
         "4",
