@@ -17,6 +17,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from ep_trl import ConfigError, EvalRolloutWorker, RolloutWorkerError, VLLMOptions, dataset_from_eval
 from ep_trl.adapters import async_worker as worker_module
 from ep_trl.adapters import trl_seam
+from ep_trl.adapters.worker_records import Reported
 from ep_trl.generation.probe import served_models
 from ep_trl.trainers.cpu_async import CPUAsyncGRPOTrainer
 from ep_trl.trainers.disk_weights import DiskWeightTransfer
@@ -408,7 +409,7 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
     trainer.train()
     assert [h["step"] for h in trainer.state.log_history if "ratio" in h] == [1, 2]
     assert f"{trainer._lora_name}-v1" == trl_seam.async_lora_adapter(1)  # the name the worker asks the server for
-    assert worker.server_lora  # the adapters the trainer synced, by policy version, and no other
+    assert worker.adapters.enabled  # the adapters the trainer synced, by policy version, and no other
     assert [worker.served_model(v) for v in (1, 2, 3)] == [f"trl-policy-v{v}" for v in (1, 2, 3)]
     with pytest.raises(ConfigError, match="none for policy version 4"):
         worker.served_model(4)
@@ -461,9 +462,9 @@ def test_a_stale_adapter_on_the_lora_server_is_never_used(model_dir, lora_server
     try:
         worker = idle_worker(lora_server_url, tmp_path, model_dir=model_dir)
         try:
-            assert worker.server_lora
+            assert worker.adapters.enabled
             worker.update_model_version(1)  # this run's trainer pushed merged weights: no adapter of its own
-            assert worker.served_model(1) is None and set(stale) <= worker.foreign_adapters
+            assert worker.served_model(1) is None and set(stale) <= worker.adapters.foreign
             lora_adapters(lora_server_url, "load", [ours], adapter)  # this run's trainer syncs an adapter
             worker.update_model_version(3)
             assert worker.served_model(3) == ours
@@ -837,7 +838,7 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
 
 
 def test_a_released_group_kept_for_the_metrics_report_holds_none_of_its_images():
-    """What the report window keeps of a released group (``_without_images``): its episodes without their images,
+    """What the report window keeps of a released group (``Reported.of``): its episodes without their images,
     pixels or messages (a screenshot's data URI each), its verdicts without their rows; the report's numbers are the
     same. Before, the window kept each episode's messages and each verdict's row, screenshots included, for as many
     groups as a report spans, outside max_buffered_images."""
@@ -873,7 +874,7 @@ def test_a_released_group_kept_for_the_metrics_report_holds_none_of_its_images()
         scored=tuple(dataclasses.replace(s, row=row) for s in group.scored),
     )
 
-    kept = worker_module._without_images(group)
+    kept = Reported.of(group)
     assert screenshot not in repr(kept)  # no data URI in any field
     assert all(
         ep.trajectory.images == () and ep.trajectory.processed is None and ep.messages == () for ep in kept.episodes

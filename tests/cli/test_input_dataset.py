@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from ep_trl.cli import train
+from ep_trl.cli.rows import split_rows
 from ep_trl.evalprotocol import StoreLogger
 from tests.sources.test_processor import stop_mcp_gym_shared_server
 
@@ -145,5 +146,5 @@ def test_input_dataset_files_are_split_at_commas_and_made_absolute(qwen_template
     (namespace,) = parser.parse_args_and_config(argv)
     job = train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
     assert job.overrides.input_dataset == tuple(str(tmp_path / name) for name in ("a.jsonl", "b.jsonl", "c.jsonl"))
-    rows, _ = train._datasets(job)
+    rows, _ = split_rows(job)
     assert len(rows) == 6

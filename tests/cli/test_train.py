@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ep_trl.cli import train
+from ep_trl.cli import checks, rows, train
+from ep_trl.cli import job as job_module
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = f"{ROOT / 'examples' / 'letters_eval.py'}::test_letters"
@@ -557,7 +558,7 @@ def test_train_smollm2_script_help_names_its_flags(capsys):
 def probe_skipped(monkeypatch):
     """``plan`` without its vLLM server probe (the probe's refusals: test_bad_input_is_refused_before_anything_starts):
     the served model is taken to be --model."""
-    monkeypatch.setattr(train, "_check_server", lambda parser, url, model, vllm: model)
+    monkeypatch.setattr(checks, "check_server", lambda parser, url, model, vllm: model)
 
 
 def planned_job(argv):
@@ -570,11 +571,11 @@ def test_held_out_below_one_is_a_share_of_the_rows_split_by_its_seed(tiny_model_
     """``--held-out 0.05`` holds out 6 of the sentiment eval's 120 rows, the same 6 for the same --held-out-seed
     whatever --seed is (train_smollm2_trl.py's --held-out and --split-seed); a whole number is a count of rows."""
     base = [SENTIMENT, "--model", str(tiny_model_dir), "--vllm-server-url", "http://127.0.0.1:8011"]
-    train_rows, held_out = train._datasets(planned_job(base + ["--held-out", "0.05", "--held-out-seed", "0"]))
+    train_rows, held_out = rows.split_rows(planned_job(base + ["--held-out", "0.05", "--held-out-seed", "0"]))
     assert (len(train_rows), len(held_out)) == (114, 6)
-    _, again = train._datasets(planned_job(base + ["--held-out", "0.05", "--held-out-seed", "0", "--seed", "7"]))
+    _, again = rows.split_rows(planned_job(base + ["--held-out", "0.05", "--held-out-seed", "0", "--seed", "7"]))
     assert again == held_out
-    _, counted = train._datasets(planned_job(base + ["--held-out", "10"]))
+    _, counted = rows.split_rows(planned_job(base + ["--held-out", "10"]))
     assert len(counted) == 10
 
 
@@ -625,10 +626,10 @@ def test_each_generation_flag_reaches_its_trainer(gpu, flags, trainer, tiny_mode
     )
     assert job.mode.trainer_class(job.mode.images).__name__ == trainer
     assert job.mode.images == ("--screenshots" in flags) and job.mode.asynchronous == ("--async" in flags)
-    lora = train._lora(job.run)
+    lora = job_module.lora_config(job.run)
     assert (lora.r if lora else 0) == (4 if "--lora-r" in flags else 0)
     if not gpu:
-        config = job.mode.config(**train._config_values(job))
+        config = job.mode.config(**job_module.config_values(job))
         assert config.vllm_server_base_url == (url if "--vllm-server-url" in flags else None)
         if "--async" not in flags:  # AsyncGRPOConfig has no use_vllm: it always generates on the server
             assert config.use_vllm == ("--vllm-server-url" in flags or "colocate" in flags)
@@ -653,11 +654,11 @@ def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tin
     # as where trackio is installed (what the refusal reads, made to list it): the value reaches the trainer config
     monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: ["trackio"])
     job = planned_job(argv)
-    config = job.mode.config(**train._config_values(job))
+    config = job.mode.config(**job_module.config_values(job))
     assert (config.report_to, config.project) == (["trackio"], "p")
-    monkeypatch.setattr(train, "_check_server", lambda parser, url, model, vllm: model)
+    monkeypatch.setattr(checks, "check_server", lambda parser, url, model, vllm: model)
     job = planned_job(argv + ["--async", "--vllm-server-url", "http://127.0.0.1:8011"])
-    config = job.mode.config(**train._config_values(job))
+    config = job.mode.config(**job_module.config_values(job))
     assert type(config).__name__ == "AsyncGRPOConfig" and (config.report_to, config.project) == (["trackio"], "p")
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ep_trl.runtime import shutdown
+from ep_trl.runtime import grace, shutdown
 from ep_trl.runtime.processes import port_holder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -718,7 +718,7 @@ def test_the_stop_grace_is_the_options_else_the_environment_variables_else_25_s(
             rollout.close()
     finally:
         shutdown.unregister(servers)
-    assert shutdown.DEFAULT_STOP_GRACE_S == 25  # the default, within Kubernetes' and Slurm's 30 s
+    assert grace.DEFAULT_STOP_GRACE_S == 25  # the default, within Kubernetes' and Slurm's 30 s
 
 
 class Closes:

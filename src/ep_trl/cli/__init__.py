@@ -1,7 +1,10 @@
 """``ep-trl``: the command line of ep_trl (``[project.scripts]`` in ``pyproject.toml``; ``python -m ep_trl.cli`` runs
 the same command, docs/cli.md).
 
-* ``train``: ``ep-trl train ENV_PATH --model MODEL [flags]``, GRPO on an eval-protocol eval;
+* ``train``: ``ep-trl train ENV_PATH --model MODEL [flags]``, GRPO on an eval-protocol eval: its parser and plan;
+* ``checks``: the checks made before anything heavy starts (flags, mode, model, eval, template, servers);
+* ``rows``: the rows a run trains on and holds out, and the held-out checks;
+* ``job``: a planned run carried out, its run folder written however it ends;
 * ``arguments``: ``ep-trl train``'s option groups, what a preset adds, and the planned run;
 * ``serve``: ``ep-trl serve MODEL_DIR``, a local model behind the endpoint training uses, to run the eval under pytest;
 * ``modes``: the generation modes (flags, refused combinations, config and trainer per mode);

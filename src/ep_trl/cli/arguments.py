@@ -1,7 +1,7 @@
 """``ep-trl train``'s arguments: ep_trl's option groups (one dataclass each, a group of ``--help``), the generation
 flags that are not TRL flags, what a preset adds (:class:`Preset`), and the planned run (:class:`TrainJob`).
 
-:mod:`ep_trl.cli.train` parses, checks and runs them."""
+:mod:`ep_trl.cli.train` parses and plans them, :mod:`ep_trl.cli.job` runs them."""
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field

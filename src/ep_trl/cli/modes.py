@@ -425,7 +425,7 @@ class TrainingMode:
             else:
                 # LoRA: to a server with --enable-lora TRL syncs the adapter alone (over HTTP, files on this disk);
                 # to any other, DiskWeightTransfer pushes the weights TRL merged the adapter into
-                adapter_only = peft_config is not None and worker.server_lora
+                adapter_only = peft_config is not None and worker.adapters.enabled
                 trainer = trainer_cls(
                     model,
                     **common,

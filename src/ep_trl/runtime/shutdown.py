@@ -1,68 +1,18 @@
-"""What ep_trl closes when the training process ends, however it ends.
+"""What ep_trl closes when the training process ends, however it ends (docs/failures.md, "When the trainer itself
+ends", says it all with the reasons).
 
-Rollout functions (their event loop, environment sessions, log rows, the processor's endpoint) and the environment
-servers ep_trl started are registered here when they are made and closed, newest first:
-
-* **normal exit**: at interpreter exit (``atexit``), for what the program did not close itself (``GRPOTrainer``
-  never closes its ``rollout_func``);
-* **SIGTERM** (how ``timeout``, Slurm, ``docker stop`` and Kubernetes end a job): unless the program set a SIGTERM
-  handler of its own, ep_trl's raises :class:`Terminated` in the main thread, a ``SystemExit`` with status 143
-  (128 + SIGTERM). Training unwinds as it does on Ctrl-C: the rollout call in flight is cancelled and its sessions
-  closed, ``finally`` blocks run (a checkpoint saved there included), then the exit closes the rest. A program with
-  its own handler keeps it, and ep_trl still closes at exit;
-* **SIGKILL** (or a crash): nothing runs in the process, so every process ep_trl starts runs under
-  ``ep_trl/runtime/guard.py``, which stops it within a second of its parent's death
-  (``ep_trl.runtime.processes.guarded``).
-
-The **stop grace** (:func:`current_grace_s`) is how long a SIGTERM'd process may take to end by itself: its own cleanup,
-then ep_trl's close at exit. ``RolloutOptions(stop_grace_s=...)`` sets it, else the ``EP_TRL_STOP_GRACE_S``
-environment variable, else :data:`DEFAULT_STOP_GRACE_S` (25 s: Kubernetes and Slurm send SIGKILL 30 s after
-SIGTERM by default). Only a process that has not ended by then is ended by ep_trl.
-
-Why a raise alone is not enough: Python runs a signal handler in the main thread between two bytecodes, wherever
-that thread is, a weakref callback, a ``__del__`` or library code that catches ``BaseException`` included. There
-an exception is printed ("Exception ignored in ...") and dropped, and training would go on. So ep_trl's handler
-raises, and three more paths make the exit certain, each for a way the raise can be lost:
-
-1. **dropped where Python drops exceptions**: a ``sys.unraisablehook`` sees the dropped :class:`Terminated` (or a
-   ``KeyboardInterrupt`` from Python's own SIGINT handler) and the signal is delivered to the main thread again at
-   once, where it lands in ordinary code;
-2. **caught by code that swallows it**: the next rollout call raises :class:`Terminated` before it starts
-   (:func:`raise_if_terminating`);
-3. **neither, or a cleanup that hangs**: :data:`CLOSE_RESERVE_S` before the grace ends (halfway through a grace
-   under twice that), if the exit has not closed yet, ep_trl writes the ``ep logs`` rows still queued
-   (:func:`before_forced_exit`) and closes everything registered itself; when the grace ends the process exits with
-   status 143 (``os._exit``), closed or not, unless it is in the interpreter's teardown already. From then on a
-   rollout call that starts anyway raises :class:`~ep_trl.errors.ProcessExitingError`.
-
-A fourth way the status is lost: library code whose own cleanup fails while :class:`Terminated` unwinds through it
-(tqdm releasing a lock the signal kept it from taking) replaces it with its own error, which ends the program with
-status 1. When the exception that ended the main thread (``sys.last_value``) was raised while handling ep_trl's
-:class:`Terminated`, ep_trl's close at exit, once it has closed, flushes the output and exits with status 143
-(``os._exit``: the exit handlers registered before ``ep_trl`` was imported and the interpreter's teardown are
-skipped, as for the forced exit). A close of ep_trl's that fails at that exit changes nothing of it either: the
-failure is logged (the resource and its error) and the exit goes on as it would have.
-
-Once the exit has closed what ep_trl registered, SIGTERM gets its default action back: a second one (a scheduler's)
-during the other exit handlers or the teardown ends the process at once. Once everything registered was closed
-without a SIGTERM (a notebook cell that trained and closed), the SIGTERM handler and the unraisable hook are removed
-too: the next training starts as the first did.
-
-Registrations belong to the process that made them: a forked child (``os.fork``, a ``multiprocessing`` fork-context
-worker) starts with none, no handler and no watcher, so its exit never closes its parent's rollout functions or
-stops its parent's servers.
-
-The last two paths run on one idle daemon thread (``ep-trl-signals``), started with the handler: a signal handler
-only writes a byte to a pipe (what is safe there), never starts a thread or takes a lock.
-
-Ctrl-C keeps Python's meaning, since a notebook must survive it: the ``KeyboardInterrupt`` unwinds as above, one
-that Python dropped is raised again at once (path 1), and nothing forces an exit.
+Rollout functions and the servers ep_trl started are registered here and closed newest first: at a normal exit, and
+at SIGTERM, whose handler raises :class:`Terminated` (status 143) in the main thread unless the program has its own.
+A raise can be lost, so three paths make the exit certain: an unraisable hook delivers a dropped one again; the next
+rollout call raises it (:func:`raise_if_terminating`); and :data:`CLOSE_RESERVE_S` before the stop grace
+(:func:`current_grace_s`) ends, ep_trl writes queued log rows, closes what is registered and then exits with 143. A
+forked child starts with nothing registered. The watcher runs on one daemon thread: a signal handler only writes a
+byte to a pipe. SIGKILL is ``ep_trl/runtime/guard.py``'s.
 """
 
 import atexit
 import itertools
 import logging
-import math
 import os
 import signal
 import sys
@@ -72,17 +22,11 @@ import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-from ..errors import ConfigError, ProcessExitingError
+from ..errors import ProcessExitingError
+from .grace import DEFAULT_STOP_GRACE_S, GRACE_ENV, env_grace_s
 
 logger = logging.getLogger(__name__)
 
-#: The stop grace when neither ``RolloutOptions(stop_grace_s=...)`` nor ``EP_TRL_STOP_GRACE_S`` sets one: seconds
-#: from the first SIGTERM until ep_trl ends a process that has not ended by itself. Kubernetes
-#: (``terminationGracePeriodSeconds``) and Slurm (``KillWait``) send SIGKILL 30 s after SIGTERM by default; the rest
-#: is left to the interpreter's own teardown (about 2 s for a torch process, which no thread can cut short).
-DEFAULT_STOP_GRACE_S = 25.0
-#: The environment variable that sets the stop grace (seconds) for rollout functions whose options do not.
-GRACE_ENV = "EP_TRL_STOP_GRACE_S"
 #: How long before the grace ends ep_trl closes what it opened itself, if the exit has not (at most half the grace).
 CLOSE_RESERVE_S = 5.0
 #: How many times a dropped signal is delivered again before the deadline alone is left to end the process.
@@ -110,22 +54,7 @@ _before_forced_exit: list[Callable[[float], None]] = []
 def current_grace_s() -> float:
     """The stop grace in force: the newest ``RolloutOptions(stop_grace_s=...)`` registered, else
     ``EP_TRL_STOP_GRACE_S``, else :data:`DEFAULT_STOP_GRACE_S`. Raises ``ConfigError`` for a bad variable."""
-    if _state.grace_option is not None:
-        return _state.grace_option
-    raw = os.environ.get(GRACE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_STOP_GRACE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(
-            f"{GRACE_ENV}={raw!r}: the stop grace must be a finite number of seconds > 0, e.g. "
-            f"{GRACE_ENV}=25: how long a process may take to end by itself after SIGTERM (keep it "
-            "below your scheduler's wait before SIGKILL, 30 s for Kubernetes and Slurm)."
-        )
-    return value
+    return _state.grace_option if _state.grace_option is not None else env_grace_s()
 
 
 def register(resource: Closable, stop_grace_s: float | None = None) -> None:
