@@ -174,3 +174,13 @@ def tool_templates_for(tokenizer: Tokenizer) -> list[str]:
         if ToolCallParser(trial).supported:
             fitting.append(name)
     return fitting
+
+
+def templated_processing_class(model: str, chat_template: ChosenTemplate) -> "ProcessingClass":
+    """``model``'s processing class as ``GRPOTrainer`` loads it when given none (``AutoProcessor``, truncating and
+    padding on the left), with ``chat_template`` in place of the model's own."""
+    from transformers import AutoProcessor
+
+    loaded = AutoProcessor.from_pretrained(model, truncation_side="left", padding_side="left")
+    use_chat_template(loaded, chat_template)
+    return loaded

@@ -5,6 +5,8 @@ the same command, docs/cli.md).
 * ``checks``: the checks made before anything heavy starts (flags, mode, model, eval, template, servers);
 * ``rows``: the rows a run trains on and holds out, and the held-out checks;
 * ``job``: a planned run carried out, its run folder written however it ends;
+* ``ranks``: the processes of a run under ``torchrun`` or ``accelerate launch``, and what the main one shares;
+* ``run_result``: the run's closing summary, plot and ``result.json``;
 * ``arguments``: ``ep-trl train``'s option groups, what a preset adds, and the planned run;
 * ``serve``: ``ep-trl serve MODEL_DIR``, a local model behind the endpoint training uses, to run the eval under pytest;
 * ``modes``: the generation modes (flags, refused combinations, config and trainer per mode);

@@ -412,3 +412,31 @@ def _same_model(served: str, model: str) -> bool:
     keys = ("architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers")
     first, second = (json.loads(path.read_text()) for path in configs)
     return all(first.get(key) == second.get(key) for key in keys)
+
+
+def check_processes(parser: argparse.ArgumentParser, trl_values: "Settings", mode: modes.TrainingMode) -> None:
+    """Under ``torchrun`` or ``accelerate launch``: each process must play whole prompt groups (the eval's
+    ``groupwise`` and ``all`` bodies score a group together), so its share of a generation batch,
+    ``per_device_train_batch_size x steps_per_generation``, must be a multiple of ``num_generations``. The async
+    trainer's worker runs in the main process alone and plays whole groups there."""
+    from .ranks import Ranks
+
+    ranks = Ranks.from_env()
+    if ranks.several and mode.asynchronous and mode.images:
+        parser.error(
+            f"--async --screenshots under {ranks.world_size} processes: AsyncImagesGRPOTrainer was tested in one "
+            "process only; run it as one process (no torchrun), or drop --async"
+        )
+    if not ranks.several or mode.asynchronous:
+        return
+    per_device = int(trl_values.get("per_device_train_batch_size") or 8)
+    steps = int(trl_values.get("steps_per_generation") or trl_values.get("gradient_accumulation_steps") or 1)
+    group = int(trl_values.get("num_generations") or 8)
+    share = per_device * steps
+    if share % group:
+        parser.error(
+            f"{ranks.world_size} processes: each plays per_device_train_batch_size x steps_per_generation = "
+            f"{per_device} x {steps} = {share} episodes per generation batch, not a multiple of --num-generations "
+            f"{group}, so a prompt group would be split across processes. Give --per-device-train-batch-size "
+            f"{group * max(1, share // group)} (a multiple of {group}), or --num-generations a divisor of {share}"
+        )

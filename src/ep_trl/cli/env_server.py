@@ -53,7 +53,7 @@ def command_server(
     port = free_port()
     cmd = server_command(template, port)
     with _started(name or Path(cmd[0]).name, cmd, port, env, health_path, timeout_s) as url:
-        with _exported(url_var, url):
+        with exported(url_var, url):
             yield url
 
 
@@ -82,7 +82,7 @@ def _started(
 
 
 @contextlib.contextmanager
-def _exported(var: str | None, value: str) -> Iterator[None]:
+def exported(var: str | None, value: str) -> Iterator[None]:
     if var is None:
         yield
         return

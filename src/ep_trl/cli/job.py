@@ -5,26 +5,24 @@ folder (resolved config, metrics, checkpoint, plot, ``result.json``), written ho
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import ConfigError
 from . import modes, run_folder
-from .arguments import PROG, TRAIN_DEFAULTS, RunArguments, TrainJob
+from .arguments import TRAIN_DEFAULTS, RunArguments, TrainJob
 from .checks import template_problem, warm_start_settings
+from .ranks import Ranks, from_main, receive, send, send_failure
 from .rows import held_out_seed, refuse_held_out, refuse_held_out_variants, split_rows
+from .run_result import RunState, finish, resolved_config
 
 if TYPE_CHECKING:
     from peft import LoraConfig
     from transformers import Trainer
-    from trl import GRPOConfig
-    from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from ..devtools.run_record import RunStart
     from .heldout import HeldOutPlay
     from .heldout_figures import HeldOutEpisodes
-    from .time_budget import TimeBudget
     from .warm_start import WarmStartReport
 
 
@@ -40,40 +38,41 @@ def run(job: TrainJob) -> int:
 
     script_logging()
     shutdown.handle_sigterm()
+    ranks = Ranks.from_env()
     started = time.monotonic()
     # a preset names the checkout of its script; `ep-trl train`, the directory it runs in
     where = Path(job.command[1]).resolve().parent if job.preset.command else Path.cwd()
     record = run_record.start_anywhere(where, job.command[1:], executable=job.command[0])
     folder = Path(job.config_values["output_dir"])
-    made = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / run_folder.METRICS).unlink(missing_ok=True)
-    print(job.mode.describe(), flush=True)
-    state = _RunState()
+    made = ranks.main and not folder.exists()
+    if ranks.main:  # the main process alone writes the run folder and prints
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / run_folder.METRICS).unlink(missing_ok=True)
+        print(job.mode.describe() + _processes(ranks), flush=True)
+    state = RunState()
     try:
         # closed last in, first out: the vLLM server the run started, the held-out play, the environment server
-        with _environment(job) as env_url, _held_out_play(job) as held_out, contextlib.ExitStack() as servers:
-            if held_out is not None and held_out.split is not None:
-                problem = held_out.seed_problem()
-                if problem is not None:
-                    refuse_held_out(job, problem, folder if made else None)
-                    return 2
-            if held_out is not None and held_out.variants is not None:
-                problem = held_out.variant_problem()
-                if problem is not None:
-                    refuse_held_out_variants(job, problem, folder if made else None)
-                    return 2
+        with (
+            _environment(job, ranks) as env_url,
+            _held_out_play(job, ranks) as held_out,
+            contextlib.ExitStack() as servers,
+        ):
+            if not from_main(ranks, lambda: _held_out_accepted(job, held_out, folder if made else None)):
+                return 2
             began = time.monotonic()
-            model = job.preset.start_model(env_url, job.model) if job.preset.start_model else job.model
-            state.start_model_s = time.monotonic() - began if job.preset.start_model else None
+            preset_model = job.preset.start_model
+            model = from_main(ranks, lambda: preset_model(env_url, job.model)) if preset_model else job.model
+            state.start_model_s = time.monotonic() - began if preset_model else None
             assert model is not None, "plan() refuses a run without --model when the preset starts no model"
             if job.model is None and (job.chat_template is not None or job.tools_offered is not None):
                 problem = template_problem(model, job.chat_template, job.tools_offered, job.env_path)
                 if problem:  # the preset's own model: plan() could not check its tokenizer
                     raise ConfigError(problem)
-            model, state.warm_start = _warm_start(job, model, folder)
+            policy: str = model
+            state.warm_start = from_main(ranks, lambda: _warm_start(job, policy, folder))
+            model = state.warm_start.model_dir if state.warm_start is not None else model
             train_rows = split_rows(job)[0]
-            job = servers.enter_context(_local_vllm_server(job, model, folder))
+            job = servers.enter_context(_local_vllm_server(job, model, folder, ranks))
             if held_out is not None:
                 count = held_out.variants.instances if held_out.variants is not None else len(held_out.prompts)
                 what = (
@@ -91,9 +90,13 @@ def run(job: TrainJob) -> int:
                     )
                 print(f"model {model}; eval {job.env_path}: {len(train_rows)} training rows, {what}", flush=True)
                 state.held_out = held_out
-            overrides = held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
+            # the training episodes leave out the held-out instances on every process (the main process knows them)
+            overrides = from_main(
+                ranks, lambda: held_out.training_overrides(job.overrides) if held_out is not None else job.overrides
+            )
             config = job.mode.config(**config_values(job))
-            run_folder.write_config(folder, _resolved(job, model, config))
+            if ranks.main:
+                run_folder.write_config(folder, resolved_config(job, model, config))
             budget = (
                 TimeBudget(job.run.time_budget_s, state.warm_start.seconds if state.warm_start else 0.0)
                 if job.run.time_budget_s is not None
@@ -107,8 +110,7 @@ def run(job: TrainJob) -> int:
                 args=config,
                 train_dataset=train_rows,
                 callbacks=[
-                    run_folder.MetricsLog(folder / run_folder.METRICS),
-                    ProgressPrinter(),
+                    *([run_folder.MetricsLog(folder / run_folder.METRICS), ProgressPrinter()] if ranks.main else []),
                     *([budget] if budget is not None else []),
                 ],
                 peft_config=lora_config(job.run),
@@ -121,7 +123,8 @@ def run(job: TrainJob) -> int:
             ) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
-                _print_lora(trainer, job.run)
+                if ranks.main:
+                    _print_lora(trainer, job.run)
                 state.before = _play_held_out(held_out, trainer, "before training")
                 training = time.monotonic()  # train_s: the trainer's construction to train()'s return
                 trainer.train()
@@ -129,65 +132,97 @@ def run(job: TrainJob) -> int:
                 state.train_s = time.monotonic() - training + (state.warm_start.seconds if state.warm_start else 0.0)
                 state.checkpoint = _save_checkpoint(trainer, folder)
                 state.after = _play_held_out(held_out, trainer, "after training")
-            if job.preset.after_training is not None:
+            if job.preset.after_training is not None and ranks.main:
                 job.preset.after_training(trainer)
     except KeyboardInterrupt:
         state.ended = "interrupted (Ctrl-C)"
-        _finish(job, folder, state, record, started)
+        if not ranks.main:
+            raise
+        finish(job, folder, state, record, started, ranks)
         print(f"interrupted: environment server stopped; the run folder keeps what was written: {folder}", flush=True)
         raise
     except shutdown.Terminated:
         state.ended = "terminated (SIGTERM)"
-        _finish(job, folder, state, record, started)
+        if not ranks.main:
+            raise
+        finish(job, folder, state, record, started, ranks)
         print(f"terminated: environment server stopped; the run folder keeps what was written: {folder}", flush=True)
         raise
-    _finish(job, folder, state, record, started)
+    if ranks.main:
+        finish(job, folder, state, record, started, ranks)
     return 0
 
 
-@dataclass
-class _RunState:
-    trainer: "Trainer | None" = None
-    held_out: "HeldOutPlay | None" = None
-    before: "HeldOutEpisodes | None" = None
-    after: "HeldOutEpisodes | None" = None
-    checkpoint: Path | None = None
-    ended: str = "finished"
-    train_s: float | None = None
-    budget: "TimeBudget | None" = None
-    warm_start: "WarmStartReport | None" = None
-    #: The seconds the preset's ``start_model`` took (None without one).
-    start_model_s: float | None = None
+def _processes(ranks: Ranks) -> str:
+    """The progress line's note of a multi-process run (nothing for one process)."""
+    return f"; {ranks.world_size} processes, each training on its own share of the prompts" if ranks.several else ""
+
+
+def _held_out_accepted(job: TrainJob, held_out: "HeldOutPlay | None", made_folder: Path | None) -> bool:
+    """Whether the environment takes the held-out instances (their seeds, their reset values); when it does not, the
+    refusal is printed (exit status 2, as for bad input) and the run folder this run made is removed."""
+    if held_out is not None and held_out.split is not None:
+        problem = held_out.seed_problem()
+        if problem is not None:
+            refuse_held_out(job, problem, made_folder)
+            return False
+    if held_out is not None and held_out.variants is not None:
+        problem = held_out.variant_problem()
+        if problem is not None:
+            refuse_held_out_variants(job, problem, made_folder)
+            return False
+    return True
 
 
 @contextlib.contextmanager
-def _environment(job: TrainJob) -> Iterator[str | None]:
-    """The run's ``--env-server``, its URL exported in ``--env-url-var``; stopped when the block ends, however."""
-    from .env_server import command_server
+def _environment(job: TrainJob, ranks: Ranks) -> Iterator[str | None]:
+    """The run's ``--env-server``, its URL exported in ``--env-url-var``; stopped when the block ends, however. The
+    main process starts it; the other processes export its URL."""
+    from .env_server import command_server, exported
 
     if job.run.env_server is None:
         yield None
         return
-    with command_server(
-        job.run.env_server,
-        url_var=job.run.env_url_var,
-        env=job.preset.env_server_env,
-        health_path=job.run.env_server_health,
-        timeout_s=job.run.env_server_timeout_s,
-    ) as url:
-        print(f"environment server: {url} (${job.run.env_url_var})", flush=True)
-        yield url
+    if not ranks.main:
+        url = str(receive(ranks))
+        with exported(job.run.env_url_var, url):
+            yield url
+        return
+    sent = False
+    try:
+        with command_server(
+            job.run.env_server,
+            url_var=job.run.env_url_var,
+            env=job.preset.env_server_env,
+            health_path=job.run.env_server_health,
+            timeout_s=job.run.env_server_timeout_s,
+        ) as url:
+            send(ranks, url)
+            sent = True
+            print(f"environment server: {url} (${job.run.env_url_var})", flush=True)
+            yield url
+    except BaseException as error:
+        if not sent:  # the other processes wait for its URL
+            send_failure(ranks, error)
+        raise
 
 
 @contextlib.contextmanager
-def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[TrainJob]:
+def _local_vllm_server(job: TrainJob, model: str, folder: Path, ranks: Ranks) -> Iterator[TrainJob]:
     """``--vllm-server-url local``: a CPU vLLM server on ``model`` for the block (its log in the run folder), and the
     job generating on it; stopped, its process group with it, when the block ends, however. Other jobs: as they
-    are."""
+    are. The main process starts it; the others generate on it."""
     if job.local_max_model_len is None:
         yield job
         return
     from dataclasses import replace
+
+    if not ranks.main:
+        sent = receive(ranks)
+        assert isinstance(sent, tuple), "the main process sends its server's URL and served model"
+        url, served = sent
+        yield replace(job, mode=replace(job.mode, vllm_base_url=url), served_model=served)
+        return
 
     from ..devtools.cpu_vllm import start_vllm_server, stop_vllm_server
     from ..generation.probe import probe_server
@@ -198,9 +233,20 @@ def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[Trai
         flush=True,
     )
     started = time.monotonic()
-    server = start_vllm_server(model, folder, max_model_len=job.local_max_model_len, extra_args=job.local_server_args)
     try:
-        served = probe_server(server.base_url, job.vllm.connect_timeout_s).model
+        server = start_vllm_server(
+            model, folder, max_model_len=job.local_max_model_len, extra_args=job.local_server_args
+        )
+    except BaseException as error:
+        send_failure(ranks, error)
+        raise
+    try:
+        try:
+            served = probe_server(server.base_url, job.vllm.connect_timeout_s).model
+        except BaseException as error:
+            send_failure(ranks, error)
+            raise
+        send(ranks, (server.base_url, served))
         print(
             f"vLLM server: {server.base_url} (pid {server.pid}), ready in {time.monotonic() - started:.0f} s",
             flush=True,
@@ -212,10 +258,11 @@ def _local_vllm_server(job: TrainJob, model: str, folder: Path) -> Iterator[Trai
 
 
 @contextlib.contextmanager
-def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
-    """The run's held-out instances and the rollout function that plays them (None without ``--held-out``); closed
-    when the block ends, however. Built once the environment server is up (an OpenEnv eval's seed check resets it)."""
-    if not job.run.held_out:
+def _held_out_play(job: TrainJob, ranks: Ranks) -> "Iterator[HeldOutPlay | None]":
+    """The run's held-out instances and the rollout function that plays them (None without ``--held-out``, and on
+    every process but the main one); closed when the block ends, however. Built once the environment server is up (an
+    OpenEnv eval's seed check resets it)."""
+    if not job.run.held_out or not ranks.main:
         yield None
         return
     from .. import dataset_from_eval
@@ -245,11 +292,12 @@ def _held_out_play(job: TrainJob) -> "Iterator[HeldOutPlay | None]":
         play.close()
 
 
-def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStartReport | None]":
+def _warm_start(job: TrainJob, model: str, folder: Path) -> "WarmStartReport | None":
     """``--warm-start``: ``model`` fine-tuned on the demonstrations, saved in the run folder and, when the run
-    generates on a vLLM server, loaded into it; the model GRPO starts from (``model`` itself without a warm start)."""
+    generates on a vLLM server, loaded into it; what it did, with where GRPO starts from (None without a warm
+    start)."""
     if job.demonstrations is None:
-        return model, None
+        return None
     from ..capture.parsing import use_chat_template
     from .warm_start import WARM_START_DIR, load_processing_class, warm_start
 
@@ -277,7 +325,7 @@ def _warm_start(job: TrainJob, model: str, folder: Path) -> "tuple[str, WarmStar
         f"{report.model_dir}",
         flush=True,
     )
-    return report.model_dir, report
+    return report
 
 
 def _play_held_out(held_out: "HeldOutPlay | None", trainer: "Trainer", when: str) -> "HeldOutEpisodes | None":
@@ -340,96 +388,3 @@ def _save_checkpoint(trainer: "Trainer", folder: Path) -> Path:
     path = folder / run_folder.CHECKPOINT
     trainer.save_model(str(path))
     return path
-
-
-def _resolved(job: TrainJob, model: str, config: "GRPOConfig | AsyncGRPOConfig") -> dict[str, object]:
-    """``config.yaml``'s content: ENV_PATH, the model, the mode, ep_trl's options and the trainer config."""
-    return {
-        "env_path": job.env_path,
-        "model": model,
-        "generation": job.mode.describe(),
-        **{k: v for group in (job.run,) for k, v in asdict(group).items() if k != "model"},
-        "chat_template_file": str(job.chat_template.path) if job.chat_template is not None else None,
-        "eval_overrides": {k: v for k, v in asdict(job.overrides).items() if v is not None},
-        "rollout_options": asdict(job.options),
-        "vllm_options": asdict(job.vllm),
-        "max_concurrent_rollouts": job.max_concurrent_rollouts,
-        "trainer_config": {"class": type(config).__name__, **config.to_dict()},
-    }
-
-
-def _finish(job: TrainJob, folder: Path, state: _RunState, record: "RunStart", started: float) -> None:
-    """The closing summary, the plot and ``result.json``, from what was logged (none of them when no step was)."""
-    from ..devtools import run_record
-    from .heldout_figures import held_out_change, per_value_change
-    from .progress import report_training
-    from .reward_curve import step_scores
-
-    history = list(state.trainer.state.log_history) if state.trainer is not None else []
-    steps = step_scores(history)
-    values = job.config_values
-    per_step = int(values.get("per_device_train_batch_size") or 8) * int(values.get("gradient_accumulation_steps") or 1)
-    summary = plot = None
-    if steps:
-        marks = [(0, state.before.success, "held-out before")] if state.before is not None else []
-        if state.after is not None:
-            marks.append((steps[-1].step, state.after.success, "held-out after"))
-        title = job.preset.title or f"{PROG}: eval score on {job.env_path.rsplit('::', 1)[-1]}"
-        summary = report_training(
-            history,
-            folder / run_folder.PLOT,
-            episodes_per_step=per_step,
-            started=started,
-            title=title,
-            marks=marks,
-            command=record.command,
-        )
-        plot = folder / run_folder.PLOT
-    else:
-        print(f"no step logged a score ({state.ended}): no summary, no plot", flush=True)
-    variants = job.held_out_variants
-    if state.before is not None and state.after is not None:
-        print(held_out_change(state.before, state.after), flush=True)
-        if variants is not None:
-            print(per_value_change(variants, state.before, state.after), flush=True)
-    result = {
-        "run": run_record.finish(record),
-        "ended": state.ended,
-        "versions": run_folder.versions(),
-        "env_path": job.env_path,
-        "seed": values.get("seed"),
-        "steps": len(steps),
-        "train_first": summary.first if summary else None,
-        "train_last": summary.last if summary else None,
-        "wall_s": round(time.monotonic() - started, 1),
-        "train_s": round(state.train_s, 1) if state.train_s is not None else None,
-        **run_folder.held_out_instances(state.held_out),
-        "held_out_before": state.before.success if state.before is not None else None,
-        "held_out_after": state.after.success if state.after is not None else None,
-        "held_out_before_figures": state.before.figures() if state.before is not None else None,
-        "held_out_after_figures": state.after.figures() if state.after is not None else None,
-        "held_out_reset_kwarg": (
-            {"name": variants.name, "values": list(variants.values)} if variants is not None else None
-        ),
-        **{
-            f"held_out_{when}_per_value": (
-                played.per_value(variants.name, variants.values)
-                if played is not None and variants is not None
-                else None
-            )
-            for when, played in (("before", state.before), ("after", state.after))
-        },
-        "plot": str(plot) if plot else None,
-        "checkpoint": str(state.checkpoint) if state.checkpoint else None,
-        "metrics": str(folder / run_folder.METRICS),
-        "config": str(folder / run_folder.CONFIG),
-        "steps_logged": run_folder.steps_logged(history),
-        "warm_start": state.warm_start.record() if state.warm_start is not None else None,
-        "start_model_s": round(state.start_model_s, 1) if state.start_model_s is not None else None,
-        "time_budget_s": job.run.time_budget_s,
-        "stopped_by_time_budget_at": state.budget.stopped_at if state.budget is not None else None,
-        "held_out_before_rows": state.before.rows() if state.before is not None else None,
-        "held_out_after_rows": state.after.rows() if state.after is not None else None,
-    }
-    path = run_folder.write_result(folder, result)
-    print(f"run folder: {folder} (result: {path})", flush=True)

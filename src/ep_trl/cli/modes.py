@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ..capture.parsing import ChosenTemplate
     from ..openenv.servers import Provider
     from ..options import Backend, EvalOverrides, RolloutOptions, VLLMOptions
-    from ..trajectory.types import ProcessingClass
 
 SERVER, COLOCATE = "server", "colocate"
 #: ``--vllm-server-url local``: the run starts a CPU vLLM server on the policy itself (``ep-trl train`` only).
@@ -360,10 +359,11 @@ class TrainingMode:
                 yield trainer
             return
         from .. import create_openenv_vllm_rollout_func
+        from ..capture.parsing import templated_processing_class
         from ..rewards import eval_score
 
         # the processing class TRL would load itself, with the chosen template
-        given = {"processing_class": processing_class(model, chat_template)} if chat_template is not None else {}
+        given = {"processing_class": templated_processing_class(model, chat_template)} if chat_template else {}
         # colocated or on a synced server, the rollout function generates where the trainer keeps its weights
         rollout = create_openenv_vllm_rollout_func(env_path, **rollout_options)
         try:
@@ -404,12 +404,19 @@ class TrainingMode:
         from .. import EvalRolloutWorker
         from ..capture.parsing import use_chat_template
         from ..trainers.disk_weights import DiskWeightTransfer
+        from .ranks import Ranks
 
         processing_class = AutoProcessor.from_pretrained(model) if images else AutoTokenizer.from_pretrained(model)
         if chat_template is not None:
             use_chat_template(processing_class, chat_template)
-        worker = EvalRolloutWorker(
-            env_path, args=args, processing_class=processing_class, dataset=train_dataset, **rollout_options
+        # TRL's async trainer takes its samples from the main process's worker and hands the others their batches
+        main = Ranks.from_env().main
+        worker = (
+            EvalRolloutWorker(
+                env_path, args=args, processing_class=processing_class, dataset=train_dataset, **rollout_options
+            )
+            if main
+            else None
         )
         trainer_cls = self.trainer_class(images)
         common = dict(args=args, train_dataset=train_dataset, rollout_worker=worker, callbacks=list(callbacks))
@@ -425,7 +432,7 @@ class TrainingMode:
             else:
                 # LoRA: to a server with --enable-lora TRL syncs the adapter alone (over HTTP, files on this disk);
                 # to any other, DiskWeightTransfer pushes the weights TRL merged the adapter into
-                adapter_only = peft_config is not None and worker.adapters.enabled
+                adapter_only = peft_config is not None and worker is not None and worker.adapters.enabled
                 trainer = trainer_cls(
                     model,
                     **common,
@@ -434,16 +441,5 @@ class TrainingMode:
                 )
             yield trainer
         finally:
-            worker.stop()
-
-
-def processing_class(model: str, chat_template: ChosenTemplate) -> "ProcessingClass":
-    """``model``'s processing class as ``GRPOTrainer`` loads it when given none (``AutoProcessor``, truncating and
-    padding on the left), with ``chat_template`` in place of the model's own."""
-    from transformers import AutoProcessor
-
-    from ..capture.parsing import use_chat_template
-
-    loaded = AutoProcessor.from_pretrained(model, truncation_side="left", padding_side="left")
-    use_chat_template(loaded, chat_template)
-    return loaded
+            if worker is not None:
+                worker.stop()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .. import EpTrlError, EvalOverrides
 from .arguments import PROG, RunArguments, TrainJob
+from .ranks import Ranks
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -210,6 +211,7 @@ def split_rows(job: TrainJob) -> "tuple[Dataset, list[Prompt]]":
             values.get("gradient_accumulation_steps") or 1
         )
         groups = max(1, per_step // int(values.get("num_generations") or 8))
-        repeat = math.ceil(groups * steps / len(rows))
+        # every process of a multi-process run takes its own groups from the same rows
+        repeat = math.ceil(groups * Ranks.from_env().world_size * steps / len(rows))
         rows = concatenate_datasets([rows] * repeat) if repeat > 1 else rows
     return rows, held_out
