@@ -100,6 +100,11 @@ class EvalOverrides:
         evaluation_test_kwargs: keyword arguments of the eval body (checked against its signature).
         input_dataset: JSONL files of rows read in place of the eval's ``input_dataset``, through its own
             ``dataset_adapter`` (``ep_trl.evalprotocol.eval_rows``); the eval must read an ``input_dataset``.
+        env_replicas: the URLs of several servers of the same environment (replicas); each session goes to the one
+            with the fewest sessions of the call open (docs/scaling.md). An eval whose ``env_factory`` reads its
+            server's URL from an environment variable needs ``env_url_var``.
+        env_url_var: with ``env_replicas`` and an ``env_factory``: the variable the factory reads the URL from; it
+            names the chosen replica while the factory builds each session's client.
     """
 
     env_factory: Callable[[], object] | None = None
@@ -119,6 +124,8 @@ class EvalOverrides:
     max_concurrent_rollouts: int | None = None
     evaluation_test_kwargs: "Settings | None" = None
     input_dataset: Sequence[str] | None = None
+    env_replicas: Sequence[str] | None = None
+    env_url_var: str | None = None
 
     def __post_init__(self) -> None:
         owner = "EvalOverrides"
@@ -133,11 +140,21 @@ class EvalOverrides:
                 "(e.g. MyEnv), not an instance or a name."
             )
         _url(owner, "env_base_url", self.env_base_url)
+        replicas = _strings(owner, "env_replicas", self.env_replicas, "['http://127.0.0.1:8001', ...]")
+        object.__setattr__(self, "env_replicas", replicas)
+        for url in replicas or ():
+            _url(owner, "env_replicas", url)
+        if replicas is not None and (not replicas or len(set(replicas)) != len(replicas)):
+            raise ConfigError(f"{owner}(env_replicas={list(replicas)!r}): give one URL or more, each once.")
+        if replicas is not None and self.env_base_url is not None:
+            raise ConfigError(f"{owner}: env_base_url and env_replicas both name the server; pass one of them.")
+        if self.env_url_var is not None and replicas is None:
+            raise ConfigError(f"{owner}(env_url_var=...): it routes env_replicas' sessions; add env_replicas.")
         _positive_float(owner, "request_timeout_s", self.request_timeout_s)
         object.__setattr__(self, "tasks", _strings(owner, "tasks", self.tasks, "['click-test']"))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         object.__setattr__(self, "stop", _strings(owner, "stop", stop, "['\\n\\n']"))
-        for name in ("task_var", "reset_task_kwarg"):
+        for name in ("task_var", "reset_task_kwarg", "env_url_var"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.isidentifier()):
                 raise ConfigError(f"{owner}({name}={value!r}): {name} must be a name such as 'TASK'.")

@@ -11,6 +11,7 @@ the same command, docs/cli.md).
 * ``serve``: ``ep-trl serve MODEL_DIR``, a local model behind the endpoint training uses, to run the eval under pytest;
 * ``modes``: the generation modes (flags, refused combinations, config and trainer per mode);
 * ``env_server``: ``--env-server``, a local environment server started and stopped with the run;
+* ``replicas``: ``--env-replicas``, copies of that server, watched and started again when one dies;
 * ``heldout``: ``--held-out``, held-out rows or reset seeds played greedily before and after training;
 * ``heldout_figures``: what a held-out play measured, and the lines that print it;
 * ``warm_start``: ``--warm-start``, a supervised fine-tune on demonstrations before GRPO;

@@ -82,6 +82,13 @@ class RunArguments:
             "(http://127.0.0.1:PORT), e.g. LETTERS_ENV_URL"
         },
     )
+    env_replicas: int = field(
+        default=1,
+        metadata={
+            "help": "with --env-server: start N copies of it, spread the episodes' sessions over them (each to the "
+            "one with the fewest open) and start again one that dies (docs/scaling.md)"
+        },
+    )
     env_server_health: str = field(
         default="/health", metadata={"help": "the path of --env-server that answers 2xx once it is ready"}
     )
@@ -195,7 +202,12 @@ class EvalArguments:
     _argument_group_name = "ep_trl: the eval's settings (EvalOverrides; unset: the eval's own)"
 
     env_base_url: str | None = field(
-        default=None, metadata={"help": "an OpenEnv server that is already running, instead of the eval's own wiring"}
+        default=None,
+        metadata={
+            "help": "an OpenEnv server that is already running, instead of the eval's own wiring; several URLs, "
+            "comma-separated, are replicas of one environment (an eval whose env_factory reads its URL from a "
+            "variable also needs --env-url-var)"
+        },
     )
     env_request_timeout_s: float | None = field(
         default=None, metadata={"help": "seconds each environment reset/step may take"}

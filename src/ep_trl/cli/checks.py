@@ -117,14 +117,36 @@ def check_model(parser: argparse.ArgumentParser, model: str) -> None:
         )
 
 
-def check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments) -> None:
-    from .env_server import PORT_FIELD
+def base_urls(env_base_url: str | None) -> list[str]:
+    """``--env-base-url``'s URLs (several, comma-separated, are replicas of one environment)."""
+    return [url.strip() for url in (env_base_url or "").split(",") if url.strip()]
 
+
+def check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments, env_base_url: str | None) -> None:
+    """``--env-server``, ``--env-replicas`` and ``--env-url-var`` together; several ``--env-base-url`` URLs answer
+    the same environment."""
+    from .env_server import PORT_FIELD
+    from .replicas import check_same_environment
+
+    if run_args.env_replicas < 1:
+        parser.error(f"--env-replicas {run_args.env_replicas}: give 1 or more copies of --env-server")
+    if run_args.env_replicas > 1 and run_args.env_server is None:
+        parser.error(
+            f"--env-replicas {run_args.env_replicas} starts copies of --env-server: add --env-server 'CMD --port "
+            f"{PORT_FIELD}', or, for servers already running, give their URLs: --env-base-url URL1,URL2,..."
+        )
+    urls = base_urls(env_base_url)
+    if len(urls) > 1:
+        try:
+            check_same_environment(urls)
+        except EpTrlError as error:
+            parser.error(f"--env-base-url {env_base_url}: {error}")
     if run_args.env_server is None:
-        if run_args.env_url_var:
+        if run_args.env_url_var and len(urls) < 2:
             parser.error(
-                f"--env-url-var {run_args.env_url_var} names where to export the URL of --env-server: add "
-                f"--env-server 'CMD --port {PORT_FIELD}', or drop --env-url-var"
+                f"--env-url-var {run_args.env_url_var} names where to export the URL of --env-server (or of each "
+                f"replica of --env-base-url URL1,URL2,...): add --env-server 'CMD --port {PORT_FIELD}', or drop "
+                "--env-url-var"
             )
         return
     if PORT_FIELD not in run_args.env_server:
@@ -216,12 +238,16 @@ def bridge_options(
     ro: RolloutArguments,
     vl: VLLMArguments,
     chat_template_kwargs: object,
+    env_url_var: str | None = None,
 ) -> tuple[EvalOverrides, RolloutOptions, VLLMOptions, int | None]:
     """ep_trl's option objects from their flags (an unset flag keeps the option's default); TRL's
     ``--chat-template-kwargs`` (a JSON object) is the episodes' too."""
     try:
+        urls = base_urls(ev.env_base_url)
         overrides = EvalOverrides(
-            env_base_url=ev.env_base_url,
+            env_base_url=urls[0] if len(urls) == 1 else None,
+            env_replicas=urls if len(urls) > 1 else None,
+            env_url_var=env_url_var if len(urls) > 1 else None,
             request_timeout_s=ev.env_request_timeout_s,
             tasks=ev.tasks,
             task_var=ev.task_var,

@@ -5,7 +5,7 @@ folder (resolved config, metrics, checkpoint, plot, ``result.json``), written ho
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,12 +53,16 @@ def run(job: TrainJob) -> int:
     try:
         # closed last in, first out: the vLLM server the run started, the held-out play, the environment server
         with (
-            _environment(job, ranks) as env_url,
+            _environment(job, ranks) as env_urls,
             _held_out_play(job, ranks) as held_out,
             contextlib.ExitStack() as servers,
         ):
             if not from_main(ranks, lambda: _held_out_accepted(job, held_out, folder if made else None)):
                 return 2
+            env_url = env_urls[0] if env_urls else None
+            if len(env_urls) > 1:  # each session goes to the replica with the fewest open
+                replicas = replace(job.overrides, env_replicas=env_urls, env_url_var=job.run.env_url_var)
+                job = replace(job, overrides=replicas)
             began = time.monotonic()
             preset_model = job.preset.start_model
             model = from_main(ranks, lambda: preset_model(env_url, job.model)) if preset_model else job.model
@@ -175,36 +179,56 @@ def _held_out_accepted(job: TrainJob, held_out: "HeldOutPlay | None", made_folde
 
 
 @contextlib.contextmanager
-def _environment(job: TrainJob, ranks: Ranks) -> Iterator[str | None]:
-    """The run's ``--env-server``, its URL exported in ``--env-url-var``; stopped when the block ends, however. The
-    main process starts it; the other processes export its URL."""
-    from .env_server import command_server, exported
+def _environment(job: TrainJob, ranks: Ranks) -> Iterator[tuple[str, ...]]:
+    """The run's ``--env-server`` (``--env-replicas`` copies of it), the first one's URL exported in
+    ``--env-url-var``; the URLs, () without one; stopped when the block ends, however. The main process starts them;
+    the other processes export the URL."""
+    from .env_server import exported
 
     if job.run.env_server is None:
-        yield None
+        yield ()
         return
     if not ranks.main:
-        url = str(receive(ranks))
-        with exported(job.run.env_url_var, url):
-            yield url
+        urls = tuple(str(url) for url in receive(ranks))  # type: ignore[attr-defined]  # the main process's tuple
+        with exported(job.run.env_url_var, urls[0]):
+            yield urls
         return
     sent = False
     try:
-        with command_server(
-            job.run.env_server,
-            url_var=job.run.env_url_var,
-            env=job.preset.env_server_env,
-            health_path=job.run.env_server_health,
-            timeout_s=job.run.env_server_timeout_s,
-        ) as url:
-            send(ranks, url)
+        with _started_servers(job) as urls, exported(job.run.env_url_var, urls[0]):
+            send(ranks, urls)
             sent = True
-            print(f"environment server: {url} (${job.run.env_url_var})", flush=True)
-            yield url
+            yield urls
     except BaseException as error:
-        if not sent:  # the other processes wait for its URL
+        if not sent:  # the other processes wait for the URLs
             send_failure(ranks, error)
         raise
+
+
+@contextlib.contextmanager
+def _started_servers(job: TrainJob) -> Iterator[tuple[str, ...]]:
+    """``--env-server``, or its ``--env-replicas`` copies, running for the block; their URLs."""
+    from .env_server import command_server
+    from .replicas import Replicas
+
+    assert job.run.env_server is not None
+    health, timeout_s = job.run.env_server_health, job.run.env_server_timeout_s
+    if job.run.env_replicas == 1:
+        with command_server(
+            job.run.env_server, env=job.preset.env_server_env, health_path=health, timeout_s=timeout_s
+        ) as url:
+            print(f"environment server: {url} (${job.run.env_url_var})", flush=True)
+            yield (url,)
+        return
+    replicas = Replicas(
+        job.run.env_server, job.run.env_replicas, env=job.preset.env_server_env, health_path=health, timeout_s=timeout_s
+    )
+    try:
+        for index, (url, pid) in enumerate(zip(replicas.urls, replicas.pids)):
+            print(f"environment replica {index}: {url} (pid {pid})", flush=True)
+        yield replicas.urls
+    finally:
+        replicas.close()
 
 
 @contextlib.contextmanager
@@ -215,7 +239,6 @@ def _local_vllm_server(job: TrainJob, model: str, folder: Path, ranks: Ranks) ->
     if job.local_max_model_len is None:
         yield job
         return
-    from dataclasses import replace
 
     if not ranks.main:
         sent = receive(ranks)

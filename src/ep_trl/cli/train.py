@@ -155,11 +155,11 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     if run_args.model:
         run_args.model = checks.package_model(parser, run_args.model)
         checks.check_model(parser, run_args.model)
-    checks.check_env_server(parser, run_args)
+    checks.check_env_server(parser, run_args, evals.env_base_url)
     spec, offered = checks.check_eval(parser, env_path, checks.absolute_paths(evals.input_dataset))
     template = checks.check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = checks.bridge_options(
-        parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs")
+        parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"), run_args.env_url_var
     )
     row_count = rows.check_rows(parser, env_path, overrides.input_dataset)
     training_tasks = rows.check_held_out(parser, run_args, spec, overrides, row_count)

@@ -52,6 +52,9 @@ def apply_overrides(spec: EvalSpec, overrides: EvalOverrides) -> EvalSpec:
         env_changes["factory"] = o.env_factory
     if o.env_client_cls is not None or o.env_base_url is not None:
         env_changes["factory"] = None  # an explicit client/url replaces the eval's factory
+    if o.env_replicas is not None:  # a factory stays: it builds each session's client for the replica chosen
+        env_changes["replica_urls"] = tuple(o.env_replicas)
+        env_changes["url_var"] = o.env_url_var
     for name, field_name in (
         ("env_client_cls", "client_cls"),
         ("env_base_url", "base_url"),
@@ -105,6 +108,8 @@ OPENENV_OVERRIDES = (
     "max_steps",
     "reset_seed",
     "reset_kwargs",
+    "env_replicas",
+    "env_url_var",
 )
 
 

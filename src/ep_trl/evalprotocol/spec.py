@@ -58,11 +58,17 @@ class EnvSettings:
     reset_seed: Callable[[int], int] | None = None
     #: ``(group) -> {name: value}``: more keyword arguments of each episode's reset (``EvalOverrides.reset_kwargs``).
     reset_kwargs: Callable[[int], Mapping[str, object]] | None = None
+    #: Servers of the same environment each session may go to (``EvalOverrides.env_replicas``); () for one server.
+    replica_urls: tuple[str, ...] = ()
+    #: The variable an ``env_factory`` reads its server's URL from, set to the chosen replica while it builds.
+    url_var: str | None = None
 
     def describe(self) -> str:
         if self.factory is not None:
             return f"env_factory {getattr(self.factory, '__qualname__', self.factory)!r}"
         name = getattr(self.client_cls, "__name__", self.client_cls)
+        if self.replica_urls:
+            return f"{name} on {len(self.replica_urls)} replicas"
         if self.task_urls:
             return f"{name} on {len(self.task_urls)} local servers, one per task"
         return f"{name}(base_url={self.base_url!r})"
@@ -74,6 +80,7 @@ class EnvSettings:
             and self.client_cls is not None
             and not self.base_url
             and not self.task_urls
+            and not self.replica_urls
             and bool(self.docker_image or self.hub_repo_id)
         )
 
@@ -82,6 +89,12 @@ class EnvSettings:
 
     def check(self) -> None:
         """Fail at construction, not mid-training, when no environment can be built."""
+        if self.replica_urls and self.factory is not None and self.url_var is None:
+            raise ConfigError(
+                f"{len(self.replica_urls)} environment replicas, and the eval builds its clients with env_factory: "
+                "name the environment variable the factory reads its server's URL from, EvalOverrides(env_url_var="
+                "...) (ep-trl train: --env-url-var), so each session's client reaches the replica chosen for it."
+            )
         if self.factory is not None:
             return
         if self.client_cls is None:
@@ -93,7 +106,7 @@ class EnvSettings:
             )
         if self.needs_launch():
             return  # ep_trl starts its server (ep_trl.openenv.servers), which fails clearly if it cannot
-        if not self.base_url and not self.task_urls:
+        if not self.base_url and not self.task_urls and not self.replica_urls:
             source = (
                 f"the Hugging Face hub ({self.hub_repo_id!r})"
                 if self.hub_repo_id

@@ -17,8 +17,11 @@ server at capacity (``ep_trl.openenv.pool.CAPACITY_WAIT_S``).
 """
 
 import asyncio
+import functools
 import inspect
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -246,14 +249,18 @@ def client_kwargs(settings: EnvSettings, base_url: str) -> dict[str, object]:
     return kwargs
 
 
-async def open_env(settings: EnvSettings, label: str, task: str | None = None) -> EnvSession:
-    """Build the environment client for one episode, as the eval's processor would."""
+async def open_env(settings: EnvSettings, label: str, task: str | None = None, url: str | None = None) -> EnvSession:
+    """Build the environment client for one episode, as the eval's processor would; ``url``: the replica chosen
+    for it (``settings.replica_urls``), else the eval's server."""
     timeout = settings.request_timeout_s
     if settings.factory is not None:
+        factory = settings.factory
+        if url is not None and settings.url_var is not None:
+            factory = functools.partial(_built_for, factory, settings.url_var, url)
         # the thread outlives this episode's wait (bounded by ``timeout`` below) so that a client built late can be
         # closed; only a factory still running after FACTORY_ABANDON_S is given up on and counted as stuck
         building = asyncio.ensure_future(
-            run_blocking(settings.factory, timeout_s=FACTORY_ABANDON_S, what=f"environment {label}: env_factory()")
+            run_blocking(factory, timeout_s=FACTORY_ABANDON_S, what=f"environment {label}: env_factory()")
         )
         try:
             client = await asyncio.wait_for(asyncio.shield(building), timeout)
@@ -271,10 +278,30 @@ async def open_env(settings: EnvSettings, label: str, task: str | None = None) -
             client = await asyncio.wait_for(_settle(client), timeout)
     else:
         assert settings.client_cls is not None
-        url = settings.url_for(task)
+        url = url or settings.url_for(task)
         assert url is not None
         client = settings.client_cls(**client_kwargs(settings, url))
     return EnvSession(_unwrap_sync_client(client), timeout_s=timeout, label=label)
+
+
+#: Held while an ``env_factory`` builds a client with ``url_var`` naming its replica: the variable is the process's.
+_EXPORT_LOCK = threading.Lock()
+
+
+def _built_for(factory: Callable[[], object], url_var: str, url: str) -> object:
+    """``factory()`` with ``os.environ[url_var]`` set to ``url`` while it runs (the previous value put back): an eval's
+    factory reads its server's URL from the variable, as ``examples/letters_eval.py``'s ``make_env`` does. Why not
+    pass the URL: the factory is the eval's, called with no arguments by its own processor."""
+    with _EXPORT_LOCK:
+        previous = os.environ.get(url_var)
+        os.environ[url_var] = url
+        try:
+            return factory()
+        finally:
+            if previous is None:
+                os.environ.pop(url_var, None)
+            else:
+                os.environ[url_var] = previous
 
 
 async def _close_built(building: "asyncio.Future[EnvClient | Awaitable[EnvClient]]") -> None:

@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 CAPACITY_WAIT_S = 300.0
 #: How often a reset that failed in transport (connection refused or dropped) is retried on a fresh session.
 TRANSPORT_RETRIES = 3
+#: How long a replica whose connection failed gets no new session while others are up (it may be starting again).
+REPLICA_REST_S = 15.0
 _CAPACITY = re.compile(r"at capacity: (\d+)/(\d+) sessions")
 
 
@@ -77,6 +79,8 @@ class ServerNotes:
 
     capacity: dict[str | None, int] = field(default_factory=dict)
     said: set[str] = field(default_factory=set)
+    #: Replicas whose connection failed, and until when (``time.monotonic()``) they get no new session.
+    resting: dict[str, float] = field(default_factory=dict)
 
     def say_once(self, key: str, message: str) -> None:
         if key not in self.said:
@@ -118,10 +122,11 @@ class EnvPool:
     ) -> tuple[EnvSession, StepOutcome]:
         """A session for ``label`` playing ``task``, reset (with ``seed`` and the keyword arguments ``extra`` when
         given): an idle one of this call, else a new one."""
-        url = self._settings.url_for(task)
         deadline = time.monotonic() + CAPACITY_WAIT_S
         attempt = 0
         while True:
+            # each try of a replicated environment goes to the replica with the fewest open, of those not resting
+            url = self._replica() if self._settings.replica_urls else self._settings.url_for(task)
             session = await self._session(url, label, task, deadline)
             others = self._open.get(url, 0) - 1
             try:
@@ -138,6 +143,8 @@ class EnvPool:
                     limit = others
                 if limit is not None:
                     self._learn_capacity(url, limit)
+                if not refused and url in self._settings.replica_urls and is_transport_error(exc):
+                    self._notes.resting[url] = time.monotonic() + REPLICA_REST_S
                 if not refused and (not is_transport_error(exc) or attempt >= TRANSPORT_RETRIES):
                     raise
                 attempt += 1
@@ -195,7 +202,7 @@ class EnvPool:
                 return session
             self._open[url] = self._open.get(url, 0) + 1
         try:
-            session = await open_env(self._settings, label, task)
+            session = await open_env(self._settings, label, task, url)
         except BaseException:
             self._open[url] -= 1
             await self._notify()
@@ -203,6 +210,14 @@ class EnvPool:
         session.server = url
         self.opened += 1
         return session
+
+    def _replica(self) -> str:
+        """The replica the next session goes to: one with an idle session of this call, else the one with the fewest
+        sessions open (the first of them, in the order given); a replica whose connection failed in the last
+        ``REPLICA_REST_S`` only when every replica's did."""
+        now = time.monotonic()
+        up = [url for url in self._settings.replica_urls if self._notes.resting.get(url, 0.0) <= now]
+        return min(up or self._settings.replica_urls, key=lambda url: (not self._idle.get(url), self._open.get(url, 0)))
 
     async def _close(self, session: EnvSession, cancelled: bool = False) -> None:
         await session.close(cancelled)
