@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ep_trl.cli import checks, rows, train
 from ep_trl.cli import job as job_module
+from ep_trl.cli import rows, server_checks, train
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = f"{ROOT / 'examples' / 'letters_eval.py'}::test_letters"
@@ -558,7 +558,7 @@ def test_train_smollm2_script_help_names_its_flags(capsys):
 def probe_skipped(monkeypatch):
     """``plan`` without its vLLM server probe (the probe's refusals: test_bad_input_is_refused_before_anything_starts):
     the served model is taken to be --model."""
-    monkeypatch.setattr(checks, "check_server", lambda parser, url, model, vllm: model)
+    monkeypatch.setattr(server_checks, "check_server", lambda parser, url, model, vllm: model)
 
 
 def planned_job(argv):
@@ -656,7 +656,7 @@ def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tin
     job = planned_job(argv)
     config = job.mode.config(**job_module.config_values(job))
     assert (config.report_to, config.project) == (["trackio"], "p")
-    monkeypatch.setattr(checks, "check_server", lambda parser, url, model, vllm: model)
+    monkeypatch.setattr(server_checks, "check_server", lambda parser, url, model, vllm: model)
     job = planned_job(argv + ["--async", "--vllm-server-url", "http://127.0.0.1:8011"])
     config = job.mode.config(**job_module.config_values(job))
     assert type(config).__name__ == "AsyncGRPOConfig" and (config.report_to, config.project) == (["trackio"], "p")

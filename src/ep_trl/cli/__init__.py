@@ -2,7 +2,8 @@
 the same command, docs/cli.md).
 
 * ``train``: ``ep-trl train ENV_PATH --model MODEL [flags]``, GRPO on an eval-protocol eval: its parser and plan;
-* ``checks``: the checks made before anything heavy starts (flags, mode, model, eval, template, servers);
+* ``checks``: the checks made before anything heavy starts (flags, mode, model, eval, template, processes);
+* ``server_checks``: the checks of the vLLM server (the run's own, or one that must answer);
 * ``rows``: the rows a run trains on and holds out, and the held-out checks;
 * ``job``: a planned run carried out, its run folder written however it ends;
 * ``ranks``: the processes of a run under ``torchrun`` or ``accelerate launch``, and what the main one shares;

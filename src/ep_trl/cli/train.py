@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, TypeVar
 
-from . import checks, modes, rows
+from . import checks, modes, rows, server_checks
 from .arguments import (
     DESCRIPTION,
     LOCAL_PROMPT_MARGIN,
@@ -167,7 +167,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     demonstrations = checks.check_warm_start(parser, run_args, mode, options, template)
     local_len = None
     if mode.vllm_base_url == modes.LOCAL_SERVER:
-        local_len = checks.check_local_server(
+        local_len = server_checks.check_local_server(
             parser,
             env_path,
             run_args.model,
@@ -187,7 +187,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
                     f"drop {flag} (a server you start takes its arguments on its own command line)"
                 )
     served = (
-        checks.check_server(parser, mode.vllm_base_url, run_args.model, vllm)
+        server_checks.check_server(parser, mode.vllm_base_url, run_args.model, vllm)
         if mode.vllm_base_url and not local_len
         else None
     )
