@@ -10,7 +10,8 @@ the fix: an ENV_PATH that names no eval, an eval whose processor cannot train, m
 model path that is not a model, a vLLM server that does not answer or serves another model.
 
 The training recipes are presets of this command: they fill its defaults or arguments and hooks
-(:class:`~ep_trl.cli.arguments.Preset`) and call :func:`main`. This module parses the command line and plans the run;
+(:class:`~ep_trl.cli.arguments.Preset`) and call :func:`main` through ``ep_trl.cli.run_preset`` (the presets' API,
+:mod:`ep_trl.cli.presets`). This module parses the command line and plans the run;
 the option groups and the planned run are in :mod:`ep_trl.cli.arguments`, the checks in :mod:`ep_trl.cli.checks`
 and :mod:`ep_trl.cli.rows`, and the run itself in :mod:`ep_trl.cli.job`.
 """
