@@ -42,7 +42,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_ENV_PATH = str(HERE / "examples" / "browsergym" / "eval_miniwob.py") + "::test_miniwob"
+DEFAULT_ENV_PATH = str(HERE / "evals" / "eval_miniwob.py") + "::test_miniwob"
 ENV_URL_VAR = "BROWSERGYM_ENV_URL"  # what the eval's env_factory reads
 #: The eval's tasks the warm-started tiny model learns on CPU in minutes (it cannot read which button to press).
 CPU_TASKS = ("click-test", "focus-text")
@@ -53,10 +53,30 @@ TINY_OPTIM, TINY_LEARNING_RATE = "sgd", 0.05
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags; the defaults are the quick CPU run."""
-    from ep_trl.cli.modes import add_generation_flags, check_generation_flags
+    from ep_trl.cli import (
+        TrainingFlags,
+        add_generation_flags,
+        add_training_flags,
+        check_generation_flags,
+        check_training_flags,
+        recipe_parser,
+    )
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env-path", default=DEFAULT_ENV_PATH, help="eval test to train on (module::test or file.py::test)")
+    p = recipe_parser(__file__, __doc__)
+    add_training_flags(
+        p,
+        TrainingFlags(
+            env_path=DEFAULT_ENV_PATH,
+            model="a tiny model built locally and warm-started (see above)",
+            output_dir="outputs/browsergym",
+            max_steps=DEFAULT_MAX_STEPS,
+            num_generations=4,
+            batch_size=8,
+            learning_rate=None,
+            max_completion_length=640,
+            helps={"learning_rate": f"default {TINY_LEARNING_RATE} with the tiny model's --optim sgd, else 5e-4"},
+        ),
+    )
     p.add_argument("--env-url", default=None, help="BrowserGym server URL; default: start one on a free port")
     p.add_argument(
         "--tasks",
@@ -78,11 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(text-only models drop them; see docs/browsergym.md)",
     )
     p.add_argument(
-        "--model",
-        default=None,
-        help="model name or path; default: a tiny model built locally and warm-started (see above)",
-    )
-    p.add_argument(
         "--no-warm-start",
         action="store_true",
         help="train the tiny model from its random weights (it writes no valid action: reward 0)",
@@ -92,34 +107,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (default 2 x rank)")
     p.add_argument("--lora-dropout", type=float, default=0.0)
     p.add_argument("--lora-target-modules", default="all-linear", help="comma-separated module names, or all-linear")
-    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="optimizer steps")
-    p.add_argument("--num-generations", type=int, default=4, help="episodes per prompt group (GRPO group size)")
-    p.add_argument("--batch-size", type=int, default=8, help="episodes per optimizer step")
-    p.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help=f"default {TINY_LEARNING_RATE} with the tiny model's --optim sgd, else 5e-4",
-    )
     p.add_argument(
         "--optim",
         default=None,
         help="transformers optimizer name; default sgd for the tiny model (Adam's per-weight normalised "
         "steps break its action format: docs/browsergym.md), else adamw_torch",
     )
-    p.add_argument(
-        "--max-completion-length",
-        type=int,
-        default=640,
-        help="token budget of a whole episode: sampled turns plus the observations between them",
-    )
     p.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn (default: the eval's)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--output-dir", default="outputs/browsergym")
     p.add_argument("--report-to", default="none", help="none, trackio, wandb, tensorboard, ...")
     p.add_argument("--run-name", default=None)
     p.add_argument("--project", default="ep-trl-browsergym", help="trackio project (`trackio show --project NAME`)")
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if not [t for t in args.tasks.split(",") if t.strip()]:
         p.error("--tasks names no task; give one or more MiniWoB task names, e.g. --tasks click-test")
@@ -127,8 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.optim = args.optim or (TINY_OPTIM if tiny else "adamw_torch")
     if args.learning_rate is None:
         args.learning_rate = TINY_LEARNING_RATE if tiny and args.optim == TINY_OPTIM else 5e-4
-    if args.batch_size % args.num_generations:
-        p.error(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations ({args.num_generations})")
+    check_training_flags(p, args)
     check_generation_flags(p, args)
     return args
 
@@ -190,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     """``ep-trl train`` with this script's defaults: the BrowserGym server started for the run (unless --env-url),
     its task names checked there, the tiny model warm-started unless --model; 0 on success."""
     args = parse_args(argv)
-    from ep_trl.cli import train
-    from ep_trl.cli.presets import script_defaults
+    from ep_trl.cli import Preset, env_server_defaults, recipe_command, recipe_name, run_preset
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     demonstrations: list = []
@@ -216,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     server_env = {"BROWSERGYM_MAX_SESSIONS": str(args.max_concurrent)}
     if args.screenshots:
         server_env["BROWSERGYM_SCREENSHOT"] = "1"
-    defaults = script_defaults(
+    defaults = env_server_defaults(
         args,
         "ep_trl.envs.browsergym",
         ENV_URL_VAR,
@@ -232,17 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         run_name=args.run_name,
         project=args.project,
     )
-    return train.main(
-        [],
-        train.Preset(
-            prog=Path(__file__).name,
-            title=f"{Path(__file__).name}: eval score on {', '.join(tasks)}",
+    return run_preset(
+        Preset(
+            prog=recipe_name(__file__),
+            title=f"{recipe_name(__file__)}: eval score on {', '.join(tasks)}",
             defaults=defaults,
             start_model=start_model,
             after_training=after_training,
             env_server_env=server_env,
-            command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
-        ),
+            command=recipe_command(__file__, argv),
+        )
     )
 
 

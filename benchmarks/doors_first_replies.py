@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Which door a doors run's first replies name, per sign wording, before and after training.
 
-Reads the held-out rows of a doors result file (``train_smollm2_doors.py --result FILE``): each row records the house
+Reads the held-out rows of a doors result file (``recipes/doors/smollm2.py --result FILE``): each row records the house
 (``instance.seed``) and the sign wording it played. The house's first room is rebuilt with the game's own
 ``ep_trl.envs.doors.house``, and the first colour word of the row's first reply (the eval's parser reads the first
 colour) is compared with the room: the open door, a door the sign names, or neither. A policy that reads the room names

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 
 from ep_trl.devtools import run_record  # noqa: E402
 
-EVAL = str(HERE / "examples" / "letters_eval.py") + "::test_letters"
+EVAL = str(HERE / "evals" / "eval_letters.py") + "::test_letters"
 
 
 def parse_args(argv=None):

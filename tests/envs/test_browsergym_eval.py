@@ -1,4 +1,4 @@
-"""The BrowserGym MiniWoB eval (examples/browsergym/eval_miniwob.py): its wiring, and real episodes through the bridge.
+"""The BrowserGym MiniWoB eval (evals/eval_miniwob.py): its wiring, and real episodes through the bridge.
 
 The eval is imported the way training imports it (file-path env_path). Tests marked slow drive a real BrowserGym
 server (headless Chromium) and the tiny model through ``create_openenv_vllm_rollout_func``.
@@ -18,7 +18,7 @@ from tests.support.browsergym import browsergym_server as running_browsergym_ser
 from tests.support.trainers import make_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV_PATH = f"{ROOT / 'examples' / 'browsergym' / 'eval_miniwob.py'}::test_miniwob"
+ENV_PATH = f"{ROOT / 'evals' / 'eval_miniwob.py'}::test_miniwob"
 TASKS = ["click-test", "click-button", "focus-text", "enter-text"]
 
 

@@ -25,7 +25,7 @@ from tests.support.images import token_logprobs
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV_PATH = f"{ROOT / 'examples' / 'browsergym' / 'eval_miniwob.py'}::test_miniwob"
+ENV_PATH = f"{ROOT / 'evals' / 'eval_miniwob.py'}::test_miniwob"
 
 
 @pytest.fixture(scope="module")

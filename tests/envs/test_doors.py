@@ -22,7 +22,7 @@ from ep_trl.envs.doors import (
     parse_door,
 )
 
-EVAL_DOORS = str(Path(__file__).resolve().parents[2] / "examples" / "doors" / "eval_doors.py") + "::test_doors"
+EVAL_DOORS = str(Path(__file__).resolve().parents[2] / "evals" / "eval_doors.py") + "::test_doors"
 
 
 def wording_of(text: str) -> str:
@@ -278,7 +278,7 @@ class _ScriptedPlayer:
 
 @pytest.mark.parametrize(("reads", "score", "moves"), [(True, 1.0, 2), (False, 0.0, 4)])
 def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, reads, score, moves):
-    """``examples/doors/eval_doors.py`` as eval-protocol runs it: its ``OpenEnvRolloutProcessor`` (env_factory,
+    """``evals/eval_doors.py`` as eval-protocol runs it: its ``OpenEnvRolloutProcessor`` (env_factory,
     prompt builder, action parser) against a real server, then its body."""
     import copy
     import importlib.util
@@ -287,7 +287,7 @@ def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, rea
     from eval_protocol.models import EvaluationRow
     from eval_protocol.pytest.types import RolloutProcessorConfig
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "doors" / "eval_doors.py"
+    path = Path(__file__).resolve().parents[2] / "evals" / "eval_doors.py"
     spec = importlib.util.spec_from_file_location("eval_doors_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -107,9 +107,15 @@ def _flags(words: list[str]) -> set[str]:
 
 @pytest.mark.parametrize(
     "script",
-    ["train_browsergym_trl.py", "train_letters_trl.py", "train_smollm2_doors.py", "train_smollm2_browsergym.py"],
+    [
+        "train_browsergym_trl.py",
+        "recipes/letters/tiny.py",
+        "recipes/sentiment/smollm2.py",
+        "recipes/doors/smollm2.py",
+        "recipes/miniwob/smollm2.py",
+    ],
 )
-def test_documented_flags_of_the_training_scripts_exist(script):
+def test_documented_flags_of_the_recipes_exist(script):
     commands = _commands(f"python {script}")
     assert commands, f"no documented command runs {script}"
     helped = subprocess.run(

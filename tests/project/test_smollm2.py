@@ -10,7 +10,7 @@ start of the prompt. Then a short run that trains the real model through the sen
 with the held-out score read through the eval's own processor and body, and the doors game's preset (an OpenEnv
 eval, multi-turn) at one step.
 
-BrowserGym through the real model had a test here too (``train_smollm2_browsergym.py`` at 2 steps, 425 s in CI, the
+BrowserGym through the real model had a test here too (``recipes/miniwob/smollm2.py`` at 2 steps, 425 s in CI, the
 second slowest): cut to keep ``.ci/run`` under 60 minutes (issue 48), since faster tests cover what it checked: the
 real model on-policy through an OpenEnv eval's episodes (the doors test below, the same loop and server sync), the
 BrowserGym eval, warm start, held-out play and script end to end (``tests/project/test_train_browsergym_script.py`` and
@@ -53,8 +53,8 @@ def _load_script(path: Path):
     return module
 
 
-train_smollm2 = _load_script(Path(__file__).resolve().parents[2] / "train_smollm2_trl.py")
-train_smollm2_doors = _load_script(Path(__file__).resolve().parents[2] / "train_smollm2_doors.py")
+train_smollm2 = _load_script(Path(__file__).resolve().parents[2] / "recipes/sentiment/smollm2.py")
+train_smollm2_doors = _load_script(Path(__file__).resolve().parents[2] / "recipes/doors/smollm2.py")
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_the_async_worker_is_token_exact_on_the_real_model(
 
 @pytest.mark.timeout(900)
 def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, real_model_dir, real_model, tmp_path):
-    """The README's real-model command (``train_smollm2_trl.py``), two steps on the module's server: the held-out
+    """The README's real-model recipe (``recipes/sentiment/smollm2.py``), two steps on the module's server: the held-out
     rows scored through the eval's own processor and body before and after, DiskSyncGRPOTrainer steps on-policy (TRL's
     own sampling/logp check at rounding level) with a non-zero gradient, the plot and the result written, and the
     server left on the trained weights."""
@@ -189,7 +189,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
         == 0
     )
     result = json.loads((out / "result.json").read_text())
-    assert result["run"]["command"].split()[1] == "train_smollm2_trl.py" and len(result["run"]["commit"]) == 40
+    assert result["run"]["command"].split()[1] == "recipes/sentiment/smollm2.py" and len(result["run"]["commit"]) == 40
     assert result["steps"] == 2 and result["held_out_rows"] == 6 and len(result["held_out_after_rows"]) == 6
     assert 0.0 <= result["held_out_before"] <= 1.0 and 0.0 <= result["held_out_after"] <= 1.0
     steps = result["steps_logged"]
@@ -209,7 +209,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
 def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
     """What the real model is trained on: the right label scores one over the reply's words (1.0 alone, 0.25 in a
     four-word sentence, so a shorter sentence beats a longer one); a wrong label, both labels or none 0."""
-    sentiment = _load_script(Path(__file__).resolve().parents[2] / "examples" / "sentiment" / "eval_sentiment.py")
+    sentiment = _load_script(Path(__file__).resolve().parents[2] / "evals" / "eval_sentiment.py")
     assert sentiment.label_score("Negative.", "negative")[0] == 1.0
     assert sentiment.label_score("This review is negative.", "negative")[0] == 0.25
     assert sentiment.label_score("This review is negative. It criticizes the soup.", "negative")[0] == 1 / 8
@@ -222,7 +222,7 @@ def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
 
 @pytest.mark.timeout(900)
 def test_the_real_model_plays_and_trains_on_the_doors_game_through_its_preset(real_url, tmp_path):
-    """The real-model environment command (``train_smollm2_doors.py``, a preset of ``ep-trl train``) at its smallest:
+    """The real-model environment command (``recipes/doors/smollm2.py``, a preset of ``ep-trl train``) at its smallest:
     one held-out house (a reset seed) played greedily before and after under every sign wording
     (``--held-out-reset-kwarg wording=...``), each row recording its house and wording, and one GRPO step of one group
     of 4 through the doors eval on the module's server (multi-turn episodes: two rooms, up to four moves), on-policy
@@ -264,7 +264,7 @@ def test_the_real_model_plays_and_trains_on_the_doors_game_through_its_preset(re
     )
     print(f"doors run: {time.monotonic() - started:.0f} s")
     result = json.loads((out / "result.json").read_text())
-    assert result["run"]["command"].split()[1] == "train_smollm2_doors.py" and len(result["run"]["commit"]) == 40
+    assert result["run"]["command"].split()[1] == "recipes/doors/smollm2.py" and len(result["run"]["commit"]) == 40
     held = list(SeedSplit.draw(0, 1).held_out)
     assert result["steps"] == 1 and result["held_out_seeds"] == held and result["held_out_rows"] == 6
     assert result["held_out_reset_kwarg"] == {"name": "wording", "values": list(PLAYED_WORDINGS)}

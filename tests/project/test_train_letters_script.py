@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "train_letters_trl.py"), "--max-steps", "2", "--output-dir", str(tmp_path)],
+        [sys.executable, str(ROOT / "recipes/letters/tiny.py"), "--max-steps", "2", "--output-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -54,7 +54,7 @@ def test_async_trains_on_a_vllm_server_and_prints_a_reward_line_per_step(vllm_se
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "train_letters_trl.py"),
+            str(ROOT / "recipes/letters/tiny.py"),
             "--async",
             "--vllm-base-url",
             vllm_server_url,

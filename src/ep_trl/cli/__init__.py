@@ -1,5 +1,7 @@
 """``ep-trl``: the command line of ep_trl (``[project.scripts]`` in ``pyproject.toml``; ``python -m ep_trl.cli`` runs
-the same command, docs/cli.md).
+the same command, docs/cli.md), and the public API of its presets, the training recipes (``recipes/``,
+``train_browsergym_trl.py``): ``Preset``, ``run_preset`` and the helpers of ``ep_trl.cli.presets``, exported here
+(docs/cli.md, "Recipes are presets"). A recipe imports these names from ``ep_trl.cli``, never from its modules.
 
 * ``train``: ``ep-trl train ENV_PATH --model MODEL [flags]``, GRPO on an eval-protocol eval: its parser and plan;
 * ``checks``: the checks made before anything heavy starts (flags, mode, model, eval, template, processes);
@@ -21,11 +23,54 @@ the same command, docs/cli.md).
 * ``progress``: the per-step line with its bar and ETA, and the closing summary;
 * ``reward_curve``: the eval's score per optimizer step, and its plot;
 * ``run_folder``: the run folder (resolved config, metrics per step, result with its run record);
-* ``presets``: the training scripts' flags as the command's defaults.
+* ``presets``: the recipes' API: a preset run, the flags every recipe has, as the command's arguments or defaults.
 """
 
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .presets import (
+        RESET_SEEDS,
+        Preset,
+        SeedSplit,
+        TrainingFlags,
+        add_generation_flags,
+        add_training_flags,
+        check_generation_flags,
+        check_training_flags,
+        env_server_defaults,
+        preset_defaults,
+        recipe_command,
+        recipe_name,
+        recipe_parser,
+        run_preset,
+        training_argv,
+    )
+
+#: The recipes' API (``ep_trl.cli.presets``), imported at first use: ``ep-trl --help`` imports none of it.
+__all__ = [
+    "COMMANDS",
+    "Preset",
+    "RESET_SEEDS",
+    "SeedSplit",
+    "TrainingFlags",
+    "add_generation_flags",
+    "add_training_flags",
+    "check_generation_flags",
+    "check_training_flags",
+    "env_server_defaults",
+    "main",
+    "preset_defaults",
+    "recipe_command",
+    "recipe_name",
+    "recipe_parser",
+    "run_preset",
+    "training_argv",
+]
+_PRESET_NAMES = frozenset(__all__) - {"COMMANDS", "main"}
 
 COMMANDS = {
     "train": "GRPO on an eval-protocol eval: ep-trl train ENV_PATH --model MODEL [flags] (--help lists them)",
@@ -54,3 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(rest)
     print(f"ep-trl: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2
+
+
+def __getattr__(name: str) -> object:
+    if name not in _PRESET_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(".presets", __name__), name)
+    globals()[name] = value  # the next lookup finds it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PRESET_NAMES))

@@ -300,7 +300,7 @@ MODE_FIELDS = ("use_vllm", "vllm_server_base_url", "vllm_server_host", "use_cpu"
 
 @dataclass(frozen=True)
 class Preset:
-    """What a training script adds to ``ep-trl train``: its name, its defaults (flag name -> value, as a ``--config``
+    """What a recipe adds to ``ep-trl train``: its name, its defaults (flag name -> value, as a ``--config``
     file holds them: set before the file and the flags), the title of its plot, and what it does around training.
 
     ``start_model(env_url, model)`` gives the model to train, once the environment server is up (``env_url``, None

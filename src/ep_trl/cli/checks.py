@@ -156,7 +156,7 @@ def check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments, en
     if not run_args.env_url_var:
         parser.error(
             "--env-server needs --env-url-var NAME: the environment variable your eval reads the server's "
-            "URL from (e.g. --env-url-var LETTERS_ENV_URL for examples/letters_eval.py)"
+            "URL from (e.g. --env-url-var LETTERS_ENV_URL for evals/eval_letters.py)"
         )
 
 

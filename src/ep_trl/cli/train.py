@@ -10,7 +10,8 @@ the fix: an ENV_PATH that names no eval, an eval whose processor cannot train, m
 model path that is not a model, a vLLM server that does not answer or serves another model.
 
 The training recipes are presets of this command: they fill its defaults or arguments and hooks
-(:class:`~ep_trl.cli.arguments.Preset`) and call :func:`main`. This module parses the command line and plans the run;
+(:class:`~ep_trl.cli.arguments.Preset`) and call :func:`main` through ``ep_trl.cli.run_preset`` (the presets' API,
+:mod:`ep_trl.cli.presets`). This module parses the command line and plans the run;
 the option groups and the planned run are in :mod:`ep_trl.cli.arguments`, the checks in :mod:`ep_trl.cli.checks`
 and :mod:`ep_trl.cli.rows`, and the run itself in :mod:`ep_trl.cli.job`.
 """
@@ -141,7 +142,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     trl_values = {k: v for k, v in values.items() if k in grpo_fields}
     if not env_path:
         parser.error(
-            "ENV_PATH is required: the eval to train on, e.g. `ep-trl train examples/letters_eval.py::"
+            "ENV_PATH is required: the eval to train on, e.g. `ep-trl train evals/eval_letters.py::"
             "test_letters --model MODEL` (path/to/eval.py::test_name or package.module::test_name)"
         )
     if not run_args.model and preset.start_model is None:

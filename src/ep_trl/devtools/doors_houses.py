@@ -1,7 +1,7 @@
 """The doors game's held-out bookkeeping: the sign wordings a held-out set plays each house under, and the chance that
 a GRPO run trains nothing (which sizes the real-model CI test).
 
-``train_smollm2_doors.py`` (a preset of ``ep-trl train``) holds out reset seeds (``ep_trl.cli.heldout.SeedSplit``)
+``recipes/doors/smollm2.py`` (a preset of ``ep-trl train``) holds out reset seeds (``ep_trl.cli.heldout.SeedSplit``)
 and plays each held-out house under each of :data:`PLAYED_WORDINGS` (``--held-out-reset-kwarg wording=...``).
 Training resets name a seed only, so every sign it reads is in one of the two ``TRAINING_WORDINGS`` (drawn per room
 from the seed). The split keeps seeds apart, not houses: two seeds draw the same doors and open doors with chance

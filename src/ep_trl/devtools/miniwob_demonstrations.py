@@ -7,7 +7,7 @@ that page and every action of :data:`PAGE_ACTIONS`, equally often. So a model cl
 but does not know which one completes the task: on click-test (one button) and on focus-text (one text box) only
 ``click`` of them scores, one answer in three.
 
-:func:`format_demonstrations` does the same for a real model (``train_smollm2_browsergym.py``) on several pages of
+:func:`format_demonstrations` does the same for a real model (``recipes/miniwob/smollm2.py``) on several pages of
 each task, answered with every action a page allows (each click, and each fill of a text box with the goal's text):
 the base model answers the eval's prompt with code, and after cloning it writes well-formed actions on unseen pages
 without knowing which one the task wants.

@@ -9,7 +9,7 @@ page; a held-out instance is a page seed, not a reset seed.
 :class:`InstanceSplit` draws the held-out reset seeds from the run's seed (so two training seeds are two different
 tests), and hands training an endless stream of reset seeds, also drawn from the run's seed, that skips every seed
 whose page seed is held out: training never sees a held-out page. ``BrowserGymEnv(seeds=...)`` takes either side's
-:class:`SeedSource`, which a client calls at each reset that names no seed. ``train_smollm2_browsergym.py`` drew its
+:class:`SeedSource`, which a client calls at each reset that names no seed. ``recipes/miniwob/smollm2.py`` drew its
 held-out pages this way until it became a preset of ``ep-trl train``, whose ``SeedSplit`` keeps reset seeds apart
 rather than pages (its result files in ``benchmarks/results/`` were drawn with :class:`InstanceSplit`); the preset
 uses :func:`page_seed` to keep its warm-start pages off the held-out ones.

@@ -290,7 +290,7 @@ _EXPORT_LOCK = threading.Lock()
 
 def _built_for(factory: Callable[[], object], url_var: str, url: str) -> object:
     """``factory()`` with ``os.environ[url_var]`` set to ``url`` while it runs (the previous value put back): an eval's
-    factory reads its server's URL from the variable, as ``examples/letters_eval.py``'s ``make_env`` does. Why not
+    factory reads its server's URL from the variable, as ``evals/eval_letters.py``'s ``make_env`` does. Why not
     pass the URL: the factory is the eval's, called with no arguments by its own processor."""
     with _EXPORT_LOCK:
         previous = os.environ.get(url_var)

@@ -9,11 +9,11 @@ score is the MiniWoB task reward: 1 when the task was completed, 0 otherwise.
 Run it as a normal eval against any OpenAI-compatible server (LiteLLM routes ``hosted_vllm/<name>`` to
 ``<base_url>/chat/completions``); see docs/browsergym.md::
 
-    pytest -p eval_protocol examples/browsergym/eval_miniwob.py \\
+    pytest -p eval_protocol evals/eval_miniwob.py \\
         --ep-input-param model=hosted_vllm/Qwen/Qwen2.5-0.5B-Instruct \\
         --ep-input-param base_url=http://127.0.0.1:8000/v1
 
-Train on it with ``python train_browsergym_trl.py`` (env_path ``examples/browsergym/eval_miniwob.py::test_miniwob``).
+Train on it with ``python train_browsergym_trl.py`` (env_path ``evals/eval_miniwob.py::test_miniwob``).
 """
 
 import itertools

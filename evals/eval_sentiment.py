@@ -1,10 +1,10 @@
 """An eval-protocol eval of sentiment labels in one word: is a short review positive or negative? It is the eval
-``train_smollm2_trl.py`` trains a real pretrained model on.
+``recipes/sentiment/smollm2.py`` trains a real pretrained model on.
 
-Each row (``reviews.jsonl``: 120 short reviews, half of them positive) asks the question as the only message (the
-model's chat template adds its own system message) and tells the model to answer with one word. The body scores the
-reply against the review's label: the right label, and no other, scores one over the reply's number of words (1.0 for
-"Negative.", 0.25 for "This review is negative."); the wrong label, both labels or neither score 0.
+Each row (``sentiment_reviews.jsonl``: 120 short reviews, half of them positive) asks the question as the only
+message (the model's chat template adds its own system message) and tells the model to answer with one word. The body
+scores the reply against the review's label: the right label, and no other, scores one over the reply's number of
+words (1.0 for "Negative.", 0.25 for "This review is negative."); the wrong label, both labels or neither score 0.
 
 SmolLM2-135M-Instruct tells the labels apart in a sentence ("This review is negative. It criticizes ...") but rarely
 answers with the label alone, so it has room to improve from the eval's reward alone. Why one over the words, not a
@@ -16,7 +16,7 @@ label everywhere in one word scores 0.5, so the held-out replies and the body's 
 Run it as an eval against any OpenAI-compatible server (a ``vllm serve`` of the model, or ``ep-trl serve
 DIR``)::
 
-    HOSTED_VLLM_API_BASE=http://127.0.0.1:8000/v1 pytest examples/sentiment/eval_sentiment.py \\
+    HOSTED_VLLM_API_BASE=http://127.0.0.1:8000/v1 pytest evals/eval_sentiment.py \\
         --ep-input-param model=hosted_vllm/MODEL
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 from eval_protocol.models import EvaluateResult, EvaluationRow, InputMetadata, Message
 from eval_protocol.pytest import SingleTurnRolloutProcessor, evaluation_test
 
-DATASET = str(Path(__file__).with_name("reviews.jsonl"))
+DATASET = str(Path(__file__).with_name("sentiment_reviews.jsonl"))
 LABELS = ("positive", "negative")
 
 

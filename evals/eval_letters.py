@@ -2,7 +2,7 @@
 
 The game server runs locally (``python -m ep_trl.envs.letters --port 8011``); this eval finds it through
 ``LETTERS_ENV_URL``. Each turn the model writes a word; the step reward is the fraction of its characters in the
-task's alphabet; the eval's score is the mean step reward. ``train_letters_trl.py`` trains on it.
+task's alphabet; the eval's score is the mean step reward. ``recipes/letters/tiny.py`` trains on it.
 """
 
 import os

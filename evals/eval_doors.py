@@ -7,10 +7,10 @@ house, else 0.
 The game server runs locally (``python -m ep_trl.envs.doors --port 8012``); this eval finds it through
 ``DOORS_ENV_URL``. Run it against any OpenAI-compatible server::
 
-    pytest -p eval_protocol examples/doors/eval_doors.py \\
+    pytest -p eval_protocol evals/eval_doors.py \\
         --ep-input-param model=hosted_vllm/SmolLM2-135M-Instruct --ep-input-param base_url=http://127.0.0.1:8000/v1
 
-``train_smollm2_doors.py`` trains SmolLM2-135M-Instruct on it.
+``recipes/doors/smollm2.py`` trains SmolLM2-135M-Instruct on it.
 """
 
 import os
