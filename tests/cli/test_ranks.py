@@ -110,6 +110,20 @@ def test_a_process_share_that_splits_a_prompt_group_is_refused(tiny_model_dir, m
     assert "not a multiple of --num-generations 8" in err and "--per-device-train-batch-size 8" in err
 
 
+def test_servers_the_run_starts_are_refused_across_machines(tiny_model_dir, monkeypatch, capsys):
+    """4 processes on 2 machines (torchrun's LOCAL_WORLD_SIZE 2): a server on the main process's 127.0.0.1 is out of
+    the other machine's reach."""
+    for name, value in (("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2"), ("RANK", "0")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as ended:
+        train.main([LETTERS, "--model", str(tiny_model_dir), "--env-server", "python -m ep_trl.envs.letters --port "
+                    "{port}", "--env-url-var", "LETTERS_ENV_URL"])  # fmt: skip
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "--env-server under 4 processes on 2 machines: the main process starts it on 127.0.0.1" in err
+    assert "--env-base-url URL1,URL2,..." in err
+
+
 @pytest.mark.timeout(600)
 def test_two_processes_train_in_process_on_one_environment_server(tiny_model_dir, tmp_path):
     """In-process generation: the main process starts the ``--env-server`` (one server, its URL sent to the other

@@ -5,6 +5,7 @@ option objects, ``--warm-start``, and the processes of a multi-process run (the 
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, fields
@@ -347,11 +348,14 @@ def warm_start_settings(run_args: RunArguments, config_values: "Settings") -> "W
     )
 
 
-def check_processes(parser: argparse.ArgumentParser, trl_values: "Settings", mode: modes.TrainingMode) -> None:
+def check_processes(
+    parser: argparse.ArgumentParser, trl_values: "Settings", mode: modes.TrainingMode, env_server: str | None
+) -> None:
     """Under ``torchrun`` or ``accelerate launch``: each process must play whole prompt groups (the eval's
     ``groupwise`` and ``all`` bodies score a group together), so its share of a generation batch,
     ``per_device_train_batch_size x steps_per_generation``, must be a multiple of ``num_generations``. The async
-    trainer's worker runs in the main process alone and plays whole groups there."""
+    trainer's worker runs in the main process alone and plays whole groups there. Servers the run starts itself are
+    on 127.0.0.1 of the main process's machine: refused when the processes span several machines."""
     from .ranks import Ranks
 
     ranks = Ranks.from_env()
@@ -359,6 +363,15 @@ def check_processes(parser: argparse.ArgumentParser, trl_values: "Settings", mod
         parser.error(
             f"--async --screenshots under {ranks.world_size} processes: AsyncImagesGRPOTrainer was tested in one "
             "process only; run it as one process (no torchrun), or drop --async"
+        )
+    machines = ranks.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size)))
+    if machines > 1 and (env_server or mode.vllm_base_url == modes.LOCAL_SERVER):
+        flag = "--env-server" if env_server else f"--vllm-server-url {modes.LOCAL_SERVER}"
+        parser.error(
+            f"{flag} under {ranks.world_size} processes on {machines} machines: the main process starts it on "
+            "127.0.0.1 of its own machine, which the other machines cannot reach. Start it where every machine "
+            "reaches it and pass its URL (--env-base-url URL1,URL2,... for environment replicas; "
+            "--vllm-server-url URL), or train on one machine"
         )
     if not ranks.several or mode.asynchronous:
         return

@@ -152,7 +152,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
     checks.check_trl_mode_flags(parser, trl_values)
     checks.check_report_to(parser, trl_values.get("report_to"))
     mode = checks.generation_mode(parser, gen, run_args, trl_values)
-    checks.check_processes(parser, trl_values, mode)
+    checks.check_processes(parser, trl_values, mode, run_args.env_server)
     if run_args.model:
         run_args.model = checks.package_model(parser, run_args.model)
         checks.check_model(parser, run_args.model)
