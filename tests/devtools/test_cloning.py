@@ -4,11 +4,11 @@ cached by its inputs, and the measured probabilities are the model's own (teache
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ep_trl.devtools.cloning import CloningRecipe, Demonstration, answer_probabilities, clone_on_demonstrations
+from ep_trl.devtools.cloning import CloningRecipe, CloningTarget, answer_probabilities, clone_on_demonstrations
 
 DEMONSTRATIONS = (
-    Demonstration(messages=({"role": "user", "content": "Press the button."},), answers=("click('3')", "hover('3')")),
-    Demonstration(messages=({"role": "user", "content": "Scroll."},), answers=("scroll(0, 200)",)),
+    CloningTarget(messages=({"role": "user", "content": "Press the button."},), answers=("click('3')", "hover('3')")),
+    CloningTarget(messages=({"role": "user", "content": "Scroll."},), answers=("scroll(0, 200)",)),
 )
 
 
@@ -45,7 +45,7 @@ def test_a_recipe_that_cannot_converge_says_what_to_change(tiny_model_dir, tmp_p
 
 def test_bad_input_is_refused_naming_the_fix():
     with pytest.raises(ValueError, match="distinct, non-empty answers"):
-        Demonstration(messages=({"role": "user", "content": "x"},), answers=("a", "a"))
+        CloningTarget(messages=({"role": "user", "content": "x"},), answers=("a", "a"))
     with pytest.raises(ValueError, match="between 0 and 1"):
         CloningRecipe(fair_share=1.0)
 

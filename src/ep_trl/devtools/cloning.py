@@ -36,7 +36,7 @@ RESULT_FILE = "ep_trl_cloning.json"
 
 
 @dataclass(frozen=True)
-class Demonstration:
+class CloningTarget:
     """A conversation the model will be prompted with (ending before its turn) and the answers it should write
     there, each equally often."""
 
@@ -46,11 +46,11 @@ class Demonstration:
     def __post_init__(self) -> None:
         if not self.messages:
             raise ValueError(
-                "Demonstration(messages=()): give the conversation the model answers, e.g. "
+                "CloningTarget(messages=()): give the conversation the model answers, e.g. "
                 "({'role': 'user', 'content': 'Play.'},)"
             )
         if not self.answers or len(set(self.answers)) != len(self.answers) or not all(self.answers):
-            raise ValueError(f"Demonstration(answers={self.answers!r}): give one or more distinct, non-empty answers")
+            raise ValueError(f"CloningTarget(answers={self.answers!r}): give one or more distinct, non-empty answers")
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def default_cache_dir() -> Path:
 def clone_on_demonstrations(
     base_dir: str | Path,
     out_dir: str | Path,
-    demonstrations: Sequence[Demonstration],
+    demonstrations: Sequence[CloningTarget],
     recipe: CloningRecipe = CloningRecipe(),
     *,
     cache_dir: Path | None = None,
@@ -105,7 +105,7 @@ def clone_on_demonstrations(
     """A copy of the model at ``base_dir``, at ``out_dir``, cloned on ``demonstrations`` (built once per machine and
     recipe: see the module docstring). Raises ``RuntimeError`` when ``recipe.max_steps`` is not enough."""
     if not demonstrations:
-        raise ValueError("clone_on_demonstrations needs at least one Demonstration")
+        raise ValueError("clone_on_demonstrations needs at least one CloningTarget")
     base, out = Path(base_dir), Path(out_dir)
     examples = _examples(AutoTokenizer.from_pretrained(base), demonstrations)
     cached = (cache_dir or default_cache_dir()) / _cache_key(base, examples, recipe)
@@ -141,7 +141,7 @@ def _cache_key(base: Path, examples: list[tuple[list[int], list[list[int]]]], re
 
 
 def answer_probabilities(
-    model: Any, tokenizer: Any, demonstrations: Sequence[Demonstration]
+    model: Any, tokenizer: Any, demonstrations: Sequence[CloningTarget]
 ) -> tuple[tuple[float, ...], ...]:
     """The probability ``model`` gives each answer of each demonstration (answer ids then end of sequence, after
     the conversation rendered as ep_trl prompts it), teacher-forced, per demonstration in order. It shows what a
@@ -157,7 +157,7 @@ def answer_probabilities(
     return _grouped(probabilities, [len(d.answers) for d in demonstrations])
 
 
-def _examples(tokenizer: Any, demonstrations: Sequence[Demonstration]) -> list[tuple[list[int], list[list[int]]]]:
+def _examples(tokenizer: Any, demonstrations: Sequence[CloningTarget]) -> list[tuple[list[int], list[list[int]]]]:
     """Each demonstration's prompt ids (ep_trl's ``ChatTemplate``) and its answers' ids, end of sequence included."""
     from ..trajectory.template import ChatTemplate
 

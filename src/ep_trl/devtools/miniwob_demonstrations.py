@@ -20,7 +20,7 @@ from typing import Any
 
 from ..envs.browsergym import BrowserGymEnv, BrowserGymObservation
 from ..evalprotocol import read_eval_spec, resolve_eval_test, strip_row_key, training_prompts
-from .cloning import Demonstration
+from .cloning import CloningTarget
 
 #: The BrowserGym element actions demonstrated, on each clickable element.
 ELEMENT_ACTIONS: tuple[str, ...] = ("click", "hover")
@@ -36,7 +36,7 @@ def first_turn_demonstrations(
     seed: int = 0,
     actions: Sequence[str] = ELEMENT_ACTIONS,
     page_actions: Sequence[str] = PAGE_ACTIONS,
-) -> tuple[Demonstration, ...]:
+) -> tuple[CloningTarget, ...]:
     """One demonstration per task: the eval's first prompt for the page of ``reset(task_name=task, seed=seed)`` on
     the server at ``env_url``, answered with each of ``actions`` on each clickable element and each of
     ``page_actions``."""
@@ -50,13 +50,13 @@ def first_turn_demonstrations(
             )
         user = {"role": "user", "content": spec.prompt_builder(observation, 1, [])}
         answers = (*(f"{action}('{bid}')" for action in actions for bid in observation.clickable_bids), *page_actions)
-        demonstrations.append(Demonstration(messages=(*first, user), answers=answers))
+        demonstrations.append(CloningTarget(messages=(*first, user), answers=answers))
     return tuple(demonstrations)
 
 
 def format_demonstrations(
     env_path: str, env_url: str, instances: Sequence[tuple[str, int]]
-) -> tuple[Demonstration, ...]:
+) -> tuple[CloningTarget, ...]:
     """One demonstration per ``(task, reset seed)`` in ``instances``: the eval's first prompt for that page, answered
     with every action of the format that page allows, equally often: ``click`` on each clickable element, and
     ``fill`` of each text box with each text the goal quotes. A real model cloned on them writes well-formed actions
@@ -72,7 +72,7 @@ def format_demonstrations(
                 "actions on; train on other tasks"
             )
         user = {"role": "user", "content": spec.prompt_builder(observation, 1, [])}
-        demonstrations.append(Demonstration(messages=(*first, user), answers=answers))
+        demonstrations.append(CloningTarget(messages=(*first, user), answers=answers))
     return tuple(demonstrations)
 
 
