@@ -138,19 +138,12 @@ def run(job: TrainJob) -> int:
                 state.after = _play_held_out(held_out, trainer, "after training")
             if job.preset.after_training is not None and ranks.main:
                 job.preset.after_training(trainer)
-    except KeyboardInterrupt:
-        state.ended = "interrupted (Ctrl-C)"
-        if not ranks.main:
-            raise
-        finish(job, folder, state, record, started, ranks)
-        print(f"interrupted: environment server stopped; the run folder keeps what was written: {folder}", flush=True)
-        raise
-    except shutdown.Terminated:
-        state.ended = "terminated (SIGTERM)"
-        if not ranks.main:
-            raise
-        finish(job, folder, state, record, started, ranks)
-        print(f"terminated: environment server stopped; the run folder keeps what was written: {folder}", flush=True)
+    except (KeyboardInterrupt, shutdown.Terminated) as stop:
+        how = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated"
+        state.ended = f"{how} (Ctrl-C)" if how == "interrupted" else f"{how} (SIGTERM)"
+        if ranks.main:
+            finish(job, folder, state, record, started, ranks)
+            print(f"{how}: environment server stopped; the run folder keeps what was written: {folder}", flush=True)
         raise
     if ranks.main:
         finish(job, folder, state, record, started, ranks)
