@@ -23,6 +23,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # HOME so training rollouts logged by tests (on by default, as for users) never touch the developer's store.
 # Playwright finds its browsers under the real home, so pin that first.
 os.environ.setdefault("PLAYWRIGHT_BROWSERS_PATH", os.path.join(os.path.expanduser("~"), ".cache", "ms-playwright"))
+# uv (OpenEnv's UVProvider, --env-provider uv) keeps the packages it installed from the registry in the user's cache
+os.environ.setdefault("UV_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "uv"))
 TEST_HOME = tempfile.mkdtemp(prefix="ep-trl-test-home-")
 # ...but the real model's checkpoint stays where scripts/install.sh built it (the user's cache), not rebuilt per session
 os.environ.setdefault("EP_TRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ep_trl"))

@@ -89,6 +89,15 @@ class RunArguments:
             "one with the fewest open) and start again one that dies (docs/scaling.md)"
         },
     )
+    env_provider: str | None = field(
+        default=None,
+        metadata={
+            "help": "start the environment the eval names (its OpenEnvRolloutProcessor's docker_image, or its "
+            "client's package) with this OpenEnv provider, one per task, stopped however the run ends: uv (the "
+            "environment's own uv project, `uv run` from its folder's pyproject.toml), docker, docker-swarm, "
+            "kubernetes, as the installed OpenEnv has them (default: its package served with this Python)"
+        },
+    )
     env_server_health: str = field(
         default="/health", metadata={"help": "the path of --env-server that answers 2xx once it is ready"}
     )

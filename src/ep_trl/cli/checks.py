@@ -1,7 +1,8 @@
 """The checks ``ep-trl train`` makes before anything heavy starts: TRL's flags that the generation mode sets, the
-generation mode, ``--report-to``, the model, ``--env-server`` and its replicas, the eval, the chat template, ep_trl's
-option objects, ``--warm-start``, and the processes of a multi-process run (the vLLM server's checks are in
-``server_checks``). Each refuses bad input through ``parser.error`` (exit status 2) with a message naming the fix."""
+generation mode, ``--report-to``, the model, ``--env-server`` and its replicas, ``--env-provider``, the eval, the chat
+template, ep_trl's option objects, ``--warm-start``, and the processes of a multi-process run (the vLLM server's
+checks are in ``server_checks``). Each refuses bad input through ``parser.error`` (exit status 2) with a message
+naming the fix."""
 
 import argparse
 import json
@@ -159,6 +160,44 @@ def check_env_server(parser: argparse.ArgumentParser, run_args: RunArguments, en
             "--env-server needs --env-url-var NAME: the environment variable your eval reads the server's "
             "URL from (e.g. --env-url-var LETTERS_ENV_URL for evals/eval_letters.py)"
         )
+
+
+def check_env_provider(
+    parser: argparse.ArgumentParser, run_args: RunArguments, env_base_url: str | None, spec: "EvalSpec"
+) -> None:
+    """``--env-provider NAME``: a provider the installed OpenEnv has (refused otherwise, with the names it has), for
+    an OpenEnv eval that names its environment (an image for a container provider, a package in a uv project for
+    ``uv``) and no other way to reach it. Nothing is started here."""
+    from ..openenv.providers import installed_providers, named_provider
+    from ..openenv.servers import START_TIMEOUT_S
+
+    name = run_args.env_provider
+    if name is None:
+        return
+    for flag, value in (("--env-server", run_args.env_server), ("--env-base-url", env_base_url)):
+        if value:
+            parser.error(
+                f"--env-provider {name} starts the eval's environment, and {flag} names another one: drop one of them"
+            )
+    try:
+        installed = installed_providers()
+    except ConfigError as error:
+        parser.error(f"--env-provider {name}: {error}")
+    problem = installed.problem(name)
+    if problem is not None:
+        parser.error(f"--env-provider {name}: {problem}")
+    env = spec.env
+    if env is None or env.factory is not None or env.client_cls is None:
+        how = f"uses {spec.processor_name}" if env is None else "builds its environment clients itself (env_factory)"
+        parser.error(
+            f"--env-provider {name} starts an OpenEnv environment server for an eval that names one (an "
+            f"OpenEnvRolloutProcessor with env_client_cls and a docker_image or hub_repo_id); {spec.qualified_name} "
+            f"{how}, so there is nothing to start: drop --env-provider"
+        )
+    try:
+        named_provider(name, env, START_TIMEOUT_S, installed)
+    except ConfigError as error:
+        parser.error(f"--env-provider {name}: {error}")
 
 
 def check_eval(

@@ -149,7 +149,8 @@ class HeldOutPlay:
     for an eval with its own processor, the held-out rows' ``prompts``; for an OpenEnv eval, ``count`` reset seeds
     drawn from ``seed`` (:class:`SeedSplit`), or ``count`` episodes of held-out tasks (``tasks``: the held-out ones
     and training's), episode ``i`` starting from the eval's row ``i`` (cycling through them, ``prompts`` being those
-    rows' prompts), each played once per value of ``variants`` when given (OpenEnv evals).
+    rows' prompts), each played once per value of ``variants`` when given (OpenEnv evals), on servers ``provider``
+    (``--env-provider``'s name) starts when the eval's environment is started.
     :meth:`training_overrides` keeps training's resets off the held-out seeds; :meth:`seed_problem` checks that the
     environment honours seeds, :meth:`variant_problem` that its reset takes each value; :meth:`play` plays them for a
     trainer."""
@@ -168,6 +169,7 @@ class HeldOutPlay:
         max_concurrent_rollouts: int | None,
         tasks: tuple[Sequence[str], Sequence[str]] = ((), ()),
         variants: ResetVariants | None = None,
+        provider: str | None = None,
     ) -> None:
         from .. import create_rollout_func
         from ..adapters.rollout_func import RolloutFunction
@@ -196,6 +198,7 @@ class HeldOutPlay:
             vllm=vllm,
             options=replace(options, worker_processes=1),
             max_concurrent_rollouts=max_concurrent_rollouts,
+            provider=provider,
         )
         assert isinstance(rollout, RolloutFunction), "one worker process: the rollout function is not sharded"
         self.rollout = rollout

@@ -124,6 +124,7 @@ def run(job: TrainJob) -> int:
                 vllm=job.vllm,
                 chat_template=job.chat_template,
                 max_concurrent_rollouts=job.max_concurrent_rollouts,
+                provider=job.run.env_provider,
             ) as trainer:
                 state.trainer = trainer
                 trainer.remove_callback(PrinterCallback)  # ProgressPrinter prints one line per step instead
@@ -301,6 +302,7 @@ def _held_out_play(job: TrainJob, ranks: Ranks) -> "Iterator[HeldOutPlay | None]
         max_concurrent_rollouts=job.max_concurrent_rollouts,
         tasks=(tuple(job.run.held_out_tasks or ()), job.training_tasks),
         variants=job.held_out_variants,
+        provider=job.run.env_provider,
     )
     try:
         yield play

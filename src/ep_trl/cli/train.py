@@ -158,6 +158,7 @@ def plan(parser: argparse.ArgumentParser, values: "Settings", preset: Preset, ar
         checks.check_model(parser, run_args.model)
     checks.check_env_server(parser, run_args, evals.env_base_url)
     spec, offered = checks.check_eval(parser, env_path, checks.absolute_paths(evals.input_dataset))
+    checks.check_env_provider(parser, run_args, evals.env_base_url, spec)
     template = checks.check_chat_template(parser, run_args, offered, env_path)
     overrides, options, vllm, concurrent = checks.bridge_options(
         parser, evals, rollout, vllm_args, trl_values.get("chat_template_kwargs"), run_args.env_url_var

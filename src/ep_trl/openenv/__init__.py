@@ -7,5 +7,6 @@ ep_trl's own modules are imported relatively (docs/architecture.md).
 * ``episode``: what an episode is played with (``EpisodeConfig``) and which one to play (task rotation, seeds);
 * ``source``: the episode source of an ``OpenEnvRolloutProcessor`` eval;
 * ``servers``: environment servers ep_trl starts through OpenEnv's provider interface;
+* ``providers``: OpenEnv's providers by name (``--env-provider``), as the installed OpenEnv has them;
 * ``local_provider``: ``LocalAppProvider``, serving an environment's app from its installed package.
 """

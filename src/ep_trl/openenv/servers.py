@@ -10,12 +10,12 @@ processor starts one container per task.
 
 Servers are started through OpenEnv's own provider interface, so any provider can stand in (``provider=``):
 OpenEnv's ``LocalDockerProvider``, ``KubernetesProvider`` (container providers, given the eval's image) or a
-runtime provider such as ``UVProvider``. Without one, ``local_provider.LocalAppProvider`` is used. Why not
+runtime provider such as ``UVProvider``, or one of OpenEnv's by name (``provider="uv"``, ``ep-trl train
+--env-provider uv``: ``ep_trl.openenv.providers``). Without one, ``local_provider.LocalAppProvider`` is used. Why not
 ``UVProvider`` by default: it re-installs the environment's project into an isolated environment with ``uv`` on every
 start, which needs ``uv`` and the network; the package is already importable in the training environment.
 """
 
-import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -27,6 +27,7 @@ from ..evalprotocol.spec import EnvSettings
 from ..options import EvalOverrides
 from ..runtime import shutdown
 from ..runtime.processes import ServerStartError
+from .providers import container_image, named_provider, server_app
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +44,6 @@ def _provider_types() -> tuple[type, ...]:
     except ImportError:  # pragma: no cover - the eval's client class already needs an OpenEnv distribution
         return ()
     return (RuntimeProvider, ContainerProvider)
-
-
-def server_app(client_cls: type) -> str | None:
-    """``"<env>.server.app:app"`` for the package that holds ``client_cls`` in OpenEnv's layout, if importable."""
-    parts = client_cls.__module__.split(".")
-    for depth in range(len(parts), 0, -1):
-        module = ".".join(parts[:depth]) + ".server.app"
-        try:
-            if importlib.util.find_spec(module) is not None:
-                return f"{module}:app"
-        except (ImportError, ValueError):
-            continue
-    return None
 
 
 class RuntimeProviderLike(Protocol):
@@ -80,8 +68,9 @@ class ContainerProviderLike(Protocol):
 
 #: An OpenEnv provider that starts one server.
 ProviderInstance: TypeAlias = RuntimeProviderLike | ContainerProviderLike
-#: What ``provider=`` takes: an OpenEnv RuntimeProvider or ContainerProvider, or a zero-argument callable making one.
-Provider: TypeAlias = ProviderInstance | Callable[[], ProviderInstance]
+#: What ``provider=`` takes: an OpenEnv RuntimeProvider or ContainerProvider, a zero-argument callable making one, or
+#: the name of one of OpenEnv's (``"uv"``, ``"docker"``, ...: ``ep_trl.openenv.providers``).
+Provider: TypeAlias = ProviderInstance | Callable[[], ProviderInstance] | str
 
 
 class LaunchedServers:
@@ -127,7 +116,7 @@ def launch(
 
     One server per task when the eval selects tasks through ``task_var`` (each started with ``task_var=task``),
     else one server. A ``provider`` instance starts one server (with several tasks, they are then asked for at
-    reset); a zero-argument callable returning providers starts one per task.
+    reset); a zero-argument callable returning providers starts one per task, as does a provider's name.
     """
     if overrides is not None and (overrides.env_base_url is not None or overrides.env_factory is not None):
         raise ConfigError(
@@ -135,6 +124,8 @@ def launch(
             "env_factory, which name an environment that already exists. Pass one of them."
         )
     assert settings.client_cls is not None
+    if isinstance(provider, str):
+        provider = cast(Callable[[], ProviderInstance], named_provider(provider, settings, START_TIMEOUT_S))
     per_task = bool(settings.tasks and settings.task_var) and (
         provider is None or _is_factory(provider) or len(settings.tasks) == 1
     )
@@ -158,10 +149,11 @@ def launch(
                 raise ServerStartError(f"{what}\n{type(exc).__name__}: {exc}") from exc
             servers.add(task, url, provider_for_task, stop)
             logger.info(
-                "ep_trl started the environment server for %s%s at %s",
+                "ep_trl started the environment server for %s%s at %s with %s",
                 settings.client_cls.__name__,
                 f" (task {task!r})" if task is not None else "",
                 url,
+                type(provider_for_task).__name__,
             )
     except BaseException:
         servers.close()
@@ -236,9 +228,10 @@ def _start(
 ) -> tuple[str, Callable[[], None]]:
     """Start one server with an OpenEnv provider of either kind; its URL and how to stop it."""
     if _starts_containers(provider):
-        if not settings.docker_image:
+        image = container_image(settings)
+        if image is None:
             raise ConfigError(f"{type(provider).__name__} starts containers, but the eval names no docker_image.")
-        url = provider.start_container(settings.docker_image, env_vars=env_vars)
+        url = provider.start_container(image, env_vars=env_vars)
         provider.wait_for_ready(url, START_TIMEOUT_S)
         return url, provider.stop_container
     runtime = cast(RuntimeProviderLike, provider)  # not a container provider: a runtime one
