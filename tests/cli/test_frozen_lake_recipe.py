@@ -34,7 +34,7 @@ LAKE_IDS = ("lake-1", "lake-2")  # two rows of the recipe's lakes (seeds 1 and 2
 
 
 @pytest.mark.timeout(900)
-def test_the_frozen_lake_recipe_trains_two_steps_with_a_gradient(qwen_template_model_dir, tmp_path):
+def test_the_frozen_lake_recipe_trains_two_steps_with_a_gradient(qwen_template_model_dir: Path, tmp_path: Path) -> None:
     assert not port_taken(MCP_PORT), "another FrozenLake MCP server holds port 9700"
     rows = [
         line
