@@ -16,7 +16,7 @@ from ep_trl.compat import MOVED, REMOVED_IN
 SRC = Path(ep_trl.__file__).resolve().parent
 
 
-def test_every_moved_path_names_an_existing_module_and_no_old_file_is_left():
+def test_every_moved_path_names_an_existing_module_and_no_old_file_is_left() -> None:
     assert sorted(MOVED) == ["ep_trl.serve", "ep_trl.shutdown"]
     for old, new in MOVED.items():
         new_path = SRC.parent.joinpath(*new.split("."))
@@ -38,7 +38,7 @@ def test_an_old_path_warns_and_is_the_new_module(old):
     assert len([w for w in caught if issubclass(w.category, DeprecationWarning)]) == 1
 
 
-def test_patching_the_old_path_patches_the_new_module(monkeypatch):
+def test_patching_the_old_path_patches_the_new_module(monkeypatch: pytest.MonkeyPatch) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         # the old path as a user's import statement names it: ep_trl.compat makes that module at import time, so
@@ -51,7 +51,7 @@ def test_patching_the_old_path_patches_the_new_module(monkeypatch):
 
 
 @pytest.mark.parametrize("old", ["ep_trl.rollout", "ep_trl.env_pool", "ep_trl.processors.endpoint", "ep_trl.guard"])
-def test_the_paths_before_the_regrouping_are_gone(old):
+def test_the_paths_before_the_regrouping_are_gone(old: str) -> None:
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(old)
 
@@ -61,12 +61,12 @@ def test_the_trajectory_package_holds_no_names_of_its_modules():
         from ep_trl.trajectory import ChatTemplate  # noqa: F401
 
 
-def test_a_keyword_that_moved_into_an_option_object_is_named_with_its_new_home():
+def test_a_keyword_that_moved_into_an_option_object_is_named_with_its_new_home() -> None:
     with pytest.raises(TypeError, match=r"'vllm_max_retries'.*it is now vllm=VLLMOptions\(max_retries=\.\.\.\)"):
         ep_trl.create_rollout_func("tests.evals.eval_letters::test_letters_pointwise", vllm_max_retries=3)
 
 
-def test_python_dash_m_runs_an_old_path():
+def test_python_dash_m_runs_an_old_path() -> None:
     """``python -m ep_trl.serve`` (the README's command before ``ep-trl serve``) still runs ``ep_trl.cli.serve``."""
     done = subprocess.run(
         [sys.executable, "-W", "always::DeprecationWarning", "-m", "ep_trl.serve", "--help"],

@@ -8,7 +8,7 @@ from ep_trl.evalprotocol import ROW_KEY, eval_rows, match_rows, resolve_eval_tes
 ROWS = "tests/evals/eval_inputs_rows.py::test_qa_rows"
 
 
-def test_input_messages_become_conversational_prompts():
+def test_input_messages_become_conversational_prompts() -> None:
     ds = dataset_from_eval("tests.evals.eval_letters", repeat=3)
     assert len(ds) == 3
     [message] = ds[0]["prompt"]
@@ -16,7 +16,7 @@ def test_input_messages_become_conversational_prompts():
     assert strip_row_key(ds[0]["prompt"]) == [{"role": "user", "content": "Play the letters game."}]
 
 
-def test_repeated_prompts_map_back_to_their_rows():
+def test_repeated_prompts_map_back_to_their_rows() -> None:
     eval_test = resolve_eval_test(ROWS)
     rows = eval_rows(eval_test)
     ds = dataset_from_eval(ROWS, repeat=2)
@@ -29,7 +29,7 @@ def test_repeated_prompts_map_back_to_their_rows():
     assert [row.input_metadata.row_id for row in matched[:6]] == [row.input_metadata.row_id for row in rows]
 
 
-def test_rows_that_changed_since_the_dataset_was_built_are_an_error():
+def test_rows_that_changed_since_the_dataset_was_built_are_an_error() -> None:
     eval_test = resolve_eval_test(ROWS)
     ds = dataset_from_eval(ROWS)
     rows = eval_rows(eval_test)
@@ -38,6 +38,6 @@ def test_rows_that_changed_since_the_dataset_was_built_are_an_error():
         match_rows(ds["prompt"][1:3], rows, eval_test.qualified_name)
 
 
-def test_repeat_must_be_positive():
+def test_repeat_must_be_positive() -> None:
     with pytest.raises(ValueError, match="repeat"):
         dataset_from_eval("tests.evals.eval_letters", repeat=0)

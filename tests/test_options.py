@@ -28,19 +28,19 @@ EVAL = "tests.evals.eval_letters::test_letters_pointwise"
         ({"env_factory": lambda: None, "env_base_url": "http://127.0.0.1:1"}, "pass one of them"),
     ],
 )
-def test_eval_overrides_refuse_bad_values_naming_them(kwargs, message):
+def test_eval_overrides_refuse_bad_values_naming_them(kwargs, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         EvalOverrides(**kwargs)
 
 
-def test_eval_overrides_normalise_what_they_accept():
+def test_eval_overrides_normalise_what_they_accept() -> None:
     overrides = EvalOverrides(tasks=["a", "b"], stop="\n\n", evaluation_test_kwargs={"bonus": 1.0})
     assert overrides.tasks == ("a", "b")
     assert overrides.stop == ("\n\n",)  # a single stop string, as OpenAI's API allows, is one stop
     assert overrides.evaluation_test_kwargs == {"bonus": 1.0}
 
 
-def test_a_keyword_and_an_override_must_agree():
+def test_a_keyword_and_an_override_must_agree() -> None:
     merged = EvalOverrides(max_steps=2).merged(env_base_url="http://127.0.0.1:1", max_concurrent_rollouts=None)
     assert merged.env_base_url == "http://127.0.0.1:1" and merged.max_steps == 2
     with pytest.raises(ConfigError, match=r"max_concurrent_rollouts is given twice.*\(3\).*\(2\)"):
@@ -58,7 +58,9 @@ def test_a_keyword_and_an_override_must_agree():
         ({"seed": "7"}, r"seed='7'"),
     ],
 )
-def test_vllm_options_refuse_bad_values_naming_them(kwargs, message):
+def test_vllm_options_refuse_bad_values_naming_them(
+    kwargs: dict[str, int] | dict[str, float] | dict[str, str], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         VLLMOptions(**kwargs)
 
@@ -93,12 +95,14 @@ def test_rollout_options_refuse_bad_values():
         ({"log_rollouts": "no"}, "log_rollouts"),
     ],
 )
-def test_the_factory_checks_its_keywords_before_reading_the_eval(kwargs, message):
+def test_the_factory_checks_its_keywords_before_reading_the_eval(
+    kwargs: dict[str, str] | dict[str, int] | dict[str, dict[str, int]], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         create_openenv_vllm_rollout_func(EVAL, **kwargs)
 
 
-def test_a_keyword_of_an_earlier_release_says_where_it_lives_now():
+def test_a_keyword_of_an_earlier_release_says_where_it_lives_now() -> None:
     with pytest.raises(TypeError, match=r"'tasks'; it is now overrides=EvalOverrides\(tasks=\.\.\.\)"):
         create_openenv_vllm_rollout_func(EVAL, tasks=["vowels"])
     with pytest.raises(TypeError, match=r"'vllm_max_in_flight'; it is now vllm=VLLMOptions\(max_in_flight=\.\.\.\)"):

@@ -9,17 +9,17 @@ STEPS = [[0.5, 0.25], [], [1.0, 0.0, 0.5]]
 STATUS = ["finished", "finished", "error"]
 
 
-def test_eval_score_passes_scores_and_keeps_none():
+def test_eval_score_passes_scores_and_keeps_none() -> None:
     assert eval_score(COMPLETIONS, eval_score=[0.5, None, 1]) == [0.5, None, 1.0]
 
 
 @pytest.mark.parametrize(("fn", "first"), [(step_reward_sum, 0.75), (step_reward_mean, 0.375), (step_reward_max, 0.5)])
-def test_step_reward_aggregates(fn, first):
+def test_step_reward_aggregates(fn, first: float) -> None:
     # an episode with no steps, or one that failed, has no reward rather than a reward of 0
     assert fn(COMPLETIONS, step_rewards=STEPS, episode_status=STATUS) == [first, None, None]
     assert fn.__name__.startswith("step_reward_")
 
 
-def test_length_mismatch_is_an_error_naming_the_key():
+def test_length_mismatch_is_an_error_naming_the_key() -> None:
     with pytest.raises(ValueError, match="2 eval_score values for 3 completions"):
         eval_score(COMPLETIONS, eval_score=[1.0, 0.0])

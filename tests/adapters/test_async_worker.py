@@ -5,8 +5,12 @@ per-turn versions, groups released past a straggler, staleness, back-pressure, h
 with a heavy tail (``LETTERS_TAIL_EVERY``) makes stragglers; the fault-injection server
 (``tests/support/faulty_vllm.py``) stands in only where a failure or a stall must happen on demand."""
 
+import queue
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -44,18 +48,18 @@ TEMPERATURE = 0.8
 
 
 @pytest.fixture(scope="module")
-def model_dir(sharp_model_dir):
+def model_dir(sharp_model_dir: Path) -> Path:
     return sharp_model_dir
 
 
 @pytest.fixture
-def server_url(shared_vllm_url):
+def server_url(shared_vllm_url: str) -> str:
     """The session's real CPU vLLM server (``shared_vllm_server``: ``model_dir``, dev mode, as trl vllm-serve). The
     trainer's first weight sync, before the worker starts, puts the policy's weights on it."""
     return shared_vllm_url
 
 
-def config(tmp_path, url, **overrides):
+def config(tmp_path: Path, url, **overrides):
     values = dict(
         output_dir=str(tmp_path / "out"),
         use_cpu=True,
@@ -79,10 +83,10 @@ class BeforeStep2(TrainerCallback):
     """Step 2 begins only once ``condition(worker)`` holds (within 120 s), so a test does not depend on how episodes
     and training steps happen to interleave on a loaded machine."""
 
-    def __init__(self, worker, condition):
+    def __init__(self, worker, condition) -> None:
         self.worker, self.condition = worker, condition
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
         if state.global_step == 1:
             wait_until(lambda: self.condition(self.worker), 120)
 
@@ -97,7 +101,7 @@ def spanning_sample(worker):
     return any(len(set(turns)) > 1 for g in worker.groups for turns in g.turn_versions)
 
 
-def letters_on(tmp_path, monkeypatch, **settings):
+def letters_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings):
     """A fresh letters server with ``settings`` (``LETTERS_*`` variables); the letters evals play on it for the
     test that asks for it."""
     server = start_letters_server(tmp_path / "letters_logs", env=settings)
@@ -106,7 +110,7 @@ def letters_on(tmp_path, monkeypatch, **settings):
 
 
 @pytest.fixture
-def tail_letters(tmp_path, monkeypatch):
+def tail_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The first episode, and every 16th after it, is a straggler (3 s per step, 60x the others' 0.05 s)."""
     server = letters_on(
         tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.05", LETTERS_TAIL_EVERY="16", LETTERS_TAIL_LATENCY_S="3.0"
@@ -118,7 +122,7 @@ def tail_letters(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def slow_letters(tmp_path, monkeypatch):
+def slow_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """0.5 s per environment step: episodes are slower than training steps, so the worker's slots are busy (never
     waiting for room) and episodes are in flight at every weight sync."""
     server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.5")
@@ -136,7 +140,7 @@ def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options
         log_rollouts=False,
         **worker_options,
     )
-    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
+    worker.rollout_buffer = Recorded(cast(queue.Queue, worker.rollout_buffer).maxsize)
     trainer = CPUAsyncGRPOTrainer(
         str(model_dir),
         args=args,
@@ -184,7 +188,9 @@ def samples_with_turn_versions(worker):
 
 
 @pytest.mark.timeout(600)
-def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_url, slow_letters, tmp_path):
+def test_the_letters_eval_trains_asynchronously_token_exact(
+    model_dir: Path, server_url: str, slow_letters: str, tmp_path: Path
+):
     """Samples carry the ids the server sampled, masks and logprobs aligned on them, and every sampled turn's
     old_log_probs are the teacher-forced logprobs of the policy version the worker recorded for it (or of the next
     one: the server's weights change before the trainer calls update_model_version, the race the tag is
@@ -249,7 +255,9 @@ def test_the_letters_eval_trains_asynchronously_token_exact(model_dir, server_ur
 
 
 @pytest.mark.timeout(600)
-def test_a_group_is_released_while_a_straggler_of_another_group_plays(model_dir, server_url, tail_letters, tmp_path):
+def test_a_group_is_released_while_a_straggler_of_another_group_plays(
+    model_dir: Path, server_url: str, tail_letters: str, tmp_path: Path
+) -> None:
     """The first episode is a straggler (9 s against well under 1 s for the others). Its group waits for it; the
     groups after it are released before it ends, and step 1 trains on them: slots and trainer do not wait for it."""
     args = config(tmp_path, server_url, max_steps=2, max_staleness=8)
@@ -267,7 +275,7 @@ def test_a_group_is_released_while_a_straggler_of_another_group_plays(model_dir,
 
 
 @pytest.mark.timeout(600)
-def test_a_processor_eval_trains_asynchronously(model_dir, server_url, tmp_path):
+def test_a_processor_eval_trains_asynchronously(model_dir: Path, server_url: str, tmp_path: Path) -> None:
     """SingleTurnRolloutProcessor runs unchanged inside the worker; its calls are generated on the synced server."""
     args = config(tmp_path, server_url, max_steps=2)
     worker, trainer = worker_and_trainer(ARITHMETIC, model_dir, args)
@@ -282,14 +290,14 @@ def test_a_processor_eval_trains_asynchronously(model_dir, server_url, tmp_path)
 class SlowSteps(TrainerCallback):
     """Artificially slow training: the worker runs ahead and its samples grow stale."""
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, **kwargs) -> None:
         time.sleep(3.0)
 
 
 @pytest.mark.timeout(600)
 def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(
-    model_dir, server_url, letters_server, tmp_path
-):
+    model_dir: Path, server_url: str, letters_server: str, tmp_path: Path
+) -> None:
     args = config(tmp_path, server_url, max_steps=3, max_staleness=0)
     worker, trainer = worker_and_trainer(LETTERS, model_dir, args, callbacks=[SlowSteps()], buffer_size=8)
     trainer.train()
@@ -302,11 +310,11 @@ def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(
 class PushedTensors(DiskWeightTransfer):
     """DiskWeightTransfer that keeps a copy of every set of tensors it sends."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.sent = []
+        self.sent: list[dict[str, torch.Tensor]] = []
 
-    def send_weights(self, iterator):
+    def send_weights(self, iterator) -> None:
         tensors = dict(iterator)
         self.sent.append({name: tensor.detach().clone() for name, tensor in tensors.items()})
         super().send_weights(iter(tensors.items()))
@@ -314,8 +322,8 @@ class PushedTensors(DiskWeightTransfer):
 
 @pytest.mark.timeout(600)
 def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pushed_weights(
-    model_dir, server_url, letters_server, tmp_path
-):
+    model_dir: Path, server_url: str, letters_server: str, tmp_path: Path
+) -> None:
     """AsyncGRPOTrainer merges a peft adapter into the weights it streams and unmerges it afterwards, so
     DiskWeightTransfer pushes base + B·A·scaling under the checkpoint's names (what train_browsergym_trl.py --async
     --lora-r relies on)."""
@@ -341,7 +349,7 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
     base = load_file(str(model_dir / "model.safetensors"))
     assert len(transfer.sent) == 3 and set(transfer.sent[-1]) == set(base)  # the checkpoint's names, no lora_*
     name = "model.layers.0.self_attn.q_proj.weight"
-    layer = trainer.model.base_model.model.model.layers[0].self_attn.q_proj
+    layer = cast(Any, trainer.model).base_model.model.model.layers[0].self_attn.q_proj
     delta = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight) * layer.scaling["default"]
     assert torch.equal(transfer.sent[0][name], base[name])  # the first sync: the initial policy
     assert (transfer.sent[-1][name] - (base[name] + delta)).abs().max() < 1e-6
@@ -349,7 +357,7 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
 
 
 @pytest.fixture(scope="module")
-def lora_server_url(model_dir, tmp_path_factory):
+def lora_server_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second real CPU vLLM server, started with --enable-lora and runtime adapter loading (as TRL asks)."""
     with vllm_server(
         model_dir,
@@ -365,19 +373,19 @@ class AdapterSnapshots(TrainerCallback):
     """The peft policy of each version: version 1 is the initial adapter (the first sync), version k+1 the adapter
     after step k."""
 
-    def __init__(self):
-        self.states = {}
+    def __init__(self) -> None:
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs) -> None:
         self.states[1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
+    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 @pytest.mark.timeout(600)
 def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
-    model_dir, lora_server_url, letters_server, tmp_path
+    model_dir: Path, lora_server_url: str, letters_server: str, tmp_path: Path
 ):
     """To a server started with --enable-lora, AsyncGRPOTrainer pushes the adapter alone (no merged weights), as
     trl-policy-v{N}. Every turn the worker plays is generated with the adapter of the version it records: each
@@ -385,7 +393,7 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
     adapter's samples are far from the base model's."""
     from peft import LoraConfig, get_peft_model
 
-    lora = dict(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    lora: dict[str, Any] = dict(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
     args = config(tmp_path, lora_server_url, max_steps=2, learning_rate=3e-2)
     snapshots = AdapterSnapshots()
     worker = EvalRolloutWorker(
@@ -395,7 +403,7 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
         log_rollouts=False,
         buffer_size=64,
     )
-    worker.rollout_buffer = Recorded(worker.rollout_buffer.maxsize)
+    worker.rollout_buffer = Recorded(cast(queue.Queue, worker.rollout_buffer).maxsize)
     trainer = CPUAsyncGRPOTrainer(
         str(model_dir),
         args=args,
@@ -433,7 +441,7 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
     assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), trained) > 10 * TOLERANCE
 
 
-def lora_adapters(url, action, names, path=None):
+def lora_adapters(url, action, names, path=None) -> None:
     """Load (``path``) or unload LoRA adapters on a server with runtime adapter loading, as TRL does."""
     import httpx
 
@@ -444,7 +452,9 @@ def lora_adapters(url, action, names, path=None):
 
 
 @pytest.mark.timeout(600)
-def test_a_stale_adapter_on_the_lora_server_is_never_used(model_dir, lora_server_url, letters_server, tmp_path):
+def test_a_stale_adapter_on_the_lora_server_is_never_used(
+    model_dir: Path, lora_server_url: str, letters_server: str, tmp_path: Path
+) -> None:
     """An earlier run left trl-policy-v1 and -v2 loaded on a long-lived --enable-lora server. This run's worker uses
     neither: while its trainer syncs merged weights, turns of version 1 go to the server's own weights (not the old
     run's v1); once its trainer loads its own adapter for version 3, turns of version 3 use it, and version 2 (only
@@ -455,7 +465,7 @@ def test_a_stale_adapter_on_the_lora_server_is_never_used(model_dir, lora_server
     get_peft_model(
         AutoModelForCausalLM.from_pretrained(model_dir),
         LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
-    ).save_pretrained(adapter)
+    ).save_pretrained(str(adapter))
     stale, ours = ["trl-policy-v1", "trl-policy-v2"], "trl-policy-v3"
     lora_adapters(lora_server_url, "unload", stale + [ours])  # whatever an earlier test of this module left
     lora_adapters(lora_server_url, "load", stale, adapter)
@@ -476,7 +486,7 @@ def test_a_stale_adapter_on_the_lora_server_is_never_used(model_dir, lora_server
         lora_adapters(lora_server_url, "unload", stale + [ours])
 
 
-def idle_worker(url, tmp_path, **options):
+def idle_worker(url, tmp_path: Path, **options):
     tokenizer = AutoTokenizer.from_pretrained(options.pop("model_dir"))
     args = config(tmp_path, url)
     return EvalRolloutWorker(LETTERS, args=args, processing_class=tokenizer, log_rollouts=False, **options)
@@ -491,7 +501,7 @@ def health_error(worker, stale_after_s=300.0):
     return None
 
 
-def assert_stopped(worker):
+def assert_stopped(worker) -> None:
     """The worker's thread is gone and nothing ended it but ``stop()``: ``check_health`` says it is not running,
     and no thread of the worker's name is left in this process."""
     error = health_error(worker, stale_after_s=float("inf"))
@@ -500,7 +510,7 @@ def assert_stopped(worker):
 
 
 @pytest.mark.timeout(120)
-def test_the_buffer_bounds_the_worker(tiny_model_dir, letters_server, tmp_path):
+def test_the_buffer_bounds_the_worker(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     """No trainer drains the buffer: the worker fills it and waits (no unbounded growth), and stays healthy."""
     with FaultyVLLMServer() as server:
         worker = idle_worker(server.url, tmp_path, model_dir=tiny_model_dir, buffer_size=4)
@@ -519,7 +529,9 @@ def test_the_buffer_bounds_the_worker(tiny_model_dir, letters_server, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypatch):
+def test_stop_cancels_the_episodes_in_flight(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every episode a straggler of 3 x 30 s: stop() does not wait for them; it cancels them, closes their sessions
     and ends the thread within seconds, and nothing half-played reaches the buffer."""
     server = letters_on(tmp_path, monkeypatch, LETTERS_TAIL_EVERY="1", LETTERS_TAIL_LATENCY_S="30")
@@ -543,8 +555,8 @@ def test_stop_cancels_the_episodes_in_flight(tiny_model_dir, tmp_path, monkeypat
 
 @pytest.mark.timeout(120)
 def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(
-    tiny_model_dir, tmp_path, monkeypatch, caplog
-):
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """32 slots on a letters server that admits 8 sessions (the eval's env_factory builds the clients): 8 episodes
     are inside a 30 s step and 24 wait for a free session. stop() ends all 32 within 5 s (a busy server's close
     handshake is not waited for); they are counted as cancelled, none as an environment failure, and the capacity
@@ -580,7 +592,9 @@ def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(
 
 
 @pytest.mark.timeout(120)
-def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Building a released group's samples raises (a fault injected into ``group_samples``) while other episodes
     play: when the error leaves the worker's stream, every episode in flight was already cancelled and its session
     closed (not later, whenever the abandoned stream is collected), and the letters server sees no step after it."""
@@ -598,7 +612,7 @@ def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_
             worker = idle_worker(vllm.url, tmp_path, model_dir=tiny_model_dir, max_concurrent_rollouts=8)
             stream, in_flight_at_error = worker._stream, []
 
-            async def observed_stream():  # what is still running the moment the error leaves the stream
+            async def observed_stream() -> None:  # what is still running the moment the error leaves the stream
                 try:
                     await stream()
                 except RuntimeError:
@@ -624,7 +638,7 @@ def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(tiny_model_
 
 
 @pytest.mark.timeout(120)
-def test_check_health_raises_what_ended_the_worker(tiny_model_dir, letters_server, tmp_path):
+def test_check_health_raises_what_ended_the_worker(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     """A vLLM server gone for good ends the worker; the trainer's next check raises it, naming the request."""
     with FaultyVLLMServer(default=("status", 500)) as server:
         worker = idle_worker(
@@ -640,7 +654,9 @@ def test_check_health_raises_what_ended_the_worker(tiny_model_dir, letters_serve
 
 
 @pytest.mark.timeout(120)
-def test_check_health_raises_when_the_worker_produces_nothing(tiny_model_dir, letters_server, tmp_path):
+def test_check_health_raises_when_the_worker_produces_nothing(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     with FaultyVLLMServer(default="hang") as server:
         worker = idle_worker(server.url, tmp_path, model_dir=tiny_model_dir, vllm=VLLMOptions(request_timeout_s=60))
         worker.start()
@@ -658,8 +674,8 @@ def test_check_health_raises_when_the_worker_produces_nothing(tiny_model_dir, le
 
 @pytest.mark.timeout(180)
 def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_the_worker(
-    tiny_model_dir, letters_server, tmp_path
-):
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     """Issue 48: no trainer-thread path raised a swallowed SIGTERM, so async training ran on until the stop grace
     forced the exit. The trainer takes samples as TRL's own ``RolloutQueueDataset`` does; after the swallowed signal
     each of its calls into the worker raises ``Terminated``, and the process ends with 143 well within the grace."""
@@ -717,7 +733,9 @@ def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_
     assert seconds < 10, seconds  # its next call, not the 20 s grace
 
 
-def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_the_pixels(tiny_vlm_dir, tmp_path):
+def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_the_pixels(
+    tiny_vlm_dir: Path, tmp_path: Path
+) -> None:
     """With a vision-language processor the worker's samples carry images; plain AsyncGRPOTrainer would train on the
     image tokens without them, so building it on such a worker fails at construction, naming the trainer to use."""
     from transformers import AutoProcessor
@@ -747,8 +765,8 @@ def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_th
 
 
 def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(
-    tiny_vlm_dir, model_dir, server_url, tmp_path
-):
+    tiny_vlm_dir: Path, model_dir: Path, server_url: str, tmp_path: Path
+) -> None:
     """The session's server serves the text-only tiny model: a vision-language processor's images cannot reach it,
     so the worker refuses at construction, naming the fix."""
     from transformers import AutoProcessor
@@ -766,7 +784,9 @@ def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(
         )
 
 
-def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound_below_a_group(tiny_vlm_dir, tmp_path):
+def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound_below_a_group(
+    tiny_vlm_dir: Path, tmp_path: Path
+):
     """The bound counts the images of the samples in the buffer and waiting for room, plus max_episode_images for each
     episode started and not released (the image eval: a picture per step, 2 steps); an episode starts only if its
     reservation fits. A bound below one group's reservations (num_generations=4 x 2) could never release a group and
@@ -837,7 +857,7 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
             worker.stop()
 
 
-def test_a_released_group_kept_for_the_metrics_report_holds_none_of_its_images():
+def test_a_released_group_kept_for_the_metrics_report_holds_none_of_its_images() -> None:
     """What the report window keeps of a released group (``Reported.of``): its episodes without their images,
     pixels or messages (a screenshot's data URI each), its verdicts without their rows; the report's numbers are the
     same. Before, the window kept each episode's messages and each verdict's row, screenshots included, for as many
@@ -883,7 +903,7 @@ def test_a_released_group_kept_for_the_metrics_report_holds_none_of_its_images()
     assert call_metrics(kept.episodes, kept.scored, 1.0, 0) == call_metrics(group.episodes, group.scored, 1.0, 0)
 
 
-def test_worker_processes_are_refused_by_the_worker(tiny_model_dir, tmp_path):
+def test_worker_processes_are_refused_by_the_worker(tiny_model_dir: Path, tmp_path: Path) -> None:
     from ep_trl import RolloutOptions
 
     with pytest.raises(ConfigError, match=r"worker_processes=2.*one continuous stream.*Leave worker_processes at 1"):
@@ -895,7 +915,7 @@ def test_worker_processes_are_refused_by_the_worker(tiny_model_dir, tmp_path):
         )
 
 
-def test_a_prompt_the_eval_cannot_play_is_refused_at_construction(tiny_model_dir, tmp_path):
+def test_a_prompt_the_eval_cannot_play_is_refused_at_construction(tiny_model_dir: Path, tmp_path: Path) -> None:
     with FaultyVLLMServer() as server:
         with pytest.raises(ConfigError, match=r"prompt 1, message 0 is \{'role': 'user'\}: every message needs"):
             EvalRolloutWorker(
@@ -907,7 +927,7 @@ def test_a_prompt_the_eval_cannot_play_is_refused_at_construction(tiny_model_dir
             )
 
 
-def test_sampling_that_the_trainer_does_not_assume_is_refused(tiny_model_dir, tmp_path):
+def test_sampling_that_the_trainer_does_not_assume_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"top_p=0.9.*leave top_p at 1.0"):
         EvalRolloutWorker(
             LETTERS,

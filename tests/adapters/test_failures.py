@@ -46,7 +46,7 @@ def letters_server_on(port, log_dir):
     return start_server("letters-env", cmd, port=port, log_dir=log_dir)
 
 
-def train(model_dir, tmp_path, env_path=EVAL, steps=2, callbacks=(), options=None, **factory):
+def train(model_dir, tmp_path: Path, env_path=EVAL, steps=2, callbacks=(), options=None, **factory):
     """A real GRPOTrainer run of ``steps`` steps through ``env_path``; the trainer and its per-step logs."""
     factory.setdefault("log_rollouts", False)
     rollout = create_openenv_vllm_rollout_func(
@@ -69,17 +69,17 @@ def at_url(url):
 class AtStepEnd(TrainerCallback):
     """Runs ``actions[step]()`` when optimizer step ``step`` ends (fault injection between steps)."""
 
-    def __init__(self, actions):
+    def __init__(self, actions) -> None:
         self.actions = actions
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, **kwargs) -> None:
         action = self.actions.get(state.global_step)
         if action is not None:
             action()
 
 
 @pytest.mark.timeout(180)
-def test_an_environment_down_at_start_costs_its_episodes_not_the_run(tiny_model_dir, tmp_path):
+def test_an_environment_down_at_start_costs_its_episodes_not_the_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Before: every episode returned an empty completion and TRL's ids[-1] crashed train() with IndexError."""
     dead = f"http://127.0.0.1:{free_port()}"
     trainer, logs = train(tiny_model_dir, tmp_path, overrides=at_url(dead))
@@ -89,14 +89,14 @@ def test_an_environment_down_at_start_costs_its_episodes_not_the_run(tiny_model_
 
 
 @pytest.mark.timeout(300)
-def test_an_environment_killed_mid_run_and_restarted_on_the_same_port(tiny_model_dir, tmp_path):
+def test_an_environment_killed_mid_run_and_restarted_on_the_same_port(tiny_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     server = {"process": letters_server_on(port, tmp_path / "logs")}
 
-    def kill():
+    def kill() -> None:
         server["process"].stop()
 
-    def restart():
+    def restart() -> None:
         server["process"] = letters_server_on(port, tmp_path / "logs")
 
     try:
@@ -114,18 +114,18 @@ def test_an_environment_killed_mid_run_and_restarted_on_the_same_port(tiny_model
 
 
 @pytest.mark.timeout(300)
-def test_an_environment_hung_then_resumed(tiny_model_dir, tmp_path):
+def test_an_environment_hung_then_resumed(tiny_model_dir: Path, tmp_path: Path) -> None:
     """SIGSTOP (to the server's process group: the server and its watchdog): connections are accepted by the kernel
     but never answered; every wait is bounded."""
     port = free_port()
     process = letters_server_on(port, tmp_path / "logs")
     started = {}
 
-    def stop():
+    def stop() -> None:
         os.killpg(process.pid, signal.SIGSTOP)
         started["hung"] = time.monotonic()
 
-    def resume():
+    def resume() -> None:
         started["step_s"] = time.monotonic() - started["hung"]
         os.killpg(process.pid, signal.SIGCONT)
 
@@ -152,7 +152,7 @@ class BlockingForeverClient:
     release = threading.Event()
 
     class Result:
-        def __init__(self):
+        def __init__(self) -> None:
             self.observation = type("Observation", (), {"prompt": "Say something."})()
             self.reward, self.done = 0.0, False
 
@@ -163,12 +163,12 @@ class BlockingForeverClient:
         self.release.wait()
         return self.Result()
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 
 @pytest.mark.timeout(120)
-def test_a_sync_client_that_blocks_forever_twice_in_a_row(tiny_model_dir, tmp_path):
+def test_a_sync_client_that_blocks_forever_twice_in_a_row(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Before: abandoned calls kept asyncio's shared default executor busy, and the second call hung forever."""
     try:
         started = time.monotonic()
@@ -184,7 +184,7 @@ def test_a_sync_client_that_blocks_forever_twice_in_a_row(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.timeout(180)
-def test_calls_without_any_score_end_training_with_what_went_wrong(tiny_model_dir, tmp_path):
+def test_calls_without_any_score_end_training_with_what_went_wrong(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Before: with every episode failing, train() went on with loss 0 and grad norm 0, and nothing said so."""
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(NoTrainingSignalError) as raised:
@@ -198,13 +198,15 @@ def test_calls_without_any_score_end_training_with_what_went_wrong(tiny_model_di
 
 
 @pytest.fixture(scope="module")
-def canned_ids(tiny_model_dir):
+def canned_ids(tiny_model_dir: Path) -> tuple[int, ...]:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     return tuple(tok.encode("aei", add_special_tokens=False)) + (tok.convert_tokens_to_ids("<|im_end|>"),)
 
 
 @pytest.mark.timeout(180)
-def test_transient_vllm_errors_are_retried_inside_train(tiny_model_dir, tmp_path, letters_server, canned_ids):
+def test_transient_vllm_errors_are_retried_inside_train(
+    tiny_model_dir: Path, tmp_path: Path, letters_server: str, canned_ids: tuple[int, ...]
+) -> None:
     with FaultyVLLMServer(plan=[("status", 503), "drop"], ok_token_ids=canned_ids) as server:
         _, logs = train(tiny_model_dir, tmp_path, vllm_base_url=server.url, vllm=replace(FAST_VLLM, max_retries=2))
     assert [log["ep_trl/errors/generation"] for log in logs] == [0.0, 0.0]
@@ -214,14 +216,14 @@ def test_transient_vllm_errors_are_retried_inside_train(tiny_model_dir, tmp_path
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fault", ["hang", "dead", "no_token_ids", ("status", 500)])
 def test_a_vllm_server_that_fails_for_good_ends_train_with_the_request_named(
-    tiny_model_dir, tmp_path, letters_server, canned_ids, fault
-):
+    tiny_model_dir: Path, tmp_path: Path, letters_server: str, canned_ids: tuple[int, ...], fault: str | tuple[str, int]
+) -> None:
     """A backend that is gone cannot be trained on: train() raises GenerationError within its timeouts. Before, a
     200 answer without token ids failed every episode quietly, call after call."""
     with FaultyVLLMServer(ok_token_ids=canned_ids) as server:
         if fault == "dead":
 
-            def kill():  # a dead server: open keep-alive connections are cut too, new ones refused
+            def kill() -> None:  # a dead server: open keep-alive connections are cut too, new ones refused
                 server.set_plan([], default="drop")
                 server.__exit__(None, None, None)
 
@@ -239,7 +241,9 @@ def test_a_vllm_server_that_fails_for_good_ends_train_with_the_request_named(
 
 
 @pytest.mark.timeout(180)
-def test_a_raising_body_leaves_rows_unscored_and_training_goes_on(tiny_model_dir, tmp_path, letters_server):
+def test_a_raising_body_leaves_rows_unscored_and_training_goes_on(
+    tiny_model_dir: Path, tmp_path: Path, letters_server: str
+) -> None:
     _, logs = train(tiny_model_dir, tmp_path, env_path="tests.evals.eval_raising")
     assert [log["ep_trl/unscored_fraction"] for log in logs] == [1.0, 1.0]
     assert all(log["ep_trl/failed_fraction"] == 0.0 for log in logs)
@@ -248,8 +252,8 @@ def test_a_raising_body_leaves_rows_unscored_and_training_goes_on(tiny_model_dir
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("body", "returned"), [("test_returns_none", "NoneType"), ("test_returns_a_float", "float")])
 def test_a_body_that_returns_no_row_is_an_error_naming_the_eval(
-    tiny_model_dir, tmp_path, letters_server, body, returned
-):
+    tiny_model_dir: Path, tmp_path: Path, letters_server: str, body: str, returned: str
+) -> None:
     """Before: every row went unscored without a word."""
     with pytest.raises(
         UnsupportedEvalError,
@@ -260,7 +264,9 @@ def test_a_body_that_returns_no_row_is_an_error_naming_the_eval(
 
 
 @pytest.mark.timeout(180)
-def test_nan_scores_are_counted_as_unscored_and_never_reach_the_reward(tiny_model_dir, tmp_path, letters_server):
+def test_nan_scores_are_counted_as_unscored_and_never_reach_the_reward(
+    tiny_model_dir: Path, tmp_path: Path, letters_server: str
+) -> None:
     """Before: NaN passed through, the batch reward became NaN and unscored_fraction said 0."""
     trainer, logs = train(tiny_model_dir, tmp_path, env_path=f"{BODIES}::test_nan_score")
     assert [log["ep_trl/unscored_fraction"] for log in logs] == [0.5, 0.5]
@@ -269,7 +275,9 @@ def test_nan_scores_are_counted_as_unscored_and_never_reach_the_reward(tiny_mode
 
 
 @pytest.mark.timeout(120)
-def test_a_body_slower_than_its_timeout_leaves_rows_unscored_in_bounded_time(tiny_model_dir, tmp_path, letters_server):
+def test_a_body_slower_than_its_timeout_leaves_rows_unscored_in_bounded_time(
+    tiny_model_dir: Path, tmp_path: Path, letters_server: str
+) -> None:
     """Before: the body had no timeout (a body sleeping 75 s made a call of 8 rows take 159 s)."""
     started = time.monotonic()
     _, logs = train(
@@ -279,7 +287,9 @@ def test_a_body_slower_than_its_timeout_leaves_rows_unscored_in_bounded_time(tin
     assert logs[0]["ep_trl/unscored_fraction"] == 1.0
 
 
-def test_a_prompt_message_without_content_names_the_row_and_the_shape(tiny_model_dir, tmp_path, letters_server):
+def test_a_prompt_message_without_content_names_the_row_and_the_shape(
+    tiny_model_dir: Path, tmp_path: Path, letters_server: str
+) -> None:
     rollout = create_openenv_vllm_rollout_func(EVAL, log_rollouts=False)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     try:
@@ -315,7 +325,9 @@ EXIT_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("backend", "ending"), [("trainer", "plain"), ("vllm", "plain"), ("trainer", "interrupt")])
-def test_the_process_exits_cleanly_without_close(tiny_model_dir, tmp_path, backend, ending, canned_ids):
+def test_the_process_exits_cleanly_without_close(
+    tiny_model_dir: Path, tmp_path: Path, backend: str, ending: str, canned_ids: tuple[int, ...]
+) -> None:
     """Users never call close() (GRPOTrainer does not): before, exit printed 'Task was destroyed but it is
     pending!' (trainer backend), 'Exception ignored in ClientSession.__del__' (vLLM), and after Ctrl-C a dozen
     'Exception ignored' tracebacks."""

@@ -5,7 +5,9 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,18 +16,28 @@ from tests.support.references import sampled_texts, teacher_forced_logprobs
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
+
+    from ep_trl.adapters.rollout_func import RolloutFunction
+    from ep_trl.adapters.sharded import ShardedRolloutFunction
+    from tests.support.letters import LettersEpisodes
+
+
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 
 
 @pytest.fixture(scope="module")
-def pointwise(tiny_model_dir, letters_server, tmp_path_factory):
+def pointwise(
+    tiny_model_dir: Path, letters_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> "Iterator[tuple[RolloutFunction | ShardedRolloutFunction, GRPOTrainer]]":
     rollout = create_openenv_vllm_rollout_func(EVAL)
     trainer = make_trainer(tiny_model_dir, tmp_path_factory.mktemp("out"), rollout)
     yield rollout, trainer
     rollout.close()
 
 
-def rollout_once(env_path, model_dir, tmp_path, prompts, trainer_kwargs=None, **options):
+def rollout_once(env_path, model_dir, tmp_path: Path, prompts, trainer_kwargs=None, **options):
     """A fresh rollout function and trainer, one call with ``prompts``, then closed."""
     rollout = create_openenv_vllm_rollout_func(env_path, **options)
     trainer = make_trainer(model_dir, tmp_path, rollout, **(trainer_kwargs or {}))
@@ -64,7 +76,9 @@ def test_rows_match_prompts_in_count_order_and_shape(pointwise, letters_episodes
     assert Counter(tasks) == Counter({"vowels": 4, "digits": 4})
 
 
-def test_sampled_segments_are_the_actions_the_env_received(pointwise, letters_episodes):
+def test_sampled_segments_are_the_actions_the_env_received(
+    pointwise: "tuple[RolloutFunction | ShardedRolloutFunction, GRPOTrainer]", letters_episodes: "LettersEpisodes"
+) -> None:
     rollout, trainer = pointwise
     out = rollout([PROMPT] * 4, trainer)
     received = [tuple(ep["actions"]) for ep in letters_episodes()]
@@ -94,7 +108,9 @@ def test_mask1_logprobs_are_the_models_teacher_forced_logprobs(pointwise):
     assert worst < 1e-3, worst
 
 
-def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_episodes):
+def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(
+    pointwise: "tuple[RolloutFunction | ShardedRolloutFunction, GRPOTrainer]", letters_episodes: "LettersEpisodes"
+) -> None:
     rollout, trainer = pointwise
     out = rollout([PROMPT] * 4, trainer)
     env_rewards = Counter(tuple(ep["rewards"]) for ep in letters_episodes())
@@ -105,7 +121,7 @@ def test_scores_are_the_eval_bodys_and_step_rewards_the_envs(pointwise, letters_
         assert score == pytest.approx(sum(rewards) / len(rewards))
 
 
-def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, tmp_path):
+def test_eval_kwargs_override_reaches_the_body(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     out = rollout_once(
         EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, overrides=EvalOverrides(evaluation_test_kwargs={"bonus": 10.0})
     )
@@ -114,7 +130,7 @@ def test_eval_kwargs_override_reaches_the_body(tiny_model_dir, letters_server, t
         assert score == pytest.approx(10.0 + sum(rewards) / len(rewards))
 
 
-def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server, tmp_path):
+def test_groupwise_body_scores_each_prompt_group(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     out = rollout_once(
         "tests.evals.eval_letters_groupwise",
         tiny_model_dir,
@@ -131,7 +147,7 @@ def test_groupwise_body_scores_each_prompt_group(tiny_model_dir, letters_server,
         assert max(out["eval_score"][i] for i in group) == pytest.approx(1.0 if best else 0.0)
 
 
-def test_episode_budget_stops_before_the_limit(tiny_model_dir, letters_server, tmp_path):
+def test_episode_budget_stops_before_the_limit(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     out = rollout_once(EVAL, tiny_model_dir, tmp_path, [PROMPT] * 4, max_episode_tokens=40)
     assert len(out["completion_ids"]) == len(out["num_turns"]) == 4
     for ids, turns in zip(out["completion_ids"], out["num_turns"]):
@@ -139,7 +155,9 @@ def test_episode_budget_stops_before_the_limit(tiny_model_dir, letters_server, t
         assert turns < 3  # a bridge is ~40 tokens with this tokenizer: the budget ends the episode early
 
 
-def test_env_crash_mid_episode_is_reported_and_unscored(tiny_model_dir, letters_server, tmp_path, caplog):
+def test_env_crash_mid_episode_is_reported_and_unscored(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = rollout_once("tests.evals.eval_crash", tiny_model_dir, tmp_path, [PROMPT] * 4)
     assert out["episode_status"] == ["error"] * 4
     assert out["eval_score"] == [None] * 4
@@ -149,7 +167,9 @@ def test_env_crash_mid_episode_is_reported_and_unscored(tiny_model_dir, letters_
     assert "crashed on purpose" in caplog.text
 
 
-def test_raising_eval_body_leaves_rows_unscored(tiny_model_dir, letters_server, tmp_path, caplog):
+def test_raising_eval_body_leaves_rows_unscored(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = rollout_once("tests.evals.eval_raising", tiny_model_dir, tmp_path, [PROMPT] * 4)
     assert out["episode_status"] == ["finished"] * 4
     assert out["eval_score"] == [None] * 4
@@ -157,7 +177,7 @@ def test_raising_eval_body_leaves_rows_unscored(tiny_model_dir, letters_server, 
     assert "scoring exploded" in caplog.text
 
 
-def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir, letters_server, tmp_path):
+def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     # the first prompt group plays the crashing task, the second a normal one (tasks rotate per group)
     out = rollout_once(
         EVAL,
@@ -175,8 +195,8 @@ def test_a_failing_episode_does_not_abort_the_others(tiny_model_dir, letters_ser
 
 @pytest.mark.parametrize("reuse", [True, False])
 def test_env_sessions_are_reused_within_a_call_and_all_closed(
-    tiny_model_dir, letters_server, letters_episodes, tmp_path, reuse
-):
+    tiny_model_dir: Path, letters_server: str, letters_episodes: "LettersEpisodes", tmp_path: Path, reuse: bool
+) -> None:
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(
         EVAL,

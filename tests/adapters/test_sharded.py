@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +29,7 @@ ARITHMETIC = "tests.evals.eval_arithmetic"
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 
-def test_shards_are_whole_contiguous_groups():
+def test_shards_are_whole_contiguous_groups() -> None:
     assert shard_bounds(groups=4, group_size=2, total=8, processes=2) == [(0, 4), (4, 8)]
     assert shard_bounds(groups=3, group_size=2, total=6, processes=2) == [(0, 2), (2, 6)]
     assert shard_bounds(groups=1, group_size=4, total=4, processes=3) == [(0, 4)]
@@ -87,7 +88,7 @@ def shard_processes():
 
 
 @pytest.mark.timeout(300)
-def test_two_workers_return_what_one_process_returns(tiny_model_dir, tmp_path):
+def test_two_workers_return_what_one_process_returns(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A processor eval (LiteLLM's SingleTurn-like arithmetic eval) on a server with canned tokens: the rows, ids,
     masks, logprobs and scores of two workers are those of one process, in prompt order, and so are the run-wide
     prompt group numbers (task rotation, ep logs), call after call; close() ends the workers."""
@@ -132,7 +133,7 @@ def test_two_workers_return_what_one_process_returns(tiny_model_dir, tmp_path):
     assert group_numbers(tmp_path / "two", got["rollout_id"] + again["rollout_id"]) == groups
 
 
-def test_workers_need_a_server_and_a_batch_they_can_split():
+def test_workers_need_a_server_and_a_batch_they_can_split() -> None:
     with pytest.raises(ConfigError, match="backend='trainer'"):
         create_openenv_vllm_rollout_func(ARITHMETIC, backend="trainer", options=RolloutOptions(worker_processes=2))
     with pytest.raises(ConfigError, match="worker_processes"):
@@ -140,7 +141,7 @@ def test_workers_need_a_server_and_a_batch_they_can_split():
 
 
 @pytest.mark.timeout(300)
-def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir, tmp_path):
+def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir: Path, tmp_path: Path) -> None:
     prompts = [p for p in dataset_from_eval(ARITHMETIC)["prompt"] for _ in range(2)]
     with FaultyVLLMServer(ok_token_ids=(20, 21, 22)) as server:
         two = create_openenv_vllm_rollout_func(
@@ -170,8 +171,8 @@ def test_a_worker_gone_is_named_and_the_others_answers_are_read(tiny_model_dir, 
 
 @pytest.mark.timeout(300)
 def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_terminating_one_refuses_calls(
-    tiny_model_dir,
-):
+    tiny_model_dir: Path,
+) -> None:
     """Issue 40: a forked child's close() sent the stop message down the pipes it shares with the parent (and its
     exit had multiprocessing terminate the parent's workers); a call after close() returned {} (TRL failed far
     away); a call after a swallowed SIGTERM started anyway."""
@@ -236,8 +237,8 @@ def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_term
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_trainer_ended_mid_call_has_its_shards_cancel_the_call_and_write_their_rows(
-    signum, tiny_model_dir, letters_server, tmp_path
-):
+    signum, tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     """Issue 48: at SIGTERM, close() waited 30 s on each shard in turn for a call it never cancelled, past the 20 s
     grace here, and the shards, their trainer force-exited, ended with os._exit(1), their queued rows lost. Now
     both shards' calls (every episode waiting on a generation that never comes) are cancelled at once, their rows

@@ -1,6 +1,7 @@
 """The TRL seam: the rollout_func signature, what is read off a GRPOTrainer, and the TRL versions each path takes."""
 
 import inspect
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,7 +24,7 @@ def test_only_the_trainer_signature_is_taken(tmp_path):
         caller_of((args, None))
 
 
-def test_the_trainers_vllm_mode_picks_its_server_or_its_colocated_engine(tmp_path):
+def test_the_trainers_vllm_mode_picks_its_server_or_its_colocated_engine(tmp_path: Path) -> None:
     server = GRPOConfig(
         output_dir=str(tmp_path),
         use_cpu=True,
@@ -57,7 +58,7 @@ def test_a_trainer_takes_rollout_images_only_when_its_class_says_so(tmp_path):
     assert GRPOTrainerCaller(ImageTrainer(args=args, processing_class=None)).takes_rollout_images is True
 
 
-def test_metrics_reach_the_trainers_metric_store(tiny_model_dir, tmp_path):
+def test_metrics_reach_the_trainers_metric_store(tiny_model_dir: Path, tmp_path: Path) -> None:
     """GRPOTrainer keeps logged metrics in the private ``_metrics``; fail loudly if TRL renames it."""
     from ep_trl import create_openenv_vllm_rollout_func
     from tests.support.trainers import make_trainer
@@ -72,7 +73,7 @@ def test_metrics_reach_the_trainers_metric_store(tiny_model_dir, tmp_path):
     assert caller.step == 0 and caller.num_processes == 1 and caller.process_index == 0
 
 
-def test_every_path_past_trls_stable_api_accepts_the_trl_it_is_tested_with():
+def test_every_path_past_trls_stable_api_accepts_the_trl_it_is_tested_with() -> None:
     for path in trl_seam.TESTED_TRL:
         assert str(trl_seam.require_tested(path, "this path")).startswith("1.16.")
 
@@ -117,7 +118,9 @@ def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(mo
     assert str(trl_seam.check_version()).startswith("1.16.")  # the rollout_func path keeps the declared range
 
 
-def test_the_lora_adapter_names_are_async_grpo_trainers_own_and_only_for_the_tested_trl(monkeypatch):
+def test_the_lora_adapter_names_are_async_grpo_trainers_own_and_only_for_the_tested_trl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """AsyncGRPOTrainer loads each synced adapter as f"{self._lora_name}-v{version}", a private name set in its
     constructor; ep_trl knows it for the TRL its async path is tested with, and refuses to guess for another."""
     from packaging.version import Version

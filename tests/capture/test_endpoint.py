@@ -5,9 +5,11 @@ call's key, malformed fields, stray model names remembered forever, non-JSON and
 
 import asyncio
 import json
+from pathlib import Path
 from typing import cast
 
 import aiohttp
+import pytest
 
 from ep_trl.capture.endpoint import MAX_NAME_CHARS, MAX_UNKNOWN_MODELS, MODEL_PREFIX, CaptureEndpoint, new_token
 from ep_trl.capture.parsing import ToolCallParser
@@ -202,7 +204,7 @@ def test_streaming_several_choices_and_constrained_decoding_are_refused():
     assert empty[0] == 400 and "messages" in message(empty[1])
 
 
-def test_rollout_tokens_carry_128_random_bits():
+def test_rollout_tokens_carry_128_random_bits() -> None:
     tokens = {new_token() for _ in range(1000)}
     assert len(tokens) == 1000 and all(len(t) == 32 and int(t, 16) >= 0 for t in tokens)
 
@@ -246,7 +248,9 @@ def serve_capture(capture, scenario):
     return asyncio.run(main())
 
 
-def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litellm_policy(tiny_model_dir, monkeypatch):
+def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litellm_policy(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Issue 47: tools offered to a model whose template has no tool-call format raised ConfigError while serving the
     call, answered 500 ("LiteLLM Retried: 8 times"). The call is made by eval-protocol's own LiteLLMPolicy, as its
     MCP-gym and agent processors make it (num_retries=8): one request reaches the endpoint, answered 400 with ep_trl's
@@ -280,7 +284,7 @@ def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litel
     assert isinstance(capture.fatal, ConfigError)  # kept: the rollout raises it once the processor returns
 
 
-def test_an_openai_client_does_not_retry_a_configuration_error(tiny_model_dir):
+def test_an_openai_client_does_not_retry_a_configuration_error(tiny_model_dir: Path):
     """The OpenAI client retries 5xx answers (twice by default) and not 4xx: with the old 500 the endpoint received
     three requests for one call; now one, and the client's error carries ep_trl's message."""
     import openai

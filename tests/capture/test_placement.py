@@ -4,6 +4,8 @@ generator (a fake, named as such: it returns fixed ids so each placement rule ca
 
 import asyncio
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transformers import AutoTokenizer
@@ -15,6 +17,10 @@ from ep_trl.capture.wire import canonical, reply_message, template_form
 from ep_trl.generation import Generation, SamplingParams
 from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import TurnLimits
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 TOOLS = (
     {
@@ -42,10 +48,10 @@ class ScriptedGenerator:
         ]
         self.prompts = []
 
-    async def begin_call(self):
+    async def begin_call(self) -> None:
         pass
 
-    async def end_call(self):
+    async def end_call(self) -> None:
         pass
 
     async def generate(self, prompt_ids, params: SamplingParams, images=None) -> Generation:
@@ -53,12 +59,12 @@ class ScriptedGenerator:
         ids = self._ids.pop(0)[: params.max_tokens]
         return Generation(tuple(ids), (-1.0,) * len(ids), "stop")
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         pass
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
+def tokenizer(tiny_model_dir: Path) -> "PreTrainedTokenizerBase":
     from trl.chat_template_utils import qwen2_5_chat_template
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -81,7 +87,7 @@ def wire(reply):
 USER = [{"role": "user", "content": "What is 1 + 2?"}]
 
 
-def test_a_tool_loop_extends_one_segment_with_the_tool_result_masked(tokenizer):
+def test_a_tool_loop_extends_one_segment_with_the_tool_result_masked(tokenizer: "PreTrainedTokenizerBase") -> None:
     rollout, generator = capture(tokenizer, [CALL, "3"])
     first = asyncio.run(rollout.turn(TurnRequest(tuple(USER), TOOLS)))
     assert first.finish_reason == "tool_calls"
@@ -102,7 +108,7 @@ def test_a_tool_loop_extends_one_segment_with_the_tool_result_masked(tokenizer):
     assert "<tool_response>\n3\n</tool_response>" in tokenizer.decode(inserted)
 
 
-def test_rewritten_history_forks_counted_and_the_last_segment_is_kept(tokenizer):
+def test_rewritten_history_forks_counted_and_the_last_segment_is_kept(tokenizer: "PreTrainedTokenizerBase") -> None:
     rollout, _ = capture(tokenizer, ["first draft", "second answer"])
     first = asyncio.run(rollout.turn(TurnRequest(tuple(USER))))
     rewritten = USER + [
@@ -116,7 +122,7 @@ def test_rewritten_history_forks_counted_and_the_last_segment_is_kept(tokenizer)
     assert "an answer the model never gave" in tokenizer.decode(trajectory.prompt_ids)  # context, not trained on
 
 
-def test_changed_tools_or_a_repeated_request_fork(tokenizer):
+def test_changed_tools_or_a_repeated_request_fork(tokenizer: "PreTrainedTokenizerBase") -> None:
     rollout, _ = capture(tokenizer, ["a", "b", "c"])
     asyncio.run(rollout.turn(TurnRequest(tuple(USER), TOOLS)))
     asyncio.run(rollout.turn(TurnRequest(tuple(USER), TOOLS)))  # a retry of the same call
@@ -125,7 +131,7 @@ def test_changed_tools_or_a_repeated_request_fork(tokenizer):
     assert rollout.forks == 2
 
 
-def test_a_spent_budget_answers_an_empty_unrecorded_reply(tokenizer):
+def test_a_spent_budget_answers_an_empty_unrecorded_reply(tokenizer: "PreTrainedTokenizerBase") -> None:
     rollout, generator = capture(tokenizer, [CALL], budget=40)
     first = asyncio.run(rollout.turn(TurnRequest(tuple(USER), TOOLS)))
     history = USER + [wire(first.message), {"role": "tool", "content": "3" * 200, "tool_call_id": "x"}]
@@ -136,7 +142,7 @@ def test_a_spent_budget_answers_an_empty_unrecorded_reply(tokenizer):
     assert len(rollout.trajectory(USER).sampled_segments()) == 1
 
 
-def test_wire_variants_of_one_message_compare_equal_and_render_once_encoded():
+def test_wire_variants_of_one_message_compare_equal_and_render_once_encoded() -> None:
     sent = {
         "role": "assistant",
         "content": None,
@@ -159,7 +165,7 @@ def test_wire_variants_of_one_message_compare_equal_and_render_once_encoded():
     assert "function_call" not in rendered
 
 
-def test_a_call_to_a_tool_that_was_not_offered_is_text():
+def test_a_call_to_a_tool_that_was_not_offered_is_text() -> None:
     parsed = {
         "role": "assistant",
         "content": "",
@@ -168,7 +174,9 @@ def test_a_call_to_a_tool_that_was_not_offered_is_text():
     assert reply_message(parsed, "raw text", {"add"}, "c") == {"role": "assistant", "content": "raw text"}
 
 
-def test_sampled_ids_that_re_tokenize_differently_are_kept_and_the_bridge_realigned(tokenizer):
+def test_sampled_ids_that_re_tokenize_differently_are_kept_and_the_bridge_realigned(
+    tokenizer: "PreTrainedTokenizerBase",
+) -> None:
     """The model may sample a non-canonical split of its text; the held ids stay what it sampled and the bridge
     follows the template's rule for the text after the assistant turn (counted)."""
     rollout, generator = capture(tokenizer, ["", "fine"])

@@ -50,7 +50,7 @@ LAKE_IDS = ("lake-1", "lake-2")  # two rows of the recipe's lakes (seeds 1 and 2
 DEMONSTRATIONS = ROOT / "tests" / "fixtures" / "frozen_lake_expert_demonstrations.jsonl"
 
 
-def test_the_demonstrations_are_the_experts_moves_on_the_trained_lakes():
+def test_the_demonstrations_are_the_experts_moves_on_the_trained_lakes() -> None:
     """The committed demonstrations are what ``record_demonstrations --player ...shortest_path_move`` writes on
     ``LAKE_IDS``: one episode per lake, every turn one ``lake_move`` call, the expert's move on the lake the messages
     before it show, ending on the goal (the environment's reward 1)."""
@@ -72,7 +72,7 @@ def test_the_demonstrations_are_the_experts_moves_on_the_trained_lakes():
 
 
 @pytest.mark.timeout(540)
-def test_the_frozen_lake_recipe_trains_two_steps_with_a_gradient(qwen_template_model_dir, tmp_path):
+def test_the_frozen_lake_recipe_trains_two_steps_with_a_gradient(qwen_template_model_dir: Path, tmp_path: Path) -> None:
     assert not port_taken(MCP_PORT), "another FrozenLake MCP server holds port 9700"
     rows = [
         line

@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,8 +18,11 @@ from ep_trl.cli.heldout_figures import HeldOutEpisode, HeldOutEpisodes, per_valu
 from ep_trl.devtools.miniwob_demonstrations import page_actions_of
 from tests.sources.test_processor import agent_eval, agent_model_dir, calc_server  # noqa: F401  (fixtures)
 
+if TYPE_CHECKING:
+    from tests.support.letters import LettersEpisodes
 
-def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen_back_action():
+
+def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen_back_action() -> None:
     played = HeldOutEpisodes(
         (
             HeldOutEpisode("click-button", ("click('12')",), (True,), 1.0, "finished"),
@@ -52,7 +56,7 @@ def test_success_among_well_formed_episodes_leaves_out_any_episode_with_a_fallen
     assert played.rows()[3]["instance"] is None
 
 
-def test_reset_variants_play_each_instance_under_each_value_value_by_value_and_figures_split_by_value():
+def test_reset_variants_play_each_instance_under_each_value_value_by_value_and_figures_split_by_value() -> None:
     variants = ResetVariants.parse(" wording = is-open, locked ", instances=2)
     assert (variants.name, variants.values, variants.episodes) == ("wording", ("is-open", "locked"), 4)
     assert [(variants.instance(g), variants.kwargs(g)) for g in range(4)] == [
@@ -138,7 +142,7 @@ def train_cli(args, cwd, timeout):
     )
 
 
-def check_figures(rows, figures, success):
+def check_figures(rows, figures, success) -> None:
     """The three figures are those of the rows: mean score, share of parsed turns, mean score of all-parsed rows."""
     assert figures["episodes"] == len(rows) and success == figures["success"]
     assert figures["success"] == pytest.approx(sum(r["score"] or 0.0 for r in rows) / len(rows), abs=1e-4)
@@ -152,8 +156,8 @@ def check_figures(rows, figures, success):
 
 @pytest.mark.timeout(400)
 def test_held_out_on_an_openenv_eval_plays_reset_seeds_that_training_never_resets(
-    tiny_model_dir, tmp_path, letters_episodes
-):
+    tiny_model_dir: Path, tmp_path: Path, letters_episodes: "LettersEpisodes"
+) -> None:
     """The letters eval (OpenEnv, tasks vowels and abc) on the session's letters server (which records each reset's
     seed): 4 held-out seeds drawn from --held-out-seed, played before and after training with the tasks rotated; every
     training reset names a seed of its prompt group that is not held out; the result file keeps each episode (seed,
@@ -204,7 +208,9 @@ def test_held_out_on_an_openenv_eval_plays_reset_seeds_that_training_never_reset
 
 
 @pytest.mark.timeout(400)
-def test_held_out_tasks_keep_training_off_those_tasks_and_hold_out_no_seed(tiny_model_dir, tmp_path, letters_episodes):
+def test_held_out_tasks_keep_training_off_those_tasks_and_hold_out_no_seed(
+    tiny_model_dir: Path, tmp_path: Path, letters_episodes: "LettersEpisodes"
+) -> None:
     """--held-out-tasks abc on the letters eval (tasks vowels, abc): training plays vowels alone, the 2 held-out
     episodes play abc before and after training; no seed is held out, checked or sent."""
     proc = train_cli(
@@ -239,7 +245,9 @@ def test_held_out_tasks_keep_training_off_those_tasks_and_hold_out_no_seed(tiny_
 
 
 @pytest.mark.timeout(400)
-def test_held_out_on_an_mcp_gym_eval_plays_held_out_rows_through_the_processor(qwen_template_model_dir, tmp_path):
+def test_held_out_on_an_mcp_gym_eval_plays_held_out_rows_through_the_processor(
+    qwen_template_model_dir: Path, tmp_path: Path
+) -> None:
     """eval-protocol's FrozenLake MCP-gym processor, tool calls in the Qwen 2.5 template, in-process generation: one
     row held out and played before and after training through the processor, with its row id, its turns and whether
     each parsed into a tool call; it is never logged to ``ep logs`` (the training row is)."""
@@ -288,7 +296,7 @@ def test_held_out_on_an_mcp_gym_eval_plays_held_out_rows_through_the_processor(q
 
 
 @pytest.mark.timeout(200)
-def test_held_out_is_refused_for_an_environment_that_ignores_reset_seeds(tiny_model_dir, tmp_path):
+def test_held_out_is_refused_for_an_environment_that_ignores_reset_seeds(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Two resets with one seed show different words: held-out seeds would name nothing, so the run is refused with
     exit status 2 before the model loads, saying why and what to do, and leaves no run folder."""
     proc = train_cli(
@@ -310,7 +318,7 @@ DOORS_SERVER = ["--env-server", "python -m ep_trl.envs.doors --port {port}", "--
 
 
 @pytest.mark.timeout(400)
-def test_held_out_reset_kwarg_plays_each_held_out_seed_under_each_value(tiny_model_dir, tmp_path):
+def test_held_out_reset_kwarg_plays_each_held_out_seed_under_each_value(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The doors eval (OpenEnv; its reset takes a sign ``wording``) with --held-out 2 --held-out-reset-kwarg
     wording=is-open,locked: each held-out seed is played under each wording, value by value, before and after
     training; each row records the keyword its reset was given, and the house and wording the environment says it
@@ -373,7 +381,9 @@ def test_held_out_reset_kwarg_plays_each_held_out_seed_under_each_value(tiny_mod
 
 
 @pytest.mark.timeout(200)
-def test_a_reset_kwarg_value_the_environment_refuses_is_refused_before_the_model_loads(tiny_model_dir, tmp_path):
+def test_a_reset_kwarg_value_the_environment_refuses_is_refused_before_the_model_loads(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """A wording the doors game does not have: its reset fails once the environment server is up, so the run is
     refused with exit status 2, naming the keyword, the value and the environment's answer, and leaves no run
     folder."""
@@ -414,7 +424,9 @@ BROWSERGYM_SERVER = [
 
 
 @pytest.mark.timeout(500)
-def test_held_out_on_the_browsergym_eval_plays_held_out_miniwob_seeds_task_by_task(tiny_model_dir, tmp_path):
+def test_held_out_on_the_browsergym_eval_plays_held_out_miniwob_seeds_task_by_task(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """What ``recipes/miniwob/smollm2.py`` runs, with the tiny model in-process: the BrowserGym server (headless
     Chromium) honours reset seeds (the seed check passes), and the 2 held-out seeds are played one per task, each
     row saying which task and seed the environment played."""
@@ -470,7 +482,7 @@ def test_held_out_on_the_browsergym_eval_plays_held_out_miniwob_seeds_task_by_ta
         ]
 
 
-def test_training_seeds_never_hit_a_held_out_seed_and_two_split_seeds_hold_out_different_sets():
+def test_training_seeds_never_hit_a_held_out_seed_and_two_split_seeds_hold_out_different_sets() -> None:
     split = SeedSplit.draw(0, 50)
     assert len(set(split.held_out)) == 50 and SeedSplit.draw(0, 50) == split
     assert set(SeedSplit.draw(1, 50).held_out).isdisjoint(split.held_out)
@@ -483,8 +495,8 @@ def test_training_seeds_never_hit_a_held_out_seed_and_two_split_seeds_hold_out_d
 
 @pytest.mark.timeout(600)
 def test_held_out_plays_on_the_vllm_server_the_run_trains_with(
-    sharp_model_dir, shared_vllm_url, tmp_path, letters_episodes
-):
+    sharp_model_dir: Path, shared_vllm_url: str, tmp_path: Path, letters_episodes: "LettersEpisodes"
+) -> None:
     """With --vllm-server-url on CPU (DiskSyncGRPOTrainer keeps the server on the trainer's weights) the held-out
     episodes are generated on that server too, greedily, with the trainer's chat template, and after training on the
     last step's weights."""
@@ -524,8 +536,8 @@ def test_held_out_plays_on_the_vllm_server_the_run_trains_with(
 
 @pytest.mark.timeout(400)
 def test_an_agent_s_held_out_turns_are_well_formed_when_they_call_an_offered_tool(
-    agent_eval, agent_model_dir, tmp_path
-):
+    agent_eval: str, agent_model_dir: Path, tmp_path: Path
+) -> None:
     """The calculator agent (AgentRolloutProcessor, a real MCP server) and the tiny model taught its script: its
     held-out row is played greedily through the processor for the trainer, in-process; the two replies that call ``add``
     are well formed, the final plain-text answer is not (docs/cli.md: with tools, a turn is well formed when it parsed

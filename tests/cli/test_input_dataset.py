@@ -119,8 +119,13 @@ def test_eval_protocols_frozen_lake_trains_on_rows_of_our_own_outside_its_checko
     ],
 )
 def test_a_dataset_that_cannot_be_read_is_refused_before_anything_starts(
-    args, message, qwen_template_model_dir, tmp_path, monkeypatch, capsys
-):
+    args,
+    message: str,
+    qwen_template_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     argv = args(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -135,7 +140,9 @@ def test_a_dataset_that_cannot_be_read_is_refused_before_anything_starts(
     stop_mcp_gym_shared_server()  # nothing started it; a leak would stay for the next test otherwise
 
 
-def test_input_dataset_files_are_split_at_commas_and_made_absolute(qwen_template_model_dir, tmp_path, monkeypatch):
+def test_input_dataset_files_are_split_at_commas_and_made_absolute(
+    qwen_template_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Several files, as separate words or comma-separated, in the order given; absolute, so that every process of
     the run reads the same files."""
     monkeypatch.chdir(tmp_path)

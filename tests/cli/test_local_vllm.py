@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -21,14 +22,16 @@ def planned(argv, capsys=None):
     return train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
 
 
-def refusal(argv, capsys):
+def refusal(argv, capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit) as exit_info:
         planned(argv)
     assert exit_info.value.code == 2
     return capsys.readouterr().err
 
 
-def test_the_local_servers_context_holds_the_longest_prompt_and_the_completion(qwen_template_model_dir, tmp_path):
+def test_the_local_servers_context_holds_the_longest_prompt_and_the_completion(
+    qwen_template_model_dir: Path, tmp_path: Path
+) -> None:
     ponds = write_ponds(tmp_path / "ponds.jsonl")
     job = planned(
         [
@@ -124,8 +127,14 @@ def test_the_local_servers_context_holds_the_longest_prompt_and_the_completion(q
     ],
 )
 def test_bad_local_server_input_is_refused_before_anything_starts(
-    extra, env, message, qwen_template_model_dir, tmp_path, monkeypatch, capsys
-):
+    extra: list[str],
+    env,
+    message: str,
+    qwen_template_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     argv = [
@@ -144,7 +153,9 @@ def test_bad_local_server_input_is_refused_before_anything_starts(
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-def test_a_local_server_on_a_gpu_machine_is_refused(qwen_template_model_dir, tmp_path, monkeypatch, capsys):
+def test_a_local_server_on_a_gpu_machine_is_refused(
+    qwen_template_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(modes, "cuda_available", lambda: True)  # fault injection: torch sees a GPU
     err = refusal(
         [

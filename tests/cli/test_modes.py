@@ -7,6 +7,7 @@ recipe runs are in tests/project/test_train_letters_script.py and tests/colocate
 import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -25,23 +26,23 @@ def script(path):
 
 
 @pytest.fixture(scope="module")
-def letters():
+def letters() -> ModuleType:
     return script("recipes/letters/tiny")
 
 
 @pytest.fixture(scope="module")
-def browsergym():
+def browsergym() -> ModuleType:
     return script("train_browsergym_trl")
 
 
 @pytest.fixture
-def cpu_with_vllm(monkeypatch):
+def cpu_with_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU machine whose Python has vLLM (.venv-colocate)."""
     monkeypatch.setattr(training_modes, "vllm_importable", lambda: True)
     monkeypatch.setattr(training_modes, "cuda_available", lambda: False)
 
 
-def refused(module, argv, capsys):
+def refused(module, argv, capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(argv)
     assert exit_info.value.code == 2
@@ -82,12 +83,21 @@ def refused(module, argv, capsys):
         ),
     ],
 )
-def test_a_combination_no_mode_trains_with_is_an_argparse_error(name, argv, message, request, capsys, cpu_with_vllm):
+def test_a_combination_no_mode_trains_with_is_an_argparse_error(
+    name: str,
+    argv: list[str],
+    message: str,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+    cpu_with_vllm: None,
+) -> None:
     err = refused(request.getfixturevalue(name), argv, capsys)
     assert re.search(message, err), err
 
 
-def test_colocate_without_vllm_names_the_colocate_venv(letters, monkeypatch, capsys):
+def test_colocate_without_vllm_names_the_colocate_venv(
+    letters: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(training_modes, "vllm_importable", lambda: False)
     err = refused(letters, ["--vllm-mode", "colocate"], capsys)
     assert (
@@ -96,17 +106,23 @@ def test_colocate_without_vllm_names_the_colocate_venv(letters, monkeypatch, cap
     )
 
 
-def test_colocate_with_lora_on_cpu_is_refused(browsergym, cpu_with_vllm, capsys):
+def test_colocate_with_lora_on_cpu_is_refused(
+    browsergym: ModuleType, cpu_with_vllm: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     err = refused(browsergym, ["--vllm-mode", "colocate", "--lora-r", "4"], capsys)
     assert "CPUColocateGRPOTrainer, which does not support LoRA" in err and "drop --lora-r" in err
 
 
-def test_colocate_with_screenshots_on_cpu_is_refused(browsergym, cpu_with_vllm, capsys):
+def test_colocate_with_screenshots_on_cpu_is_refused(
+    browsergym: ModuleType, cpu_with_vllm: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     err = refused(browsergym, ["--vllm-mode", "colocate", "--screenshots"], capsys)
     assert "does not put rollout images into the loss: drop --screenshots" in err
 
 
-def test_async_with_screenshots_and_lora_is_refused(browsergym, cpu_with_vllm, capsys):
+def test_async_with_screenshots_and_lora_is_refused(
+    browsergym: ModuleType, cpu_with_vllm: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     err = refused(
         browsergym, ["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots", "--lora-r", "4"], capsys
     )
@@ -126,7 +142,9 @@ def test_async_with_screenshots_trains_with_the_images_trainer(browsergym, monke
     assert mode.config(output_dir=str(tmp_path), bf16=False, report_to=[]).token_budget == 0
 
 
-def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tmp_path):
+def test_each_mode_gets_its_config_on_cpu(
+    letters: ModuleType, browsergym: ModuleType, cpu_with_vllm: None, tmp_path: Path
+):
     """Colocate: TRL's engine in the trainer at the default memory share; async: an AsyncGRPOConfig on the server,
     with fixed-size packing (CPU); a server without --async on CPU: TRL's server mode, which DiskSyncGRPOTrainer keeps
     on the trainer's weights through disk (NCCL needs a GPU)."""
@@ -155,7 +173,9 @@ def test_each_mode_gets_its_config_on_cpu(letters, browsergym, cpu_with_vllm, tm
         ("--screenshots", r"DiskSyncGRPOTrainer, which does not support rollout images in the loss: add --async"),
     ],
 )
-def test_a_synced_server_on_cpu_with_lora_or_screenshots_is_refused(browsergym, cpu_with_vllm, capsys, flag, message):
+def test_a_synced_server_on_cpu_with_lora_or_screenshots_is_refused(
+    browsergym: ModuleType, cpu_with_vllm: None, capsys: pytest.CaptureFixture[str], flag: str, message: str
+) -> None:
     """DiskSyncGRPOTrainer merges no adapter and puts no image into the loss: refused before anything starts."""
     argv = ["--vllm-base-url", URL, flag] + (["4"] if flag == "--lora-r" else [])
     assert re.search(message, refused(browsergym, argv, capsys))

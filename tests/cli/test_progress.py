@@ -18,7 +18,7 @@ def step_line(logs: dict) -> str:
     return stream.getvalue()
 
 
-def test_a_step_whose_figures_are_none_prints_n_a():
+def test_a_step_whose_figures_are_none_prints_n_a() -> None:
     line = step_line(
         {
             "reward": None,
@@ -33,7 +33,7 @@ def test_a_step_whose_figures_are_none_prints_n_a():
     assert "grad_norm 0 |" in line
 
 
-def test_a_step_with_figures_prints_them_and_leaves_out_what_was_not_logged():
+def test_a_step_with_figures_prints_them_and_leaves_out_what_was_not_logged() -> None:
     line = step_line({"reward": 0.25, "reward_std": 0.5, "grad_norm": 1.5, "ep_trl/mean_turns": 3.0})
     assert line.startswith("step 1/4 | reward 0.2500 (std 0.5000) | turns 3.0 | grad_norm 1.5 |")
     assert "eval_score" not in line and "failed" not in line

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from eval_protocol.dataset_logger.sqlite_dataset_logger_adapter import SqliteDatasetLoggerAdapter
@@ -16,6 +17,10 @@ from eval_protocol.dataset_logger.sqlite_dataset_logger_adapter import SqliteDat
 from ep_trl.cli import train
 from ep_trl.cli.ranks import Ranks, from_main
 from ep_trl.runtime.processes import free_port
+
+if TYPE_CHECKING:
+    from tests.support.letters import LettersEpisodes
+
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = "evals/eval_letters.py::test_letters"
@@ -92,13 +97,15 @@ def assert_one_run_folder(folder: Path, output: str, episodes: int) -> None:
     assert "2 processes, each training on its own share of the prompts" in output
 
 
-def test_one_process_is_the_main_one_and_makes_the_values():
+def test_one_process_is_the_main_one_and_makes_the_values() -> None:
     assert Ranks.from_env() == Ranks(0, 1) and Ranks(0, 1).main and not Ranks(0, 1).several
     assert not Ranks(1, 2).main and Ranks(1, 2).several
     assert from_main(Ranks(0, 1), lambda: "made") == "made"
 
 
-def test_a_process_share_that_splits_a_prompt_group_is_refused(tiny_model_dir, monkeypatch, capsys):
+def test_a_process_share_that_splits_a_prompt_group_is_refused(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(SystemExit) as ended:
@@ -110,7 +117,9 @@ def test_a_process_share_that_splits_a_prompt_group_is_refused(tiny_model_dir, m
     assert "not a multiple of --num-generations 8" in err and "--per-device-train-batch-size 8" in err
 
 
-def test_servers_the_run_starts_are_refused_across_machines(tiny_model_dir, monkeypatch, capsys):
+def test_servers_the_run_starts_are_refused_across_machines(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """4 processes on 2 machines (torchrun's LOCAL_WORLD_SIZE 2): a server on the main process's 127.0.0.1 is out of
     the other machine's reach."""
     for name, value in (("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2"), ("RANK", "0")):
@@ -125,7 +134,7 @@ def test_servers_the_run_starts_are_refused_across_machines(tiny_model_dir, monk
 
 
 @pytest.mark.timeout(600)
-def test_two_processes_train_in_process_on_one_environment_server(tiny_model_dir, tmp_path):
+def test_two_processes_train_in_process_on_one_environment_server(tiny_model_dir: Path, tmp_path: Path) -> None:
     """In-process generation: the main process starts the ``--env-server`` (one server, its URL sent to the other
     process), and each process plays its own groups on it; each episode is logged once."""
     folder, home = tmp_path / "run", tmp_path / "home"
@@ -167,7 +176,9 @@ def assert_sampled_text_reached_the_environment(rows: list, received: list[dict]
 
 
 @pytest.mark.timeout(600)
-def test_two_processes_train_on_one_vllm_server(sharp_model_dir, shared_vllm_url, letters_episodes, tmp_path):
+def test_two_processes_train_on_one_vllm_server(
+    sharp_model_dir: Path, shared_vllm_url: str, letters_episodes: "LettersEpisodes", tmp_path: Path
+) -> None:
     """The server path (``DiskSyncGRPOTrainer`` on CPU): both processes generate on the server the main process
     keeps on the trainer's weights."""
     folder, home = tmp_path / "run", tmp_path / "home"
@@ -185,8 +196,8 @@ def test_two_processes_train_on_one_vllm_server(sharp_model_dir, shared_vllm_url
 
 @pytest.mark.timeout(600)
 def test_two_processes_train_async_from_the_main_processs_worker(
-    sharp_model_dir, shared_vllm_url, letters_episodes, tmp_path
-):
+    sharp_model_dir: Path, shared_vllm_url: str, letters_episodes: "LettersEpisodes", tmp_path: Path
+) -> None:
     """``--async``: TRL's async trainer takes its samples from the main process's worker alone and hands each process
     its batches; the other process builds no worker (one rollout function, one invocation in the store)."""
     folder, home = tmp_path / "run", tmp_path / "home"

@@ -27,7 +27,7 @@ LETTERS = "evals/eval_letters.py::test_letters"
 SERVER = "python -m ep_trl.envs.letters --port {port}"
 
 
-def test_each_session_goes_to_the_replica_with_the_fewest_open():
+def test_each_session_goes_to_the_replica_with_the_fewest_open() -> None:
     urls = ("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3")
     pool = EnvPool(EnvSettings(factory=object, replica_urls=urls, url_var="URL"))
     picked = []
@@ -44,7 +44,7 @@ def test_each_session_goes_to_the_replica_with_the_fewest_open():
     assert pool._replica() == urls[2]
 
 
-def test_replicas_are_checked_when_the_overrides_are_made():
+def test_replicas_are_checked_when_the_overrides_are_made() -> None:
     with pytest.raises(ConfigError, match="give one URL or more, each once"):
         EvalOverrides(env_replicas=["http://127.0.0.1:1", "http://127.0.0.1:1"])
     with pytest.raises(ConfigError, match="env_base_url and env_replicas both name the server"):
@@ -55,14 +55,18 @@ def test_replicas_are_checked_when_the_overrides_are_made():
         EnvSettings(factory=object, replica_urls=("http://127.0.0.1:1",)).check()
 
 
-def test_replicas_without_env_server_are_refused_before_anything_starts(tiny_model_dir, capsys):
+def test_replicas_without_env_server_are_refused_before_anything_starts(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as ended:
         train.main([LETTERS, "--model", str(tiny_model_dir), "--env-replicas", "3"])
     assert ended.value.code == 2
     assert "--env-replicas 3 starts copies of --env-server: add --env-server" in capsys.readouterr().err
 
 
-def test_servers_of_different_environments_are_not_replicas(letters_server, tmp_path, tiny_model_dir, capsys):
+def test_servers_of_different_environments_are_not_replicas(
+    letters_server: str, tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = free_port()
     doors = start_server(
         "doors", [sys.executable, "-m", "ep_trl.envs.doors", "--port", str(port)], port=port, log_dir=tmp_path
@@ -82,7 +86,7 @@ def test_servers_of_different_environments_are_not_replicas(letters_server, tmp_
 
 
 @pytest.mark.timeout(600)
-def test_three_replicas_survive_one_killed_mid_run(tiny_model_dir, tmp_path):
+def test_three_replicas_survive_one_killed_mid_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One of 3 replicas is SIGKILLed (its process group) while a step's episodes play on it: it is started again
     on its port, the episodes it held fail as environment errors, and the run completes every step."""
     folder = tmp_path / "run"

@@ -1,5 +1,7 @@
 """The eval score per step read from a trainer's log history, its summary, and its plot (a real PNG)."""
 
+from pathlib import Path
+
 import pytest
 
 from ep_trl.cli.reward_curve import StepScore, plot_scores, progress, step_scores
@@ -10,7 +12,7 @@ HISTORY = [
 ]
 
 
-def test_the_summary_compares_the_first_and_last_fifth():
+def test_the_summary_compares_the_first_and_last_fifth() -> None:
     scores = step_scores([*HISTORY, {"train_runtime": 1.0, "step": 10}])  # entries without a score are skipped
     assert [s.step for s in scores] == list(range(1, 11)) and scores[0] == StepScore(1, 0.2, 0.1)
     summary = progress(scores)
@@ -20,7 +22,7 @@ def test_the_summary_compares_the_first_and_last_fifth():
         progress(())
 
 
-def test_without_the_eval_score_the_summary_reads_the_async_trainers_reward():
+def test_without_the_eval_score_the_summary_reads_the_async_trainers_reward() -> None:
     """GRPOTrainer logs rewards/eval_score/mean (read even where reward is also logged); AsyncGRPOTrainer logs only
     reward and reward_std, which the step scores then come from. Entries without a score (the closing one) are
     skipped."""
@@ -37,6 +39,6 @@ def test_without_the_eval_score_the_summary_reads_the_async_trainers_reward():
     assert step_scores(asynchronous) == (StepScore(1, 0.25, 0.05), StepScore(2, 0.5, 0.0))
 
 
-def test_the_plot_is_a_png(tmp_path):
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
     path = plot_scores(step_scores(HISTORY), tmp_path / "sub" / "curve.png", title="t", note="python x.py")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000

@@ -28,7 +28,7 @@ def steps_until_stopped(budget: TimeBudget, clock: Clock, step_s: list[float], m
     return len(step_s)
 
 
-def test_training_stops_before_a_step_that_would_pass_the_budget(monkeypatch):
+def test_training_stops_before_a_step_that_would_pass_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr(time_budget.time, "monotonic", clock)
     budget = TimeBudget(100.0)
@@ -37,7 +37,7 @@ def test_training_stops_before_a_step_that_would_pass_the_budget(monkeypatch):
     assert budget.stopped_at == 5
 
 
-def test_the_longest_step_so_far_judges_the_next(monkeypatch):
+def test_the_longest_step_so_far_judges_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr(time_budget.time, "monotonic", clock)
     # the longest step is 40 s from step 2 on: after step 3 (60 s) one more ends at 100 s, within; after step 4 (70 s)
@@ -45,20 +45,20 @@ def test_the_longest_step_so_far_judges_the_next(monkeypatch):
     assert steps_until_stopped(TimeBudget(100.0), clock, [10.0, 40.0, 10.0, 10.0, 10.0]) == 4
 
 
-def test_seconds_spent_before_training_count(monkeypatch):
+def test_seconds_spent_before_training_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """The warm start counts in the training time: 60 s spent before leaves room for two 20 s steps (not five)."""
     clock = Clock()
     monkeypatch.setattr(time_budget.time, "monotonic", clock)
     assert steps_until_stopped(TimeBudget(100.0, spent_s=60.0), clock, [20.0] * 10) == 2
 
 
-def test_a_budget_that_is_never_reached_does_not_stop_training(monkeypatch):
+def test_a_budget_that_is_never_reached_does_not_stop_training(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr(time_budget.time, "monotonic", clock)
     budget = TimeBudget(1000.0)
     assert steps_until_stopped(budget, clock, [1.0] * 5) == 5 and budget.stopped_at is None
 
 
-def test_a_budget_must_be_positive():
+def test_a_budget_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         TimeBudget(0)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -64,7 +65,7 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir, tmp_path):
+def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The issue's command with --model and small sizes: a progress line per step (bar, eval score, ETA), the first
     and last steps' score, a non-zero gradient, the run folder, and the environment server stopped."""
     proc = cli([LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--output-dir", "run"], tmp_path)
@@ -101,7 +102,7 @@ def test_the_done_when_command_trains_and_writes_the_run_folder(tiny_model_dir, 
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_stops_the_run_keeps_its_folder_and_the_server(tiny_model_dir, tmp_path):
+def test_sigterm_stops_the_run_keeps_its_folder_and_the_server(tiny_model_dir: Path, tmp_path: Path) -> None:
     proc = cli(
         [LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--max-steps", "200", "--output-dir", "run"],
         tmp_path,
@@ -122,7 +123,7 @@ def test_sigterm_stops_the_run_keeps_its_folder_and_the_server(tiny_model_dir, t
     assert gone(server_pid(err))
 
 
-def test_help_lists_grpo_config_and_ep_trl_groups():
+def test_help_lists_grpo_config_and_ep_trl_groups() -> None:
     text = train.make_parser().format_help()
     for flag in (
         "--num_generations",
@@ -153,7 +154,7 @@ def test_help_lists_grpo_config_and_ep_trl_groups():
         assert group in text, group
 
 
-def test_docs_list_every_ep_trl_flag():
+def test_docs_list_every_ep_trl_flag() -> None:
     import dataclasses
 
     text = (ROOT / "docs" / "cli.md").read_text()
@@ -183,7 +184,7 @@ def test_a_yaml_config_sets_grpo_fields_and_flags_win(tiny_model_dir, tmp_path):
 class OtherModelServer(http.server.BaseHTTPRequestHandler):
     """Fault injector: a 'vLLM server' that serves another model (answers /health and /v1/models only)."""
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         body = json.dumps({"data": [{"id": "some-org/another-model", "max_model_len": 2048}]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -191,12 +192,12 @@ class OtherModelServer(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args):
+    def log_message(self, *args) -> None:
         return None
 
 
 @pytest.fixture
-def other_model_server():
+def other_model_server() -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OtherModelServer)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -205,7 +206,7 @@ def other_model_server():
     server.server_close()
 
 
-def not_a_model(tmp_path):
+def not_a_model(tmp_path: Path):
     (tmp_path / "weights").mkdir()
     return str(tmp_path / "weights")
 
@@ -343,8 +344,13 @@ def silent_port():
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(
-    args, message, tiny_model_dir, tmp_path, other_model_server, capsys
-):
+    args,
+    message: str,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    other_model_server: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Each bad input: exit status 2 and a message naming the fix; the environment server is never started and no
     process is left (the process's children are the same before and after)."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -360,7 +366,7 @@ def test_bad_input_is_refused_before_anything_starts(
     assert not (tmp_path / "run").exists()
 
 
-def test_the_console_script_resolves_to_the_cli(capsys):
+def test_the_console_script_resolves_to_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["ep-trl"]
     module, _, name = script.partition(":")
     entry = getattr(importlib.import_module(module), name)
@@ -368,7 +374,7 @@ def test_the_console_script_resolves_to_the_cli(capsys):
     assert entry(["fly"]) == 2
 
 
-def test_the_old_serve_module_warns_and_runs_the_new_one():
+def test_the_old_serve_module_warns_and_runs_the_new_one() -> None:
     sys.modules.pop("ep_trl.serve", None)
     with pytest.warns(DeprecationWarning, match=r"ep_trl\.serve moved to ep_trl\.cli\.serve"):
         old = importlib.import_module("ep_trl.serve")
@@ -545,7 +551,7 @@ def test_the_miniwob_recipe_is_a_preset_of_the_command(planned, probe_skipped, t
     assert not {page_seed(s) for _, s in pages} & held and pages == module.warm_start_pages(args)
 
 
-def test_the_sentiment_recipe_help_names_its_flags(capsys):
+def test_the_sentiment_recipe_help_names_its_flags(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         script("recipes/sentiment/smollm2").parse_args(["--help"])
     assert exit_info.value.code == 0
@@ -554,7 +560,7 @@ def test_the_sentiment_recipe_help_names_its_flags(capsys):
 
 
 @pytest.fixture
-def probe_skipped(monkeypatch):
+def probe_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """``plan`` without its vLLM server probe (the probe's refusals: test_bad_input_is_refused_before_anything_starts):
     the served model is taken to be --model."""
     monkeypatch.setattr(server_checks, "check_server", lambda parser, url, model, vllm: model)
@@ -566,7 +572,7 @@ def planned_job(argv):
     return train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
 
 
-def test_held_out_below_one_is_a_share_of_the_rows_split_by_its_seed(tiny_model_dir, probe_skipped):
+def test_held_out_below_one_is_a_share_of_the_rows_split_by_its_seed(tiny_model_dir: Path, probe_skipped: None) -> None:
     """``--held-out 0.05`` holds out 6 of the sentiment eval's 120 rows, the same 6 for the same --held-out-seed
     whatever --seed is (recipes/sentiment/smollm2.py's --held-out and --split-seed); a whole number is a count of
     rows."""
@@ -579,7 +585,9 @@ def test_held_out_below_one_is_a_share_of_the_rows_split_by_its_seed(tiny_model_
     assert len(counted) == 10
 
 
-def test_held_out_refuses_a_fractional_count(tiny_model_dir, probe_skipped, capsys):
+def test_held_out_refuses_a_fractional_count(
+    tiny_model_dir: Path, probe_skipped: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         planned_job(
             [
@@ -613,7 +621,9 @@ def test_held_out_refuses_a_fractional_count(tiny_model_dir, probe_skipped, caps
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
-def test_each_generation_flag_reaches_its_trainer(gpu, flags, trainer, tiny_model_dir, probe_skipped, monkeypatch):
+def test_each_generation_flag_reaches_its_trainer(
+    gpu: bool, flags, trainer: str, tiny_model_dir: Path, probe_skipped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What ``run`` trains with, from the command line through ``plan``: the trainer class, the screenshots
     (``images``), the LoRA config and, on CPU, the config's vLLM settings (on a machine with vLLM, for colocate)."""
     from ep_trl.cli import modes
@@ -635,7 +645,9 @@ def test_each_generation_flag_reaches_its_trainer(gpu, flags, trainer, tiny_mode
             assert config.use_vllm == ("--vllm-server-url" in flags or "colocate" in flags)
 
 
-def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(tiny_model_dir, monkeypatch, capsys):
+def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--report-to trackio`` reaches the trainer config as TRL's own field (GRPOConfig, and AsyncGRPOConfig with
     --async) with its ``--project``; where trackio is not installed it is refused before anything starts, naming
     ``pip install trackio``."""
@@ -680,8 +692,8 @@ TOOL_EVALS = {
 
 @pytest.mark.parametrize("kind", sorted(TOOL_EVALS))
 def test_an_eval_that_offers_tools_is_refused_at_start_for_a_template_without_a_tool_call_format(
-    kind, tiny_model_dir, tmp_path, capsys
-):
+    kind, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The tiny model's own ChatML template has no tool-call format TRL knows (SmolLM2's neither): refused before
     anything starts, naming how the eval offers tools and the flag that fixes it; with the flag, planned."""
     env_path, offered = TOOL_EVALS[kind]
@@ -699,12 +711,12 @@ def test_an_eval_that_offers_tools_is_refused_at_start_for_a_template_without_a_
     assert job.chat_template is not None and job.chat_template.path.name == "qwen2_5.jinja"
 
 
-def test_an_eval_without_tools_needs_no_tool_call_format(tiny_model_dir):
+def test_an_eval_without_tools_needs_no_tool_call_format(tiny_model_dir: Path) -> None:
     job = planned_job([SENTIMENT, "--model", str(tiny_model_dir)])
     assert job.tools_offered is None and job.chat_template is None
 
 
-def llama_template_file(tmp_path):
+def llama_template_file(tmp_path: Path):
     from ep_trl.capture.parsing import trl_chat_templates_dir
 
     path = tmp_path / "my_llama.jinja"
@@ -712,7 +724,7 @@ def llama_template_file(tmp_path):
     return str(path)
 
 
-def chatml_file(tmp_path):
+def chatml_file(tmp_path: Path):
     from ep_trl.devtools.tiny_model import CHAT_TEMPLATE
 
     path = tmp_path / "chatml.jinja"
@@ -756,8 +768,8 @@ def chatml_file(tmp_path):
     ],
 )
 def test_a_chat_template_that_cannot_serve_the_run_is_refused_at_start(
-    template, env_path, message, tiny_model_dir, tmp_path, capsys
-):
+    template, env_path, message: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         train.main(
             [
@@ -776,7 +788,7 @@ def test_a_chat_template_that_cannot_serve_the_run_is_refused_at_start(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_jinja_file_is_a_chat_template_too(tiny_model_dir, tmp_path):
+def test_a_jinja_file_is_a_chat_template_too(tiny_model_dir: Path, tmp_path: Path) -> None:
     from ep_trl.capture.parsing import trl_chat_templates_dir
 
     path = tmp_path / "tools.jinja"
@@ -786,7 +798,7 @@ def test_a_jinja_file_is_a_chat_template_too(tiny_model_dir, tmp_path):
 
 
 @pytest.fixture
-def stdio_calculator(tmp_path):
+def stdio_calculator(tmp_path: Path) -> Path:
     """The calculator agent eval's MCP config: its server started by the processor over stdio (no port taken)."""
     config = tmp_path / "calc_stdio.json"
     config.write_text(
@@ -806,8 +818,8 @@ def stdio_calculator(tmp_path):
 
 @pytest.mark.timeout(420)
 def test_a_tools_eval_trains_with_chat_template_qwen2_5_and_is_refused_without(
-    tiny_model_dir, tmp_path, stdio_calculator
-):
+    tiny_model_dir: Path, tmp_path: Path, stdio_calculator: Path
+) -> None:
     """`ep-trl train` on the calculator agent (AgentRolloutProcessor over an MCP server) with the tiny ChatML model,
     in-process generation: without --chat-template it exits 2 before anything starts, naming the flag; with
     --chat-template qwen2_5 one step trains (the episodes' tool turns rendered and parsed with that template: with

@@ -70,7 +70,7 @@ def template(model_dir):
     return processing_class, ChatTemplate(processing_class), eos_token_ids(processing_class, None)
 
 
-def test_the_loss_mask_covers_exactly_the_assistant_turns(qwen_template_model_dir, tmp_path):
+def test_the_loss_mask_covers_exactly_the_assistant_turns(qwen_template_model_dir: Path, tmp_path: Path) -> None:
     """The trained ids are each tool call as the template writes it plus its end-of-turn token, nothing else; the ids
     are the whole conversation as the template renders it; arguments as a JSON string or an object are the same."""
     path = write_lines(
@@ -114,7 +114,7 @@ def test_the_loss_mask_covers_exactly_the_assistant_turns(qwen_template_model_di
     assert cut.cut == example.trained_tokens - 5
 
 
-def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(qwen_template_model_dir, tmp_path):
+def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(qwen_template_model_dir: Path, tmp_path: Path):
     """Before: the tiny model's greedy first turn is no tool call. After a few epochs on demonstrations of random
     moves: a parsable call of the offered tool with one of the moves, and the loss on the demonstrations fell."""
     import torch
@@ -157,7 +157,7 @@ def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(qwen_template_
 NO_TOOLS = f"{ROOT / 'tests' / 'evals' / 'eval_single_turn.py'}::test_single_turn"
 
 
-def refusal(tmp_path, capsys, *flags, env_path=LAKE) -> str:
+def refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags, env_path=LAKE) -> str:
     with pytest.raises(SystemExit) as exited:
         train.main([env_path, "--output-dir", str(tmp_path / "run"), *flags])
     assert exited.value.code == 2
@@ -194,8 +194,8 @@ def refusal(tmp_path, capsys, *flags, env_path=LAKE) -> str:
     ],
 )
 def test_bad_demonstrations_are_refused_before_anything_starts(
-    content, wanted, qwen_template_model_dir, tmp_path, capsys
-):
+    content, wanted: str, qwen_template_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "demos.jsonl"
     if content is not None:
         path.write_text(content)
@@ -205,8 +205,8 @@ def test_bad_demonstrations_are_refused_before_anything_starts(
 
 
 def test_warm_start_settings_without_warm_start_and_with_screenshots_are_refused(
-    tmp_path, capsys, qwen_template_model_dir
-):
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], qwen_template_model_dir: Path
+) -> None:
     err = refusal(tmp_path, capsys, "--model", str(qwen_template_model_dir), "--warm-start-epochs", "3")
     assert "--warm-start-epochs set the warm start: add --warm-start DEMOS.jsonl" in err, err
     path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
@@ -218,7 +218,9 @@ def test_warm_start_settings_without_warm_start_and_with_screenshots_are_refused
     assert "--warm-start trains a text model on text demonstrations" in err, err
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused(qwen_template_model_dir, tmp_path, capsys):
+def test_a_template_that_rewrites_earlier_turns_is_refused(
+    qwen_template_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A template that writes the last assistant turn differently from earlier ones (as templates that drop earlier
     reasoning do) leaves no turn's tokens to find: refused at start, naming the turn."""
     import shutil
@@ -260,7 +262,9 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(qwen_template_model_d
     assert "renders earlier turns the same whatever follows" in err, err
 
 
-def test_a_template_without_a_tool_call_format_is_refused(tiny_model_dir, tmp_path, capsys):
+def test_a_template_without_a_tool_call_format_is_refused(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The tiny model's own template renders no tool calls: a demonstration of calls would train an empty turn."""
     path = write_lines(tmp_path / "demos.jsonl", [{"messages": conversation(["LEFT"]), "tools": TOOLS}])
     err = refusal(tmp_path, capsys, "--model", str(tiny_model_dir), "--warm-start", str(path), env_path=NO_TOOLS)
@@ -268,7 +272,9 @@ def test_a_template_without_a_tool_call_format_is_refused(tiny_model_dir, tmp_pa
     assert "Give the model a chat template with a tool-call format" in err, err
 
 
-def test_a_model_without_a_chat_template_is_refused(qwen_template_model_dir, tmp_path, capsys):
+def test_a_model_without_a_chat_template_is_refused(
+    qwen_template_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import shutil
 
     model = tmp_path / "model"
@@ -287,7 +293,9 @@ def test_a_model_without_a_chat_template_is_refused(qwen_template_model_dir, tmp
 
 
 @pytest.mark.timeout(300)
-def test_train_with_a_warm_start_starts_grpo_from_the_warm_started_model(qwen_template_model_dir, tmp_path):
+def test_train_with_a_warm_start_starts_grpo_from_the_warm_started_model(
+    qwen_template_model_dir: Path, tmp_path: Path
+) -> None:
     """``ep-trl train --warm-start`` on a FrozenLake eval (MCP-gym, eval-protocol's own server), in-process, 1 step:
     the warm start runs first, GRPO starts from its saved model, and result.json records it, its seconds inside the
     training time."""
@@ -364,8 +372,8 @@ def served_model(url: str) -> str:
 
 @pytest.mark.timeout(300)
 def test_a_vllm_server_the_run_generates_on_is_given_the_warm_started_weights(
-    sharp_model_dir, shared_vllm_url, tmp_path
-):
+    sharp_model_dir: Path, shared_vllm_url: str, tmp_path: Path
+) -> None:
     """With --vllm-server-url the warm start loads its weights into the server before the held-out 'before' score
     and training: the server's greedy reply is then the warm-started model's, not the one it served before."""
     import torch

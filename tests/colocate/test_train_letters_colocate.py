@@ -17,7 +17,7 @@ DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
 
 
 @pytest.mark.timeout(660)
-def test_the_letters_script_trains_with_the_colocated_engine(tmp_path):
+def test_the_letters_script_trains_with_the_colocated_engine(tmp_path: Path) -> None:
     # a user's shell, not this test process's: TRL sets the rendezvous variables here when an earlier test builds a
     # colocated trainer (MASTER_PORT 29500 by default), and that trainer's process group still holds the port
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}

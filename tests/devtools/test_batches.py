@@ -22,7 +22,7 @@ def _labels(dataset) -> list[str]:
     return [by_id[prompt[0]["ep_trl_row"].split(":", 1)[1]] for prompt in dataset["prompt"]]
 
 
-def test_every_pair_of_rows_holds_both_labels_and_the_seed_orders_them():
+def test_every_pair_of_rows_holds_both_labels_and_the_seed_orders_them() -> None:
     rows = dataset_from_eval(SENTIMENT).train_test_split(test_size=0.3, seed=0)["train"]
     labels = _labels(rows)
     assert any(labels[i] == labels[i + 1] for i in range(0, len(labels) - 1, 2))  # shuffled rows are not paired
@@ -36,6 +36,6 @@ def test_every_pair_of_rows_holds_both_labels_and_the_seed_orders_them():
     assert again == ordered["prompt"] and other != ordered["prompt"]
 
 
-def test_an_eval_with_one_ground_truth_is_refused_by_name():
+def test_an_eval_with_one_ground_truth_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"eval_letters.py::test_letters: .* 1 distinct ground truth"):
         interleave_by_ground_truth(dataset_from_eval(LETTERS), LETTERS)

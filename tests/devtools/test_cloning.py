@@ -1,6 +1,8 @@
 """Behaviour cloning of the tiny model on demonstrations: every answer ends up with its fair share, the result is
 cached by its inputs, and the measured probabilities are the model's own (teacher-forced, recomputed here)."""
 
+from pathlib import Path
+
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -12,7 +14,7 @@ DEMONSTRATIONS = (
 )
 
 
-def test_every_answer_gets_its_fair_share_and_the_result_is_cached(tiny_model_dir, tmp_path):
+def test_every_answer_gets_its_fair_share_and_the_result_is_cached(tiny_model_dir: Path, tmp_path: Path) -> None:
     recipe = CloningRecipe(fair_share=0.8)
     cloned = clone_on_demonstrations(tiny_model_dir, tmp_path / "a", DEMONSTRATIONS, recipe, cache_dir=tmp_path / "c")
     assert not cloned.cached and cloned.steps > 0
@@ -36,21 +38,21 @@ def test_every_answer_gets_its_fair_share_and_the_result_is_cached(tiny_model_di
     assert not other.cached  # other inputs, another entry
 
 
-def test_a_recipe_that_cannot_converge_says_what_to_change(tiny_model_dir, tmp_path):
+def test_a_recipe_that_cannot_converge_says_what_to_change(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="did not converge in 1 steps.*raise CloningRecipe.max_steps"):
         clone_on_demonstrations(
             tiny_model_dir, tmp_path / "a", DEMONSTRATIONS, CloningRecipe(max_steps=1), cache_dir=tmp_path / "c"
         )
 
 
-def test_bad_input_is_refused_naming_the_fix():
+def test_bad_input_is_refused_naming_the_fix() -> None:
     with pytest.raises(ValueError, match="distinct, non-empty answers"):
         CloningTarget(messages=({"role": "user", "content": "x"},), answers=("a", "a"))
     with pytest.raises(ValueError, match="between 0 and 1"):
         CloningRecipe(fair_share=1.0)
 
 
-def test_answers_branched_off_one_prompt_get_the_log_probabilities_of_whole_sequences(tiny_model_dir):
+def test_answers_branched_off_one_prompt_get_the_log_probabilities_of_whole_sequences(tiny_model_dir: Path) -> None:
     """Cloning runs a demonstration's prompt once and its answers off the prompt's cache: each answer's log-probability
     is what the model gives the whole sequence, prompt and answer, and gradients reach the weights."""
     import torch

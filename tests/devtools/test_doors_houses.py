@@ -23,7 +23,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 RESULT_FILES = ("smollm2_doors_seed0.json", "smollm2_doors_seed1.json", "smollm2_doors_seed0_rerun.json")
 
 
-def test_a_held_out_set_plays_training_s_wordings_then_those_training_never_shows():
+def test_a_held_out_set_plays_training_s_wordings_then_those_training_never_shows() -> None:
     assert PLAYED_WORDINGS == (*TRAINING_WORDINGS, *HELD_OUT_WORDINGS) and PLAYED_WORDINGS[:2] == ("is-open", "except")
 
 
@@ -31,7 +31,7 @@ def load(name):
     return json.loads((RESULTS / name).read_text())
 
 
-def test_the_base_model_s_step_one_success_and_the_ci_test_s_sizing():
+def test_the_base_model_s_step_one_success_and_the_ci_test_s_sizing() -> None:
     """From the three result files' step 1 (the base model, 16 episodes each, at the training temperature): 4 of 48
     episodes scored 1. The CI test's old sizing (2 steps of 2 groups of 6) trained nothing about one time in eight;
     its sizing now (2 steps of 6 groups of 8) about one time in 4,000."""
@@ -50,7 +50,7 @@ def test_the_base_model_s_step_one_success_and_the_ci_test_s_sizing():
         no_gradient_chance(1.5, 8, 2, 2)
 
 
-def test_seed_0_had_no_gradient_on_13_of_its_20_steps():
+def test_seed_0_had_no_gradient_on_13_of_its_20_steps() -> None:
     steps = load("smollm2_doors_seed0.json")["steps_logged"]
     assert len(steps) == 20 and sum(step["grad_norm"] == 0 for step in steps) == 13
     assert [sum(s["grad_norm"] == 0 for s in load(name)["steps_logged"]) for name in RESULT_FILES[1:]] == [10, 1]
@@ -66,7 +66,7 @@ def last_colour_player(seed):
     return observation.escaped
 
 
-def test_one_lexical_rule_leaves_every_held_out_house_of_the_result_files():
+def test_one_lexical_rule_leaves_every_held_out_house_of_the_result_files() -> None:
     """What docs/benchmarks.md says of the game as those runs played it: naming the last colour word of the latest
     message scores 1.000 on every held-out set, so the game did not need reading."""
     for name in RESULT_FILES:
@@ -109,8 +109,8 @@ def first_replies(name):
     ],
 )
 def test_the_base_model_named_the_open_door_under_one_wording_and_guessed_under_the_other(
-    name, except_hits, is_open_hits, second_rooms, replayed
-):
+    name: str, except_hits: tuple[int, int], is_open_hits: tuple[int, int], second_rooms: tuple[int, int], replayed: int
+) -> None:
     """What docs/benchmarks.md and the README say of the base model's first replies (rows paired with houses by
     order)."""
     firsts, matches = first_replies(name)

@@ -4,6 +4,7 @@ page-seed derivation they rest on, pinned against a real browser."""
 import asyncio
 import itertools
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ TASKS = ("click-button", "enter-text")
 TWIN_OF_12345 = 340170
 
 
-def test_training_never_draws_a_held_out_page_and_each_seed_holds_out_its_own_set():
+def test_training_never_draws_a_held_out_page_and_each_seed_holds_out_its_own_set() -> None:
     split = InstanceSplit.draw(0, TASKS, 16)
     assert [len(split.held_out[t]) for t in TASKS] == [16, 16]
     assert len(split.held_out_pages) == 32  # 32 distinct pages
@@ -27,7 +28,7 @@ def test_training_never_draws_a_held_out_page_and_each_seed_holds_out_its_own_se
     assert not other.held_out_pages & split.held_out_pages
 
 
-def test_the_held_out_seeds_of_the_browsergym_preset_keep_their_pages_out_of_the_first_training_groups():
+def test_the_held_out_seeds_of_the_browsergym_preset_keep_their_pages_out_of_the_first_training_groups() -> None:
     """``ep-trl train --held-out`` (which ``recipes/miniwob/smollm2.py`` runs) keeps reset seeds apart, not pages: a
     training group shows one of 32 held-out pages with chance 32 / 1,000,000. On the preset's held-out sets (16 per
     task, seeds 0 and 1) the pages are distinct and none of the first 2,000 training groups (a default run plays 40)
@@ -41,7 +42,7 @@ def test_the_held_out_seeds_of_the_browsergym_preset_keep_their_pages_out_of_the
         assert not {page_seed(split.training_seed(group)) for group in range(2_000)} & pages
 
 
-def test_a_training_stream_skips_every_reset_seed_whose_page_is_held_out():
+def test_a_training_stream_skips_every_reset_seed_whose_page_is_held_out() -> None:
     free = list(itertools.islice(InstanceSplit(seed=0, held_out={}).training_seeds(), 6))
     # hold out the page the free stream draws first and third: the same stream skips exactly those
     split = InstanceSplit(seed=0, held_out={"click-button": (TWIN_OF_12345,), "enter-text": (free[0], free[2])})
@@ -49,7 +50,7 @@ def test_a_training_stream_skips_every_reset_seed_whose_page_is_held_out():
     assert page_seed(TWIN_OF_12345) == page_seed(12345)  # a held-out page, whichever reset seed would show it
 
 
-def test_a_held_out_source_hands_each_instance_once_per_task_across_threads():
+def test_a_held_out_source_hands_each_instance_once_per_task_across_threads() -> None:
     split = InstanceSplit.draw(3, TASKS, 8)
     source = SeedSource.held_out(split)
     got: list[tuple[str, int]] = []
@@ -74,7 +75,7 @@ def test_a_held_out_source_hands_each_instance_once_per_task_across_threads():
         source("focus-text")
 
 
-def test_page_seed_is_the_page_browsergym_shows_and_the_client_resets_to_the_source_s_seed(tmp_path):
+def test_page_seed_is_the_page_browsergym_shows_and_the_client_resets_to_the_source_s_seed(tmp_path: Path):
     """Two reset seeds with one page seed show the same page in a real browser; the client's ``seeds`` picks the
     reset's seed when the reset names none (the server echoes it in its state)."""
     first, twin, other = 12345, TWIN_OF_12345, 12346

@@ -18,7 +18,7 @@ CHOICES = ("LEFT", "DOWN", "RIGHT", "UP")
 
 
 @pytest.mark.timeout(240)
-def test_the_recorder_writes_episodes_whose_turns_are_tool_calls_with_the_choices(tmp_path):
+def test_the_recorder_writes_episodes_whose_turns_are_tool_calls_with_the_choices(tmp_path: Path) -> None:
     out = tmp_path / "demos.jsonl"
     proc = subprocess.run(
         [
@@ -63,7 +63,7 @@ def test_the_recorder_writes_episodes_whose_turns_are_tool_calls_with_the_choice
     assert len(read_demonstrations(out).lines) == 4  # the warm start reads them as they are
 
 
-def test_the_player_draws_seeded_choices_for_the_one_offered_tool():
+def test_the_player_draws_seeded_choices_for_the_one_offered_tool() -> None:
     tools = [
         {
             "type": "function",
@@ -82,7 +82,7 @@ def test_the_player_draws_seeded_choices_for_the_one_offered_tool():
     assert answers != [ScriptedPlayer(CHOICES, seed=2).answer(tools, "scripted-0", turn) for turn in range(12)]
 
 
-def test_what_the_player_cannot_play_is_refused_naming_the_fix():
+def test_what_the_player_cannot_play_is_refused_naming_the_fix() -> None:
     move = {
         "type": "function",
         "function": {
@@ -108,7 +108,7 @@ def test_what_the_player_cannot_play_is_refused_naming_the_fix():
         ScriptedPlayer(())
 
 
-def test_a_tool_the_eval_does_not_offer_is_refused_through_the_command(tmp_path):
+def test_a_tool_the_eval_does_not_offer_is_refused_through_the_command(tmp_path: Path) -> None:
     """The refusal reaches the user as the command's error (exit 2), from the request the processor made."""
     proc = subprocess.run(
         [
@@ -135,7 +135,7 @@ def test_a_tool_the_eval_does_not_offer_is_refused_through_the_command(tmp_path)
     assert not (tmp_path / "d.jsonl").exists()
 
 
-def test_a_scripted_expert_answers_from_the_messages_and_is_loaded_by_module_and_name():
+def test_a_scripted_expert_answers_from_the_messages_and_is_loaded_by_module_and_name() -> None:
     from ep_trl.devtools.record_demonstrations import load_policy
 
     tools = [

@@ -20,7 +20,7 @@ def git(repo: Path, *args: str) -> None:
 
 
 @pytest.fixture
-def repo(tmp_path):
+def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     (root / "src").mkdir(parents=True)
     (root / "benchmarks" / "results").mkdir(parents=True)
@@ -32,7 +32,7 @@ def repo(tmp_path):
     return root
 
 
-def test_the_command_names_repository_paths_relative_to_it(repo):
+def test_the_command_names_repository_paths_relative_to_it(repo: Path) -> None:
     argv = [
         str(repo / "benchmarks" / "x.py"),
         "--out",
@@ -51,7 +51,7 @@ def test_the_command_names_repository_paths_relative_to_it(repo):
     assert run_record.relative_command(repo, ["run.py"], venv_python) == ".venv-vllm/bin/python run.py"
 
 
-def test_dirty_means_a_tracked_file_other_than_a_result_differs_from_the_commit(repo):
+def test_dirty_means_a_tracked_file_other_than_a_result_differs_from_the_commit(repo: Path) -> None:
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     clean = run_record.start(repo, ["x.py"])
     assert clean.commit == head and clean.dirty is False
@@ -67,7 +67,7 @@ def test_dirty_means_a_tracked_file_other_than_a_result_differs_from_the_commit(
     assert run_record.start(repo, ["x.py"]).dirty is True
 
 
-def test_the_finished_record_has_what_the_results_check_needs(repo):
+def test_the_finished_record_has_what_the_results_check_needs(repo: Path) -> None:
     run = run_record.finish(run_record.start(repo, ["x.py"]))
     assert set(run) == {"command", "commit", "dirty", "started", "machine", "load_start", "load_end", "wall_s"}
     started = datetime.fromisoformat(run["started"])
@@ -77,7 +77,7 @@ def test_the_finished_record_has_what_the_results_check_needs(repo):
     assert run["wall_s"] >= 0
 
 
-def test_a_start_kept_as_json_finishes_in_another_interpreter(repo):
+def test_a_start_kept_as_json_finishes_in_another_interpreter(repo: Path) -> None:
     """How a shell script records its run (benchmarks/vlm_async_walls.sh): the start as JSON, finished later."""
     start = run_record.start(repo, ["benchmarks/walls.sh", "6"], executable="/bin/bash")
     kept = json.loads(json.dumps(dataclasses.asdict(start)))
@@ -86,6 +86,6 @@ def test_a_start_kept_as_json_finishes_in_another_interpreter(repo):
     assert run["load_start"] == list(start.load_start) and run["wall_s"] >= 0
 
 
-def test_a_directory_that_is_no_checkout_is_refused_by_name(tmp_path):
+def test_a_directory_that_is_no_checkout_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(run_record.NotACheckoutError, match="run from a git clone"):
         run_record.start(tmp_path, ["x.py"])

@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -9,6 +10,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from ep_trl.devtools.tiny_model import CHAT_TEMPLATE, build_tiny_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 ASCII_SAMPLES = [
     "Hello, world!",
@@ -22,7 +27,7 @@ ASCII_SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir: Path):
+def tokenizer(tiny_model_dir: Path) -> "PreTrainedTokenizerBase":
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
@@ -40,7 +45,7 @@ def test_config_is_the_specified_qwen2(tiny_model_dir: Path) -> None:
     assert 900 <= cfg["vocab_size"] <= 1100
 
 
-def test_tokenizer_special_tokens(tokenizer, tiny_model_dir: Path) -> None:
+def test_tokenizer_special_tokens(tokenizer: "PreTrainedTokenizerBase", tiny_model_dir: Path) -> None:
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == im_end
     assert tokenizer.pad_token == "<|endoftext|>"
@@ -54,14 +59,14 @@ def test_tokenizer_special_tokens(tokenizer, tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("text", ASCII_SAMPLES)
-def test_ascii_text_round_trips(tokenizer, text: str) -> None:
+def test_ascii_text_round_trips(tokenizer: "PreTrainedTokenizerBase", text: str) -> None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(ids) == text
     # No BOS or other tokens are added implicitly.
     assert tokenizer(text)["input_ids"] == ids
 
 
-def test_tokenizer_json_matches_auto_tokenizer(tokenizer, tiny_model_dir: Path) -> None:
+def test_tokenizer_json_matches_auto_tokenizer(tokenizer: "PreTrainedTokenizerBase", tiny_model_dir: Path) -> None:
     """vLLM and raw `tokenizers` users must get the same ids as transformers' AutoTokenizer."""
     from tokenizers import Tokenizer
 

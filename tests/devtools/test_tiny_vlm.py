@@ -2,6 +2,7 @@
 its 16 tokens, and is reused when already built."""
 
 import json
+from pathlib import Path
 
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -10,7 +11,7 @@ from ep_trl.devtools.tiny_vlm import FAKE_IMAGE, GLOBAL_IMAGE, IMAGE, IMAGE_SEQ_
 from tests.support.images import png_data_uri, user_with_image
 
 
-def test_processor_and_model_load_and_an_image_becomes_its_tokens(tiny_vlm_dir):
+def test_processor_and_model_load_and_an_image_becomes_its_tokens(tiny_vlm_dir: Path) -> None:
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir)
     assert (
@@ -33,7 +34,7 @@ def test_processor_and_model_load_and_an_image_becomes_its_tokens(tiny_vlm_dir):
     assert ids[at : at + len(expected)] == expected and IMAGE_SEQ_LEN == 16
 
 
-def test_a_finished_build_is_reused(tiny_vlm_dir):
+def test_a_finished_build_is_reused(tiny_vlm_dir: Path) -> None:
     weights = tiny_vlm_dir / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert build_tiny_vlm(tiny_vlm_dir, seed=0) == tiny_vlm_dir and weights.stat().st_mtime_ns == stamp

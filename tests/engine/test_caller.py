@@ -2,6 +2,7 @@
 
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy
 import pytest
@@ -13,7 +14,7 @@ from ep_trl.errors import ConfigError
 from ep_trl.generation import SyncedServer
 
 
-def test_the_configuration_is_read_from_the_grpo_config(tiny_model_dir, tmp_path):
+def test_the_configuration_is_read_from_the_grpo_config(tiny_model_dir: Path, tmp_path: Path) -> None:
     """TRL's loss assumes samples at the config's temperature, top-p and top-k: those are what rollouts sample with."""
     args = GRPOConfig(
         output_dir=str(tmp_path),
@@ -49,14 +50,16 @@ def test_a_detached_caller_generates_on_its_server_and_hands_metrics_to_its_sink
 
 
 @pytest.mark.parametrize("temperature", [0.0, -0.5])
-def test_a_non_positive_temperature_is_refused_not_sampled_at_1(tiny_model_dir, tmp_path, temperature):
+def test_a_non_positive_temperature_is_refused_not_sampled_at_1(
+    tiny_model_dir: Path, tmp_path: Path, temperature: float
+) -> None:
     """Issue 33: temperature=0 was read as 1.0, so a config that asked for greedy samples trained on T=1 ones."""
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=temperature, report_to=[])
     with pytest.raises(ConfigError, match=rf"GRPOConfig\(temperature={temperature}\).*must be a finite number > 0"):
         TrainingConfig.of(args, AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
-def config_with_temperature(tmp_path, temperature) -> GRPOConfig:
+def config_with_temperature(tmp_path: Path, temperature) -> GRPOConfig:
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     args.temperature = temperature  # set as a sweep would, after GRPOConfig's own checks
     return args

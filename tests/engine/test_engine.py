@@ -17,7 +17,7 @@ def registered(resource):
     return any(value is resource for value in shutdown._registered.values())
 
 
-def test_build_engine_checks_the_keywords_an_adapter_passes_on():
+def test_build_engine_checks_the_keywords_an_adapter_passes_on() -> None:
     """The async worker hands its user's keywords to ``build_engine``: they are checked as the factory checks them."""
     with pytest.raises(TypeError, match="unexpected keyword argument 'reuse_env_sessions'; it is now"):
         build_engine(LETTERS, reuse_env_sessions=True)
@@ -25,7 +25,7 @@ def test_build_engine_checks_the_keywords_an_adapter_passes_on():
         build_engine(LETTERS, vllm_base_url="http://127.0.0.1:8000/v1")
 
 
-def test_the_rollout_function_wraps_one_engine_and_closes_it():
+def test_the_rollout_function_wraps_one_engine_and_closes_it() -> None:
     rollout = create_openenv_vllm_rollout_func(LETTERS, log_rollouts=False, max_concurrent_rollouts=3)
     try:
         assert isinstance(rollout, RolloutFunction) and isinstance(rollout.engine, RolloutEngine)

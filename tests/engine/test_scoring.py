@@ -23,7 +23,7 @@ def _row(rollout_id: str, rewards: list[float]):
     )
 
 
-def test_pointwise_rows_are_scored_one_by_one():
+def test_pointwise_rows_are_scored_one_by_one() -> None:
     spec = read_eval_spec(resolve_eval_test("tests.evals.eval_letters"))
     scored = asyncio.run(score_rows(spec, [_row("a", [1.0, 0.5]), _row("b", [0.0, 0.5])], timeout_s=30.0))
     assert [s.score for s in scored] == [pytest.approx(0.75), pytest.approx(0.25)]
@@ -31,7 +31,7 @@ def test_pointwise_rows_are_scored_one_by_one():
     assert all(s.error is None for s in scored)
 
 
-def test_groupwise_rows_are_scored_together():
+def test_groupwise_rows_are_scored_together() -> None:
     spec = read_eval_spec(resolve_eval_test("tests.evals.eval_letters_groupwise"))
     scored = asyncio.run(score_rows(spec, [_row("a", [1.0, 1.0]), _row("b", [0.5, 0.5])], timeout_s=30.0))
     assert [s.score for s in scored] == [pytest.approx(1.0), pytest.approx(0.5)]  # relative to the group's best

@@ -1,6 +1,7 @@
 """How overrides, the eval and the GRPOConfig combine (pure functions, no server or model needed)."""
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -11,11 +12,15 @@ from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
 from ep_trl.openenv.episode import plan_episode
 from tests.evals import letters_parts as parts
 
+if TYPE_CHECKING:
+    from ep_trl.evalprotocol.spec import EvalSpec
+
+
 URL = "http://127.0.0.1:8001"
 
 
 @pytest.fixture(scope="module")
-def spec():
+def spec() -> "EvalSpec":
     return read_eval_spec(resolve_eval_test("tests.evals.eval_letters"))
 
 
@@ -54,7 +59,7 @@ def test_an_explicit_url_replaces_the_evals_factory(spec):
     assert merged.env.factory is None and merged.env.base_url == URL
 
 
-def test_body_kwargs_are_checked_against_the_body(spec):
+def test_body_kwargs_are_checked_against_the_body(spec: "EvalSpec") -> None:
     with pytest.raises(
         ConfigError,
         match=r"evaluation_test_kwargs \['bonsu'\] are not parameters of the eval body "
@@ -98,7 +103,7 @@ def test_the_evals_system_prompt_goes_first_unless_the_prompt_has_one():
     assert specs[1].initial_messages[0] == {"role": "system", "content": "own"}
 
 
-def test_an_episode_s_reset_seed_and_keywords_come_from_its_prompt_group():
+def test_an_episode_s_reset_seed_and_keywords_come_from_its_prompt_group() -> None:
     from ep_trl.evalprotocol.spec import EnvSettings
     from ep_trl.openenv.pool import reset_kwargs
 

@@ -16,8 +16,11 @@ import pytest
 from ep_trl.engine.scoring import FAILED_EPISODE
 from ep_trl.engine.stream import GroupPlan, SlotMeter, stream_groups
 from ep_trl.evalprotocol import build_row, read_eval_spec, resolve_eval_test
+from ep_trl.generation import Generator
+from ep_trl.sources import EpisodeRequest
 from ep_trl.trajectory.episode import Episode, EpisodePlan
 from ep_trl.trajectory.tokens import Trajectory
+from ep_trl.trajectory.types import Row
 
 POINTWISE = "tests.evals.eval_letters"
 GROUPWISE = "tests.evals.eval_letters_groupwise"
@@ -36,17 +39,19 @@ class FakePlayer:
     a finished episode whose row has ``rewards[(group, member)]`` as step rewards, or a failed one for the keys in
     ``failing``. Records the order episodes started and ended, and the most in flight at once."""
 
-    def __init__(self, rewards, *, delays=None, failing=(), raising=None):
+    def __init__(self, rewards, *, delays=None, failing=(), raising=None) -> None:
         self.rewards, self.delays, self.failing, self.raising = rewards, delays or {}, set(failing), raising
         self.events = {key: asyncio.Event() for key in rewards}
-        self.started, self.ended, self.cancelled = [], [], []
+        self.started: list[tuple[int, int]] = []
+        self.ended: list[tuple[int, int]] = []
+        self.cancelled: list[tuple[int, int]] = []
         self.in_flight = self.most_in_flight = 0
 
     @property
     def env_sessions(self):
         return 0
 
-    async def play(self, request, generator):
+    async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
         key = (request.group, request.member)
         self.started.append(key)
         self.in_flight += 1
@@ -116,7 +121,7 @@ async def released(stream, player, order, count):
     ``count`` groups are out."""
     out = []
 
-    async def consume():
+    async def consume() -> None:
         async for group in stream:
             out.append(group)
             if len(out) == count:
@@ -185,7 +190,7 @@ def test_pointwise_scores_each_episode_and_groupwise_scores_the_group_together()
 
 
 @pytest.mark.parametrize("scope", ["group", "stream"])
-def test_an_all_eval_is_scored_per_group_or_over_the_whole_stream(scope):
+def test_an_all_eval_is_scored_per_group_or_over_the_whole_stream(scope: str):
     """``all`` over the stream holds every group until the plan is played and scores them in one body call (the
     groupwise body then compares across groups); over each group, a group is released as it completes."""
     rewards = {(0, 0): [1.0], (0, 1): [0.5], (1, 0): [2.0], (1, 1): [2.0]}

@@ -7,6 +7,8 @@ server (headless Chromium) and the tiny model through ``create_openenv_vllm_roll
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -17,13 +19,17 @@ from ep_trl.runtime.processes import ServerProcess
 from tests.support.browsergym import browsergym_server as running_browsergym_server
 from tests.support.trainers import make_trainer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV_PATH = f"{ROOT / 'evals' / 'eval_miniwob.py'}::test_miniwob"
 TASKS = ["click-test", "click-button", "focus-text", "enter-text"]
 
 
 @pytest.fixture(scope="module")
-def eval_module():
+def eval_module() -> ModuleType:
     """The eval's module, imported through ep_trl's env_path resolution."""
     return sys.modules[resolve_eval_test(ENV_PATH).module_name]
 
@@ -40,19 +46,21 @@ def observation(**fields) -> BrowserGymObservation:
     return BrowserGymObservation(**{**values, **fields})
 
 
-def test_the_bridge_reads_the_evals_processor_tasks_and_limits():
+def test_the_bridge_reads_the_evals_processor_tasks_and_limits() -> None:
     spec = read_eval_spec(resolve_eval_test(ENV_PATH))
     assert spec.mode == "pointwise" and spec.max_steps == 5 and spec.max_concurrent_rollouts == 2
+    assert spec.env is not None
     assert list(spec.env.tasks) == TASKS and spec.env.task_var == "BROWSERGYM_TASK_NAME"
     assert spec.env.factory is not None and spec.env.factory.__name__ == "make_env"
     assert spec.env.request_timeout_s == 60.0  # a Chromium reset on a busy 2-core machine needs more than 15 s
     assert spec.completion_params["max_tokens"] == 48 and spec.completion_params["temperature"] == 0.0
+    assert spec.prompt_builder is not None and spec.action_parser is not None
     assert spec.prompt_builder.__name__ == "build_prompt" and spec.action_parser.__name__ == "parse_model_action"
     prompts = dataset_from_eval(ENV_PATH, repeat=3)["prompt"]
     assert len(prompts) == 3 and prompts[0][0]["role"] == "system" and "click('13')" in prompts[0][0]["content"]
 
 
-def test_prompt_shows_goal_url_error_tree_and_history(eval_module):
+def test_prompt_shows_goal_url_error_tree_and_history(eval_module: ModuleType) -> None:
     history = ["Step 1: click('15') -> reward +0.00 ERROR"]
     text = eval_module.build_prompt(observation(last_action_error="TimeoutError: element 99 not found"), 2, history)
     assert isinstance(text, str)
@@ -64,7 +72,7 @@ def test_prompt_shows_goal_url_error_tree_and_history(eval_module):
     assert text.startswith("Step 2\n")
 
 
-def test_prompt_with_a_screenshot_is_text_and_image_parts(eval_module):
+def test_prompt_with_a_screenshot_is_text_and_image_parts(eval_module: ModuleType) -> None:
     parts = eval_module.build_prompt(observation(screenshot="iVBORw0KGgo="), 1, [])
     assert [p["type"] for p in parts] == ["text", "image_url"]
     assert "Goal: Enter" in parts[0]["text"]
@@ -81,14 +89,16 @@ def test_prompt_with_a_screenshot_is_text_and_image_parts(eval_module):
         ("", "noop(0)", True),
     ],
 )
-def test_action_parser_normalises_and_falls_back_to_an_immediate_noop(eval_module, output, action, fell_back):
+def test_action_parser_normalises_and_falls_back_to_an_immediate_noop(
+    eval_module: ModuleType, output: str, action: str, fell_back: bool
+) -> None:
     parsed = eval_module.parse_model_action(output)
     assert parsed.action_str == action
     assert parsed.metadata["fell_back"] is fell_back
     assert parsed.metadata["raw_output"] == output
 
 
-def test_body_scores_the_task_reward_and_reports_fallbacks(eval_module):
+def test_body_scores_the_task_reward_and_reports_fallbacks(eval_module: ModuleType):
     from eval_protocol.models import EvaluationRow, Message
 
     def row(rewards, answers):
@@ -108,7 +118,7 @@ def test_body_scores_the_task_reward_and_reports_fallbacks(eval_module):
         eval_module.test_miniwob._origin_func(row([], []))
 
 
-def test_tasks_rotate_per_environment_unless_pinned(eval_module, monkeypatch):
+def test_tasks_rotate_per_environment_unless_pinned(eval_module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BROWSERGYM_TASK_NAME", raising=False)
     first = eval_module.next_task()
     start = TASKS.index(first)
@@ -121,14 +131,16 @@ def test_tasks_rotate_per_environment_unless_pinned(eval_module, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def browsergym_server(tmp_path_factory) -> Iterator[ServerProcess]:
+def browsergym_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A BrowserGym server for this module, exported as BROWSERGYM_ENV_URL the way the training script does."""
     with running_browsergym_server(tmp_path_factory.mktemp("browsergym-logs")) as server:
         yield server
 
 
 @pytest.mark.slow
-def test_env_factory_reads_the_url_at_call_time_and_resets_to_its_task(eval_module, browsergym_server, monkeypatch):
+def test_env_factory_reads_the_url_at_call_time_and_resets_to_its_task(
+    eval_module: ModuleType, browsergym_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("BROWSERGYM_TASK_NAME", "focus-text")
     env = eval_module.make_env()  # eval-protocol's processor calls reset() with no arguments
     try:
@@ -140,14 +152,16 @@ def test_env_factory_reads_the_url_at_call_time_and_resets_to_its_task(eval_modu
 
 
 @pytest.mark.slow
-def test_real_episodes_through_the_bridge(browsergym_server, tiny_model_dir, tmp_path):
+def test_real_episodes_through_the_bridge(
+    browsergym_server: ServerProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Two calls of one prompt group each: full episodes, scored by the eval body, tasks rotating per group."""
     rollout = create_openenv_vllm_rollout_func(ENV_PATH, overrides=EvalOverrides(max_steps=2), log_rollouts=False)
     prompts = list(dataset_from_eval(ENV_PATH, repeat=2)["prompt"])
     trainer = make_trainer(
         tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_completion_length=640, prompts=prompts
     )
-    tok = trainer.processing_class
+    tok = cast("PreTrainedTokenizerBase", trainer.processing_class)
     try:
         calls = [rollout(prompts, trainer), rollout(prompts, trainer)]
     finally:

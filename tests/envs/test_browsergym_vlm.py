@@ -29,7 +29,7 @@ ENV_PATH = f"{ROOT / 'evals' / 'eval_miniwob.py'}::test_miniwob"
 
 
 @pytest.fixture(scope="module")
-def screenshot_server(tmp_path_factory) -> Iterator[ServerProcess]:
+def screenshot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A BrowserGym server that sends screenshots, exported as BROWSERGYM_ENV_URL."""
     with browsergym_server(tmp_path_factory.mktemp("browsergym-logs"), env={"BROWSERGYM_SCREENSHOT": "1"}) as server:
         yield server
@@ -42,7 +42,9 @@ def sampled_positions(out, i):
 
 
 @pytest.mark.slow
-def test_screenshots_reach_sampling_and_the_loss(screenshot_server, tiny_vlm_dir, tmp_path):
+def test_screenshots_reach_sampling_and_the_loss(
+    screenshot_server: ServerProcess, tiny_vlm_dir: Path, tmp_path: Path
+) -> None:
     rollout = create_openenv_vllm_rollout_func(
         ENV_PATH, backend="trainer", log_rollouts=False, overrides=EvalOverrides(max_steps=2, tasks=["click-test"])
     )
@@ -100,8 +102,8 @@ def test_screenshots_reach_sampling_and_the_loss(screenshot_server, tiny_vlm_dir
 
 @pytest.mark.slow
 def test_plain_grpo_trainer_is_refused_rather_than_trained_without_the_pixels(
-    screenshot_server, tiny_vlm_dir, tmp_path
-):
+    screenshot_server: ServerProcess, tiny_vlm_dir: Path, tmp_path: Path
+) -> None:
     rollout = create_openenv_vllm_rollout_func(
         ENV_PATH, backend="trainer", log_rollouts=False, overrides=EvalOverrides(max_steps=1, tasks=["click-test"])
     )

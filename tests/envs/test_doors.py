@@ -37,7 +37,7 @@ def wording_of(text: str) -> str:
     return name
 
 
-def test_a_house_is_drawn_from_its_seed_and_each_room_says_which_door_opens():
+def test_a_house_is_drawn_from_its_seed_and_each_room_says_which_door_opens() -> None:
     assert house(7) == house(7) and house(7) != house(8)
     signs = set()
     for seed in range(200):
@@ -51,7 +51,7 @@ def test_a_house_is_drawn_from_its_seed_and_each_room_says_which_door_opens():
     assert signs == {True, False}  # both kinds of sign occur
 
 
-def test_a_locked_door_stays_shut_the_open_one_leads_on_and_the_moves_run_out():
+def test_a_locked_door_stays_shut_the_open_one_leads_on_and_the_moves_run_out() -> None:
     env = DoorsEnvironment()
     rooms = house(3)
     first = env.reset(seed=3)
@@ -69,7 +69,7 @@ def test_a_locked_door_stays_shut_the_open_one_leads_on_and_the_moves_run_out():
         env.step(DoorsAction(door="red"))
 
 
-def test_a_player_that_reads_each_room_leaves_in_one_move_per_room():
+def test_a_player_that_reads_each_room_leaves_in_one_move_per_room() -> None:
     env = DoorsEnvironment()
     env.reset(seed=11)
     for room in house(11):
@@ -88,7 +88,7 @@ def test_a_player_that_reads_each_room_leaves_in_one_move_per_room():
         ("Open the door on the left", None),
     ],
 )
-def test_the_door_a_reply_names_is_its_first_colour_word(text, door):
+def test_the_door_a_reply_names_is_its_first_colour_word(text: str, door: str | None) -> None:
     assert parse_door(text) == door
 
 
@@ -109,7 +109,7 @@ def test_the_held_out_seeds_of_the_doors_preset_keep_their_houses_out_of_trainin
         assert not [g for g in range(20_000) if doors(split.training_seed(g)) in held]
 
 
-def test_the_signs_old_houses_showed_are_unchanged_and_a_named_wording_changes_only_the_signs():
+def test_the_signs_old_houses_showed_are_unchanged_and_a_named_wording_changes_only_the_signs() -> None:
     """Old result files' houses stay the houses they played: seed 3 as it was drawn before wordings existed."""
     assert [(r.doors, r.open_door, r.sign) for r in house(3)] == [
         (("red", "green", "white", "black"), "black", "The black door is open; the others are locked."),
@@ -124,7 +124,7 @@ def test_the_signs_old_houses_showed_are_unchanged_and_a_named_wording_changes_o
         house(1, wording="tricky")
 
 
-def test_a_locked_only_sign_names_every_locked_door_and_never_the_open_one():
+def test_a_locked_only_sign_names_every_locked_door_and_never_the_open_one() -> None:
     assert set(LOCKED_ONLY_WORDINGS) <= set(HELD_OUT_WORDINGS) and len(HELD_OUT_WORDINGS) >= 3
     assert set(TRAINING_WORDINGS).isdisjoint(HELD_OUT_WORDINGS)
     assert house(3, wording="locked")[0].sign == "The red, green and white doors are locked."
@@ -222,7 +222,7 @@ def test_the_served_game_plays_the_wording_its_client_hands_out_and_reports_the_
 
 
 @pytest.mark.timeout(300)
-def test_each_episode_s_row_records_the_house_and_wording_it_played(tiny_model_dir, tmp_path):
+def test_each_episode_s_row_records_the_house_and_wording_it_played(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Through the doors eval and ep_trl's loop (a tiny model on the trainer backend, its replies random): the
     rollout output's ``instance`` and each episode's ``ep logs`` row say which house and wording that episode
     played, and its first prompt shows that house's sign in that wording (the pairing, not only the set)."""

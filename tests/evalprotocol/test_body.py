@@ -7,7 +7,7 @@ import pytest
 from ep_trl.evalprotocol import build_row, read_eval_spec, resolve_eval_test, run_body, score_of
 
 
-def test_body_runs_on_a_row_shaped_like_the_processors():
+def test_body_runs_on_a_row_shaped_like_the_processors() -> None:
     spec = read_eval_spec(resolve_eval_test("tests.evals.eval_letters"))
     row = build_row(
         messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "aeiou"}],

@@ -90,14 +90,14 @@ def resolve(env_path: str) -> EvalTest:
         f"{FILTERED}::test_qa_filtered",
     ],
 )
-def test_rows_are_what_eval_protocol_feeds_the_eval(env_path, monkeypatch):
+def test_rows_are_what_eval_protocol_feeds_the_eval(env_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     eval_test = resolve(env_path)
     ours, fed = eval_rows(eval_test), rows_pytest_feeds(eval_test, monkeypatch)
     assert summary(ours) == summary(fed) and len(ours) >= 2
     assert [row.tools for row in ours] == [row.tools for row in fed]
 
 
-def test_input_messages_rows():
+def test_input_messages_rows() -> None:
     rows = eval_rows(resolve(f"{MESSAGES}::test_qa_messages"))
     france = [("system", "Answer with a single word."), ("user", "What is the capital of France?")]
     assert [[(m.role, m.content) for m in row.messages] for row in rows] == [
@@ -110,7 +110,7 @@ def test_input_messages_rows():
     assert ids[0] == ids[2] != ids[1] and all(ids)
 
 
-def test_input_rows_keep_ground_truth_ids_and_tools():
+def test_input_rows_keep_ground_truth_ids_and_tools() -> None:
     eval_test = resolve(ROWS)
     rows = eval_rows(eval_test)
     assert [row.ground_truth for row in rows] == ["4", "4", "Paris", "sunny", "3", "7"]
@@ -122,14 +122,16 @@ def test_input_rows_keep_ground_truth_ids_and_tools():
     assert originals[0].input_metadata.row_id is None, "the eval's own rows must stay untouched"
 
 
-def test_input_dataset_goes_through_the_adapter_cut_to_max_rows():
+def test_input_dataset_goes_through_the_adapter_cut_to_max_rows() -> None:
     rows = eval_rows(resolve(f"{DATASET}::test_qa_dataset"))
     assert [(row.input_metadata.row_id, row.ground_truth) for row in rows][::2] == [("qa-1", "5"), ("qa-3", "8")]
     assert len(rows) == 3 and rows[1].ground_truth == "Rome" and rows[1].input_metadata.row_id
     assert [m.content for m in rows[0].messages] == ["Answer briefly.", "What is 2 + 3?"]
 
 
-def test_several_parametrizations_are_concatenated_and_logged_once(caplog, monkeypatch):
+def test_several_parametrizations_are_concatenated_and_logged_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(inputs_module, "_noted_combined", set())
     eval_test = resolve(f"{DATASET}::test_qa_two_datasets")
     with caplog.at_level(logging.WARNING, logger="ep_trl.evalprotocol.inputs"):
@@ -142,7 +144,7 @@ def test_several_parametrizations_are_concatenated_and_logged_once(caplog, monke
     assert [row.messages[0].content for row in two_lists] == ["Name a primary colour.", "Name an ocean."]
 
 
-def test_data_loader_rows_are_what_load_returns(monkeypatch):
+def test_data_loader_rows_are_what_load_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     """DynamicDataLoader with two generators, preprocess_fn and max_dataset_rows=5.
 
     eval-protocol 0.3.33's DynamicDataLoader binds its generator late: both variants call the last generator, so
@@ -155,7 +157,7 @@ def test_data_loader_rows_are_what_load_returns(monkeypatch):
     assert rows[0].input_metadata.row_id == rows[3].input_metadata.row_id
 
 
-def test_preprocess_fn_beside_data_loaders_is_rejected_like_eval_protocol_does(monkeypatch):
+def test_preprocess_fn_beside_data_loaders_is_rejected_like_eval_protocol_does(monkeypatch: pytest.MonkeyPatch) -> None:
     eval_test = resolve(f"{LOADER}::test_qa_loader_top_level_preprocess")
     with pytest.raises(UnsupportedEvalError, match="test_qa_loader_top_level_preprocess.*preprocess_fn.*data loader"):
         eval_rows(eval_test)
@@ -163,13 +165,13 @@ def test_preprocess_fn_beside_data_loaders_is_rejected_like_eval_protocol_does(m
         rows_pytest_feeds(eval_test, monkeypatch)
 
 
-def test_filtered_row_ids_keep_only_those_rows():
+def test_filtered_row_ids_keep_only_those_rows() -> None:
     rows = eval_rows(resolve(f"{FILTERED}::test_qa_filtered"))
     # filtered before ids are generated, as in eval-protocol: the row without a row_id is dropped.
     assert [(row.input_metadata.row_id, row.ground_truth) for row in rows] == [("sub-1", "5"), ("mul-1", "42")]
 
 
-def test_preprocess_fn_is_applied(monkeypatch):
+def test_preprocess_fn_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
     """eval-protocol 0.3.33's pytest path raises UnboundLocalError for any preprocess_fn without data_loaders
     (``data_loaders`` is a local of its wrapper body); ep_trl applies it as documented."""
     eval_test = resolve(f"{FILTERED}::test_qa_preprocessed")
@@ -196,12 +198,12 @@ def fake_eval(**params) -> EvalTest:
         ({"input_rows": [[EvaluationRow(messages=[])]]}, "have no messages"),
     ],
 )
-def test_no_prompts_is_an_error_saying_what_to_do(params, why):
+def test_no_prompts_is_an_error_saying_what_to_do(params, why: str) -> None:
     with pytest.raises(UnsupportedEvalError, match=rf"evals\.fake::test_fake.*{why}.*'prompt' column"):
         eval_rows(fake_eval(**params))
 
 
-def test_training_prompts_carry_the_row_key_and_chat_fields_only():
+def test_training_prompts_carry_the_row_key_and_chat_fields_only() -> None:
     eval_test = resolve(ROWS)
     rows, prompts = eval_rows(eval_test), training_prompts(eval_test)
     assert prompts[0] == [{"role": "user", "content": "What is 2 + 2?", ROW_KEY: f"0:{rows[0].input_metadata.row_id}"}]
@@ -217,7 +219,7 @@ def test_training_prompts_carry_the_row_key_and_chat_fields_only():
     assert row_key(5, rows[5]) == f"5:{rows[5].input_metadata.row_id}"
 
 
-def test_dataset_round_trip_maps_every_prompt_to_its_row():
+def test_dataset_round_trip_maps_every_prompt_to_its_row() -> None:
     eval_test = resolve(ROWS)
     rows = eval_rows(eval_test)
     prompts = training_prompts(eval_test)
@@ -232,7 +234,7 @@ def test_dataset_round_trip_maps_every_prompt_to_its_row():
     assert len(rows[0].messages) == 1 and len(matched[1].messages) == 1
 
 
-def test_identical_rows_keep_their_positions_through_the_key():
+def test_identical_rows_keep_their_positions_through_the_key() -> None:
     eval_test = resolve(ROWS)
     rows = eval_rows(eval_test)
     rows[1].input_metadata.session_data = {"marker": "second"}  # tell the two identical rows apart
@@ -241,7 +243,7 @@ def test_identical_rows_keep_their_positions_through_the_key():
     assert second.input_metadata.session_data is None and first.input_metadata.session_data == {"marker": "second"}
 
 
-def test_prompts_without_the_key_match_by_content():
+def test_prompts_without_the_key_match_by_content() -> None:
     eval_test = resolve(ROWS)
     rows = eval_rows(eval_test)
     hand_made = [strip_row_key(p) for p in training_prompts(eval_test)[:4]] + ["What is 2 + 2?"]
@@ -251,7 +253,7 @@ def test_prompts_without_the_key_match_by_content():
     assert matched[0].input_metadata.row_id == rows[0].input_metadata.row_id
 
 
-def test_a_prompt_matching_no_row_is_an_error():
+def test_a_prompt_matching_no_row_is_an_error() -> None:
     rows = eval_rows(resolve(ROWS))
     prompt = [{"role": "user", "content": "What is 2 + 2? " + "x" * 100}]
     with pytest.raises(
@@ -262,7 +264,7 @@ def test_a_prompt_matching_no_row_is_an_error():
         match_rows([[{"role": "user", "content": "What is 2 + 2?"}], prompt], rows, "my_eval")
 
 
-def test_a_prompt_matching_rows_with_different_ground_truth_is_ambiguous():
+def test_a_prompt_matching_rows_with_different_ground_truth_is_ambiguous() -> None:
     rows = eval_rows(resolve(ROWS))
     ids = f"4:{rows[4].input_metadata.row_id}, 5:{rows[5].input_metadata.row_id}"
     with pytest.raises(ConfigError, match=rf"prompt 0 .*my_eval.*rows {ids}\..*dataset_from_eval.*row key"):
@@ -270,13 +272,13 @@ def test_a_prompt_matching_rows_with_different_ground_truth_is_ambiguous():
 
 
 @pytest.mark.parametrize("key", ["1:some-other-id", "6:capital-france", "not-a-key"])
-def test_a_stale_row_key_is_an_error(key):
+def test_a_stale_row_key_is_an_error(key: str) -> None:
     rows = eval_rows(resolve(ROWS))
     with pytest.raises(ConfigError, match=rf"row key '{key}'.*another version of the eval's data.*dataset_from_eval"):
         match_rows([[{"role": "user", "content": "What is 2 + 2?", ROW_KEY: key}]], rows, "my_eval")
 
 
-def test_strip_row_key_drops_the_key_and_none_values():
+def test_strip_row_key_drops_the_key_and_none_values() -> None:
     column = Dataset.from_dict({"prompt": training_prompts(resolve(ROWS))})["prompt"]
     assert strip_row_key(column[2]) == [
         {"role": "system", "content": "Answer in one word."},
@@ -291,7 +293,7 @@ def write_jsonl(path, records):
     return str(path)
 
 
-def test_an_input_dataset_replaces_the_evals_own_through_its_adapter_and_max_rows(tmp_path):
+def test_an_input_dataset_replaces_the_evals_own_through_its_adapter_and_max_rows(tmp_path: Path) -> None:
     """``eval_rows(..., input_dataset=...)``: the files' records go through the eval's dataset_adapter and
     max_dataset_rows (3) as its own input_dataset's would, and nothing of the eval's own file is read."""
     records = [
@@ -320,7 +322,7 @@ def test_an_input_dataset_replaces_the_evals_own_through_its_adapter_and_max_row
         (f"{LOADER}::test_qa_loader", "data_loaders"),
     ],
 )
-def test_an_input_dataset_for_an_eval_without_one_is_refused(env_path, source, tmp_path):
+def test_an_input_dataset_for_an_eval_without_one_is_refused(env_path: str, source: str, tmp_path: Path) -> None:
     rows = write_jsonl(tmp_path / "rows.jsonl", [{"question": "?", "answer": "!"}])
     with pytest.raises(UnsupportedEvalError) as error:
         eval_rows(resolve(env_path), [rows])
@@ -329,7 +331,7 @@ def test_an_input_dataset_for_an_eval_without_one_is_refused(env_path, source, t
     ) and "Drop the input dataset" in str(error.value)
 
 
-def test_an_input_dataset_file_that_is_missing_is_refused(tmp_path, monkeypatch):
+def test_an_input_dataset_file_that_is_missing_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eval_test = resolve(f"{DATASET}::test_qa_dataset")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"input dataset 'nope\.jsonl': no such file \(from .*\)\. Give JSONL files"):
@@ -351,7 +353,9 @@ def relative_dataset_eval(folder):
     return f"{folder / 'eval_relative.py'}::test_relative"
 
 
-def test_a_relative_input_dataset_missing_here_is_read_beside_the_evals_module(tmp_path, monkeypatch, caplog):
+def test_a_relative_input_dataset_missing_here_is_read_beside_the_evals_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     env_path = relative_dataset_eval(tmp_path / "evals")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")

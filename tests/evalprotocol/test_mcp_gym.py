@@ -3,6 +3,8 @@ eval-protocol and its own FrozenLake MCP server (started as its processor starts
 
 import asyncio
 import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture
-def frozen_lake_server(tmp_path, monkeypatch):
+def frozen_lake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """eval-protocol's FrozenLake server, started with its ``MCPServerManager`` (as ``MCPGymRolloutProcessor`` does)
     and stopped by it; its log goes to ``tmp_path``."""
     import os
@@ -63,7 +65,7 @@ def first_lakes(url, tag):
 
 
 @pytest.mark.timeout(120)
-def test_a_new_session_plays_its_rows_seeded_lake_only_with_ep_trl(frozen_lake_server):
+def test_a_new_session_plays_its_rows_seeded_lake_only_with_ep_trl(frozen_lake_server: str) -> None:
     """Alone, the installed eval-protocol's server ignores a new session's seed (if this half fails, eval-protocol
     has fixed it and ``mcp_gym`` can go); while ep_trl's seeding is on, every row starts on its seeded lake; after
     it, eval-protocol's own method is back."""
@@ -103,7 +105,7 @@ def test_rows_of_seed_zero_are_named_they_play_a_random_lake():
     assert mcp_gym.seed_zero_rows(rows) == ["lake-0"]
 
 
-def test_an_mcp_gym_source_warns_of_rows_of_seed_zero(caplog):
+def test_an_mcp_gym_source_warns_of_rows_of_seed_zero(caplog: pytest.LogCaptureFixture) -> None:
     """The training source of an MCP-gym eval names its rows of seed 0 and the fix, once, as it is built."""
     import copy
     import logging
@@ -127,7 +129,7 @@ def test_an_mcp_gym_source_warns_of_rows_of_seed_zero(caplog):
     ), caplog.text
 
 
-def test_setup_and_cleanup_of_an_mcp_gym_processor_turn_the_seeding_on_and_off(monkeypatch):
+def test_setup_and_cleanup_of_an_mcp_gym_processor_turn_the_seeding_on_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """``processors.setup`` turns it on for an MCP-gym processor once its ``setup()`` succeeded, ``cleanup`` off; a
     ``setup()`` that raised leaves it off, and the clean-up after it (as ``evaluation_test`` does one) raises
     nothing."""
@@ -139,7 +141,7 @@ def test_setup_and_cleanup_of_an_mcp_gym_processor_turn_the_seeding_on_and_off(m
     asyncio.run(processors.cleanup(spec))
     assert not mcp_gym.seeded_sessions_on()
 
-    def failing_setup():
+    def failing_setup() -> None:
         raise RuntimeError("the processor's setup failed")
 
     monkeypatch.setattr(spec.processor, "setup", failing_setup)

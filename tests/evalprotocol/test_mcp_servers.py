@@ -39,7 +39,7 @@ print("WATCHDOG STATUS", watchdog.wait(5), flush=True)
 """
 
 
-def test_a_server_an_mcp_server_manager_starts_is_watched_once_and_its_watchdog_leaves_with_it(tmp_path):
+def test_a_server_an_mcp_server_manager_starts_is_watched_once_and_its_watchdog_leaves_with_it(tmp_path: Path) -> None:
     script = tmp_path / "server.py"
     script.write_text(SERVER)
     result = subprocess.run(
@@ -91,7 +91,7 @@ manager.stop()
 """
 
 
-def _start(tmp_path, script_text, bound):
+def _start(tmp_path: Path, script_text, bound):
     script = tmp_path / "server.py"
     script.write_text(script_text)
     program = STARTS.format(script=str(script), port=free_port(), bound=bound)
@@ -106,7 +106,7 @@ def _start(tmp_path, script_text, bound):
     return [line for line in result.stdout.splitlines() if line.startswith(("SAID", "SERVER ENDED", "WITHIN"))], result
 
 
-def test_a_server_that_never_takes_a_connection_fails_the_start_instead_of_hanging_it(tmp_path):
+def test_a_server_that_never_takes_a_connection_fails_the_start_instead_of_hanging_it(tmp_path: Path) -> None:
     """eval-protocol's manager waits 15 s for its server (ep_trl's bound is never less), then reads the running
     server's output with communicate(), which waits for the server to end: forever. Under ep_trl the server is killed
     at the bound, and start() raises."""
@@ -117,7 +117,7 @@ def test_a_server_that_never_takes_a_connection_fails_the_start_instead_of_hangi
     )
 
 
-def test_a_server_slower_than_the_managers_own_wait_starts_under_the_bound(tmp_path):
+def test_a_server_slower_than_the_managers_own_wait_starts_under_the_bound(tmp_path: Path) -> None:
     """The manager asks for 15 s; ep_trl's bound (here 20 s) lets a server that takes longer (here 16 s) start."""
     said, result = _start(tmp_path, SLOW_SERVER.format(delay=16), bound=20)
     assert said == ["SAID STARTED", "SERVER ENDED False", "WITHIN True"], (result.stdout[-2000:], result.stderr[-2000:])

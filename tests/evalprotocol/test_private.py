@@ -11,7 +11,7 @@ from ep_trl.evalprotocol._private import BODY_ATTRIBUTE, MODULE_NAMES, PROCESSOR
 from tests.evals import letters_parts as parts
 
 
-def test_processor_still_has_the_private_attributes_we_read():
+def test_processor_still_has_the_private_attributes_we_read() -> None:
     processor = OpenEnvRolloutProcessor(
         env_factory=parts.make_env_factory(),
         action_parser=parts.action_parser,
@@ -26,19 +26,19 @@ def test_processor_still_has_the_private_attributes_we_read():
 
 
 @pytest.mark.parametrize(("module", "name"), MODULE_NAMES)
-def test_internal_module_names_we_read_still_exist(module, name):
+def test_internal_module_names_we_read_still_exist(module, name) -> None:
     assert hasattr(importlib.import_module(module), name), f"eval-protocol moved {module}.{name}"
     assert private_name(module, name) is getattr(importlib.import_module(module), name)
 
 
-def test_only_listed_names_go_through_the_door():
+def test_only_listed_names_go_through_the_door() -> None:
     with pytest.raises(AssertionError, match="not listed"):
         private_attr(object(), "_something_else")
     with pytest.raises(AssertionError, match="not listed"):
         private_name("eval_protocol.models", "EvaluationRow")
 
 
-def test_a_renamed_private_attribute_fails_at_construction_naming_it():
+def test_a_renamed_private_attribute_fails_at_construction_naming_it() -> None:
     class RenamedProcessor(OpenEnvRolloutProcessor):
         def __getattribute__(self, name):
             if name == "_env_vars":
@@ -58,13 +58,13 @@ def test_a_renamed_private_attribute_fails_at_construction_naming_it():
         params.rollout_processor = original
 
 
-def test_a_moved_internal_module_fails_naming_it(monkeypatch):
+def test_a_moved_internal_module_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_private, "MODULE_NAMES", _private.MODULE_NAMES + (("eval_protocol.no_such_module", "X"),))
     with pytest.raises(UnsupportedEvalError, match=r"eval_protocol.no_such_module.X cannot be imported"):
         private_name("eval_protocol.no_such_module", "X")
 
 
-def test_the_mcp_server_manager_still_lists_its_servers():
+def test_the_mcp_server_manager_still_lists_its_servers() -> None:
     """ep_trl finds the MCP-gym servers to hand to its watchdog in this list (ep_trl.evalprotocol.mcp_servers)."""
     from ep_trl.evalprotocol._private import SERVER_MANAGERS_ATTRIBUTE
     from ep_trl.evalprotocol.mcp_servers import MANAGER_MODULE
@@ -73,7 +73,7 @@ def test_the_mcp_server_manager_still_lists_its_servers():
     assert isinstance(private_attr(manager, SERVER_MANAGERS_ATTRIBUTE), list)
 
 
-def test_the_mcp_server_manager_still_waits_for_its_server_with_a_timeout():
+def test_the_mcp_server_manager_still_waits_for_its_server_with_a_timeout() -> None:
     """ep_trl bounds this wait (``mcp_servers.bound_server_starts``): the method and its ``timeout`` are pinned."""
     import inspect
 

@@ -1,5 +1,9 @@
 """What ep_trl reads from an eval test: its processor's settings, limits, parametrized settings and body."""
 
+from pathlib import Path
+
+import pytest
+
 from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
 from tests.evals import letters_parts as parts
 
@@ -16,7 +20,7 @@ def test_spec_carries_the_evals_configuration():
     assert spec.env.factory is not None
 
 
-def test_an_eval_whose_guarded_import_failed_is_named_as_such(monkeypatch):
+def test_an_eval_whose_guarded_import_failed_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
     """eval-protocol's example evals set the client to None when its import fails and pass
     rollout_processor=None, which eval-protocol replaces with SingleTurnRolloutProcessor."""
     import importlib
@@ -40,7 +44,7 @@ def test_an_eval_whose_guarded_import_failed_is_named_as_such(monkeypatch):
         sys.modules.pop(module.__name__, None)
 
 
-def test_history_line_with_the_label_already_computed_is_the_same_line():
+def test_history_line_with_the_label_already_computed_is_the_same_line() -> None:
     """The episode loop names each action once (``action_label``) for its actions and its history line; the line is
     the one ``history_line`` builds from the action itself, for actions with and without ``action_str``."""
     from ep_trl.envs.letters import LettersAction
@@ -66,7 +70,9 @@ FROZEN_LAKE = "eval_protocol.benchmarks.test_frozen_lake::test_frozen_lake_evalu
 SERVER_SCRIPT = "eval_protocol/mcp_servers/frozen_lake/server.py"
 
 
-def test_a_relative_server_script_missing_here_is_the_one_beside_the_evals_package(tmp_path, monkeypatch):
+def test_a_relative_server_script_missing_here_is_the_one_beside_the_evals_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """eval-protocol's FrozenLake benchmark names its MCP server relative to its repository; installed, the server is
     under site-packages. Before, MCPGymRolloutProcessor got the relative path and its server failed to start outside
     eval-protocol's checkout."""
@@ -89,7 +95,9 @@ def test_a_relative_server_script_missing_here_is_the_one_beside_the_evals_packa
     assert not any("server_script_path" in note for note in spec.notes)
 
 
-def test_a_server_script_found_nowhere_is_refused_naming_both_places(tmp_path, monkeypatch):
+def test_a_server_script_found_nowhere_is_refused_naming_both_places(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import pytest
 
     from ep_trl import EnvPathError

@@ -40,7 +40,9 @@ def eval_names(module: ModuleType) -> list[str]:
         ("eval_crash", ["test_letters_crash"], "pointwise", ["crash"], [{"bonus": 0.0}]),
     ],
 )
-def test_openenv_eval_params(module: str, names: list[str], mode: str, tasks: list[str], eval_kwargs) -> None:
+def test_openenv_eval_params(
+    module: str, names: list[str], mode: str, tasks: list[str], eval_kwargs: list[dict[str, float]] | None
+) -> None:
     mod = load(module)
     assert eval_names(mod) == names
     for name in names:

@@ -121,7 +121,7 @@ def test_a_call_that_raises_fails_only_its_batch_and_the_next_batch_runs_anew():
     assert x == "X" and after == "B"  # the other key's call and the next batch are not touched
 
 
-def test_without_batch_error_the_waiters_get_the_exception_itself():
+def test_without_batch_error_the_waiters_get_the_exception_itself() -> None:
     model = Model()
     queue = BatchQueue(model, max_batch_size=8, thread_name="test-batch", task_name="test-batches")
 
@@ -207,7 +207,7 @@ def test_call_runs_on_the_worker_thread():
     assert {serve(queue, main)} == model.threads
 
 
-def test_the_first_fatal_error_sticks_until_reset():
+def test_the_first_fatal_error_sticks_until_reset() -> None:
     failure = CallFailure("not sent: an earlier request already failed for good")
     with failure.guard("turn 1"):
         pass
@@ -230,7 +230,7 @@ def test_the_first_fatal_error_sticks_until_reset():
     assert failure.error is None
 
 
-def test_spared_errors_and_other_exceptions_fail_their_turn_alone():
+def test_spared_errors_and_other_exceptions_fail_their_turn_alone() -> None:
     class Rejected(GenerationError):
         pass
 

@@ -13,7 +13,7 @@ from ep_trl.options import Backend, VLLMOptions
 PROTOCOL = {name for name in vars(Generator) if not name.startswith("_")}
 
 
-def test_every_backend_module_builds_a_generator_with_the_whole_protocol():
+def test_every_backend_module_builds_a_generator_with_the_whole_protocol() -> None:
     assert {"name", "generate", "generate_as", "begin_call", "end_call", "aclose", "failure"} <= PROTOCOL
     for name, module_name in BACKENDS.items():
         module = import_module(f"ep_trl.generation.{module_name}")
@@ -23,7 +23,7 @@ def test_every_backend_module_builds_a_generator_with_the_whole_protocol():
         assert missing == set(), f"backend {name!r} ({cls.__name__}) lacks {sorted(missing)}"
 
 
-def test_every_backend_a_user_names_is_one_choice_knows():
+def test_every_backend_a_user_names_is_one_choice_knows() -> None:
     assert set(get_args(Backend)) - {"auto"} <= set(BACKENDS)
 
 
@@ -40,7 +40,7 @@ def offer(**kwargs):
     return BackendOffer(**{**fields, **kwargs})
 
 
-def test_the_pick_follows_what_the_caller_offers():
+def test_the_pick_follows_what_the_caller_offers() -> None:
     engine_owner = object()
     assert pick("auto", offer(colocated_trainer=engine_owner)) == "vllm-colocate"
     assert pick("vllm", offer(colocated_trainer=engine_owner)) == "vllm-colocate"

@@ -37,10 +37,10 @@ def test_a_sleeping_colocated_engine_is_woken_for_each_call_and_put_back_to_slee
     calls = []
 
     class Engine:  # stands in for vllm.LLM, which this Python does not have; records what ep_trl asks of it
-        def wake_up(self, tags):
+        def wake_up(self, tags) -> None:
             calls.append(("wake_up", tuple(tags)))
 
-        def sleep(self, level):
+        def sleep(self, level) -> None:
             calls.append(("sleep", level))
 
     generation = SimpleNamespace(

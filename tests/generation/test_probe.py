@@ -11,7 +11,7 @@ from tests.support.faulty_vllm import FaultyVLLMServer
 
 
 @pytest.mark.timeout(30)
-def test_the_list_of_served_models_is_retried_on_a_transient_error_and_bounded(monkeypatch):
+def test_the_list_of_served_models_is_retried_on_a_transient_error_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """EvalRolloutWorker.update_model_version asks GET /v1/models inside TRL's weight sync: a server briefly busy
     (a 503, a dropped connection, no answer within the timeout) must not end training; one gone for good still
     does, within the retries' bound, and a 404 is not retried."""

@@ -1,6 +1,7 @@
 """In-process generation: batching of concurrent requests, per-row cuts, real sampled-token logprobs."""
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -10,6 +11,9 @@ from ep_trl.generation import SamplingParams
 from ep_trl.generation.trainer import TrainerGenerator
 from tests.support.device import device_under_test
 from tests.support.references import teacher_forced_logprobs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,9 @@ def run_concurrently(generator, prompts, params_list):
     return asyncio.run(main())
 
 
-def test_concurrent_requests_are_batched_and_cut_per_row(model_and_tokenizer):
+def test_concurrent_requests_are_batched_and_cut_per_row(
+    model_and_tokenizer: "tuple[PreTrainedModel, PreTrainedTokenizerBase]",
+) -> None:
     model, tokenizer = model_and_tokenizer
     generator = make_generator(model, tokenizer)
     prompts = [
@@ -53,7 +59,9 @@ def test_concurrent_requests_are_batched_and_cut_per_row(model_and_tokenizer):
         assert torch.allclose(torch.tensor(result.logprobs), ref, atol=1e-4)
 
 
-def test_temperature_scales_the_returned_logprobs(model_and_tokenizer):
+def test_temperature_scales_the_returned_logprobs(
+    model_and_tokenizer: "tuple[PreTrainedModel, PreTrainedTokenizerBase]",
+) -> None:
     model, tokenizer = model_and_tokenizer
     prompt = tokenizer.encode("temperature check")
     (result,) = run_concurrently(
@@ -63,7 +71,9 @@ def test_temperature_scales_the_returned_logprobs(model_and_tokenizer):
     assert torch.allclose(torch.tensor(result.logprobs), ref, atol=1e-4)
 
 
-def test_stop_string_ends_the_turn_at_the_token_that_completes_it(model_and_tokenizer):
+def test_stop_string_ends_the_turn_at_the_token_that_completes_it(
+    model_and_tokenizer: "tuple[PreTrainedModel, PreTrainedTokenizerBase]",
+) -> None:
     model, tokenizer = model_and_tokenizer
     torch.manual_seed(0)
     prompts = [tokenizer.encode("stop strings")] * 6
@@ -78,7 +88,9 @@ def test_stop_string_ends_the_turn_at_the_token_that_completes_it(model_and_toke
         assert r.finish_reason == "stop"
 
 
-def test_negative_temperature_is_refused_and_zero_decodes_greedily(model_and_tokenizer):
+def test_negative_temperature_is_refused_and_zero_decodes_greedily(
+    model_and_tokenizer: "tuple[PreTrainedModel, PreTrainedTokenizerBase]",
+) -> None:
     """Temperature 0 is greedy decoding (held-out episodes, ``ep-trl train --held-out``): each token is the most likely
     one after the tokens before it, whatever the random state."""
     model, tokenizer = model_and_tokenizer
@@ -99,7 +111,9 @@ def test_negative_temperature_is_refused_and_zero_decodes_greedily(model_and_tok
             ids.append(token)
 
 
-def test_it_implements_the_whole_generator_protocol(model_and_tokenizer):
+def test_it_implements_the_whole_generator_protocol(
+    model_and_tokenizer: "tuple[PreTrainedModel, PreTrainedTokenizerBase]",
+) -> None:
     """The rollout never asks which backend it holds: name, context limit and failure state come from here."""
     model, tokenizer = model_and_tokenizer
     generator = make_generator(model, tokenizer)
@@ -110,7 +124,9 @@ def test_it_implements_the_whole_generator_protocol(model_and_tokenizer):
     assert generator.failure is None
 
 
-def test_a_turn_for_a_named_model_is_refused_naming_the_fix(model_and_tokenizer):
+def test_a_turn_for_a_named_model_is_refused_naming_the_fix(
+    model_and_tokenizer: "tuple[PreTrainedModel, PreTrainedTokenizerBase]",
+) -> None:
     """``generate_as`` is part of the ``Generator`` protocol; the in-process backend serves the trainer's model only,
     so a turn for a LoRA adapter by name is refused with what to do, not an AttributeError (issue 41)."""
     from ep_trl import ConfigError

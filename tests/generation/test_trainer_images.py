@@ -1,6 +1,8 @@
 """In-process generation of turns with images: sampled with the pixels, batched with other turns."""
 
 import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -11,14 +13,17 @@ from ep_trl.trajectory.template import ChatTemplate
 from tests.support.device import device_under_test
 from tests.support.images import png_data_uri, token_logprobs, user_with_image
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, ProcessorMixin
+
 
 @pytest.fixture(scope="module")
-def vlm(tiny_vlm_dir):
+def vlm(tiny_vlm_dir: Path) -> "tuple[PreTrainedModel, ProcessorMixin]":
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval().to(device_under_test())
     return model, AutoProcessor.from_pretrained(tiny_vlm_dir)
 
 
-def test_turns_with_images_are_sampled_with_their_pixels(vlm):
+def test_turns_with_images_are_sampled_with_their_pixels(vlm: "tuple[PreTrainedModel, ProcessorMixin]"):
     model, processor = vlm
     template = ChatTemplate(processor)
     tok = processor.tokenizer

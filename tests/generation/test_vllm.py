@@ -9,7 +9,10 @@ Behaviour against a real vLLM server is in tests/generation/test_vllm_real.py.
 
 import asyncio
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transformers import AutoTokenizer
@@ -21,6 +24,10 @@ from ep_trl.generation.vllm_wire import completion_payload, request_seed
 from ep_trl.runtime.processes import free_port
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
+
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
+
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 FAST = VLLMOptions(request_timeout_s=1.0, max_retries=2, retry_backoff_s=0.05, connect_timeout_s=2.0)
@@ -38,14 +45,14 @@ async def generate_once(generator: VLLMServerGenerator, prompt=(1, 2, 3), **para
 
 
 @pytest.fixture(scope="module")
-def canned_ids(tiny_model_dir):
+def canned_ids(tiny_model_dir: Path) -> tuple[int, ...]:
     """Token ids of a short action ("aei") followed by the end-of-turn token, so episodes see a sane reply."""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     return tuple(tok.encode("aei", add_special_tokens=False)) + (tok.convert_tokens_to_ids("<|im_end|>"),)
 
 
 @pytest.mark.timeout(30)
-def test_unreachable_server_fails_at_construction_naming_url_and_command():
+def test_unreachable_server_fails_at_construction_naming_url_and_command() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.monotonic()
     with pytest.raises(GenerationError) as err:
@@ -56,14 +63,14 @@ def test_unreachable_server_fails_at_construction_naming_url_and_command():
 
 
 @pytest.mark.timeout(30)
-def test_rollout_func_with_unreachable_url_fails_when_created(letters_server):
+def test_rollout_func_with_unreachable_url_fails_when_created(letters_server: str) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(GenerationError, match="trl vllm-serve --model"):
         create_openenv_vllm_rollout_func(EVAL, vllm_base_url=url, log_rollouts=False)
 
 
 @pytest.mark.timeout(30)
-def test_server_that_accepts_but_never_answers_fails_within_the_connect_timeout():
+def test_server_that_accepts_but_never_answers_fails_within_the_connect_timeout() -> None:
     with FaultyVLLMServer(hang_models=True) as server:
         started = time.monotonic()
         with pytest.raises(GenerationError, match="No vLLM server answered"):
@@ -72,7 +79,7 @@ def test_server_that_accepts_but_never_answers_fails_within_the_connect_timeout(
 
 
 @pytest.mark.timeout(30)
-def test_hung_request_is_retried_then_fails_naming_the_request():
+def test_hung_request_is_retried_then_fails_naming_the_request() -> None:
     with FaultyVLLMServer(default="hang") as server:
         generator = VLLMServerGenerator(server.url, FAST)
         with pytest.raises(GenerationError) as err:
@@ -101,7 +108,7 @@ def test_transient_failures_are_retried_with_backoff():
     assert all(gap >= FAST.retry_backoff_s * 2**k for k, gap in enumerate(gaps)), gaps
 
 
-def test_client_errors_fail_at_once_with_the_servers_message():
+def test_client_errors_fail_at_once_with_the_servers_message() -> None:
     message = "This model's maximum context length is 512 tokens. However, your prompt contains 600 input tokens"
     with FaultyVLLMServer(default=("status", 400, message)) as server:
         generator = VLLMServerGenerator(server.url, FAST)
@@ -113,11 +120,11 @@ def test_client_errors_fail_at_once_with_the_servers_message():
 
 
 @pytest.mark.timeout(30)
-def test_after_a_fatal_failure_later_requests_fail_without_being_sent():
+def test_after_a_fatal_failure_later_requests_fail_without_being_sent() -> None:
     with FaultyVLLMServer(default=("status", 503)) as server:
         generator = VLLMServerGenerator(server.url, replace(FAST, max_retries=1))
 
-        async def two_turns():
+        async def two_turns() -> None:
             with pytest.raises(GenerationError, match="failed 2 times"):
                 await generator.generate([1, 2], SamplingParams(max_tokens=2))
             with pytest.raises(GenerationError, match="already failed for good"):
@@ -128,7 +135,7 @@ def test_after_a_fatal_failure_later_requests_fail_without_being_sent():
         assert len(server.requests) == 2
 
 
-def test_payload_maps_every_sampling_parameter():
+def test_payload_maps_every_sampling_parameter() -> None:
     params = SamplingParams(
         temperature=0.7,
         top_p=0.9,
@@ -169,7 +176,7 @@ def test_one_base_seed_gives_every_request_its_own_seed():
     with FaultyVLLMServer() as server:
         generator = VLLMServerGenerator(server.url, replace(FAST, seed=3, batch_window_s=0.05))
 
-        async def same_prompt_twice():
+        async def same_prompt_twice() -> None:
             await asyncio.gather(*(generator.generate([1, 2, 3], SamplingParams(max_tokens=2)) for _ in range(2)))
             await generator.aclose()
 
@@ -179,7 +186,7 @@ def test_one_base_seed_gives_every_request_its_own_seed():
 
 
 @pytest.fixture
-def trainer_for(tiny_model_dir, tmp_path):
+def trainer_for(tiny_model_dir: Path, tmp_path: Path) -> "Iterator[Callable[..., GRPOTrainer]]":
     built = []
 
     def build(rollout, **config):
@@ -193,7 +200,9 @@ def trainer_for(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_rollout_sends_token_ids_with_the_trainers_sampling(letters_server, trainer_for, canned_ids):
+def test_rollout_sends_token_ids_with_the_trainers_sampling(
+    letters_server: str, trainer_for: "Callable[..., GRPOTrainer]", canned_ids: tuple[int, ...]
+) -> None:
     with FaultyVLLMServer(ok_token_ids=canned_ids) as server:
         rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=server.url, log_rollouts=False)
         trainer = trainer_for(rollout, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.1)
@@ -228,7 +237,9 @@ def test_rollout_sends_token_ids_with_the_trainers_sampling(letters_server, trai
 
 
 @pytest.mark.timeout(120)
-def test_turns_are_clipped_to_the_servers_max_model_len(letters_server, trainer_for, canned_ids):
+def test_turns_are_clipped_to_the_servers_max_model_len(
+    letters_server: str, trainer_for: "Callable[..., GRPOTrainer]", canned_ids: tuple[int, ...]
+) -> None:
     with FaultyVLLMServer(ok_token_ids=canned_ids * 10, max_model_len=None) as probe:
         rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=probe.url, log_rollouts=False)
         trainer = trainer_for(rollout)
@@ -251,7 +262,9 @@ def test_turns_are_clipped_to_the_servers_max_model_len(letters_server, trainer_
 
 
 @pytest.mark.timeout(120)
-def test_concurrent_episodes_overlap_within_the_request_budget(letters_server, trainer_for, canned_ids):
+def test_concurrent_episodes_overlap_within_the_request_budget(
+    letters_server: str, trainer_for: "Callable[..., GRPOTrainer]", canned_ids: tuple[int, ...]
+) -> None:
     with FaultyVLLMServer(ok_token_ids=canned_ids, ok_delay_s=0.3) as server:
         rollout = create_openenv_vllm_rollout_func(
             EVAL, vllm_base_url=server.url, log_rollouts=False, max_concurrent_rollouts=8
@@ -312,7 +325,9 @@ def test_a_rejected_batch_fails_only_the_offending_turn():
 
 
 @pytest.mark.timeout(120)
-def test_server_dying_mid_training_raises_from_the_rollout_call(letters_server, trainer_for, canned_ids):
+def test_server_dying_mid_training_raises_from_the_rollout_call(
+    letters_server: str, trainer_for: "Callable[..., GRPOTrainer]", canned_ids: tuple[int, ...]
+) -> None:
     # the first request succeeds (it carries one or more episodes' first turns), then the server hangs for good
     with FaultyVLLMServer(plan=["ok"], default="hang", ok_token_ids=canned_ids) as server:
         rollout = create_openenv_vllm_rollout_func(
@@ -337,7 +352,7 @@ def test_server_dying_mid_training_raises_from_the_rollout_call(letters_server, 
     assert out["episode_status"] == ["finished"] * 4
 
 
-def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in():
+def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in() -> None:
     """What goes out (``body_with_prompt``) decodes to ``completion_payload``'s body, for any sampling settings and
     prompts given as ``PromptIds`` (their kept JSON), lists, tuples or numpy ids."""
     import json
@@ -418,7 +433,7 @@ def test_a_builders_held_ids_go_out_as_they_are():
 
 
 @pytest.mark.timeout(30)
-def test_a_request_runs_in_the_turns_own_task(monkeypatch):
+def test_a_request_runs_in_the_turns_own_task(monkeypatch: pytest.MonkeyPatch):
     """The request's deadline is asyncio.timeout's: no task per request (wait_for's), the exchange runs in the turn's
     task; a hung exchange still times out (test_hung_request_is_retried_then_fails_naming_the_request)."""
     import ep_trl.generation.vllm as vllm
@@ -443,7 +458,7 @@ def test_a_request_runs_in_the_turns_own_task(monkeypatch):
 
 
 @pytest.mark.timeout(30)
-def test_request_fields_are_built_once_per_model_and_settings():
+def test_request_fields_are_built_once_per_model_and_settings() -> None:
     """Unseeded turns with equal settings reuse one fields dict and its JSON, equal to what completion_fields builds;
     other settings, another model or a seed build their own; a turn's settings are themselves when its budget is
     theirs already."""

@@ -15,6 +15,9 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -40,13 +43,17 @@ from tests.support.images import ImageProcessorCalls, png_data_uri, token_logpro
 from tests.support.trainers import assert_trained
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
+if TYPE_CHECKING:
+    from ep_trl.runtime.processes import ServerProcess
+
+
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
 NEW_PICTURES_EVAL = "tests.evals.eval_letters_new_pictures::test_letters_new_pictures"
 LOGPROB_TOL = 1e-3  # measured ~7e-6 (vLLM CPU kernels against eager transformers, float32)
 
 
 @pytest.fixture(scope="module")
-def vlm_server(tiny_vlm_dir, tmp_path_factory):
+def vlm_server(tiny_vlm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> "Iterator[ServerProcess]":
     if not vllm_installed():
         pytest.fail(missing_vllm_message())
     with vllm_server(
@@ -58,7 +65,7 @@ def vlm_server(tiny_vlm_dir, tmp_path_factory):
         yield server
 
 
-def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server, tiny_vlm_dir):
+def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server: "ServerProcess", tiny_vlm_dir: Path):
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
     template = ChatTemplate(processor)
@@ -335,7 +342,7 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(
     worker.take_images("this test")
     stream, loop_threads = worker._stream, []
 
-    async def observed_stream():  # the event loop's thread: the one the stream runs on
+    async def observed_stream() -> None:  # the event loop's thread: the one the stream runs on
         loop_threads.append(threading.get_ident())
         await stream()
 
@@ -410,7 +417,7 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(
     assert max(v for name, v in moved.items() if ".vision_model." in name) > 0, "the vision tower did not train"
 
 
-def worker_config(tmp_path, url):
+def worker_config(tmp_path: Path, url):
     """The worker's AsyncGRPOConfig: groups of two episodes on ``url``."""
     return AsyncGRPOConfig(
         output_dir=str(tmp_path / "out"),
@@ -468,13 +475,13 @@ class MemoryWatch:
     made (weak references: exact, none of the processing class's passing copies), the bytes of every pixel tensor
     alive (``live_pixel_bytes``), and the worker's own count (``bounded_images``)."""
 
-    def __init__(self, worker, frames, decoded):
+    def __init__(self, worker, frames, decoded) -> None:
         self.worker, self.frames, self.decoded = worker, frames, decoded
         self.images, self.pixel_bytes, self.held = [0], [0], [0]
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="memory-watch")
 
-    def _poll(self):
+    def _poll(self) -> None:
         while not self._done.is_set():
             self.images.append(sum(ref() is not None for ref in list(self.decoded)))
             self.pixel_bytes.append(live_pixel_bytes(self.frames))
@@ -485,14 +492,18 @@ class MemoryWatch:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self._done.set()
         self._thread.join()
 
 
 @pytest.mark.timeout(420)
 def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_holds(
-    vlm_server, tiny_vlm_dir, letters_server, tmp_path, monkeypatch
+    vlm_server: "ServerProcess",
+    tiny_vlm_dir: Path,
+    letters_server: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     """8 episode slots, groups of two episodes holding one 1280x720 screenshot each (a picture no other observation
     shares, so each is its own decoded image), the rollout log on. Measured in this process while the worker runs:
@@ -582,7 +593,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
 
 @pytest.mark.timeout(300)
 def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(
-    vlm_server, tiny_vlm_dir, letters_server, tmp_path
+    vlm_server: "ServerProcess", tiny_vlm_dir: Path, letters_server: str, tmp_path: Path
 ):
     """The image eval shows a picture at each of its 2 steps; with max_episode_images=1 the second turn would hold 2:
     the worker stops with the error naming the fix (that the turn is not sent: tests/engine/test_stream.py)."""

@@ -3,6 +3,7 @@
 import asyncio
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,6 +13,9 @@ from ep_trl.openenv.client import open_env
 from ep_trl.openenv.pool import EnvPool
 from tests.support.tracked_env import TrackedLettersEnv
 
+if TYPE_CHECKING:
+    from tests.support.letters import LettersEpisodes
+
 
 class CountingSyncClient:
     """A synchronous client (like openenv 0.10's) that records how many of its calls overlap."""
@@ -20,7 +24,7 @@ class CountingSyncClient:
     in_flight = 0
     peak = 0
 
-    def __init__(self, url):
+    def __init__(self, url) -> None:
         self._inner = LettersEnv(base_url=url).sync()
 
     def _track(self, fn, *args, **kwargs):
@@ -41,17 +45,17 @@ class CountingSyncClient:
     def step(self, action):
         return self._track(self._inner.step, action)
 
-    def close(self):
+    def close(self) -> None:
         self._inner.close()
 
 
 class HangingClient:
     """Fault injection: an environment whose reset never answers in time."""
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs) -> None:
         time.sleep(2.0)
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 
@@ -77,7 +81,7 @@ async def play(settings, task):
         await session.close()
 
 
-def test_sync_clients_run_off_the_loop_and_overlap(letters_server):
+def test_sync_clients_run_off_the_loop_and_overlap(letters_server: str):
     settings = EnvSettings(factory=lambda: CountingSyncClient(letters_server))
     CountingSyncClient.peak = 0
 
@@ -89,7 +93,7 @@ def test_sync_clients_run_off_the_loop_and_overlap(letters_server):
     assert CountingSyncClient.peak >= 2, "sync environment calls were serialized"
 
 
-def test_openenv_sync_wrapper_is_driven_through_its_async_client(letters_server):
+def test_openenv_sync_wrapper_is_driven_through_its_async_client(letters_server: str):
     settings = EnvSettings(factory=lambda: LettersEnv(base_url=letters_server).sync())
 
     async def main():
@@ -102,16 +106,16 @@ def test_openenv_sync_wrapper_is_driven_through_its_async_client(letters_server)
     assert asyncio.run(play(settings, "digits")) == [0.0, 0.0, 0.0]
 
 
-def test_client_class_and_base_url_as_the_processor_builds_them(letters_server):
+def test_client_class_and_base_url_as_the_processor_builds_them(letters_server: str) -> None:
     settings = EnvSettings(client_cls=LettersEnv, base_url=letters_server, request_timeout_s=5.0)
     settings.check()
     assert asyncio.run(play(settings, "abc")) == [pytest.approx(1 / 3, abs=1e-4)] * 3
 
 
-def test_hanging_environment_times_out_with_a_clear_message():
+def test_hanging_environment_times_out_with_a_clear_message() -> None:
     settings = EnvSettings(factory=HangingClient, request_timeout_s=0.3)
 
-    async def main():
+    async def main() -> None:
         session = await open_env(settings, "episode 7")
         await session.reset()
 
@@ -119,7 +123,7 @@ def test_hanging_environment_times_out_with_a_clear_message():
         asyncio.run(main())
 
 
-def test_settings_without_any_environment_are_refused_with_the_fix():
+def test_settings_without_any_environment_are_refused_with_the_fix() -> None:
     docker = EnvSettings(client_cls=LettersEnv, docker_image="letters-env:latest")
     assert docker.needs_launch()  # ep_trl starts its server (tests/openenv/test_servers.py)
     docker.check()
@@ -155,7 +159,9 @@ def play_pooled(pool, tasks, concurrency):
     return asyncio.run(main())
 
 
-def test_pool_reuses_sessions_of_clean_episodes_and_closes_every_one(letters_server, letters_episodes):
+def test_pool_reuses_sessions_of_clean_episodes_and_closes_every_one(
+    letters_server: str, letters_episodes: "LettersEpisodes"
+) -> None:
     TrackedLettersEnv.clients = []
     pool = EnvPool(EnvSettings(factory=lambda: TrackedLettersEnv(base_url=letters_server)))
     results = play_pooled(pool, ["vowels"] * 6, concurrency=2)
@@ -167,7 +173,7 @@ def test_pool_reuses_sessions_of_clean_episodes_and_closes_every_one(letters_ser
     assert [len(ep["actions"]) for ep in letters_episodes()] == [3] * 6
 
 
-def test_pool_closes_a_failed_episodes_session_instead_of_reusing_it(letters_server):
+def test_pool_closes_a_failed_episodes_session_instead_of_reusing_it(letters_server: str) -> None:
     TrackedLettersEnv.clients = []
     pool = EnvPool(EnvSettings(factory=lambda: TrackedLettersEnv(base_url=letters_server)))
     results = play_pooled(pool, ["crash", "vowels", "crash", "vowels"], concurrency=1)
@@ -182,7 +188,7 @@ def test_pool_closes_a_failed_episodes_session_instead_of_reusing_it(letters_ser
     ]
 
 
-def test_pool_without_reuse_opens_and_closes_one_session_per_episode(letters_server):
+def test_pool_without_reuse_opens_and_closes_one_session_per_episode(letters_server: str) -> None:
     TrackedLettersEnv.clients = []
     pool = EnvPool(EnvSettings(factory=lambda: TrackedLettersEnv(base_url=letters_server)), reuse=False)
     assert play_pooled(pool, ["vowels"] * 4, concurrency=2) == [[1.0, 1.0, 1.0]] * 4
@@ -206,12 +212,12 @@ class LoopClient:
             await asyncio.sleep(30)
         return StepResult(reward=1.0, done=True)
 
-    async def close(self):
+    async def close(self) -> None:
         pass
 
 
 class StepResult:
-    def __init__(self, reward=None, done=False):
+    def __init__(self, reward=None, done=False) -> None:
         self.observation, self.reward, self.done = "obs", reward, done
 
 

@@ -1,6 +1,8 @@
 """Which errors fail one episode (environment, the eval's action parser, generation) and which raise (the rest)."""
 
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,7 @@ from tests.support.trainers import PROMPT, make_trainer
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 
 
-def call_once(model_dir, tmp_path, server, **overrides):
+def call_once(model_dir, tmp_path: Path, server, **overrides):
     """One rollout call of 4 episodes on tracked letters sessions; the output, the trainer and the sessions."""
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(
@@ -34,9 +36,9 @@ def errors(trainer, kind):
     return trainer._metrics["train"][f"ep_trl/errors/{kind}"]
 
 
-def test_an_ended_episode_is_finished_with_its_stop_reason_or_failed_with_the_failure():
+def test_an_ended_episode_is_finished_with_its_stop_reason_or_failed_with_the_failure() -> None:
     plan = EpisodePlan(index=0, group=0, member=0, task=None, initial_messages=())
-    fields = dict(
+    fields: dict[str, Any] = dict(
         trajectory=object(),
         messages=(),
         step_rewards=(1.0,),
@@ -65,8 +67,10 @@ def test_an_ended_episode_is_finished_with_its_stop_reason_or_failed_with_the_fa
     assert failed.plan is plan and failed.step_rewards == (1.0,)
 
 
-def test_a_raising_action_parser_fails_its_episodes_counted_as_eval_code(tiny_model_dir, letters_server, tmp_path):
-    def parser(text):
+def test_a_raising_action_parser_fails_its_episodes_counted_as_eval_code(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
+    def parser(text) -> None:
         raise RuntimeError("the eval's parser cannot read this")
 
     out, trainer, clients = call_once(tiny_model_dir, tmp_path, letters_server, action_parser=parser)
@@ -75,14 +79,16 @@ def test_a_raising_action_parser_fails_its_episodes_counted_as_eval_code(tiny_mo
     assert all(c.events == ["reset", "close"] for c in clients)
 
 
-def test_a_crashing_environment_is_counted_as_environment(tiny_model_dir, letters_server, tmp_path):
+def test_a_crashing_environment_is_counted_as_environment(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     out, trainer, _ = call_once(tiny_model_dir, tmp_path, letters_server, tasks=["crash"])
     assert out["episode_status"] == ["error"] * 4
     assert errors(trainer, "environment") == [4.0] and errors(trainer, "eval_code") == [0.0]
 
 
 def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_session(
-    tiny_model_dir, letters_server, tmp_path
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
 ):
     """A prompt the chat template cannot render is not one episode's bad luck: it raises out of the call
     (before, every episode failed quietly and training went on with no signal)."""
@@ -96,11 +102,13 @@ def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_se
     assert clients and all(c.events[-1] == "close" and c.events.count("close") == 1 for c in clients)
 
 
-def test_an_action_parser_that_calls_pytest_skip_raises_one_clear_error(tiny_model_dir, letters_server, tmp_path):
+def test_an_action_parser_that_calls_pytest_skip_raises_one_clear_error(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     """eval-protocol's example evals skip in their parser when the environment import failed: before, pytest's
     Skipped went through the whole rollout call; now it is one error naming the eval and the likely cause."""
 
-    def parser(text):
+    def parser(text) -> None:
         pytest.skip("guess_env not installed")
 
     with pytest.raises(
@@ -115,7 +123,9 @@ def test_an_action_parser_that_calls_pytest_skip_raises_one_clear_error(tiny_mod
     assert all(c.events[-1] == "close" for c in TrackedLettersEnv.clients)
 
 
-def test_episodes_cut_by_the_token_budget_are_counted_and_explained(tiny_model_dir, letters_server, tmp_path, caplog):
+def test_episodes_cut_by_the_token_budget_are_counted_and_explained(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(EVAL, max_episode_tokens=40, log_rollouts=False)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
@@ -130,7 +140,7 @@ def test_episodes_cut_by_the_token_budget_are_counted_and_explained(tiny_model_d
 
 
 def test_a_prompt_builder_that_raises_after_the_first_step_is_warned_about_naming_its_episode(
-    tiny_model_dir, letters_server, tmp_path, caplog
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
     """Issue 48: the episode's label was reassigned to the action's, so from step 2 on the warning named the action
     the model had just taken instead of the episode."""

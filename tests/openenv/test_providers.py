@@ -72,7 +72,7 @@ class RecordingContainerProvider(ContainerProvider):  # type: ignore[misc]
 
 
 @pytest.fixture
-def recording(monkeypatch) -> Iterator[type[RecordingContainerProvider]]:
+def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[RecordingContainerProvider]]:
     """The stand-in in place of each of OpenEnv's container providers (Kubernetes' placeholder included)."""
     RecordingContainerProvider.calls = []
     RecordingContainerProvider.serve = False
@@ -85,7 +85,7 @@ def started(calls: list[tuple[str, ...]]) -> list[tuple[str, dict[str, str]]]:
     return [(call[1], json.loads(call[2])) for call in calls if call[0] == "start"]
 
 
-def test_the_names_are_the_installed_openenvs_classes():
+def test_the_names_are_the_installed_openenvs_classes() -> None:
     """openenv-core 0.3 and openenv 0.10 both have UVProvider, LocalDockerProvider and DockerSwarmProvider, and a
     KubernetesProvider that is a placeholder (abstract: it cannot be made)."""
     installed = installed_providers()
@@ -99,7 +99,7 @@ def test_the_names_are_the_installed_openenvs_classes():
     assert dict(PROVIDER_CLASSES) == {"uv": "UVProvider", **CONTAINER_CLASSES}
 
 
-def test_a_provider_is_offered_only_where_the_installed_openenv_has_it():
+def test_a_provider_is_offered_only_where_the_installed_openenv_has_it() -> None:
     older = types.ModuleType("runtime")
     older.UVProvider = runtime.UVProvider  # type: ignore[attr-defined]
     installed = installed_providers(older)
@@ -118,7 +118,9 @@ def test_a_provider_is_offered_only_where_the_installed_openenv_has_it():
         ("kubernetes", "KubernetesProvider is a placeholder without an implementation (it leaves start_container, "),
     ],
 )
-def test_a_name_openenv_does_not_have_is_refused_before_anything_starts(name, said, tiny_model_dir, tmp_path, capsys):
+def test_a_name_openenv_does_not_have_is_refused_before_anything_starts(
+    name: str, said: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         train.main([CONNECT4, "--env-provider", name, "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)])
     assert exited.value.code == 2
@@ -136,21 +138,25 @@ def test_a_name_openenv_does_not_have_is_refused_before_anything_starts(name, sa
         (GUESS_DOCKER, ["--env-provider", "uv"], "no pyproject.toml holds GuessEnv's package"),
     ],
 )
-def test_a_provider_with_nothing_to_start_is_refused(env_path, flags, said, tiny_model_dir, tmp_path, capsys):
+def test_a_provider_with_nothing_to_start_is_refused(
+    env_path: str, flags: list[str], said: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         train.main([env_path, *flags, "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)])
     assert exited.value.code == 2
     assert said in capsys.readouterr().err
 
 
-def test_uv_runs_the_project_that_holds_the_clients_package():
+def test_uv_runs_the_project_that_holds_the_clients_package() -> None:
     from tests.evals.eval_connect4 import Connect4Env  # imported from OpenEnv's package folder
 
     assert uv_project(Connect4Env) == (CONNECT4_PROJECT, "connect4_env.server.app:app")
 
 
 @pytest.mark.parametrize("name", list(CONTAINER_CLASSES))
-def test_a_container_provider_is_given_the_image_and_env_vars_and_stopped(name, recording):
+def test_a_container_provider_is_given_the_image_and_env_vars_and_stopped(
+    name: str, recording: type[RecordingContainerProvider]
+) -> None:
     """One container per task, each given the eval's image and env_vars with the task's GUESS_GAME, as eval-protocol's
     processor starts them; each stopped when the rollout function closes."""
     rollout = create_openenv_vllm_rollout_func(GUESS_DOCKER, provider=name, log_rollouts=False)
@@ -165,7 +171,9 @@ def test_a_container_provider_is_given_the_image_and_env_vars_and_stopped(name, 
     assert [c for c in recording.calls if c[0] == "stop"] == [("stop", "guess-env:latest")] * 2
 
 
-def test_a_hub_evals_container_is_its_repos_image_in_the_spaces_registry(recording):
+def test_a_hub_evals_container_is_its_repos_image_in_the_spaces_registry(
+    recording: type[RecordingContainerProvider],
+) -> None:
     """As OpenEnv's ``from_env`` pulls a hub repo (not the processor's default docker_image, browsergym-env)."""
     rollout = create_openenv_vllm_rollout_func(GUESS_HUB, provider="docker", log_rollouts=False)
     rollout.close()
@@ -173,13 +181,15 @@ def test_a_hub_evals_container_is_its_repos_image_in_the_spaces_registry(recordi
     assert recording.calls[-1] == ("stop", "registry.hf.space/openenv-guess-env:latest")
 
 
-def test_a_provider_name_is_refused_by_the_library_too():
+def test_a_provider_name_is_refused_by_the_library_too() -> None:
     with pytest.raises(ConfigError, match=r"provider 'podman': .* The providers it has: uv, docker, docker-swarm"):
         create_openenv_vllm_rollout_func(GUESS_DOCKER, provider="podman", log_rollouts=False)
 
 
 @pytest.mark.timeout(300)
-def test_train_with_env_provider_docker_plays_on_what_the_provider_started(recording, tiny_model_dir, tmp_path):
+def test_train_with_env_provider_docker_plays_on_what_the_provider_started(
+    recording: type[RecordingContainerProvider], tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """``ep-trl train --env-provider docker``: the run's episodes are played on the servers the provider started
     (here the stand-in serves the guess game), which it stops when the run ends."""
     recording.serve = True
@@ -205,7 +215,7 @@ def uv_servers() -> list[psutil.Process]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_train_with_env_provider_uv_runs_openenvs_own_package(tiny_model_dir, tmp_path):
+def test_train_with_env_provider_uv_runs_openenvs_own_package(tiny_model_dir: Path, tmp_path: Path) -> None:
     """``ep-trl train --env-provider uv`` on an eval naming OpenEnv's Connect Four: OpenEnv's UVProvider runs the
     package's own uv project (``uv run --isolated``, its lock's dependencies from the registry), the run trains on its
     episodes, and the server is gone when the run ends."""

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,7 @@ def played_games(trainer, out):
     return [games_in_text(text)[0] for text in texts]
 
 
-def assert_token_exact(trainer, out):
+def assert_token_exact(trainer, out) -> None:
     """As tests/adapters/test_rollout_func.py: one sampled run per turn, inserted tokens masked with logprob 0, sampled
     tokens' logprobs equal to the model's teacher-forced ones."""
     model = trainer.model
@@ -55,7 +56,7 @@ def pid_alive(pid):
     return True
 
 
-def test_a_stock_client_is_built_with_only_what_its_constructor_accepts():
+def test_a_stock_client_is_built_with_only_what_its_constructor_accepts() -> None:
     settings = EnvSettings(client_cls=GuessEnv, request_timeout_s=30.0, default_headers={"Authorization": "x"})
     kwargs = client_kwargs(settings, "http://127.0.0.1:1")
     accepted = constructor_parameters(GuessEnv)
@@ -65,7 +66,7 @@ def test_a_stock_client_is_built_with_only_what_its_constructor_accepts():
     GuessEnv(**kwargs)  # eval-protocol's own call, cls(base_url=, request_timeout_s=, default_headers=), raises here
 
 
-def test_the_server_beside_a_client_in_openenv_layout_is_found():
+def test_the_server_beside_a_client_in_openenv_layout_is_found() -> None:
     assert server_app(GuessEnv) == "tests.fixtures.guess_env.server.app:app"
     assert server_app(LettersEnv) is None  # not OpenEnv's layout: nothing to start
     with pytest.raises(ConfigError, match=r"found no server beside ep_trl\.envs\.letters\.client.*provider="):
@@ -73,7 +74,7 @@ def test_the_server_beside_a_client_in_openenv_layout_is_found():
 
 
 @pytest.mark.timeout(120)
-def test_the_image_a_local_server_stands_in_for_is_named_once(caplog):
+def test_the_image_a_local_server_stands_in_for_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
     """An eval naming its own build of the image (here read from its environment, as evals do) trains against the
     installed package's server: said once, at WARNING, with the image, what runs instead and how to run the image."""
     caplog.set_level(logging.INFO, logger="ep_trl")
@@ -90,7 +91,7 @@ def test_the_image_a_local_server_stands_in_for_is_named_once(caplog):
 
 
 @pytest.mark.timeout(120)
-def test_a_start_up_error_names_the_image_it_stood_in_for():
+def test_a_start_up_error_names_the_image_it_stood_in_for() -> None:
     with pytest.raises(ServerStartError) as raised:
         launch(
             EnvSettings(
@@ -131,7 +132,7 @@ def test_a_docker_eval_plays_through_env_path_alone_inside_train(tiny_model_dir,
 
 
 @pytest.mark.timeout(120)
-def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path):
+def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path: Path) -> None:
     """A stock server admits one session: while another client holds it, the episode's reset waits (before, the
     episode failed with CAPACITY_REACHED); once it is free, the episode gets a session."""
     with running_guess_server(tmp_path / "logs", game="digits") as url:
@@ -154,7 +155,7 @@ def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_a_hub_eval_plays_through_env_path_alone(tiny_model_dir, tmp_path):
+def test_a_hub_eval_plays_through_env_path_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
     rollout = create_openenv_vllm_rollout_func(HUB_EVAL, log_rollouts=False)
     trainer = make_trainer(
         tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1, prompts=[PROMPT] * 4
@@ -167,7 +168,9 @@ def test_a_hub_eval_plays_through_env_path_alone(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_a_docker_eval_plays_with_env_base_url_only(tiny_model_dir, tmp_path, caplog):
+def test_a_docker_eval_plays_with_env_base_url_only(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Given a URL, the server's own GUESS_GAME decides; the eval's env_vars are named as the server's
     responsibility, and rotation that cannot be confirmed is said once, not played silently."""
     caplog.set_level(logging.INFO, logger="ep_trl")
@@ -189,7 +192,9 @@ def test_a_docker_eval_plays_with_env_base_url_only(tiny_model_dir, tmp_path, ca
 
 
 @pytest.mark.timeout(600)
-def test_a_server_that_plays_another_task_than_asked_fails_those_episodes_saying_why(tiny_model_dir, tmp_path):
+def test_a_server_that_plays_another_task_than_asked_fails_those_episodes_saying_why(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Where the observation reports the task, a mismatch is an error, never a row scored as the wrong task."""
     with running_guess_server(tmp_path / "logs", game="digits") as url:
         rollout = create_openenv_vllm_rollout_func(
@@ -219,7 +224,7 @@ def test_a_provider_passed_by_the_user_starts_the_server(tiny_model_dir, tmp_pat
     assert out["episode_status"] == ["finished"] * 2 and provider.pid is None
 
 
-def test_provider_and_env_base_url_are_one_or_the_other():
+def test_provider_and_env_base_url_are_one_or_the_other() -> None:
     with pytest.raises(ConfigError, match="provider= starts the environment server"):
         create_openenv_vllm_rollout_func(
             DOCKER_EVAL,

@@ -16,7 +16,7 @@ import_layers = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(import_layers)
 
 
-def test_the_import_graph_has_at_most_12_layers_and_no_import_points_up():
+def test_the_import_graph_has_at_most_12_layers_and_no_import_points_up() -> None:
     graph = import_layers.imports(import_layers.modules())
     assert len(graph) > 40 and "ep_trl.adapters.rollout_func" in graph["ep_trl"]  # the graph was read, not empty
     chain = import_layers.longest_chain(graph)
@@ -25,7 +25,7 @@ def test_the_import_graph_has_at_most_12_layers_and_no_import_points_up():
     assert import_layers.upward(graph) == []
 
 
-def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(tmp_path):
+def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(tmp_path: Path) -> None:
     package = tmp_path / "ep_trl"
     (package / "sub").mkdir(parents=True)
     (package / "__init__.py").write_text("from .a import f\n")
@@ -47,7 +47,7 @@ def test_the_measure_sees_lazy_imports_and_cycles_but_not_type_checking_imports(
     ]
 
 
-def test_no_two_packages_import_each_other_type_checking_imports_included():
+def test_no_two_packages_import_each_other_type_checking_imports_included() -> None:
     """Issue 49: nine pairs of packages imported each other (``generation`` and ``engine``, ``sources`` and
     ``openenv``, ...) through shared value types kept in feature packages. They now live below every package that
     uses them (``trajectory.episode``, ``trajectory.sampling``, ``evalprotocol.spec.EnvSettings``, ...)."""
@@ -57,7 +57,7 @@ def test_no_two_packages_import_each_other_type_checking_imports_included():
     assert pairs == [], "\n".join(f"{a} <-> {b}: {why}" for a, b, why in pairs)
 
 
-def test_the_package_measure_sees_type_checking_imports_and_tables_of_modules(tmp_path):
+def test_the_package_measure_sees_type_checking_imports_and_tables_of_modules(tmp_path: Path) -> None:
     package = tmp_path / "ep_trl"
     for sub in ("low", "high"):
         (package / sub).mkdir(parents=True)
@@ -78,7 +78,7 @@ def test_the_package_measure_sees_type_checking_imports_and_tables_of_modules(tm
     ]
 
 
-def test_a_rollout_calls_setup_reads_its_caller_in_one_place():
+def test_a_rollout_calls_setup_reads_its_caller_in_one_place() -> None:
     """Issue 34: the caller went into settings, backend choice and rows, each asking it again. Now
     ``engine.call_setup.CallReader.read`` reads it once into a ``CallSetup`` handed down; besides it, only the engine
     that hands a caller to it (``engine.engine``) and the adapters that receive a caller (``adapters.rollout_func``,
@@ -128,7 +128,7 @@ def listed_modules(doc: str) -> set[str]:
     return {match for match in re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE)}
 
 
-def test_the_architecture_table_lists_every_module_and_no_gone_one():
+def test_the_architecture_table_lists_every_module_and_no_gone_one() -> None:
     listed = listed_modules((ROOT / "docs" / "architecture.md").read_text())
     wanted = documented_modules()
     assert len(wanted) > 60  # the package was read
@@ -136,7 +136,7 @@ def test_the_architecture_table_lists_every_module_and_no_gone_one():
     assert listed - wanted == set(), "docs/architecture.md lists modules that are gone"
 
 
-def test_the_table_check_sees_a_new_module_and_a_gone_one(tmp_path):
+def test_the_table_check_sees_a_new_module_and_a_gone_one(tmp_path: Path) -> None:
     package = tmp_path / "ep_trl"
     (package / "engine").mkdir(parents=True)
     (package / "devtools").mkdir()
@@ -149,7 +149,7 @@ def test_the_table_check_sees_a_new_module_and_a_gone_one(tmp_path):
     assert listed_modules(doc) == {"__init__.py", "engine/old.py"}
 
 
-def test_src_ep_trl_has_at_most_19_entries_besides_its_init():
+def test_src_ep_trl_has_at_most_19_entries_besides_its_init() -> None:
     """18 since issue 41's regrouping, and ``compat.py``: the one home of the old names (issue 49). Modules and
     packages count; the ``py.typed`` marker does not."""
     entries = sorted(
@@ -189,7 +189,7 @@ def private_accesses(source: str) -> list[str]:
     return found
 
 
-def test_no_adapter_reaches_into_another_objects_private_members():
+def test_no_adapter_reaches_into_another_objects_private_members() -> None:
     """Issue 41: the async worker drove a whole rollout function from outside, and the shard processes' parent read
     another object's ``_workers``. The adapters use the engine's (and each other's) public methods only."""
     found = {path.name: private_accesses(path.read_text()) for path in sorted(ADAPTERS.glob("*.py"))}
@@ -197,7 +197,7 @@ def test_no_adapter_reaches_into_another_objects_private_members():
     assert {name: hits for name, hits in found.items() if hits} == {}
 
 
-def test_the_private_access_check_sees_what_it_must():
+def test_the_private_access_check_sees_what_it_must() -> None:
     source = (
         "self._a; cls._b; x.__name__; os._exit(1); self._function.run(); other._c; self.engine._runner.run()\n"
         "multiprocessing.process._children; import x as _y; _y.z\n"
@@ -205,7 +205,7 @@ def test_the_private_access_check_sees_what_it_must():
     assert private_accesses(source) == ["1: other._c", "1: self.engine._runner"]
 
 
-def test_the_async_worker_holds_an_engine_not_a_rollout_function():
+def test_the_async_worker_holds_an_engine_not_a_rollout_function() -> None:
     """Issue 41: ``EvalRolloutWorker`` built a ``RolloutFunction`` (a GRPO adapter) and drove nine of its members; it
     builds an engine (``ep_trl.engine.engine.build_engine``) and uses its public methods."""
     tree = ast.parse((ADAPTERS / "async_worker.py").read_text())
@@ -248,7 +248,7 @@ def backend_importers(package: Path = PACKAGE) -> dict[str, set[str]]:
     }
 
 
-def test_no_module_outside_generation_imports_a_backend_module():
+def test_no_module_outside_generation_imports_a_backend_module() -> None:
     """Issue 41: ``adapters/rollout_func.py``, ``adapters/async_worker.py``, ``cli/train.py`` and the disk-sync trainer
     imported ``generation.vllm`` to probe a server, and ``cli/serve.py`` built ``generation.trainer``'s backend itself,
     while docs/architecture.md calls ``generation/choice.py`` "the only code that names backends"."""
@@ -256,7 +256,7 @@ def test_no_module_outside_generation_imports_a_backend_module():
     assert {name: sorted(b) for name, b in importers.items() if name not in BACKEND_IMPORT_EXCEPTIONS} == {}
 
 
-def test_the_backend_import_check_sees_a_backend_imported_from_outside(tmp_path):
+def test_the_backend_import_check_sees_a_backend_imported_from_outside(tmp_path: Path) -> None:
     package = tmp_path / "ep_trl"
     (package / "generation").mkdir(parents=True)
     (package / "devtools").mkdir()
@@ -290,11 +290,11 @@ def package_docstring_problems(package: Path) -> list[str]:
     return problems
 
 
-def test_every_package_docstring_names_its_modules_and_no_gone_one():
+def test_every_package_docstring_names_its_modules_and_no_gone_one() -> None:
     assert package_docstring_problems(PACKAGE) == []
 
 
-def test_the_docstring_check_sees_an_unnamed_module_and_a_gone_one(tmp_path):
+def test_the_docstring_check_sees_an_unnamed_module_and_a_gone_one(tmp_path: Path) -> None:
     package = tmp_path / "ep_trl"
     (package / "engine").mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -307,7 +307,7 @@ def test_the_docstring_check_sees_an_unnamed_module_and_a_gone_one(tmp_path):
     ]
 
 
-def test_the_tests_root_holds_only_the_tests_of_the_root_modules():
+def test_the_tests_root_holds_only_the_tests_of_the_root_modules() -> None:
     """Issue 49: 26 test files sat at the ``tests/`` root. Each now lives in the folder of what it tests, or in
     ``tests/project/`` for whole-project checks; the root keeps ``test_X.py`` only for a root module ``X.py``."""
     tests = ROOT / "tests"
@@ -326,12 +326,12 @@ def modules_over(package: Path, limit: int) -> dict[str, int]:
     return {name: lines for name, lines in counts.items() if lines > limit}
 
 
-def test_no_module_of_the_package_is_over_450_lines():
+def test_no_module_of_the_package_is_over_450_lines() -> None:
     """Issue 49: a module over 450 lines does several jobs; split it by concern (cli/train.py was 1,222)."""
     assert modules_over(PACKAGE, MODULE_LINES) == {}
 
 
-def test_the_module_size_check_sees_a_long_module(tmp_path):
+def test_the_module_size_check_sees_a_long_module(tmp_path: Path) -> None:
     (tmp_path / "short.py").write_text("x = 1\n" * MODULE_LINES)
     (tmp_path / "long.py").write_text("x = 1\n" * (MODULE_LINES + 1))
     assert modules_over(tmp_path, MODULE_LINES) == {"long.py": MODULE_LINES + 1}

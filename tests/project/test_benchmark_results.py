@@ -9,6 +9,7 @@ and a clean tree. Files measured on code that is not in the repository live in `
 import json
 import shlex
 import subprocess
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def problems(path: Path, is_ancestor) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def is_ancestor():
+def is_ancestor() -> Callable[[str], bool]:
     try:
         shallow = run_record.git(REPO, "rev-parse", "--is-shallow-repository")
     except run_record.NotACheckoutError as error:
@@ -91,7 +92,7 @@ def is_ancestor():
     return check
 
 
-def test_every_result_file_names_a_clean_commit_of_this_history(is_ancestor):
+def test_every_result_file_names_a_clean_commit_of_this_history(is_ancestor: Callable[[str], bool]) -> None:
     files = result_files()
     assert files, f"no result files under {RESULTS}"
     bad = {path.relative_to(REPO).as_posix(): found for path in files if (found := problems(path, is_ancestor))}
@@ -100,7 +101,7 @@ def test_every_result_file_names_a_clean_commit_of_this_history(is_ancestor):
     )
 
 
-def test_the_check_refuses_each_defect(tmp_path):
+def test_the_check_refuses_each_defect(tmp_path: Path) -> None:
     """Each requirement fails a file that breaks it alone (a check that passes everything would pass the test
     above too)."""
     good = {

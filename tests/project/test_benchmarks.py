@@ -314,7 +314,7 @@ def check(done: subprocess.CompletedProcess, name: str, out: Path) -> None:
         CHECKS[name](result, done.stdout)
 
 
-def test_every_script_has_a_smallest_run():
+def test_every_script_has_a_smallest_run() -> None:
     """A new script in benchmarks/ must be added here."""
     assert sorted(p.name for p in (REPO / "benchmarks").glob("*.py")) == sorted(SMALLEST)
 
@@ -322,7 +322,7 @@ def test_every_script_has_a_smallest_run():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", STANDALONE)
-def test_script_runs_at_its_smallest_size(name, tmp_path):
+def test_script_runs_at_its_smallest_size(name, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     check(run_script(name, out), name, out)
 
@@ -330,7 +330,7 @@ def test_script_runs_at_its_smallest_size(name, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", NEEDS_VLLM)
-def test_script_runs_at_its_smallest_size_on_the_shared_vllm_server(name, shared_vllm_url, tmp_path):
+def test_script_runs_at_its_smallest_size_on_the_shared_vllm_server(name, shared_vllm_url: str, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     check(run_script(name, out, shared_vllm_url), name, out)
 

@@ -51,12 +51,12 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
-def test_every_relative_link_and_anchor_resolves():
+def test_every_relative_link_and_anchor_resolves() -> None:
     broken = {_name(page): found for page in PAGES if (found := broken_links(page))}
     assert not broken, f"broken links: {broken}"
 
 
-def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path):
+def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     (tmp_path / "other.md").write_text("# Two GPUs: `trl vllm-serve` on one\n\n## On CPU\n\n## On CPU\n")
     page.write_text(
@@ -66,13 +66,13 @@ def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path):
     assert [b.split(" ")[0] for b in broken_links(page)] == ["gone.md", "other.md#on-cpu-2"]
 
 
-def test_the_readme_test_command_is_the_one_ci_runs():
+def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     command = ci[ci.index("# the README's test command") + 1]
     assert f"```bash\n{command}\n```" in (ROOT / "README.md").read_text()
 
 
-def test_the_readme_keeps_its_install_and_main_job_command():
+def test_the_readme_keeps_its_install_and_main_job_command() -> None:
     readme = (ROOT / "README.md").read_text()
     assert (
         "```bash\nbash scripts/install.sh && bash scripts/install_browser.sh && python train_browsergym_trl.py\n```"
@@ -82,7 +82,7 @@ def test_the_readme_keeps_its_install_and_main_job_command():
         assert (ROOT / script).is_file(), script
 
 
-def test_the_set_up_recipes_are_written_once_in_docs_setup_md():
+def test_the_set_up_recipes_are_written_once_in_docs_setup_md() -> None:
     """Which GPU runs what is written in docs/setup.md only; the other pages link there."""
     pages = {_name(page) for page in PAGES if "CUDA_VISIBLE_DEVICES" in page.read_text()}
     assert pages == {"docs/setup.md"}
@@ -115,7 +115,7 @@ def _flags(words: list[str]) -> set[str]:
         "recipes/miniwob/smollm2.py",
     ],
 )
-def test_documented_flags_of_the_recipes_exist(script):
+def test_documented_flags_of_the_recipes_exist(script: str) -> None:
     commands = _commands(f"python {script}")
     assert commands, f"no documented command runs {script}"
     helped = subprocess.run(
@@ -127,7 +127,7 @@ def test_documented_flags_of_the_recipes_exist(script):
     assert not unknown, f"{script} has no {sorted(unknown)}"
 
 
-def test_documented_flags_of_ep_trl_train_exist():
+def test_documented_flags_of_ep_trl_train_exist() -> None:
     from ep_trl.cli import train
 
     commands = _commands("ep-trl train")
@@ -167,7 +167,7 @@ def uncited_figures(text: str) -> list[str]:
     return found
 
 
-def test_every_figure_in_the_docs_cites_its_result_file():
+def test_every_figure_in_the_docs_cites_its_result_file() -> None:
     """A timing, speedup or size measured on a run is quoted in docs/benchmarks.md beside its command and result
     file (checked by tests/project/test_benchmark_results.py); another page links there instead of quoting it (issue
     40)."""
@@ -176,7 +176,7 @@ def test_every_figure_in_the_docs_cites_its_result_file():
     assert not uncited, f"figures with no result file: {uncited}"
 
 
-def test_the_figure_check_catches_an_uncited_timing_and_spares_settings_and_code():
+def test_the_figure_check_catches_an_uncited_timing_and_spares_settings_and_code() -> None:
     page = (
         "The server starts in 35-60 s on 2 cores.\n\n"
         "Two processes play 1.58x the episodes of one ([benchmarks.md](benchmarks.md#x)).\n\n"
@@ -200,7 +200,7 @@ def stale_test_names(text: str, root: Path) -> list[str]:
     return stale
 
 
-def test_every_test_the_docs_and_docstrings_name_exists():
+def test_every_test_the_docs_and_docstrings_name_exists() -> None:
     """The docs and ep_trl's own docstrings name tests by path: each is there (``docs/vllm-cpu.md`` and
     ``docs/browsergym.md`` named tests that had moved or gone)."""
     texts = {page: page.read_text() for page in PAGES}
@@ -209,7 +209,7 @@ def test_every_test_the_docs_and_docstrings_name_exists():
     assert stale == {}
 
 
-def test_the_stale_test_check_sees_a_gone_file_and_a_gone_test(tmp_path):
+def test_the_stale_test_check_sees_a_gone_file_and_a_gone_test(tmp_path: Path) -> None:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_a.py").write_text("def test_here():\n    pass\n")
     text = "`tests/test_a.py::test_here`, `tests/test_a.py::test_gone`, `tests/test_b.py`"

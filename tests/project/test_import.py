@@ -61,7 +61,7 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_import_ep_trl_loads_no_openenv():
+def test_import_ep_trl_loads_no_openenv() -> None:
     """``import ep_trl`` (every public name) imports neither OpenEnv nor gradio; the launcher of environment
     servers imports OpenEnv's provider interface when it starts one."""
     loaded = run_python(
@@ -76,7 +76,7 @@ def test_import_ep_trl_loads_no_openenv():
     assert provider is True
 
 
-def test_import_ep_trl_alone_loads_only_the_errors_and_options():
+def test_import_ep_trl_alone_loads_only_the_errors_and_options() -> None:
     """``import ep_trl`` costs what its errors and options cost, with the finder of the old paths (``compat``: issue
     40: it loaded the whole bridge, eval-protocol, aiohttp and transformers); each public name is imported at first
     use and is the object its module defines."""
@@ -106,7 +106,7 @@ print(json.dumps({"same": same, "missing": missing, "listed": sorted(set(ep_trl.
 
 
 @pytest.mark.timeout(300)
-def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir, tmp_path):
+def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir: Path, tmp_path: Path) -> None:
     """A single-turn eval (``SingleTurnRolloutProcessor``) and an MCP agent eval (``AgentRolloutProcessor``, its
     tools from a real MCP server) play their episodes without OpenEnv, gradio, fastmcp or IPython being imported."""
     port = free_port()
@@ -135,7 +135,7 @@ def test_a_processor_eval_never_imports_gradio(qwen_template_model_dir, tmp_path
     assert result["loaded"] == []
 
 
-def test_importing_every_module_of_the_cli_runs_no_command():
+def test_importing_every_module_of_the_cli_runs_no_command() -> None:
     """A tool that imports every module of a package (``pkgutil``, a documentation builder) with argv of its own:
     ``ep_trl.cli.__main__`` ran ``ep-trl`` on import and exited 2; it runs only as ``python -m ep_trl.cli``."""
     code = (

@@ -75,7 +75,7 @@ def _run(cmd: list, timeout: float = 120) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_openenv_010_is_untouched_by_the_installed_ep_trl(venv_python):
+def test_openenv_010_is_untouched_by_the_installed_ep_trl(venv_python: Path) -> None:
     """The real install (scripts/install_openenv010.sh): openenv 0.10.0 with its own files, no openenv-core."""
     state = json.loads(_run([str(venv_python), "-c", STATE_PROBE]).stdout)
     assert state["openenv"] == OPENENV_VERSION
@@ -85,7 +85,7 @@ def test_openenv_010_is_untouched_by_the_installed_ep_trl(venv_python):
     assert REPO_ROOT in Path(state["ep_trl"]).resolve().parents, state["ep_trl"]
 
 
-def test_installing_ep_trl_would_install_nothing_but_itself(venv_python, tmp_path):
+def test_installing_ep_trl_would_install_nothing_but_itself(venv_python: Path, tmp_path: Path) -> None:
     """``pip install -e .`` of this checkout, as a dry run, next to openenv 0.10: no openenv-core, openenv kept.
 
     The venv already satisfies every other requirement, so anything else in the report is a requirement that

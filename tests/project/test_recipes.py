@@ -21,11 +21,11 @@ def files(folder: str) -> list[str]:
     return sorted(p.relative_to(ROOT).as_posix() for p in found)
 
 
-def test_the_main_job_is_the_only_training_script_at_the_top_level():
+def test_the_main_job_is_the_only_training_script_at_the_top_level() -> None:
     assert sorted(p.name for p in ROOT.glob("*.py")) == [MAIN_JOB]
 
 
-def test_every_recipe_is_in_recipes_named_for_its_task_and_model():
+def test_every_recipe_is_in_recipes_named_for_its_task_and_model() -> None:
     recipes = files("recipes")
     misplaced = [
         path
@@ -37,14 +37,14 @@ def test_every_recipe_is_in_recipes_named_for_its_task_and_model():
     assert {"recipes/letters/tiny.py", "recipes/frozen_lake/smollm2.yaml"} <= set(recipes)
 
 
-def test_the_evals_are_in_evals_named_for_their_task():
+def test_the_evals_are_in_evals_named_for_their_task() -> None:
     evals = files("evals")
     assert evals, "evals/ holds no eval"
     assert [p for p in evals if p.endswith(".py") and not re.fullmatch(r"evals/eval_[a-z0-9_]+\.py", p)] == []
     assert not (ROOT / "examples").exists()
 
 
-def test_the_readme_starts_with_the_letters_recipe():
+def test_the_readme_starts_with_the_letters_recipe() -> None:
     """The README's "Start here": the install, then the letters recipe (minutes on a CPU, no browser)."""
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"## Start here\n\n```bash\n(.*?)```", readme, flags=re.S)
@@ -68,13 +68,13 @@ def cli_internals(source: str) -> list[str]:
     return found
 
 
-def test_no_recipe_imports_the_cli_s_modules():
+def test_no_recipe_imports_the_cli_s_modules() -> None:
     recipes = [ROOT / MAIN_JOB, *sorted((ROOT / "recipes").rglob("*.py"))]
     reached = {p.relative_to(ROOT).as_posix(): found for p in recipes if (found := cli_internals(p.read_text()))}
     assert reached == {}
 
 
-def test_the_import_check_sees_a_module_of_the_cli():
+def test_the_import_check_sees_a_module_of_the_cli() -> None:
     source = (
         "import ep_trl.cli.modes\n"
         "from ep_trl.cli.presets import Preset\n"
@@ -85,6 +85,6 @@ def test_the_import_check_sees_a_module_of_the_cli():
     assert cli_internals(source) == ["ep_trl.cli.modes", "ep_trl.cli.presets", "ep_trl.cli.train"]
 
 
-def test_the_public_names_are_there():
+def test_the_public_names_are_there() -> None:
     """Every name ``ep_trl.cli`` lists is importable from it (imported at first use)."""
     assert all(getattr(ep_trl.cli, name) is not None for name in ep_trl.cli.__all__)

@@ -21,7 +21,9 @@ import importlib.util
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -42,6 +44,13 @@ from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import PROMPT, make_trainer
 from tests.support.vllm_server import start_vllm_server, stop_vllm_server
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ep_trl.runtime.processes import ServerProcess
+    from tests.support.letters import LettersEpisodes
+
+
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 
@@ -58,19 +67,19 @@ train_smollm2_doors = _load_script(Path(__file__).resolve().parents[2] / "recipe
 
 
 @pytest.fixture(scope="module")
-def real_model_dir():
+def real_model_dir() -> Path:
     """The checkpoint, built once per machine (``scripts/install.sh`` builds it; the cache makes this instant)."""
     return build_smollm2()
 
 
 @pytest.fixture(scope="module")
-def real_model(real_model_dir):
+def real_model(real_model_dir: Path) -> "PreTrainedModel":
     """The fp32 reference the returned logprobs are compared with."""
     return AutoModelForCausalLM.from_pretrained(real_model_dir).eval()
 
 
 @pytest.fixture(scope="module")
-def real_server(real_model_dir, tmp_path_factory):
+def real_server(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> "Iterator[ServerProcess]":
     """A CPU vLLM server on the real model (trl vllm-serve's flags, dev mode), for this module."""
     server = start_vllm_server(real_model_dir, tmp_path_factory.mktemp("real_vllm_logs"), max_model_len=1024)
     try:
@@ -80,7 +89,7 @@ def real_server(real_model_dir, tmp_path_factory):
 
 
 @pytest.fixture
-def real_url(real_server, real_model):
+def real_url(real_server: "ServerProcess", real_model: "PreTrainedModel") -> str:
     """The server's URL, with the server on the checkpoint's weights (the training test changes them)."""
     sync = DiskWeightSync(real_server.base_url)
     try:
@@ -91,7 +100,7 @@ def real_url(real_server, real_model):
 
 
 @pytest.fixture(params=["vllm", "trainer"])
-def backend(request):
+def backend(request: pytest.FixtureRequest) -> str:
     """The two rollout-function backends: the CPU vLLM server, and the trainer's own model in-process."""
     return request.param
 
@@ -117,8 +126,13 @@ def test_the_rollout_function_is_token_exact_on_the_real_model(
 
 @pytest.mark.timeout(600)
 def test_the_async_worker_is_token_exact_on_the_real_model(
-    real_url, real_model_dir, real_model, letters_server, letters_episodes, tmp_path
-):
+    real_url: str,
+    real_model_dir: Path,
+    real_model: "PreTrainedModel",
+    letters_server: str,
+    letters_episodes: "LettersEpisodes",
+    tmp_path: Path,
+) -> None:
     """The worker alone (no trainer: the server keeps the checkpoint's weights, one policy version): 4 samples."""
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
     args = AsyncGRPOConfig(
@@ -163,7 +177,9 @@ def test_the_async_worker_is_token_exact_on_the_real_model(
 
 
 @pytest.mark.timeout(900)
-def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, real_model_dir, real_model, tmp_path):
+def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(
+    real_url: str, real_model_dir: Path, real_model: "PreTrainedModel", tmp_path: Path
+) -> None:
     """The README's real-model recipe (``recipes/sentiment/smollm2.py``), two steps on the module's server: the held-out
     rows scored through the eval's own processor and body before and after, DiskSyncGRPOTrainer steps on-policy (TRL's
     own sampling/logp check at rounding level) with a non-zero gradient, the plot and the result written, and the
@@ -206,7 +222,7 @@ def test_the_real_model_trains_through_an_eval_on_the_cpu_vllm_server(real_url, 
     )
 
 
-def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
+def test_the_sentiment_eval_scores_the_label_and_the_one_word_form() -> None:
     """What the real model is trained on: the right label scores one over the reply's words (1.0 alone, 0.25 in a
     four-word sentence, so a shorter sentence beats a longer one); a wrong label, both labels or none 0."""
     sentiment = _load_script(Path(__file__).resolve().parents[2] / "evals" / "eval_sentiment.py")
@@ -221,7 +237,7 @@ def test_the_sentiment_eval_scores_the_label_and_the_one_word_form():
 
 
 @pytest.mark.timeout(900)
-def test_the_real_model_plays_and_trains_on_the_doors_game_through_its_preset(real_url, tmp_path):
+def test_the_real_model_plays_and_trains_on_the_doors_game_through_its_preset(real_url: str, tmp_path: Path) -> None:
     """The real-model environment command (``recipes/doors/smollm2.py``, a preset of ``ep-trl train``) at its smallest:
     one held-out house (a reset seed) played greedily before and after under every sign wording
     (``--held-out-reset-kwarg wording=...``), each row recording its house and wording, and one GRPO step of one group

@@ -140,7 +140,7 @@ def first_turn_answers(stdout: str, when: str) -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.timeout(900)  # 3-5 minutes on a loaded 2-core machine, 1-2 more where the warm start is not cached yet
-def test_the_main_job_learns_the_eval_and_plots_it(tmp_path):
+def test_the_main_job_learns_the_eval_and_plots_it(tmp_path: Path) -> None:
     """The README's quick start, shortened from 15 steps to 10 (seed 0, as by default): the warm-started tiny model
     starts at one right answer in three on both tasks and GRPO through the eval raises it.
 

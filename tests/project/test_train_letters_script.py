@@ -13,7 +13,7 @@ from tests.support.trainers import assert_script_trained
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path):
+def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "recipes/letters/tiny.py"), "--max-steps", "2", "--output-dir", str(tmp_path)],
         capture_output=True,
@@ -38,7 +38,7 @@ def test_cpu_default_trains_and_prints_a_reward_line_per_step(tmp_path):
 
 
 @pytest.fixture
-def vllm_server_url(shared_vllm_url):
+def vllm_server_url(shared_vllm_url: str) -> str:
     """The session's real CPU vLLM server (``shared_vllm_server``), in dev mode (weights reloaded from disk), as trl
     vllm-serve runs. It starts on the sharp copy of the tiny model (same architecture and tokenizer): the script's
     first weight sync, before any episode, puts --model's weights on it ("pushed version-000001" below)."""
@@ -46,7 +46,9 @@ def vllm_server_url(shared_vllm_url):
 
 
 @pytest.mark.timeout(900)
-def test_async_trains_on_a_vllm_server_and_prints_a_reward_line_per_step(vllm_server_url, tiny_model_dir, tmp_path):
+def test_async_trains_on_a_vllm_server_and_prints_a_reward_line_per_step(
+    vllm_server_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """--async: CPUAsyncGRPOTrainer fed by EvalRolloutWorker, weights pushed to the server through disk
     (DiskWeightTransfer writes them to a temporary directory, never into --model's). Its log has no
     rewards/eval_score/mean: the step lines and the closing line read the worker's reward."""

@@ -22,7 +22,7 @@ def any_count(package: Path = PACKAGE) -> int:
     )
 
 
-def test_any_stays_at_or_below_its_ceiling():
+def test_any_stays_at_or_below_its_ceiling() -> None:
     count = any_count()
     assert count <= ANY_CEILING, (
         f"{count} uses of Any in src/ep_trl (devtools/ and envs/ aside), above {ANY_CEILING}: name the type (an alias "
@@ -30,14 +30,14 @@ def test_any_stays_at_or_below_its_ceiling():
     )
 
 
-def test_the_count_reads_whole_words_outside_devtools_and_envs(tmp_path):
+def test_the_count_reads_whole_words_outside_devtools_and_envs(tmp_path: Path) -> None:
     (tmp_path / "devtools").mkdir()
     (tmp_path / "a.py").write_text("from typing import Any\nx: Any\nAnyOf = 1\nMany = 2\n_Any = 3\n")
     (tmp_path / "devtools" / "b.py").write_text("from typing import Any\n")
     assert any_count(tmp_path) == 2
 
 
-def test_the_package_says_it_is_typed_and_mypy_requires_annotations():
+def test_the_package_says_it_is_typed_and_mypy_requires_annotations() -> None:
     """PEP 561: ``py.typed`` ships with the package (a user's mypy read ep_trl as untyped: "missing library stubs or
     py.typed marker"), and mypy refuses an unannotated function of ep_trl's (``disallow_untyped_defs``)."""
     import tomllib

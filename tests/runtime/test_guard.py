@@ -75,7 +75,7 @@ def test_the_command_ends_when_its_parent_is_killed(tmp_path):
         parent.kill()
 
 
-def test_signals_reach_the_command_and_its_status_is_the_guards():
+def test_signals_reach_the_command_and_its_status_is_the_guards() -> None:
     guard = guarded(sys.executable, "-c", "import sys, time; time.sleep(300)")
     pid = command_pid(guard)
     guard.send_signal(signal.SIGTERM)
@@ -83,7 +83,7 @@ def test_signals_reach_the_command_and_its_status_is_the_guards():
     assert guarded(sys.executable, "-c", "raise SystemExit(7)").wait(10) == 7
 
 
-def test_the_last_stderr_lines_and_the_status_are_kept(tmp_path):
+def test_the_last_stderr_lines_and_the_status_are_kept(tmp_path: Path) -> None:
     log = tmp_path / "server.stderr"
     script = "import sys\nfor k in range(100):\n    print(f'line {k}', file=sys.stderr)\nraise SystemExit(3)"
     guard = guarded(sys.executable, "-c", script, log=log, stderr=subprocess.PIPE)
@@ -95,7 +95,7 @@ def test_the_last_stderr_lines_and_the_status_are_kept(tmp_path):
     assert passed_on.decode().count("line ") == 100  # the console still sees every line
 
 
-def test_stdin_and_stdout_belong_to_the_command():
+def test_stdin_and_stdout_belong_to_the_command() -> None:
     """A stdio MCP client talks to the command through the guard's stdin/stdout and sees EOF when the command ends."""
     guard = guarded(
         sys.executable,
@@ -110,7 +110,7 @@ def test_stdin_and_stdout_belong_to_the_command():
 
 
 @pytest.mark.parametrize("argv", [["--parent", "1"], ["--parent", "1", "--"]])
-def test_a_guard_without_a_command_is_refused(argv):
+def test_a_guard_without_a_command_is_refused(argv: list[str]) -> None:
     result = subprocess.run([sys.executable, str(GUARD), *argv], capture_output=True, text=True, timeout=10)
     assert result.returncode == 2 and "no command" in result.stderr
 
@@ -173,7 +173,7 @@ def test_an_adopted_process_and_its_descendants_end_when_the_parent_is_killed():
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_the_guard_of_an_adopted_process_leaves_when_the_process_ends_by_itself():
+def test_the_guard_of_an_adopted_process_leaves_when_the_process_ends_by_itself() -> None:
     server = subprocess.Popen(["sleep", "300"])
     guard = adopting(server.pid)
     try:
@@ -187,7 +187,7 @@ def test_the_guard_of_an_adopted_process_leaves_when_the_process_ends_by_itself(
         guard.kill()
 
 
-def test_a_signalled_adopting_guard_ends_its_process():
+def test_a_signalled_adopting_guard_ends_its_process() -> None:
     """The guard stands for the process it adopted, as a command guard forwards its signals to the command."""
     server = subprocess.Popen(["sleep", "300"])
     guard = adopting(server.pid)
@@ -201,14 +201,14 @@ def test_a_signalled_adopting_guard_ends_its_process():
         guard.kill()
 
 
-def test_an_adopted_pid_that_is_gone_ends_the_guard_at_once():
+def test_an_adopted_pid_that_is_gone_ends_the_guard_at_once() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     assert adopting(gone.pid).wait(5) == 0
 
 
 @pytest.mark.parametrize("argv", [["--adopt", "1", "--", "sleep", "1"], ["--adopt", "1", "--stderr-log", "x"]])
-def test_an_adopting_guard_with_a_command_is_refused(argv):
+def test_an_adopting_guard_with_a_command_is_refused(argv: list[str]) -> None:
     result = subprocess.run(
         [sys.executable, str(GUARD), "--parent", "1", *argv], capture_output=True, text=True, timeout=10
     )

@@ -106,7 +106,7 @@ def processes_tagged(tag: str) -> list[tuple[int, str]]:
 
 
 @pytest.fixture
-def stdio_agent_config(tmp_path):
+def stdio_agent_config(tmp_path: Path) -> Path:
     config = tmp_path / "calc_stdio.json"
     config.write_text(
         json.dumps(
@@ -340,7 +340,9 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sigterm_ends_training_every_time(tiny_model_dir, qwen_template_model_dir, stdio_agent_config, tmp_path):
+def test_sigterm_ends_training_every_time(
+    tiny_model_dir: Path, qwen_template_model_dir: Path, stdio_agent_config: Path, tmp_path: Path
+) -> None:
     """Each moment with each eval once, at a chosen point of the moment's window (a quarter into it with the Docker
     eval, three quarters with the stdio MCP one), step 2: 8 runs where 20 random ones cost 321 s of CI and
     covered the same moments and evals (issue 40). The Docker eval's come first, so EP_TRL_SIGTERM_RUNS=4
@@ -429,7 +431,7 @@ def since_sent(result: subprocess.CompletedProcess) -> float:
     return time.time() - sent[0]
 
 
-def test_a_log_line_another_thread_wrote_inside_a_traceback_line_is_read_past():
+def test_a_log_line_another_thread_wrote_inside_a_traceback_line_is_read_past() -> None:
     """Issue 48: CI failed on correct code, status 143 as required, because the signal watcher's warning had landed
     inside the program's own ``RuntimeError`` line. The checks read the interpreter's lines through a log line
     (this one as it came), and what is not there is still not found."""
@@ -453,7 +455,7 @@ def test_a_log_line_another_thread_wrote_inside_a_traceback_line_is_read_past():
     assert error not in main_thread_text(warning + "RuntimeError: another error\n" + warning)
 
 
-def test_a_sigterm_python_drops_in_a_finalizer_is_delivered_again():
+def test_a_sigterm_python_drops_in_a_finalizer_is_delivered_again() -> None:
     result, _ = run_program("""
         SignalsInFinalizer(signal.SIGTERM)
         gc.collect()
@@ -468,7 +470,7 @@ def test_a_sigterm_python_drops_in_a_finalizer_is_delivered_again():
     assert "delivering the signal again" in result.stderr
 
 
-def test_a_ctrl_c_python_drops_in_a_finalizer_is_raised_again():
+def test_a_ctrl_c_python_drops_in_a_finalizer_is_raised_again() -> None:
     result, _ = run_program("""
         try:
             SignalsInFinalizer(signal.SIGINT)
@@ -484,7 +486,7 @@ def test_a_ctrl_c_python_drops_in_a_finalizer_is_raised_again():
     assert result.returncode == 0
 
 
-def test_a_swallowed_sigterm_stops_the_next_rollout_call():
+def test_a_swallowed_sigterm_stops_the_next_rollout_call() -> None:
     result, _ = run_program(f"""
         try:
             {SEND}
@@ -501,7 +503,7 @@ def test_a_swallowed_sigterm_stops_the_next_rollout_call():
     assert since_sent(result) < 10
 
 
-def test_a_sigterm_whose_exit_a_failing_cleanup_replaced_still_exits_with_143():
+def test_a_sigterm_whose_exit_a_failing_cleanup_replaced_still_exits_with_143() -> None:
     """Seen in the SIGTERM test: the signal landed while tqdm took its lock, tqdm's ``finally`` then released a lock
     it never took, and that ``RuntimeError`` replaced ``Terminated``: status 1, not 143."""
     result, _ = run_program(f"""
@@ -521,7 +523,7 @@ def test_a_sigterm_whose_exit_a_failing_cleanup_replaced_still_exits_with_143():
 
 
 @pytest.mark.parametrize("cleanup", ["replaces it", "lets it through"])
-def test_a_close_that_fails_at_a_sigterms_exit_is_reported_and_the_status_stays_143(cleanup):
+def test_a_close_that_fails_at_a_sigterms_exit_is_reported_and_the_status_stays_143(cleanup: str) -> None:
     """Issue 40: a registered resource whose close raised at the exit made the close re-raise before the status was
     restored: with a cleanup that replaced ``Terminated`` the process ended with status 1."""
     replace = 'raise RuntimeError("cannot release un-acquired lock")' if cleanup == "replaces it" else "pass"
@@ -552,7 +554,7 @@ def test_a_close_that_fails_at_a_sigterms_exit_is_reported_and_the_status_stays_
 
 
 @pytest.mark.parametrize("cleanup", ["lets it through", "replaces it"])
-def test_which_exit_handlers_run_at_a_sigterms_exit_is_as_the_docs_say(cleanup):
+def test_which_exit_handlers_run_at_a_sigterms_exit_is_as_the_docs_say(cleanup: str) -> None:
     """docs/failures.md (issue 48): through the ordinary unwinding every exit handler runs; when a cleanup replaced
     ``Terminated``, ep_trl's ``os._exit(143)`` skips the handlers registered before ``ep_trl.runtime.shutdown`` was
     imported (the docs said "the other exit handlers still run")."""
@@ -591,7 +593,7 @@ def test_which_exit_handlers_run_at_a_sigterms_exit_is_as_the_docs_say(cleanup):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_12_s_cleanup_in_finally_finishes_within_the_default_grace():
+def test_a_12_s_cleanup_in_finally_finishes_within_the_default_grace() -> None:
     """Issue 33: a program whose ``finally`` saves a checkpoint for 12 s was killed at 9 s, and ep_trl closed its
     resources at 4 s while that ``finally`` still ran."""
     result, _ = run_program(f"""
@@ -612,7 +614,9 @@ def test_a_12_s_cleanup_in_finally_finishes_within_the_default_grace():
     assert 12 <= seconds < 12 + 10
 
 
-def test_a_swallowed_sigterm_ends_the_process_when_the_grace_ends_its_rows_written_and_no_call_started(tmp_path):
+def test_a_swallowed_sigterm_ends_the_process_when_the_grace_ends_its_rows_written_and_no_call_started(
+    tmp_path: Path,
+) -> None:
     """The grace from EP_TRL_STOP_GRACE_S; before the forced exit the ep logs rows still queued are written though a
     close hangs, and once ep_trl has closed, a rollout call that starts anyway gets a clear error."""
     store = tmp_path / "logs.db"
@@ -681,7 +685,7 @@ def test_a_swallowed_sigterm_ends_the_process_when_the_grace_ends_its_rows_writt
     assert 4 <= seconds < 4 + 5
 
 
-def test_a_program_with_its_own_sigterm_handler_keeps_it():
+def test_a_program_with_its_own_sigterm_handler_keeps_it() -> None:
     result, _ = run_program(
         """
         assert shutdown.handle_sigterm() is True  # register() above installed ep_trl's handler; the program's own wins
@@ -697,7 +701,9 @@ def test_a_program_with_its_own_sigterm_handler_keeps_it():
     assert result.returncode == 0
 
 
-def test_the_stop_grace_is_the_options_else_the_environment_variables_else_25_s(monkeypatch):
+def test_the_stop_grace_is_the_options_else_the_environment_variables_else_25_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from ep_trl import RolloutOptions, create_openenv_vllm_rollout_func
     from ep_trl.errors import ConfigError
 
@@ -769,7 +775,7 @@ def test_a_resource_stays_registered_until_its_close_ran_and_an_interrupted_clos
     assert not [r for r in shutdown._registered.values() if r in resources]
 
 
-def test_the_signal_handler_and_unraisable_hook_are_given_back_once_everything_is_closed():
+def test_the_signal_handler_and_unraisable_hook_are_given_back_once_everything_is_closed() -> None:
     """A notebook that trains, closes, and trains again: between the two, the process is as before the first; the
     second run's SIGTERM handling works as the first's (here: a raise dropped in a finalizer is delivered again)."""
     result, _ = run_program("""
@@ -819,7 +825,7 @@ def answers():
 
 
 @pytest.mark.timeout(180)
-def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp_path):
+def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp_path: Path) -> None:
     """Issue 33: the child's exit ran its parent's close(): it killed the parent's servers' process group (its
     ``poll()`` cannot see them) and waited on the parent's log writer thread. Whether the child closes the parent's
     writer is seen directly: the program's writer says when it is closed in another process. (The child's exit was
@@ -861,7 +867,7 @@ def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp
 
 
 @pytest.mark.timeout(180)
-def test_a_fork_context_worker_closes_only_what_it_registered():
+def test_a_fork_context_worker_closes_only_what_it_registered() -> None:
     """A multiprocessing worker forked from the trainer registers its own resource; SIGTERM'd and swallowing it, it
     is closed and ended by its grace, closing its own resource only."""
     result, _ = run_program(

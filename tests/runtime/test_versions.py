@@ -6,7 +6,7 @@ from ep_trl import VersionError
 from ep_trl.runtime.versions import installed_version, require_range, supported_range
 
 
-def test_installed_versions_are_in_the_supported_ranges():
+def test_installed_versions_are_in_the_supported_ranges() -> None:
     from ep_trl import evalprotocol
     from ep_trl.adapters import trl_seam
 
@@ -14,7 +14,7 @@ def test_installed_versions_are_in_the_supported_ranges():
     evalprotocol.check_version()
 
 
-def test_the_supported_ranges_are_the_ones_pyproject_declares():
+def test_the_supported_ranges_are_the_ones_pyproject_declares() -> None:
     """One source of truth: what pip enforces (pyproject.toml) is what ep_trl checks at construction."""
     import tomllib
     from pathlib import Path
@@ -28,17 +28,17 @@ def test_the_supported_ranges_are_the_ones_pyproject_declares():
     assert installed_version("trl") in supported_range("trl")
 
 
-def test_out_of_range_names_the_range_and_the_fix():
+def test_out_of_range_names_the_range_and_the_fix() -> None:
     with pytest.raises(VersionError, match=r"supports trl >=99,<100, but .* is installed.*pip install 'trl>=99,<100'"):
         require_range("trl", ">=99,<100")
 
 
-def test_missing_distribution_says_how_to_install_it():
+def test_missing_distribution_says_how_to_install_it() -> None:
     with pytest.raises(VersionError, match="not-a-real-dist is not installed; install it with"):
         installed_version("not-a-real-dist")
 
 
-def test_exactly_one_supported_openenv_distribution_is_required(monkeypatch):
+def test_exactly_one_supported_openenv_distribution_is_required(monkeypatch: pytest.MonkeyPatch):
     from importlib import metadata
 
     from ep_trl.openenv.client import check_openenv

@@ -8,8 +8,10 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from eval_protocol.models import Status
@@ -26,6 +28,12 @@ from ep_trl.runtime.processes import free_port, start_server
 from tests.support import tool_model
 from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import assert_trained, make_trainer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from ep_trl.runtime.processes import ServerProcess
+
 
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
 AGENT = "tests.evals.eval_calculator_agent"
@@ -58,7 +66,7 @@ def in_prompt_order(rows, out):
     return sorted(rows, key=lambda row: out["rollout_id"].index(row.execution_metadata.rollout_id))
 
 
-def assert_logprobs_are_the_models(trainer, out):
+def assert_logprobs_are_the_models(trainer, out) -> None:
     model = trainer.model
     model.eval()
     for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
@@ -68,7 +76,7 @@ def assert_logprobs_are_the_models(trainer, out):
 
 
 @pytest.mark.timeout(300)
-def test_a_single_turn_eval_trains_unchanged(tiny_model_dir, tmp_path):
+def test_a_single_turn_eval_trains_unchanged(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The eval's rows (ground truth included) reach the body; the reply the processor received is exactly the
     sampled tokens; a real GRPOTrainer step trains on them."""
     rollout = create_openenv_vllm_rollout_func(ARITHMETIC, log_rollouts=False)
@@ -90,7 +98,7 @@ def test_a_single_turn_eval_trains_unchanged(tiny_model_dir, tmp_path):
         assert out["episode_status"] == ["finished"] * 4 and out["num_turns"] == [1] * 4
         scored_rows = in_prompt_order(scored_rows, out)
         assert [r.ground_truth for r in scored_rows] == ["5", "5", "3", "3"]  # the eval's own rows, by row key
-        tokenizer = trainer.processing_class
+        tokenizer = cast("PreTrainedTokenizerBase", trainer.processing_class)
         for row, ids, mask in zip(scored_rows, out["completion_ids"], out["env_mask"]):
             assert all(mask) and len(ids) <= 8  # the eval's max_tokens per call
             assert row.messages[-1].role == "assistant"
@@ -108,7 +116,7 @@ def test_a_single_turn_eval_trains_unchanged(tiny_model_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def calc_server(tmp_path_factory):
+def calc_server(tmp_path_factory: pytest.TempPathFactory) -> "Iterator[ServerProcess]":
     """The calculator MCP server (tests/fixtures/calc_mcp_server.py), started and stopped by PID."""
     port = free_port()
     server = start_server(
@@ -125,7 +133,7 @@ def calc_server(tmp_path_factory):
 
 
 @pytest.fixture
-def agent_eval(calc_server, tmp_path, monkeypatch):
+def agent_eval(calc_server: "ServerProcess", tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The agent eval, its MCP config pointing at the running calculator (as CALC_MCP_CONFIG names it)."""
     import sys
 
@@ -152,13 +160,17 @@ def calculator_tool_model(tiny_model_dir, calc_server, out_dir, answers=(tool_mo
 
 
 @pytest.fixture(scope="module")
-def agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
+def agent_model_dir(
+    tiny_model_dir: Path, calc_server: "ServerProcess", tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The tool model that plays the calculator script and answers "10"."""
     return calculator_tool_model(tiny_model_dir, calc_server, tmp_path_factory.mktemp("tool_model"))
 
 
 @pytest.fixture(scope="module")
-def varied_agent_model_dir(tiny_model_dir, calc_server, tmp_path_factory):
+def varied_agent_model_dir(
+    tiny_model_dir: Path, calc_server: "ServerProcess", tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The tool model that plays the calculator script and ends with one of ``VARIED_ANSWERS``, evenly: the episodes
     of a group score differently, so a training step has a gradient (with one answer every reward is 1.0)."""
     return calculator_tool_model(
@@ -173,7 +185,9 @@ AGENT_GROUP = 8
 
 
 @pytest.mark.timeout(600)
-def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_eval, varied_agent_model_dir, tmp_path):
+def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(
+    agent_eval: str, varied_agent_model_dir: Path, tmp_path: Path
+) -> None:
     """Two tool round trips per episode through a real MCP server: each sampled run decodes to the assistant
     message the processor received (its tool call), the tool results are masked, logprobs are the model's; the
     rollouts reach the store ``ep logs`` reads as the eval's own rows, with their token view; the eval's scores of
@@ -193,7 +207,7 @@ def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_e
         temperature=0.5,
     )
     scored_rows = record_scored_rows(rollout)
-    tokenizer = trainer.processing_class
+    tokenizer = cast("PreTrainedTokenizerBase", trainer.processing_class)
     try:
         out = rollout(prompts[:2], trainer)
         assert out["episode_status"] == ["finished"] * 2, out["episode_error"]
@@ -236,8 +250,8 @@ def test_an_mcp_agent_eval_trains_unchanged_with_its_tool_calls_captured(agent_e
 
 @pytest.mark.timeout(300)
 def test_an_agent_whose_tool_server_is_down_fails_its_episodes_as_environment(
-    agent_eval, tiny_model_dir, tmp_path, monkeypatch
-):
+    agent_eval: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Failure is data: a dead MCP server costs the episode (counted as environment), not the run."""
     config = tmp_path / "dead.json"
     config.write_text(json.dumps({"mcpServers": {"calc": {"url": f"http://127.0.0.1:{free_port()}/mcp"}}}))
@@ -271,8 +285,8 @@ def stdio_config(path, *args):
 
 @pytest.mark.timeout(300)
 def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(
-    varied_agent_model_dir, tmp_path, monkeypatch
-):
+    varied_agent_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The processor starts the calculator over stdio from the eval's MCP config, once per row; ep_trl hands each row
     a copy in which the command runs under its watchdog (tool calls still work, the servers are gone afterwards).
     Each calculator records, as it starts, its pid and the command line of the process that started it."""
@@ -330,7 +344,9 @@ def test_a_stdio_mcp_agent_eval_trains_with_its_servers_under_the_watchdog(
 
 
 @pytest.mark.timeout(300)
-def test_a_broken_stdio_mcp_server_is_named_with_its_own_stderr(tiny_model_dir, tmp_path, monkeypatch, caplog):
+def test_a_broken_stdio_mcp_server_is_named_with_its_own_stderr(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Before, every episode failed with MCP's bare "Connection closed"; the cause was on the console only. Now the
     episode error and the grouped warning quote the server's last stderr lines and its exit status."""
     caplog.set_level(logging.WARNING, logger="ep_trl")
@@ -366,8 +382,8 @@ def test_a_broken_stdio_mcp_server_is_named_with_its_own_stderr(tiny_model_dir, 
 
 @pytest.mark.timeout(300)
 def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_segment(
-    tiny_model_dir, tmp_path, caplog
-):
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="ep_trl")
     rollout = create_openenv_vllm_rollout_func(REWRITING, log_rollouts=False)
     prompts = list(dataset_from_eval(REWRITING)["prompt"]) * 2
@@ -381,7 +397,7 @@ def test_a_processor_that_rewrites_history_forks_counted_and_trains_on_the_last_
         max_completion_length=64,
         prompts=prompts,
     )
-    tokenizer = trainer.processing_class
+    tokenizer = cast("PreTrainedTokenizerBase", trainer.processing_class)
     try:
         out = rollout(prompts[:2], trainer)
         assert out["episode_status"] == ["finished"] * 2
@@ -400,10 +416,12 @@ class Outsider:
     """Another local process's probes while training runs (issue 21): it lists models, posts injected prompts to
     every rollout name it can find, a malformed field, a stray model name and a plain-text body."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import threading
 
-        self.answers, self.found, self.done = [], set(), threading.Event()
+        self.answers: list[int] = []
+        self.found: set[str] = set()
+        self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def endpoints(self):
@@ -424,7 +442,7 @@ class Outsider:
                 continue
         return found
 
-    def run(self):
+    def run(self) -> None:
         import httpx
 
         while not self.done.is_set():
@@ -459,13 +477,13 @@ class Outsider:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.done.set()
         self.thread.join(10)
 
 
 @pytest.mark.timeout(300)
-def test_no_other_local_process_reaches_a_live_rollout(tiny_model_dir, tmp_path):
+def test_no_other_local_process_reaches_a_live_rollout(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Before, a script that polled /v1/models got its prompt into the returned prompt_ids of live episodes (scored
     with the real row's score), a malformed max_tokens or one stray model name made train() raise. Now every probe
     is refused (401 without the call's key) and training goes on untouched."""
@@ -481,7 +499,7 @@ def test_no_other_local_process_reaches_a_live_rollout(tiny_model_dir, tmp_path)
         max_completion_length=32,
         prompts=prompts,
     )
-    tokenizer = trainer.processing_class
+    tokenizer = cast("PreTrainedTokenizerBase", trainer.processing_class)
     try:
         with Outsider() as outsider:
             outs = [rollout(prompts[:4], trainer) for _ in range(3)]
@@ -497,12 +515,12 @@ def test_no_other_local_process_reaches_a_live_rollout(tiny_model_dir, tmp_path)
         rollout.close()
 
 
-def test_a_processor_that_calls_no_model_is_refused_at_construction():
+def test_a_processor_that_calls_no_model_is_refused_at_construction() -> None:
     with pytest.raises(UnsupportedEvalError, match="NoOpRolloutProcessor.*calls no model"):
         create_openenv_vllm_rollout_func("tests.evals.eval_noop", log_rollouts=False)
 
 
-def test_processors_that_call_the_model_on_another_machine_are_refused_at_construction():
+def test_processors_that_call_the_model_on_another_machine_are_refused_at_construction() -> None:
     """RemoteRolloutProcessor's rows come back from Fireworks tracing, not from the calls made here: before, such
     an eval trained on captured tokens while the body scored its unchanged input row."""
     with pytest.raises(UnsupportedEvalError, match="RemoteRolloutProcessor: the model is called on another machine"):
@@ -510,7 +528,7 @@ def test_processors_that_call_the_model_on_another_machine_are_refused_at_constr
 
 
 @pytest.mark.timeout(120)
-def test_an_openai_client_built_from_the_completion_params_is_routed(tiny_model_dir, tmp_path):
+def test_an_openai_client_built_from_the_completion_params_is_routed(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A processor that uses the OpenAI client (as LangGraph and PydanticAI factories do) sends the row's model name
     as it is, provider prefix included; the endpoint answers it."""
     env_path = "tests.evals.eval_openai_client::test_routed_client"
@@ -527,7 +545,7 @@ def test_an_openai_client_built_from_the_completion_params_is_routed(tiny_model_
 
 
 @pytest.mark.timeout(120)
-def test_a_processor_that_calls_another_model_is_an_error_naming_it(tiny_model_dir, tmp_path):
+def test_a_processor_that_calls_another_model_is_an_error_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Before, every episode failed as eval_code until training stopped with no signal three calls later."""
     env_path = "tests.evals.eval_openai_client::test_fixed_model"
     rollout = create_openenv_vllm_rollout_func(env_path, log_rollouts=False)
@@ -542,19 +560,19 @@ def test_a_processor_that_calls_another_model_is_an_error_naming_it(tiny_model_d
         rollout.close()
 
 
-def test_several_models_per_row_are_refused_at_construction():
+def test_several_models_per_row_are_refused_at_construction() -> None:
     with pytest.raises(
         UnsupportedEvalError, match=r"completion_params\['model'\] is a mapping \['planner', 'writer'\]"
     ):
         create_openenv_vllm_rollout_func("tests.evals.eval_openai_client::test_two_models", log_rollouts=False)
 
 
-def test_openenv_settings_are_refused_for_a_processor_eval():
+def test_openenv_settings_are_refused_for_a_processor_eval() -> None:
     with pytest.raises(ConfigError, match=r"SingleTurnRolloutProcessor.*\['env_base_url'\].*OpenEnvRolloutProcessor"):
         create_openenv_vllm_rollout_func(ARITHMETIC, env_base_url="http://127.0.0.1:1", log_rollouts=False)
 
 
-def test_a_prompt_that_is_no_row_of_the_eval_is_a_clear_error(tiny_model_dir, tmp_path):
+def test_a_prompt_that_is_no_row_of_the_eval_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path) -> None:
     rollout = create_openenv_vllm_rollout_func(ARITHMETIC, log_rollouts=False)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, max_steps=1)
     try:
@@ -564,7 +582,7 @@ def test_a_prompt_that_is_no_row_of_the_eval_is_a_clear_error(tiny_model_dir, tm
         rollout.close()
 
 
-def run_eval_under_pytest(eval_file, served_url, tmp_path, **env):
+def run_eval_under_pytest(eval_file, served_url, tmp_path: Path, **env):
     """``pytest EVAL`` as a user runs it, its model calls pointed at ``ep-trl serve``."""
     import subprocess
     import sys
@@ -602,7 +620,9 @@ def run_eval_under_pytest(eval_file, served_url, tmp_path, **env):
 
 
 @pytest.mark.timeout(300)
-def test_the_same_agent_file_is_still_an_eval_against_the_served_model(agent_model_dir, calc_server, tmp_path):
+def test_the_same_agent_file_is_still_an_eval_against_the_served_model(
+    agent_model_dir: Path, calc_server: "ServerProcess", tmp_path: Path
+) -> None:
     """``ep-trl serve`` serves the trained-on model; ``pytest`` runs the eval file unchanged against it."""
     port = free_port()
     served = start_server(
@@ -640,7 +660,7 @@ def test_the_same_agent_file_is_still_an_eval_against_the_served_model(agent_mod
 
 
 @pytest.mark.timeout(300)
-def test_a_raising_processor_costs_its_episodes_as_eval_code_inside_train(tiny_model_dir, tmp_path):
+def test_a_raising_processor_costs_its_episodes_as_eval_code_inside_train(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Failure is data at train() level: rows whose processor raised or marked the rollout failed are failed
     episodes, counted as eval_code and unscored; the others train."""
     env_path = "tests.evals.eval_faulty_processor"
@@ -673,7 +693,7 @@ def test_a_raising_processor_costs_its_episodes_as_eval_code_inside_train(tiny_m
 
 
 @pytest.mark.timeout(180)
-def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_model_dir, tmp_path):
+def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A processor's calls whose backend fails for good: train() raises GenerationError in bounded time, and the
     processor was answered (no processor task is left waiting)."""
     from ep_trl import GenerationError, VLLMOptions
@@ -705,7 +725,9 @@ def test_a_vllm_server_gone_for_good_ends_train_with_the_request_named(tiny_mode
 
 
 @pytest.mark.timeout(300)
-def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_model_dir, tmp_path, caplog, monkeypatch):
+def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(
+    qwen_template_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """eval-protocol's FrozenLake MCP-gym server, started by its processor: in the eval's default per_run mode the
     processor starts a server per processor call on one port, and ep_trl calls it once per row, so every row after
     the first failed ("Port 9700 is already in use"); training runs it in shared mode and says so.
@@ -753,8 +775,8 @@ def test_an_mcp_gym_eval_plays_across_calls_with_its_own_server(qwen_template_mo
 
 @pytest.mark.timeout(300)
 def test_a_port_left_taken_fails_mcp_gym_episodes_as_environment_naming_its_holder(
-    qwen_template_model_dir, tmp_path, monkeypatch
-):
+    qwen_template_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After a killed run, eval-protocol's FrozenLake server can stay on its fixed port 9700: before, the next run's
     episodes failed as eval_code ("Port 9700 is already in use") and training stopped with no signal."""
     import subprocess
@@ -785,7 +807,7 @@ def test_a_port_left_taken_fails_mcp_gym_episodes_as_environment_naming_its_hold
         prompts=prompts,
     )
     try:
-        assert holder.stdout.readline().strip() == "ready"
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
         trainer.train()
         assert trainer.state.log_history[0]["ep_trl/errors/environment"] == 4.0
         out = rollout(prompts, trainer)
@@ -799,7 +821,7 @@ def test_a_port_left_taken_fails_mcp_gym_episodes_as_environment_naming_its_hold
         stop_mcp_gym_shared_server()
 
 
-def stop_mcp_gym_shared_server():
+def stop_mcp_gym_shared_server() -> None:
     """eval-protocol stops its shared MCP-gym server only at interpreter exit; the test stops it now."""
     from eval_protocol.pytest.default_mcp_gym_rollout_processor import MCPGymRolloutProcessor, MCPServerManager
 

@@ -19,7 +19,7 @@ class Recorded(queue.Queue):
         super().__init__(maxsize)
         self.samples = []
 
-    def put(self, item, block=True, timeout=None):
+    def put(self, item, block=True, timeout=None) -> None:
         super().put(item, block, timeout)
         self.samples.append(item)
 
@@ -28,10 +28,10 @@ class VersionSnapshots(TrainerCallback):
     """The policy of each version: version 1 is the initial weights (the first sync), version k+1 the weights after
     step k. ``model_class`` loads the checkpoint (``AutoModelForCausalLM``, ``AutoModelForImageTextToText``)."""
 
-    def __init__(self, model_dir, model_class):
+    def __init__(self, model_dir, model_class) -> None:
         self.states = {1: model_class.from_pretrained(model_dir).state_dict()}
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
+    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -166,7 +166,7 @@ def released_group(
     return ScoredGroup(group_plan, tuple(played), tuple(Scored(score, None) for score in scores), seconds=0.0)
 
 
-def wait_until(condition, timeout_s):
+def wait_until(condition, timeout_s) -> None:
     """Return once ``condition()`` holds; fail the test after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not condition():

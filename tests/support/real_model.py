@@ -30,7 +30,7 @@ def sampled_runs_and_logprob_gap(model, tokenizer, prompt_ids, completion_ids, l
     return max(abs(lp - ref) for lp, ref, m in zip(logprobs, reference, mask) if m)
 
 
-def check_rollout_output(model, tokenizer, out, received_actions):
+def check_rollout_output(model, tokenizer, out, received_actions) -> None:
     """Every row of a rollout function's output: token-exact against ``model`` and the environment's record."""
     assert out["episode_status"] == ["finished"] * len(out["prompt_ids"]) and set(out["num_turns"]) == {3}
     gaps = [

@@ -51,7 +51,7 @@ GOOD = (
 )
 
 
-def test_a_run_that_keeps_the_rule_passes_with_its_counts():
+def test_a_run_that_keeps_the_rule_passes_with_its_counts() -> None:
     check = check_turn_versions(GOOD, SLOTS, TOLERANCE)
     assert (check.turns, check.told_apart) == (7, 6)
     assert dict(check.held) == {2: 2, 3: 1}
@@ -90,14 +90,14 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("broken", BROKEN)
-def test_a_broken_rule_fails_the_check(broken):
+def test_a_broken_rule_fails_the_check(broken) -> None:
     """Each broken run fails with the message that names what broke; the run it was made from passes."""
     breaking, message = BROKEN[broken]
     with pytest.raises(AssertionError, match=message):
         check_turn_versions(breaking(GOOD), SLOTS, TOLERANCE)
 
 
-def test_more_held_turns_at_one_sync_than_slots_pass_a_bound_on_the_total_only():
+def test_more_held_turns_at_one_sync_than_slots_pass_a_bound_on_the_total_only() -> None:
     """The bound the VLM test had (total held <= syncs x slots) passes the run with three turns held at one sync of a
     worker with two slots; the per-sync limit fails it."""
     samples = three_turns_held_at_one_sync(GOOD)

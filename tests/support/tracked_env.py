@@ -8,7 +8,7 @@ class TrackedLettersEnv(LettersEnv):
 
     clients: list["TrackedLettersEnv"] = []
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.events: list[str] = []
         type(self).clients.append(self)
@@ -24,6 +24,6 @@ class TrackedLettersEnv(LettersEnv):
             self.events.append("crash")
             raise
 
-    async def close(self):
+    async def close(self) -> None:
         self.events.append("close")
         await super().close()

@@ -63,7 +63,7 @@ class WeightSnapshots(TrainerCallback):
     def __init__(self):
         self.states = {}
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
+    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
         self.states[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import queue
 import weakref
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -45,16 +46,16 @@ class QueuedSamples:
         self.metrics_queue = queue.Queue()
         self.versions = []
 
-    def start(self):
+    def start(self) -> None:
         pass
 
-    def stop(self):
+    def stop(self) -> None:
         pass
 
-    def update_model_version(self, version):
+    def update_model_version(self, version) -> None:
         self.versions.append(version)
 
-    def check_health(self, stale_after_s):
+    def check_health(self, stale_after_s) -> None:
         pass
 
 
@@ -64,23 +65,23 @@ class SentWeights:
     def __init__(self):
         self.names = []
 
-    def init_weight_transfer(self):
+    def init_weight_transfer(self) -> None:
         pass
 
-    def pause(self):
+    def pause(self) -> None:
         pass
 
-    def send_weights(self, iterator):
+    def send_weights(self, iterator) -> None:
         self.names.append([name for name, _ in iterator])
 
-    def resume(self):
+    def resume(self) -> None:
         pass
 
-    def destroy(self):
+    def destroy(self) -> None:
         pass
 
 
-def config(tmp_path, **overrides):
+def config(tmp_path: Path, **overrides):
     values = dict(
         output_dir=str(tmp_path / "out"),
         use_cpu=True,
@@ -99,7 +100,7 @@ def config(tmp_path, **overrides):
     return AsyncGRPOConfig(**{**values, **overrides})
 
 
-def make_trainer(model_dir, tmp_path, processing_class, worker=None, weight_transfer=None, **overrides):
+def make_trainer(model_dir, tmp_path: Path, processing_class, worker=None, weight_transfer=None, **overrides):
     return CPUAsyncImagesGRPOTrainer(
         str(model_dir),
         args=config(tmp_path, **overrides),
@@ -162,7 +163,7 @@ def step_log(trainer):
 class FreedBefore(TrainerCallback):
     """At the start of step ``step``, which of ``watched`` (weak references to images, pixels) are already freed."""
 
-    def __init__(self, step, watched):
+    def __init__(self, step, watched) -> None:
         self.step, self.watched, self.freed = step, watched, None
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -170,7 +171,9 @@ class FreedBefore(TrainerCallback):
             self.freed = [ref() is None for ref in self.watched]
 
 
-def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(tiny_vlm_dir, tmp_path):
+def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(
+    tiny_vlm_dir: Path, tmp_path: Path
+) -> None:
     samples, processor, reference = image_samples(tiny_vlm_dir, groups=6)  # 2 steps, and the micro-batch TRL fetches
     # ahead of step 2
     first, second = samples[0], samples[1]  # one group: the same tokens, two screenshots
@@ -212,7 +215,7 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(ti
     assert [r() for r in trained] == [None] * 8
 
 
-def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir, tmp_path):
+def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir: Path, tmp_path: Path):
     """Fault injection (``swapped``): the two samples of each group trade pixels, each keeping its own tokens and
     sampled logprobs. The forward then computes the other screenshot's logprobs, and the trainer's
     sampling_logp_difference (from that same forward) reports it, where it reads < 1e-3 with each sample's own pixels
@@ -236,7 +239,7 @@ def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir, tm
     assert abs(log["ratio"] - 1.0) > 1e-3, log
 
 
-def test_each_image_is_processed_once_from_the_worker_to_the_forward(tiny_vlm_dir, tmp_path):
+def test_each_image_is_processed_once_from_the_worker_to_the_forward(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     """An instrument around the real image processor counts the images processed from the moment the worker makes
     its samples (``group_samples``) through the trainer's collator and forward passes: each image once. A custom
     worker's sample that carries its images alone is processed once too, by the collator."""
@@ -266,19 +269,19 @@ class FakeWeightTransferClient:
         self.sent = []
         FakeWeightTransferClient.built.append(self)
 
-    def init_weight_transfer(self):
+    def init_weight_transfer(self) -> None:
         pass
 
-    def pause(self):
+    def pause(self) -> None:
         pass
 
-    def send_weights(self, iterator):
+    def send_weights(self, iterator) -> None:
         self.sent.append([(name, str(tensor.dtype).split(".")[-1], list(tensor.shape)) for name, tensor in iterator])
 
-    def resume(self):
+    def resume(self) -> None:
         pass
 
-    def destroy(self):
+    def destroy(self) -> None:
         pass
 
 
@@ -321,7 +324,7 @@ def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkp
     assert any(".connector." in name for name in manifest["names"])
 
 
-def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir, tmp_path):
+def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     """Without a worker, TRL builds its own, which renders text prompts only: refused at construction."""
     with pytest.raises(
         ConfigError,
@@ -337,7 +340,7 @@ def test_no_rollout_worker_is_refused_naming_the_eval_worker(tiny_vlm_dir, tmp_p
         )
 
 
-def test_unshared_rows_keep_every_sample_whole_and_in_order():
+def test_unshared_rows_keep_every_sample_whole_and_in_order() -> None:
     shared = {
         "input_ids": np.asarray([5, 6, 7, 8]),
         "completion_mask": np.asarray([0, 0, 1, 1]),
@@ -369,12 +372,14 @@ def test_a_text_tokenizer_or_a_model_that_cannot_take_the_images_is_refused(tiny
         make_trainer(tiny_vlm_dir, tmp_path, processor, token_budget=None)
 
 
-def test_the_async_image_path_is_gated_on_the_tested_trl():
+def test_the_async_image_path_is_gated_on_the_tested_trl() -> None:
     assert "async" in trl_seam.TESTED_TRL
     assert trl_seam.require_tested("async", "AsyncImagesGRPOTrainer") is not None
 
 
-def test_a_batch_with_image_tokens_and_no_pixels_is_refused_not_trained(tiny_vlm_dir, tmp_path, monkeypatch):
+def test_a_batch_with_image_tokens_and_no_pixels_is_refused_not_trained(
+    tiny_vlm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Should a TRL build its batches without ep_trl's collator (simulated: TRL's own data loader, the fault), the
     images never reach the batch; the loss refuses it instead of training on image tokens without their pixels."""
     from trl.experimental.async_grpo import AsyncGRPOTrainer

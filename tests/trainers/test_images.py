@@ -9,6 +9,7 @@ feature and ``ep_trl.trainers.images`` should go.
 
 import asyncio
 import functools
+from pathlib import Path
 
 import pytest
 from trl import GRPOTrainer
@@ -63,7 +64,7 @@ def length_reward(completions, turn_length, **kwargs):
     return [float(n) for n in turn_length]
 
 
-def train_one_step(trainer_cls, tiny_vlm_dir, tmp_path):
+def train_one_step(trainer_cls, tiny_vlm_dir, tmp_path: Path):
     trainer = make_vlm_trainer(
         trainer_cls,
         tiny_vlm_dir,
@@ -80,7 +81,9 @@ def train_one_step(trainer_cls, tiny_vlm_dir, tmp_path):
     return trainer
 
 
-def test_seam_puts_the_rollouts_images_into_every_forward(tiny_vlm_dir, tmp_path, monkeypatch):
+def test_seam_puts_the_rollouts_images_into_every_forward(
+    tiny_vlm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     forwards = []
     trl_forward = GRPOTrainer._get_per_token_logps_and_entropies
 
@@ -97,7 +100,7 @@ def test_seam_puts_the_rollouts_images_into_every_forward(tiny_vlm_dir, tmp_path
     assert "images" not in trainer._logs["extra"]
 
 
-def test_plain_grpo_trainer_still_drops_rollout_images(tiny_vlm_dir, tmp_path):
+def test_plain_grpo_trainer_still_drops_rollout_images(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     """Pins TRL 1.16's behaviour the seam exists for: without it the pixels are missing from the recomputed
     logprobs. If this fails, TRL takes images from rollout_func now: remove ep_trl.trainers.images."""
     trainer = train_one_step(GRPOTrainer, tiny_vlm_dir, tmp_path)
@@ -105,7 +108,7 @@ def test_plain_grpo_trainer_still_drops_rollout_images(tiny_vlm_dir, tmp_path):
     assert len(difference) == 1 and difference[0] > 0.1
 
 
-def test_seam_refuses_images_that_do_not_match_the_samples(tiny_vlm_dir, tmp_path):
+def test_seam_refuses_images_that_do_not_match_the_samples(tiny_vlm_dir: Path, tmp_path: Path):
     def one_image_list_too_few(prompts, trainer):
         out = screenshot_rollout(prompts, trainer)
         return {**out, "images": out["images"][1:]}

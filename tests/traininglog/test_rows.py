@@ -83,7 +83,7 @@ def test_rows_are_logged_while_running_and_failures_carry_their_message(tiny_mod
         assert "not scored" in row.execution_metadata.extra["unscored_reason"]
 
 
-def test_logging_can_be_turned_off(tiny_model_dir, letters_server, tmp_path):
+def test_logging_can_be_turned_off(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     rollout = create_openenv_vllm_rollout_func(
         "tests.evals.eval_letters", log_rollouts=False, options=RolloutOptions(log_home=tmp_path)
     )

@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from eval_protocol.event_bus.sqlite_event_bus_database import SqliteEventBusDatabase
 
 from ep_trl import evalprotocol
@@ -29,7 +30,7 @@ def make_row(rollout_id: str, step_rewards: list[float]):
     )
 
 
-def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp_path):
+def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp_path: Path):
     store = StoreLogger(tmp_path / "logs.db")
     writer = RolloutLogWriter(store, min_interval_s=5.0)
     built: list[str] = []
@@ -41,7 +42,7 @@ def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp
 
         return build
 
-    def broken():
+    def broken() -> None:
         raise ValueError("cannot build")
 
     try:
@@ -65,7 +66,7 @@ def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp
     assert sorted(e["data"]["execution_metadata"]["rollout_id"] for e in events) == ["r1", "r2", "r4"]
 
 
-def test_rows_still_queued_at_interpreter_exit_are_written(tmp_path):
+def test_rows_still_queued_at_interpreter_exit_are_written(tmp_path: Path) -> None:
     # a training script seldom closes its rollout function; its last rows must not die with the writer thread
     script = (
         "from ep_trl.evalprotocol import StoreLogger\nfrom ep_trl.traininglog.writer import RolloutLogWriter\n"
@@ -91,7 +92,7 @@ def test_rows_queued_after_the_writer_thread_died_are_written_by_flush_in_the_ow
     store = StoreLogger(tmp_path / "logs.db")
     writer = RolloutLogWriter(store, min_interval_s=0.0)
 
-    def kill():
+    def kill() -> None:
         raise KillsTheWriterThread()
 
     try:
@@ -116,14 +117,16 @@ def test_rows_queued_after_the_writer_thread_died_are_written_by_flush_in_the_ow
     assert sorted(r.execution_metadata.rollout_id for r in store.read()) == ["r1", "r2", "r3"]
 
 
-def test_a_flush_waiting_when_the_writer_thread_dies_writes_the_rows_itself_at_once(tmp_path, monkeypatch):
+def test_a_flush_waiting_when_the_writer_thread_dies_writes_the_rows_itself_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     died: list[type] = []
     monkeypatch.setattr(threading, "excepthook", lambda hook: died.append(hook.exc_type))
     store = StoreLogger(tmp_path / "logs.db")
     writer = RolloutLogWriter(store, min_interval_s=0.0)
     building, release = threading.Event(), threading.Event()
 
-    def kill_when_released():
+    def kill_when_released() -> None:
         building.set()
         release.wait(10)
         raise KillsTheWriterThread()
@@ -143,8 +146,8 @@ def test_a_flush_waiting_when_the_writer_thread_dies_writes_the_rows_itself_at_o
 
 
 def test_a_writer_thread_that_dies_mid_batch_leaves_the_rest_of_the_batch_to_flush_and_counts_its_row(
-    tmp_path, monkeypatch, caplog
-):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Issue 48: the rows after the fatal one in its batch were already off the queue, and were lost uncounted (the
     earlier tests kept the fatal row alone in its batch). Here it is in the middle of one batch, with a flush
     waiting on it."""
@@ -153,7 +156,7 @@ def test_a_writer_thread_that_dies_mid_batch_leaves_the_rest_of_the_batch_to_flu
     store = StoreLogger(tmp_path / "logs.db")
     writer = RolloutLogWriter(store, min_interval_s=5.0)  # the thread waits 5 s for more: one batch, cut short by flush
 
-    def kill():
+    def kill() -> None:
         raise KillsTheWriterThread()
 
     try:
@@ -172,14 +175,16 @@ def test_a_writer_thread_that_dies_mid_batch_leaves_the_rest_of_the_batch_to_flu
         writer.close()
 
 
-def test_updates_left_by_a_dead_writer_thread_are_superseded_by_newer_ones(tmp_path, monkeypatch):
+def test_updates_left_by_a_dead_writer_thread_are_superseded_by_newer_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The batch's rest goes back ahead of what was queued after it: an episode's newer update still wins."""
     monkeypatch.setattr(threading, "excepthook", lambda hook: None)
     store = StoreLogger(tmp_path / "logs.db")
     writer = RolloutLogWriter(store, min_interval_s=5.0)
     building, release = threading.Event(), threading.Event()
 
-    def kill_when_released():
+    def kill_when_released() -> None:
         building.set()
         release.wait(10)
         raise KillsTheWriterThread()
@@ -199,7 +204,7 @@ def test_updates_left_by_a_dead_writer_thread_are_superseded_by_newer_ones(tmp_p
         writer.close()
 
 
-def test_token_view_marks_sampled_tokens_by_turn_and_masks_the_rest():
+def test_token_view_marks_sampled_tokens_by_turn_and_masks_the_rest() -> None:
     traj = Trajectory(
         prompt_ids=(1, 2),
         completion_ids=(10, 11, 90, 91, 12),

@@ -1,6 +1,8 @@
 """Content parts from prompt builders reach the chat template: as text for text models, as images for processors."""
 
 import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
@@ -15,7 +17,10 @@ PARTS = [
     {"type": "image_url", "image_url": {"url": SCREENSHOT}},
     {"type": "text", "text": "Answer with one action."},
 ]
-MESSAGES = [{"role": "system", "content": "You operate a browser."}, {"role": "user", "content": PARTS}]
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You operate a browser."},
+    {"role": "user", "content": PARTS},
+]
 
 #: A ChatML template that renders image parts as the processor's image token (written for this test).
 IMAGE_TEMPLATE = (
@@ -27,7 +32,7 @@ IMAGE_TEMPLATE = (
 )
 
 
-def test_content_text_flattens_strings_parts_and_none():
+def test_content_text_flattens_strings_parts_and_none() -> None:
     assert content_text("Goal: click the button.") == "Goal: click the button."
     assert content_text(None) == ""
     assert content_text(PARTS) == "Goal: click the button.\nAnswer with one action."  # the image adds nothing
@@ -35,14 +40,14 @@ def test_content_text_flattens_strings_parts_and_none():
     assert content_text([{"type": "image_url", "image_url": {"url": SCREENSHOT}}]) == ""
 
 
-def test_content_text_reads_eval_protocols_part_models():
+def test_content_text_reads_eval_protocols_part_models() -> None:
     from eval_protocol.models import ChatCompletionContentPartTextParam
 
     parts = [ChatCompletionContentPartTextParam(text="from a"), ChatCompletionContentPartTextParam(text="model")]
     assert content_text(parts) == "from a\nmodel"
 
 
-def test_text_only_join_text_parts_and_count_dropped_images():
+def test_text_only_join_text_parts_and_count_dropped_images() -> None:
     out, dropped = template_messages(MESSAGES, images=False)
     assert out[0] == MESSAGES[0]
     assert out[1]["content"] == "Goal: click the button.\nAnswer with one action."
@@ -50,7 +55,7 @@ def test_text_only_join_text_parts_and_count_dropped_images():
     assert MESSAGES[1]["content"] is PARTS  # the caller's messages are not modified
 
 
-def test_multimodal_turns_openai_image_parts_into_hf_image_parts():
+def test_multimodal_turns_openai_image_parts_into_hf_image_parts() -> None:
     out, dropped = template_messages(MESSAGES, images=True)
     assert dropped == 0
     assert out[1]["content"] == [
@@ -60,12 +65,14 @@ def test_multimodal_turns_openai_image_parts_into_hf_image_parts():
     ]
 
 
-def test_unknown_part_type_is_a_clear_error():
+def test_unknown_part_type_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unsupported message content part type 'audio'"):
         template_messages([{"role": "user", "content": [{"type": "audio", "audio": "x"}]}], images=True)
 
 
-def test_text_tokenizer_renders_parts_as_text_and_warns_once(tiny_model_dir, caplog):
+def test_text_tokenizer_renders_parts_as_text_and_warns_once(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert not supports_images(tok)
     template = ChatTemplate(tok)
@@ -77,7 +84,7 @@ def test_text_tokenizer_renders_parts_as_text_and_warns_once(tiny_model_dir, cap
     assert sum("images are dropped" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_multimodal_processor_gets_the_image_part_and_expands_its_placeholder(tiny_model_dir):
+def test_multimodal_processor_gets_the_image_part_and_expands_its_placeholder(tiny_model_dir: Path) -> None:
     from transformers import LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 

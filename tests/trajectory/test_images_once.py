@@ -16,6 +16,8 @@ import asyncio
 import dataclasses
 import threading
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transformers import AutoProcessor, Idefics3Processor
@@ -35,13 +37,17 @@ from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import TrajectoryBuilder, TurnLimits
 from tests.support.images import ImageProcessorCalls, png_data_uri, user_with_image
 
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
+
+
 STEPS = 4
 #: One screenshot per observation, each a different colour and shape.
 SCREENSHOTS = [png_data_uri((40 * k, 200 - 30 * k, 90), size=(40 + 16 * k, 30 + 8 * k)) for k in range(STEPS + 1)]
 
 
 @pytest.fixture(scope="module")
-def processor(tiny_vlm_dir):
+def processor(tiny_vlm_dir: Path) -> "ProcessorMixin":
     return AutoProcessor.from_pretrained(tiny_vlm_dir)
 
 
@@ -86,7 +92,7 @@ class Screen:
 class ScreenshotEnv:
     """An environment (in process, async like an OpenEnv client) whose every observation is a new screenshot."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.steps = 0
 
     async def reset(self, **kwargs):
@@ -97,7 +103,7 @@ class ScreenshotEnv:
         self.steps += 1
         return Screen(SCREENSHOTS[self.steps], 0.0, False)
 
-    async def close(self):
+    async def close(self) -> None:
         pass
 
 
@@ -109,21 +115,21 @@ class ScriptedGenerator:
     max_model_len = None
     failure = None
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer) -> None:
         self._ids = tuple(
             tokenizer.encode("click('13')", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
         )
 
-    async def begin_call(self):
+    async def begin_call(self) -> None:
         pass
 
-    async def end_call(self):
+    async def end_call(self) -> None:
         pass
 
     async def generate(self, prompt_ids, params, images=None):
         return Generation(self._ids, (-1.0,) * len(self._ids), "stop")
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         pass
 
 
@@ -144,7 +150,7 @@ def held_before_last_turn(trajectory):
     return trajectory.prompt_ids + trajectory.completion_ids[:start]
 
 
-def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(processor):
+def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(processor: "ProcessorMixin"):
     template = ChatTemplate(processor)
     config = EpisodeConfig(
         env=EnvSettings(factory=ScreenshotEnv),
@@ -200,7 +206,7 @@ def test_a_processor_eval_rollout_processes_each_image_once_off_the_event_loop(p
     )
     messages = [user_with_image("Step 1", SCREENSHOTS[0])]
 
-    async def play():
+    async def play() -> None:
         for step in range(1, STEPS + 1):
             reply = await rollout.turn(TurnRequest(tuple(messages)))
             messages.extend([reply.message, user_with_image(f"Step {step + 1}", SCREENSHOTS[step])])
@@ -218,7 +224,9 @@ def test_a_processor_eval_rollout_processes_each_image_once_off_the_event_loop(p
 
 
 @pytest.mark.parametrize("which", ["tiny", "splitting"])
-def test_spliced_images_are_the_ids_of_the_whole_processing_turn_after_turn(which, processor, splitting_processor):
+def test_spliced_images_are_the_ids_of_the_whole_processing_turn_after_turn(
+    which: str, processor: "ProcessorMixin", splitting_processor: Idefics3Processor
+) -> None:
     from ep_trl.trajectory.template import EpisodeImages
 
     processing_class = processor if which == "tiny" else splitting_processor
@@ -244,7 +252,7 @@ def test_spliced_images_are_the_ids_of_the_whole_processing_turn_after_turn(whic
         assert "<row_1_col_1>" in processing_class.tokenizer.decode(builder.held().ids)
 
 
-def test_a_realigned_bridge_splices_the_new_image_as_the_whole_processing_does(processor):
+def test_a_realigned_bridge_splices_the_new_image_as_the_whole_processing_does(processor: "ProcessorMixin") -> None:
     """A turn whose text re-tokenizes otherwise: the bridge is the template text after it, with the new image."""
     from ep_trl.trajectory.template import EpisodeImages
 
@@ -329,7 +337,9 @@ def test_the_rollout_worker_takes_the_pixels_its_episodes_made_as_they_rendered(
     assert episodes[0].trajectory.without_images().processed is None
 
 
-def test_kept_pixels_of_split_images_of_different_shapes_join_as_one_processing_makes_them(splitting_processor):
+def test_kept_pixels_of_split_images_of_different_shapes_join_as_one_processing_makes_them(
+    splitting_processor: Idefics3Processor,
+) -> None:
     """SmolVLM-style splitting: images of different shapes make different numbers and sizes of frames, which one
     processing pads to a row; the kept pixels joined are the same tensors."""
     import torch
@@ -351,7 +361,9 @@ def test_kept_pixels_of_split_images_of_different_shapes_join_as_one_processing_
     assert ChatTemplate(splitting_processor).carried(unkept, images).processed is None  # keeps no pixels
 
 
-def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_whole_and_says_so(tiny_vlm_dir, caplog):
+def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_whole_and_says_so(
+    tiny_vlm_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A placeholder that strips the whitespace before it (``lstrip``) is no cut token: a text's ids with the
     expansions spliced in need not be the whole text's. Such a processing class has every render processed whole, as
     before, with a warning; the ids are the processing class's."""
@@ -382,7 +394,9 @@ def test_a_placeholder_the_tokenizer_may_not_split_at_has_each_render_processed_
     assert prompt.ids == whole(stripping, template, messages)
 
 
-def test_an_episode_with_one_image_carries_its_kept_pixels_without_a_copy(splitting_processor):
+def test_an_episode_with_one_image_carries_its_kept_pixels_without_a_copy(
+    splitting_processor: Idefics3Processor,
+) -> None:
     """The pixels a trajectory carries are the ones its one image's expansion kept, not a joined copy: a copy would
     hold that image's pixels twice while the episode's images are alive (what EvalRolloutWorker(max_buffered_images)
     counts as one image). Several images are joined into one row (one copy, test above)."""

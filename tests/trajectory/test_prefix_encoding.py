@@ -2,6 +2,7 @@
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import trl
@@ -12,6 +13,10 @@ from ep_trl.devtools.tiny_model import build_hf_tokenizer
 from ep_trl.generation import Generation
 from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import PrefixEncoder, TrajectoryBuilder, cut_tokens
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 LLAMA3_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
@@ -36,12 +41,12 @@ TRICKY = [
 
 
 @pytest.fixture(scope="module")
-def chatml(tiny_model_dir):
+def chatml(tiny_model_dir: Path) -> "PreTrainedTokenizerBase":
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
-def llama3():
+def llama3() -> "PreTrainedTokenizerFast":
     tokenizer = build_hf_tokenizer(LLAMA3_TOKENS)
     tokenizer.bos_token = "<|begin_of_text|>"
     tokenizer.chat_template = (TEMPLATES / "llama3.jinja").read_text()
@@ -60,7 +65,7 @@ def grow(rng):
 
 
 @pytest.mark.parametrize("which", ["chatml", "llama3"])
-def test_incremental_encoding_equals_the_whole_encoding(which, request):
+def test_incremental_encoding_equals_the_whole_encoding(which: str, request: pytest.FixtureRequest) -> None:
     tokenizer = request.getfixturevalue(which)
     template = ChatTemplate(tokenizer)
     assert template._prefixes._cuts, "the template writes special tokens to cut before"
@@ -107,7 +112,7 @@ def test_what_follows_the_last_cut_is_encoded_once_and_long_or_many_tails_stay_e
     assert seen.count(tails[0]) == 2 and seen.count(tails[-1]) == 1
 
 
-def test_tokens_that_strip_whitespace_or_hide_inside_others_are_no_cuts():
+def test_tokens_that_strip_whitespace_or_hide_inside_others_are_no_cuts() -> None:
     tokenizer = build_hf_tokenizer()
     tokenizer.add_special_tokens(
         {

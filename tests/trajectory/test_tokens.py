@@ -1,6 +1,8 @@
 """The bridge rule between turns: clean when the template extends the held tokens, realigned (and counted) when not."""
 
 import random
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transformers import AutoTokenizer
@@ -9,9 +11,12 @@ from ep_trl.generation import Generation
 from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import Encoded, Trajectory, TrajectoryBuilder
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
+def tokenizer(tiny_model_dir: Path) -> "PreTrainedTokenizerBase":
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
@@ -34,7 +39,7 @@ def conversation(answer):
     ]
 
 
-def test_clean_bridge_is_the_rest_of_the_rendering(tokenizer):
+def test_clean_bridge_is_the_rest_of_the_rendering(tokenizer: "PreTrainedTokenizerBase") -> None:
     template = ChatTemplate(tokenizer)
     prompt = template.prompt_ids(conversation("")[:1])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -45,7 +50,7 @@ def test_clean_bridge_is_the_rest_of_the_rendering(tokenizer):
     assert prompt + turn + bridge == template.prompt_ids(conversation("hello there"))
 
 
-def test_non_canonical_tokens_are_kept_and_the_bridge_realigned(tokenizer):
+def test_non_canonical_tokens_are_kept_and_the_bridge_realigned(tokenizer: "PreTrainedTokenizerBase") -> None:
     template = ChatTemplate(tokenizer)
     prompt = template.prompt_ids(conversation("")[:1])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -58,7 +63,7 @@ def test_non_canonical_tokens_are_kept_and_the_bridge_realigned(tokenizer):
     assert tokenizer.decode(prompt + turn + bridge) == template.render(conversation("hello"))
 
 
-def test_turn_cut_at_max_tokens_gets_the_end_of_turn_marker_in_the_bridge(tokenizer):
+def test_turn_cut_at_max_tokens_gets_the_end_of_turn_marker_in_the_bridge(tokenizer: "PreTrainedTokenizerBase") -> None:
     template = ChatTemplate(tokenizer)
     prompt = template.prompt_ids(conversation("")[:1])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -82,7 +87,7 @@ def test_template_that_rewrites_history_is_realigned(tokenizer):
     assert tokenizer.decode(bridge).startswith("\n<|im_start|>user\nsecond observation")
 
 
-def test_builder_masks_and_logprobs_align():
+def test_builder_masks_and_logprobs_align() -> None:
     builder = TrajectoryBuilder((1, 2, 3))
     builder.add_sampled(Generation((4, 5), (-0.5, -0.25), "stop"))
     builder.add_inserted([6, 7, 8])
@@ -95,7 +100,7 @@ def test_builder_masks_and_logprobs_align():
     assert builder.held_ids() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
-def test_generation_rejects_misaligned_logprobs():
+def test_generation_rejects_misaligned_logprobs() -> None:
     with pytest.raises(ValueError, match="must align"):
         Generation((1, 2), (-1.0,), "stop")
 
@@ -111,7 +116,7 @@ def reference_turn_numbers(env_mask):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_sampled_runs_give_the_turns_a_token_by_token_count_gives(seed):
+def test_sampled_runs_give_the_turns_a_token_by_token_count_gives(seed) -> None:
     rng = random.Random(seed)
     mask = tuple(rng.choice([0, 1, 1]) for _ in range(rng.randrange(0, 60)))
     ids = tuple(range(100, 100 + len(mask)))

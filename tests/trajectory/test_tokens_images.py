@@ -2,6 +2,9 @@
 expanded image tokens; the images stay in placeholder order across prompt and completion, an observation's image
 is part of a masked bridge, and the unexpanded ids (what vLLM takes with the images) are kept beside them."""
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import pytest
 from transformers import AutoProcessor
 
@@ -11,11 +14,15 @@ from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import TrajectoryBuilder
 from tests.support.images import png_data_uri, user_with_image
 
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
+
+
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 
 
 @pytest.fixture(scope="module")
-def processor(tiny_vlm_dir):
+def processor(tiny_vlm_dir: Path) -> "ProcessorMixin":
     return AutoProcessor.from_pretrained(tiny_vlm_dir)
 
 
@@ -41,7 +48,7 @@ def play(template, answer, turn):
     return builder, realigned
 
 
-def test_prompt_and_bridge_hold_expanded_images_in_placeholder_order(processor):
+def test_prompt_and_bridge_hold_expanded_images_in_placeholder_order(processor: "ProcessorMixin") -> None:
     template = ChatTemplate(processor)
     image = processor.tokenizer.convert_tokens_to_ids(IMAGE)
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -60,7 +67,7 @@ def test_prompt_and_bridge_hold_expanded_images_in_placeholder_order(processor):
     assert held.images == trajectory.images
 
 
-def test_realigned_bridge_keeps_the_new_image_and_the_unexpanded_ids(processor):
+def test_realigned_bridge_keeps_the_new_image_and_the_unexpanded_ids(processor: "ProcessorMixin") -> None:
     template = ChatTemplate(processor)
     image = processor.tokenizer.convert_tokens_to_ids(IMAGE)
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -73,14 +80,16 @@ def test_realigned_bridge_keeps_the_new_image_and_the_unexpanded_ids(processor):
     assert processor.tokenizer.decode(builder.held_images().unexpanded_ids) == template.render(conversation("hello"))
 
 
-def test_a_template_that_writes_no_placeholder_for_an_image_is_refused(processor, tiny_vlm_dir):
+def test_a_template_that_writes_no_placeholder_for_an_image_is_refused(
+    processor: "ProcessorMixin", tiny_vlm_dir: Path
+) -> None:
     blind = AutoProcessor.from_pretrained(tiny_vlm_dir)
     blind.chat_template = blind.chat_template.replace("{{ '<image>' }}", "")
     with pytest.raises(ValueError, match="wrote 0 image placeholder"):
         ChatTemplate(blind).prompt(conversation("")[:1])
 
 
-def test_a_sampled_image_placeholder_ends_the_turn_before_it(processor):
+def test_a_sampled_image_placeholder_ends_the_turn_before_it(processor: "ProcessorMixin") -> None:
     template = ChatTemplate(processor)
     image = processor.tokenizer.convert_tokens_to_ids(IMAGE)
     turn = Generation((5, 6, image, 7), (-0.1, -0.2, -0.3, -0.4), "length")
@@ -88,7 +97,9 @@ def test_a_sampled_image_placeholder_ends_the_turn_before_it(processor):
     assert template.sampled_turn(Generation((5, 6), (-0.1, -0.2), "length")).finish_reason == "length"
 
 
-def test_sampled_text_that_reads_as_a_placeholder_is_realigned_not_counted_as_an_image(processor):
+def test_sampled_text_that_reads_as_a_placeholder_is_realigned_not_counted_as_an_image(
+    processor: "ProcessorMixin",
+) -> None:
     template = ChatTemplate(processor)
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     turn = [i for ch in "<image>" for i in template.encode(ch)] + [end]  # the characters, not the special token
@@ -96,7 +107,7 @@ def test_sampled_text_that_reads_as_a_placeholder_is_realigned_not_counted_as_an
     assert realigned and [im.getpixel((0, 0)) for im in builder.build().images] == [RED, BLUE]
 
 
-def test_the_decode_cache_keeps_no_image_alive_and_finds_those_an_episode_holds(processor):
+def test_the_decode_cache_keeps_no_image_alive_and_finds_those_an_episode_holds(processor: "ProcessorMixin") -> None:
     """A screenshot re-rendered while the episode holds it is the same decoded image; once nothing else holds it,
     the template's cache does not keep it alive (a rollout worker bounds the images it holds)."""
     import gc
