@@ -717,8 +717,8 @@ def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_
             pass
         print("SURVIVED", flush=True)
     """,
-        timeout=150,
-        grace="20",
+        timeout=200,
+        grace="60",  # far above the exit the next call brings, even on a loaded machine (a suite run at load 10)
     )
     seconds = since_sent(result)
     assert lines(result.stdout) == [
@@ -730,7 +730,11 @@ def test_a_swallowed_sigterm_ends_async_training_at_the_trainers_next_call_into_
         "CLOSED",
     ], (result.stdout, result.stderr[-3000:])
     assert result.returncode == 143 and "did not exit within" not in result.stderr, result.stderr[-3000:]
-    assert seconds < 10, seconds  # its next call, not the 20 s grace
+    # its next call ended it, not the 60 s grace. The bound was 10 s under a 20 s grace; this test failed once in a
+    # full suite run at load 10 on 2 cores (the message was not kept) and passed alone under 6 spinning processes.
+    # The unwinding (the worker's close, a torch process's teardown) has no bound of its own on a loaded machine, so
+    # the bound sits well below a grace far above it
+    assert seconds < 45, seconds
 
 
 def test_a_worker_that_renders_images_is_refused_by_a_trainer_that_would_drop_the_pixels(
