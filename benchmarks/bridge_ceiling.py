@@ -215,11 +215,12 @@ def build(arm: str, turns: int, concurrency: int, logs: str, url: str, workers: 
 
 
 def cpu_seconds(rollout: Any) -> float:
-    """This process's CPU time, plus that of the rollout function's worker processes if it has any."""
+    """This process's CPU time, plus that of the rollout function's shard processes if it has any
+    (``ShardedRolloutFunction._shards``: ``(process, pipe)`` pairs)."""
     import psutil
 
     total = time.process_time()
-    for process, _ in getattr(rollout, "_workers", ()):
+    for process, _ in getattr(rollout, "_shards", ()):
         times = psutil.Process(process.pid).cpu_times()
         total += times.user + times.system
     return total

@@ -194,7 +194,10 @@ class VLLMOptions:
 
     Attributes:
         max_in_flight: most episode turns in flight at once (concurrent episodes' turns overlap up to this; the
-            server batches them).
+            server batches them). ``None`` (the default): no cap of the client's own, so every episode in flight
+            (``max_concurrent_rollouts``: an episode has at most one turn out) can have its turn at the server; a
+            cap of 64 held 256 episodes in flight to 64 turns at the server (docs/benchmarks.md, the bridge at a
+            GPU's concurrency). The colocated engine batches at most this many turns (``None``: 64).
         request_timeout_s: total time one request may take before it counts as failed.
         max_retries: a timed-out, dropped, 5xx or 429 request is retried this many times, waiting
             ``retry_backoff_s * 2**k`` seconds; then the rollout call raises ``GenerationError`` naming the
@@ -208,7 +211,7 @@ class VLLMOptions:
             for a whole GRPO group would make its samples identical). ``None`` lets vLLM pick.
     """
 
-    max_in_flight: int = 64
+    max_in_flight: int | None = None
     request_timeout_s: float = 120.0
     max_retries: int = 3
     retry_backoff_s: float = 0.5

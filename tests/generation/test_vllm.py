@@ -287,6 +287,30 @@ def test_concurrent_episodes_overlap_within_the_request_budget(
 
 
 @pytest.mark.timeout(60)
+def test_by_default_every_turn_in_flight_reaches_the_server():
+    """No cap of the client's own unless ``max_in_flight`` is set: 100 episodes in flight (past the 64 the default
+    once was) have their 100 turns at the server at once, as a GPU server batches them (docs/benchmarks.md, the
+    bridge at a GPU's concurrency)."""
+
+    async def turns(generator, n):
+        try:
+            return await asyncio.gather(
+                *(generator.generate([1, 2, i], SamplingParams(max_tokens=3)) for i in range(n))
+            )
+        finally:
+            await generator.aclose()
+
+    assert VLLMOptions().max_in_flight is None
+    with FaultyVLLMServer(ok_token_ids=(7, 8, 9), ok_delay_s=0.2) as server:
+        results = run(turns(VLLMServerGenerator(server.url, FAST), 100))
+        assert server.max_concurrent_prompts == 100
+    assert all(r.token_ids == (7, 8, 9) for r in results)
+    with FaultyVLLMServer(ok_token_ids=(7, 8, 9), ok_delay_s=0.2) as server:
+        run(turns(VLLMServerGenerator(server.url, replace(FAST, max_in_flight=10)), 30))
+        assert server.max_concurrent_prompts == 10
+
+
+@pytest.mark.timeout(60)
 def test_turns_arriving_together_share_one_request_unless_batching_is_off():
     async def eight_turns(generator):
         try:

@@ -68,6 +68,23 @@ SMALLEST: dict[str, list[str]] = {
         "--out",
         "{out}",
     ],
+    "bridge_concurrency.py": [
+        "--concurrency",
+        "2",
+        "4",
+        "--processes",
+        "1",
+        "--episodes",
+        "8",
+        "--seconds",
+        "0",
+        "--repeats",
+        "1",
+        "--env-replicas",
+        "2",
+        "--out",
+        "{out}",
+    ],
     "compare_code.py": [
         "--before",
         "HEAD",
@@ -275,8 +292,26 @@ def main_job_spread_read_the_probabilities(result: dict, stdout: str) -> None:
     assert result["after_right_probability_lowest_task"]["min"] == min(run["after"].values())
 
 
+def bridge_concurrency_measured_every_point(result: dict, stdout: str) -> None:
+    """Each (processes, in flight) point played its episodes with up to that many turns at the stand-in server at
+    once (the bridge does not cap them), and its CPU per turn is over the smallest concurrency's of the same
+    processes. One process only: shard processes start in tens of seconds each on a loaded 2-core machine (the
+    full run measures them; their CPU is read as bridge_ceiling.py's ``cpu_seconds`` reads it)."""
+    rows = result["summary"]
+    assert [(r["processes"], r["concurrency"]) for r in rows] == [(1, 2), (1, 4)]
+    for row in rows:
+        assert row["turns"] == 5 * row["episodes"] and row["cpu_ms_per_turn"] > 0 and row["episodes_per_s"] > 0
+        assert row["peak_in_flight"] <= row["concurrency"] and row["environment_servers_cpu_ms_per_turn"] > 0
+        first = next(r for r in rows if r["processes"] == row["processes"] and r["concurrency"] == 2)
+        assert row["cpu_over_c_first"] == pytest.approx(row["cpu_ms_per_turn"] / first["cpu_ms_per_turn"])
+    assert max(r["peak_in_flight"] for r in rows) > 1  # episodes' turns overlapped at the server
+    assert result["settings"]["tokens_per_turn"] * result["settings"]["per_token_s"] == pytest.approx(0.02)
+    assert "| 1 | 4 |" in stdout and "trainer threads, CPU ms/turn: ep-trl-rollout-log" in stdout
+
+
 #: script -> what its smallest run must also show, beyond a result file with a run record and rows.
 CHECKS = {
+    "bridge_concurrency.py": bridge_concurrency_measured_every_point,
     "rollout_throughput.py": rollout_throughput_ran_every_arm,
     "async_image_processing.py": async_image_processing_processed_each_image_once,
     "async_overlap.py": async_overlap_interleaved_its_repeats,

@@ -37,6 +37,9 @@ from . import BackendOffer, CallFailure, Generation, PromptImages, SamplingParam
 from .batching import BatchQueue
 from .vllm_wire import request_seed
 
+#: Most turns the engine runs in one batch when ``VLLMOptions.max_in_flight`` is unset.
+COLOCATE_MAX_BATCH = 64
+
 if TYPE_CHECKING:
     from trl import GRPOTrainer
     from vllm import LLM, RequestOutput
@@ -136,7 +139,7 @@ class ColocateGenerator:
         self.max_num_seqs = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
         self._engine: BatchQueue[_Turn, Generation] = BatchQueue(
             self._run,
-            max_batch_size=options.max_in_flight,
+            max_batch_size=options.max_in_flight or COLOCATE_MAX_BATCH,
             window_s=options.batch_window_s,
             thread_name="ep-trl-vllm-engine",
             task_name="ep-trl-colocate-generation",

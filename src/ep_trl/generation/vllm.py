@@ -3,9 +3,9 @@ token-id prompts, and ``/inference/v1/generate`` for token-id prompts with image
 
 Prompts go out as token ids and sampled ids come back as ids (``return_token_ids``), so nothing is
 re-tokenized; each sampled token's logprob comes back as one float (``logprobs: 0``). Turns of concurrent
-episodes are in flight together, at most ``max_in_flight`` at a time, over one pooled aiohttp session; turns
-that arrive within a few milliseconds of each other share one request (a list of prompts). Failure handling,
-so that training never hangs:
+episodes are in flight together (at most ``max_in_flight`` at a time when it is set), over one pooled aiohttp
+session; turns that arrive within a few milliseconds of each other share one request (a list of prompts).
+Failure handling, so that training never hangs:
 
 * construction probes ``GET /v1/models`` (model id and ``max_model_len``) and fails within
   ``connect_timeout_s`` when nothing answers, naming the URL and the command that starts a server;
@@ -26,6 +26,7 @@ both. These turns go out one per request, with the same retries and failure mark
 """
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -109,7 +110,7 @@ class VLLMServerGenerator:
         self.base_url = base_url.rstrip("/")
         self._url = f"{self.base_url}/v1/completions"
         self._generate_url = f"{self.base_url}{GENERATE_PATH}"
-        #: Most episode turns (prompts) in flight at once, batched or not.
+        #: Most episode turns (prompts) in flight at once, batched or not; None: as many as episodes in flight.
         self.max_in_flight = options.max_in_flight
         self.request_timeout_s = options.request_timeout_s
         self.batch_window_s = options.batch_window_s
@@ -117,7 +118,7 @@ class VLLMServerGenerator:
         self.retry = RetryPolicy(max_retries=options.max_retries, backoff_s=options.retry_backoff_s)
         self._timeout = aiohttp.ClientTimeout(total=options.request_timeout_s, sock_connect=options.connect_timeout_s)
         self._client: aiohttp.ClientSession | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: asyncio.Semaphore | contextlib.nullcontext[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[str, _Batch] = {}
         self._fields: dict[tuple[str, SamplingParams], tuple[JSONObject, str]] = {}
@@ -149,17 +150,20 @@ class VLLMServerGenerator:
     async def end_call(self) -> None:
         """Nothing to release: the server's memory is its own."""
 
-    def _bind(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
-        """The pooled session and the in-flight budget, bound to the running loop (rebuilt if the loop changed).
+    def _bind(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore | contextlib.nullcontext[None]]:
+        """The pooled session and the in-flight budget (none when ``max_in_flight`` is None: the connector's
+        connections unlimited too), bound to the running loop (rebuilt if the loop changed).
 
         aiohttp rather than httpx for the hot path: on this project's 2-core machine an async request cost
         ~1 ms of client CPU with aiohttp against ~2.5 ms with httpx (docs/benchmarks.md); the one-off
         synchronous probe stays on httpx."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            connector = aiohttp.TCPConnector(limit=self.max_in_flight)
+            connector = aiohttp.TCPConnector(limit=self.max_in_flight or 0)  # 0: aiohttp's "no limit"
             self._client = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-            self._slots = asyncio.Semaphore(self.max_in_flight)
+            self._slots = (
+                contextlib.nullcontext() if self.max_in_flight is None else asyncio.Semaphore(self.max_in_flight)
+            )
             self._loop = loop
             self._open = {}
         assert self._slots is not None
