@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -17,6 +17,7 @@ from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
     from trl import GRPOTrainer
 
     from ep_trl.adapters.rollout_func import RolloutFunction
@@ -82,7 +83,7 @@ def test_sampled_segments_are_the_actions_the_env_received(
     rollout, trainer = pointwise
     out = rollout([PROMPT] * 4, trainer)
     received = [tuple(ep["actions"]) for ep in letters_episodes()]
-    assert Counter(sampled_texts(trainer.processing_class, out)) == Counter(received)
+    assert Counter(sampled_texts(cast("PreTrainedTokenizerBase", trainer.processing_class), out)) == Counter(received)
     # environment tokens between turns are masked, and only there
     assert len(out["completion_ids"]) == len(out["env_mask"]) == len(out["num_turns"]) == 4
     for ids, mask, n in zip(out["completion_ids"], out["env_mask"], out["num_turns"]):
