@@ -1,5 +1,7 @@
 """The option objects: every value checked when built, with the value and the fix in the message."""
 
+from typing import Any
+
 import pytest
 
 from ep_trl import ConfigError, EvalOverrides, RolloutOptions, VLLMOptions, create_openenv_vllm_rollout_func
@@ -28,7 +30,7 @@ EVAL = "tests.evals.eval_letters::test_letters_pointwise"
         ({"env_factory": lambda: None, "env_base_url": "http://127.0.0.1:1"}, "pass one of them"),
     ],
 )
-def test_eval_overrides_refuse_bad_values_naming_them(kwargs, message: str) -> None:
+def test_eval_overrides_refuse_bad_values_naming_them(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         EvalOverrides(**kwargs)
 
@@ -65,11 +67,11 @@ def test_vllm_options_refuse_bad_values_naming_them(
         VLLMOptions(**kwargs)
 
 
-def test_rollout_options_refuse_bad_values():
+def test_rollout_options_refuse_bad_values() -> None:
     with pytest.raises(ConfigError, match="chat_template_kwargs"):
-        RolloutOptions(chat_template_kwargs=["enable_thinking"])
+        RolloutOptions(chat_template_kwargs=["enable_thinking"])  # type: ignore[arg-type]  # the wrong type on purpose
     with pytest.raises(ConfigError, match="reuse_env_sessions"):
-        RolloutOptions(reuse_env_sessions="yes")
+        RolloutOptions(reuse_env_sessions="yes")  # type: ignore[arg-type]  # the wrong type on purpose
     with pytest.raises(ConfigError, match=r"body_timeout_s=0.*> 0"):
         RolloutOptions(body_timeout_s=0)
     with pytest.raises(ConfigError, match=r"max_signal_free_calls=0.*integer >= 1"):
@@ -77,7 +79,7 @@ def test_rollout_options_refuse_bad_values():
     with pytest.raises(ConfigError, match=r"stop_grace_s=0.*> 0"):
         RolloutOptions(stop_grace_s=0)
     with pytest.raises(ConfigError, match=r"stop_grace_s='30'.*> 0"):
-        RolloutOptions(stop_grace_s="30")
+        RolloutOptions(stop_grace_s="30")  # type: ignore[arg-type]  # the wrong type on purpose
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -17,7 +17,8 @@ from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
 if TYPE_CHECKING:
-    from trl import GRPOTrainer
+    from transformers import PreTrainedTokenizerBase
+    from trl import GRPOConfig, GRPOTrainer
 
     from ep_trl.adapters.rollout_func import RolloutFunction
     from ep_trl.adapters.sharded import ShardedRolloutFunction
@@ -37,7 +38,14 @@ def pointwise(
     rollout.close()
 
 
-def rollout_once(env_path, model_dir, tmp_path: Path, prompts, trainer_kwargs=None, **options):
+def rollout_once(
+    env_path: str,
+    model_dir: Path,
+    tmp_path: Path,
+    prompts: list[Any],
+    trainer_kwargs: dict[str, Any] | None = None,
+    **options: Any,
+) -> dict[str, list[Any]]:
     """A fresh rollout function and trainer, one call with ``prompts``, then closed."""
     rollout = create_openenv_vllm_rollout_func(env_path, **options)
     trainer = make_trainer(model_dir, tmp_path, rollout, **(trainer_kwargs or {}))
@@ -47,7 +55,9 @@ def rollout_once(env_path, model_dir, tmp_path: Path, prompts, trainer_kwargs=No
         rollout.close()
 
 
-def test_rows_match_prompts_in_count_order_and_shape(pointwise, letters_episodes):
+def test_rows_match_prompts_in_count_order_and_shape(
+    pointwise: "tuple[RolloutFunction | ShardedRolloutFunction, GRPOTrainer]", letters_episodes: "LettersEpisodes"
+) -> None:
     rollout, trainer = pointwise
     prompts = ["Play the letters game."] * 4 + ["Play the letters game, round two."] * 4
     out = rollout(prompts, trainer)
@@ -64,7 +74,7 @@ def test_rows_match_prompts_in_count_order_and_shape(pointwise, letters_episodes
     }
     for key, values in out.items():
         assert len(values) == len(prompts), key
-    tok = trainer.processing_class
+    tok = cast("PreTrainedTokenizerBase", trainer.processing_class)
     for i, prompt in enumerate(prompts):
         assert prompt in tok.decode(out["prompt_ids"][i])  # row i belongs to prompt i
         n = len(out["completion_ids"][i])
@@ -82,7 +92,7 @@ def test_sampled_segments_are_the_actions_the_env_received(
     rollout, trainer = pointwise
     out = rollout([PROMPT] * 4, trainer)
     received = [tuple(ep["actions"]) for ep in letters_episodes()]
-    assert Counter(sampled_texts(trainer.processing_class, out)) == Counter(received)
+    assert Counter(sampled_texts(cast("PreTrainedTokenizerBase", trainer.processing_class), out)) == Counter(received)
     # environment tokens between turns are masked, and only there
     assert len(out["completion_ids"]) == len(out["env_mask"]) == len(out["num_turns"]) == 4
     for ids, mask, n in zip(out["completion_ids"], out["env_mask"], out["num_turns"]):
@@ -90,15 +100,18 @@ def test_sampled_segments_are_the_actions_the_env_received(
         assert runs == n and mask[0] == 1 and mask[-1] == 1
 
 
-def test_mask1_logprobs_are_the_models_teacher_forced_logprobs(pointwise):
+def test_mask1_logprobs_are_the_models_teacher_forced_logprobs(
+    pointwise: "tuple[RolloutFunction | ShardedRolloutFunction, GRPOTrainer]",
+) -> None:
     rollout, trainer = pointwise
     out = rollout([PROMPT] * 4, trainer)
     model = trainer.model
+    assert model is not None
     model.eval()
     worst = 0.0
     assert len(out["prompt_ids"]) == len(out["completion_ids"]) == len(out["logprobs"]) == len(out["env_mask"]) == 4
     for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
-        reference = teacher_forced_logprobs(model, p, c, trainer.args.temperature)
+        reference = teacher_forced_logprobs(model, p, c, cast("GRPOConfig", trainer.args).temperature)
         for lp, ref, m in zip(lps, reference, mask):
             if m:
                 worst = max(worst, abs(lp - ref))
@@ -225,11 +238,16 @@ def test_env_sessions_are_reused_within_a_call_and_all_closed(
 
 
 @pytest.mark.timeout(120)
-def test_a_forked_child_that_closes_its_parents_rollout_function_releases_nothing(tmp_path, monkeypatch):
+def test_a_forked_child_that_closes_its_parents_rollout_function_releases_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 33: ``close()`` called in a forked child released its parent's resources; here the per-rollout copy of
     the eval's MCP config that the parent's episode in flight reads (the processor source's) was deleted. What a
     rollout function holds belongs to the process that made it, as ``ep_trl.runtime.shutdown`` and
     ``ep_trl.runtime.runner`` have it."""
+    from ep_trl.adapters.rollout_func import RolloutFunction
+    from ep_trl.sources.processor import ProcessorSource
+
     agent = "tests.evals.eval_calculator_agent"
     config = tmp_path / "calc_stdio.json"  # a stdio server: ep_trl keeps per-rollout copies of the config
     config.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": ["-c", "pass"]}}}))
@@ -237,6 +255,7 @@ def test_a_forked_child_that_closes_its_parents_rollout_function_releases_nothin
     sys.modules.pop(agent, None)
     rollout = create_openenv_vllm_rollout_func(agent, log_rollouts=False)
     try:
+        assert isinstance(rollout, RolloutFunction) and isinstance(rollout.source, ProcessorSource)
         copy = Path(rollout.source._mcp.for_rollout("rollout-in-flight").config_path)
         forked = time.monotonic()
         child = os.fork()

@@ -8,6 +8,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,6 +26,11 @@ from tests.runtime.test_shutdown import (
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import make_trainer
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from multiprocessing.process import BaseProcess
+    from typing import Any
+
 ARITHMETIC = "tests.evals.eval_arithmetic"
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
@@ -36,9 +42,9 @@ def test_shards_are_whole_contiguous_groups() -> None:
     assert shard_bounds(groups=2, group_size=4, total=7, processes=2) == [(0, 4), (4, 7)]
 
 
-def test_outputs_join_in_shard_order_and_metrics_combine():
-    a = {"prompt_ids": [[1], [2]], "eval_score": [1.0, 0.0]}
-    b = {"prompt_ids": [[3]], "eval_score": [None], "images": [["img"]]}
+def test_outputs_join_in_shard_order_and_metrics_combine() -> None:
+    a: dict[str, list[Any]] = {"prompt_ids": [[1], [2]], "eval_score": [1.0, 0.0]}
+    b: dict[str, list[Any]] = {"prompt_ids": [[3]], "eval_score": [None], "images": [["img"]]}
     assert join_outputs([a, b]) == {
         "prompt_ids": [[1], [2], [3]],
         "eval_score": [1.0, 0.0, None],
@@ -70,7 +76,7 @@ def test_outputs_join_in_shard_order_and_metrics_combine():
     }
 
 
-def group_numbers(log_home, rollout_ids):
+def group_numbers(log_home: Path, rollout_ids: "Sequence[str]") -> list[int]:
     """The run-wide prompt group of each rollout, as its ep logs row records it."""
     from ep_trl.evalprotocol.store import StoreLogger
 
@@ -78,7 +84,7 @@ def group_numbers(log_home, rollout_ids):
     return [store.read(rollout_id)[-1].execution_metadata.extra["ep_trl"]["group"] for rollout_id in rollout_ids]
 
 
-def shard_processes():
+def shard_processes() -> "list[BaseProcess]":
     """This process's shard processes (its children named ep-trl-shard-N), in order."""
     import multiprocessing
 
@@ -237,7 +243,7 @@ def test_a_fork_closing_it_leaves_the_parents_workers_alone_and_a_closed_or_term
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_trainer_ended_mid_call_has_its_shards_cancel_the_call_and_write_their_rows(
-    signum, tiny_model_dir: Path, letters_server: str, tmp_path: Path
+    signum: signal.Signals, tiny_model_dir: Path, letters_server: str, tmp_path: Path
 ) -> None:
     """Issue 48: at SIGTERM, close() waited 30 s on each shard in turn for a call it never cancelled, past the 20 s
     grace here, and the shards, their trainer force-exited, ended with os._exit(1), their queued rows lost. Now

@@ -1,13 +1,22 @@
 """Real GRPOTrainer.train() steps on CPU with the rollout function in the loop."""
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ep_trl import create_openenv_vllm_rollout_func
 from ep_trl.rewards import eval_score, step_reward_sum
 from tests.support.trainers import assert_trained, make_trainer
 
+if TYPE_CHECKING:
+    from pathlib import Path
 
-def test_grpo_trains_two_steps_through_the_eval(tiny_model_dir, letters_server, letters_episodes, tmp_path):
+    from tests.support.letters import LettersEpisodes
+
+
+def test_grpo_trains_two_steps_through_the_eval(
+    tiny_model_dir: "Path", letters_server: str, letters_episodes: "LettersEpisodes", tmp_path: "Path"
+) -> None:
     rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters::test_letters_pointwise")
     trainer = make_trainer(
         tiny_model_dir,
@@ -18,6 +27,7 @@ def test_grpo_trains_two_steps_through_the_eval(tiny_model_dir, letters_server, 
         num_generations=4,
         batch_size=4,
     )
+    assert trainer.model is not None
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     try:
         result = trainer.train()

@@ -3,6 +3,7 @@
 import inspect
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from trl import GRPOConfig
@@ -11,17 +12,20 @@ from ep_trl.adapters import trl_seam
 from ep_trl.adapters.trl_seam import GRPOTrainerCaller, caller_of
 from ep_trl.generation import SyncedServer
 
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
 
-def _trainer(args, **attributes):
+
+def _trainer(args: GRPOConfig, **attributes: object) -> "GRPOTrainer":
     """What GRPOTrainerCaller reads of a GRPOTrainer before any call is made: its args and processing class."""
-    return SimpleNamespace(args=args, processing_class=None, **attributes)
+    return cast("GRPOTrainer", SimpleNamespace(args=args, processing_class=None, **attributes))
 
 
-def test_only_the_trainer_signature_is_taken(tmp_path):
+def test_only_the_trainer_signature_is_taken(tmp_path: Path) -> None:
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     # the three-argument (prompts, args, processing_class) signature of TRL < 0.26 is outside the supported range
     with pytest.raises(TypeError, match="prompts, trainer"):
-        caller_of((args, None))
+        caller_of((args, None))  # type: ignore[arg-type]  # the old signature, refused
 
 
 def test_the_trainers_vllm_mode_picks_its_server_or_its_colocated_engine(tmp_path: Path) -> None:
@@ -48,14 +52,17 @@ def test_the_trainers_vllm_mode_picks_its_server_or_its_colocated_engine(tmp_pat
     assert GRPOTrainerCaller(_trainer(plain)).colocated_trainer() is None
 
 
-def test_a_trainer_takes_rollout_images_only_when_its_class_says_so(tmp_path):
+def test_a_trainer_takes_rollout_images_only_when_its_class_says_so(tmp_path: Path) -> None:
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
 
     class ImageTrainer(SimpleNamespace):
         takes_rollout_images = True
 
     assert GRPOTrainerCaller(_trainer(args)).takes_rollout_images is False
-    assert GRPOTrainerCaller(ImageTrainer(args=args, processing_class=None)).takes_rollout_images is True
+    assert (
+        GRPOTrainerCaller(cast("GRPOTrainer", ImageTrainer(args=args, processing_class=None))).takes_rollout_images
+        is True
+    )
 
 
 def test_metrics_reach_the_trainers_metric_store(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -78,7 +85,7 @@ def test_every_path_past_trls_stable_api_accepts_the_trl_it_is_tested_with() -> 
         assert str(trl_seam.require_tested(path, "this path")).startswith("1.16.")
 
 
-def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(monkeypatch):
+def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """TRL 1.18 removed the experimental async modules these paths import: a user on it is told at construction (or, for
     the module that subclasses TRL's experimental trainer, at import) which TRL the path is tested with and how to
     install it, not shown an ImportError from deep inside TRL."""
@@ -95,16 +102,22 @@ def test_a_path_past_trls_stable_api_refuses_an_untested_trl_when_it_is_built(mo
     from ep_trl.trainers.images import RolloutImagesGRPOTrainer
 
     monkeypatch.setattr(trl_seam, "installed_version", lambda name: Version("1.18.0"))  # a TRL not installable here
+    # the constructors refuse the TRL before they read their arguments: None stands in for each
     builds = {
-        "EvalRolloutWorker": lambda: EvalRolloutWorker("tests.evals.eval_letters", args=None, processing_class=None),
+        "EvalRolloutWorker": lambda: EvalRolloutWorker(
+            "tests.evals.eval_letters",
+            args=None,  # type: ignore[arg-type]  # refused first
+            processing_class=None,  # type: ignore[arg-type]  # refused first
+        ),
         # imported before TRL's experimental module, which TRL 1.18 removed: refused at import
         "ep_trl.trainers.cpu_async": lambda: importlib.reload(ep_trl.trainers.cpu_async),
-        "DiskSyncGRPOTrainer": lambda: DiskSyncGRPOTrainer(None, None, None),
-        "CPUColocateGRPOTrainer": lambda: CPUColocateGRPOTrainer(None, None, None),
+        "DiskSyncGRPOTrainer": lambda: DiskSyncGRPOTrainer(None, None, None),  # type: ignore[arg-type]  # refused first
+        "CPUColocateGRPOTrainer": lambda: CPUColocateGRPOTrainer(None, None, None),  # type: ignore[arg-type]  # refused first
         "RolloutImagesGRPOTrainer": lambda: RolloutImagesGRPOTrainer(),
         "ep_trl.trainers.async_images": lambda: importlib.reload(ep_trl.trainers.async_images),
         "AsyncImagesGRPOTrainer": lambda: ep_trl.trainers.async_images.AsyncImagesGRPOTrainer(
-            None, processing_class=None
+            None,  # type: ignore[arg-type]  # refused first
+            processing_class=None,  # type: ignore[arg-type]  # refused first
         ),
     }
     for who, build in builds.items():

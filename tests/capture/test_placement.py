@@ -5,7 +5,7 @@ generator (a fake, named as such: it returns fixed ids so each placement rule ca
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from transformers import AutoTokenizer
@@ -19,7 +19,11 @@ from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import TurnLimits
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from transformers import PreTrainedTokenizerBase
+
+    from ep_trl.generation import Generator, PromptImages
 
 
 TOOLS = (
@@ -41,12 +45,11 @@ class ScriptedGenerator:
     max_model_len = None
     failure = None
 
-    def __init__(self, tokenizer, texts):
-        self._ids = [
-            tokenizer.encode(t, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-            for t in texts
-        ]
-        self.prompts = []
+    def __init__(self, tokenizer: "PreTrainedTokenizerBase", texts: "Sequence[str]") -> None:
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        assert isinstance(end, int)
+        self._ids = [tokenizer.encode(t, add_special_tokens=False) + [end] for t in texts]
+        self.prompts: list[list[int]] = []
 
     async def begin_call(self) -> None:
         pass
@@ -54,7 +57,9 @@ class ScriptedGenerator:
     async def end_call(self) -> None:
         pass
 
-    async def generate(self, prompt_ids, params: SamplingParams, images=None) -> Generation:
+    async def generate(
+        self, prompt_ids: "Sequence[int]", params: SamplingParams, images: "PromptImages | None" = None
+    ) -> Generation:
         self.prompts.append(list(prompt_ids))
         ids = self._ids.pop(0)[: params.max_tokens]
         return Generation(tuple(ids), (-1.0,) * len(ids), "stop")
@@ -72,14 +77,22 @@ def tokenizer(tiny_model_dir: Path) -> "PreTrainedTokenizerBase":
     return tok
 
 
-def capture(tokenizer, texts, budget=2000):
+def capture(
+    tokenizer: "PreTrainedTokenizerBase", texts: "Sequence[str]", budget: int = 2000
+) -> "tuple[RolloutCapture, ScriptedGenerator]":
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(end, int)
     limits = TurnLimits(SamplingParams(max_tokens=200), budget, (end,))
     generator = ScriptedGenerator(tokenizer, texts)
-    return RolloutCapture("t", "test", limits, ChatTemplate(tokenizer), generator, ToolCallParser(tokenizer)), generator
+    return (
+        RolloutCapture(
+            "t", "test", limits, ChatTemplate(tokenizer), cast("Generator", generator), ToolCallParser(tokenizer)
+        ),
+        generator,
+    )
 
 
-def wire(reply):
+def wire(reply: object) -> Any:
     """The assistant message as an agent sends it back: arguments a JSON string, content None, an id added."""
     return json.loads(json.dumps(reply))
 
@@ -102,7 +115,7 @@ def test_a_tool_loop_extends_one_segment_with_the_tool_result_masked(tokenizer: 
     assert generator.prompts[1] == list(trajectory.prompt_ids) + list(
         trajectory.completion_ids[: len(generator.prompts[1]) - len(trajectory.prompt_ids)]
     )
-    texts = [tokenizer.decode(s, skip_special_tokens=True) for s in trajectory.sampled_segments()]
+    texts = [tokenizer.decode(list(s), skip_special_tokens=True) for s in trajectory.sampled_segments()]
     assert texts == [CALL, "3"]
     inserted = [t for t, m in zip(trajectory.completion_ids, trajectory.env_mask) if not m]
     assert "<tool_response>\n3\n</tool_response>" in tokenizer.decode(inserted)
@@ -118,8 +131,10 @@ def test_rewritten_history_forks_counted_and_the_last_segment_is_kept(tokenizer:
     asyncio.run(rollout.turn(TurnRequest(tuple(rewritten))))
     assert rollout.forks == 1 and first.message["content"] == "first draft"
     trajectory = rollout.trajectory(USER)
-    assert [tokenizer.decode(s, skip_special_tokens=True) for s in trajectory.sampled_segments()] == ["second answer"]
-    assert "an answer the model never gave" in tokenizer.decode(trajectory.prompt_ids)  # context, not trained on
+    assert [tokenizer.decode(list(s), skip_special_tokens=True) for s in trajectory.sampled_segments()] == [
+        "second answer"
+    ]
+    assert "an answer the model never gave" in tokenizer.decode(list(trajectory.prompt_ids))  # context, not trained on
 
 
 def test_changed_tools_or_a_repeated_request_fork(tokenizer: "PreTrainedTokenizerBase") -> None:
@@ -197,17 +212,27 @@ def test_sampled_ids_that_re_tokenize_differently_are_kept_and_the_bridge_realig
 class ConfigErrorGenerator(ScriptedGenerator):
     """Fault injection: the backend raises ep_trl's ConfigError (a turn past max_episode_images does)."""
 
-    async def generate(self, prompt_ids, params: SamplingParams, images=None) -> Generation:
+    async def generate(
+        self, prompt_ids: "Sequence[int]", params: SamplingParams, images: "PromptImages | None" = None
+    ) -> Generation:
         raise ConfigError("An episode's turn would hold 3 images, more than max_episode_images=2")
 
 
-def test_a_configuration_error_of_a_turn_ends_the_call_not_only_the_episode(tokenizer):
+def test_a_configuration_error_of_a_turn_ends_the_call_not_only_the_episode(
+    tokenizer: "PreTrainedTokenizerBase",
+) -> None:
     """A ConfigError fails every episode alike: it is kept as fatal (raised by the driver), not as this episode's
     generation failure."""
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(end, int)
     limits = TurnLimits(SamplingParams(max_tokens=20), 2000, (end,))
     rollout = RolloutCapture(
-        "t", "test", limits, ChatTemplate(tokenizer), ConfigErrorGenerator(tokenizer, []), ToolCallParser(tokenizer)
+        "t",
+        "test",
+        limits,
+        ChatTemplate(tokenizer),
+        cast("Generator", ConfigErrorGenerator(tokenizer, [])),
+        ToolCallParser(tokenizer),
     )
     with pytest.raises(ConfigError, match="max_episode_images=2"):
         asyncio.run(rollout.turn(TurnRequest(tuple(USER))))

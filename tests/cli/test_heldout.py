@@ -9,7 +9,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -19,6 +19,7 @@ from ep_trl.devtools.miniwob_demonstrations import page_actions_of
 from tests.sources.test_processor import agent_eval, agent_model_dir, calc_server  # noqa: F401  (fixtures)
 
 if TYPE_CHECKING:
+    from ep_trl.envs.browsergym import BrowserGymObservation
     from tests.support.letters import LettersEpisodes
 
 
@@ -96,15 +97,19 @@ def test_reset_variants_play_each_instance_under_each_value_value_by_value_and_f
     )
 
 
-def test_the_format_demonstrated_on_a_page_is_every_click_and_every_fill_with_the_goal_s_text():
+def test_the_format_demonstrated_on_a_page_is_every_click_and_every_fill_with_the_goal_s_text() -> None:
     page = SimpleNamespace(
         clickable_bids=["14", "15"],
         goal='Enter "Kanesha" into the text field and press Submit.',
         axtree_txt="RootWebArea\n\t[14] textbox '', clickable\n\t[15] button 'Submit', clickable",
     )
-    assert page_actions_of(page) == ("click('14')", "click('15')", "fill('14', 'Kanesha')")
+    assert page_actions_of(cast("BrowserGymObservation", page)) == (
+        "click('14')",
+        "click('15')",
+        "fill('14', 'Kanesha')",
+    )
     no_text = SimpleNamespace(clickable_bids=["13"], goal="Click the button.", axtree_txt="[13] button 'Click Me!'")
-    assert page_actions_of(no_text) == ("click('13')",)
+    assert page_actions_of(cast("BrowserGymObservation", no_text)) == ("click('13')",)
 
 
 # ---------------------------------------------------------------- `ep-trl train --held-out` end to end
@@ -135,14 +140,14 @@ CHANGE = (
 )
 
 
-def train_cli(args, cwd, timeout):
+def train_cli(args: list[str], cwd: Path, timeout: float) -> "subprocess.CompletedProcess[str]":
     """``python -m ep_trl.cli train ARGS`` (what ``ep-trl train`` runs), to its end."""
     return subprocess.run(
         [sys.executable, "-m", "ep_trl.cli", "train", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
 
 
-def check_figures(rows, figures, success) -> None:
+def check_figures(rows: list[dict[str, Any]], figures: dict[str, Any], success: float) -> None:
     """The three figures are those of the rows: mean score, share of parsed turns, mean score of all-parsed rows."""
     assert figures["episodes"] == len(rows) and success == figures["success"]
     assert figures["success"] == pytest.approx(sum(r["score"] or 0.0 for r in rows) / len(rows), abs=1e-4)

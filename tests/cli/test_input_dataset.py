@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -17,6 +18,9 @@ from ep_trl.cli.rows import split_rows
 from ep_trl.evalprotocol import StoreLogger
 from tests.sources.test_processor import stop_mcp_gym_shared_server
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 ROOT = Path(__file__).resolve().parents[2]
 FROZEN_LAKE = "eval_protocol.benchmarks.test_frozen_lake::test_frozen_lake_evaluation"
 #: Our own wording of the game, in the record format the benchmark's dataset_adapter reads (not eval-protocol's text).
@@ -24,7 +28,7 @@ SYSTEM = (
     "Cross the frozen pond on the map. S: where you start. F: firm ice. H: a hole that ends the walk. G: the "
     "far bank. Each call of lake_move takes one step: LEFT, DOWN, RIGHT or UP."
 )
-PONDS = [
+PONDS: list[dict[str, Any]] = [
     {
         "id": f"pond-{seed}",
         "system_prompt": SYSTEM,
@@ -48,7 +52,9 @@ def port_taken(port: int) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_eval_protocols_frozen_lake_trains_on_rows_of_our_own_outside_its_checkout(qwen_template_model_dir, tmp_path):
+def test_eval_protocols_frozen_lake_trains_on_rows_of_our_own_outside_its_checkout(
+    qwen_template_model_dir: Path, tmp_path: Path
+) -> None:
     """The whole run from a YAML config and ENV_PATH alone, in tmp_path: one GRPO step whose episodes all finished
     (played on the MCP server that the eval names relative to eval-protocol's repository, started from
     site-packages) on the rows of our file; the server is gone when the run ends."""
@@ -119,7 +125,7 @@ def test_eval_protocols_frozen_lake_trains_on_rows_of_our_own_outside_its_checko
     ],
 )
 def test_a_dataset_that_cannot_be_read_is_refused_before_anything_starts(
-    args,
+    args: "Callable[[Path], list[str]]",
     message: str,
     qwen_template_model_dir: Path,
     tmp_path: Path,

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -15,14 +16,17 @@ from transformers import AutoTokenizer
 from ep_trl.cli import modes, train
 from tests.cli.test_input_dataset import FROZEN_LAKE, MCP_PORT, SYSTEM, port_taken, write_ponds
 
+if TYPE_CHECKING:
+    from ep_trl.cli.train import TrainJob
 
-def planned(argv, capsys=None):
+
+def planned(argv: list[str], capsys: "pytest.CaptureFixture[str] | None" = None) -> "TrainJob":
     parser = train.make_parser()
     (namespace,) = parser.parse_args_and_config(argv)
     return train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
 
 
-def refusal(argv, capsys: pytest.CaptureFixture[str]):
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit) as exit_info:
         planned(argv)
     assert exit_info.value.code == 2
@@ -128,7 +132,7 @@ def test_the_local_servers_context_holds_the_longest_prompt_and_the_completion(
 )
 def test_bad_local_server_input_is_refused_before_anything_starts(
     extra: list[str],
-    env,
+    env: dict[str, str],
     message: str,
     qwen_template_model_dir: Path,
     tmp_path: Path,
@@ -176,7 +180,9 @@ def test_a_local_server_on_a_gpu_machine_is_refused(
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_run_starts_its_own_cpu_vllm_server_trains_on_it_and_stops_it(qwen_template_model_dir, tmp_path):
+def test_a_run_starts_its_own_cpu_vllm_server_trains_on_it_and_stops_it(
+    qwen_template_model_dir: Path, tmp_path: Path
+) -> None:
     """One step of eval-protocol's FrozenLake from tmp_path, generated on the server the run started: the weights
     pushed to it before the step's rollouts, every episode finished, and its process group gone after the run
     (measured: ~3 minutes on 2 shared cores, 35-110 s of it the server's start)."""
@@ -221,9 +227,9 @@ def test_a_run_starts_its_own_cpu_vllm_server_trains_on_it_and_stops_it(qwen_tem
         "generation: a CPU vLLM server this run starts on the policy, kept on the trainer's weights through disk "
         "(DiskSyncGRPOTrainer, CPU)" in out
     )
-    url, pid = re.search(
-        r"^vLLM server: (http://127\.0\.0\.1:\d+) \(pid (\d+)\), ready in \d+ s$", out, flags=re.M
-    ).groups()
+    started = re.search(r"^vLLM server: (http://127\.0\.0\.1:\d+) \(pid (\d+)\), ready in \d+ s$", out, flags=re.M)
+    assert started, out
+    url, pid = started.groups()
     assert f"vLLM server: stopped (pid {pid})" in out
     assert not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
     assert f"pushed step-0 weights to the vLLM server at {url}" in proc.stderr

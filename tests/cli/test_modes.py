@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 URL = "http://127.0.0.1:8011"
 
 
-def script(path):
+def script(path: str) -> ModuleType:
     """A recipe (``recipes/TASK/MODEL``) or the main job (``train_browsergym_trl``), imported from its file."""
     spec = importlib.util.spec_from_file_location(path.replace("/", "_"), ROOT / f"{path}.py")
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -42,7 +43,7 @@ def cpu_with_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(training_modes, "cuda_available", lambda: False)
 
 
-def refused(module, argv, capsys: pytest.CaptureFixture[str]):
+def refused(module: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(argv)
     assert exit_info.value.code == 2
@@ -129,9 +130,13 @@ def test_async_with_screenshots_and_lora_is_refused(
     assert "AsyncImagesGRPOTrainer was not tested with a LoRA policy; drop --lora-r" in err
 
 
-def test_async_with_screenshots_trains_with_the_images_trainer(browsergym, monkeypatch, tmp_path):
+def test_async_with_screenshots_trains_with_the_images_trainer(
+    browsergym: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """On a GPU too, rows with images are planned by sample count (token_budget=0), as AsyncImagesGRPOTrainer
     requires; the mode names the images trainer."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
     monkeypatch.setattr(training_modes, "cuda_available", lambda: True)
     args = browsergym.parse_args(["--async", "--vllm-base-url", URL, "--model", "m", "--screenshots"])
     mode = training_modes.TrainingMode.from_args(args)
@@ -139,19 +144,20 @@ def test_async_with_screenshots_trains_with_the_images_trainer(browsergym, monke
     monkeypatch.setattr(training_modes, "cuda_available", lambda: False)
     mode = training_modes.TrainingMode.from_args(args)
     assert "CPUAsyncImagesGRPOTrainer" in mode.describe()
-    assert mode.config(output_dir=str(tmp_path), bf16=False, report_to=[]).token_budget == 0
+    config = mode.config(output_dir=str(tmp_path), bf16=False, report_to=[])
+    assert isinstance(config, AsyncGRPOConfig) and config.token_budget == 0
 
 
 def test_each_mode_gets_its_config_on_cpu(
     letters: ModuleType, browsergym: ModuleType, cpu_with_vllm: None, tmp_path: Path
-):
+) -> None:
     """Colocate: TRL's engine in the trainer at the default memory share; async: an AsyncGRPOConfig on the server,
     with fixed-size packing (CPU); a server without --async on CPU: TRL's server mode, which DiskSyncGRPOTrainer keeps
     on the trainer's weights through disk (NCCL needs a GPU)."""
     from trl import GRPOConfig
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    def config(module, argv):
+    def config(module: ModuleType, argv: list[str]) -> "GRPOConfig | AsyncGRPOConfig":
         mode = training_modes.TrainingMode.from_args(module.parse_args(argv))
         return mode.config(output_dir=str(tmp_path), bf16=False, report_to=[])
 

@@ -2,23 +2,35 @@
 engine (``CPUColocateGRPOTrainer`` on CPU): token-exact on its own tokenizer and chat template on the multi-turn
 letters eval, as ``tests/project/test_smollm2.py`` checks the server, the trainer backend and the async worker."""
 
+from typing import TYPE_CHECKING, cast
+
 import pytest
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl import create_rollout_func
+from ep_trl.adapters.rollout_func import RolloutFunction
 from ep_trl.devtools.real_model import build_smollm2
 from ep_trl.rewards import eval_score
 from ep_trl.trainers.cpu_colocate import CPUColocateGRPOTrainer
 from tests.support.real_model import TEMPERATURE, check_rollout_output
 from tests.support.trainers import PROMPT
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerBase
+
+    from tests.support.letters import LettersEpisodes
+
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 
 @pytest.mark.timeout(900)
-def test_the_colocated_engine_is_token_exact_on_the_real_model(letters_server, letters_episodes, tmp_path):
+def test_the_colocated_engine_is_token_exact_on_the_real_model(
+    letters_server: str, letters_episodes: "LettersEpisodes", tmp_path: "Path"
+) -> None:
     model_dir = build_smollm2()  # built by scripts/install.sh in the project's Python; this venv reads the cache
     args = GRPOConfig(
         output_dir=str(tmp_path),
@@ -46,7 +58,10 @@ def test_the_colocated_engine_is_token_exact_on_the_real_model(letters_server, l
     )
     try:
         out = rollout([PROMPT] * 4, trainer)
-        assert rollout.backend_name == "vllm-colocate"
+        assert isinstance(rollout, RolloutFunction) and rollout.backend_name == "vllm-colocate"
     finally:
         rollout.close()
-    check_rollout_output(trainer.model.eval(), trainer.processing_class, out, letters_episodes())
+    assert trainer.model is not None
+    check_rollout_output(
+        trainer.model.eval(), cast("PreTrainedTokenizerBase", trainer.processing_class), out, letters_episodes()
+    )

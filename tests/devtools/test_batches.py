@@ -2,20 +2,24 @@
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ep_trl import ConfigError, dataset_from_eval
 from ep_trl.devtools.batches import interleave_by_ground_truth
 
+if TYPE_CHECKING:
+    from datasets import Dataset
+
 ROOT = Path(__file__).resolve().parents[2]
 SENTIMENT = str(ROOT / "evals" / "eval_sentiment.py") + "::test_sentiment"
 LETTERS = str(ROOT / "evals" / "eval_letters.py") + "::test_letters"
 
 
-def _labels(dataset) -> list[str]:
+def _labels(dataset: "Dataset") -> list[str]:
     """The label of each prompt, read from the eval's data file by the row id in the prompt's row key."""
-    by_id = {}
+    by_id: dict[str, str] = {}
     for line in (ROOT / "evals" / "sentiment_reviews.jsonl").read_text().splitlines():
         record = json.loads(line)
         by_id[record["id"]] = record["label"]

@@ -5,6 +5,7 @@ docs/benchmarks.md quotes from the doors result files."""
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_a_held_out_set_plays_training_s_wordings_then_those_training_never_show
     assert PLAYED_WORDINGS == (*TRAINING_WORDINGS, *HELD_OUT_WORDINGS) and PLAYED_WORDINGS[:2] == ("is-open", "except")
 
 
-def load(name):
+def load(name: str) -> dict[str, Any]:
     return json.loads((RESULTS / name).read_text())
 
 
@@ -56,7 +57,7 @@ def test_seed_0_had_no_gradient_on_13_of_its_20_steps() -> None:
     assert [sum(s["grad_norm"] == 0 for s in load(name)["steps_logged"]) for name in RESULT_FILES[1:]] == [10, 1]
 
 
-def last_colour_player(seed):
+def last_colour_player(seed: int) -> bool:
     """Leave house ``seed`` (training's wordings) naming the last colour word of each observation."""
     env = DoorsEnvironment()
     observation = env.reset(seed=seed)
@@ -73,16 +74,17 @@ def test_one_lexical_rule_leaves_every_held_out_house_of_the_result_files() -> N
         assert all(last_colour_player(seed) for seed in load(name)["held_out_houses"])
 
 
-def first_replies(name):
+def first_replies(name: str) -> tuple[list[tuple[int, str, bool]], float]:
     """For each held-out episode before training, pairing rows with houses by order (these files do not record the
     house): (room, sign kind, whether the first reply in that room named its open door) for each room it reached;
     and how many rows the replay of their turns on the paired house scores as recorded."""
     result = load(name)
-    firsts, matches = [], 0
+    firsts: list[tuple[int, str, bool]] = []
+    matches = 0.0
     for seed, row in zip(result["held_out_houses"], result["held_out_before_episodes"]):
         env = DoorsEnvironment()
         observation = env.reset(seed=seed)
-        rooms, reached = house(seed), set()
+        rooms, reached = house(seed), set[int]()
         for turn in row["turns"]:
             room = rooms[observation.room - 1]
             if observation.room not in reached:

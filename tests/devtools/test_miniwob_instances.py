@@ -5,12 +5,16 @@ import asyncio
 import itertools
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ep_trl.devtools.miniwob_instances import InstanceSplit, SeedSource, page_seed
 from ep_trl.envs.browsergym import BrowserGymEnv
 from tests.support.browsergym import browsergym_server
+
+if TYPE_CHECKING:
+    from ep_trl.envs.browsergym import BrowserGymObservation, BrowserGymState
 
 TASKS = ("click-button", "enter-text")
 #: A reset seed that shows the same MiniWoB page as reset seed 12345 (found by search; checked below).
@@ -75,18 +79,18 @@ def test_a_held_out_source_hands_each_instance_once_per_task_across_threads() ->
         source("focus-text")
 
 
-def test_page_seed_is_the_page_browsergym_shows_and_the_client_resets_to_the_source_s_seed(tmp_path: Path):
+def test_page_seed_is_the_page_browsergym_shows_and_the_client_resets_to_the_source_s_seed(tmp_path: Path) -> None:
     """Two reset seeds with one page seed show the same page in a real browser; the client's ``seeds`` picks the
     reset's seed when the reset names none (the server echoes it in its state)."""
     first, twin, other = 12345, TWIN_OF_12345, 12346
     assert page_seed(other) != page_seed(first)
     asked: list[str | None] = []
 
-    def seeds(task):
+    def seeds(task: str | None) -> int:
         asked.append(task)
         return twin
 
-    async def pages(url):
+    async def pages(url: str) -> "tuple[list[BrowserGymObservation], BrowserGymState]":
         env = BrowserGymEnv(base_url=url)
         seeded = BrowserGymEnv(base_url=url, seeds=seeds)
         try:

@@ -19,13 +19,14 @@ def checkpoint() -> Path:
     return build_smollm2()
 
 
-def test_the_checkpoint_is_a_plain_hugging_face_llama_with_the_models_chat_template(checkpoint):
+def test_the_checkpoint_is_a_plain_hugging_face_llama_with_the_models_chat_template(checkpoint: Path) -> None:
     assert is_complete(checkpoint)
     config = AutoConfig.from_pretrained(checkpoint)
     assert config.model_type == "llama" and getattr(config, "quantization_config", None) is None
     assert (checkpoint / "model.safetensors").stat().st_size > 500e6  # fp32, 134.5M parameters
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert isinstance(text, str)
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     info = json.loads((checkpoint / BUILD_INFO_FILE).read_text())
     assert info["gguf"] == real_model.GGUF_NAME and info["distribution"] == real_model.DISTRIBUTION

@@ -179,7 +179,7 @@ def test_a_scripted_expert_answers_from_the_messages_and_is_loaded_by_module_and
             load_policy(spec)
 
 
-def test_the_expert_takes_a_shortest_safe_path_and_stays_put_on_the_goal():
+def test_the_expert_takes_a_shortest_safe_path_and_stays_put_on_the_goal() -> None:
     from ep_trl.devtools.frozen_lake_rows import lake_in, shortest_path_move
 
     lake = ["SFFH", "FHFF", "FFHF", "HFFG"]
@@ -188,7 +188,7 @@ def test_the_expert_takes_a_shortest_safe_path_and_stays_put_on_the_goal():
         return [{"role": "tool", "content": json.dumps({"position": position, "grid": "\n".join(lake) + "\n"})}]
 
     moves = {"LEFT": -1, "RIGHT": 1, "UP": -4, "DOWN": 4}
-    position, path = 0, []
+    position, path = 0, list[str]()
     while lake[position // 4][position % 4] != "G":
         move = shortest_path_move(observe(position))
         position += moves[move]

@@ -2,12 +2,12 @@
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, BatchEncoding, GenerationConfig
 
 from ep_trl.devtools.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
@@ -75,7 +75,7 @@ def test_tokenizer_json_matches_auto_tokenizer(tokenizer: "PreTrainedTokenizerBa
         assert raw.encode(text).ids == tokenizer.encode(text, add_special_tokens=False)
 
 
-def test_chat_template_renders_chatml(tokenizer) -> None:
+def test_chat_template_renders_chatml(tokenizer: "PreTrainedTokenizerBase") -> None:
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Play the letters game."},
@@ -94,14 +94,15 @@ def test_chat_template_renders_chatml(tokenizer) -> None:
         tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         == expected + "<|im_start|>assistant\n"
     )
-    ids = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, return_dict=False)
+    # token ids, not a dict: a list[int]
+    ids = cast("list[int]", tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, return_dict=False))
     assert tokenizer.decode(ids) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nPlay the letters game.<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
 
 
-def test_model_loads_and_generates(tiny_model_dir: Path, tokenizer) -> None:
+def test_model_loads_and_generates(tiny_model_dir: Path, tokenizer: "PreTrainedTokenizerBase") -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.dtype == torch.float32
@@ -114,6 +115,7 @@ def test_model_loads_and_generates(tiny_model_dir: Path, tokenizer) -> None:
         return_tensors="pt",
         return_dict=True,
     )
+    assert isinstance(prompt, BatchEncoding)
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     new_tokens = out[0, prompt["input_ids"].shape[1] :]
     assert 1 <= new_tokens.numel() <= 8

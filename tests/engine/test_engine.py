@@ -13,7 +13,7 @@ from ep_trl.runtime import shutdown
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 
-def registered(resource):
+def registered(resource: object) -> bool:
     return any(value is resource for value in shutdown._registered.values())
 
 

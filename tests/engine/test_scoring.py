@@ -2,14 +2,18 @@
 the rows together, so a groupwise score is relative to the rows it was given."""
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ep_trl.engine.scoring import score_rows
 from ep_trl.evalprotocol import build_row, read_eval_spec, resolve_eval_test
 
+if TYPE_CHECKING:
+    from ep_trl.trajectory.types import Row
 
-def _row(rollout_id: str, rewards: list[float]):
+
+def _row(rollout_id: str, rewards: list[float]) -> "Row":
     return build_row(
         messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "aeiou"}],
         eval_name="letters",

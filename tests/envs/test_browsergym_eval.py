@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -34,9 +34,9 @@ def eval_module() -> ModuleType:
     return sys.modules[resolve_eval_test(ENV_PATH).module_name]
 
 
-def observation(**fields) -> BrowserGymObservation:
+def observation(**fields: object) -> BrowserGymObservation:
     """An observation as the server sends it after reset on enter-text."""
-    values = {
+    values: dict[str, Any] = {
         "goal": 'Enter "Ashlea" into the text field and press Submit.',
         "url": "file:///site-packages/miniwob/html/miniwob/enter-text.html",
         "axtree_txt": "RootWebArea 'Enter Text Task', focused\n\t[14] textbox '', clickable\n\t[15] button 'Submit', "
@@ -98,10 +98,10 @@ def test_action_parser_normalises_and_falls_back_to_an_immediate_noop(
     assert parsed.metadata["raw_output"] == output
 
 
-def test_body_scores_the_task_reward_and_reports_fallbacks(eval_module: ModuleType):
+def test_body_scores_the_task_reward_and_reports_fallbacks(eval_module: ModuleType) -> None:
     from eval_protocol.models import EvaluationRow, Message
 
-    def row(rewards, answers):
+    def row(rewards: list[float], answers: list[str]) -> EvaluationRow:
         r = EvaluationRow(
             messages=[Message(role="system", content="s")]
             + [m for a in answers for m in (Message(role="user", content="obs"), Message(role="assistant", content=a))]

@@ -10,6 +10,7 @@ steps. Costs: 8 episodes of 2 steps on one MiniWoB task.
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from PIL import ImageOps
@@ -24,6 +25,10 @@ from tests.support.browsergym import browsergym_server
 from tests.support.images import token_logprobs
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV_PATH = f"{ROOT / 'evals' / 'eval_miniwob.py'}::test_miniwob"
 
@@ -35,7 +40,7 @@ def screenshot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
         yield server
 
 
-def sampled_positions(out, i):
+def sampled_positions(out: "Mapping[str, list[Any]]", i: int) -> list[int]:
     """Indices into prompt + completion of sample ``i``'s sampled tokens."""
     n = len(out["prompt_ids"][i])
     return [n + k for k, m in enumerate(out["env_mask"][i]) if m == 1]

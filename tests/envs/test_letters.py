@@ -4,6 +4,7 @@ import asyncio
 import json
 import time
 import urllib.request
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -19,10 +20,18 @@ from ep_trl.envs.letters.episode_log import EpisodeLog
 from ep_trl.runtime.processes import ServerProcess
 from tests.support.letters import LettersEpisodes
 
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from openenv.core.client_types import StepResult
+
+    from ep_trl.envs.letters import LettersState
+
+T = TypeVar("T")
 LATENCY_S = 0.2
 
 
-def run(coro):
+def run(coro: "Coroutine[Any, Any, T]") -> T:
     """Run one coroutine to completion in a fresh loop (each test owns its clients)."""
     return asyncio.run(coro)
 
@@ -97,7 +106,9 @@ def test_reset_step_rewards_and_done(letters_server: str, letters_episodes: Lett
 def test_defaults_and_reset_kwargs(letters_server: str) -> None:
     """With no LETTERS_* server vars: task vowels, 3 steps; reset kwargs and client defaults override."""
 
-    async def play():
+    async def play() -> """tuple[
+        LettersObservation, LettersObservation, StepResult[LettersObservation], LettersObservation, LettersObservation
+    ]""":
         async with LettersEnv(base_url=letters_server) as env:
             default = (await env.reset()).observation
             custom = (await env.reset(task_name="abc", max_steps=1)).observation
@@ -180,7 +191,9 @@ def test_crash_task_fails_at_step_two(letters_server: str, letters_episodes: Let
 
 
 def test_sessions_are_isolated(letters_server: str) -> None:
-    async def play():
+    async def play() -> """tuple[
+        StepResult[LettersObservation], StepResult[LettersObservation], LettersState, LettersState
+    ]""":
         async with LettersEnv(base_url=letters_server) as a, LettersEnv(base_url=letters_server) as b:
             await a.reset(task_name="abc", max_steps=2)
             await b.reset(task_name="digits", max_steps=2)

@@ -54,10 +54,10 @@ def rows_pytest_feeds(eval_test: EvalTest, monkeypatch: pytest.MonkeyPatch) -> l
     monkeypatch.setenv("EP_DISABLE_AUTO_BROWSER", "1")
     fed: list[EvaluationRow] = []
 
-    def record(self, rows, config):
+    def record(self: object, rows: list[EvaluationRow], config: object) -> "list[asyncio.Task[EvaluationRow]]":
         fed.extend(row.model_copy(deep=True) for row in rows)
 
-        async def done(row):
+        async def done(row: EvaluationRow) -> EvaluationRow:
             return row
 
         return [asyncio.create_task(done(row)) for row in rows]
@@ -181,7 +181,7 @@ def test_preprocess_fn_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
         rows_pytest_feeds(eval_test, monkeypatch)
 
 
-def fake_eval(**params) -> EvalTest:
+def fake_eval(**params: Any) -> EvalTest:
     return EvalTest(
         env_path="x",
         module_name="evals.fake",
@@ -198,7 +198,7 @@ def fake_eval(**params) -> EvalTest:
         ({"input_rows": [[EvaluationRow(messages=[])]]}, "have no messages"),
     ],
 )
-def test_no_prompts_is_an_error_saying_what_to_do(params, why: str) -> None:
+def test_no_prompts_is_an_error_saying_what_to_do(params: dict[str, Any], why: str) -> None:
     with pytest.raises(UnsupportedEvalError, match=rf"evals\.fake::test_fake.*{why}.*'prompt' column"):
         eval_rows(fake_eval(**params))
 
@@ -286,7 +286,7 @@ def test_strip_row_key_drops_the_key_and_none_values() -> None:
     ]
 
 
-def write_jsonl(path, records):
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> str:
     import json
 
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
@@ -338,7 +338,7 @@ def test_an_input_dataset_file_that_is_missing_is_refused(tmp_path: Path, monkey
         eval_rows(eval_test, ["nope.jsonl"])
 
 
-def relative_dataset_eval(folder):
+def relative_dataset_eval(folder: Path) -> str:
     """An eval file whose input_dataset is relative to its own directory, as eval-protocol's benchmarks are to its
     repository."""
     (folder / "data").mkdir(parents=True)

@@ -5,6 +5,7 @@ import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,14 +36,14 @@ def frozen_lake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
         server.stop()
 
 
-def first_lakes(url, tag):
+def first_lakes(url: str, tag: str) -> list[list[str]]:
     """The lake each of ``SEEDS``'s rows starts on, as the processor's client reads it (a new session per row, named
     by a model name of its own, as ep_trl names every episode's)."""
     import eval_protocol as ep
     from eval_protocol.models import EvaluationRow, InputMetadata, Message
 
-    async def main():
-        lakes = []
+    async def main() -> list[list[str]]:
+        lakes: list[list[str]] = []
         for seed in SEEDS:
             row = EvaluationRow(
                 messages=[Message(role="system", content="Play.")],
@@ -89,11 +90,11 @@ def test_a_new_session_plays_its_rows_seeded_lake_only_with_ep_trl(frozen_lake_s
         mcp_gym.stop_seeded_sessions()
 
 
-def test_rows_of_seed_zero_are_named_they_play_a_random_lake():
+def test_rows_of_seed_zero_are_named_they_play_a_random_lake() -> None:
     """eval-protocol's server builds a seeded environment only ``if seed:``: seed 0 is no seed there."""
     from eval_protocol.models import EvaluationRow, InputMetadata, Message
 
-    def row(row_id, context):
+    def row(row_id: str, context: dict[str, Any] | None) -> EvaluationRow:
         return EvaluationRow(
             messages=[Message(role="system", content="Play.")],
             input_metadata=InputMetadata(

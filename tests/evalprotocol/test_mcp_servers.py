@@ -91,7 +91,7 @@ manager.stop()
 """
 
 
-def _start(tmp_path: Path, script_text, bound):
+def _start(tmp_path: Path, script_text: str, bound: float) -> "tuple[list[str], subprocess.CompletedProcess[str]]":
     script = tmp_path / "server.py"
     script.write_text(script_text)
     program = STARTS.format(script=str(script), port=free_port(), bound=bound)

@@ -1,6 +1,7 @@
 """Every eval-protocol name that is not public API, as ep_trl reads it: pinned against the installed release."""
 
 import importlib
+from typing import Any
 
 import pytest
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor
@@ -26,7 +27,7 @@ def test_processor_still_has_the_private_attributes_we_read() -> None:
 
 
 @pytest.mark.parametrize(("module", "name"), MODULE_NAMES)
-def test_internal_module_names_we_read_still_exist(module, name) -> None:
+def test_internal_module_names_we_read_still_exist(module: str, name: str) -> None:
     assert hasattr(importlib.import_module(module), name), f"eval-protocol moved {module}.{name}"
     assert private_name(module, name) is getattr(importlib.import_module(module), name)
 
@@ -40,7 +41,7 @@ def test_only_listed_names_go_through_the_door() -> None:
 
 def test_a_renamed_private_attribute_fails_at_construction_naming_it() -> None:
     class RenamedProcessor(OpenEnvRolloutProcessor):
-        def __getattribute__(self, name):
+        def __getattribute__(self, name: str) -> Any:
             if name == "_env_vars":
                 raise AttributeError(name)
             return super().__getattribute__(name)

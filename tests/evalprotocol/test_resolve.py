@@ -95,7 +95,9 @@ def test_the_import_root_is_where_the_top_level_package_was_imported_from() -> N
     assert resolve_eval_test(str(EVALS / "eval_letters.py")).import_root == EVALS.resolve()
 
 
-def test_an_eval_file_is_taken_from_the_working_directory_else_from_the_import_root(tmp_path, monkeypatch):
+def test_an_eval_file_is_taken_from_the_working_directory_else_from_the_import_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ep_trl.evalprotocol.resolve import eval_file
 
     eval_test = resolve_eval_test("tests.evals.eval_letters")
@@ -110,6 +112,7 @@ def test_an_eval_file_is_taken_from_the_working_directory_else_from_the_import_r
     monkeypatch.chdir(tmp_path / "tests")
     beside = eval_file(eval_test, "tests/evals/eval_letters.py", "server_script_path")
     assert beside.path == str(root / "tests" / "evals" / "eval_letters.py")
+    assert beside.note is not None
     assert f"using {beside.path}, under the root its module was imported from" in beside.note
     assert "server_script_path 'tests/evals/eval_letters.py' is not in the working directory" in beside.note
     with pytest.raises(EnvPathError) as error:

@@ -8,13 +8,14 @@ from ep_trl.evalprotocol import read_eval_spec, resolve_eval_test
 from tests.evals import letters_parts as parts
 
 
-def test_spec_carries_the_evals_configuration():
+def test_spec_carries_the_evals_configuration() -> None:
     spec = read_eval_spec(resolve_eval_test("tests.evals.eval_letters"))
     assert spec.mode == "pointwise"
     assert spec.max_steps == parts.STEPS
     assert spec.max_concurrent_rollouts == parts.MAX_CONCURRENT_ROLLOUTS
     assert spec.completion_params == parts.COMPLETION_PARAMS[0]
     assert dict(spec.evaluation_test_kwargs) == {"bonus": 0.0}
+    assert spec.env is not None
     assert spec.env.tasks == ("vowels", "digits") and spec.env.task_var == parts.TASK_VAR
     assert spec.prompt_builder is parts.prompt_builder and spec.action_parser is parts.action_parser
     assert spec.env.factory is not None

@@ -4,6 +4,7 @@ slower than any sane timeout. The episodes themselves are normal letters episode
 import itertools
 import math
 import time
+from typing import TYPE_CHECKING, Any
 
 from eval_protocol.models import EvaluateResult, EvaluationRow
 from eval_protocol.pytest import evaluation_test
@@ -11,10 +12,13 @@ from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcess
 
 from tests.evals import letters_parts as parts
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 SLOW_BODY_S = 30.0
 
 
-def letters_eval(body):
+def letters_eval(body: "Callable[[EvaluationRow], EvaluationRow]") -> Any:
     return evaluation_test(
         input_messages=parts.INPUT_MESSAGES,
         completion_params=parts.COMPLETION_PARAMS,

@@ -6,12 +6,15 @@ guesses, fewer than ``steps=4``: an episode of more than two steps means ``env_v
 """
 
 import os
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 import pytest
 from eval_protocol.models import EvaluateResult, EvaluationRow, Message
 from eval_protocol.pytest import evaluation_test
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor
+
+if TYPE_CHECKING:
+    from tests.fixtures.guess_env import GuessAction
 
 # the guess environment's client class; None where its package is not installed
 GuessEnv: type[Any] | None
@@ -31,7 +34,7 @@ def prompt_builder(observation: Any, step: int, history: List[str]) -> str:
     return f"Step {step}\n{prompt_text}\nPrevious guesses:\n{previous}\nYour guess:"
 
 
-def action_parser(response_text: str):
+def action_parser(response_text: str) -> "GuessAction":
     """The model's reply, stripped, is the guess."""
     try:
         from tests.fixtures.guess_env import GuessAction

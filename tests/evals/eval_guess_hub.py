@@ -3,12 +3,15 @@
 One task: the processor launches ``openenv/guess-env`` with ``GUESS_GAME=digits``.
 """
 
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 import pytest
 from eval_protocol.models import EvaluateResult, EvaluationRow, Message
 from eval_protocol.pytest import evaluation_test
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor
+
+if TYPE_CHECKING:
+    from tests.fixtures.guess_env import GuessAction
 
 # the guess environment's client class; None where its package is not installed
 GuessEnv: type[Any] | None
@@ -26,7 +29,7 @@ def prompt_builder(observation: Any, step: int, history: List[str]) -> str:
     return getattr(observation, "prompt", "") or "Guess a digit."
 
 
-def action_parser(response_text: str):
+def action_parser(response_text: str) -> "GuessAction":
     """The first digit in the reply is the guess; the raw text when there is none."""
     try:
         from tests.fixtures.guess_env import GuessAction

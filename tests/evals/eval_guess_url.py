@@ -5,12 +5,15 @@ named when it started; ``tasks``/``task_var`` say which games the eval covers.
 """
 
 import os
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 import pytest
 from eval_protocol.models import EvaluateResult, EvaluationRow, Message
 from eval_protocol.pytest import evaluation_test
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor
+
+if TYPE_CHECKING:
+    from tests.fixtures.guess_env import GuessAction
 
 # the guess environment's client class; None where its package is not installed
 GuessEnv: type[Any] | None
@@ -28,7 +31,7 @@ def prompt_builder(observation: Any, step: int, history: List[str]) -> str:
     return f"{prompt_text}\n(last result: {feedback or 'none'})"
 
 
-def action_parser(response_text: str):
+def action_parser(response_text: str) -> "GuessAction":
     try:
         from tests.fixtures.guess_env import GuessAction
     except ImportError:

@@ -6,12 +6,20 @@ pictures and different groups, and turns, see different ones. Score: the mean st
 from the task's alphabet), a continuous score that gives GRPO's groups a signal from the first step.
 """
 
+from typing import TYPE_CHECKING
+
 from eval_protocol.models import EvaluateResult, EvaluationRow
 from eval_protocol.pytest import evaluation_test
 from eval_protocol.pytest.openenv_rollout_processor import OpenEnvRolloutProcessor
 
 from tests.evals import letters_parts as parts
 from tests.support.images import png_data_uri
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ep_trl.envs.letters import LettersObservation
 
 TASKS = ["vowels", "digits"]
 
@@ -22,7 +30,7 @@ def picture(step: int, task: str | None) -> str:
     return png_data_uri((shade, 200, 40) if task == "digits" else (200, shade, 220))
 
 
-def prompt_builder(obs, step: int, history: list[str]):
+def prompt_builder(obs: "LettersObservation", step: int, history: list[str]) -> "list[dict[str, Any]]":
     """The env's prompt, then its picture, as OpenAI-style content parts."""
     return [
         {"type": "text", "text": obs.prompt},
@@ -30,7 +38,12 @@ def prompt_builder(obs, step: int, history: list[str]):
     ]
 
 
-def image_letters_test(builder, *, steps: int, max_concurrent_rollouts: int = parts.MAX_CONCURRENT_ROLLOUTS):
+def image_letters_test(
+    builder: "Callable[[LettersObservation, int, list[str]], list[dict[str, Any]]]",
+    *,
+    steps: int,
+    max_concurrent_rollouts: int = parts.MAX_CONCURRENT_ROLLOUTS,
+) -> "Callable[[Callable[[EvaluationRow], EvaluationRow]], Any]":
     """The ``@evaluation_test`` of an image letters eval whose observations ``builder`` renders (pointwise)."""
     return evaluation_test(
         input_messages=parts.INPUT_MESSAGES,

@@ -7,18 +7,24 @@ one image each; 8 episodes at once.
 """
 
 import itertools
+from typing import TYPE_CHECKING
 
 from eval_protocol.models import EvaluationRow
 
 from tests.evals.eval_letters_images import image_letters_test, mean_step_reward
 from tests.support.images import png_data_uri
 
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ep_trl.envs.letters import LettersObservation
+
 _OBSERVATIONS = itertools.count()
 #: The pictures' size, BrowserGym's viewport.
 SCREENSHOT_SIZE = (1280, 720)
 
 
-def prompt_builder(obs, step: int, history: list[str]):
+def prompt_builder(obs: "LettersObservation", step: int, history: list[str]) -> "list[dict[str, Any]]":
     """The env's prompt, then a picture of a colour no earlier observation had."""
     n = next(_OBSERVATIONS)
     return [

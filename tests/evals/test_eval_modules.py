@@ -6,6 +6,7 @@ import copy
 import importlib
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from eval_protocol.models import EvaluationRow, Message
@@ -16,6 +17,9 @@ from eval_protocol.pytest.types import RolloutProcessorConfig
 from ep_trl.envs.letters import CRASH_MESSAGE
 from tests.support.letters import LettersEpisodes
 from tests.support.tiny_policy import TinyModelPolicy
+
+if TYPE_CHECKING:
+    from eval_protocol.pytest.types import EvaluationTestParams
 
 EXPECTED_COMPLETION_PARAMS = [{"model": "tiny-letters", "temperature": 0.0, "max_tokens": 12}]
 
@@ -82,7 +86,9 @@ def test_env_factory_reads_url_at_call_time(letters_server: str, monkeypatch: py
         env.close()
 
 
-def _run_processor(proc: OpenEnvRolloutProcessor, params, rows: list[EvaluationRow]) -> list:
+def _run_processor(
+    proc: OpenEnvRolloutProcessor, params: "EvaluationTestParams", rows: list[EvaluationRow]
+) -> list[Any]:
     """Run eval-protocol's processor over rows as its pytest path would (results or exceptions)."""
     config = RolloutProcessorConfig(
         completion_params=dict(params.completion_params[0]),
@@ -91,7 +97,7 @@ def _run_processor(proc: OpenEnvRolloutProcessor, params, rows: list[EvaluationR
         steps=params.steps,
     )
 
-    async def go() -> list:
+    async def go() -> list[Any]:
         return await asyncio.gather(*proc(rows, config), return_exceptions=True)
 
     return asyncio.run(go())
@@ -106,7 +112,7 @@ def _with_tiny_policy(proc: OpenEnvRolloutProcessor, model_dir: Path) -> OpenEnv
     return patched
 
 
-def _fresh_rows(params, copies: int = 1) -> list[EvaluationRow]:
+def _fresh_rows(params: "EvaluationTestParams", copies: int = 1) -> list[EvaluationRow]:
     [dataset] = params.input_messages
     return [EvaluationRow(messages=[m.model_copy() for m in msgs]) for msgs in dataset for _ in range(copies)]
 

@@ -3,7 +3,7 @@ full ``Generator``, so a new backend is one module plus one line (issue 41)."""
 
 import inspect
 from importlib import import_module
-from typing import get_args
+from typing import Any, get_args
 
 from ep_trl.generation import BackendOffer, Generator
 from ep_trl.generation.choice import BACKENDS, pick
@@ -27,8 +27,8 @@ def test_every_backend_a_user_names_is_one_choice_knows() -> None:
     assert set(get_args(Backend)) - {"auto"} <= set(BACKENDS)
 
 
-def offer(**kwargs):
-    fields = dict(
+def offer(**kwargs: object) -> BackendOffer:
+    fields: dict[str, Any] = dict(
         vllm_base_url=None,
         options=VLLMOptions(),
         max_concurrent_rollouts=4,

@@ -13,21 +13,29 @@ from tests.support.device import device_under_test
 from tests.support.references import teacher_forced_logprobs
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from ep_trl.generation import Generation
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(device_under_test())
+def model_and_tokenizer(tiny_model_dir: "Path") -> "tuple[PreTrainedModel, PreTrainedTokenizerBase]":
+    # transformers wraps PreTrainedModel.to with functools.wraps, and mypy loses the method's binding
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(device_under_test())  # type: ignore[arg-type]
     return model, AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def make_generator(model, tokenizer):
+def make_generator(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase") -> TrainerGenerator:
     return TrainerGenerator(lambda: model, tokenizer, [tokenizer.eos_token_id], tokenizer.pad_token_id)
 
 
-def run_concurrently(generator, prompts, params_list):
-    async def main():
+def run_concurrently(
+    generator: TrainerGenerator, prompts: "Sequence[Sequence[int]]", params_list: "Sequence[SamplingParams]"
+) -> "list[Generation]":
+    async def main() -> "list[Generation]":
         try:
             return await asyncio.gather(*(generator.generate(p, s) for p, s in zip(prompts, params_list)))
         finally:
@@ -83,8 +91,8 @@ def test_stop_string_ends_the_turn_at_the_token_that_completes_it(
     stopped = [r for r in results if r.stop_text == "e"]
     assert stopped, "no sample produced an 'e' in 40 tokens"
     for r in stopped:
-        text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
-        assert "e" in text and "e" not in tokenizer.decode(r.token_ids[:-1], skip_special_tokens=True)
+        text = tokenizer.decode(list(r.token_ids), skip_special_tokens=True)
+        assert "e" in text and "e" not in tokenizer.decode(list(r.token_ids[:-1]), skip_special_tokens=True)
         assert r.finish_reason == "stop"
 
 

@@ -16,6 +16,8 @@ from tests.support.images import png_data_uri, token_logprobs, user_with_image
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, ProcessorMixin
 
+    from ep_trl.generation import Generation
+
 
 @pytest.fixture(scope="module")
 def vlm(tiny_vlm_dir: Path) -> "tuple[PreTrainedModel, ProcessorMixin]":
@@ -23,7 +25,7 @@ def vlm(tiny_vlm_dir: Path) -> "tuple[PreTrainedModel, ProcessorMixin]":
     return model, AutoProcessor.from_pretrained(tiny_vlm_dir)
 
 
-def test_turns_with_images_are_sampled_with_their_pixels(vlm: "tuple[PreTrainedModel, ProcessorMixin]"):
+def test_turns_with_images_are_sampled_with_their_pixels(vlm: "tuple[PreTrainedModel, ProcessorMixin]") -> None:
     model, processor = vlm
     template = ChatTemplate(processor)
     tok = processor.tokenizer
@@ -39,7 +41,7 @@ def test_turns_with_images_are_sampled_with_their_pixels(vlm: "tuple[PreTrainedM
     ]
     generator = TrainerGenerator(lambda: model, tok, [tok.eos_token_id], tok.pad_token_id, processing_class=processor)
 
-    async def main():
+    async def main() -> "list[Generation]":
         try:
             return await asyncio.gather(
                 *(
@@ -65,10 +67,10 @@ def test_turns_with_images_are_sampled_with_their_pixels(vlm: "tuple[PreTrainedM
             assert max(abs(a - b) for a, b in zip(without, result.logprobs)) > 0.1
 
 
-def test_a_turn_with_images_needs_a_multimodal_processor(vlm):
+def test_a_turn_with_images_needs_a_multimodal_processor(vlm: "tuple[PreTrainedModel, ProcessorMixin]") -> None:
     model, processor = vlm
     tok = processor.tokenizer
     generator = TrainerGenerator(lambda: model, tok, [tok.eos_token_id], tok.pad_token_id)
     with pytest.raises(ValueError, match="text-only processing class"):
-        asyncio.run(generator.generate([1, 2], SamplingParams(), images=PromptImages(("x",), (1, 2))))
+        asyncio.run(generator.generate([1, 2], SamplingParams(), images=PromptImages(("x",), (1, 2))))  # type: ignore[arg-type]  # refused before the image is read
     asyncio.run(generator.aclose())

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from datasets import Dataset
@@ -26,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func, dataset_from_eval
+from ep_trl.adapters.rollout_func import RolloutFunction
 from ep_trl.rewards import eval_score
 from ep_trl.runtime.processes import free_port
 from ep_trl.trainers.disk_sync import DiskSyncGRPOTrainer
@@ -38,6 +40,14 @@ from tests.support.vllm_server import (
     generation_tokens_total,
     served_max_model_len,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    import torch
+    from transformers import PreTrainedTokenizerBase, TrainerCallback
+
+    from tests.support.letters import LettersEpisodes
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 LOGPROB_TOL = 1e-3
@@ -61,11 +71,13 @@ def vllm_url(shared_vllm_url: str, model_dir: Path) -> str:
     return shared_vllm_url
 
 
-def sampled(values, mask):
+def sampled(values: "Sequence[Any]", mask: "Sequence[int]") -> list[Any]:
     return [v for v, m in zip(values, mask) if m]
 
 
-def max_sampled_logprob_gap(model, out, temperature, shift=0):
+def max_sampled_logprob_gap(
+    model: "torch.nn.Module", out: "Mapping[str, list[Any]]", temperature: float, shift: int = 0
+) -> float:
     """Largest |returned - teacher-forced| over mask-1 tokens; ``shift`` misaligns on purpose (a control)."""
     worst = 0.0
     for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
@@ -77,8 +89,13 @@ def max_sampled_logprob_gap(model, out, temperature, shift=0):
 
 
 def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
-    vllm_url, model_dir, letters_server, letters_episodes, tmp_path, caplog
-):
+    vllm_url: str,
+    model_dir: Path,
+    letters_server: str,
+    letters_episodes: "LettersEpisodes",
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     rollout = create_openenv_vllm_rollout_func(EVAL, vllm_base_url=vllm_url, log_rollouts=False)
     trainer = make_trainer(model_dir, tmp_path, rollout, temperature=TEMPERATURE)
     prompts = [PROMPT] * 4 + ["Play the letters game, round two."] * 4
@@ -87,6 +104,7 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
             before = generation_tokens_total(vllm_url)
             out = rollout(prompts, trainer)
             after = generation_tokens_total(vllm_url)
+        assert isinstance(rollout, RolloutFunction)
         backend = rollout.backend_name
     finally:
         rollout.close()
@@ -97,7 +115,7 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
     assert after - before == sum(sum(mask) for mask in out["env_mask"])
     # the environment received exactly the sampled text, and the eval body scored the episodes
     received = Counter(tuple(ep["actions"]) for ep in letters_episodes())
-    assert Counter(sampled_texts(trainer.processing_class, out)) == received
+    assert Counter(sampled_texts(cast("PreTrainedTokenizerBase", trainer.processing_class), out)) == received
     for score, rewards in zip(out["eval_score"], out["step_rewards"]):
         assert score == pytest.approx(sum(rewards) / len(rewards))
     # no shared seed: the 4 episodes of a group (same prompt) sampled different first turns
@@ -105,6 +123,7 @@ def test_rollout_through_a_real_server_returns_the_servers_tokens_and_logprobs(
         firsts = {tuple(out["completion_ids"][i][: out["env_mask"][i].index(0)]) for i in group}
         assert len(firsts) > 1
     # mask-1 logprobs are the sampled tokens' logprobs at the trainer's temperature, masked ones 0.0
+    assert trainer.model is not None
     model = trainer.model.eval()
     assert max_sampled_logprob_gap(model, out, TEMPERATURE) < LOGPROB_TOL
     assert max_sampled_logprob_gap(model, out, TEMPERATURE, shift=1) > 100 * LOGPROB_TOL  # control: misaligned
@@ -138,7 +157,15 @@ def test_turns_fit_the_servers_max_model_len(
     assert max(lengths) > 400  # the budget was really the model's context, not the eval's 12 tokens per turn
 
 
-def build_disk_sync_trainer(model_dir, out_dir, rollout, url, callbacks=(), prompts=None, **config):
+def build_disk_sync_trainer(
+    model_dir: Path,
+    out_dir: Path,
+    rollout: "Callable[..., dict[str, list[Any]]]",
+    url: str,
+    callbacks: "Sequence[TrainerCallback]" = (),
+    prompts: list[str] | None = None,
+    **config: Any,
+) -> DiskSyncGRPOTrainer:
     args = GRPOConfig(
         output_dir=str(out_dir),
         use_cpu=True,
@@ -220,6 +247,7 @@ def test_a_single_turn_eval_trains_unchanged_on_policy_through_the_server(
         out = rollout(prompts[:4], trainer)
         assert generation_tokens_total(vllm_url) - before == sum(len(ids) for ids in out["completion_ids"])
         assert out["episode_status"] == ["finished"] * 4 and all(all(mask) for mask in out["env_mask"])
+        assert trainer.model is not None
         assert max_sampled_logprob_gap(trainer.model.eval(), out, TEMPERATURE) < LOGPROB_TOL
         trainer.train()
     finally:

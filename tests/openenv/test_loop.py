@@ -2,7 +2,7 @@
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -11,10 +11,17 @@ from ep_trl.trajectory.episode import EpisodeFailure, EpisodePlan, ended_episode
 from tests.support.tracked_env import TrackedLettersEnv
 from tests.support.trainers import PROMPT, make_trainer
 
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
+
+    from ep_trl.envs.letters import LettersObservation
+
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 
 
-def call_once(model_dir, tmp_path: Path, server, **overrides):
+def call_once(
+    model_dir: Path, tmp_path: Path, server: str, **overrides: Any
+) -> "tuple[dict[str, list[Any]], GRPOTrainer, list[TrackedLettersEnv]]":
     """One rollout call of 4 episodes on tracked letters sessions; the output, the trainer and the sessions."""
     TrackedLettersEnv.clients = []
     rollout = create_openenv_vllm_rollout_func(
@@ -32,7 +39,7 @@ def call_once(model_dir, tmp_path: Path, server, **overrides):
         rollout.close()
 
 
-def errors(trainer, kind):
+def errors(trainer: "GRPOTrainer", kind: str) -> list[float]:
     return trainer._metrics["train"][f"ep_trl/errors/{kind}"]
 
 
@@ -70,7 +77,7 @@ def test_an_ended_episode_is_finished_with_its_stop_reason_or_failed_with_the_fa
 def test_a_raising_action_parser_fails_its_episodes_counted_as_eval_code(
     tiny_model_dir: Path, letters_server: str, tmp_path: Path
 ) -> None:
-    def parser(text) -> None:
+    def parser(text: str) -> None:
         raise RuntimeError("the eval's parser cannot read this")
 
     out, trainer, clients = call_once(tiny_model_dir, tmp_path, letters_server, action_parser=parser)
@@ -89,11 +96,11 @@ def test_a_crashing_environment_is_counted_as_environment(
 
 def test_an_error_that_would_fail_every_episode_alike_raises_and_closes_every_session(
     tiny_model_dir: Path, letters_server: str, tmp_path: Path
-):
+) -> None:
     """A prompt the chat template cannot render is not one episode's bad luck: it raises out of the call
     (before, every episode failed quietly and training went on with no signal)."""
 
-    def audio_prompt(observation, step, history):
+    def audio_prompt(observation: "LettersObservation", step: int, history: list[str]) -> list[dict[str, Any]]:
         return [{"type": "input_audio", "input_audio": {"data": "..."}}]
 
     with pytest.raises(ValueError, match="unsupported message content part type 'input_audio'"):
@@ -108,7 +115,7 @@ def test_an_action_parser_that_calls_pytest_skip_raises_one_clear_error(
     """eval-protocol's example evals skip in their parser when the environment import failed: before, pytest's
     Skipped went through the whole rollout call; now it is one error naming the eval and the likely cause."""
 
-    def parser(text) -> None:
+    def parser(text: str) -> None:
         pytest.skip("guess_env not installed")
 
     with pytest.raises(
@@ -141,11 +148,11 @@ def test_episodes_cut_by_the_token_budget_are_counted_and_explained(
 
 def test_a_prompt_builder_that_raises_after_the_first_step_is_warned_about_naming_its_episode(
     tiny_model_dir: Path, letters_server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
-):
+) -> None:
     """Issue 48: the episode's label was reassigned to the action's, so from step 2 on the warning named the action
     the model had just taken instead of the episode."""
 
-    def builder(observation, step, history):
+    def builder(observation: "LettersObservation", step: int, history: list[str]) -> str:
         if step >= 2:
             raise KeyError(f"no prompt for step {step}")
         return observation.prompt

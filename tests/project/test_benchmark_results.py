@@ -33,7 +33,7 @@ def absolute_paths(command: str) -> list[str]:
     return [value for value in values if value.startswith(("/", "~"))]
 
 
-def problems(path: Path, is_ancestor) -> list[str]:
+def problems(path: Path, is_ancestor: Callable[[str], bool]) -> list[str]:
     """What is wrong with one result file's ``run`` record (empty: nothing)."""
     try:
         result = json.loads(path.read_text())

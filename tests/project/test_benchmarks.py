@@ -357,7 +357,7 @@ def test_every_script_has_a_smallest_run() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", STANDALONE)
-def test_script_runs_at_its_smallest_size(name, tmp_path: Path) -> None:
+def test_script_runs_at_its_smallest_size(name: str, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     check(run_script(name, out), name, out)
 
@@ -365,15 +365,18 @@ def test_script_runs_at_its_smallest_size(name, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", NEEDS_VLLM)
-def test_script_runs_at_its_smallest_size_on_the_shared_vllm_server(name, shared_vllm_url: str, tmp_path: Path) -> None:
+def test_script_runs_at_its_smallest_size_on_the_shared_vllm_server(
+    name: str, shared_vllm_url: str, tmp_path: Path
+) -> None:
     out = tmp_path / "result.json"
     check(run_script(name, out, shared_vllm_url), name, out)
 
 
-def test_repeat_tests_keeps_what_a_failed_run_reported():
+def test_repeat_tests_keeps_what_a_failed_run_reported() -> None:
     """A failed run's record keeps pytest's FAILURES section (the traceback and assertion), not only its name: a
     shutdown test failed once in 20 and the record said only that it failed."""
     spec = importlib.util.spec_from_file_location("repeat_tests", REPO / "benchmarks" / "repeat_tests.py")
+    assert spec is not None and spec.loader is not None
     repeat_tests = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(repeat_tests)
     report = (

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import httpx
 import pytest
@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ep_trl import EvalRolloutWorker, create_openenv_vllm_rollout_func, create_rollout_func
+from ep_trl.adapters.rollout_func import RolloutFunction
 from ep_trl.devtools.real_model import build_smollm2
 from ep_trl.trainers.disk_weights import DiskWeightSync
 from tests.support.real_model import (
@@ -45,7 +46,9 @@ from tests.support.trainers import PROMPT, make_trainer
 from tests.support.vllm_server import start_vllm_server, stop_vllm_server
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from types import ModuleType
+
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from ep_trl.runtime.processes import ServerProcess
     from tests.support.letters import LettersEpisodes
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 
 
-def _load_script(path: Path):
+def _load_script(path: Path) -> "ModuleType":
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
@@ -107,8 +110,14 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.mark.timeout(600)
 def test_the_rollout_function_is_token_exact_on_the_real_model(
-    backend, real_model_dir, real_model, letters_server, letters_episodes, tmp_path, request
-):
+    backend: str,
+    real_model_dir: Path,
+    real_model: "PreTrainedModel",
+    letters_server: str,
+    letters_episodes: "LettersEpisodes",
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     if backend == "vllm":
         rollout = create_openenv_vllm_rollout_func(
             LETTERS, vllm_base_url=request.getfixturevalue("real_url"), log_rollouts=False
@@ -118,10 +127,10 @@ def test_the_rollout_function_is_token_exact_on_the_real_model(
     trainer = make_trainer(real_model_dir, tmp_path, rollout, temperature=TEMPERATURE)
     try:
         out = rollout([PROMPT] * 4, trainer)
-        assert rollout.backend_name == backend
+        assert isinstance(rollout, RolloutFunction) and rollout.backend_name == backend
     finally:
         rollout.close()
-    check_rollout_output(real_model, trainer.processing_class, out, letters_episodes())
+    check_rollout_output(real_model, cast("PreTrainedTokenizerBase", trainer.processing_class), out, letters_episodes())
 
 
 @pytest.mark.timeout(600)
@@ -308,12 +317,15 @@ def test_the_real_model_plays_and_trains_on_the_doors_game_through_its_preset(re
     assert steps[0]["ep_trl/failed_fraction"] == 0.0 and steps[0]["ep_trl/mean_turns"] >= 1.0
 
 
-def assert_the_server_left_the_checkpoint(url, model_dir, model, content):
+def assert_the_server_left_the_checkpoint(url: str, model_dir: Path, model: "PreTrainedModel", content: str) -> None:
     """What the server samples for ``content`` is not what the checkpoint ``model`` gives those logprobs: it serves
     other (trained) weights."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, return_dict=False
+    prompt = cast(  # token ids, not a dict
+        "list[int]",
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, return_dict=False
+        ),
     )
     reply = httpx.post(
         f"{url}/v1/completions",

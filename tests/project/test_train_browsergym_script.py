@@ -179,7 +179,7 @@ def test_the_main_job_learns_the_eval_and_plots_it(tmp_path: Path) -> None:
     assert run.leftovers() == [], "environment server processes outlived the script"
 
 
-def test_lora_trains_and_ctrl_c_stops_the_env_server(tmp_path):
+def test_lora_trains_and_ctrl_c_stops_the_env_server(tmp_path: Path) -> None:
     # The warm-started policy (cached by the main job's test) gets a right answer one time in three, so a group of 4
     # scores alike with p ~ 0.2 and all 4 groups of two steps with p < 0.002; the random policy scores 0 everywhere,
     # and GRPO gives it no gradient at all.
@@ -191,6 +191,6 @@ def test_lora_trains_and_ctrl_c_stops_the_env_server(tmp_path):
     assert re.search(r"^step 2/20 \| reward [0-9.]+", run.stdout, flags=re.M)
     assert_script_trained(run.stdout)  # the adapter had a gradient in step 1 or 2
     assert run.returncode == 130 and "interrupted: environment server stopped" in run.stdout, run.stderr_tail
-    assert run.seconds_after_interrupt < 60
+    assert run.seconds_after_interrupt is not None and run.seconds_after_interrupt < 60
     assert "chromium" in run.seen_names
     assert run.leftovers() == [], "Ctrl-C left environment server processes behind"

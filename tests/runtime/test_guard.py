@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -31,7 +32,7 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
     return True
 
 
-def guarded(*command: str, log: Path | None = None, **popen) -> subprocess.Popen:
+def guarded(*command: str, log: Path | None = None, **popen: Any) -> subprocess.Popen:
     extra = ["--stderr-log", str(log)] if log else []
     return subprocess.Popen([sys.executable, str(GUARD), "--parent", str(os.getpid()), *extra, "--", *command], **popen)
 
@@ -44,7 +45,7 @@ def command_pid(guard: subprocess.Popen) -> int:
     return psutil.Process(guard.pid).children()[0].pid
 
 
-def test_the_command_ends_when_its_parent_is_killed(tmp_path):
+def test_the_command_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
     """A parent killed with SIGKILL runs no cleanup: the guard notices it is gone and ends the command."""
     parent = subprocess.Popen(
         [
@@ -61,6 +62,7 @@ def test_the_command_ends_when_its_parent_is_killed(tmp_path):
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert parent.stdout is not None
     try:
         guard_pid = int(parent.stdout.readline())
         deadline = time.monotonic() + 10
@@ -118,11 +120,11 @@ def test_a_guard_without_a_command_is_refused(argv: list[str]) -> None:
 # --- --adopt: a process someone else started (eval-protocol's MCP-gym server) ------------------------------------
 
 
-def adopting(pid: int, **popen) -> subprocess.Popen:
+def adopting(pid: int, **popen: Any) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(GUARD), "--parent", str(os.getpid()), "--adopt", str(pid)], **popen)
 
 
-def test_an_adopted_process_and_its_descendants_end_when_the_parent_is_killed():
+def test_an_adopted_process_and_its_descendants_end_when_the_parent_is_killed() -> None:
     """The parent starts a server itself, in its own process group (as eval-protocol's MCPServerManager does), the
     server starts a helper that ignores SIGTERM, and the parent hands the server's pid to a guard. SIGKILLed, the
     parent runs no cleanup: the guard ends the server at once and the helper with SIGKILL after KILL_AFTER_S."""
@@ -153,6 +155,7 @@ def test_an_adopted_process_and_its_descendants_end_when_the_parent_is_killed():
         text=True,
     )
     started: list[int] = []
+    assert parent.stdout is not None
     try:
         started = list(map(int, parent.stdout.readline().split()))
         server_pid, helper_pid, guard_pid = started

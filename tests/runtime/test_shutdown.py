@@ -147,7 +147,9 @@ def port_answers(port: int) -> bool:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", sorted(SIGKILL_CASES))
-def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_dir, tmp_path, stdio_agent_config):
+def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(
+    case: str, tiny_model_dir: Path, tmp_path: Path, stdio_agent_config: Path
+) -> None:
     env_path, marker = SIGKILL_CASES[case]
     port = SERVER_PORTS.get(case)
     assert port is None or not port_answers(port), f"port {port} is taken before the run: {port_holder(port)}"
@@ -160,7 +162,8 @@ def test_nothing_ep_trl_started_outlives_a_sigkilled_trainer(case, tiny_model_di
         stderr=subprocess.STDOUT,
         text=True,
     )
-    output = []
+    output: list[str] = []
+    assert trainer.stdout is not None
     try:
         for line in trainer.stdout:
             output.append(line)
@@ -742,8 +745,8 @@ class Closes:
         return self.name
 
 
-def test_every_registered_resource_is_closed_when_one_fails(caplog):
-    closed = []
+def test_every_registered_resource_is_closed_when_one_fails(caplog: pytest.LogCaptureFixture) -> None:
+    closed: list[tuple[str, list[str]]] = []
     resources = [
         Closes("servers", closed, OSError("servers failed")),
         Closes("log", closed),
@@ -762,10 +765,10 @@ def test_every_registered_resource_is_closed_when_one_fails(caplog):
     assert len(closed) == 3
 
 
-def test_a_resource_stays_registered_until_its_close_ran_and_an_interrupted_close_skips_none():
+def test_a_resource_stays_registered_until_its_close_ran_and_an_interrupted_close_skips_none() -> None:
     """Issue 33: close_all dropped its registry before closing, and a KeyboardInterrupt from one close skipped the
     rest."""
-    closed = []
+    closed: list[tuple[str, list[str]]] = []
     resources = [Closes("servers", closed), Closes("log", closed, KeyboardInterrupt()), Closes("rollout", closed)]
     for resource in resources:
         shutdown.register(resource)

@@ -1,9 +1,14 @@
 """Version checks fail at construction with the supported range and the install command."""
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from ep_trl import VersionError
 from ep_trl.runtime.versions import installed_version, require_range, supported_range
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def test_installed_versions_are_in_the_supported_ranges() -> None:
@@ -38,7 +43,7 @@ def test_missing_distribution_says_how_to_install_it() -> None:
         installed_version("not-a-real-dist")
 
 
-def test_exactly_one_supported_openenv_distribution_is_required(monkeypatch: pytest.MonkeyPatch):
+def test_exactly_one_supported_openenv_distribution_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib import metadata
 
     from ep_trl.openenv.client import check_openenv
@@ -47,8 +52,8 @@ def test_exactly_one_supported_openenv_distribution_is_required(monkeypatch: pyt
     assert installed.split()[0] in ("openenv", "openenv-core")
     real = metadata.version
 
-    def versions(table):
-        def version(name):
+    def versions(table: dict[str, str]) -> "Callable[[str], str]":
+        def version(name: str) -> str:
             if name in ("openenv", "openenv-core"):
                 if name not in table:
                     raise metadata.PackageNotFoundError(name)

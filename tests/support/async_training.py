@@ -7,19 +7,26 @@ import queue
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    import torch
+    from transformers import PreTrainedModel
 
 
 class Recorded(queue.Queue):
     """The worker's buffer, keeping every sample put on it (the trainer drains it as usual)."""
 
-    def __init__(self, maxsize):
+    def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize)
-        self.samples = []
+        self.samples: list[Any] = []
 
-    def put(self, item, block=True, timeout=None) -> None:
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         super().put(item, block, timeout)
         self.samples.append(item)
 
@@ -28,10 +35,18 @@ class VersionSnapshots(TrainerCallback):
     """The policy of each version: version 1 is the initial weights (the first sync), version k+1 the weights after
     step k. ``model_class`` loads the checkpoint (``AutoModelForCausalLM``, ``AutoModelForImageTextToText``)."""
 
-    def __init__(self, model_dir, model_class) -> None:
-        self.states = {1: model_class.from_pretrained(model_dir).state_dict()}
+    def __init__(self, model_dir: "str | Path", model_class: type[Any]) -> None:
+        self.states: dict[int, dict[str, torch.Tensor]] = {1: model_class.from_pretrained(model_dir).state_dict()}
 
-    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: "PreTrainedModel | None" = None,
+        **kwargs: Any,
+    ) -> None:
+        assert model is not None
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -166,7 +181,7 @@ def released_group(
     return ScoredGroup(group_plan, tuple(played), tuple(Scored(score, None) for score in scores), seconds=0.0)
 
 
-def wait_until(condition, timeout_s) -> None:
+def wait_until(condition: "Callable[[], object]", timeout_s: float) -> None:
     """Return once ``condition()`` holds; fail the test after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -2,8 +2,16 @@
 (``tests/project/test_smollm2.py``) and the colocated engine's venv (``tests/colocate/test_real_model_colocate.py``)."""
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from tests.support.references import sampled_texts, teacher_forced_logprobs
+from tests.support.references import decoded_text, sampled_texts, teacher_forced_logprobs
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 TOLERANCE = 1e-3
 TEMPERATURE = 0.8
@@ -20,9 +28,16 @@ __all__ = [
 ]
 
 
-def sampled_runs_and_logprob_gap(model, tokenizer, prompt_ids, completion_ids, logprobs, mask):
+def sampled_runs_and_logprob_gap(
+    model: "torch.nn.Module",
+    tokenizer: "PreTrainedTokenizerBase",
+    prompt_ids: "Sequence[int]",
+    completion_ids: "Sequence[int]",
+    logprobs: "Sequence[float]",
+    mask: "Sequence[int]",
+) -> float:
     """Check one returned sample; return its decoded runs of mask-1 tokens and its largest logprob gap."""
-    text = tokenizer.decode(list(prompt_ids) + list(completion_ids))
+    text = decoded_text(tokenizer, list(prompt_ids) + list(completion_ids))
     assert text.startswith(DEFAULT_SYSTEM), text[:200]
     assert text.count("<|im_start|>system") == 1, text  # the default system message is never rendered again
     reference = teacher_forced_logprobs(model, prompt_ids, completion_ids, TEMPERATURE)
@@ -30,7 +45,12 @@ def sampled_runs_and_logprob_gap(model, tokenizer, prompt_ids, completion_ids, l
     return max(abs(lp - ref) for lp, ref, m in zip(logprobs, reference, mask) if m)
 
 
-def check_rollout_output(model, tokenizer, out, received_actions) -> None:
+def check_rollout_output(
+    model: "torch.nn.Module",
+    tokenizer: "PreTrainedTokenizerBase",
+    out: "Mapping[str, Any]",
+    received_actions: "Sequence[Mapping[str, Any]]",
+) -> None:
     """Every row of a rollout function's output: token-exact against ``model`` and the environment's record."""
     assert out["episode_status"] == ["finished"] * len(out["prompt_ids"]) and set(out["num_turns"]) == {3}
     gaps = [

@@ -1,13 +1,16 @@
 """What tests compare rollout output against, computed independently of ep_trl's own code."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 def teacher_forced_logprobs(
-    model,
+    model: torch.nn.Module,
     prompt_ids: Sequence[int],
     completion_ids: Sequence[int],
     temperature: float = 1.0,
@@ -24,11 +27,19 @@ def teacher_forced_logprobs(
     return torch.log_softmax(logits, -1).gather(-1, targets)[:, 0].tolist()
 
 
-def sampled_texts(tokenizer, out: Mapping[str, Any]) -> list[tuple[str, ...]]:
+def decoded_text(tokenizer: "PreTrainedTokenizerBase", ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    """The text of one token sequence (``decode`` of a single sequence returns a string)."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    assert isinstance(text, str), "decode of one sequence returns its text"
+    return text
+
+
+def sampled_texts(tokenizer: "PreTrainedTokenizerBase", out: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """Per returned row, the decoded text of each run of ``env_mask`` 1 tokens (one per model turn)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for ids, mask in zip(out["completion_ids"], out["env_mask"]):
-        runs, current = [], []
+        runs: list[list[int]] = []
+        current: list[int] = []
         for token, sampled in zip(ids, mask):
             if sampled:
                 current.append(token)
@@ -36,5 +47,5 @@ def sampled_texts(tokenizer, out: Mapping[str, Any]) -> list[tuple[str, ...]]:
                 runs.append(current)
                 current = []
         runs.append(current)
-        rows.append(tuple(tokenizer.decode(run, skip_special_tokens=True) for run in runs))
+        rows.append(tuple(decoded_text(tokenizer, run, skip_special_tokens=True) for run in runs))
     return rows

@@ -6,10 +6,14 @@ syncs x slots (all the VLM test bounded before issue 48). The gaps are synthetic
 teacher-forced| logprob under its recorded version and the next one."""
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support.async_training import SampleTurns, TurnGaps, check_turn_versions
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 TOLERANCE = 1e-3
 SLOTS, SYNCS = 2, 4  # versions 1 to 4: the first sync, then one per step
@@ -58,22 +62,22 @@ def test_a_run_that_keeps_the_rule_passes_with_its_counts() -> None:
     assert dict(check.exact) == {1: 1, 2: 3, 3: 4}
 
 
-def tagged_with_its_newest_turns_version(samples):
+def tagged_with_its_newest_turns_version(samples: "Sequence[SampleTurns]") -> list[SampleTurns]:
     return [dataclasses.replace(samples[1], model_version=2), *samples[2:]]
 
 
-def a_turn_matching_neither_version(samples):
+def a_turn_matching_neither_version(samples: "Sequence[SampleTurns]") -> list[SampleTurns]:
     return [*samples, SampleTurns(2, (own(2), neither(2)))]
 
 
-def no_turn_told_apart(samples):
+def no_turn_told_apart(samples: "Sequence[SampleTurns]") -> list[SampleTurns]:
     return [
         SampleTurns(s.model_version, tuple(t if t == held(t.version) else both(t.version) for t in s.turns))
         for s in samples
     ]
 
 
-def three_turns_held_at_one_sync(samples):
+def three_turns_held_at_one_sync(samples: "Sequence[SampleTurns]") -> list[SampleTurns]:
     return [*samples, SampleTurns(2, (own(2), held(2)))]
 
 
@@ -90,7 +94,7 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("broken", BROKEN)
-def test_a_broken_rule_fails_the_check(broken) -> None:
+def test_a_broken_rule_fails_the_check(broken: str) -> None:
     """Each broken run fails with the message that names what broke; the run it was made from passes."""
     breaking, message = BROKEN[broken]
     with pytest.raises(AssertionError, match=message):

@@ -11,10 +11,11 @@ from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import make_trainer
 
 
-def test_the_default_is_the_cpu(monkeypatch, tiny_model_dir, tmp_path):
+def test_the_default_is_the_cpu(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tmp_path: Path) -> None:
     monkeypatch.delenv(DEVICE_VARIABLE, raising=False)
     assert device_under_test() == "cpu" and trainer_on_cpu()
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout_func=lambda prompts, trainer: {})
+    assert trainer.model is not None
     assert trainer.args.use_cpu and trainer.model.device.type == "cpu"
 
 

@@ -4,13 +4,16 @@ gradient is NaN or infinite, wherever that step is (issue 40: a NaN after a posi
 import io
 import math
 from types import SimpleNamespace
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from ep_trl.cli.progress import ProgressPrinter
 from tests.support.trainers import assert_script_trained, assert_trained
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 NAN, INF = math.nan, math.inf
 HISTORIES = {  # grad_norm per step, and whether the run trained
@@ -46,11 +49,15 @@ def script_output(norms: list[float]) -> str:
 
 
 @pytest.mark.parametrize("case", sorted(HISTORIES))
-def test_assert_trained_and_assert_script_trained_pass_only_finite_gradients_with_one_above_0(case):
+def test_assert_trained_and_assert_script_trained_pass_only_finite_gradients_with_one_above_0(case: str) -> None:
     norms, trained = HISTORIES[case]
     output = script_output(norms)
     assert output.count("grad_norm") == len(norms)  # every step's line, the NaN and infinite ones included
-    for check, given in ((assert_trained, trainer_with(norms)), (assert_script_trained, output)):
+    checks: "tuple[tuple[Callable[[Any], None], object], ...]" = (
+        (assert_trained, trainer_with(norms)),
+        (assert_script_trained, output),
+    )
+    for check, given in checks:
         if trained:
             check(given)
         else:

@@ -3,14 +3,25 @@
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from trl import GRPOConfig, GRPOTrainer
 
 from ep_trl.rewards import eval_score
 from tests.support.device import trainer_on_cpu
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 PROMPT = "Play the letters game."
 
@@ -60,10 +71,18 @@ def make_trainer(
 class WeightSnapshots(TrainerCallback):
     """Keeps a copy of the weights after every optimizer step (``states[step]``)."""
 
-    def __init__(self):
-        self.states = {}
+    def __init__(self) -> None:
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
 
-    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: "PreTrainedModel | None" = None,
+        **kwargs: Any,
+    ) -> None:
+        assert model is not None
         self.states[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -10,6 +10,7 @@ feature and ``ep_trl.trainers.images`` should go.
 import asyncio
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from trl import GRPOTrainer
@@ -21,22 +22,26 @@ from ep_trl.trajectory.template import ChatTemplate
 from tests.support.images import png_data_uri, user_with_image
 from tests.support.vlm_trainers import logged, make_vlm_trainer
 
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
+
+    from ep_trl.generation import Generation
+
 COLORS = [(255, 0, 0), (0, 160, 0), (0, 0, 255), (200, 200, 0)]
 
 
-def screenshot_rollout(prompts, trainer):
+def screenshot_rollout(prompts: list[str], trainer: GRPOTrainer) -> dict[str, list[Any]]:
     """One sampled turn per prompt, its prompt holding a screenshot; rewarded by length, to give GRPO a signal."""
-    template = ChatTemplate(trainer.processing_class)
-    tok = trainer.processing_class.tokenizer
+    processor = cast("ProcessorMixin", trainer.processing_class)  # the tiny VLM's
+    template = ChatTemplate(processor)
+    tok = processor.tokenizer
     model = trainer.accelerator.unwrap_model(trainer.model)
-    generator = TrainerGenerator(
-        lambda: model, tok, [tok.eos_token_id], tok.pad_token_id, processing_class=trainer.processing_class
-    )
+    generator = TrainerGenerator(lambda: model, tok, [tok.eos_token_id], tok.pad_token_id, processing_class=processor)
     encoded = [
         template.prompt([user_with_image(p, png_data_uri(COLORS[i % len(COLORS)]))]) for i, p in enumerate(prompts)
     ]
 
-    async def sample():
+    async def sample() -> "list[Generation]":
         try:
             return await asyncio.gather(
                 *(
@@ -60,11 +65,11 @@ def screenshot_rollout(prompts, trainer):
     }
 
 
-def length_reward(completions, turn_length, **kwargs):
+def length_reward(completions: list[Any], turn_length: list[int], **kwargs: object) -> list[float]:
     return [float(n) for n in turn_length]
 
 
-def train_one_step(trainer_cls, tiny_vlm_dir, tmp_path: Path):
+def train_one_step(trainer_cls: type[GRPOTrainer], tiny_vlm_dir: Path, tmp_path: Path) -> GRPOTrainer:
     trainer = make_vlm_trainer(
         trainer_cls,
         tiny_vlm_dir,
@@ -83,12 +88,14 @@ def train_one_step(trainer_cls, tiny_vlm_dir, tmp_path: Path):
 
 def test_seam_puts_the_rollouts_images_into_every_forward(
     tiny_vlm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    forwards = []
+) -> None:
+    forwards: list[object] = []
     trl_forward = GRPOTrainer._get_per_token_logps_and_entropies
 
     @functools.wraps(trl_forward)
-    def recording(self, *args, **kwargs):  # what reaches TRL's own forward, under the seam
+    def recording(
+        self: GRPOTrainer, *args: Any, **kwargs: Any
+    ) -> Any:  # what reaches TRL's own forward, under the seam
         forwards.append(kwargs.get("pixel_values"))
         return trl_forward(self, *args, **kwargs)
 
@@ -108,8 +115,8 @@ def test_plain_grpo_trainer_still_drops_rollout_images(tiny_vlm_dir: Path, tmp_p
     assert len(difference) == 1 and difference[0] > 0.1
 
 
-def test_seam_refuses_images_that_do_not_match_the_samples(tiny_vlm_dir: Path, tmp_path: Path):
-    def one_image_list_too_few(prompts, trainer):
+def test_seam_refuses_images_that_do_not_match_the_samples(tiny_vlm_dir: Path, tmp_path: Path) -> None:
+    def one_image_list_too_few(prompts: list[str], trainer: GRPOTrainer) -> dict[str, list[Any]]:
         out = screenshot_rollout(prompts, trainer)
         return {**out, "images": out["images"][1:]}
 

@@ -12,8 +12,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from typing import Any
 
 from ep_trl import EvalOverrides, create_openenv_vllm_rollout_func
+from ep_trl.adapters.rollout_func import RolloutFunction
 from tests.support.ep_logs import chromium_page, row_text, start_ep_logs, table_url, wait_for_row, wait_for_text
 from tests.support.trainers import PROMPT, make_trainer
 
@@ -27,11 +29,13 @@ def shown_score(score: float) -> str:
     return str(Decimal(score).quantize(Decimal("0.001"), rounding=ROUND_HALF_UP))
 
 
-def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_path):
+def test_training_rollouts_show_in_ep_logs(tiny_model_dir: Path, letters_server: str, tmp_path: Path) -> None:
     given: dict[str, float | None] = {}
     step_of: dict[str, int] = {}
 
-    def recording_eval_score(completions, eval_score, rollout_id, **kwargs):
+    def recording_eval_score(
+        completions: list[Any], eval_score: list[float | None], rollout_id: list[str], **kwargs: object
+    ) -> list[float | None]:
         given.update(zip(rollout_id, eval_score))
         step_of.update((rid, trainer.state.global_step) for rid in rollout_id)
         return eval_score
@@ -40,6 +44,7 @@ def test_training_rollouts_show_in_ep_logs(tiny_model_dir, letters_server, tmp_p
     rollout = create_openenv_vllm_rollout_func(
         EVAL, overrides=EvalOverrides(tasks=["vowels", "digits", "crash"])
     )  # default store
+    assert isinstance(rollout, RolloutFunction)
     trainer = make_trainer(
         tiny_model_dir,
         tmp_path,

@@ -3,27 +3,37 @@
 import os
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from eval_protocol.dataset_logger.sqlite_dataset_logger_adapter import SqliteDatasetLoggerAdapter
 from eval_protocol.models import Status
 
 from ep_trl import RolloutOptions, create_openenv_vllm_rollout_func
+from ep_trl.adapters.rollout_func import RolloutFunction
 from tests.support.trainers import PROMPT, make_trainer
 
+if TYPE_CHECKING:
+    from eval_protocol.models import EvaluationRow
 
-def stored_rows(home: str, invocation_id: str):
+
+def stored_rows(home: str, invocation_id: str) -> "list[EvaluationRow]":
     store = SqliteDatasetLoggerAdapter(db_path=str(Path(home) / ".eval_protocol" / "logs.db"))
     return [r for r in store.read() if r.execution_metadata.invocation_id == invocation_id]
 
 
-def test_training_rollouts_are_stored_scored_and_grouped(tiny_model_dir, letters_server, tmp_path):
+def test_training_rollouts_are_stored_scored_and_grouped(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     given: dict[str, float | None] = {}
 
-    def recording_eval_score(completions, eval_score, rollout_id, **kwargs):
+    def recording_eval_score(
+        completions: list[Any], eval_score: list[float | None], rollout_id: list[str], **kwargs: object
+    ) -> list[float | None]:
         given.update(zip(rollout_id, eval_score))
         return eval_score
 
     rollout = create_openenv_vllm_rollout_func("tests.evals.eval_letters::test_letters_pointwise")  # default store
+    assert isinstance(rollout, RolloutFunction)
     trainer = make_trainer(
         tiny_model_dir,
         tmp_path,
@@ -61,15 +71,19 @@ def test_training_rollouts_are_stored_scored_and_grouped(tiny_model_dir, letters
     assert len({r.execution_metadata.rollout_id for r in rows}) == 8
 
 
-def test_rows_are_logged_while_running_and_failures_carry_their_message(tiny_model_dir, letters_server, tmp_path):
+def test_rows_are_logged_while_running_and_failures_carry_their_message(
+    tiny_model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     rollout = create_openenv_vllm_rollout_func(
         "tests.evals.eval_crash", options=RolloutOptions(log_home=tmp_path / "store")
     )
+    assert isinstance(rollout, RolloutFunction)
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout)
     try:
         out = rollout([PROMPT] * 4, trainer)
         rollout.flush_logs()
         writer = rollout.log_writer
+        assert writer is not None
         # started + one update per completed environment step (1 before the crash) + final, per episode
         assert writer.queued == 4 * (1 + 1 + 1) and writer.failures == 0
     finally:

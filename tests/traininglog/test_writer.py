@@ -1,11 +1,13 @@
 """The rollout log writer on its own: collapsing updates, surviving bad rows, the token view, live events."""
 
+import functools
 import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from eval_protocol.event_bus.sqlite_event_bus_database import SqliteEventBusDatabase
@@ -15,8 +17,13 @@ from ep_trl.evalprotocol import StoreLogger
 from ep_trl.traininglog.writer import RolloutLogWriter, token_view
 from ep_trl.trajectory.tokens import Trajectory
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def make_row(rollout_id: str, step_rewards: list[float]):
+    from ep_trl.trajectory.types import Row
+
+
+def make_row(rollout_id: str, step_rewards: list[float]) -> "Row":
     return evalprotocol.build_row(
         messages=[{"role": "user", "content": "hi"}],
         eval_name="test_x",
@@ -30,13 +37,13 @@ def make_row(rollout_id: str, step_rewards: list[float]):
     )
 
 
-def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp_path: Path):
+def test_queued_updates_collapse_to_the_newest_and_a_bad_row_is_only_counted(tmp_path: Path) -> None:
     store = StoreLogger(tmp_path / "logs.db")
     writer = RolloutLogWriter(store, min_interval_s=5.0)
     built: list[str] = []
 
-    def update(rollout_id: str, rewards: list[float]):
-        def build():
+    def update(rollout_id: str, rewards: list[float]) -> "Callable[[], Row]":
+        def build() -> "Row":
             built.append(f"{rollout_id}{rewards}")
             return make_row(rollout_id, rewards)
 
@@ -84,8 +91,8 @@ class KillsTheWriterThread(BaseException):
 
 
 def test_rows_queued_after_the_writer_thread_died_are_written_by_flush_in_the_owning_process_only(
-    tmp_path, monkeypatch, caplog
-):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Issue 40: flush() returned at once when the writer thread had died, and the queued rows were never written."""
     died: list[type] = []
     monkeypatch.setattr(threading, "excepthook", lambda hook: died.append(hook.exc_type))  # the thread's death, seen
@@ -100,7 +107,7 @@ def test_rows_queued_after_the_writer_thread_died_are_written_by_flush_in_the_ow
         writer._thread.join(10)
         assert died == [KillsTheWriterThread] and not writer._thread.is_alive()
         for rollout_id in ("r1", "r2"):
-            writer.log(rollout_id, lambda rollout_id=rollout_id: make_row(rollout_id, [1.0]))
+            writer.log(rollout_id, functools.partial(make_row, rollout_id, [1.0]))
         child = os.fork()
         if child == 0:  # a forked child's copy: the rows are its parent's to write
             writer.flush()

@@ -15,6 +15,8 @@ from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import PrefixEncoder, TrajectoryBuilder, cut_tokens
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 
@@ -53,7 +55,7 @@ def llama3() -> "PreTrainedTokenizerFast":
     return tokenizer
 
 
-def grow(rng):
+def grow(rng: random.Random) -> "Iterator[list[dict[str, str]]]":
     """A conversation growing by one assistant and one user message per turn, made of the tricky texts."""
     messages = [{"role": "system", "content": rng.choice(TRICKY)}, {"role": "user", "content": rng.choice(TRICKY)}]
     for _ in range(12):
@@ -76,12 +78,15 @@ def test_incremental_encoding_equals_the_whole_encoding(which: str, request: pyt
     assert len(template._prefixes._kept) > 0
 
 
-def test_a_turn_encodes_only_what_it_adds(chatml):
+def test_a_turn_encodes_only_what_it_adds(chatml: "PreTrainedTokenizerBase") -> None:
     """The second text starts with the first's kept part: only the rest goes to the tokenizer."""
-    seen = []
-    encoder = PrefixEncoder(
-        lambda text: seen.append(text) or chatml.encode(text, add_special_tokens=False), cut_tokens(chatml)
-    )
+    seen: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        seen.append(text)
+        return chatml.encode(text, add_special_tokens=False)
+
+    encoder = PrefixEncoder(encode, cut_tokens(chatml))
     first = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     second = first + "hi there<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
     assert encoder(first) == chatml.encode(first, add_special_tokens=False)
@@ -91,14 +96,19 @@ def test_a_turn_encodes_only_what_it_adds(chatml):
     assert seen == [second[len(first) - len(prompt) : len(second) - len(prompt)]]
 
 
-def test_what_follows_the_last_cut_is_encoded_once_and_long_or_many_tails_stay_exact(chatml):
+def test_what_follows_the_last_cut_is_encoded_once_and_long_or_many_tails_stay_exact(
+    chatml: "PreTrainedTokenizerBase",
+) -> None:
     """The tail after the last cut (the generation prompt) is kept with its ids: each distinct short tail goes to the
     tokenizer once; a long one every time; with more tails than are kept, the oldest is encoded again; the ids are
     always the whole encode's."""
-    seen = []
-    encoder = PrefixEncoder(
-        lambda text: seen.append(text) or chatml.encode(text, add_special_tokens=False), cut_tokens(chatml)
-    )
+    seen: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        seen.append(text)
+        return chatml.encode(text, add_special_tokens=False)
+
+    encoder = PrefixEncoder(encode, cut_tokens(chatml))
     whole = lambda text: chatml.encode(text, add_special_tokens=False)  # noqa: E731
     texts = [f"<|im_start|>user\nturn {i}<|im_end|>\n<|im_start|>assistant\n" for i in range(5)]
     assert [encoder(t) for t in texts] == [whole(t) for t in texts]
@@ -129,10 +139,11 @@ def test_tokens_that_strip_whitespace_or_hide_inside_others_are_no_cuts() -> Non
     assert not {"<lstrip>", "<rstrip>", "[inner]"} & set(cuts)
 
 
-def test_bridges_of_a_long_episode_are_those_of_a_fresh_template(chatml):
+def test_bridges_of_a_long_episode_are_those_of_a_fresh_template(chatml: "PreTrainedTokenizerBase") -> None:
     """Ten turns through one template (prefixes kept) give the bridges a template with nothing kept gives."""
     kept = ChatTemplate(chatml)
     end = chatml.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(end, int)
     messages = [{"role": "user", "content": "observation 0"}]
     builder = TrajectoryBuilder.start(kept.prompt(messages))
     for turn in range(1, 11):

@@ -3,7 +3,7 @@ expanded image tokens; the images stay in placeholder order across prompt and co
 is part of a masked bridge, and the unexpanded ids (what vLLM takes with the images) are kept beside them."""
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from transformers import AutoProcessor
@@ -15,6 +15,8 @@ from ep_trl.trajectory.tokens import TrajectoryBuilder
 from tests.support.images import png_data_uri, user_with_image
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from transformers import ProcessorMixin
 
 
@@ -26,11 +28,11 @@ def processor(tiny_vlm_dir: Path) -> "ProcessorMixin":
     return AutoProcessor.from_pretrained(tiny_vlm_dir)
 
 
-def sampled(ids):
+def sampled(ids: "Sequence[int]") -> Generation:
     return Generation(tuple(ids), tuple(-1.0 for _ in ids), "stop")
 
 
-def conversation(answer):
+def conversation(answer: str) -> list[dict[str, Any]]:
     return [
         user_with_image("Step 1", png_data_uri(RED)),
         {"role": "assistant", "content": answer},
@@ -38,9 +40,10 @@ def conversation(answer):
     ]
 
 
-def play(template, answer, turn):
+def play(template: ChatTemplate, answer: str, turn: "Sequence[int]") -> tuple[TrajectoryBuilder, bool]:
     """Prompt, one sampled turn, the bridge to the second observation: the builder and whether it realigned."""
     end = template.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(end, int)
     builder = TrajectoryBuilder.start(template.prompt(conversation(answer)[:1]))
     builder.add_sampled(sampled(turn))
     bridge, realigned = template.bridge(conversation(answer), builder.held(), sampled(turn), [end])
@@ -77,7 +80,9 @@ def test_realigned_bridge_keeps_the_new_image_and_the_unexpanded_ids(processor: 
     trajectory = builder.build()
     assert [im.getpixel((0, 0)) for im in trajectory.images] == [RED, BLUE]
     assert trajectory.completion_ids.count(image) == IMAGE_SEQ_LEN
-    assert processor.tokenizer.decode(builder.held_images().unexpanded_ids) == template.render(conversation("hello"))
+    held = builder.held_images()
+    assert held is not None
+    assert processor.tokenizer.decode(held.unexpanded_ids) == template.render(conversation("hello"))
 
 
 def test_a_template_that_writes_no_placeholder_for_an_image_is_refused(
