@@ -6,7 +6,9 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,11 +21,16 @@ from ep_trl.cli.warm_start import (
     render_example,
     train_on,
 )
+from tests.support.references import decoded_text
+
+if TYPE_CHECKING:
+    from ep_trl.trajectory.template import ChatTemplate
+    from ep_trl.trajectory.types import ProcessingClass
 
 ROOT = Path(__file__).resolve().parents[2]
 LAKE = f"{ROOT / 'tests' / 'evals' / 'eval_frozen_lake.py'}::test_frozen_lake"
 MOVES = ("LEFT", "DOWN", "RIGHT", "UP")
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
@@ -50,19 +57,19 @@ def call(action: str, k: int, as_string: bool = True) -> dict:
     }
 
 
-def conversation(actions, as_string: bool = True) -> list[dict]:
+def conversation(actions: Iterable[str], as_string: bool = True) -> list[dict]:
     messages = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Go."}]
     for k, action in enumerate(actions):
         messages += [call(action, k, as_string), {"role": "tool", "content": f"at {k}", "tool_call_id": f"c{k}"}]
     return messages[:-1]  # ends with the last call, as a recorded episode does
 
 
-def write_lines(path: Path, lines) -> Path:
+def write_lines(path: Path, lines: Iterable[Any]) -> Path:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
 
-def template(model_dir):
+def template(model_dir: Path) -> "tuple[ProcessingClass, ChatTemplate, tuple[int, ...]]":
     from ep_trl.trajectory.template import ChatTemplate
     from ep_trl.trajectory.tokens import eos_token_ids
 
@@ -101,11 +108,11 @@ def test_the_loss_mask_covers_exactly_the_assistant_turns(qwen_template_model_di
     assert trained_runs == expected
     assert example.trained_tokens == sum(map(len, expected))
     whole = processing_class.apply_chat_template(
-        conversation(["LEFT", "UP"], as_string=False), tools=TOOLS, tokenize=False
+        conversation(["LEFT", "UP"], as_string=False), tools=list(TOOLS), tokenize=False
     )
     assert tokenizer.decode(list(example.ids), skip_special_tokens=False) == whole
     # the untrained runs are the prompts: the first ends with the generation prompt, the second is the tool result
-    untrained = [tokenizer.decode(ids, skip_special_tokens=False) for trained, ids in runs if not trained]
+    untrained = [decoded_text(tokenizer, ids) for trained, ids in runs if not trained]
     assert untrained[0].endswith("<|im_start|>assistant\n") and "at 0" in untrained[1]
     assert untrained[-1] == "\n"  # after the last turn's end-of-turn token: template text, not trained
     # the default length limit: the first prompt plus max_completion_length tokens
@@ -114,7 +121,9 @@ def test_the_loss_mask_covers_exactly_the_assistant_turns(qwen_template_model_di
     assert cut.cut == example.trained_tokens - 5
 
 
-def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(qwen_template_model_dir: Path, tmp_path: Path):
+def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(
+    qwen_template_model_dir: Path, tmp_path: Path
+) -> None:
     """Before: the tiny model's greedy first turn is no tool call. After a few epochs on demonstrations of random
     moves: a parsable call of the offered tool with one of the moves, and the loss on the demonstrations fell."""
     import torch
@@ -157,7 +166,7 @@ def test_a_warm_start_teaches_the_tiny_model_the_tool_call_format(qwen_template_
 NO_TOOLS = f"{ROOT / 'tests' / 'evals' / 'eval_single_turn.py'}::test_single_turn"
 
 
-def refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags, env_path=LAKE) -> str:
+def refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str, env_path: str = LAKE) -> str:
     with pytest.raises(SystemExit) as exited:
         train.main([env_path, "--output-dir", str(tmp_path / "run"), *flags])
     assert exited.value.code == 2
@@ -194,7 +203,7 @@ def refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags, env_path
     ],
 )
 def test_bad_demonstrations_are_refused_before_anything_starts(
-    content, wanted: str, qwen_template_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    content: str | None, wanted: str, qwen_template_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "demos.jsonl"
     if content is not None:
@@ -407,6 +416,6 @@ def test_a_vllm_server_the_run_generates_on_is_given_the_warm_started_weights(
             )[0, len(prompt) :].tolist()
     finally:
         push_weights(base, shared_vllm_url)  # the session's server back on the base model
-    assert chat.tokenizer.decode(after).startswith("zebra"), chat.tokenizer.decode(after)
+    assert decoded_text(chat.tokenizer, after).startswith("zebra"), decoded_text(chat.tokenizer, after)
     assert after == local[: len(after)] and before != after
     assert report.loss_last_epoch < report.loss_first_epoch and report.seconds > 0

@@ -4,9 +4,9 @@ call, through ``CPUColocateGRPOTrainer`` on CPU), real ``train()`` steps, the le
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from datasets import Dataset
@@ -23,7 +23,13 @@ from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import PROMPT, WeightSnapshots, assert_trained
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import TrainerCallback
     from vllm import LLM
+
+    from ep_trl.adapters.rollout_func import RolloutFunction
+    from ep_trl.adapters.sharded import ShardedRolloutFunction
+    from ep_trl.generation import Generation, PromptImages
 
 
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
@@ -37,7 +43,14 @@ def model_dir(sharp_model_dir: Path) -> Path:
     return sharp_model_dir
 
 
-def colocate_trainer(model_dir, out_dir, rollout, prompts, callbacks=(), **config):
+def colocate_trainer(
+    model_dir: Path,
+    out_dir: Path,
+    rollout: "RolloutFunction | ShardedRolloutFunction",
+    prompts: list[str],
+    callbacks: "Sequence[TrainerCallback]" = (),
+    **config: Any,
+) -> CPUColocateGRPOTrainer:
     args = GRPOConfig(
         output_dir=str(out_dir),
         use_cpu=True,
@@ -67,7 +80,7 @@ def colocate_trainer(model_dir, out_dir, rollout, prompts, callbacks=(), **confi
     )
 
 
-def max_gap(model, out, temperature):
+def max_gap(model: "torch.nn.Module", out: dict[str, list[Any]], temperature: float) -> float:
     """The largest difference between a returned sampled-token logprob and the model's teacher-forced one; inserted
     tokens must carry logprob 0."""
     model.eval()
@@ -80,12 +93,14 @@ def max_gap(model, out, temperature):
 
 
 @pytest.mark.timeout(600)
-def test_the_letters_eval_trains_on_policy_with_the_colocated_engine(model_dir, letters_server, tmp_path):
+def test_the_letters_eval_trains_on_policy_with_the_colocated_engine(
+    model_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     """The rollout generates with the trainer's own engine (not its model, not a server); TRL pushes the trainer's
     weights into it before each step's rollouts, so TRL's own check stays at rounding level, and afterwards the
     engine samples from the weights after step 2 (the last push, before step 3's rollouts), not the initial ones."""
     snapshots = WeightSnapshots()
-    rollout = create_rollout_func(LETTERS, log_rollouts=False)
+    rollout = cast("RolloutFunction", create_rollout_func(LETTERS, log_rollouts=False))  # unsharded
     trainer = colocate_trainer(model_dir, tmp_path, rollout, [PROMPT] * 8, callbacks=[snapshots], max_steps=3)
     initial = AutoModelForCausalLM.from_pretrained(model_dir)
     try:
@@ -117,6 +132,7 @@ def test_a_processor_eval_trains_with_the_colocated_engine(model_dir: Path, tmp_
     try:
         out = rollout(prompts[:4], trainer)
         assert out["episode_status"] == ["finished"] * 4 and all(all(mask) for mask in out["env_mask"])
+        assert trainer.model is not None
         assert max_gap(trainer.model, out, TEMPERATURE) < TOLERANCE
         trainer.train()
     finally:
@@ -166,8 +182,12 @@ def engine(model_dir: Path, single_process: None) -> "Iterator[LLM]":
     del llm
 
 
-def generate_all(generator, requests, images=None):
-    async def main():
+def generate_all(
+    generator: ColocateGenerator,
+    requests: "Sequence[tuple[Sequence[int], SamplingParams]]",
+    images: "PromptImages | None" = None,
+) -> "list[Generation | BaseException]":
+    async def main() -> "list[Generation | BaseException]":
         try:
             return await asyncio.gather(
                 *(generator.generate(ids, params, images=images) for ids, params in requests), return_exceptions=True
@@ -188,6 +208,7 @@ def test_concurrent_turns_share_engine_calls_each_with_its_own_settings(engine: 
     results = generate_all(generator, requests)
     assert generator.engine_calls < len(requests) and generator.turns == len(requests)  # batched
     for (ids, params), result in zip(requests, results):
+        assert not isinstance(result, BaseException)
         assert len(result.token_ids) <= params.max_tokens  # each turn's own limit
         reference = teacher_forced_logprobs(model, ids, result.token_ids, TEMPERATURE)
         assert max(abs(a - b) for a, b in zip(result.logprobs, reference)) < TOLERANCE
@@ -200,6 +221,7 @@ def test_a_prompt_the_engine_cannot_take_fails_its_turn_alone(engine: "LLM") -> 
     results = generate_all(generator, [([5] * 300, params), ([5, 6, 7], params), ([10**9], params)])
     too_long, fine, out_of_vocabulary = results
     assert "max_model_len 256" in str(too_long) and "outside the vocabulary" in str(out_of_vocabulary)
+    assert not isinstance(fine, BaseException)
     assert len(fine.token_ids) >= 1 and generator.failure is None  # the engine goes on
 
 
@@ -255,6 +277,7 @@ def test_a_turn_with_images_samples_with_the_pixels_on_the_colocated_engine(
         [(prompt.ids, SamplingParams(max_tokens=8))],
         images=PromptImages(prompt.images, prompt.unexpanded_ids),
     )
+    assert not isinstance(turn, BaseException)
     ids, n = list(prompt.ids) + list(turn.token_ids), len(prompt.ids)
     with_pixels = token_logprobs(model, processor, ids, list(prompt.images))[n - 1 :]
     without = token_logprobs(model, processor, ids, list(prompt.images), pixels=False)[n - 1 :]
