@@ -7,6 +7,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -20,35 +21,45 @@ from ep_trl.openenv.servers import launch, server_app
 from ep_trl.runtime.processes import ServerStartError
 from tests.fixtures.guess_env import GuessEnv
 from tests.fixtures.guess_server import games_in_text, running_guess_server
-from tests.support.references import teacher_forced_logprobs
+from tests.support.references import decoded_text, teacher_forced_logprobs
 from tests.support.trainers import make_trainer
 
 DOCKER_EVAL = "tests.evals.eval_guess_docker"
 HUB_EVAL = "tests.evals.eval_guess_hub"
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ep_trl.adapters.rollout_func import RolloutFunction
+    from ep_trl.openenv.source import OpenEnvSource
+    from tests.fixtures.guess_env.models import GuessObservation
+
 PROMPT = "Let's play a guessing game."
 
 
-def played_games(trainer, out):
+def played_games(trainer: "GRPOTrainer", out: dict[str, list[Any]]) -> list[str]:
     """The game each returned episode played, read from its first observation (in its prompt tokens)."""
-    texts = [trainer.processing_class.decode(ids) for ids in out["prompt_ids"]]
+    texts = [decoded_text(cast("PreTrainedTokenizerBase", trainer.processing_class), ids) for ids in out["prompt_ids"]]
     return [games_in_text(text)[0] for text in texts]
 
 
-def assert_token_exact(trainer, out) -> None:
+def assert_token_exact(trainer: "GRPOTrainer", out: dict[str, list[Any]]) -> None:
     """As tests/adapters/test_rollout_func.py: one sampled run per turn, inserted tokens masked with logprob 0, sampled
     tokens' logprobs equal to the model's teacher-forced ones."""
     model = trainer.model
+    assert model is not None
     model.eval()
     for p, c, lps, mask, turns in zip(
         out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"], out["num_turns"]
     ):
         assert sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])) == turns
-        reference = teacher_forced_logprobs(model, p, c, trainer.args.temperature)
+        reference = teacher_forced_logprobs(model, p, c, cast("GRPOConfig", trainer.args).temperature)
         assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
         assert max(abs(lp - ref) for lp, ref, m in zip(lps, reference, mask) if m) < 1e-3
 
 
-def pid_alive(pid):
+def pid_alive(pid: int | None) -> bool:
+    assert pid is not None, "a started server has a process"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -104,16 +115,21 @@ def test_a_start_up_error_names_the_image_it_stood_in_for() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_a_docker_eval_plays_through_env_path_alone_inside_train(tiny_model_dir, tmp_path, caplog):
+def test_a_docker_eval_plays_through_env_path_alone_inside_train(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """One local server per task (GUESS_GAME set), with the eval's env_vars; a server admitting one session
     serves the eval's two concurrent episodes, also inside ``train()``; the servers stop when the rollout function
     closes. (What the servers are tested for is playing: the tiny model's guesses score about 0 in this game, so its
     groups carry no gradient; the tests that train assert one, ``assert_trained``.)"""
     caplog.set_level(logging.INFO, logger="ep_trl")
-    rollout = create_openenv_vllm_rollout_func(DOCKER_EVAL, log_rollouts=False)
-    servers = rollout.source.servers
-    pids = [provider.pid for provider in servers.providers]
-    assert sorted(servers.urls) == ["digits", "vowels"] and all(pid_alive(pid) for pid in pids) and len(pids) == 2
+    rollout = cast("RolloutFunction", create_openenv_vllm_rollout_func(DOCKER_EVAL, log_rollouts=False))  # unsharded
+    servers = cast("OpenEnvSource", rollout.source).servers
+    assert servers is not None
+    pids = [cast(LocalAppProvider, provider).pid for provider in servers.providers]
+    assert (
+        sorted(servers.urls, key=str) == ["digits", "vowels"] and all(pid_alive(pid) for pid in pids) and len(pids) == 2
+    )
     trainer = make_trainer(
         tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=4, max_steps=2, prompts=[PROMPT] * 8
     )
@@ -137,7 +153,7 @@ def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path: Path) -> 
     episode failed with CAPACITY_REACHED); once it is free, the episode gets a session."""
     with running_guess_server(tmp_path / "logs", game="digits") as url:
 
-        async def main():
+        async def main() -> tuple[str, int]:
             holder = GuessEnv(base_url=url)
             await holder.reset()  # someone else's session: the server is full
             pool = EnvPool(EnvSettings(client_cls=GuessEnv, base_url=url))
@@ -148,7 +164,7 @@ def test_a_server_at_capacity_makes_an_episode_wait_not_fail(tmp_path: Path) -> 
             session, outcome = await asyncio.wait_for(waiting, 60)
             await pool.release(session, reusable=True)
             await pool.aclose()
-            return outcome.observation.game, pool.opened
+            return cast("GuessObservation", outcome.observation).game, pool.opened
 
         game, opened = asyncio.run(main())
     assert game == "digits" and opened >= 2  # refused sessions were closed and replaced
@@ -211,13 +227,15 @@ def test_a_server_that_plays_another_task_than_asked_fails_those_episodes_saying
 
 
 @pytest.mark.timeout(600)
-def test_a_provider_passed_by_the_user_starts_the_server(tiny_model_dir, tmp_path):
+def test_a_provider_passed_by_the_user_starts_the_server(tiny_model_dir: Path, tmp_path: Path) -> None:
     """provider= takes any OpenEnv provider (here ep_trl's own, given explicitly): one server for the call."""
     provider = LocalAppProvider("tests.fixtures.guess_env.server.app:app", env_vars={"GUESS_GAME": "vowels"})
-    rollout = create_openenv_vllm_rollout_func(HUB_EVAL, provider=provider, log_rollouts=False)
+    rollout = cast("RolloutFunction", create_openenv_vllm_rollout_func(HUB_EVAL, provider=provider, log_rollouts=False))
     trainer = make_trainer(tiny_model_dir, tmp_path, rollout, num_generations=2, batch_size=2, prompts=[PROMPT] * 4)
     try:
-        assert rollout.source.servers.providers == [provider] and pid_alive(provider.pid)
+        servers = cast("OpenEnvSource", rollout.source).servers
+        assert servers is not None
+        assert servers.providers == [provider] and pid_alive(provider.pid)
         out = rollout([PROMPT] * 2, trainer)
     finally:
         rollout.close()
