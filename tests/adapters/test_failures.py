@@ -13,8 +13,10 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from transformers import AutoTokenizer, TrainerCallback
@@ -34,19 +36,33 @@ from ep_trl.runtime.processes import free_port, start_server
 from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
 
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from trl import GRPOTrainer
+
+    from ep_trl.runtime.processes import ServerProcess
+
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
 BODIES = "tests.evals.eval_faulty_bodies"
 REPO = Path(__file__).resolve().parents[2]
 FAST_VLLM = VLLMOptions(request_timeout_s=1.0, max_retries=1, retry_backoff_s=0.05, connect_timeout_s=2.0)
 
 
-def letters_server_on(port, log_dir):
+def letters_server_on(port: int, log_dir: Path) -> "ServerProcess":
     """A letters server on ``port`` (so a killed one can come back on the same port)."""
     cmd = [sys.executable, "-m", "ep_trl.envs.letters", "--host", "127.0.0.1", "--port", str(port)]
     return start_server("letters-env", cmd, port=port, log_dir=log_dir)
 
 
-def train(model_dir, tmp_path: Path, env_path=EVAL, steps=2, callbacks=(), options=None, **factory):
+def train(
+    model_dir: Path,
+    tmp_path: Path,
+    env_path: str = EVAL,
+    steps: int = 2,
+    callbacks: Iterable[TrainerCallback] = (),
+    options: RolloutOptions | None = None,
+    **factory: Any,
+) -> "tuple[GRPOTrainer, list[dict[str, float]]]":
     """A real GRPOTrainer run of ``steps`` steps through ``env_path``; the trainer and its per-step logs."""
     factory.setdefault("log_rollouts", False)
     rollout = create_openenv_vllm_rollout_func(
@@ -62,17 +78,19 @@ def train(model_dir, tmp_path: Path, env_path=EVAL, steps=2, callbacks=(), optio
     return trainer, [log for log in trainer.state.log_history if "ep_trl/failed_fraction" in log]
 
 
-def at_url(url):
+def at_url(url: str) -> EvalOverrides:
     return EvalOverrides(env_client_cls=LettersEnv, env_base_url=url)
 
 
 class AtStepEnd(TrainerCallback):
     """Runs ``actions[step]()`` when optimizer step ``step`` ends (fault injection between steps)."""
 
-    def __init__(self, actions) -> None:
+    def __init__(self, actions: dict[int, Callable[[], None]]) -> None:
         self.actions = actions
 
-    def on_step_end(self, args, state, control, **kwargs) -> None:
+    def on_step_end(
+        self, args: "TrainingArguments", state: "TrainerState", control: "TrainerControl", **kwargs: Any
+    ) -> None:
         action = self.actions.get(state.global_step)
         if action is not None:
             action()
@@ -156,10 +174,10 @@ class BlockingForeverClient:
             self.observation = type("Observation", (), {"prompt": "Say something."})()
             self.reward, self.done = 0.0, False
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> Result:
         return self.Result()
 
-    def step(self, action):
+    def step(self, action: object) -> Result:
         self.release.wait()
         return self.Result()
 

@@ -8,10 +8,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from eval_protocol.models import Status
@@ -30,8 +30,13 @@ from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import assert_trained, make_trainer
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    import subprocess
 
+    from transformers import PreTrainedTokenizerBase
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ep_trl.adapters.rollout_func import RolloutFunction
+    from ep_trl.adapters.sharded import ShardedRolloutFunction
     from ep_trl.runtime.processes import ServerProcess
 
 
@@ -42,9 +47,11 @@ REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-3  # as the native path's tests
 
 
-def segments(ids, mask, logprobs=None):
+def segments(
+    ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float] | None = None
+) -> list[tuple[bool, list[int], list[float | None]]]:
     """Runs of (mask-1 or mask-0) tokens, in order: [(sampled?, ids, logprobs)]."""
-    runs = []
+    runs: list[tuple[bool, list[int], list[float | None]]] = []
     for k, (token, m) in enumerate(zip(ids, mask)):
         if not runs or runs[-1][0] != bool(m):
             runs.append((bool(m), [], []))
@@ -53,24 +60,32 @@ def segments(ids, mask, logprobs=None):
     return runs
 
 
-def record_scored_rows(rollout):
+def record_scored_rows(rollout: "RolloutFunction | ShardedRolloutFunction") -> list[Any]:
     """The rows the eval body gets, in the order it gets them (the body is wrapped, not replaced); a pointwise body
     gets each row as its episode ends (``in_prompt_order`` puts them back in the call's order)."""
-    rows, body = [], rollout.spec.body
-    rollout.spec = replace(rollout.spec, body=lambda row: rows.append(row) or body(row))
+    function = cast("RolloutFunction", rollout)  # unsharded
+    rows: list[Any] = []
+    body = function.spec.body
+
+    def recording(row: Any) -> object:
+        rows.append(row)
+        return body(row)
+
+    function.spec = replace(function.spec, body=recording)
     return rows
 
 
-def in_prompt_order(rows, out):
+def in_prompt_order(rows: list[Any], out: dict[str, list[Any]]) -> list[Any]:
     """Rows recorded by ``record_scored_rows``, in the order of the rollout output (by rollout id)."""
     return sorted(rows, key=lambda row: out["rollout_id"].index(row.execution_metadata.rollout_id))
 
 
-def assert_logprobs_are_the_models(trainer, out) -> None:
+def assert_logprobs_are_the_models(trainer: "GRPOTrainer", out: dict[str, list[Any]]) -> None:
     model = trainer.model
+    assert model is not None
     model.eval()
     for p, c, lps, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
-        reference = teacher_forced_logprobs(model, p, c, trainer.args.temperature)
+        reference = teacher_forced_logprobs(model, p, c, cast("GRPOConfig", trainer.args).temperature)
         assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
         assert max(abs(lp - ref) for lp, ref, m in zip(lps, reference, mask) if m) < TOLERANCE
 
@@ -145,7 +160,12 @@ def agent_eval(calc_server: "ServerProcess", tmp_path: Path, monkeypatch: pytest
     sys.modules.pop(AGENT, None)
 
 
-def calculator_tool_model(tiny_model_dir, calc_server, out_dir, answers=(tool_model.ANSWER,)):
+def calculator_tool_model(
+    tiny_model_dir: Path,
+    calc_server: "ServerProcess",
+    out_dir: Path,
+    answers: Sequence[str] = (tool_model.ANSWER,),
+) -> Path:
     from tests.evals.eval_calculator_agent import SYSTEM
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is (1 + 2) + (3 + 4)?"}]
@@ -277,7 +297,7 @@ def test_an_agent_whose_tool_server_is_down_fails_its_episodes_as_environment(
         rollout.close()
 
 
-def stdio_config(path, *args):
+def stdio_config(path: Path, *args: object) -> Path:
     """An MCP config whose calculator server is started by the processor over stdio."""
     path.write_text(json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(a) for a in args]}}}))
     return path
@@ -424,13 +444,13 @@ class Outsider:
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
-    def endpoints(self):
+    def endpoints(self) -> list[str]:
         """ep_trl's endpoint found as another process would find it: the ports this process listens on that answer
         ``GET /v1/models`` as an OpenAI-compatible server does (with the list, or 401 asking for a key)."""
         import httpx
         import psutil
 
-        found = []
+        found: list[str] = []
         for conn in psutil.Process().net_connections(kind="tcp"):
             if conn.status != psutil.CONN_LISTEN:
                 continue
@@ -473,11 +493,11 @@ class Outsider:
             except httpx.HTTPError:
                 continue
 
-    def __enter__(self):
+    def __enter__(self) -> "Outsider":
         self.thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.done.set()
         self.thread.join(10)
 
@@ -582,7 +602,9 @@ def test_a_prompt_that_is_no_row_of_the_eval_is_a_clear_error(tiny_model_dir: Pa
         rollout.close()
 
 
-def run_eval_under_pytest(eval_file, served_url, tmp_path: Path, **env):
+def run_eval_under_pytest(
+    eval_file: str, served_url: str, tmp_path: Path, **env: str
+) -> "subprocess.CompletedProcess[str]":
     """``pytest EVAL`` as a user runs it, its model calls pointed at ``ep-trl serve``."""
     import subprocess
     import sys
