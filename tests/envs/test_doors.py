@@ -3,6 +3,7 @@
 import asyncio
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,6 +22,9 @@ from ep_trl.envs.doors import (
     house,
     parse_door,
 )
+
+if TYPE_CHECKING:
+    from ep_trl.envs.doors.models import DoorsObservation
 
 EVAL_DOORS = str(Path(__file__).resolve().parents[2] / "evals" / "eval_doors.py") + "::test_doors"
 
@@ -92,13 +96,13 @@ def test_the_door_a_reply_names_is_its_first_colour_word(text: str, door: str | 
     assert parse_door(text) == door
 
 
-def test_the_held_out_seeds_of_the_doors_preset_keep_their_houses_out_of_training():
+def test_the_held_out_seeds_of_the_doors_preset_keep_their_houses_out_of_training() -> None:
     """``ep-trl train --held-out`` keeps seeds apart, not houses (``ep_trl.devtools.doors_houses``): two seeds draw
     the same doors and open doors with chance 1 / 45,158,400. On the doors preset's held-out sets (32 houses, seeds 0
     to 2), the held-out houses are distinct and no training group among the first 20,000 (a default run plays 40)
     draws one of them."""
 
-    def doors(seed):
+    def doors(seed: int) -> tuple[tuple[tuple[str, ...], str], ...]:
         return tuple((room.doors, room.open_door) for room in house(seed))
 
     assert (8 * 7 * 6 * 5 * 4) ** 2 == 45_158_400
@@ -143,12 +147,12 @@ def last_colour(text: str) -> str | None:
     return words[-1] if words else None
 
 
-def test_copying_the_last_colour_leaves_every_house_under_training_signs_but_not_under_locked_only_ones():
+def test_copying_the_last_colour_leaves_every_house_under_training_signs_but_not_under_locked_only_ones() -> None:
     """The game as it stood (training's two wordings) did not need reading: naming the last colour word of the
     latest message leaves every house. Under a sign that names only the locked doors it never leaves the first
     room."""
 
-    def play(seed, wording):
+    def play(seed: int, wording: str | None) -> bool:
         env = DoorsEnvironment()
         observation = env.reset(seed=seed, wording=wording)
         while not observation.done:
@@ -162,7 +166,7 @@ def test_copying_the_last_colour_leaves_every_house_under_training_signs_but_not
     assert not any(play(seed, w) for seed in split.held_out for w in LOCKED_ONLY_WORDINGS)
 
 
-def test_training_resets_never_show_a_held_out_wording():
+def test_training_resets_never_show_a_held_out_wording() -> None:
     """What training plays: resets with the training source name a seed only, so every room's sign is in a training
     wording; both occur."""
     env = DoorsEnvironment()
@@ -174,17 +178,19 @@ def test_training_resets_never_show_a_held_out_wording():
         assert observation.wording is None and observation.metadata == {"seed": seed, "wording": None}
         for room in house(seed):
             seen.add(wording_of(room.sign))
-        seen.add(wording_of(re.search(r"Doors: [a-z, ]+\. (.+\.) Moves left", observation.text).group(1)))
+        sign = re.search(r"Doors: [a-z, ]+\. (.+\.) Moves left", observation.text)
+        assert sign is not None
+        seen.add(wording_of(sign.group(1)))
     assert seen == set(TRAINING_WORDINGS)
 
 
-def test_the_served_game_plays_the_house_its_client_hands_out():
+def test_the_served_game_plays_the_house_its_client_hands_out() -> None:
     """A real server process (``python -m ep_trl.envs.doors``, openenv's stock app) through the async client: a
     reset that names no seed plays the house the ``seeds`` source gives, a locked door is answered, and reading
     each room leaves the house."""
     seeds = iter([21, 22])
 
-    async def play(url):
+    async def play(url: str) -> list[tuple[bool, float | None, bool]]:
         async with DoorsEnv(base_url=url, seeds=lambda: next(seeds)) as env:
             outcomes = []
             for seed in (21, 22):
@@ -202,12 +208,13 @@ def test_the_served_game_plays_the_house_its_client_hands_out():
         assert asyncio.run(play(url)) == [(True, 1.0, True), (True, 1.0, True)]
 
 
-def test_the_served_game_plays_the_wording_its_client_hands_out_and_reports_the_house():
+def test_the_served_game_plays_the_wording_its_client_hands_out_and_reports_the_house() -> None:
     """A ``(seed, wording)`` from the source puts every sign of that house in that wording, and each observation's
     ``metadata`` (put back by the client: openenv's server leaves it off the wire) says which house and wording."""
 
-    async def play(url):
-        async with DoorsEnv(base_url=url, seeds=SeedSource(iter([(31, "locked"), 32]))) as env:
+    async def play(url: str) -> "tuple[DoorsObservation, DoorsObservation, DoorsObservation]":
+        plays: list[int | tuple[int, str | None]] = [(31, "locked"), 32]
+        async with DoorsEnv(base_url=url, seeds=SeedSource(iter(plays))) as env:
             first = (await env.reset()).observation
             step = (await env.step(DoorsAction(door=house(31)[0].open_door))).observation
             second = (await env.reset()).observation
@@ -262,12 +269,14 @@ class _ScriptedPlayer:
     def __init__(self, reads: bool) -> None:
         self.reads = reads
 
-    async def _make_llm_call(self, messages, tools):
+    async def _make_llm_call(self, messages: list[dict[str, Any]], tools: object) -> dict[str, Any]:
         import re
 
         text = messages[-1]["content"]
-        doors = re.search(r"Doors: ([a-z, ]+)\.", text).group(1).split(", ")
+        listed = re.search(r"Doors: ([a-z, ]+)\.", text)
         named = re.search(r"The (\w+) door is open|except the (\w+) one", text)
+        assert listed is not None and named is not None
+        doors = listed.group(1).split(", ")
         open_door = named.group(1) or named.group(2)
         answer = f"The {open_door} door." if self.reads else next(d for d in doors if d != open_door)
         return {
@@ -277,7 +286,9 @@ class _ScriptedPlayer:
 
 
 @pytest.mark.parametrize(("reads", "score", "moves"), [(True, 1.0, 2), (False, 0.0, 4)])
-def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, reads, score, moves):
+def test_the_doors_eval_runs_under_eval_protocols_own_processor(
+    monkeypatch: pytest.MonkeyPatch, reads: bool, score: float, moves: int
+) -> None:
     """``evals/eval_doors.py`` as eval-protocol runs it: its ``OpenEnvRolloutProcessor`` (env_factory,
     prompt builder, action parser) against a real server, then its body."""
     import copy
@@ -289,6 +300,7 @@ def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, rea
 
     path = Path(__file__).resolve().parents[2] / "evals" / "eval_doors.py"
     spec = importlib.util.spec_from_file_location("eval_doors_under_test", path)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     params = module.test_doors.__ep_params__
@@ -304,7 +316,7 @@ def test_the_doors_eval_runs_under_eval_protocols_own_processor(monkeypatch, rea
         )
         [row] = [EvaluationRow(messages=[m.model_copy() for m in msgs]) for msgs in params.input_messages[0]]
 
-        async def go():
+        async def go() -> list[Any]:
             return await asyncio.gather(*processor([row], config))
 
         [played] = asyncio.run(go())

@@ -15,9 +15,10 @@ class whose placeholder is no cut token processed whole, with a warning.
 import asyncio
 import dataclasses
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from transformers import AutoProcessor, Idefics3Processor
@@ -38,7 +39,12 @@ from ep_trl.trajectory.tokens import TrajectoryBuilder, TurnLimits
 from tests.support.images import ImageProcessorCalls, png_data_uri, user_with_image
 
 if TYPE_CHECKING:
-    from transformers import ProcessorMixin
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+    from ep_trl.generation import Generator, PromptImages
+    from ep_trl.trajectory.episode import Episode
+    from ep_trl.trajectory.sample_images import ImageIds
+    from ep_trl.trajectory.tokens import Trajectory
 
 
 STEPS = 4
@@ -52,7 +58,7 @@ def processor(tiny_vlm_dir: Path) -> "ProcessorMixin":
 
 
 @pytest.fixture(scope="module")
-def splitting_processor(processor):
+def splitting_processor(processor: "ProcessorMixin") -> Idefics3Processor:
     """SmolVLM's image splitting at a small scale: each image cut into rows and columns of 32-pixel frames plus a
     global one, its expansion ``<row_i_col_j>`` text and newlines between special tokens."""
     image_processor = Idefics3ImageProcessorPil(
@@ -62,11 +68,13 @@ def splitting_processor(processor):
         image_processor=image_processor,
         tokenizer=processor.tokenizer,
         image_seq_len=4,
-        chat_template=processor.chat_template,
+        chat_template=cast("str | None", processor.chat_template),  # the tiny VLM's: a single template
     )
 
 
-def whole(processor, template, messages):
+def whole(
+    processor: "ProcessorMixin", template: ChatTemplate, messages: Sequence[Mapping[str, Any]]
+) -> tuple[int, ...]:
     """The uncached rendering: the processing class over the whole conversation and every image in it, as each render
     ran it before."""
     text = template.render(messages)
@@ -95,11 +103,11 @@ class ScreenshotEnv:
     def __init__(self) -> None:
         self.steps = 0
 
-    async def reset(self, **kwargs):
+    async def reset(self, **kwargs: Any) -> Screen:
         self.steps = 0
         return Screen(SCREENSHOTS[0], 0.0, False)
 
-    async def step(self, action):
+    async def step(self, action: object) -> Screen:
         self.steps += 1
         return Screen(SCREENSHOTS[self.steps], 0.0, False)
 
@@ -115,7 +123,7 @@ class ScriptedGenerator:
     max_model_len = None
     failure = None
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer: "PreTrainedTokenizerBase") -> None:
         self._ids = tuple(
             tokenizer.encode("click('13')", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
         )
@@ -126,31 +134,35 @@ class ScriptedGenerator:
     async def end_call(self) -> None:
         pass
 
-    async def generate(self, prompt_ids, params, images=None):
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, images: "PromptImages | None" = None
+    ) -> Generation:
         return Generation(self._ids, (-1.0,) * len(self._ids), "stop")
 
     async def aclose(self) -> None:
         pass
 
 
-def limits(tokenizer):
-    return TurnLimits(SamplingParams(max_tokens=16), 4000, (tokenizer.convert_tokens_to_ids("<|im_end|>"),))
+def limits(tokenizer: "PreTrainedTokenizerBase") -> TurnLimits:
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(end, int)
+    return TurnLimits(SamplingParams(max_tokens=16), 4000, (end,))
 
 
-def screenshot_prompt(observation, step, history):
+def screenshot_prompt(observation: object, step: int, history: list[str]) -> list[dict[str, Any]]:
     return [
         {"type": "text", "text": f"Step {step}: the page."},
         {"type": "image_url", "image_url": {"url": observation}},
     ]
 
 
-def held_before_last_turn(trajectory):
+def held_before_last_turn(trajectory: "Trajectory") -> tuple[int, ...]:
     """Prompt and completion ids up to the last sampled turn: the ids its generation was asked to continue."""
     start, _ = trajectory.sampled_runs[-1]
     return trajectory.prompt_ids + trajectory.completion_ids[:start]
 
 
-def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(processor: "ProcessorMixin"):
+def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(processor: "ProcessorMixin") -> None:
     template = ChatTemplate(processor)
     config = EpisodeConfig(
         env=EnvSettings(factory=ScreenshotEnv),
@@ -160,7 +172,7 @@ def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(pr
         limits=limits(processor.tokenizer),
     )
 
-    async def two_episodes():
+    async def two_episodes() -> "list[Episode]":
         envs = EnvPool(config.env, reuse=False)
         try:
             return [
@@ -168,7 +180,7 @@ def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(pr
                     EpisodePlan(index=i, group=0, member=i, task=None, initial_messages=()),
                     config,
                     template,
-                    ScriptedGenerator(processor.tokenizer),
+                    cast("Generator", ScriptedGenerator(processor.tokenizer)),
                     envs,
                 )
                 for i in range(2)
@@ -193,7 +205,7 @@ def test_an_openenv_episode_processes_each_screenshot_once_off_the_event_loop(pr
         assert held_before_last_turn(episode.trajectory) == whole(processor, template, conversation)
 
 
-def test_a_processor_eval_rollout_processes_each_image_once_off_the_event_loop(processor):
+def test_a_processor_eval_rollout_processes_each_image_once_off_the_event_loop(processor: "ProcessorMixin") -> None:
     """The captured calls of a processor eval (each call sends the whole conversation so far)."""
     template = ChatTemplate(processor)
     rollout = RolloutCapture(
@@ -201,7 +213,7 @@ def test_a_processor_eval_rollout_processes_each_image_once_off_the_event_loop(p
         "test",
         limits(processor.tokenizer),
         template,
-        ScriptedGenerator(processor.tokenizer),
+        cast("Generator", ScriptedGenerator(processor.tokenizer)),
         ToolCallParser(processor.tokenizer),
     )
     messages = [user_with_image("Step 1", SCREENSHOTS[0])]
@@ -274,7 +286,7 @@ def test_a_realigned_bridge_splices_the_new_image_as_the_whole_processing_does(p
     )
 
 
-def play_openenv(template, episodes):
+def play_openenv(template: ChatTemplate, episodes: int) -> "list[Episode]":
     """``episodes`` OpenEnv episodes of ``STEPS`` screenshots each, with ``template``."""
     tokenizer = template.tokenizer
     config = EpisodeConfig(
@@ -285,7 +297,7 @@ def play_openenv(template, episodes):
         limits=limits(tokenizer),
     )
 
-    async def play():
+    async def play() -> "list[Episode]":
         envs = EnvPool(config.env, reuse=False)
         try:
             return [
@@ -293,7 +305,7 @@ def play_openenv(template, episodes):
                     EpisodePlan(index=i, group=0, member=i, task=None, initial_messages=()),
                     config,
                     template,
-                    ScriptedGenerator(tokenizer),
+                    cast("Generator", ScriptedGenerator(tokenizer)),
                     envs,
                 )
                 for i in range(episodes)
@@ -304,7 +316,7 @@ def play_openenv(template, episodes):
     return asyncio.run(play())
 
 
-def test_the_rollout_worker_takes_the_pixels_its_episodes_made_as_they_rendered(processor):
+def test_the_rollout_worker_takes_the_pixels_its_episodes_made_as_they_rendered(processor: "ProcessorMixin") -> None:
     """With a template that keeps pixels (an ``EvalRolloutWorker``'s), the samples carry what the episodes' renders
     made of their screenshots: from the first render to the samples, each screenshot is processed once, and the
     carried pixels are those one processing of all the episode's screenshots makes."""
@@ -328,9 +340,10 @@ def test_the_rollout_worker_takes_the_pixels_its_episodes_made_as_they_rendered(
     assert len(made.samples) == 2 and made.image_mismatches == 0
     assert calls.images == 2 * STEPS  # the renders' processings, none in group_samples
     for episode, sample in zip(episodes, made.samples):
-        carried = sample.input_ids.processed
+        carried = cast("ImageIds", sample.input_ids).processed
         assert carried is episode.trajectory.processed
         once = process_images(processor, episode.trajectory.images)
+        assert carried is not None
         assert carried.image_tokens == once.image_tokens == STEPS * IMAGE_SEQ_LEN
         assert carried.pixels.keys() == once.pixels.keys()
         assert all(torch.equal(carried.pixels[key], once.pixels[key]) for key in once.pixels)
