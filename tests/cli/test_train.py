@@ -11,14 +11,21 @@ import subprocess
 import sys
 import threading
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 import pytest
 
 from ep_trl.cli import job as job_module
 from ep_trl.cli import rows, server_checks, train
+
+if TYPE_CHECKING:
+    from trl import GRPOConfig
+
+    from ep_trl.cli.train import Preset, TrainJob
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = f"{ROOT / 'evals' / 'eval_letters.py'}::test_letters"
@@ -38,7 +45,7 @@ SMALL = [
 ]
 
 
-def cli(args, cwd, **kwargs):
+def cli(args: list[str], cwd: Path, **kwargs: Any) -> "subprocess.Popen[str]":
     """``python -m ep_trl.cli train ARGS`` (what the ``ep-trl`` script runs) as a process."""
     return subprocess.Popen(
         [sys.executable, "-m", "ep_trl.cli", "train", *args],
@@ -107,6 +114,7 @@ def test_sigterm_stops_the_run_keeps_its_folder_and_the_server(tiny_model_dir: P
         [LETTERS, *ENV_SERVER, "--model", str(tiny_model_dir), *SMALL, "--max-steps", "200", "--output-dir", "run"],
         tmp_path,
     )
+    assert proc.stdout is not None and proc.stderr is not None
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -163,7 +171,7 @@ def test_docs_list_every_ep_trl_flag() -> None:
             assert f"`--{f.name.replace('_', '-')}" in text, f.name
 
 
-def test_a_yaml_config_sets_grpo_fields_and_flags_win(tiny_model_dir, tmp_path):
+def test_a_yaml_config_sets_grpo_fields_and_flags_win(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "grpo.yaml"
     config.write_text(
         f"env_path: {LETTERS}\nmodel: {tiny_model_dir}\nlearning_rate: 0.01\nnum_generations: 2\n"
@@ -172,7 +180,7 @@ def test_a_yaml_config_sets_grpo_fields_and_flags_win(tiny_model_dir, tmp_path):
     parser = train.make_parser()
     (namespace,) = parser.parse_args_and_config(["--config", str(config), "--num_generations", "4"])
     job = train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), [])
-    grpo = job.mode.config(**job.config_values)
+    grpo = cast("GRPOConfig", job.mode.config(**job.config_values))  # without --async
     assert (grpo.learning_rate, grpo.num_generations, grpo.beta) == (0.01, 4, 0.1)
     assert job.run.lora_r == 4 and job.overrides.max_steps == 1 and job.env_path == LETTERS
     assert (grpo.logging_steps, grpo.save_strategy, grpo.use_vllm) == (1, "no", False)  # the command's defaults
@@ -192,7 +200,7 @@ class OtherModelServer(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args) -> None:
+    def log_message(self, *args: Any) -> None:
         return None
 
 
@@ -206,12 +214,12 @@ def other_model_server() -> Iterator[str]:
     server.server_close()
 
 
-def not_a_model(tmp_path: Path):
+def not_a_model(tmp_path: Path) -> str:
     (tmp_path / "weights").mkdir()
     return str(tmp_path / "weights")
 
 
-def silent_port():
+def silent_port() -> str:
     from ep_trl.runtime.processes import free_port
 
     return f"http://127.0.0.1:{free_port()}"
@@ -344,7 +352,7 @@ def silent_port():
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(
-    args,
+    args: Callable[[str, Path, str], list[str]],
     message: str,
     tiny_model_dir: Path,
     tmp_path: Path,
@@ -383,50 +391,64 @@ def test_the_old_serve_module_warns_and_runs_the_new_one() -> None:
     assert old.main is serve.main
 
 
-def script(path):
+def script(path: str) -> ModuleType:
     """A recipe (``recipes/TASK/MODEL``) or the main job (``train_browsergym_trl``), imported from its file."""
     spec = importlib.util.spec_from_file_location(path.replace("/", "_"), ROOT / f"{path}.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 @pytest.fixture
-def planned(monkeypatch):
+def planned(monkeypatch: pytest.MonkeyPatch) -> "list[TrainJob]":
     """The jobs that ``ep_trl.cli.train.run`` was given (run itself replaced: nothing trains)."""
-    jobs = []
-    monkeypatch.setattr(train, "run", lambda job: jobs.append(job) or 0)
+    jobs: list[TrainJob] = []
+
+    def run(job: "TrainJob") -> int:
+        jobs.append(job)
+        return 0
+
+    monkeypatch.setattr(train, "run", run)
     return jobs
 
 
-def test_the_letters_recipe_is_a_preset_of_the_command(planned):
+def test_the_letters_recipe_is_a_preset_of_the_command(planned: "list[TrainJob]") -> None:
     assert script("recipes/letters/tiny").main(["--max-steps", "3", "--seed", "1"]) == 0
     (job,) = planned
     values = job.config_values
     assert job.env_path == LETTERS and job.model is None and job.preset.start_model is not None
     assert (values["max_steps"], values["per_device_train_batch_size"], values["num_generations"]) == (3, 16, 8)
     assert (values["learning_rate"], values["seed"], values["output_dir"]) == (3e-3, 1, "outputs/letters")
+    assert job.run.env_server is not None
     assert "ep_trl.envs.letters" in job.run.env_server and job.run.env_url_var == "LETTERS_ENV_URL"
     assert job.command[1].endswith("recipes/letters/tiny.py") and job.command[2:] == ["--max-steps", "3", "--seed", "1"]
 
 
-def test_the_main_job_is_a_preset_of_the_command(planned, monkeypatch):
+def test_the_main_job_is_a_preset_of_the_command(planned: "list[TrainJob]", monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BROWSERGYM_ENV_URL", raising=False)
     assert script("train_browsergym_trl").main(["--lora-r", "4", "--tasks", "click-test", "--env-steps", "2"]) == 0
     (job,) = planned
     assert job.env_path.endswith("eval_miniwob.py::test_miniwob") and job.run.lora_r == 4
+    assert job.overrides.tasks is not None
     assert list(job.overrides.tasks) == ["click-test"] and job.overrides.max_steps == 2
     assert job.max_concurrent_rollouts == 2 and job.preset.env_server_env == {"BROWSERGYM_MAX_SESSIONS": "2"}
     assert (job.config_values["optim"], job.config_values["learning_rate"]) == ("sgd", 0.05)
+    assert job.run.env_server is not None
     assert "ep_trl.envs.browsergym" in job.run.env_server and job.run.env_url_var == "BROWSERGYM_ENV_URL"
 
 
-def test_the_sentiment_recipe_is_a_preset_of_the_command(monkeypatch, tiny_model_dir):
+def test_the_sentiment_recipe_is_a_preset_of_the_command(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> None:
     """With --model and --vllm-base-url the recipe neither builds SmolLM2 nor starts a server: it calls
     ``ep-trl train`` with its defaults (the share of held-out rows and its split seed, the real model's completion
     length, the server), and its balanced batches as the preset's ordering of the training rows."""
-    called = []
-    monkeypatch.setattr(train, "main", lambda argv, preset: called.append((argv, preset)) or 0)
+    called: "list[tuple[list[str], Preset]]" = []
+
+    def main(argv: list[str], preset: "Preset") -> int:
+        called.append((argv, preset))
+        return 0
+
+    monkeypatch.setattr(train, "main", main)
     url = "http://127.0.0.1:8011"
     argv = ["--model", str(tiny_model_dir), "--vllm-base-url", url, "--max-steps", "2", "--held-out", "0.05"]
     assert script("recipes/sentiment/smollm2").main(argv) == 0
@@ -442,7 +464,9 @@ def test_the_sentiment_recipe_is_a_preset_of_the_command(monkeypatch, tiny_model
     assert preset.command[1].endswith("recipes/sentiment/smollm2.py") and preset.command[2:] == argv
 
 
-def test_the_doors_recipe_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path):
+def test_the_doors_recipe_is_a_preset_of_the_command(
+    planned: "list[TrainJob]", probe_skipped: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The doors recipe is ``ep-trl train`` with its flags: the doors eval and server, the held-out houses drawn from
     --seed, each played under every sign wording (--held-out-reset-kwarg), its GRPO sizes (micro-batches as gradient
     accumulation), the time budget, --result a copy of the run's result.json; it trains nothing of its own."""
@@ -479,9 +503,11 @@ def test_the_doors_recipe_is_a_preset_of_the_command(planned, probe_skipped, tin
     values = job.config_values
     assert job.env_path.endswith("eval_doors.py::test_doors") and job.model == str(tiny_model_dir)
     assert job.mode.vllm_base_url == url and job.openenv
+    assert job.run.env_server is not None
     assert "ep_trl.envs.doors" in job.run.env_server and job.run.env_url_var == "DOORS_ENV_URL"
     assert (job.run.held_out, job.run.held_out_seed, job.run.time_budget_s) == (4, 2, 600.0)
     variants = job.held_out_variants
+    assert variants is not None
     assert (variants.name, variants.values, variants.episodes) == (
         "wording",
         (*TRAINING_WORDINGS, *HELD_OUT_WORDINGS),
@@ -503,7 +529,13 @@ def test_the_doors_recipe_is_a_preset_of_the_command(planned, probe_skipped, tin
     assert job.command[1].endswith("recipes/doors/smollm2.py") and job.command[2:] == argv
 
 
-def test_the_miniwob_recipe_is_a_preset_of_the_command(planned, probe_skipped, tiny_model_dir, tmp_path, monkeypatch):
+def test_the_miniwob_recipe_is_a_preset_of_the_command(
+    planned: "list[TrainJob]",
+    probe_skipped: None,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The MiniWoB recipe (SmolLM2) is ``ep-trl train`` with its flags: the BrowserGym eval and server (its
     sessions capped), its tasks and episode length, --held-out per task times the tasks, its GRPO sizes; its warm
     start is the preset's model, on pages none of which is a held-out one."""
@@ -530,8 +562,10 @@ def test_the_miniwob_recipe_is_a_preset_of_the_command(planned, probe_skipped, t
     (job,) = planned
     values = job.config_values
     assert job.env_path.endswith("eval_miniwob.py::test_miniwob") and job.model == str(tiny_model_dir)
+    assert job.run.env_server is not None
     assert "ep_trl.envs.browsergym" in job.run.env_server and job.run.env_url_var == "BROWSERGYM_ENV_URL"
     assert job.preset.env_server_env == {"BROWSERGYM_MAX_SESSIONS": "2"} and job.preset.start_model is not None
+    assert job.overrides.tasks is not None
     assert list(job.overrides.tasks) == ["click-button", "enter-text"] and job.overrides.max_steps == 2
     assert job.overrides.request_timeout_s == 60.0 and job.max_concurrent_rollouts == 2
     assert (job.run.held_out, job.run.held_out_seed, job.held_out_variants) == (6, 1, None)
@@ -566,7 +600,7 @@ def probe_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_checks, "check_server", lambda parser, url, model, vllm: model)
 
 
-def planned_job(argv):
+def planned_job(argv: list[str]) -> "TrainJob":
     parser = train.make_parser()
     (namespace,) = parser.parse_args_and_config(argv)
     return train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
@@ -622,7 +656,12 @@ def test_held_out_refuses_a_fractional_count(
     ids=lambda value: value if isinstance(value, str) else None,
 )
 def test_each_generation_flag_reaches_its_trainer(
-    gpu: bool, flags, trainer: str, tiny_model_dir: Path, probe_skipped: None, monkeypatch: pytest.MonkeyPatch
+    gpu: bool,
+    flags: list[str],
+    trainer: str,
+    tiny_model_dir: Path,
+    probe_skipped: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What ``run`` trains with, from the command line through ``plan``: the trainer class, the screenshots
     (``images``), the LoRA config and, on CPU, the config's vLLM settings (on a machine with vLLM, for colocate)."""
@@ -642,7 +681,7 @@ def test_each_generation_flag_reaches_its_trainer(
         config = job.mode.config(**job_module.config_values(job))
         assert config.vllm_server_base_url == (url if "--vllm-server-url" in flags else None)
         if "--async" not in flags:  # AsyncGRPOConfig has no use_vllm: it always generates on the server
-            assert config.use_vllm == ("--vllm-server-url" in flags or "colocate" in flags)
+            assert cast("GRPOConfig", config).use_vllm == ("--vllm-server-url" in flags or "colocate" in flags)
 
 
 def test_report_to_trackio_is_trl_s_flag_and_a_missing_trackio_names_the_fix(
@@ -692,7 +731,7 @@ TOOL_EVALS = {
 
 @pytest.mark.parametrize("kind", sorted(TOOL_EVALS))
 def test_an_eval_that_offers_tools_is_refused_at_start_for_a_template_without_a_tool_call_format(
-    kind, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    kind: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The tiny model's own ChatML template has no tool-call format TRL knows (SmolLM2's neither): refused before
     anything starts, naming how the eval offers tools and the flag that fixes it; with the flag, planned."""
@@ -716,7 +755,7 @@ def test_an_eval_without_tools_needs_no_tool_call_format(tiny_model_dir: Path) -
     assert job.tools_offered is None and job.chat_template is None
 
 
-def llama_template_file(tmp_path: Path):
+def llama_template_file(tmp_path: Path) -> str:
     from ep_trl.capture.parsing import trl_chat_templates_dir
 
     path = tmp_path / "my_llama.jinja"
@@ -724,7 +763,7 @@ def llama_template_file(tmp_path: Path):
     return str(path)
 
 
-def chatml_file(tmp_path: Path):
+def chatml_file(tmp_path: Path) -> str:
     from ep_trl.devtools.tiny_model import CHAT_TEMPLATE
 
     path = tmp_path / "chatml.jinja"
@@ -768,7 +807,12 @@ def chatml_file(tmp_path: Path):
     ],
 )
 def test_a_chat_template_that_cannot_serve_the_run_is_refused_at_start(
-    template, env_path, message: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    template: Callable[[Path], str],
+    env_path: str,
+    message: str,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
         train.main(
@@ -794,6 +838,7 @@ def test_a_jinja_file_is_a_chat_template_too(tiny_model_dir: Path, tmp_path: Pat
     path = tmp_path / "tools.jinja"
     path.write_text((trl_chat_templates_dir() / "qwen2_5.jinja").read_text())
     job = planned_job([TOOL_EVALS["rows-with-tools"][0], "--model", str(tiny_model_dir), "--chat-template", str(path)])
+    assert job.chat_template is not None
     assert job.chat_template.path == path.resolve() and job.chat_template.text == path.read_text()
 
 

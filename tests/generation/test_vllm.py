@@ -9,10 +9,10 @@ Behaviour against a real vLLM server is in tests/generation/test_vllm_real.py.
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from transformers import AutoTokenizer
@@ -26,18 +26,29 @@ from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    import aiohttp
     from trl import GRPOTrainer
+
+    from ep_trl.adapters.rollout_func import RolloutFunction
+    from ep_trl.adapters.sharded import ShardedRolloutFunction
+    from ep_trl.generation import Generation
+    from ep_trl.trajectory.tokens import TrajectoryBuilder
 
 
 EVAL = "tests.evals.eval_letters::test_letters_pointwise"
+T = TypeVar("T")
 FAST = VLLMOptions(request_timeout_s=1.0, max_retries=2, retry_backoff_s=0.05, connect_timeout_s=2.0)
 
 
-def run(coro):
+def run(coro: "Coroutine[Any, Any, T]") -> T:
     return asyncio.run(coro)
 
 
-async def generate_once(generator: VLLMServerGenerator, prompt=(1, 2, 3), **params):
+async def generate_once(
+    generator: VLLMServerGenerator, prompt: Iterable[int] = (1, 2, 3), **params: Any
+) -> "Generation":
     try:
         return await generator.generate(list(prompt), SamplingParams(**{"max_tokens": 4, **params}))
     finally:
@@ -94,8 +105,8 @@ def test_hung_request_is_retried_then_fails_naming_the_request() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_transient_failures_are_retried_with_backoff():
-    plan = [("status", 503), "drop", ("status", 429), "ok"]
+def test_transient_failures_are_retried_with_backoff() -> None:
+    plan: list[str | tuple[str, int]] = [("status", 503), "drop", ("status", 429), "ok"]
     with FaultyVLLMServer(plan=plan, ok_token_ids=(11, 12)) as server:
         generator = VLLMServerGenerator(server.url, replace(FAST, max_retries=3))
         result = run(generate_once(generator))
@@ -168,10 +179,10 @@ def test_payload_maps_every_sampling_parameter() -> None:
     assert off["top_k"] == -1 and "seed" not in off and "stop" not in off and "stop_token_ids" not in off
 
 
-def test_one_base_seed_gives_every_request_its_own_seed():
+def test_one_base_seed_gives_every_request_its_own_seed() -> None:
     """vLLM seeds a whole request: a GRPO group's identical first prompts with one seed would sample the same."""
     seeds = [request_seed(3, n) for n in range(1, 65)]
-    assert len(set(seeds)) == 64 and all(0 <= s < 2**63 for s in seeds)
+    assert len(set(seeds)) == 64 and all(s is not None and 0 <= s < 2**63 for s in seeds)
     assert request_seed(None, 5) is None
     with FaultyVLLMServer() as server:
         generator = VLLMServerGenerator(server.url, replace(FAST, seed=3, batch_window_s=0.05))
@@ -187,9 +198,9 @@ def test_one_base_seed_gives_every_request_its_own_seed():
 
 @pytest.fixture
 def trainer_for(tiny_model_dir: Path, tmp_path: Path) -> "Iterator[Callable[..., GRPOTrainer]]":
-    built = []
+    built: "list[RolloutFunction | ShardedRolloutFunction]" = []
 
-    def build(rollout, **config):
+    def build(rollout: "RolloutFunction | ShardedRolloutFunction", **config: Any) -> "GRPOTrainer":
         trainer = make_trainer(tiny_model_dir, tmp_path, rollout, **config)
         built.append(rollout)
         return trainer
@@ -287,12 +298,12 @@ def test_concurrent_episodes_overlap_within_the_request_budget(
 
 
 @pytest.mark.timeout(60)
-def test_by_default_every_turn_in_flight_reaches_the_server():
+def test_by_default_every_turn_in_flight_reaches_the_server() -> None:
     """No cap of the client's own unless ``max_in_flight`` is set: 100 episodes in flight (past the 64 the default
     once was) have their 100 turns at the server at once, as a GPU server batches them (docs/benchmarks.md, the
     bridge at a GPU's concurrency)."""
 
-    async def turns(generator, n):
+    async def turns(generator: VLLMServerGenerator, n: int) -> "list[Generation]":
         try:
             return await asyncio.gather(
                 *(generator.generate([1, 2, i], SamplingParams(max_tokens=3)) for i in range(n))
@@ -311,8 +322,8 @@ def test_by_default_every_turn_in_flight_reaches_the_server():
 
 
 @pytest.mark.timeout(60)
-def test_turns_arriving_together_share_one_request_unless_batching_is_off():
-    async def eight_turns(generator):
+def test_turns_arriving_together_share_one_request_unless_batching_is_off() -> None:
+    async def eight_turns(generator: VLLMServerGenerator) -> "list[Generation]":
         try:
             return await asyncio.gather(
                 *(generator.generate([1, 2, i], SamplingParams(max_tokens=3)) for i in range(8))
@@ -330,8 +341,8 @@ def test_turns_arriving_together_share_one_request_unless_batching_is_off():
 
 
 @pytest.mark.timeout(60)
-def test_a_rejected_batch_fails_only_the_offending_turn():
-    async def turns(generator):
+def test_a_rejected_batch_fails_only_the_offending_turn() -> None:
+    async def turns(generator: VLLMServerGenerator) -> "list[Generation | BaseException]":
         try:
             return await asyncio.gather(
                 *(generator.generate(list(range(n)), SamplingParams(max_tokens=3)) for n in (5, 50, 6)),
@@ -344,6 +355,7 @@ def test_a_rejected_batch_fails_only_the_offending_turn():
         short1, long, short2 = run(turns(VLLMServerGenerator(server.url, replace(FAST, batch_window_s=0.05))))
         sizes = [len(r.prompts) for r in server.requests]
     assert sizes == [3, 1, 1, 1]  # the batch, then each prompt alone; no retry loop
+    assert not isinstance(short1, BaseException) and not isinstance(short2, BaseException)
     assert short1.token_ids == short2.token_ids == (7,)
     assert isinstance(long, GenerationError) and "prompt of 50 tokens" in str(long) and "HTTP 400" in str(long)
 
@@ -420,12 +432,12 @@ def test_request_bodies_are_the_payload_with_the_prompts_json_spliced_in() -> No
 
 
 @pytest.mark.timeout(60)
-def test_a_builders_held_ids_go_out_as_they_are():
+def test_a_builders_held_ids_go_out_as_they_are() -> None:
     """Turns of growing held ids (``TrajectoryBuilder.held_ids()``, JSON kept turn by turn), batched and alone: the
     server receives exactly the ids, with the same fields as ``completion_payload``."""
     from ep_trl.trajectory.tokens import TrajectoryBuilder
 
-    async def turns(generator, builders):
+    async def turns(generator: VLLMServerGenerator, builders: "list[TrajectoryBuilder]") -> list[int]:
         try:
             for turn in range(3):
                 prompts = [b.held_ids() for b in builders]
@@ -457,20 +469,20 @@ def test_a_builders_held_ids_go_out_as_they_are():
 
 
 @pytest.mark.timeout(30)
-def test_a_request_runs_in_the_turns_own_task(monkeypatch: pytest.MonkeyPatch):
+def test_a_request_runs_in_the_turns_own_task(monkeypatch: pytest.MonkeyPatch) -> None:
     """The request's deadline is asyncio.timeout's: no task per request (wait_for's), the exchange runs in the turn's
     task; a hung exchange still times out (test_hung_request_is_retried_then_fails_naming_the_request)."""
     import ep_trl.generation.vllm as vllm
 
-    seen = []
+    seen: "list[asyncio.Task[Any] | None]" = []
 
-    async def exchange(client, url, body):
+    async def exchange(client: "aiohttp.ClientSession", url: str, body: bytes) -> tuple[int, str]:
         seen.append(asyncio.current_task())
         return 200, '{"choices": [{"index": 0, "token_ids": [5], "logprobs": {"token_logprobs": [-0.1]}}]}'
 
     monkeypatch.setattr(vllm, "_exchange", exchange)
 
-    async def turn(generator):
+    async def turn(generator: VLLMServerGenerator) -> "tuple[asyncio.Task[Any] | None, Generation]":
         try:
             return asyncio.current_task(), await generator.generate([1, 2], SamplingParams(max_tokens=2))
         finally:
