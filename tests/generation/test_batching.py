@@ -3,12 +3,16 @@ first fatal error that fails the rest of a rollout call."""
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 
 from ep_trl.errors import GenerationError
 from ep_trl.generation import CallFailure
 from ep_trl.generation.batching import BatchQueue
+
+T = TypeVar("T")
 
 
 class Model:
@@ -30,8 +34,8 @@ class Model:
         return [ValueError(f"{r} is bad") if r == "bad" else r.upper() for r in requests]
 
 
-def serve(queue: BatchQueue, main):
-    async def run():
+def serve(queue: "BatchQueue[str, object]", main: Callable[[], Awaitable[T]]) -> T:
+    async def run() -> T:
         try:
             return await main()
         finally:
@@ -40,11 +44,11 @@ def serve(queue: BatchQueue, main):
     return asyncio.run(run())
 
 
-def test_requests_that_queue_while_the_thread_is_busy_form_one_batch_and_each_gets_its_own_result():
+def test_requests_that_queue_while_the_thread_is_busy_form_one_batch_and_each_gets_its_own_result() -> None:
     model = Model()
     queue = BatchQueue(model, max_batch_size=3, thread_name="test-batch", task_name="test-batches")
 
-    async def main():
+    async def main() -> tuple[object, list[object]]:
         model.release.clear()  # the first request holds the thread while the others queue up
         first = asyncio.ensure_future(queue.submit("a"))
         await asyncio.sleep(0.05)
@@ -59,11 +63,11 @@ def test_requests_that_queue_while_the_thread_is_busy_form_one_batch_and_each_ge
     assert len(model.threads) == 1 and next(iter(model.threads)).startswith("test-batch")
 
 
-def test_the_batch_window_lets_later_requests_join_the_first():
+def test_the_batch_window_lets_later_requests_join_the_first() -> None:
     model = Model()
     queue = BatchQueue(model, max_batch_size=8, window_s=0.2, thread_name="test-batch", task_name="test-batches")
 
-    async def main():
+    async def main() -> list[object]:
         first = asyncio.ensure_future(queue.submit("a"))
         await asyncio.sleep(0.05)
         later = asyncio.gather(queue.submit("b"), queue.submit("c"))
@@ -73,24 +77,24 @@ def test_the_batch_window_lets_later_requests_join_the_first():
     assert model.batches == [["a", "b", "c"]]
 
 
-def test_requests_with_different_keys_never_share_a_call():
+def test_requests_with_different_keys_never_share_a_call() -> None:
     model = Model()
     queue = BatchQueue(
         model, max_batch_size=8, window_s=0.1, batch_key=len, thread_name="test-batch", task_name="test-batches"
     )
 
-    async def main():
+    async def main() -> list[object]:
         return await asyncio.gather(*(queue.submit(r) for r in ("a", "bb", "c", "dd", "eee")))
 
     assert serve(queue, main) == ["A", "BB", "C", "DD", "EEE"]
     assert model.batches == [["a", "c"], ["bb", "dd"], ["eee"]]  # one call per key, in the order keys arrived
 
 
-def test_an_error_outcome_fails_its_request_alone():
+def test_an_error_outcome_fails_its_request_alone() -> None:
     model = Model()
     queue = BatchQueue(model, max_batch_size=8, window_s=0.1, thread_name="test-batch", task_name="test-batches")
 
-    async def main():
+    async def main() -> tuple[object, object, object]:
         return await asyncio.gather(queue.submit("a"), queue.submit("bad"), queue.submit("c"), return_exceptions=True)
 
     a, bad, c = serve(queue, main)
@@ -98,7 +102,7 @@ def test_an_error_outcome_fails_its_request_alone():
     assert model.batches == [["a", "bad", "c"]]
 
 
-def test_a_call_that_raises_fails_only_its_batch_and_the_next_batch_runs_anew():
+def test_a_call_that_raises_fails_only_its_batch_and_the_next_batch_runs_anew() -> None:
     model = Model()
     queue = BatchQueue(
         model,
@@ -110,7 +114,7 @@ def test_a_call_that_raises_fails_only_its_batch_and_the_next_batch_runs_anew():
         batch_error=lambda exc, n: GenerationError(f"a batch of {n} failed: {exc}"),
     )
 
-    async def main():
+    async def main() -> tuple[tuple[object, object, object], object]:
         failed = await asyncio.gather(
             queue.submit("boom"), queue.submit("a"), queue.submit("x"), return_exceptions=True
         )
@@ -129,11 +133,11 @@ def test_without_batch_error_the_waiters_get_the_exception_itself() -> None:
         serve(queue, lambda: queue.submit("boom"))
 
 
-def test_a_cancelled_request_is_left_out_of_the_call():
+def test_a_cancelled_request_is_left_out_of_the_call() -> None:
     model = Model()
     queue = BatchQueue(model, max_batch_size=8, thread_name="test-batch", task_name="test-batches")
 
-    async def main():
+    async def main() -> tuple[object, object]:
         model.release.clear()
         first = asyncio.ensure_future(queue.submit("a"))
         await asyncio.sleep(0.05)
@@ -148,7 +152,7 @@ def test_a_cancelled_request_is_left_out_of_the_call():
     assert model.batches == [["a"], ["kept"]]
 
 
-def test_the_waiters_of_a_batching_task_that_died_get_its_error_and_a_fresh_task_serves_the_next():
+def test_the_waiters_of_a_batching_task_that_died_get_its_error_and_a_fresh_task_serves_the_next() -> None:
     """Issue 33: a batching task that died (here its batch_key raised) left every request it held or had queued
     waiting forever, and the next submit started a fresh queue beside them."""
     model = Model()
@@ -160,7 +164,7 @@ def test_the_waiters_of_a_batching_task_that_died_get_its_error_and_a_fresh_task
 
     queue = BatchQueue(model, max_batch_size=2, batch_key=key, thread_name="test-batch", task_name="test-batches")
 
-    async def main():
+    async def main() -> tuple[object, list[BaseException | str | None], object]:
         model.release.clear()  # "a" holds the thread while the others queue behind it
         first = asyncio.ensure_future(queue.submit("a"))
         await asyncio.sleep(0.05)
@@ -177,11 +181,11 @@ def test_the_waiters_of_a_batching_task_that_died_get_its_error_and_a_fresh_task
     assert [type(e).__name__ for e in stranded] == ["KeyError"] * 3, stranded
 
 
-def test_requests_queued_when_the_queue_closes_get_an_error():
+def test_requests_queued_when_the_queue_closes_get_an_error() -> None:
     model = Model()
     queue = BatchQueue(model, max_batch_size=1, thread_name="test-batch", task_name="test-batches")
 
-    async def main():
+    async def main() -> tuple[object, object]:
         model.release.clear()
         first = asyncio.ensure_future(queue.submit("a"))
         await asyncio.sleep(0.05)
@@ -196,11 +200,11 @@ def test_requests_queued_when_the_queue_closes_get_an_error():
     assert "test-batches was stopped before this request was served" in str(queued)
 
 
-def test_call_runs_on_the_worker_thread():
+def test_call_runs_on_the_worker_thread() -> None:
     model = Model()
     queue = BatchQueue(model, max_batch_size=8, thread_name="test-batch", task_name="test-batches")
 
-    async def main():
+    async def main() -> str:
         await queue.submit("a")
         return await queue.call(lambda: threading.current_thread().name)
 

@@ -3,7 +3,8 @@
 import asyncio
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from ep_trl.openenv.pool import EnvPool
 from tests.support.tracked_env import TrackedLettersEnv
 
 if TYPE_CHECKING:
+    from ep_trl.openenv.client import EnvSession, StepOutcome
     from tests.support.letters import LettersEpisodes
 
 
@@ -24,10 +26,10 @@ class CountingSyncClient:
     in_flight = 0
     peak = 0
 
-    def __init__(self, url) -> None:
+    def __init__(self, url: str) -> None:
         self._inner = LettersEnv(base_url=url).sync()
 
-    def _track(self, fn, *args, **kwargs):
+    def _track(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         cls = type(self)
         with cls.lock:
             cls.in_flight += 1
@@ -39,10 +41,10 @@ class CountingSyncClient:
             with cls.lock:
                 cls.in_flight -= 1
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> Any:
         return self._track(self._inner.reset, **kwargs)
 
-    def step(self, action):
+    def step(self, action: LettersAction) -> Any:
         return self._track(self._inner.step, action)
 
     def close(self) -> None:
@@ -52,28 +54,28 @@ class CountingSyncClient:
 class HangingClient:
     """Fault injection: an environment whose reset never answers in time."""
 
-    def reset(self, **kwargs) -> None:
+    def reset(self, **kwargs: Any) -> None:
         time.sleep(2.0)
 
     def close(self) -> None:
         pass
 
 
-async def play_session(session, task):
+async def play_session(session: "EnvSession", task: str) -> list[float | None]:
     """One letters episode of ``task`` on an open session; its step rewards."""
     return await play_from(session, await session.reset(task_name=task))
 
 
-async def play_from(session, outcome):
+async def play_from(session: "EnvSession", outcome: "StepOutcome") -> list[float | None]:
     """The rest of a letters episode after its reset; its step rewards."""
-    rewards = []
+    rewards: list[float | None] = []
     while not outcome.done:
         outcome = await session.step(LettersAction(text="aei"))
         rewards.append(outcome.reward)
     return rewards
 
 
-async def play(settings, task):
+async def play(settings: EnvSettings, task: str) -> list[float | None]:
     session = await open_env(settings, "test")
     try:
         return await play_session(session, task)
@@ -81,11 +83,11 @@ async def play(settings, task):
         await session.close()
 
 
-def test_sync_clients_run_off_the_loop_and_overlap(letters_server: str):
+def test_sync_clients_run_off_the_loop_and_overlap(letters_server: str) -> None:
     settings = EnvSettings(factory=lambda: CountingSyncClient(letters_server))
     CountingSyncClient.peak = 0
 
-    async def main():
+    async def main() -> list[list[float | None]]:
         return await asyncio.gather(*(play(settings, "vowels") for _ in range(4)))
 
     results = asyncio.run(main())
@@ -93,10 +95,10 @@ def test_sync_clients_run_off_the_loop_and_overlap(letters_server: str):
     assert CountingSyncClient.peak >= 2, "sync environment calls were serialized"
 
 
-def test_openenv_sync_wrapper_is_driven_through_its_async_client(letters_server: str):
+def test_openenv_sync_wrapper_is_driven_through_its_async_client(letters_server: str) -> None:
     settings = EnvSettings(factory=lambda: LettersEnv(base_url=letters_server).sync())
 
-    async def main():
+    async def main() -> object:
         session = await open_env(settings, "t")
         inner = session._client
         await session.close()
@@ -131,10 +133,10 @@ def test_settings_without_any_environment_are_refused_with_the_fix() -> None:
         EnvSettings().check()
 
 
-def play_pooled(pool, tasks, concurrency):
+def play_pooled(pool: EnvPool, tasks: list[str], concurrency: int) -> list[list[float | None] | str]:
     """Episodes of ``tasks`` through ``pool``, ``concurrency`` at a time, as the rollout runs them."""
 
-    async def episode(limit, task):
+    async def episode(limit: asyncio.Semaphore, task: str) -> list[float | None] | str:
         async with limit:
             session = None
             failed = True
@@ -149,7 +151,7 @@ def play_pooled(pool, tasks, concurrency):
                 if session is not None:
                     await pool.release(session, reusable=not failed)
 
-    async def main():
+    async def main() -> list[list[float | None] | str]:
         limit = asyncio.Semaphore(concurrency)
         try:
             return await asyncio.gather(*(episode(limit, t) for t in tasks))
@@ -199,14 +201,15 @@ def test_pool_without_reuse_opens_and_closes_one_session_per_episode(letters_ser
 class LoopClient:
     """An async client that records the task its calls run in; ``hang`` makes step never answer."""
 
-    def __init__(self, hang=False):
-        self.hang, self.tasks = hang, []
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+        self.tasks: list[asyncio.Task[Any] | None] = []
 
-    async def reset(self, **kwargs):
+    async def reset(self, **kwargs: Any) -> "StepResult":
         self.tasks.append(asyncio.current_task())
         return StepResult()
 
-    async def step(self, action):
+    async def step(self, action: object) -> "StepResult":
         self.tasks.append(asyncio.current_task())
         if self.hang:
             await asyncio.sleep(30)
@@ -217,16 +220,16 @@ class LoopClient:
 
 
 class StepResult:
-    def __init__(self, reward=None, done=False) -> None:
+    def __init__(self, reward: float | None = None, done: bool = False) -> None:
         self.observation, self.reward, self.done = "obs", reward, done
 
 
-def test_an_async_clients_calls_run_in_the_episodes_own_task_under_the_timeout():
+def test_an_async_clients_calls_run_in_the_episodes_own_task_under_the_timeout() -> None:
     """No task per environment call (the deadline is asyncio.timeout's, in the caller's task), and a hanging step
     still ends at the timeout with the message naming the episode."""
     client = LoopClient()
 
-    async def main(settings):
+    async def main(settings: EnvSettings) -> "tuple[asyncio.Task[Any] | None, StepOutcome]":
         session = await open_env(settings, "episode 3")
         await session.reset()
         outcome = await session.step("a")
