@@ -5,8 +5,9 @@ call's key, malformed fields, stray model names remembered forever, non-JSON and
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiohttp
 import pytest
@@ -18,11 +19,18 @@ from ep_trl.generation import Generator
 from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import TurnLimits
 
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionFunctionToolParam
+
+    from ep_trl.capture.placement import TurnRequest
+
+T = TypeVar("T")
+
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 class RecordingCapture(RolloutCapture):
-    """Fault-injection stand-in for a rollout's capture: records the turns that reach it, answers "ok"."""
+    """Fault-injection stand-in for a rollout's capture: records the requests that reach it, answers "ok"."""
 
     def __init__(self) -> None:
         # turn() is overridden, so the capture's limits, template, generator and parser are never read: None stands in
@@ -34,17 +42,25 @@ class RecordingCapture(RolloutCapture):
             cast(Generator, None),
             cast(ToolCallParser, None),
         )
-        self.turns = []
+        self.requests: list[TurnRequest] = []
 
-    async def turn(self, request):
+    async def turn(self, request: "TurnRequest") -> TurnReply:
         self.calls += 1
-        self.turns.append(request)
+        self.requests.append(request)
         return TurnReply({"role": "assistant", "content": "ok"}, "stop", 1, (1,))
 
 
 async def send(
-    url, body=None, *, key=None, data=None, content_type="application/json", method="POST", path="/chat/completions"
-):
+    url: str | None,
+    body: object = None,
+    *,
+    key: str | None = None,
+    data: str | None = None,
+    content_type: str | None = "application/json",
+    method: str = "POST",
+    path: str = "/chat/completions",
+) -> tuple[int, Any]:
+    assert url is not None, "the endpoint is started"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if data is None and body is not None:
         data = json.dumps(body)
@@ -56,10 +72,10 @@ async def send(
             return response.status, payload
 
 
-def serve(scenario):
+def serve(scenario: "Callable[[CaptureEndpoint, RecordingCapture, str], Awaitable[T]]") -> T:
     """Run ``scenario(endpoint, capture, key)`` against a started endpoint holding one live rollout."""
 
-    async def main():
+    async def main() -> T:
         endpoint = CaptureEndpoint()
         capture = RecordingCapture()
         endpoint.add(capture)
@@ -73,12 +89,14 @@ def serve(scenario):
     return asyncio.run(main())
 
 
-def message(payload):
+def message(payload: Any) -> str:
     return payload["error"]["message"]
 
 
-def test_rollouts_are_never_listed_and_the_list_needs_the_key():
-    async def scenario(endpoint, capture, key):
+def test_rollouts_are_never_listed_and_the_list_needs_the_key() -> None:
+    async def scenario(
+        endpoint: CaptureEndpoint, capture: RecordingCapture, key: str
+    ) -> tuple[tuple[int, Any], tuple[int, Any]]:
         return (
             await send(endpoint.base_url, method="GET", path="/models", content_type=None),
             await send(endpoint.base_url, method="GET", path="/models", content_type=None, key=key),
@@ -90,8 +108,10 @@ def test_rollouts_are_never_listed_and_the_list_needs_the_key():
     assert [entry["id"] for entry in listed["data"]] == ["ep-trl"]
 
 
-def test_a_request_without_the_calls_key_never_reaches_the_rollout():
-    async def scenario(endpoint, capture, key):
+def test_a_request_without_the_calls_key_never_reaches_the_rollout() -> None:
+    async def scenario(
+        endpoint: CaptureEndpoint, capture: RecordingCapture, key: str
+    ) -> tuple[list[tuple[int, Any]], RecordingCapture]:
         name = MODEL_PREFIX + capture.token
         body = {"model": name, "messages": [{"role": "user", "content": "INJECTED"}]}
         results = [
@@ -106,11 +126,11 @@ def test_a_request_without_the_calls_key_never_reaches_the_rollout():
     results, capture = serve(scenario)
     assert [status for status, _ in results] == [401] * 4
     assert "api_key" in message(results[0][1])
-    assert capture.turns == [] and capture.unauthorized == 4  # counted, for the error that names the fix
+    assert capture.requests == [] and capture.unauthorized == 4  # counted, for the error that names the fix
 
 
-def test_a_malformed_field_is_answered_400_and_never_reaches_the_rollout():
-    malformed = [
+def test_a_malformed_field_is_answered_400_and_never_reaches_the_rollout() -> None:
+    malformed: list[dict[str, Any]] = [
         {"max_tokens": "abc"},
         {"max_tokens": True},
         {"max_tokens": 0},
@@ -129,7 +149,9 @@ def test_a_malformed_field_is_answered_400_and_never_reaches_the_rollout():
         {"tool_choice": 3},
     ]
 
-    async def scenario(endpoint, capture, key):
+    async def scenario(
+        endpoint: CaptureEndpoint, capture: RecordingCapture, key: str
+    ) -> tuple[list[tuple[int, Any]], RecordingCapture]:
         name = MODEL_PREFIX + capture.token
         out = [
             await send(endpoint.base_url, {"model": name, "messages": MESSAGES, **fields}, key=key)
@@ -140,11 +162,13 @@ def test_a_malformed_field_is_answered_400_and_never_reaches_the_rollout():
 
     results, capture = serve(scenario)
     assert [status for status, _ in results[:-1]] == [400] * len(malformed), [message(p) for _, p in results]
-    assert results[-1][0] == 200 and len(capture.turns) == 1 and capture.turns[0].max_tokens == 4
+    assert results[-1][0] == 200 and len(capture.requests) == 1 and capture.requests[0].max_tokens == 4
 
 
-def test_bodies_that_are_not_a_json_object_are_refused():
-    async def scenario(endpoint, capture, key):
+def test_bodies_that_are_not_a_json_object_are_refused() -> None:
+    async def scenario(
+        endpoint: CaptureEndpoint, capture: RecordingCapture, key: str
+    ) -> tuple[list[tuple[int, Any]], RecordingCapture]:
         name = MODEL_PREFIX + capture.token
         text = json.dumps({"model": name, "messages": MESSAGES})
         return (
@@ -154,12 +178,14 @@ def test_bodies_that_are_not_a_json_object_are_refused():
         )
 
     results, capture = serve(scenario)
-    assert [status for status, _ in results] == [415, 400, 400, 400] and capture.turns == []
+    assert [status for status, _ in results] == [415, 400, 400, 400] and capture.requests == []
     assert "application/json" in message(results[0][1]) and "list" in message(results[1][1])
 
 
-def test_unknown_model_names_are_kept_per_call_bounded_and_only_with_the_key():
-    async def scenario(endpoint, capture, key):
+def test_unknown_model_names_are_kept_per_call_bounded_and_only_with_the_key() -> None:
+    async def scenario(
+        endpoint: CaptureEndpoint, capture: RecordingCapture, key: str
+    ) -> tuple[list[str], list[str], list[str]]:
         await send(endpoint.base_url, {"model": "gpt-4", "messages": MESSAGES})  # another process: no key
         anonymous = list(endpoint.unknown_models)
         long_name = "x" * 1_000_000
@@ -175,10 +201,10 @@ def test_unknown_model_names_are_kept_per_call_bounded_and_only_with_the_key():
     assert next_call == []  # cleared with every call
 
 
-def test_streaming_several_choices_and_constrained_decoding_are_refused():
-    async def scenario(endpoint, capture, key):
+def test_streaming_several_choices_and_constrained_decoding_are_refused() -> None:
+    async def scenario(endpoint: CaptureEndpoint, capture: RecordingCapture, key: str) -> list[tuple[int, Any]]:
         name = MODEL_PREFIX + capture.token
-        bodies = [
+        bodies: list[dict[str, Any]] = [
             {"model": "ep-trl/unknown"},
             {"model": name, "stream": True},
             {"model": name, "n": 2},
@@ -222,7 +248,7 @@ TOOLS = [
 ]
 
 
-def chatml_capture(model_dir):
+def chatml_capture(model_dir: Path) -> RolloutCapture:
     """A real rollout capture over the tiny model's own ChatML template, which has no tool-call format TRL knows: a
     call that offers tools raises ep_trl's ConfigError while it is served (before anything is generated)."""
     from transformers import AutoTokenizer
@@ -231,11 +257,19 @@ def chatml_capture(model_dir):
     from ep_trl.trajectory.template import ChatTemplate
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return RolloutCapture(new_token(), "chatml", None, ChatTemplate(tokenizer), None, ToolCallParser(tokenizer))
+    # the call fails before anything is generated: the limits and the generator are never read, None stands in
+    return RolloutCapture(
+        new_token(),
+        "chatml",
+        cast(TurnLimits, None),
+        ChatTemplate(tokenizer),
+        cast(Generator, None),
+        ToolCallParser(tokenizer),
+    )
 
 
-def serve_capture(capture, scenario):
-    async def main():
+def serve_capture(capture: RolloutCapture, scenario: "Callable[[CaptureEndpoint, str], Awaitable[T]]") -> T:
+    async def main() -> T:
         endpoint = CaptureEndpoint()
         endpoint.add(capture)
         key = endpoint.new_call()
@@ -250,7 +284,7 @@ def serve_capture(capture, scenario):
 
 def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litellm_policy(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     """Issue 47: tools offered to a model whose template has no tool-call format raised ConfigError while serving the
     call, answered 500 ("LiteLLM Retried: 8 times"). The call is made by eval-protocol's own LiteLLMPolicy, as its
     MCP-gym and agent processors make it (num_retries=8): one request reaches the endpoint, answered 400 with ep_trl's
@@ -263,7 +297,7 @@ def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litel
 
     capture = chatml_capture(tiny_model_dir)
 
-    async def scenario(endpoint, key):
+    async def scenario(endpoint: CaptureEndpoint, key: str) -> "litellm.BadRequestError":
         monkeypatch.setenv("HOSTED_VLLM_API_KEY", key)  # what ep_trl points the processor's LiteLLM at
         policy = LiteLLMPolicy(
             model_id=f"hosted_vllm/{MODEL_PREFIX}{capture.token}",
@@ -284,18 +318,20 @@ def test_a_configuration_error_is_answered_400_once_through_eval_protocols_litel
     assert isinstance(capture.fatal, ConfigError)  # kept: the rollout raises it once the processor returns
 
 
-def test_an_openai_client_does_not_retry_a_configuration_error(tiny_model_dir: Path):
+def test_an_openai_client_does_not_retry_a_configuration_error(tiny_model_dir: Path) -> None:
     """The OpenAI client retries 5xx answers (twice by default) and not 4xx: with the old 500 the endpoint received
     three requests for one call; now one, and the client's error carries ep_trl's message."""
     import openai
 
     capture = chatml_capture(tiny_model_dir)
 
-    async def scenario(endpoint, key):
+    async def scenario(endpoint: CaptureEndpoint, key: str) -> "openai.BadRequestError":
         client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key)
         try:
             await client.chat.completions.create(
-                model=f"{MODEL_PREFIX}{capture.token}", tools=TOOLS, messages=[{"role": "user", "content": "move"}]
+                model=f"{MODEL_PREFIX}{capture.token}",
+                tools=cast("list[ChatCompletionFunctionToolParam]", TOOLS),
+                messages=[{"role": "user", "content": "move"}],
             )
         except openai.BadRequestError as error:
             return error
@@ -305,5 +341,6 @@ def test_an_openai_client_does_not_retry_a_configuration_error(tiny_model_dir: P
 
     error = serve_capture(capture, scenario)
     assert capture.calls == 1
+    assert isinstance(error.body, dict)
     assert error.status_code == 400 and error.body["type"] == "invalid_request_error"
     assert "TRL knows no tool-call format" in error.body["message"]

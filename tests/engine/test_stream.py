@@ -10,6 +10,8 @@ real bodies score (``tests.evals.eval_letters``: pointwise, the mean of its step
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pytest
 
@@ -21,6 +23,11 @@ from ep_trl.sources import EpisodeRequest
 from ep_trl.trajectory.episode import Episode, EpisodePlan
 from ep_trl.trajectory.tokens import Trajectory
 from ep_trl.trajectory.types import Row
+
+if TYPE_CHECKING:
+    from ep_trl.engine.stream import ScoredGroup
+    from ep_trl.evalprotocol import EvalSpec
+    from ep_trl.traininglog.rows import RowContext
 
 POINTWISE = "tests.evals.eval_letters"
 GROUPWISE = "tests.evals.eval_letters_groupwise"
@@ -39,7 +46,14 @@ class FakePlayer:
     a finished episode whose row has ``rewards[(group, member)]`` as step rewards, or a failed one for the keys in
     ``failing``. Records the order episodes started and ended, and the most in flight at once."""
 
-    def __init__(self, rewards, *, delays=None, failing=(), raising=None) -> None:
+    def __init__(
+        self,
+        rewards: dict[tuple[int, int], list[float]],
+        *,
+        delays: dict[tuple[int, int], float] | None = None,
+        failing: Iterable[tuple[int, int]] = (),
+        raising: tuple[int, int] | None = None,
+    ) -> None:
         self.rewards, self.delays, self.failing, self.raising = rewards, delays or {}, set(failing), raising
         self.events = {key: asyncio.Event() for key in rewards}
         self.started: list[tuple[int, int]] = []
@@ -48,7 +62,7 @@ class FakePlayer:
         self.in_flight = self.most_in_flight = 0
 
     @property
-    def env_sessions(self):
+    def env_sessions(self) -> int:
         return 0
 
     async def play(self, request: EpisodeRequest, generator: Generator) -> tuple[Episode, Row]:
@@ -100,26 +114,28 @@ class FakePlayer:
         return episode, row
 
 
-def plans(groups, size):
+def plans(groups: int, size: int) -> Iterator[GroupPlan]:
     for g in range(groups):
         yield GroupPlan(
             group=g,
             prompt=[{"role": "user", "content": f"group {g}"}],
             indices=tuple(range(g * size, (g + 1) * size)),
             rollout_ids=tuple(f"r-{g}-{k}" for k in range(size)),
-            context=None,
+            context=cast("RowContext", None),  # the fake player builds its rows without one
         )
 
 
-def spec_of(env_path, **changes):
+def spec_of(env_path: str, **changes: Any) -> "EvalSpec":
     spec = read_eval_spec(resolve_eval_test(env_path))
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
-async def released(stream, player, order, count):
+async def released(
+    stream: "AsyncIterator[ScoredGroup]", player: FakePlayer, order: list[tuple[int, int]], count: int
+) -> "list[ScoredGroup]":
     """Set the players' events in ``order`` one at a time, and collect what the stream releases meanwhile, until
     ``count`` groups are out."""
-    out = []
+    out: list[ScoredGroup] = []
 
     async def consume() -> None:
         async for group in stream:
@@ -135,14 +151,20 @@ async def released(stream, player, order, count):
     return out
 
 
-def test_at_most_slots_episodes_play_at_once_and_they_start_in_plan_order():
+def test_at_most_slots_episodes_play_at_once_and_they_start_in_plan_order() -> None:
     rewards = {(g, k): [1.0] for g in range(3) for k in range(2)}
     player = FakePlayer(rewards, delays={key: 0.05 for key in rewards})
     meter = SlotMeter()
 
-    async def main():
+    async def main() -> "list[ScoredGroup]":
         stream = stream_groups(
-            player, spec_of(POINTWISE), plans(3, 2), FakeGenerator(), slots=3, body_timeout_s=30, meter=meter
+            player,
+            spec_of(POINTWISE),
+            plans(3, 2),
+            cast("Generator", FakeGenerator()),
+            slots=3,
+            body_timeout_s=30,
+            meter=meter,
         )
         return [group async for group in stream]
 
@@ -152,14 +174,16 @@ def test_at_most_slots_episodes_play_at_once_and_they_start_in_plan_order():
     assert sorted(g.plan.group for g in groups) == [0, 1, 2] and meter.episodes == 6 and meter.cancelled == 0
 
 
-def test_a_group_is_released_when_it_completes_not_in_plan_order():
+def test_a_group_is_released_when_it_completes_not_in_plan_order() -> None:
     """Group 0's second episode is the straggler: group 1, planned after it, is released first, and its slot was
     never held for the straggler."""
     rewards = {(g, k): [1.0] for g in range(2) for k in range(2)}
     player = FakePlayer(rewards)
 
-    async def main():
-        stream = stream_groups(player, spec_of(POINTWISE), plans(2, 2), FakeGenerator(), slots=4, body_timeout_s=30)
+    async def main() -> "list[ScoredGroup]":
+        stream = stream_groups(
+            player, spec_of(POINTWISE), plans(2, 2), cast("Generator", FakeGenerator()), slots=4, body_timeout_s=30
+        )
         return await released(stream, player, [(0, 0), (1, 0), (1, 1), (0, 1)], 2)
 
     groups = asyncio.run(main())
@@ -167,13 +191,15 @@ def test_a_group_is_released_when_it_completes_not_in_plan_order():
     assert [[p.request.member for p in g.played] for g in groups] == [[0, 1], [0, 1]]  # member order
 
 
-def test_pointwise_scores_each_episode_and_groupwise_scores_the_group_together():
+def test_pointwise_scores_each_episode_and_groupwise_scores_the_group_together() -> None:
     rewards = {(0, 0): [1.0, 0.0], (0, 1): [1.0, 1.0]}
     for env_path, expected in ((POINTWISE, [0.5, 1.0]), (GROUPWISE, [0.5, 1.0])):
         player = FakePlayer(rewards, delays={(0, 0): 0.01, (0, 1): 0.02})
 
-        async def main():
-            stream = stream_groups(player, spec_of(env_path), plans(1, 2), FakeGenerator(), slots=2, body_timeout_s=30)
+        async def main() -> "list[ScoredGroup]":
+            stream = stream_groups(
+                player, spec_of(env_path), plans(1, 2), cast("Generator", FakeGenerator()), slots=2, body_timeout_s=30
+            )
             return [group async for group in stream]
 
         [group] = asyncio.run(main())
@@ -181,8 +207,10 @@ def test_pointwise_scores_each_episode_and_groupwise_scores_the_group_together()
     # groupwise is relative to the group: the same rows alone score 1 each
     alone = FakePlayer({(0, 0): [1.0, 0.0]}, delays={(0, 0): 0.01})
 
-    async def single():
-        stream = stream_groups(alone, spec_of(GROUPWISE), plans(1, 1), FakeGenerator(), slots=1, body_timeout_s=30)
+    async def single() -> "list[ScoredGroup]":
+        stream = stream_groups(
+            alone, spec_of(GROUPWISE), plans(1, 1), cast("Generator", FakeGenerator()), slots=1, body_timeout_s=30
+        )
         return [group async for group in stream]
 
     [group] = asyncio.run(single())
@@ -190,18 +218,18 @@ def test_pointwise_scores_each_episode_and_groupwise_scores_the_group_together()
 
 
 @pytest.mark.parametrize("scope", ["group", "stream"])
-def test_an_all_eval_is_scored_per_group_or_over_the_whole_stream(scope: str):
+def test_an_all_eval_is_scored_per_group_or_over_the_whole_stream(scope: Literal["group", "stream"]) -> None:
     """``all`` over the stream holds every group until the plan is played and scores them in one body call (the
     groupwise body then compares across groups); over each group, a group is released as it completes."""
     rewards = {(0, 0): [1.0], (0, 1): [0.5], (1, 0): [2.0], (1, 1): [2.0]}
     player = FakePlayer(rewards)
 
-    async def main():
+    async def main() -> "list[ScoredGroup]":
         stream = stream_groups(
             player,
             spec_of(GROUPWISE, mode="all"),
             plans(2, 2),
-            FakeGenerator(),
+            cast("Generator", FakeGenerator()),
             slots=4,
             body_timeout_s=30,
             all_scope=scope,
@@ -216,12 +244,14 @@ def test_an_all_eval_is_scored_per_group_or_over_the_whole_stream(scope: str):
         assert scores == {0: pytest.approx([0.5, 0.25]), 1: pytest.approx([1.0, 1.0])}
 
 
-def test_a_failed_episode_is_not_scored_and_says_so():
+def test_a_failed_episode_is_not_scored_and_says_so() -> None:
     rewards = {(0, 0): [1.0], (0, 1): [1.0]}
     player = FakePlayer(rewards, delays={(0, 0): 0.01, (0, 1): 0.02}, failing=[(0, 1)])
 
-    async def main():
-        stream = stream_groups(player, spec_of(GROUPWISE), plans(1, 2), FakeGenerator(), slots=2, body_timeout_s=30)
+    async def main() -> "list[ScoredGroup]":
+        stream = stream_groups(
+            player, spec_of(GROUPWISE), plans(1, 2), cast("Generator", FakeGenerator()), slots=2, body_timeout_s=30
+        )
         return [group async for group in stream]
 
     [group] = asyncio.run(main())
@@ -229,17 +259,17 @@ def test_a_failed_episode_is_not_scored_and_says_so():
     assert group.scored[1].score is None and group.scored[1].error == FAILED_EPISODE
 
 
-def test_no_episode_starts_while_may_start_says_no():
+def test_no_episode_starts_while_may_start_says_no() -> None:
     rewards = {(0, 0): [1.0]}
     player = FakePlayer(rewards, delays={(0, 0): 0.01})
     allowed = asyncio.Event()
 
-    async def main():
+    async def main() -> "ScoredGroup":
         stream = stream_groups(
             player,
             spec_of(POINTWISE),
             plans(1, 1),
-            FakeGenerator(),
+            cast("Generator", FakeGenerator()),
             slots=2,
             body_timeout_s=30,
             may_start=allowed.is_set,
@@ -255,14 +285,20 @@ def test_no_episode_starts_while_may_start_says_no():
     assert asyncio.run(main()).plan.group == 0 and player.started == [(0, 0)]
 
 
-def test_a_consumer_that_stops_early_cancels_every_episode_in_flight():
+def test_a_consumer_that_stops_early_cancels_every_episode_in_flight() -> None:
     rewards = {(g, k): [1.0] for g in range(3) for k in range(2)}
     player = FakePlayer(rewards)
     meter = SlotMeter()
 
-    async def main():
+    async def main() -> "ScoredGroup":
         stream = stream_groups(
-            player, spec_of(POINTWISE), plans(3, 2), FakeGenerator(), slots=4, body_timeout_s=30, meter=meter
+            player,
+            spec_of(POINTWISE),
+            plans(3, 2),
+            cast("Generator", FakeGenerator()),
+            slots=4,
+            body_timeout_s=30,
+            meter=meter,
         )
         consumer = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0.05)
@@ -278,12 +314,14 @@ def test_a_consumer_that_stops_early_cancels_every_episode_in_flight():
     assert meter.cancelled == 4 and meter.in_flight == 0
 
 
-def test_an_error_that_is_not_an_episodes_own_raises_and_cancels_the_rest():
+def test_an_error_that_is_not_an_episodes_own_raises_and_cancels_the_rest() -> None:
     rewards = {(g, k): [1.0] for g in range(2) for k in range(2)}
     player = FakePlayer(rewards, raising=(0, 0))
 
-    async def main():
-        stream = stream_groups(player, spec_of(POINTWISE), plans(2, 2), FakeGenerator(), slots=4, body_timeout_s=30)
+    async def main() -> "list[ScoredGroup]":
+        stream = stream_groups(
+            player, spec_of(POINTWISE), plans(2, 2), cast("Generator", FakeGenerator()), slots=4, body_timeout_s=30
+        )
         return await released(stream, player, [(0, 0)], 1)
 
     with pytest.raises(RuntimeError, match="not an episode's own error"):
