@@ -15,9 +15,9 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -44,7 +44,13 @@ from tests.support.trainers import assert_trained
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 if TYPE_CHECKING:
+    from PIL import Image
+    from transformers import PreTrainedModel
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from ep_trl.generation import Generation
     from ep_trl.runtime.processes import ServerProcess
+    from ep_trl.trajectory.tokens import Trajectory, TrajectoryBuilder
 
 
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
@@ -65,7 +71,9 @@ def vlm_server(tiny_vlm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield server
 
 
-def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server: "ServerProcess", tiny_vlm_dir: Path):
+def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(
+    vlm_server: "ServerProcess", tiny_vlm_dir: Path
+) -> None:
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
     template = ChatTemplate(processor)
@@ -78,7 +86,7 @@ def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server: "
     )
     generator = VLLMServerGenerator(vlm_server.base_url, VLLMOptions(seed=0))
 
-    async def main():
+    async def main() -> "Generation":
         try:
             return await generator.generate(
                 prompt.ids, SamplingParams(max_tokens=8), images=PromptImages(prompt.images, prompt.unexpanded_ids)
@@ -95,7 +103,7 @@ def test_turns_with_images_sample_with_the_pixels_on_a_vllm_server(vlm_server: "
     assert max(abs(a - b) for a, b in zip(without, turn.logprobs)) > 100 * LOGPROB_TOL
 
 
-def other_pictures(sample, samples):
+def other_pictures(sample: "RolloutSample", samples: "Iterable[RolloutSample]") -> "list[Image.Image] | None":
     """The images of another sample with as many images as ``sample``, not all the same pictures (a group's episodes
     see the same ones; other tasks see others), or None."""
     own = [image.tobytes() for image in images_of(sample.input_ids)]
@@ -106,9 +114,10 @@ def other_pictures(sample, samples):
     return None
 
 
-def sampled_turns(sample):
+def sampled_turns(sample: "RolloutSample") -> list[list[tuple[int, float]]]:
     """(position in input_ids of each sampled token, its logprob), one list per turn (run of completion_mask 1)."""
-    turns, previous = [], 0
+    turns: list[list[tuple[int, float]]] = []
+    previous = 0
     for at, (m, logprob) in enumerate(zip(sample.completion_mask.tolist(), sample.old_log_probs.tolist())):
         if m and not previous:
             turns.append([])
@@ -120,8 +129,12 @@ def sampled_turns(sample):
 
 @pytest.mark.timeout(400)
 def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
-    vlm_server, tiny_vlm_dir, letters_server, tmp_path, caplog
-):
+    vlm_server: "ServerProcess",
+    tiny_vlm_dir: Path,
+    letters_server: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """EvalRolloutWorker on the processor, CPUAsyncImagesGRPOTrainer, weights through disk to the real server: every
     sampled turn's logprobs equal the teacher-forced logprobs WITH the pixels of the version the turn recorded (or
     the next one, the sync race docs/async.md describes), except a turn in flight when a sync paused the server,
@@ -178,15 +191,15 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
     assert logs[0]["sampling/sampling_logp_difference/max"] < LOGPROB_TOL, logs[0]
     vision = [k for k in snapshots.states[1] if ".vision_model." in k]
     assert max((snapshots.states[4][k] - snapshots.states[1][k]).abs().max().item() for k in vision) > 0
-    models = {}
+    models: "dict[int, PreTrainedModel]" = {}
 
-    def policy(version):
+    def policy(version: int) -> "PreTrainedModel":
         if version not in models:
             models[version] = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).eval()
             models[version].load_state_dict(snapshots.states[version])
         return models[version]
 
-    by_group = {}
+    by_group: "dict[int, list[RolloutSample]]" = {}
     for sample in worker.rollout_buffer.samples:
         by_group.setdefault(sample.group_id, []).append(sample)
     checked, text_only_gap, swapped_gap = [], float("inf"), float("inf")
@@ -210,7 +223,8 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
                 v: token_logprobs(policy(v), processor, ids, images) for v in set(versions) | {v + 1 for v in versions}
             }
 
-            def gaps(v, turn):  # each of the turn's tokens: |policy v's teacher-forced logprob - the sampled one|
+            # each of the turn's tokens: |policy v's teacher-forced logprob - the sampled one|
+            def gaps(v: int, turn: list[tuple[int, float]]) -> tuple[float, ...]:
                 return tuple(abs(reference[v][at - 1] - logprob) for at, logprob in turn)
 
             checked.append(
@@ -238,7 +252,11 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
     exact, held_across_sync = sorted(check.exact), sum(check.held.values())
     assert len(checked) >= 8 and 1 in exact and max(exact) >= 2, (len(checked), exact)
     # a sync holds at most the turns then in flight, one per episode slot
-    assert held_across_sync <= trainer.weight_transfer.syncs * worker.slots, (check.held, len(checked))
+    syncs = cast(DiskWeightTransfer, trainer.weight_transfer).syncs
+    assert held_across_sync <= syncs * worker.slots, (
+        check.held,
+        len(checked),
+    )
     assert text_only_gap > 0.1  # scored without the pixels, every checked sample moves
     assert swapped_gap > 0.1  # scored with another sample's screenshots, every checked sample moves
     assert worker.dropped_stale + sum(h.get("sample/dropped_stale_total", 0) for h in trainer.state.log_history) > 0
@@ -246,7 +264,7 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
         f"async VLM run: {seconds:.1f} s for 3 steps, {len(checked)} samples checked, {worker.dropped_stale} "
         f"dropped stale by the worker, versions exact {exact}, {check.told_apart} of {check.turns} turns told "
         f"apart, text-only gap >= {text_only_gap:.3f}, swapped-pictures gap >= {swapped_gap:.3f}, turns held per "
-        f"sync {dict(check.held)} ({worker.slots} slots, {trainer.weight_transfer.syncs} syncs), "
+        f"sync {dict(check.held)} ({worker.slots} slots, {syncs} syncs), "
         f"step-1 ratio {logs[0]['ratio']} kl {logs[0]['kl']}, "
         f"sampling_logp_difference/max per step "
         f"{[h['sampling/sampling_logp_difference/max'] for h in logs]}"
@@ -255,8 +273,12 @@ def test_the_tiny_vlm_trains_asynchronously_on_an_image_eval(
 
 @pytest.mark.timeout(300)
 def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sample(
-    vlm_server, tiny_vlm_dir, letters_server, tmp_path, monkeypatch
-):
+    vlm_server: "ServerProcess",
+    tiny_vlm_dir: Path,
+    letters_server: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Fault injection: every second episode's trajectory loses its last image (``losing_an_image``). Such an episode
     is left out by the worker and counted (ep_trl/worker/image_mismatch_total), never put in the buffer; the trainer
     trains a real step on the others without an error."""
@@ -265,9 +287,11 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     from ep_trl.trajectory import tokens as trajectory_module
     from ep_trl.trajectory.sample_images import placeholder_mismatch
 
-    real_build, built = trajectory_module.TrajectoryBuilder.build, []
+    real_build = trajectory_module.TrajectoryBuilder.build
+    built: "list[Trajectory]" = []
 
-    def losing_an_image(builder):  # the fault: an episode whose images no longer match its image tokens
+    # the fault: an episode whose images no longer match its image tokens
+    def losing_an_image(builder: "TrajectoryBuilder") -> "Trajectory":
         made = real_build(builder)
         built.append(made)
         return dataclasses.replace(made, images=made.images[:-1]) if len(built) % 2 == 0 and made.images else made
@@ -292,9 +316,14 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     worker = EvalRolloutWorker(IMAGE_EVAL, args=args, processing_class=processor, log_rollouts=False, buffer_size=2)
     worker.rollout_buffer = Recorded(2)
-    reported = []
+    reported: list[dict[str, float]] = []
     put_metrics = worker._put_metrics
-    worker._put_metrics = lambda metrics: (reported.append(metrics), put_metrics(metrics))
+
+    def reporting(metrics: dict[str, float]) -> None:
+        reported.append(metrics)
+        put_metrics(metrics)
+
+    monkeypatch.setattr(worker, "_put_metrics", reporting)
     trainer = CPUAsyncImagesGRPOTrainer(
         str(tiny_vlm_dir),
         args=args,
@@ -316,8 +345,8 @@ def test_an_episode_whose_images_do_not_match_its_placeholders_is_a_failed_sampl
 
 @pytest.mark.timeout(200)
 def test_the_worker_processes_each_samples_images_once_off_its_event_loop(
-    vlm_server, tiny_vlm_dir, letters_server, tmp_path
-):
+    vlm_server: "ServerProcess", tiny_vlm_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     """The worker alone (no trainer) until its buffer is full: an instrument around the processor's image processor
     records the thread of every call. Each image is processed alone, as the turn that brings it is rendered, in a
     thread (ChatTemplate.prepare_images), never on the event loop that plays the episodes; the samples carry the
@@ -346,7 +375,7 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(
         loop_threads.append(threading.get_ident())
         await stream()
 
-    worker._stream = observed_stream
+    worker._stream = observed_stream  # type: ignore[method-assign]  # the stream, instrumented
     worker.start()
     try:
         deadline = time.monotonic() + 120
@@ -370,8 +399,8 @@ def test_the_worker_processes_each_samples_images_once_off_its_event_loop(
 
 @pytest.mark.timeout(300)
 def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(
-    vlm_server, tiny_vlm_dir, letters_server, tmp_path
-):
+    vlm_server: "ServerProcess", tiny_vlm_dir: Path, letters_server: str, tmp_path: Path
+) -> None:
     """The training scripts' ``--screenshots --async`` mode on CPU (ep_trl.cli.modes, what
     train_browsergym_trl.py builds, here on the image eval instead of a browser): the worker renders with the
     model's processing class and CPUAsyncImagesGRPOTrainer trains a real step with the pixels."""
@@ -406,7 +435,9 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(
         log_rollouts=False,
         train_dataset=dataset_from_eval(IMAGE_EVAL, repeat=2),
     ) as trainer:
-        assert isinstance(trainer, CPUAsyncImagesGRPOTrainer) and trainer.rollout_worker.renders_images
+        assert isinstance(trainer, CPUAsyncImagesGRPOTrainer)
+        assert cast(EvalRolloutWorker, trainer.rollout_worker).renders_images
+        assert trainer.model is not None
         before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
         trainer.train()
     log = next(h for h in trainer.state.log_history if "ratio" in h)
@@ -417,7 +448,7 @@ def test_the_scripts_async_screenshot_mode_trains_the_images_trainer(
     assert max(v for name, v in moved.items() if ".vision_model." in name) > 0, "the vision tower did not train"
 
 
-def worker_config(tmp_path: Path, url):
+def worker_config(tmp_path: Path, url: str) -> AsyncGRPOConfig:
     """The worker's AsyncGRPOConfig: groups of two episodes on ``url``."""
     return AsyncGRPOConfig(
         output_dir=str(tmp_path / "out"),
@@ -433,7 +464,7 @@ def worker_config(tmp_path: Path, url):
     )
 
 
-def screenshots_alive(size):
+def screenshots_alive(size: tuple[int, int]) -> "list[Image.Image]":
     """The decoded images of ``size`` alive in this process, found among every object the garbage collector tracks
     (whoever holds them: samples, episodes, messages, rows, queues). Images still being read from their file
     (``ImageFile``, the moment a data URI is decoded) are not counted. Objects are told by ``type``: asking a lazy
@@ -447,7 +478,7 @@ def screenshots_alive(size):
     ]
 
 
-def live_images(size, earlier=()):
+def live_images(size: tuple[int, int], earlier: "Sequence[weakref.ref[Image.Image]]" = ()) -> tuple[int, int]:
     """The number and bytes of the decoded images of ``size`` alive now (``screenshots_alive``), less ``earlier``:
     weak references to those alive before the measured worker started, which are not its own (an earlier test of
     this process can leave some: 2 in a full CI run, held by two test modules' image lists)."""
@@ -456,13 +487,13 @@ def live_images(size, earlier=()):
     return len(found), sum(image.width * image.height * len(image.getbands()) for image in found)
 
 
-def live_pixel_bytes(frames):
+def live_pixel_bytes(frames: set[tuple[int, ...]]) -> int:
     """The bytes of the pixel tensors alive in this process (tensors whose trailing dimensions are one of ``frames``,
     the shapes the processing class gives an image's pixels), each storage counted once, found as ``live_images``
     finds images."""
     import torch
 
-    storages = {}
+    storages: dict[int, int] = {}
     for obj in gc.get_objects():
         if issubclass(type(obj), torch.Tensor) and obj.dim() >= 4 and tuple(obj.shape[-2:]) in frames:
             storage = obj.untyped_storage()
@@ -475,7 +506,9 @@ class MemoryWatch:
     made (weak references: exact, none of the processing class's passing copies), the bytes of every pixel tensor
     alive (``live_pixel_bytes``), and the worker's own count (``bounded_images``)."""
 
-    def __init__(self, worker, frames, decoded) -> None:
+    def __init__(
+        self, worker: EvalRolloutWorker, frames: set[tuple[int, ...]], decoded: "list[weakref.ref[Image.Image]]"
+    ) -> None:
         self.worker, self.frames, self.decoded = worker, frames, decoded
         self.images, self.pixel_bytes, self.held = [0], [0], [0]
         self._done = threading.Event()
@@ -488,11 +521,11 @@ class MemoryWatch:
             self.held.append(self.worker.bounded_images() or 0)
             time.sleep(0.02)
 
-    def __enter__(self):
+    def __enter__(self) -> "MemoryWatch":
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
 
@@ -504,7 +537,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     letters_server: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-):
+) -> None:
     """8 episode slots, groups of two episodes holding one 1280x720 screenshot each (a picture no other observation
     shares, so each is its own decoded image), the rollout log on. Measured in this process while the worker runs:
     the decoded images alive and the bytes of every pixel tensor alive, sampled every 20 ms, and at rest (buffer full,
@@ -524,9 +557,10 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     per_image = sum(t.untyped_storage().nbytes() for t in one.values())  # one screenshot's pixels, as processed
     image_bytes = SCREENSHOT_SIZE[0] * SCREENSHOT_SIZE[1] * 3
     del one
-    decoded, real_load = [], trajectory_module.load_image
+    decoded: "list[weakref.ref[Image.Image]]" = []
+    real_load = trajectory_module.load_image
 
-    def watched_load(source):
+    def watched_load(source: str) -> "Image.Image":
         image = real_load(source)
         decoded.append(weakref.ref(image))
         return image
@@ -539,7 +573,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
     earlier = [weakref.ref(image) for image in screenshots_alive(SCREENSHOT_SIZE)]
     before = live_pixel_bytes(frames)
 
-    def worker(bound, out):
+    def worker(bound: int | None, out: str) -> EvalRolloutWorker:
         made = EvalRolloutWorker(
             NEW_PICTURES_EVAL,
             args=worker_config(tmp_path / out, vlm_server.base_url),
@@ -551,7 +585,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
 
     bounded = worker(2, "bounded")
     assert (bounded.slots, bounded.max_episode_images) == (8, 1)  # one picture per episode: its one environment step
-    at_rest = []
+    at_rest: list[tuple[int, int]] = []
     with MemoryWatch(bounded, frames, decoded) as watch:
         bounded.start()
         try:
@@ -594,7 +628,7 @@ def test_max_buffered_images_bounds_the_decoded_images_and_pixels_the_worker_hol
 @pytest.mark.timeout(300)
 def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(
     vlm_server: "ServerProcess", tiny_vlm_dir: Path, letters_server: str, tmp_path: Path
-):
+) -> None:
     """The image eval shows a picture at each of its 2 steps; with max_episode_images=1 the second turn would hold 2:
     the worker stops with the error naming the fix (that the turn is not sent: tests/engine/test_stream.py)."""
     from ep_trl import RolloutWorkerError
@@ -608,7 +642,7 @@ def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(
     )
     worker.take_images("test")
 
-    def health():
+    def health() -> str | None:
         try:
             worker.check_health(300.0)
         except RolloutWorkerError as exc:
@@ -618,11 +652,13 @@ def test_an_episode_past_max_episode_images_stops_the_worker_before_its_turn(
     worker.start()
     try:
         wait_until(lambda: health() is not None, 120)
+        stopped = health()
+        assert stopped is not None
         assert re.search(
             r"stopped: ConfigError: An episode's turn would hold 2 images, more than max_episode_images=1"
             r".*Pass EvalRolloutWorker\(max_episode_images=",
-            health(),
-        ), health()
+            stopped,
+        ), stopped
         assert not worker.groups  # no episode got past its first turn
     finally:
         worker.stop()

@@ -15,8 +15,9 @@ import dataclasses
 import gc
 import queue
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pytest
@@ -34,6 +35,14 @@ from ep_trl.trajectory.tokens import Trajectory
 from tests.support.async_training import released_group
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, ProcessorMixin, TrainerControl, TrainerState, TrainingArguments
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from ep_trl.engine.stream import ScoredGroup
+    from ep_trl.trajectory.sample_images import ImageIds, ProcessedImages
+
 TOLERANCE = 1e-3
 
 
@@ -41,10 +50,12 @@ class QueuedSamples:
     """A stand-in for ``EvalRolloutWorker`` (TRL's ``RolloutWorkerProtocol``): the samples the test put on its
     queue, nothing else."""
 
-    def __init__(self):
-        self.rollout_buffer = queue.Queue()
-        self.metrics_queue = queue.Queue()
-        self.versions = []
+    renders_images: bool  # unset unless a test sets it: EvalRolloutWorker's say on whether it renders images
+
+    def __init__(self) -> None:
+        self.rollout_buffer: queue.Queue[RolloutSample] = queue.Queue()
+        self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.versions: list[int] = []
 
     def start(self) -> None:
         pass
@@ -52,18 +63,18 @@ class QueuedSamples:
     def stop(self) -> None:
         pass
 
-    def update_model_version(self, version) -> None:
+    def update_model_version(self, version: int) -> None:
         self.versions.append(version)
 
-    def check_health(self, stale_after_s) -> None:
+    def check_health(self, stale_after_s: float) -> None:
         pass
 
 
 class SentWeights:
     """A weight transfer that keeps the names of the tensors each sync sends (no server)."""
 
-    def __init__(self):
-        self.names = []
+    def __init__(self) -> None:
+        self.names: list[list[str]] = []
 
     def init_weight_transfer(self) -> None:
         pass
@@ -71,7 +82,7 @@ class SentWeights:
     def pause(self) -> None:
         pass
 
-    def send_weights(self, iterator) -> None:
+    def send_weights(self, iterator: "Iterable[tuple[str, torch.Tensor]]") -> None:
         self.names.append([name for name, _ in iterator])
 
     def resume(self) -> None:
@@ -81,7 +92,7 @@ class SentWeights:
         pass
 
 
-def config(tmp_path: Path, **overrides):
+def config(tmp_path: Path, **overrides: Any) -> AsyncGRPOConfig:
     values = dict(
         output_dir=str(tmp_path / "out"),
         use_cpu=True,
@@ -100,7 +111,14 @@ def config(tmp_path: Path, **overrides):
     return AsyncGRPOConfig(**{**values, **overrides})
 
 
-def make_trainer(model_dir, tmp_path: Path, processing_class, worker=None, weight_transfer=None, **overrides):
+def make_trainer(
+    model_dir: Path,
+    tmp_path: Path,
+    processing_class: "ProcessorMixin",
+    worker: QueuedSamples | None = None,
+    weight_transfer: SentWeights | None = None,
+    **overrides: Any,
+) -> CPUAsyncImagesGRPOTrainer:
     return CPUAsyncImagesGRPOTrainer(
         str(model_dir),
         args=config(tmp_path, **overrides),
@@ -111,7 +129,7 @@ def make_trainer(model_dir, tmp_path: Path, processing_class, worker=None, weigh
     )
 
 
-def played_groups(model_dir, groups):
+def played_groups(model_dir: Path, groups: int) -> "tuple[list[ScoredGroup], ProcessorMixin, PreTrainedModel]":
     """``groups`` prompt groups of two episodes as the stream releases them (per group one prompt text, two
     screenshots; a sampled completion whose logprobs are teacher-forced WITH the pixels on the initial weights), the
     processor and the model."""
@@ -139,34 +157,44 @@ def played_groups(model_dir, groups):
     return released, processor, model
 
 
-def worker_samples(released, processor):
+def worker_samples(released: "list[ScoredGroup]", processor: "ProcessorMixin") -> "list[RolloutSample]":
     """The samples EvalRolloutWorker makes of released groups (its ``group_samples``: images processed once)."""
     return [sample for group in released for sample in group_samples(group, processor.tokenizer, processor).samples]
 
 
-def image_samples(model_dir, groups):
+def image_samples(model_dir: Path, groups: int) -> "tuple[list[RolloutSample], ProcessorMixin, PreTrainedModel]":
     """``2 * groups`` samples as EvalRolloutWorker makes them, the processor and the model."""
     released, processor, model = played_groups(model_dir, groups)
     return worker_samples(released, processor), processor, model
 
 
-def carrying_images_alone(sample):
+def carrying_images_alone(sample: "RolloutSample") -> "RolloutSample":
     """``sample`` as a custom worker makes it: its ids carry its images, nothing processed."""
     ids = sample.input_ids
     return dataclasses.replace(sample, input_ids=ids_with_images(ids.tolist(), images_of(ids)))
 
 
-def step_log(trainer):
+def processed(sample: "RolloutSample") -> "ProcessedImages":
+    """What the worker's processing made of the images ``sample``'s ids carry."""
+    carried = cast("ImageIds", sample.input_ids).processed
+    assert carried is not None
+    return carried
+
+
+def step_log(trainer: CPUAsyncImagesGRPOTrainer) -> dict[str, float]:
     return next(h for h in trainer.state.log_history if "ratio" in h)
 
 
 class FreedBefore(TrainerCallback):
     """At the start of step ``step``, which of ``watched`` (weak references to images, pixels) are already freed."""
 
-    def __init__(self, step, watched) -> None:
-        self.step, self.watched, self.freed = step, watched, None
+    def __init__(self, step: int, watched: "list[weakref.ref[Any]]") -> None:
+        self.step, self.watched = step, watched
+        self.freed: list[bool] | None = None
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(
+        self, args: "TrainingArguments", state: "TrainerState", control: "TrainerControl", **kwargs: Any
+    ) -> None:
         if state.global_step + 1 == self.step:
             self.freed = [ref() is None for ref in self.watched]
 
@@ -186,8 +214,8 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(
     samples[2] = carrying_images_alone(samples[2])  # a custom worker's sample: processed by the collator
     stale, _, _ = image_samples(tiny_vlm_dir, groups=1)  # sampled by a policy 10 versions older: TRL drops them
     stale = [dataclasses.replace(sample, model_version=-9, group_id=100) for sample in stale]
-    dropped = [weakref.ref(image) for s in stale for image in images_of(s.input_ids)]
-    dropped += [weakref.ref(s.input_ids.processed.pixels["pixel_values"]) for s in stale]
+    dropped: list[weakref.ref[Any]] = [weakref.ref(image) for s in stale for image in images_of(s.input_ids)]
+    dropped += [weakref.ref(processed(s).pixels["pixel_values"]) for s in stale]
     watched = [weakref.ref(image) for s in samples for image in images_of(s.input_ids)]
     worker, sent = QueuedSamples(), SentWeights()
     for sample in [*stale, *samples]:
@@ -196,6 +224,7 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(
     at_step_2 = FreedBefore(2, watched[:4] + dropped)  # step 1's micro-batch, and the samples TRL dropped as stale
     trainer = make_trainer(tiny_vlm_dir, tmp_path, processor, worker, sent, max_steps=2)
     trainer.add_callback(at_step_2)
+    assert trainer.model is not None
     vision = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if ".vision_model." in k}
     assert vision and all(p.requires_grad for k, p in trainer.model.named_parameters() if ".vision_model." in k)
     trainer.train()
@@ -215,17 +244,20 @@ def test_each_forward_sees_its_own_samples_pixels_and_the_vision_tower_trains(
     assert [r() for r in trained] == [None] * 8
 
 
-def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir: Path, tmp_path: Path):
+def test_a_sample_trained_with_another_samples_pixels_is_caught(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     """Fault injection (``swapped``): the two samples of each group trade pixels, each keeping its own tokens and
     sampled logprobs. The forward then computes the other screenshot's logprobs, and the trainer's
     sampling_logp_difference (from that same forward) reports it, where it reads < 1e-3 with each sample's own pixels
     (the test above): its own pixels, not any pixels, are what reach each sample's tokens."""
     samples, processor, _ = image_samples(tiny_vlm_dir, groups=2)
 
-    def swapped(sample, other):  # the fault: another sample's images (and their processed pixels) on these ids
+    # the fault: another sample's images (and their processed pixels) on these ids
+    def swapped(sample: "RolloutSample", other: "RolloutSample") -> "RolloutSample":
         return dataclasses.replace(
             sample,
-            input_ids=ids_with_images(sample.input_ids.tolist(), images_of(other.input_ids), other.input_ids.processed),
+            input_ids=ids_with_images(
+                sample.input_ids.tolist(), images_of(other.input_ids), cast("ImageIds", other.input_ids).processed
+            ),
         )
 
     worker = QueuedSamples()
@@ -264,9 +296,9 @@ class FakeWeightTransferClient:
 
     built: ClassVar[list["FakeWeightTransferClient"]] = []
 
-    def __init__(self, vllm_client, weight_update_info, weight_sync_timeout):
+    def __init__(self, vllm_client: object, weight_update_info: dict[str, Any], weight_sync_timeout: float) -> None:
         self.manifest = weight_update_info
-        self.sent = []
+        self.sent: list[list[tuple[str, str, list[int]]]] = []
         FakeWeightTransferClient.built.append(self)
 
     def init_weight_transfer(self) -> None:
@@ -275,7 +307,7 @@ class FakeWeightTransferClient:
     def pause(self) -> None:
         pass
 
-    def send_weights(self, iterator) -> None:
+    def send_weights(self, iterator: "Iterable[tuple[str, torch.Tensor]]") -> None:
         self.sent.append([(name, str(tensor.dtype).split(".")[-1], list(tensor.shape)) for name, tensor in iterator])
 
     def resume(self) -> None:
@@ -286,8 +318,8 @@ class FakeWeightTransferClient:
 
 
 def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkpoints_names(
-    tiny_vlm_dir, tmp_path, monkeypatch
-):
+    tiny_vlm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With TRL's own NCCL transfer (no weight_transfer given; its client a fake), the manifest TRL built over the
     text model alone is rebuilt once the vision tower is unfrozen: each sync sends exactly the manifest, in its order,
     dtypes and shapes, and its names are every trainable weight, vision tower included, under the checkpoint's
@@ -316,6 +348,7 @@ def test_the_nccl_weight_manifest_covers_every_trainable_weight_under_the_checkp
     assert len(rebuilt.sent) == 2  # the first sync, then one after the step
     for sent in rebuilt.sent:
         assert sent == list(zip(manifest["names"], manifest["dtype_names"], manifest["shapes"]))
+    assert trainer.model is not None
     trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
     with safe_open(str(tiny_vlm_dir / "model.safetensors"), "pt") as checkpoint:
         stored = set(checkpoint.keys())
@@ -358,10 +391,13 @@ def test_unshared_rows_keep_every_sample_whole_and_in_order() -> None:
     assert row.fits(shared, 12) and not row.fits(shared, 11)  # a third copy adds all its 4 tokens
 
 
-def test_a_text_tokenizer_or_a_model_that_cannot_take_the_images_is_refused(tiny_vlm_dir, tiny_model_dir, tmp_path):
+def test_a_text_tokenizer_or_a_model_that_cannot_take_the_images_is_refused(
+    tiny_vlm_dir: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     processor = AutoProcessor.from_pretrained(tiny_vlm_dir)
     with pytest.raises(ConfigError, match=r"a text tokenizer renders no images.*AutoProcessor\.from_pretrained"):
-        make_trainer(tiny_vlm_dir, tmp_path, AutoTokenizer.from_pretrained(tiny_vlm_dir))
+        # a text tokenizer where a processor belongs: what is refused
+        make_trainer(tiny_vlm_dir, tmp_path, cast("ProcessorMixin", AutoTokenizer.from_pretrained(tiny_vlm_dir)))
     with pytest.raises(ConfigError, match=r"\w+ForCausalLM is a text-only model.*Pass a vision-language model"):
         make_trainer(tiny_model_dir, tmp_path, processor)
     text_worker = QueuedSamples()
