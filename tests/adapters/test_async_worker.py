@@ -8,9 +8,9 @@ with a heavy tail (``LETTERS_TAIL_EVERY``) makes stragglers; the fault-injection
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pytest
@@ -40,6 +40,15 @@ from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import assert_trained
 from tests.support.vllm_server import vllm_server
 
+if TYPE_CHECKING:
+    from PIL.Image import Image
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from ep_trl.adapters.samples import GroupSamples
+    from ep_trl.engine.stream import ScoredGroup
+    from ep_trl.runtime.processes import ServerProcess
+
 LETTERS = "tests.evals.eval_letters::test_letters_pointwise"
 IMAGE_EVAL = "tests.evals.eval_letters_images::test_letters_images"
 ARITHMETIC = "tests/evals/eval_arithmetic.py::test_arithmetic"
@@ -59,7 +68,7 @@ def server_url(shared_vllm_url: str) -> str:
     return shared_vllm_url
 
 
-def config(tmp_path: Path, url, **overrides):
+def config(tmp_path: Path, url: str, **overrides: Any) -> AsyncGRPOConfig:
     values = dict(
         output_dir=str(tmp_path / "out"),
         use_cpu=True,
@@ -83,25 +92,27 @@ class BeforeStep2(TrainerCallback):
     """Step 2 begins only once ``condition(worker)`` holds (within 120 s), so a test does not depend on how episodes
     and training steps happen to interleave on a loaded machine."""
 
-    def __init__(self, worker, condition) -> None:
+    def __init__(self, worker: EvalRolloutWorker, condition: Callable[[EvalRolloutWorker], bool]) -> None:
         self.worker, self.condition = worker, condition
 
-    def on_step_begin(self, args, state, control, **kwargs) -> None:
+    def on_step_begin(
+        self, args: "TrainingArguments", state: "TrainerState", control: "TrainerControl", **kwargs: Any
+    ) -> None:
         if state.global_step == 1:
             wait_until(lambda: self.condition(self.worker), 120)
 
 
-def trained_policy_sample(worker):
+def trained_policy_sample(worker: EvalRolloutWorker) -> bool:
     """A sample played wholly on the policy trained by step 1 (version 2) was released."""
     return any(set(turns) == {2} for g in worker.groups for turns in g.turn_versions)
 
 
-def spanning_sample(worker):
+def spanning_sample(worker: EvalRolloutWorker) -> bool:
     """A sample whose turns were sent under two policy versions was released."""
     return any(len(set(turns)) > 1 for g in worker.groups for turns in g.turn_versions)
 
 
-def letters_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings):
+def letters_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: str) -> "ServerProcess":
     """A fresh letters server with ``settings`` (``LETTERS_*`` variables); the letters evals play on it for the
     test that asks for it."""
     server = start_letters_server(tmp_path / "letters_logs", env=settings)
@@ -132,7 +143,13 @@ def slow_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
         server.stop()
 
 
-def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options):
+def worker_and_trainer(
+    env_path: str,
+    model_dir: Path,
+    args: AsyncGRPOConfig,
+    callbacks: Iterable[TrainerCallback] = (),
+    **worker_options: Any,
+) -> tuple[EvalRolloutWorker, CPUAsyncGRPOTrainer]:
     worker = EvalRolloutWorker(
         env_path,
         args=args,
@@ -152,13 +169,14 @@ def worker_and_trainer(env_path, model_dir, args, callbacks=(), **worker_options
     return worker, trainer
 
 
-def turn_gaps(model, sample):
+def turn_gaps(model: torch.nn.Module, sample: "RolloutSample") -> list[list[float]]:
     """Per sampled turn (each run of completion_mask 1), the difference between the sample's old_log_probs and the
     model's teacher-forced logprobs at each of its tokens."""
     ids, mask = sample.input_ids.tolist(), sample.completion_mask.tolist()
     start = mask.index(1)
     reference = teacher_forced_logprobs(model.eval(), ids[:start], ids[start:], TEMPERATURE)
-    gaps, previous = [], 0
+    gaps: list[list[float]] = []
+    previous = 0
     for old, ref, m in zip(sample.old_log_probs[start:], reference, mask[start:]):
         if m and not previous:
             gaps.append([])
@@ -168,18 +186,18 @@ def turn_gaps(model, sample):
     return gaps
 
 
-def sampled_gap(model, sample):
+def sampled_gap(model: torch.nn.Module, sample: "RolloutSample") -> float:
     """The largest difference over every sampled token of the sample."""
     return max(max(turn) for turn in turn_gaps(model, sample))
 
 
-def samples_with_turn_versions(worker):
+def samples_with_turn_versions(worker: EvalRolloutWorker) -> "list[tuple[RolloutSample, tuple[int, ...]]]":
     """(sample, its turns' versions) for every sample of a group none of whose samples was dropped as stale (the
     buffer holds a group's samples in member order, as the worker's record lists their turns)."""
-    by_group = {}
-    for sample in worker.rollout_buffer.samples:
+    by_group: "dict[int, list[RolloutSample]]" = {}
+    for sample in cast(Recorded, worker.rollout_buffer).samples:
         by_group.setdefault(sample.group_id, []).append(sample)
-    pairs = []
+    pairs: "list[tuple[RolloutSample, tuple[int, ...]]]" = []
     for released in worker.groups:
         samples = by_group.get(released.group, [])
         if len(samples) == released.samples:
@@ -190,7 +208,7 @@ def samples_with_turn_versions(worker):
 @pytest.mark.timeout(600)
 def test_the_letters_eval_trains_asynchronously_token_exact(
     model_dir: Path, server_url: str, slow_letters: str, tmp_path: Path
-):
+) -> None:
     """Samples carry the ids the server sampled, masks and logprobs aligned on them, and every sampled turn's
     old_log_probs are the teacher-forced logprobs of the policy version the worker recorded for it (or of the next
     one: the server's weights change before the trainer calls update_model_version, the race the tag is
@@ -210,15 +228,15 @@ def test_the_letters_eval_trains_asynchronously_token_exact(
     assert [h["step"] for h in logs] == [1, 2, 3]
     assert abs(logs[0]["ratio"] - 1.0) < 1e-4 and logs[0]["kl"] < 1e-4
     assert_trained(trainer)
-    models = {}
+    models: dict[int, torch.nn.Module] = {}
 
-    def policy(version):
+    def policy(version: int) -> torch.nn.Module:
         if version not in models:
             models[version] = AutoModelForCausalLM.from_pretrained(model_dir)
             models[version].load_state_dict(snapshots.states[version])
         return models[version]
 
-    for sample in worker.rollout_buffer.samples:
+    for sample in cast(Recorded, worker.rollout_buffer).samples:
         assert len(sample.input_ids) == len(sample.completion_mask) == len(sample.old_log_probs)
         assert np.all(sample.old_log_probs[sample.completion_mask == 0] == 0.0)
     checked, spanning = [], []
@@ -246,12 +264,15 @@ def test_the_letters_eval_trains_asynchronously_token_exact(
     check = check_turn_versions([turns for _, turns in checked], worker.slots, TOLERANCE)
     exact = {version: checked[index][0] for version, index in check.exact.items()}
     # a sync holds at most the turns then in flight, one per episode slot
-    assert sum(check.held.values()) <= trainer.weight_transfer.syncs * worker.slots, (check.held, check.turns)
+    assert sum(check.held.values()) <= cast(DiskWeightTransfer, trainer.weight_transfer).syncs * worker.slots, (
+        check.held,
+        check.turns,
+    )
     assert 1 in exact and max(exact) >= 2, sorted(exact)  # turns of the first policy and of a trained one
     assert spanning, "no sample spanned a weight sync"
     assert all(sample.model_version == min(versions) < max(versions) for sample, versions in spanning)
     assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), exact[max(exact)]) > 10 * TOLERANCE
-    assert trainer.weight_transfer.syncs == 4  # the first sync, then one per step
+    assert cast(DiskWeightTransfer, trainer.weight_transfer).syncs == 4  # the first sync, then one per step
 
 
 @pytest.mark.timeout(600)
@@ -269,7 +290,7 @@ def test_a_group_is_released_while_a_straggler_of_another_group_plays(
     assert straggler.seconds > 8.0  # 3 steps of 3 s
     before = [g for g in worker.groups if g.released_at < straggler.released_at]
     assert {1, 2} <= {g.group for g in before}, [(g.group, round(g.seconds, 1)) for g in worker.groups]
-    first_step = [s.group_id for s in worker.rollout_buffer.samples[: args.per_device_train_batch_size]]
+    first_step = [s.group_id for s in cast(Recorded, worker.rollout_buffer).samples[: args.per_device_train_batch_size]]
     assert 0 not in first_step, first_step  # the buffer is FIFO: step 1 trained on groups released before it
     assert worker.slot_occupancy() > 0.5
 
@@ -282,7 +303,8 @@ def test_a_processor_eval_trains_asynchronously(model_dir: Path, server_url: str
     trainer.train()
     logs = [h for h in trainer.state.log_history if "ratio" in h]
     assert [h["step"] for h in logs] == [1, 2] and abs(logs[0]["ratio"] - 1.0) < 1e-4
-    assert all(s.completion_mask[-1] == 1 for s in worker.rollout_buffer.samples)  # single turns: all sampled
+    buffered = cast(Recorded, worker.rollout_buffer).samples
+    assert all(s.completion_mask[-1] == 1 for s in buffered)  # single turns: all sampled
     assert {h.get("ep_trl/failed_fraction") for h in trainer.state.log_history} <= {0.0, None}
     assert_trained(trainer)
 
@@ -290,7 +312,9 @@ def test_a_processor_eval_trains_asynchronously(model_dir: Path, server_url: str
 class SlowSteps(TrainerCallback):
     """Artificially slow training: the worker runs ahead and its samples grow stale."""
 
-    def on_step_end(self, args, state, control, **kwargs) -> None:
+    def on_step_end(
+        self, args: "TrainingArguments", state: "TrainerState", control: "TrainerControl", **kwargs: Any
+    ) -> None:
         time.sleep(3.0)
 
 
@@ -310,11 +334,11 @@ def test_slow_training_makes_the_worker_drop_stale_samples_and_count_them(
 class PushedTensors(DiskWeightTransfer):
     """DiskWeightTransfer that keeps a copy of every set of tensors it sends."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sent: list[dict[str, torch.Tensor]] = []
 
-    def send_weights(self, iterator) -> None:
+    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         tensors = dict(iterator)
         self.sent.append({name: tensor.detach().clone() for name, tensor in tensors.items()})
         super().send_weights(iter(tensors.items()))
@@ -376,17 +400,33 @@ class AdapterSnapshots(TrainerCallback):
     def __init__(self) -> None:
         self.states: dict[int, dict[str, torch.Tensor]] = {}
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs) -> None:
+    def on_train_begin(
+        self,
+        args: "TrainingArguments",
+        state: "TrainerState",
+        control: "TrainerControl",
+        model: torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> None:
+        assert model is not None
         self.states[1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
+    def on_step_end(
+        self,
+        args: "TrainingArguments",
+        state: "TrainerState",
+        control: "TrainerControl",
+        model: torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> None:
+        assert model is not None
         self.states[state.global_step + 1] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 @pytest.mark.timeout(600)
 def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
     model_dir: Path, lora_server_url: str, letters_server: str, tmp_path: Path
-):
+) -> None:
     """To a server started with --enable-lora, AsyncGRPOTrainer pushes the adapter alone (no merged weights), as
     trl-policy-v{N}. Every turn the worker plays is generated with the adapter of the version it records: each
     sample's old_log_probs are the teacher-forced logprobs of the peft policy of its version, and a trained
@@ -441,7 +481,7 @@ def test_a_lora_policy_syncs_only_its_adapter_and_the_worker_generates_with_it(
     assert sampled_gap(AutoModelForCausalLM.from_pretrained(model_dir), trained) > 10 * TOLERANCE
 
 
-def lora_adapters(url, action, names, path=None) -> None:
+def lora_adapters(url: str, action: str, names: list[str], path: Path | None = None) -> None:
     """Load (``path``) or unload LoRA adapters on a server with runtime adapter loading, as TRL does."""
     import httpx
 
@@ -486,13 +526,13 @@ def test_a_stale_adapter_on_the_lora_server_is_never_used(
         lora_adapters(lora_server_url, "unload", stale + [ours])
 
 
-def idle_worker(url, tmp_path: Path, **options):
+def idle_worker(url: str, tmp_path: Path, **options: Any) -> EvalRolloutWorker:
     tokenizer = AutoTokenizer.from_pretrained(options.pop("model_dir"))
     args = config(tmp_path, url)
     return EvalRolloutWorker(LETTERS, args=args, processing_class=tokenizer, log_rollouts=False, **options)
 
 
-def health_error(worker, stale_after_s=300.0):
+def health_error(worker: EvalRolloutWorker, stale_after_s: float = 300.0) -> RolloutWorkerError | None:
     """What ``check_health`` (the trainer's view of the worker) raises now, or None while the worker is healthy."""
     try:
         worker.check_health(stale_after_s)
@@ -501,7 +541,7 @@ def health_error(worker, stale_after_s=300.0):
     return None
 
 
-def assert_stopped(worker) -> None:
+def assert_stopped(worker: EvalRolloutWorker) -> None:
     """The worker's thread is gone and nothing ended it but ``stop()``: ``check_health`` says it is not running,
     and no thread of the worker's name is left in this process."""
     error = health_error(worker, stale_after_s=float("inf"))
@@ -594,14 +634,16 @@ def test_stop_with_32_episodes_in_flight_ends_them_within_seconds_as_cancelled(
 @pytest.mark.timeout(120)
 def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     """Building a released group's samples raises (a fault injected into ``group_samples``) while other episodes
     play: when the error leaves the worker's stream, every episode in flight was already cancelled and its session
     closed (not later, whenever the abandoned stream is collected), and the letters server sees no step after it."""
     server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.2")
     real = worker_module.group_samples
 
-    def faulty_group_samples(group, *args):  # fault injection: the consumer fails while episodes are in flight
+    def faulty_group_samples(
+        group: "ScoredGroup", *args: Any
+    ) -> "GroupSamples":  # fault injection: the consumer fails while episodes are in flight
         if worker.meter.in_flight:
             raise RuntimeError("injected: building the group's samples failed")
         return real(group, *args)
@@ -619,7 +661,7 @@ def test_a_consumer_that_raises_mid_stream_leaves_no_episode_running(
                     in_flight_at_error.append(worker.meter.in_flight)
                     raise
 
-            worker._stream = observed_stream
+            monkeypatch.setattr(worker, "_stream", observed_stream)
             worker.start()
             try:
                 wait_until(lambda: health_error(worker) is not None, 60)
@@ -790,7 +832,7 @@ def test_a_processor_whose_served_model_cannot_take_the_images_is_refused(
 
 def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound_below_a_group(
     tiny_vlm_dir: Path, tmp_path: Path
-):
+) -> None:
     """The bound counts the images of the samples in the buffer and waiting for room, plus max_episode_images for each
     episode started and not released (the image eval: a picture per step, 2 steps); an episode starts only if its
     reservation fits. A bound below one group's reservations (num_generations=4 x 2) could never release a group and
@@ -800,7 +842,7 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
 
     from ep_trl.trajectory.sample_images import ids_with_images
 
-    def sample(images):
+    def sample(images: "list[Image]") -> "RolloutSample":
         return trl_seam.rollout_sample()(
             prompt=[],
             completion=[],
@@ -850,7 +892,7 @@ def test_max_buffered_images_reserves_each_episode_in_flight_and_refuses_a_bound
         try:
             worker.take_images("test")
             assert worker.max_episode_images == 2 and worker.bounded_images() == 0 and worker._has_room()
-            worker.rollout_buffer.put(sample(["a"] * 3))
+            worker.rollout_buffer.put(sample(cast("list[Image]", ["a"] * 3)))  # strings stand in: only counted
             worker.meter.started()  # an episode in flight: 2 images reserved
             assert worker.bounded_images() == 5 and worker._has_room()  # 5 + 2 <= 8
             worker.meter.started()
