@@ -8,7 +8,6 @@ with a heavy tail (``LETTERS_TAIL_EVERY``) makes stragglers; the fault-injection
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,6 +40,8 @@ from tests.support.trainers import assert_trained
 from tests.support.vllm_server import vllm_server
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
     from PIL.Image import Image
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -92,7 +93,7 @@ class BeforeStep2(TrainerCallback):
     """Step 2 begins only once ``condition(worker)`` holds (within 120 s), so a test does not depend on how episodes
     and training steps happen to interleave on a loaded machine."""
 
-    def __init__(self, worker: EvalRolloutWorker, condition: Callable[[EvalRolloutWorker], bool]) -> None:
+    def __init__(self, worker: EvalRolloutWorker, condition: "Callable[[EvalRolloutWorker], bool]") -> None:
         self.worker, self.condition = worker, condition
 
     def on_step_begin(
@@ -121,7 +122,7 @@ def letters_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: str)
 
 
 @pytest.fixture
-def tail_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def tail_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> "Iterator[str]":
     """The first episode, and every 16th after it, is a straggler (3 s per step, 60x the others' 0.05 s)."""
     server = letters_on(
         tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.05", LETTERS_TAIL_EVERY="16", LETTERS_TAIL_LATENCY_S="3.0"
@@ -133,7 +134,7 @@ def tail_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
 
 
 @pytest.fixture
-def slow_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def slow_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> "Iterator[str]":
     """0.5 s per environment step: episodes are slower than training steps, so the worker's slots are busy (never
     waiting for room) and episodes are in flight at every weight sync."""
     server = letters_on(tmp_path, monkeypatch, LETTERS_STEP_LATENCY_S="0.5")
@@ -147,7 +148,7 @@ def worker_and_trainer(
     env_path: str,
     model_dir: Path,
     args: AsyncGRPOConfig,
-    callbacks: Iterable[TrainerCallback] = (),
+    callbacks: "Iterable[TrainerCallback]" = (),
     **worker_options: Any,
 ) -> tuple[EvalRolloutWorker, CPUAsyncGRPOTrainer]:
     worker = EvalRolloutWorker(
@@ -338,7 +339,7 @@ class PushedTensors(DiskWeightTransfer):
         super().__init__(*args, **kwargs)
         self.sent: list[dict[str, torch.Tensor]] = []
 
-    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
+    def send_weights(self, iterator: "Iterator[tuple[str, torch.Tensor]]") -> None:
         tensors = dict(iterator)
         self.sent.append({name: tensor.detach().clone() for name, tensor in tensors.items()})
         super().send_weights(iter(tensors.items()))
@@ -381,7 +382,7 @@ def test_a_lora_policy_trains_asynchronously_with_its_adapter_merged_into_the_pu
 
 
 @pytest.fixture(scope="module")
-def lora_server_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def lora_server_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> "Iterator[str]":
     """A second real CPU vLLM server, started with --enable-lora and runtime adapter loading (as TRL asks)."""
     with vllm_server(
         model_dir,

@@ -13,7 +13,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,8 @@ from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from trl import GRPOTrainer
 
@@ -59,7 +60,7 @@ def train(
     tmp_path: Path,
     env_path: str = EVAL,
     steps: int = 2,
-    callbacks: Iterable[TrainerCallback] = (),
+    callbacks: "Iterable[TrainerCallback]" = (),
     options: RolloutOptions | None = None,
     **factory: Any,
 ) -> "tuple[GRPOTrainer, list[dict[str, float]]]":
@@ -85,7 +86,7 @@ def at_url(url: str) -> EvalOverrides:
 class AtStepEnd(TrainerCallback):
     """Runs ``actions[step]()`` when optimizer step ``step`` ends (fault injection between steps)."""
 
-    def __init__(self, actions: dict[int, Callable[[], None]]) -> None:
+    def __init__(self, actions: "dict[int, Callable[[], None]]") -> None:
         self.actions = actions
 
     def on_step_end(

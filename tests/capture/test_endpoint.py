@@ -5,7 +5,6 @@ call's key, malformed fields, stray model names remembered forever, non-JSON and
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -20,6 +19,8 @@ from ep_trl.trajectory.template import ChatTemplate
 from ep_trl.trajectory.tokens import TurnLimits
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from openai.types.chat import ChatCompletionFunctionToolParam
 
     from ep_trl.capture.placement import TurnRequest

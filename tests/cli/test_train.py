@@ -11,9 +11,7 @@ import subprocess
 import sys
 import threading
 import tomllib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 import psutil
@@ -23,6 +21,9 @@ from ep_trl.cli import job as job_module
 from ep_trl.cli import rows, server_checks, train
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from types import ModuleType
+
     from trl import GRPOConfig
 
     from ep_trl.cli.train import Preset, TrainJob
@@ -205,7 +206,7 @@ class OtherModelServer(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def other_model_server() -> Iterator[str]:
+def other_model_server() -> "Iterator[str]":
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OtherModelServer)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -352,7 +353,7 @@ def silent_port() -> str:
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(
-    args: Callable[[str, Path, str], list[str]],
+    args: "Callable[[str, Path, str], list[str]]",
     message: str,
     tiny_model_dir: Path,
     tmp_path: Path,
@@ -391,7 +392,7 @@ def test_the_old_serve_module_warns_and_runs_the_new_one() -> None:
     assert old.main is serve.main
 
 
-def script(path: str) -> ModuleType:
+def script(path: str) -> "ModuleType":
     """A recipe (``recipes/TASK/MODEL``) or the main job (``train_browsergym_trl``), imported from its file."""
     spec = importlib.util.spec_from_file_location(path.replace("/", "_"), ROOT / f"{path}.py")
     assert spec is not None and spec.loader is not None
@@ -807,7 +808,7 @@ def chatml_file(tmp_path: Path) -> str:
     ],
 )
 def test_a_chat_template_that_cannot_serve_the_run_is_refused_at_start(
-    template: Callable[[Path], str],
+    template: "Callable[[Path], str]",
     env_path: str,
     message: str,
     tiny_model_dir: Path,

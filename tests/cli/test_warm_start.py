@@ -6,7 +6,6 @@ import json
 import random
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,8 @@ from ep_trl.cli.warm_start import (
 from tests.support.references import decoded_text
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ep_trl.trajectory.template import ChatTemplate
     from ep_trl.trajectory.types import ProcessingClass
 
@@ -57,14 +58,14 @@ def call(action: str, k: int, as_string: bool = True) -> dict:
     }
 
 
-def conversation(actions: Iterable[str], as_string: bool = True) -> list[dict]:
+def conversation(actions: "Iterable[str]", as_string: bool = True) -> list[dict]:
     messages = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Go."}]
     for k, action in enumerate(actions):
         messages += [call(action, k, as_string), {"role": "tool", "content": f"at {k}", "tool_call_id": f"c{k}"}]
     return messages[:-1]  # ends with the last call, as a recorded episode does
 
 
-def write_lines(path: Path, lines: Iterable[Any]) -> Path:
+def write_lines(path: Path, lines: "Iterable[Any]") -> Path:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 

@@ -4,7 +4,6 @@ call, through ``CPUColocateGRPOTrainer`` on CPU), real ``train()`` steps, the le
 
 import asyncio
 import os
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,6 +22,8 @@ from tests.support.references import teacher_forced_logprobs
 from tests.support.trainers import PROMPT, WeightSnapshots, assert_trained
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
     import torch
     from transformers import TrainerCallback
     from vllm import LLM

@@ -10,7 +10,6 @@ real bodies score (``tests.evals.eval_letters``: pointwise, the mean of its step
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pytest
@@ -25,6 +24,8 @@ from ep_trl.trajectory.tokens import Trajectory
 from ep_trl.trajectory.types import Row
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterable, Iterator
+
     from ep_trl.engine.stream import ScoredGroup
     from ep_trl.evalprotocol import EvalSpec
     from ep_trl.traininglog.rows import RowContext
@@ -51,7 +52,7 @@ class FakePlayer:
         rewards: dict[tuple[int, int], list[float]],
         *,
         delays: dict[tuple[int, int], float] | None = None,
-        failing: Iterable[tuple[int, int]] = (),
+        failing: "Iterable[tuple[int, int]]" = (),
         raising: tuple[int, int] | None = None,
     ) -> None:
         self.rewards, self.delays, self.failing, self.raising = rewards, delays or {}, set(failing), raising
@@ -114,7 +115,7 @@ class FakePlayer:
         return episode, row
 
 
-def plans(groups: int, size: int) -> Iterator[GroupPlan]:
+def plans(groups: int, size: int) -> "Iterator[GroupPlan]":
     for g in range(groups):
         yield GroupPlan(
             group=g,

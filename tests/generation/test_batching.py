@@ -3,14 +3,16 @@ first fatal error that fails the rest of a rollout call."""
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
 from ep_trl.errors import GenerationError
 from ep_trl.generation import CallFailure
 from ep_trl.generation.batching import BatchQueue
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 T = TypeVar("T")
 
@@ -34,7 +36,7 @@ class Model:
         return [ValueError(f"{r} is bad") if r == "bad" else r.upper() for r in requests]
 
 
-def serve(queue: "BatchQueue[str, object]", main: Callable[[], Awaitable[T]]) -> T:
+def serve(queue: "BatchQueue[str, object]", main: "Callable[[], Awaitable[T]]") -> T:
     async def run() -> T:
         try:
             return await main()

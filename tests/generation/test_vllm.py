@@ -9,7 +9,6 @@ Behaviour against a real vLLM server is in tests/generation/test_vllm_real.py.
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,7 +25,7 @@ from tests.support.faulty_vllm import FaultyVLLMServer
 from tests.support.trainers import PROMPT, make_trainer
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Callable, Coroutine, Iterable, Iterator
 
     import aiohttp
     from trl import GRPOTrainer
@@ -47,7 +46,7 @@ def run(coro: "Coroutine[Any, Any, T]") -> T:
 
 
 async def generate_once(
-    generator: VLLMServerGenerator, prompt: Iterable[int] = (1, 2, 3), **params: Any
+    generator: VLLMServerGenerator, prompt: "Iterable[int]" = (1, 2, 3), **params: Any
 ) -> "Generation":
     try:
         return await generator.generate(list(prompt), SamplingParams(**{"max_tokens": 4, **params}))

@@ -15,7 +15,6 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -44,6 +43,8 @@ from tests.support.trainers import assert_trained
 from tests.support.vllm_server import missing_vllm_message, vllm_installed, vllm_server
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+
     from PIL import Image
     from transformers import PreTrainedModel
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample

@@ -3,7 +3,6 @@
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -15,6 +14,8 @@ from ep_trl.openenv.pool import EnvPool
 from tests.support.tracked_env import TrackedLettersEnv
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ep_trl.openenv.client import EnvSession, StepOutcome
     from tests.support.letters import LettersEpisodes
 
@@ -29,7 +30,7 @@ class CountingSyncClient:
     def __init__(self, url: str) -> None:
         self._inner = LettersEnv(base_url=url).sync()
 
-    def _track(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _track(self, fn: "Callable[..., Any]", *args: Any, **kwargs: Any) -> Any:
         cls = type(self)
         with cls.lock:
             cls.in_flight += 1

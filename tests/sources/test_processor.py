@@ -8,7 +8,6 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -31,6 +30,7 @@ from tests.support.trainers import assert_trained, make_trainer
 
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Iterator, Sequence
 
     from transformers import PreTrainedTokenizerBase
     from trl import GRPOConfig, GRPOTrainer
@@ -48,7 +48,7 @@ TOLERANCE = 1e-3  # as the native path's tests
 
 
 def segments(
-    ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float] | None = None
+    ids: "Sequence[int]", mask: "Sequence[int]", logprobs: "Sequence[float] | None" = None
 ) -> list[tuple[bool, list[int], list[float | None]]]:
     """Runs of (mask-1 or mask-0) tokens, in order: [(sampled?, ids, logprobs)]."""
     runs: list[tuple[bool, list[int], list[float | None]]] = []
@@ -148,7 +148,7 @@ def calc_server(tmp_path_factory: pytest.TempPathFactory) -> "Iterator[ServerPro
 
 
 @pytest.fixture
-def agent_eval(calc_server: "ServerProcess", tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def agent_eval(calc_server: "ServerProcess", tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> "Iterator[str]":
     """The agent eval, its MCP config pointing at the running calculator (as CALC_MCP_CONFIG names it)."""
     import sys
 
@@ -164,7 +164,7 @@ def calculator_tool_model(
     tiny_model_dir: Path,
     calc_server: "ServerProcess",
     out_dir: Path,
-    answers: Sequence[str] = (tool_model.ANSWER,),
+    answers: "Sequence[str]" = (tool_model.ANSWER,),
 ) -> Path:
     from tests.evals.eval_calculator_agent import SYSTEM
 

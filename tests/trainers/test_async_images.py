@@ -15,7 +15,6 @@ import dataclasses
 import gc
 import queue
 import weakref
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -36,6 +35,8 @@ from tests.support.async_training import released_group
 from tests.support.images import ImageProcessorCalls, png_data_uri, token_logprobs, user_with_image
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import torch
     from transformers import PreTrainedModel, ProcessorMixin, TrainerControl, TrainerState, TrainingArguments
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample

@@ -15,7 +15,6 @@ class whose placeholder is no cut token processed whole, with a warning.
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -39,6 +38,8 @@ from ep_trl.trajectory.tokens import TrajectoryBuilder, TurnLimits
 from tests.support.images import ImageProcessorCalls, png_data_uri, user_with_image
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
     from ep_trl.generation import Generator, PromptImages
@@ -73,7 +74,7 @@ def splitting_processor(processor: "ProcessorMixin") -> Idefics3Processor:
 
 
 def whole(
-    processor: "ProcessorMixin", template: ChatTemplate, messages: Sequence[Mapping[str, Any]]
+    processor: "ProcessorMixin", template: ChatTemplate, messages: "Sequence[Mapping[str, Any]]"
 ) -> tuple[int, ...]:
     """The uncached rendering: the processing class over the whole conversation and every image in it, as each render
     ran it before."""
@@ -135,7 +136,7 @@ class ScriptedGenerator:
         pass
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, images: "PromptImages | None" = None
+        self, prompt_ids: "Sequence[int]", params: SamplingParams, images: "PromptImages | None" = None
     ) -> Generation:
         return Generation(self._ids, (-1.0,) * len(self._ids), "stop")
 
