@@ -7,7 +7,6 @@ port; the training scripts start their own environments' modules (:func:`local_e
 """
 
 import contextlib
-import os
 import shlex
 import sys
 import tempfile
@@ -15,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..runtime import shutdown
-from ..runtime.processes import free_port, start_server
+from ..runtime.processes import exported, free_port, start_server
 
 #: What ``--env-server`` must hold: where the free port goes.
 PORT_FIELD = "{port}"
@@ -79,19 +78,3 @@ def _started(
         yield server.base_url
     finally:
         server.stop()
-
-
-@contextlib.contextmanager
-def exported(var: str | None, value: str) -> Iterator[None]:
-    if var is None:
-        yield
-        return
-    previous = os.environ.get(var)
-    os.environ[var] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = previous

@@ -177,7 +177,7 @@ def _environment(job: TrainJob, ranks: Ranks) -> Iterator[tuple[str, ...]]:
     """The run's ``--env-server`` (``--env-replicas`` copies of it), the first one's URL exported in
     ``--env-url-var``; the URLs, () without one; stopped when the block ends, however. The main process starts them;
     the other processes export the URL."""
-    from .env_server import exported
+    from ..runtime.processes import exported
 
     if job.run.env_server is None:
         yield ()

@@ -10,6 +10,8 @@ import time
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from .ranks import Ranks, from_main
+
 
 class TimeBudget(TrainerCallback):
     """Stop training at the end of the step after which one more step would pass ``seconds``."""
@@ -35,7 +37,10 @@ class TimeBudget(TrainerCallback):
         now = time.monotonic()
         self._longest, self._last = max(self._longest, now - self._last), now
         used = self.spent_s + now - self._started
-        if _main_decides(used + self._longest > self.seconds) and state.global_step < state.max_steps:
+        over = used + self._longest > self.seconds
+        # the main process's decision on every process: clocks differ a little, and one process stopping alone would
+        # leave the others waiting for it in the next step's collectives
+        if from_main(Ranks.from_env(), lambda: over) and state.global_step < state.max_steps:
             if state.is_world_process_zero:
                 print(
                     f"time budget: step {state.global_step} ends {used:.0f} s into training; another step (up to "
@@ -44,15 +49,3 @@ class TimeBudget(TrainerCallback):
                 )
             self.stopped_at = state.global_step
             control.should_training_stop = True
-
-
-def _main_decides(stop: bool) -> bool:
-    """The main process's decision, on every process of a multi-process run: each process's clock differs a little,
-    and one process stopping alone would leave the others waiting for it in the next step's collectives."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return stop
-    box: list[object] = [stop]
-    dist.broadcast_object_list(box, src=0)
-    return bool(box[0])

@@ -20,7 +20,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from importlib import metadata
 from typing import TypeAlias, TypeVar
 
 from ..evalprotocol.spec import EnvClient, EnvSettings
+from ..runtime.processes import exported
 from ..runtime.threads import run_blocking
 from ..trajectory.types import Settings
 
@@ -292,16 +292,8 @@ def _built_for(factory: Callable[[], object], url_var: str, url: str) -> object:
     """``factory()`` with ``os.environ[url_var]`` set to ``url`` while it runs (the previous value put back): an eval's
     factory reads its server's URL from the variable, as ``evals/eval_letters.py``'s ``make_env`` does. Why not
     pass the URL: the factory is the eval's, called with no arguments by its own processor."""
-    with _EXPORT_LOCK:
-        previous = os.environ.get(url_var)
-        os.environ[url_var] = url
-        try:
-            return factory()
-        finally:
-            if previous is None:
-                os.environ.pop(url_var, None)
-            else:
-                os.environ[url_var] = previous
+    with _EXPORT_LOCK, exported(url_var, url):
+        return factory()
 
 
 async def _close_built(building: "asyncio.Future[EnvClient | Awaitable[EnvClient]]") -> None:

@@ -9,6 +9,7 @@ that started it is gone, killed with SIGKILL included (``guarded``); a process a
 (``adopting``).
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -234,3 +235,21 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
             proc.wait(timeout=timeout_s)
     # Children (workers, browsers) may outlive the leader; they still carry its pgid.
     _kill_group(pgid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def exported(var: str | None, value: str) -> Iterator[None]:
+    """``os.environ[var] = value`` for the block (nothing when ``var`` is None), the previous value, or none, put back
+    after: the variable a program reads its server's URL from."""
+    if var is None:
+        yield
+        return
+    previous = os.environ.get(var)
+    os.environ[var] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = previous
