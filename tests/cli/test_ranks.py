@@ -88,7 +88,9 @@ def final_rows(home: Path) -> list:
 def assert_one_run_folder(folder: Path, output: str, episodes: int) -> None:
     result = json.loads((folder / "result.json").read_text())
     assert result["steps"] == STEPS and result["ended"] == "finished"
-    assert len((folder / "metrics.jsonl").read_text().splitlines()) >= STEPS
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) >= STEPS
+    assert any(row.get("grad_norm", 0) > 0 for row in metrics), metrics  # it trained: a step had a gradient
     assert (folder / "checkpoint" / "config.json").is_file()
     # the main process alone prints the progress and the summary; the episodes are every process's
     assert len(re.findall(r"^step 1/2 ", output, flags=re.M)) == 1, output[-4000:]

@@ -120,5 +120,6 @@ def test_three_replicas_survive_one_killed_mid_run(tiny_model_dir: Path, tmp_pat
     result = json.loads((folder / "result.json").read_text())
     assert result["ended"] == "finished" and result["steps"] == 6
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert any(row.get("grad_norm", 0) > 0 for row in metrics), metrics  # training went on: a step had a gradient
     failed = sum(row.get("ep_trl/errors/environment", 0) for row in metrics)
     assert failed >= 1, metrics  # the killed replica's episodes, counted by kind
