@@ -11,6 +11,7 @@ a small program of its own.
 """
 
 import json
+import math
 import os
 import queue
 import re
@@ -40,10 +41,13 @@ GONE_WITHIN_S = 10.0
 GRACE_ENV = "EP_TRL_STOP_GRACE_S"
 #: The stop grace the training processes below run with (EP_TRL_STOP_GRACE_S): each ends by itself well within it.
 TRAINING_GRACE_S = 9.0
-#: A SIGTERM'd process is gone this long after the signal: its stop grace, then the interpreter's own teardown of
-#: torch's modules (about 2 s on an idle 2-core machine, up to 4 s more under a load of 8), which no thread can cut
-#: short. A process that trains on never ends, which is what this bound catches.
-EXIT_BOUND_S = TRAINING_GRACE_S + 8.0
+#: A SIGTERM'd process has run its exit handlers (ep_trl's close among them) this long after the signal, or ep_trl
+#: has ended it: the stop grace, and a little for a loaded machine to schedule the deadline's thread.
+HANDLERS_BOUND_S = TRAINING_GRACE_S + 4.0
+#: ... and is gone this long after the signal: then comes the interpreter's own teardown of torch's modules, which no
+#: thread can cut short and ep_trl does not time (about 2 s on an idle 2-core machine; over 20 s was seen under a
+#: load far above 2x the cores). A process that trains on (1000 steps) never ends, which is what this bound catches.
+EXIT_BOUND_S = TRAINING_GRACE_S + 40.0
 
 
 def child_environment() -> dict[str, str]:
@@ -223,6 +227,7 @@ class Outcome:
     plan: Plan
     status: int | None
     exit_s: float
+    handlers_s: float  # until the last exit handler ran (inf: it did not run, as when ep_trl ended the process)
     dropped: bool  # Python dropped a raised Terminated ("Exception ignored in ...") before the process ended
     scored: tuple[str, ...]  # rollout ids TRL's reward function received: finished episodes with final rows queued
     not_final: tuple[str, ...]  # of those, ids whose final row is not in the ep logs store
@@ -233,6 +238,7 @@ class Outcome:
         return (
             self.status == 128 + signal.SIGTERM
             and self.exit_s <= EXIT_BOUND_S
+            and min(self.handlers_s, self.exit_s) <= HANDLERS_BOUND_S
             and bool(self.scored)
             and not self.not_final
             and not self.left
@@ -241,7 +247,8 @@ class Outcome:
     def line(self) -> str:
         return (
             f"{self.plan.case:9} {self.plan.moment:13} step {self.plan.step} +{self.plan.delay_s:.2f}s: "
-            f"status {self.status}, exit {self.exit_s:.1f}s, dropped {self.dropped}, scored {len(self.scored)}, "
+            f"status {self.status}, handlers {self.handlers_s:.1f}s, exit {self.exit_s:.1f}s, "
+            f"dropped {self.dropped}, scored {len(self.scored)}, "
             f"rows missing {list(self.not_final)}, left {list(self.left)}"
         )
 
@@ -297,7 +304,7 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
     reader.start()
     output: list[str] = []
     target = MOMENTS[plan.moment][0].format(n=plan.step)
-    status, exit_s = None, float("inf")
+    status, exit_s, sent = None, float("inf"), math.inf
     try:
         deadline = time.monotonic() + 300  # start-up is about 20 s on an idle machine
         while not any(target in line for line in output[-1:]):
@@ -329,10 +336,12 @@ def sigterm_training(plan: Plan, model_dir: Path, workdir: Path, mcp_config: Pat
     for pid, _ in left:
         os.kill(pid, signal.SIGKILL)
     scored = re.findall(r"SCORED (rollout-[0-9a-f]{12})", text)
+    handlers_done = re.search(r"^EXIT HANDLERS DONE ([0-9.]+)$", text, flags=re.M)
     return Outcome(
         plan=plan,
         status=status,
         exit_s=exit_s,
+        handlers_s=float(handlers_done.group(1)) - sent if handlers_done and status is not None else math.inf,
         dropped=bool(DROPPED.search(main_thread_text(text))),
         scored=tuple(scored),
         not_final=tuple(final_rows_missing(workdir / "home", scored)),

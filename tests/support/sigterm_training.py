@@ -10,9 +10,12 @@ thread is, so a test can send the signal there:
 * ``SCORED <rollout_id>`` for each episode TRL's reward function received (its final row was handed to ep logs);
 * ``GC n START`` / ``GC n END`` around a garbage collection after each step, of objects whose finalizers
   (``__del__`` methods and weakref callbacks, as libraries' sockets, files and caches have) run Python code: the
-  places where Python drops an exception a signal handler raises.
+  places where Python drops an exception a signal handler raises;
+* ``EXIT HANDLERS DONE <monotonic seconds>`` from the exit handler registered first, so it runs last: every exit
+  handler (ep_trl's close included) has run, and only the interpreter's teardown is left.
 """
 
+import atexit
 import gc
 import sys
 import time
@@ -20,12 +23,20 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
 
-from ep_trl import create_rollout_func, dataset_from_eval
-from ep_trl.options import RolloutOptions
-from ep_trl.rewards import eval_score
-from tests.support.trainers import make_trainer
+def _exit_handlers_done() -> None:
+    sys.stdout.write(f"EXIT HANDLERS DONE {time.monotonic():.3f}\n")
+    sys.stdout.flush()
+
+
+atexit.register(_exit_handlers_done)  # before any library's import: it runs after all of theirs
+
+from transformers import TrainerCallback  # noqa: E402
+
+from ep_trl import create_rollout_func, dataset_from_eval  # noqa: E402
+from ep_trl.options import RolloutOptions  # noqa: E402
+from ep_trl.rewards import eval_score  # noqa: E402
+from tests.support.trainers import make_trainer  # noqa: E402
 
 #: How long each step's collection of finalizer-heavy garbage lasts.
 GC_WINDOW_S = 0.4
