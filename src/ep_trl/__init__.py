@@ -71,23 +71,9 @@ def __dir__() -> list[str]:
 
 
 compat.install()
-__all__ = [
-    "ConfigError",
-    "EnvPathError",
-    "EpTrlError",
-    "EvalOverrides",
-    "EvalRolloutWorker",
-    "GenerationError",
-    "NoTrainingSignalError",
-    "ProcessExitingError",
-    "RolloutFunction",
-    "RolloutOptions",
-    "RolloutWorkerError",
-    "UnsupportedEvalError",
-    "VLLMOptions",
-    "VersionError",
-    "create_openenv_vllm_rollout_func",
-    "create_rollout_func",
-    "dataset_from_eval",
-]
+#: The public names, by kind: errors, options and the dataset, the rollout function and worker.
+__all__ = ["EpTrlError", "ConfigError", "EnvPathError", "UnsupportedEvalError", "VersionError", "GenerationError"]
+__all__ += ["NoTrainingSignalError", "RolloutWorkerError", "ProcessExitingError"]
+__all__ += ["EvalOverrides", "VLLMOptions", "RolloutOptions", "dataset_from_eval"]
+__all__ += ["create_openenv_vllm_rollout_func", "create_rollout_func", "RolloutFunction", "EvalRolloutWorker"]
 __version__ = "0.1.0"
