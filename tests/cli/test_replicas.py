@@ -2,6 +2,7 @@
 server, a replica killed mid-run started again with its episodes failed as data, and the bad inputs refused before
 anything starts."""
 
+import contextlib
 import json
 import os
 import re
@@ -10,11 +11,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ep_trl import EvalOverrides
+from ep_trl.cli import job as job_module
 from ep_trl.cli import train
 from ep_trl.cli.replicas import check_same_environment
 from ep_trl.errors import ConfigError
@@ -123,3 +126,32 @@ def test_three_replicas_survive_one_killed_mid_run(tiny_model_dir: Path, tmp_pat
     assert any(row.get("grad_norm", 0) > 0 for row in metrics), metrics  # training went on: a step had a gradient
     failed = sum(row.get("ep_trl/errors/environment", 0) for row in metrics)
     assert failed >= 1, metrics  # the killed replica's episodes, counted by kind
+
+
+def test_the_held_out_set_spreads_over_the_replicas_as_training_does(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held-out play is made with the replicas training's sessions spread over, not the first replica alone:
+    ``run`` is stopped once the held-out play is made (the replicas stand in, as nothing connects before then)."""
+    urls = ("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3")
+    seen: list[object] = []
+
+    @contextlib.contextmanager
+    def replicas(job: object) -> Iterator[tuple[str, ...]]:
+        yield urls
+
+    @contextlib.contextmanager
+    def held_out_play(job: "job_module.TrainJob", ranks: object) -> Iterator[None]:
+        seen.append(job.overrides.env_replicas)
+        yield None
+
+    monkeypatch.setattr(job_module, "_started_servers", replicas)
+    monkeypatch.setattr(job_module, "_held_out_play", held_out_play)
+    monkeypatch.setattr(job_module, "_held_out_accepted", lambda job, held_out, made_folder: False)
+    parser = train.make_parser()
+    argv = [LETTERS, "--model", str(tiny_model_dir), "--env-server", SERVER, "--env-url-var", "LETTERS_ENV_URL"]
+    argv += ["--env-replicas", "3", "--held-out", "4", "--output-dir", str(tmp_path / "run"), "--report-to", "none"]
+    (namespace,) = parser.parse_args_and_config(argv)
+    planned = train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
+    assert job_module.run(planned) == 2
+    assert seen == [urls]

@@ -52,17 +52,12 @@ def run(job: TrainJob) -> int:
     state = RunState()
     try:
         # closed last in, first out: the vLLM server the run started, the held-out play, the environment server
-        with (
-            _environment(job, ranks) as env_urls,
-            _held_out_play(job, ranks) as held_out,
-            contextlib.ExitStack() as servers,
-        ):
+        with _environment(job, ranks) as env_urls, contextlib.ExitStack() as servers:
+            env_url = env_urls[0] if env_urls else None
+            job = spread_over(job, env_urls)  # training's sessions and the held-out set's
+            held_out = servers.enter_context(_held_out_play(job, ranks))
             if not from_main(ranks, lambda: _held_out_accepted(job, held_out, folder if made else None)):
                 return 2
-            env_url = env_urls[0] if env_urls else None
-            if len(env_urls) > 1:  # each session goes to the replica with the fewest open
-                replicas = replace(job.overrides, env_replicas=env_urls, env_url_var=job.run.env_url_var)
-                job = replace(job, overrides=replicas)
             began = time.monotonic()
             preset_model = job.preset.start_model
             model = from_main(ranks, lambda: preset_model(env_url, job.model)) if preset_model else job.model
@@ -170,6 +165,14 @@ def _held_out_accepted(job: TrainJob, held_out: "HeldOutPlay | None", made_folde
             refuse_held_out_variants(job, problem, made_folder)
             return False
     return True
+
+
+def spread_over(job: TrainJob, env_urls: tuple[str, ...]) -> TrainJob:
+    """``job`` with each session going to the one of ``env_urls`` (the run's replicas) with the fewest open; as given
+    for one URL or none."""
+    if len(env_urls) < 2:
+        return job
+    return replace(job, overrides=replace(job.overrides, env_replicas=env_urls, env_url_var=job.run.env_url_var))
 
 
 @contextlib.contextmanager
