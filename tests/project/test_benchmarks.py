@@ -204,6 +204,7 @@ SMALLEST: dict[str, list[str]] = {
         "{out}",
     ],
     "soak.py": ["--calls", "2", "--episodes", "4"],
+    "start_here.py": ["--max-steps", "2", "--out", "{out}"],
     "main_job_spread.py": ["--runs", "1", "--steps", "1", "--out", "{out}"],
     "repeat_tests.py": [
         "--runs",
@@ -309,6 +310,13 @@ def bridge_concurrency_measured_every_point(result: dict, stdout: str) -> None:
     assert "| 1 | 4 |" in stdout and "trainer threads, CPU ms/turn: ep-trl-rollout-log" in stdout
 
 
+def start_here_ran_the_readmes_command(result: dict, stdout: str) -> None:
+    (run,) = result["runs"]
+    assert result["readme_command"] == "python recipes/letters/tiny.py"
+    assert run["steps"] == 2 and run["ended"] == "finished" and 0 < run["run_wall_s"] < run["command_wall_s"]
+    assert run["command_cpu_s"] > 0 and any(line.startswith("done: 2 steps") for line in run["last_lines"]), run
+
+
 #: script -> what its smallest run must also show, beyond a result file with a run record and rows.
 CHECKS = {
     "bridge_concurrency.py": bridge_concurrency_measured_every_point,
@@ -317,6 +325,7 @@ CHECKS = {
     "async_overlap.py": async_overlap_interleaved_its_repeats,
     "repeat_tests.py": repeat_tests_ran_each_run,
     "main_job_spread.py": main_job_spread_read_the_probabilities,
+    "start_here.py": start_here_ran_the_readmes_command,
 }
 NEEDS_VLLM = sorted(name for name, args in SMALLEST.items() if "{vllm}" in args)
 STANDALONE = sorted(name for name in SMALLEST if name not in NEEDS_VLLM)
