@@ -231,6 +231,10 @@ class _SignalState:
         self.closing = threading.Event()  # set by whoever closes for the exit: the exit itself, or the deadline
         self.closed = threading.Event()
         self._claim = threading.Lock()
+        #: held by the watcher from its check to its signal, and by the exit while it restores SIGTERM's default: a
+        #: dropped signal is never delivered again once that default is in place (the process would end by the
+        #: signal, not with status 143)
+        self.redelivery = threading.Lock()
         self.previous_unraisablehook = sys.unraisablehook
         self.grace_option: float | None = None  # the newest RolloutOptions(stop_grace_s=...) registered
         self.grace_s = DEFAULT_STOP_GRACE_S  # the grace in force, as the last registration read it
@@ -288,23 +292,30 @@ class _SignalState:
                     return
 
     def _deliver_again(self, signum: int) -> bool:
-        """Send ``signum`` to the main thread once it has left the unraisable hook; whether it could be sent."""
-        logger.warning(
-            "ep_trl: Python dropped the %s raised for %s (it arrived where exceptions are ignored); "
-            "delivering the signal again",
-            "SystemExit" if signum == signal.SIGTERM else "KeyboardInterrupt",
-            signal.Signals(signum).name,
-        )
+        """Send ``signum`` to the main thread once it has left the unraisable hook, unless the exit is under way (its
+        close started, or SIGTERM's default is back); whether the main thread is there to send to."""
         waited = time.monotonic() + 1.0
         while self.hook_depth and time.monotonic() < waited:
             time.sleep(0.001)
         main = threading.main_thread().ident
         if main is None:  # never started: nothing to deliver to
             return False
-        try:
-            signal.pthread_kill(main, signum)
-        except ProcessLookupError:  # the main thread has ended: the interpreter is exiting already
-            return False
+        name = signal.Signals(signum).name
+        ours = _on_sigterm if signum == signal.SIGTERM else signal.default_int_handler
+        with self.redelivery:
+            if signal.getsignal(signum) is not ours or (signum == signal.SIGTERM and self.closing.is_set()):
+                logger.warning("ep_trl: Python dropped the exception raised for %s; the exit is under way", name)
+                return True
+            logger.warning(
+                "ep_trl: Python dropped the %s raised for %s (it arrived where exceptions are ignored); "
+                "delivering the signal again",
+                "SystemExit" if signum == signal.SIGTERM else "KeyboardInterrupt",
+                name,
+            )
+            try:
+                signal.pthread_kill(main, signum)
+            except ProcessLookupError:  # the main thread has ended: the interpreter is exiting already
+                return False
         return True
 
     def claim_close(self) -> bool:
@@ -386,10 +397,11 @@ def _close_at_exit() -> None:
             failed = error
     else:
         _state.closed.wait(_state.seconds_left())
-    if _state.received is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-        # what ep_trl opened is closed: past here (the other exit handlers, the interpreter's teardown) a further
-        # SIGTERM, a scheduler's second, ends the process at once
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with _state.redelivery:
+        if _state.received is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            # what ep_trl opened is closed: past here (the other exit handlers, the interpreter's teardown) a further
+            # SIGTERM, a scheduler's second, ends the process at once
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     ended_by = getattr(sys, "last_value", None)  # what ended the main thread, when an exception did
     if _state.received is not None and _replaced_terminated(ended_by):
         logger.warning(
