@@ -938,6 +938,34 @@ def test_a_forked_child_that_exits_leaves_its_parents_servers_and_rows_alone(tmp
     assert result.returncode == 0
 
 
+def test_a_child_forked_while_the_watcher_holds_its_lock_still_exits() -> None:
+    """The watcher holds a lock from its check to its signal, which the exit handler takes too: a child forked in
+    between gets a lock of its own, or its exit would wait forever."""
+    result, _ = run_program("""
+        import threading
+        held, fork_done = threading.Event(), threading.Event()
+
+        def watcher_like():
+            with shutdown._state.redelivery:
+                held.set()
+                fork_done.wait()
+
+        threading.Thread(target=watcher_like, daemon=True).start()
+        held.wait()
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)  # its exit handlers run, ep_trl's among them
+        fork_done.set()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and os.waitpid(child, os.WNOHANG) == (0, 0):
+            time.sleep(0.05)
+        print("CHILD ENDED" if time.monotonic() < deadline else "CHILD HANGS", flush=True)
+        if time.monotonic() >= deadline:
+            os.kill(child, signal.SIGKILL)
+    """)
+    assert lines(result.stdout) == ["CHILD ENDED", "CLOSED"], (result.stdout, result.stderr[-3000:])
+
+
 @pytest.mark.timeout(180)
 def test_a_fork_context_worker_closes_only_what_it_registered() -> None:
     """A multiprocessing worker forked from the trainer registers its own resource; SIGTERM'd and swallowing it, it

@@ -266,6 +266,7 @@ class _SignalState:
         self.received = None
         self.in_flight = False
         self.closing, self.closed, self._claim = threading.Event(), threading.Event(), threading.Lock()
+        self.redelivery = threading.Lock()  # the parent's watcher may have held it at the fork
         if sys.unraisablehook is _on_unraisable:
             sys.unraisablehook = self.previous_unraisablehook
         if signal.getsignal(signal.SIGTERM) is _on_sigterm:
