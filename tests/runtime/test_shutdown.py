@@ -410,13 +410,16 @@ class SignalsInFinalizer:
 """
 
 
-def run_program(body: str, timeout: float = 60, grace: str | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """``body`` after the prelude in a fresh interpreter; ``grace``: its ``EP_TRL_STOP_GRACE_S`` (None: unset)."""
+def run_program(
+    body: str, timeout: float = 60, grace: str | None = None, before: str = ""
+) -> tuple[subprocess.CompletedProcess, float]:
+    """``body`` after the prelude in a fresh interpreter; ``grace``: its ``EP_TRL_STOP_GRACE_S`` (None: unset);
+    ``before``: code run before the prelude imports ep_trl."""
     env = {k: v for k, v in child_environment().items() if k != GRACE_ENV}
     env.update({"PYTHONPATH": CHILD_PYTHONPATH, **({GRACE_ENV: grace} if grace is not None else {})})
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        [sys.executable, "-c", before + PRELUDE + textwrap.dedent(body)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -482,12 +485,9 @@ def test_a_sigterm_python_drops_in_a_finalizer_is_delivered_again() -> None:
     assert "delivering the signal again" in result.stderr
 
 
-#: A SIGTERM that Python drops in a finalizer, after which the main thread ends by itself (the next rollout call's
-#: check raises), while the signal watcher, on a loaded machine, gets to deliver the signal again only once ep_trl's
-#: exit handler has closed everything and put SIGTERM's default back. The hold on the watcher stands in for the
-#: scheduler; the exit handler registered before ep_trl's import runs after ep_trl's, and lets the watcher go.
-LATE_WATCHER = """
-import atexit, gc, os, signal, sys, threading, time
+#: Registered before the prelude imports ep_trl, so it runs after ep_trl's exit handler, and lets the watcher go.
+LAST_EXIT_HANDLER = """
+import atexit, threading, time
 
 watcher_goes = threading.Event()
 
@@ -497,45 +497,30 @@ def after_ep_trl_s_exit_handler():
     print("LAST EXIT HANDLER DONE", flush=True)
 
 atexit.register(after_ep_trl_s_exit_handler)
-from ep_trl.runtime import shutdown
-
-class Resource:
-    def close(self):
-        print("CLOSED", flush=True)
-
-resource = Resource()
-shutdown.register(resource)
-deliver_again = shutdown._state._deliver_again
-
-def late(signum):
-    watcher_goes.wait()
-    return deliver_again(signum)
-
-shutdown._state._deliver_again = late
-
-class SignalsInFinalizer:
-    def __init__(self):
-        self.cycle = self
-
-    def __del__(self):
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(200000):
-            pass
-
-SignalsInFinalizer()
-gc.collect()
-print("GOES ON", flush=True)
-shutdown.raise_if_terminating()  # what the next rollout call does first
 """
 
 
 def test_a_dropped_sigterm_delivered_late_does_not_change_the_exit_status() -> None:
-    """The watcher must not deliver the dropped signal again once the exit is under way: with SIGTERM's default back,
-    the process would end by the signal (status -15 to a parent) instead of with ep_trl's 143 (seen once in 20 runs
-    of the every-moment test under load, issue 48)."""
-    env = {**child_environment(), "PYTHONPATH": CHILD_PYTHONPATH}
-    result = subprocess.run(
-        [sys.executable, "-c", LATE_WATCHER], cwd=REPO, capture_output=True, text=True, timeout=60, env=env
+    """A SIGTERM that Python drops in a finalizer, after which the main thread ends by itself (the next rollout call's
+    check raises), while the signal watcher, on a loaded machine, gets to deliver the signal again only once ep_trl's
+    exit handler has closed everything and put SIGTERM's default back (the hold on the watcher stands in for the
+    scheduler). It must not deliver it then: the process would end by the signal (status -15 to a parent) instead of
+    with ep_trl's 143 (seen once in 20 runs of the every-moment test under load, issue 48)."""
+    result, _ = run_program(
+        """
+        deliver_again = shutdown._state._deliver_again
+
+        def late(signum):
+            watcher_goes.wait()
+            return deliver_again(signum)
+
+        shutdown._state._deliver_again = late
+        SignalsInFinalizer(signal.SIGTERM)
+        gc.collect()
+        print("GOES ON", flush=True)
+        shutdown.raise_if_terminating()  # what the next rollout call does first
+    """,
+        before=LAST_EXIT_HANDLER,
     )
     assert result.returncode == 143, (result.returncode, result.stdout, result.stderr[-3000:])
     assert result.stdout.split() == ["GOES", "ON", "CLOSED", "LAST", "EXIT", "HANDLER", "DONE"], result.stdout
