@@ -24,6 +24,7 @@ from ep_trl.errors import ConfigError
 from ep_trl.evalprotocol.spec import EnvSettings
 from ep_trl.openenv.pool import EnvPool
 from ep_trl.runtime.processes import free_port, start_server
+from tests.cli.test_train import planned_job
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = "evals/eval_letters.py::test_letters"
@@ -148,10 +149,7 @@ def test_the_held_out_set_spreads_over_the_replicas_as_training_does(
     monkeypatch.setattr(job_module, "_started_servers", replicas)
     monkeypatch.setattr(job_module, "_held_out_play", held_out_play)
     monkeypatch.setattr(job_module, "_held_out_accepted", lambda job, held_out, made_folder: False)
-    parser = train.make_parser()
     argv = [LETTERS, "--model", str(tiny_model_dir), "--env-server", SERVER, "--env-url-var", "LETTERS_ENV_URL"]
     argv += ["--env-replicas", "3", "--held-out", "4", "--output-dir", str(tmp_path / "run"), "--report-to", "none"]
-    (namespace,) = parser.parse_args_and_config(argv)
-    planned = train.plan(parser, vars(namespace), train.Preset(prog=train.PROG, title=""), argv)
-    assert job_module.run(planned) == 2
+    assert job_module.run(planned_job(argv)) == 2
     assert seen == [urls]
